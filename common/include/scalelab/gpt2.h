@@ -1,0 +1,126 @@
+// gpt2.h — the GPT-2 model (Radford et al. 2019) with an explicit forward and backward (no autograd),
+// so a lab can put communication exactly where its algorithm says.
+//
+// Parameters live in "units": unit 0 = embeddings (wte, wpe), units 1..L = transformer blocks h.0..h.L-1,
+// unit L+1 = final layernorm ln_f. Each unit's parameters are ONE contiguous buffer, described by a
+// parameter table (name, shape, unit, offset). So a lab can shard a unit (FSDP), give it local
+// column/row shapes (tensor parallel) or own only some units (pipeline) without copying the model.
+// The LM head is tied to wte (no separate weight): logits = ln_f(x) @ wte^T.
+//
+// Hooks run before/after each unit's forward and backward. Order in a step:
+//   forward:  embed(0), h.0(1) ... h.L-1(L), ln_f(L+1), then the LM head reads unit 0 again
+//   backward: LM head (writes dwte), ln_f(L+1), h.L-1(L) ... h.0(1), embed(0)
+// so unit 0's gradient is complete only at after_backward(0) (mind this when overlapping all-reduces).
+// Tests: tests/common/test_gpt2_fixture.cpp (against PyTorch), tests/common/test_gpt2.cpp
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "scalelab/precision.h"
+#include "scalelab/tensor.h"
+
+namespace scalelab {
+
+struct GPTConfig {
+  int max_seq_len = 256;  // maxT: rows of wpe
+  int vocab_size = 256;   // V: 256 for the byte-level tokenizer
+  int n_layer = 4;        // L
+  int n_head = 4;         // NH
+  int n_embd = 256;       // C
+  // Named presets: "tiny" (tests), "demo" (about 3M params, the CPU demo), "d12", "d24", "d36", "d48"
+  // (GPT-2 124M/350M/774M/1558M shapes; vocab stays the data's, 256 for bytes). Throws on unknown names.
+  static GPTConfig preset(const std::string& name);
+  void validate() const;  // throws if C % NH != 0 or any size <= 0
+  std::string str() const;
+};
+
+struct ParamInfo {
+  std::string name;  // PyTorch-style: "wte", "h.3.attn.c_attn.weight", "ln_f.bias"
+  Shape shape;       // linear weights are (out, in) like torch.nn.Linear
+  int unit;          // 0 = embed, 1..L = blocks, L+1 = ln_f
+  int64_t offset;    // element offset inside the unit's buffer
+  int64_t numel;
+  bool decay;        // weight decay applies (matrices and embeddings, not biases or layernorm)
+};
+
+// Called with the unit index (0..L+1).
+struct ModelHooks {
+  std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+};
+
+// Builds the parameter table for a config (no allocation). Used by the model, optimizers, estimators.
+std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg);
+// Total parameter count; with_wpe=false excludes position embeddings (the MFU convention, see lab 01).
+int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe = true);
+
+class GPT2 {
+ public:
+  // Allocates parameters (policy.param_dtype, category Params) and gradients (fp32, category Grads) on
+  // `device`, and initialises the weights from `seed` (GPT-2 init: normal std 0.02, the residual
+  // projections c_proj scaled by 1/sqrt(2L), layernorm weight 1, biases 0).
+  explicit GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
+                Device device = Device::CPU, uint64_t seed = 0);
+
+  const GPTConfig& config() const { return cfg_; }
+  const PrecisionPolicy& policy() const { return policy_; }
+  Device device() const { return device_; }
+  const std::vector<ParamInfo>& param_table() const { return table_; }
+  int num_units() const { return cfg_.n_layer + 2; }
+  int64_t num_params() const;
+
+  // Flat buffer of a unit's parameters (policy.param_dtype) and its gradients (fp32).
+  Tensor& unit_params(int unit) { return params_.at(unit); }
+  Tensor& unit_grads(int unit) { return grads_.at(unit); }
+  // Views of one named parameter / gradient, shaped as in the table. Throws on an unknown name.
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  const ParamInfo& info(const std::string& name) const;
+
+  void init_weights(uint64_t seed);
+
+  // tokens (B,T) i32 on the model's device, T <= max_seq_len. With targets (B,T): computes probs and
+  // returns the mean cross-entropy loss (nats); without: computes logits only and returns NaN.
+  // Activations are (re)allocated when B or T change (category Activations).
+  float forward(const Tensor& tokens, const Tensor* targets);
+  // Gradients of the mean loss of the last forward (which must have had targets), ADDED to the grad
+  // buffers: call zero_grad() first unless you accumulate micro-batches.
+  void backward();
+  void zero_grad();
+
+  const Tensor& logits() const { return acts_.logits; }  // (B,T,V) after a forward without targets
+  ModelHooks hooks;
+
+  // Frees activations (e.g. before a bigger model is built in the same process).
+  void free_activations();
+
+ private:
+  struct Activations {
+    int B = 0, T = 0;
+    Tensor encoded;                      // (B,T,C)
+    std::vector<Tensor> ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2, ln2_mean,
+        ln2_rstd, fch, fch_gelu, fcproj, residual3;  // per layer, shapes as in llm.c
+    Tensor lnf, lnf_mean, lnf_rstd;      // (B,T,C), (B,T), (B,T)
+    Tensor logits;                       // (B,T,V), overwritten by probs, then by dlogits
+    Tensor losses;                       // (B,T)
+    Tensor tokens, targets;              // copies of the last inputs (B,T) i32
+    // gradient scratch
+    Tensor dresidual, dbuf_btc, dln, datty, dqkv, dfch, dfch_gelu, datt;
+  };
+  void ensure_activations(int B, int T);
+  // The fp32 weights of a unit: the parameter buffer itself (fp32 policy) or an fp32 copy of the bf16
+  // buffer made for this unit's forward/backward (emulated bf16, category Workspace).
+  Tensor unit_weights_f32(int unit);
+  Tensor weight_view(const Tensor& unit_f32, const std::string& name) const;
+
+  GPTConfig cfg_;
+  PrecisionPolicy policy_;
+  Device device_;
+  std::vector<ParamInfo> table_;
+  std::vector<Tensor> params_, grads_;  // per unit
+  Activations acts_;
+  bool have_targets_ = false;
+};
+
+}  // namespace scalelab
