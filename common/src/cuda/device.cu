@@ -1,0 +1,45 @@
+// device.cu — CUDA device memory for the counting allocator and tensor copies.
+// The CUDA ops (twins of common/src/cpu/) arrive with the CUDA backend issue; this file keeps the
+// backend compiling in every CI run. Tests: tests/common/test_tensor.cpp (GPU cases skip without a GPU)
+#include <cstdlib>
+
+#include "scalelab/cuda_check.h"
+
+namespace scalelab::cuda {
+
+bool sync_launch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SL_SYNC_LAUNCH");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
+void* device_malloc(size_t nbytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, nbytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky error; the allocator reports out-of-memory
+    return nullptr;
+  }
+  return p;
+}
+
+void device_free(void* ptr) { SL_CUDA_CHECK(cudaFree(ptr)); }
+
+void memcpy_any(void* dst, const void* src, size_t nbytes) {
+  SL_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+}
+
+void memset_zero(void* dst, size_t nbytes) { SL_CUDA_CHECK(cudaMemset(dst, 0, nbytes)); }
+
+// Number of visible CUDA devices; 0 when there is no GPU or no driver (tests skip visibly then).
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace scalelab::cuda
