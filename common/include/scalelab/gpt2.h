@@ -102,7 +102,8 @@ class GPT2 {
     std::vector<Tensor> ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2, ln2_mean,
         ln2_rstd, fch, fch_gelu, fcproj, residual3;  // per layer, shapes as in llm.c
     Tensor lnf, lnf_mean, lnf_rstd;      // (B,T,C), (B,T), (B,T)
-    Tensor logits;                       // (B,T,V), overwritten by probs, then by dlogits
+    Tensor logits;                       // (B,T,V), overwritten by dlogits in backward
+    Tensor probs;                        // (B,T,V) softmax of logits, kept for backward
     Tensor losses;                       // (B,T)
     Tensor tokens, targets;              // copies of the last inputs (B,T) i32
     // gradient scratch

@@ -1,0 +1,396 @@
+// gpt2.cpp — GPT-2 forward and backward over the ops of ops.h, unit by unit (gpt2.h).
+// The layer structure follows GPT-2 (Radford et al. 2019) as llm.c's train_gpt2.c writes it out:
+//   x = wte[tokens] + wpe;  per block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x));
+//   logits = ln_f(x) @ wte^T (tied LM head); loss = mean cross-entropy.
+// Tests: tests/common/test_gpt2_fixture.cpp (PyTorch float64 fixture), tests/common/test_gpt2.cpp
+#include "scalelab/gpt2.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "scalelab/error.h"
+#include "scalelab/ops.h"
+#include "scalelab/rng.h"
+
+namespace scalelab {
+
+// ---------------------------------------------------------------------------------------------
+// Config and parameter table
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  GPTConfig c;
+  //                              maxT   V     L   NH  C
+  if (name == "tiny") c = GPTConfig{16, 64, 2, 2, 16};       // tests; matches tests/fixtures/gpt2_tiny.json
+  else if (name == "demo") c = GPTConfig{256, 256, 4, 4, 192};  // ~1.9M params: the CPU demo
+  else if (name == "d12") c = GPTConfig{1024, 256, 12, 12, 768};   // GPT-2 124M shapes
+  else if (name == "d24") c = GPTConfig{1024, 256, 24, 16, 1024};  // GPT-2 350M
+  else if (name == "d36") c = GPTConfig{1024, 256, 36, 20, 1280};  // GPT-2 774M
+  else if (name == "d48") c = GPTConfig{1024, 256, 48, 25, 1600};  // GPT-2 1558M
+  else SL_FAIL("use one of: tiny, demo, d12, d24, d36, d48", "unknown model preset '%s'", name.c_str());
+  return c;
+}
+
+void GPTConfig::validate() const {
+  SL_CHECK(max_seq_len > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
+           "all sizes must be positive: %s", str().c_str());
+  SL_CHECK_HINT(n_embd % n_head == 0, "pick n_embd a multiple of n_head", "C=%d not divisible by NH=%d", n_embd,
+                n_head);
+}
+
+std::string GPTConfig::str() const {
+  std::ostringstream os;
+  os << "GPTConfig(maxT=" << max_seq_len << ", V=" << vocab_size << ", L=" << n_layer << ", NH=" << n_head
+     << ", C=" << n_embd << ")";
+  return os.str();
+}
+
+std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg) {
+  cfg.validate();
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
+  std::vector<ParamInfo> t;
+  int unit = 0;
+  int64_t offset = 0;
+  auto add = [&](const std::string& name, const Shape& shape, bool decay) {
+    const int64_t n = numel_of(shape);
+    t.push_back({name, shape, unit, offset, n, decay});
+    offset += n;
+  };
+  auto next_unit = [&] { ++unit; offset = 0; };
+  // unit 0: embeddings
+  add("wte", {V, C}, true);
+  add("wpe", {maxT, C}, true);
+  // units 1..L: blocks
+  for (int64_t l = 0; l < L; ++l) {
+    next_unit();
+    const std::string p = "h." + std::to_string(l) + ".";
+    add(p + "ln_1.weight", {C}, false);
+    add(p + "ln_1.bias", {C}, false);
+    add(p + "attn.c_attn.weight", {3 * C, C}, true);
+    add(p + "attn.c_attn.bias", {3 * C}, false);
+    add(p + "attn.c_proj.weight", {C, C}, true);
+    add(p + "attn.c_proj.bias", {C}, false);
+    add(p + "ln_2.weight", {C}, false);
+    add(p + "ln_2.bias", {C}, false);
+    add(p + "mlp.c_fc.weight", {4 * C, C}, true);
+    add(p + "mlp.c_fc.bias", {4 * C}, false);
+    add(p + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(p + "mlp.c_proj.bias", {C}, false);
+  }
+  // unit L+1: final layernorm
+  next_unit();
+  add("ln_f.weight", {C}, false);
+  add("ln_f.bias", {C}, false);
+  return t;
+}
+
+int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
+  int64_t n = 0;
+  for (const ParamInfo& p : gpt2_param_table(cfg)) {
+    if (!with_wpe && p.name == "wpe") continue;
+    n += p.numel;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed)
+    : cfg_(cfg), policy_(policy), device_(device), table_(gpt2_param_table(cfg)) {
+  SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
+                "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
+                "unsupported precision policy %s: gradients and master weights must be f32",
+                policy.name().c_str());
+  SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
+           "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
+  std::vector<int64_t> unit_numel(num_units(), 0);
+  for (const ParamInfo& p : table_) unit_numel[p.unit] += p.numel;
+  for (int u = 0; u < num_units(); ++u) {
+    params_.push_back(Tensor::empty({unit_numel[u]}, policy.param_dtype, device, MemCategory::Params));
+    grads_.push_back(Tensor::zeros({unit_numel[u]}, DType::F32, device, MemCategory::Grads));
+  }
+  init_weights(seed);
+}
+
+int64_t GPT2::num_params() const {
+  int64_t n = 0;
+  for (const Tensor& p : params_) n += p.numel();
+  return n;
+}
+
+const ParamInfo& GPT2::info(const std::string& name) const {
+  for (const ParamInfo& p : table_)
+    if (p.name == name) return p;
+  SL_FAIL("parameter names are listed by gpt2_param_table(); e.g. \"h.0.attn.c_attn.weight\"",
+          "no parameter named '%s'", name.c_str());
+}
+
+Tensor GPT2::param(const std::string& name) const {
+  const ParamInfo& p = info(name);
+  return params_[p.unit].view(p.offset, p.shape);
+}
+
+Tensor GPT2::grad(const std::string& name) const {
+  const ParamInfo& p = info(name);
+  return grads_[p.unit].view(p.offset, p.shape);
+}
+
+// GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
+// block (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow
+// with depth (Radford et al. 2019, Sec. 2.3); layernorm weight 1; biases 0. Drawn in table order on
+// the CPU, then copied to the model's device and dtype.
+void GPT2::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  const float proj_std = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
+  for (int u = 0; u < num_units(); ++u) {
+    Tensor host = Tensor::empty({params_[u].numel()}, DType::F32, Device::CPU, MemCategory::Workspace);
+    float* w = host.data<float>();
+    for (const ParamInfo& p : table_) {
+      if (p.unit != u) continue;
+      float* x = w + p.offset;
+      const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
+      const bool is_bias = p.shape.size() == 1 && !is_ln_weight;
+      const bool is_proj = p.name.find("c_proj.weight") != std::string::npos;
+      for (int64_t i = 0; i < p.numel; ++i) {
+        if (is_ln_weight) x[i] = 1.0f;
+        else if (is_bias) x[i] = 0.0f;
+        else x[i] = (is_proj ? proj_std : 0.02f) * rng.normal();
+      }
+    }
+    if (params_[u].dtype() == DType::F32 && device_ == Device::CPU) {
+      params_[u].copy_from(host);
+    } else {
+      Tensor staged = Tensor::empty({host.numel()}, params_[u].dtype(), Device::CPU, MemCategory::Workspace);
+      cast(staged, host);
+      params_[u].copy_from(staged);
+    }
+  }
+}
+
+void GPT2::zero_grad() {
+  for (Tensor& g : grads_) g.zero_();
+}
+
+void GPT2::free_activations() { acts_ = Activations{}; }
+
+void GPT2::ensure_activations(int B, int T) {
+  if (acts_.B == B && acts_.T == T) return;
+  free_activations();
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head, L = cfg_.n_layer;
+  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
+  Activations& a = acts_;
+  a.B = B;
+  a.T = T;
+  a.encoded = act({B, T, C});
+  for (int64_t l = 0; l < L; ++l) {
+    a.ln1.push_back(act({B, T, C}));
+    a.ln1_mean.push_back(act({B, T}));
+    a.ln1_rstd.push_back(act({B, T}));
+    a.qkv.push_back(act({B, T, 3 * C}));
+    a.att.push_back(act({B, NH, T, T}));
+    a.atty.push_back(act({B, T, C}));
+    a.attproj.push_back(act({B, T, C}));
+    a.residual2.push_back(act({B, T, C}));
+    a.ln2.push_back(act({B, T, C}));
+    a.ln2_mean.push_back(act({B, T}));
+    a.ln2_rstd.push_back(act({B, T}));
+    a.fch.push_back(act({B, T, 4 * C}));
+    a.fch_gelu.push_back(act({B, T, 4 * C}));
+    a.fcproj.push_back(act({B, T, C}));
+    a.residual3.push_back(act({B, T, C}));
+  }
+  a.lnf = act({B, T, C});
+  a.lnf_mean = act({B, T});
+  a.lnf_rstd = act({B, T});
+  a.logits = act({B, T, V});
+  a.probs = act({B, T, V});
+  a.losses = act({B, T});
+  a.tokens = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
+  a.targets = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
+  // gradient scratch, reused layer after layer
+  a.dresidual = act({B, T, C});
+  a.dln = act({B, T, C});
+  a.datty = act({B, T, C});
+  a.dqkv = act({B, T, 3 * C});
+  a.dfch = act({B, T, 4 * C});
+  a.dfch_gelu = act({B, T, 4 * C});
+  a.datt = act({B, NH, T, T});
+}
+
+Tensor GPT2::unit_weights_f32(int unit) {
+  if (policy_.param_dtype == DType::F32) return params_[unit];
+  // Emulated bf16: the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
+  Tensor w = Tensor::empty({params_[unit].numel()}, DType::F32, device_, MemCategory::Workspace);
+  cast(w, params_[unit]);
+  return w;
+}
+
+Tensor GPT2::weight_view(const Tensor& unit_f32, const std::string& name) const {
+  const ParamInfo& p = info(name);
+  return unit_f32.view(p.offset, p.shape);
+}
+
+static void run_hook(const std::function<void(int)>& hook, int unit) {
+  if (hook) hook(unit);
+}
+
+float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
+  SL_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be (B, T) i32, got %s %s",
+           shape_str(tokens.shape()).c_str(), dtype_name(tokens.dtype()));
+  const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
+  SL_CHECK_HINT(T <= cfg_.max_seq_len, "use --seq-len <= the model's max_seq_len",
+                "sequence length T=%d exceeds max_seq_len=%d", T, cfg_.max_seq_len);
+  ensure_activations(B, T);
+  Activations& a = acts_;
+  const int L = cfg_.n_layer, NH = cfg_.n_head;
+  a.tokens.copy_from(tokens);
+  have_targets_ = targets != nullptr;
+  if (targets) {
+    SL_CHECK(targets->shape() == tokens.shape() && targets->dtype() == DType::I32,
+             "targets %s must match tokens %s (i32)", shape_str(targets->shape()).c_str(),
+             shape_str(tokens.shape()).c_str());
+    a.targets.copy_from(*targets);
+  }
+
+  // embeddings
+  run_hook(hooks.before_forward, 0);
+  {
+    Tensor w = unit_weights_f32(0);
+    encoder_forward(a.encoded, a.tokens, weight_view(w, "wte"), weight_view(w, "wpe"));
+  }
+  run_hook(hooks.after_forward, 0);
+
+  // transformer blocks
+  Tensor x = a.encoded;  // (B,T,C) the residual stream entering the block
+  for (int l = 0; l < L; ++l) {
+    const int unit = 1 + l;
+    run_hook(hooks.before_forward, unit);
+    Tensor w = unit_weights_f32(unit);
+    const std::string p = "h." + std::to_string(l) + ".";
+    Tensor qkv_b = weight_view(w, p + "attn.c_attn.bias"), proj_b = weight_view(w, p + "attn.c_proj.bias");
+    Tensor fc_b = weight_view(w, p + "mlp.c_fc.bias"), fcproj_b = weight_view(w, p + "mlp.c_proj.bias");
+    layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, p + "ln_1.weight"),
+                      weight_view(w, p + "ln_1.bias"));
+    matmul_forward(a.qkv[l], a.ln1[l], weight_view(w, p + "attn.c_attn.weight"), &qkv_b);
+    attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
+    matmul_forward(a.attproj[l], a.atty[l], weight_view(w, p + "attn.c_proj.weight"), &proj_b);
+    residual_forward(a.residual2[l], x, a.attproj[l]);
+    layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, p + "ln_2.weight"),
+                      weight_view(w, p + "ln_2.bias"));
+    matmul_forward(a.fch[l], a.ln2[l], weight_view(w, p + "mlp.c_fc.weight"), &fc_b);
+    gelu_forward(a.fch_gelu[l], a.fch[l]);
+    matmul_forward(a.fcproj[l], a.fch_gelu[l], weight_view(w, p + "mlp.c_proj.weight"), &fcproj_b);
+    residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l]);
+    x = a.residual3[l];
+    run_hook(hooks.after_forward, unit);
+  }
+
+  // final layernorm
+  run_hook(hooks.before_forward, L + 1);
+  {
+    Tensor w = unit_weights_f32(L + 1);
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, weight_view(w, "ln_f.weight"), weight_view(w, "ln_f.bias"));
+  }
+  run_hook(hooks.after_forward, L + 1);
+
+  // LM head, tied to wte: logits (B,T,V) = lnf (B,T,C) @ wte (V,C)^T
+  {
+    Tensor w = unit_weights_f32(0);
+    matmul_forward(a.logits, a.lnf, weight_view(w, "wte"), nullptr);
+  }
+  if (!targets) return std::numeric_limits<float>::quiet_NaN();
+
+  softmax_crossentropy_forward(a.losses, a.probs, a.logits, a.targets);
+  // mean loss over B*T positions; summed in double on the host
+  Tensor host_losses = a.losses;
+  if (device_ != Device::CPU) {
+    host_losses = Tensor::empty(a.losses.shape(), DType::F32, Device::CPU, MemCategory::Workspace);
+    host_losses.copy_from(a.losses);
+  }
+  const float* lp = host_losses.data<float>();
+  double sum = 0.0;
+  for (int64_t i = 0; i < host_losses.numel(); ++i) sum += lp[i];
+  return static_cast<float>(sum / static_cast<double>(B * T));
+}
+
+void GPT2::backward() {
+  SL_CHECK_HINT(have_targets_ && acts_.B > 0, "call forward(tokens, &targets) before backward()",
+                "backward() without a forward pass that had targets");
+  Activations& a = acts_;
+  const int B = a.B, T = a.T, L = cfg_.n_layer, NH = cfg_.n_head;
+  Tensor dlogits = a.logits;  // logits are not needed any more: reuse their memory for dlogits
+  // d(mean loss)/d(loss[b,t]) = 1/(B*T)
+  softmax_crossentropy_backward(dlogits, a.probs, a.targets, 1.0f / static_cast<float>(B * T));
+
+  // LM head backward: writes the first part of dwte (unit 0 is complete only after the encoder)
+  Tensor& dlnf = a.dln;
+  dlnf.zero_();
+  {
+    Tensor w = unit_weights_f32(0);
+    Tensor dwte = grad("wte");
+    matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, weight_view(w, "wte"));
+  }
+
+  // final layernorm backward: dresidual = d(residual stream leaving the last block)
+  run_hook(hooks.before_backward, L + 1);
+  a.dresidual.zero_();
+  {
+    Tensor w = unit_weights_f32(L + 1);
+    Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
+    layernorm_backward(a.dresidual, dw, db, dlnf, a.residual3[L - 1], weight_view(w, "ln_f.weight"), a.lnf_mean,
+                       a.lnf_rstd);
+  }
+  run_hook(hooks.after_backward, L + 1);
+
+  // blocks, last to first. dresidual enters as d(residual3[l]) and leaves as d(block input).
+  for (int l = L - 1; l >= 0; --l) {
+    const int unit = 1 + l;
+    run_hook(hooks.before_backward, unit);
+    Tensor w = unit_weights_f32(unit);
+    const std::string p = "h." + std::to_string(l) + ".";
+    auto W = [&](const char* n) { return weight_view(w, p + n); };
+    auto G = [&](const char* n) { return grad(p + n); };
+    const Tensor& block_in = l == 0 ? a.encoded : a.residual3[l - 1];
+
+    // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
+    Tensor dfcproj_w = G("mlp.c_proj.weight"), dfcproj_b = G("mlp.c_proj.bias");
+    a.dfch_gelu.zero_();
+    matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], W("mlp.c_proj.weight"));
+    a.dfch.zero_();
+    gelu_backward(a.dfch, a.fch[l], a.dfch_gelu);
+    Tensor dfc_w = G("mlp.c_fc.weight"), dfc_b = G("mlp.c_fc.bias");
+    a.dln.zero_();
+    matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], W("mlp.c_fc.weight"));
+    // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
+    Tensor dln2_w = G("ln_2.weight"), dln2_b = G("ln_2.bias");
+    layernorm_backward(a.dresidual, dln2_w, dln2_b, a.dln, a.residual2[l], W("ln_2.weight"), a.ln2_mean[l],
+                       a.ln2_rstd[l]);
+
+    // attention branch: residual2 = block_in + c_proj(attention(c_attn(ln_1(block_in))))
+    Tensor dproj_w = G("attn.c_proj.weight"), dproj_b = G("attn.c_proj.bias");
+    a.datty.zero_();
+    matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], W("attn.c_proj.weight"));
+    a.dqkv.zero_();
+    attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
+    Tensor dqkv_w = G("attn.c_attn.weight"), dqkv_b = G("attn.c_attn.bias");
+    a.dln.zero_();
+    matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], W("attn.c_attn.weight"));
+    Tensor dln1_w = G("ln_1.weight"), dln1_b = G("ln_1.bias");
+    layernorm_backward(a.dresidual, dln1_w, dln1_b, a.dln, block_in, W("ln_1.weight"), a.ln1_mean[l],
+                       a.ln1_rstd[l]);
+    run_hook(hooks.after_backward, unit);
+  }
+
+  // embeddings: dwte gets the token rows, dwpe the position rows
+  run_hook(hooks.before_backward, 0);
+  {
+    Tensor dwte = grad("wte"), dwpe = grad("wpe");
+    encoder_backward(dwte, dwpe, a.dresidual, a.tokens);
+  }
+  run_hook(hooks.after_backward, 0);
+  (void)B;
+  (void)T;
+}
+
+}  // namespace scalelab
