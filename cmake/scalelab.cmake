@@ -100,6 +100,11 @@ function(sl_add_lab NN name)
       set(exe lab${NN}_${name}_${track})
       add_executable(${exe} ${lab_dir}/${A_DRIVER})
       target_link_libraries(${exe} PRIVATE ${lib})
+      if(track STREQUAL "ref")
+        target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="reference")
+      else()
+        target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="learner")
+      endif()
       set_target_properties(${exe} PROPERTIES OUTPUT_NAME lab${NN}_${name} RUNTIME_OUTPUT_DIRECTORY ${bin_dir})
       sl_target_defaults(${exe})
     endif()
@@ -150,4 +155,99 @@ function(sl_print_summary)
     set(tracks "track reference")
   endif()
   message(STATUS "scalelab: ${cuda} | ${mpi} | BLAS ${SL_BLAS_BUILD} | ${tracks} | ${CMAKE_BUILD_TYPE}")
+endfunction()
+
+# ---------------------------------------------------------------------------------------------
+# sl_add_graded_test(<NN> <name> SOURCES <files> CHECKS <Suite.Test>... [TIMEOUT s] [NP n] [DEPS libs...])
+# A lab's graded checks (DESIGN.md "Tests and the grading contract"; the records: docs/grading.md).
+#   sl_add_graded_test(01 test_lab01 SOURCES test_lab01.cpp CHECKS Lab01SingleDevice.FlopsPerToken ...)
+# Builds the test program twice, against labNN_learner and against labNN_ref:
+#   tests/bin/learner/<name>  and  tests/bin/reference/<name>    (targets <name>_learner, <name>_reference)
+# with tests/grading/graded_main.cpp as main(), and registers ONE ctest per check and track. Each runs
+# that single TEST in its own process (under mpiexec when NP > 1) with a hard TIMEOUT, so a hang or a
+# crash fails that check only:
+#   name     labNN.<TEST name in snake_case>.<track>   TEST(Lab01SingleDevice, FlopsPerToken) on the
+#            learner track -> lab01.flops_per_token.learner. grading::run insists that the check id
+#            declared in the TEST body is the same labNN.<snake_case>, so ctest names are check ids.
+#   labels   labNN;graded;cpu;<track>   (and mpi when NP > 1)
+#   record   <build>/grades/<track>/<name>.json   (--gtest_output=json; scripts/grade reads it)
+# The learner track's checks fail until the learner has done the lab (status not_implemented): that is
+# their purpose, not a broken build. They carry the label `learner`, and scripts/test.sh runs the suite
+# with -LE learner; scripts/grade runs them. (Not WILL_FAIL: that would make a learner's correct
+# solution a failing test.) Two more things per call:
+#   graded_labNN_<track>        a target that builds every graded program of the lab for that track
+#   labNN.<name>.checks_listed  a ctest that fails when a TEST of the program is missing from CHECKS
+#                               (it would never be graded) or CHECKS names a TEST that does not exist.
+function(sl_add_graded_test NN name)
+  cmake_parse_arguments(A "" "TIMEOUT;NP" "SOURCES;CHECKS;DEPS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 120)  # seconds per check; a check that hangs fails after this
+  endif()
+  if(NOT A_NP)
+    set(A_NP 1)
+  endif()
+  if(NOT A_CHECKS)
+    message(FATAL_ERROR "sl_add_graded_test(${NN} ${name}): list the graded TESTs after CHECKS")
+  endif()
+  list(JOIN A_CHECKS "," checks_csv)
+
+  foreach(track learner reference)
+    if(track STREQUAL "learner")
+      set(lib lab${NN}_learner)
+    else()
+      set(lib lab${NN}_ref)
+    endif()
+    if(NOT TARGET ${lib})
+      continue()  # learner track off (SL_BUILD_LEARNER=OFF) or the lab is not built
+    endif()
+    set(exe ${name}_${track})
+    add_executable(${exe} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/grading/graded_main.cpp)
+    target_link_libraries(${exe} PRIVATE ${lib} sl_test_support GTest::gtest ${A_DEPS})
+    target_compile_definitions(${exe} PRIVATE SL_GRADED_TRACK="${track}")
+    set_target_properties(${exe} PROPERTIES OUTPUT_NAME ${name}
+                          RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/bin/${track})
+    sl_target_defaults(${exe})
+    if(NOT TARGET graded_lab${NN}_${track})
+      add_custom_target(graded_lab${NN}_${track})
+    endif()
+    add_dependencies(graded_lab${NN}_${track} ${exe})
+
+    set(grades_dir ${CMAKE_BINARY_DIR}/grades/${track})
+    file(MAKE_DIRECTORY ${grades_dir})
+    set(env "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    set(labels "lab${NN};graded;cpu;${track}")
+    set(launcher "")
+    set(postflags "")
+    if(A_NP GREATER 1)
+      list(APPEND labels mpi)
+      if(MPI_CXX_FOUND AND MPIEXEC_EXECUTABLE)
+        set(launcher ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${MPIEXEC_PREFLAGS}
+                     --oversubscribe --bind-to none)
+        set(postflags ${MPIEXEC_POSTFLAGS})
+        list(APPEND env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+      else()
+        # Skip visibly (grading::run reads SL_GRADING_SKIP): the record says skipped, not passed.
+        list(APPEND env "SL_GRADING_SKIP=needs ${A_NP} MPI ranks but this build has no MPI (apt-get install libopenmpi-dev openmpi-bin, then reconfigure)")
+      endif()
+    endif()
+
+    foreach(check ${A_CHECKS})
+      if(NOT check MATCHES "^([A-Za-z0-9]+)\\.([A-Za-z0-9]+)$")
+        message(FATAL_ERROR "sl_add_graded_test(${NN} ${name}): CHECKS entry '${check}' is not Suite.TestName")
+      endif()
+      # TestName -> test_name (the same rule as snake_case() in tests/support/grading.cpp).
+      string(REGEX REPLACE "([a-z0-9])([A-Z])" "\\1_\\2" snake "${CMAKE_MATCH_2}")
+      string(TOLOWER "${snake}" snake)
+      set(test lab${NN}.${snake}.${track})
+      add_test(NAME ${test}
+               COMMAND ${launcher} $<TARGET_FILE:${exe}> ${postflags} --gtest_filter=${check}
+                       --gtest_color=no --gtest_output=json:${grades_dir}/${test}.json)
+      set_tests_properties(${test} PROPERTIES LABELS "${labels}" TIMEOUT ${A_TIMEOUT} PROCESSORS ${A_NP}
+                           ENVIRONMENT "${env}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] ${check}")
+    endforeach()
+    if(track STREQUAL "reference")
+      add_test(NAME lab${NN}.${name}.checks_listed COMMAND ${exe} --sl_expect_checks=${checks_csv})
+      set_tests_properties(lab${NN}.${name}.checks_listed PROPERTIES LABELS "lab${NN};unit;cpu" TIMEOUT 30)
+    endif()
+  endforeach()
 endfunction()

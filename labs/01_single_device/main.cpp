@@ -1,2 +1,296 @@
-// placeholder while the driver is written
-int main() { return 1; }
+// main.cpp — lab 01: train GPT-2 on one device and measure tokens/s and MFU.
+// The driver is shared by both tracks: it calls the functions of train_step.h, which come from your
+// labs/01_single_device/train_step.cpp (bin/learner/lab01_single_device) or from the reference
+// solutions/01_single_device/train_step.cpp (bin/reference/lab01_single_device).
+// Lesson: labs/01_single_device/README.md. Log schema: docs/log_schema.md.
+//
+//   build/bin/reference/lab01_single_device --data data/kjv --model demo --steps 300
+#include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
+
+#include <chrono>    // defines: std::chrono::steady_clock (step timing)
+#include <cmath>     // defines: std::exp
+#include <cstdio>    // defines: std::printf
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "scalelab/calibration.h"       // defines: load_or_calibrate (peak FLOP/s of this CPU)
+#include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
+#include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
+#include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig
+#include "scalelab/metrics.h"           // defines: RunLogger (JSONL logs)
+#include "scalelab/optim.h"             // defines: Optimizer, LRSchedule
+#include "scalelab/threads.h"           // defines: set_num_threads
+#include "scalelab/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
+#include "shard_loader.h"               // defines: scalelab::lab02::ShardLoader (lab 02's reference)
+#include "train_step.h"                 // defines: train_step, flops_per_token, tokens_per_second, mfu (YOU)
+
+using namespace scalelab;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string device = "cpu";
+  std::string model = "demo";
+  int batch = 8;          // B: sequences per step
+  int seq_len = 128;      // T: tokens per sequence
+  int steps = 300;        // optimizer steps
+  float lr = 2e-3f;       // peak learning rate
+  float min_lr = 2e-4f;   // end of the cosine decay
+  int warmup = 20;        // steps of linear warmup
+  float grad_clip = 1.0f;
+  float weight_decay = 0.1f;
+  std::string optimizer = "adamw";
+  std::string precision = "fp32";
+  std::string data = "data/kjv";
+  std::string log_dir = "runs";
+  std::string run_id;
+  uint64_t seed = 1337;
+  int val_every = 50;     // steps between validation passes (0: only at start and end)
+  int val_batches = 8;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 0;
+  std::string resume;          // a checkpoint file, or "latest" (in --checkpoint-dir)
+  int sample_tokens = 200;
+  int threads = 0;             // 0: all cores of this machine
+  double mem_cap_mb = 0;       // simulated device memory cap, MiB (0: none)
+  bool quiet = false;
+};
+
+// Mean loss over the first n_batches of the validation split (the same batches every time: the loader
+// is rewound to `start`), without touching the gradients.
+static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderState& start, int n_batches,
+                      Tensor& x, Tensor& y) {
+  val.restore(start);
+  double sum = 0.0;
+  for (int i = 0; i < n_batches; ++i) {
+    lab02::Batch b = val.next();
+    std::copy(b.inputs.begin(), b.inputs.end(), x.data<int32_t>());
+    std::copy(b.targets.begin(), b.targets.end(), y.data<int32_t>());
+    sum += model.forward(x, &y);
+  }
+  return static_cast<float>(sum / n_batches);
+}
+
+// Generates `n` bytes after `prompt` by sampling from the model's softmax (temperature 1).
+static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rng& rng) {
+  std::vector<int32_t> ctx = lab02::encode_bytes(prompt);
+  const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const int T = static_cast<int>(std::min<size_t>(ctx.size(), maxT));
+    Tensor x = Tensor::empty({1, T}, DType::I32);
+    std::copy(ctx.end() - T, ctx.end(), x.data<int32_t>());
+    model.forward(x, nullptr);
+    const float* logits = model.logits().data<float>() + static_cast<int64_t>(T - 1) * V;
+    float maxv = logits[0];
+    for (int v = 1; v < V; ++v) maxv = std::max(maxv, logits[v]);
+    double sum = 0.0;
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[v] - maxv);
+    double r = rng.uniform() * sum, acc = 0.0;
+    int next = V - 1;
+    for (int v = 0; v < V; ++v) {
+      acc += std::exp(logits[v] - maxv);
+      if (acc > r) { next = v; break; }
+    }
+    ctx.push_back(next);
+  }
+  return lab02::decode_bytes(std::vector<int32_t>(ctx.begin() + prompt.size(), ctx.end()));
+}
+
+static int run(const Options& o) {
+  // ------------------------------------------------------------------------------------------------
+  // Setup: threads, model, optimizer, data, peak FLOP/s
+  SL_CHECK_HINT(o.device == "cpu", "this build trains on the CPU; the CUDA backend is the next lab kit issue",
+                "--device %s is not available yet", o.device.c_str());
+  const int threads = set_num_threads(o.threads);
+  if (o.mem_cap_mb > 0) Allocator::get(Device::CPU).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
+
+  GPTConfig cfg = GPTConfig::preset(o.model);
+  lab02::LoaderConfig lc;
+  lc.B = o.batch;
+  lc.T = o.seq_len;
+  lc.seed = o.seed;
+  lab02::ShardLoader train_data(o.data, "train", lc);
+  lab02::LoaderConfig vc = lc;
+  vc.shuffle = false;
+  vc.prefetch = false;
+  lab02::ShardLoader val_data(o.data, "val", vc);
+  const lab02::LoaderState val_start = val_data.state();
+  const int val_batches = static_cast<int>(std::min<int64_t>(o.val_batches, val_data.batches_per_epoch()));
+  cfg.vocab_size = train_data.vocab_size();  // the tokenizer decides V (256 for bytes)
+  SL_CHECK_HINT(o.seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
+                "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, cfg.max_seq_len, o.model.c_str());
+
+  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  GPT2 model(cfg, policy, Device::CPU, o.seed);
+  OptimizerConfig oc;
+  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
+  oc.weight_decay = o.weight_decay;
+  Optimizer optimizer(model, oc);
+  LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
+
+  const Calibration cal = load_or_calibrate(threads);
+  const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
+  Rng rng(o.seed ^ 0x5eedull);
+
+  // ------------------------------------------------------------------------------------------------
+  // Resume
+  int64_t start_step = 0;
+  std::string resume_path = o.resume;
+  if (resume_path == "latest") resume_path = latest_checkpoint(o.checkpoint_dir);
+  if (!resume_path.empty()) {
+    TrainState st = load_train_checkpoint(resume_path, model, optimizer);
+    train_data.restore(lab02::LoaderState::from_bytes(st.loader_state));
+    rng = st.rng;
+    start_step = st.step;
+    std::printf("resumed from %s at step %lld\n", resume_path.c_str(), static_cast<long long>(start_step));
+  }
+
+  const std::string run_id = o.run_id.empty() ? make_run_id() : o.run_id;
+  RunLogger log("lab01", run_id, /*rank=*/0, o.log_dir);
+  nlohmann::json config = {{"model", o.model},       {"n_params", model.num_params()}, {"B", o.batch},
+                           {"T", o.seq_len},         {"steps", o.steps},               {"lr", o.lr},
+                           {"optimizer", o.optimizer}, {"precision", policy.name()},   {"seed", o.seed},
+                           {"flops_per_token", flops_tok}, {"data", o.data},           {"device", o.device}};
+  RunRecord run_rec;
+  run_rec.config = config;
+  run_rec.track = SL_TRACK_NAME;
+  run_rec.threads = threads;
+  run_rec.precision = policy.name();
+  run_rec.peak_flops_per_s = cal.flops_per_s;
+  run_rec.peak_source = cal.source;
+  run_rec.calibration_id = cal.id;
+  log.log_run(run_rec);
+
+  std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %d threads | peak %.1f GFLOP/s (%s)\n",
+              cfg.str().c_str(), static_cast<long long>(model.num_params()), o.batch, o.seq_len, policy.name().c_str(),
+              threads, cal.flops_per_s / 1e9, cal.source.c_str());
+  std::printf("logs: %s\n", log.path().c_str());
+
+  // ------------------------------------------------------------------------------------------------
+  // Training
+  Tensor x = Tensor::empty({o.batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
+  Tensor y = Tensor::empty({o.batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
+  float val_loss = evaluate(model, val_data, val_start, val_batches, x, y);
+  const float val_loss_start = val_loss;
+  std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(start_step), val_loss);
+  log.log_eval(start_step, val_loss);
+
+  double timed_seconds = 0.0;  // steps after the first (warm-up) one
+  int64_t timed_tokens = 0;
+  float loss = 0.0f;
+  const auto t_run = Clock::now();
+  for (int64_t step = start_step; step < o.steps; ++step) {
+    const auto t0 = Clock::now();
+    lab02::Batch batch = train_data.next();  // blocks only if the prefetch thread is behind
+    std::copy(batch.inputs.begin(), batch.inputs.end(), x.data<int32_t>());
+    std::copy(batch.targets.begin(), batch.targets.end(), y.data<int32_t>());
+    const float lr = schedule.at(static_cast<int>(step));
+
+    const lab01::StepResult r = lab01::train_step(model, optimizer, x, y, lr, o.grad_clip);  // YOUR step
+
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const int64_t tokens = static_cast<int64_t>(o.batch) * o.seq_len;
+    const double tok_s = lab01::tokens_per_second(tokens, seconds);
+    const double step_mfu = lab01::mfu(tok_s, flops_tok, cal.flops_per_s, /*num_devices=*/1);
+    if (step > start_step) {  // the first step allocates activations and warms caches: not timed
+      timed_seconds += seconds;
+      timed_tokens += tokens;
+    }
+    loss = r.loss;
+
+    StepRecord rec;
+    rec.step = step;
+    rec.loss = r.loss;
+    rec.lr = lr;
+    rec.tokens = tokens;
+    rec.step_ms = seconds * 1e3;
+    rec.data_wait_ms = batch.wait_ms;
+    rec.tokens_per_s = tok_s;
+    rec.mfu = step_mfu;
+    rec.grad_norm = r.grad_norm;
+    log.log_step(rec);
+
+    const bool last = step + 1 == o.steps;
+    if (!o.quiet && (step % 10 == 0 || last)) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_run).count();
+      const double eta = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(o.steps - step - 1);
+      std::printf("step %5lld | loss %.4f | lr %.2e | %7.0f tok/s | MFU %5.1f%% | data wait %.2f ms | ETA %.0f s\n",
+                  static_cast<long long>(step), r.loss, lr, tok_s, 100.0 * step_mfu, batch.wait_ms, eta);
+      std::fflush(stdout);
+    }
+    if ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last) {
+      val_loss = evaluate(model, val_data, val_start, val_batches, x, y);
+      std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
+      log.log_eval(step + 1, val_loss);
+    }
+    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last)) {
+      TrainState st;
+      st.step = step + 1;
+      st.loader_state = train_data.state().to_bytes();
+      st.rng = rng;
+      st.meta = {{"run_id", run_id}};
+      std::filesystem::create_directories(o.checkpoint_dir);
+      save_train_checkpoint(checkpoint_path(o.checkpoint_dir, step + 1), model, optimizer, st);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Summary and a sample
+  const double mean_tok_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
+  const double mean_mfu = mean_tok_s * flops_tok / cal.flops_per_s;
+  const MemStats mem = Allocator::get(Device::CPU).stats();
+  nlohmann::json summary = {{"steps", o.steps - start_step}, {"final_loss", loss},
+                            {"val_loss_start", val_loss_start}, {"val_loss_end", val_loss},
+                            {"tokens_per_s", mean_tok_s},    {"mfu", mean_mfu},
+                            {"peak_flops_per_s", cal.flops_per_s}, {"peak_source", cal.source},
+                            {"memory_peak_bytes", mem.total_peak_bytes}};
+  const std::string sample = o.sample_tokens > 0 ? sample_text(model, "\n", o.sample_tokens, rng) : "";
+  summary["sample"] = sample;
+  log.log_summary(summary);
+  std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %.1f GFLOP/s (%s) | peak memory %.1f MiB\n",
+              val_loss_start, val_loss, mean_tok_s, 100.0 * mean_mfu, cal.flops_per_s / 1e9, cal.source.c_str(),
+              mem.total_peak_bytes / 1048576.0);
+  if (!sample.empty()) std::printf("\n== sample ==\n%s\n", sample.c_str());
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"lab 01: train GPT-2 on one device; reports loss, tokens/s and MFU"};
+  Options o;
+  app.add_option("--device", o.device, "cpu (cuda: with the CUDA backend)")->capture_default_str();
+  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
+  app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")->capture_default_str();
+  app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
+  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/lab01/<run-id>/")->capture_default_str();
+  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
+  app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
+  app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")->capture_default_str();
+  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (empty: none)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")->capture_default_str();
+  app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
+  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text to generate at the end")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_option("--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "print only validation and the summary");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const NotImplemented& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
