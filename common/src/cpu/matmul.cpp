@@ -1,0 +1,65 @@
+// matmul.cpp — CPU twin of the linear layer out = inp @ weight^T + bias (torch.nn.Linear layout).
+// Defines scalelab::cpu::matmul_forward / matmul_backward (contract: scalelab/ops.h). Every product is one
+// OpenBLAS sgemm (multithreaded by OpenBLAS itself, OpenMP build); only the bias sums are our loops.
+// CUDA twin: common/src/cuda/matmul.cu (not yet written, cuBLAS)   tests: tests/common/test_ops_cpu.cpp
+#include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "scalelab/ops.h"  // defines: the cpu:: declarations implemented here
+
+namespace scalelab::cpu {
+
+namespace {
+constexpr int kChannelBlock = 64;  // output channels per task in the dbias column reduction
+}  // namespace
+
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias(OC); bias may be nullptr.
+// Row-major: out[i,o] = sum_c inp[i,c] * weight[o,c], i.e. sgemm(NoTrans, Trans). 2*N*C*OC flops.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                    int OC) {
+  float beta = 0.0f;  // 0: sgemm overwrites out
+  if (bias != nullptr) {
+    // Put the bias in every row first, then let sgemm add the product (beta = 1): one pass over out.
+#pragma omp parallel for schedule(static) if (N * OC > 32768)
+    for (int64_t i = 0; i < N; i++) std::memcpy(out + i * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  // The Tensor-level op checks N fits in an int (cblas takes int dimensions in the LP64 build).
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, C,
+              /*alpha=*/1.0f, inp, /*lda=*/C, weight, /*ldb=*/C, beta, out, /*ldc=*/OC);
+}
+
+// Gradients of the forward above; each ADDS into its output (ops.h accumulation rule), which for the
+// GEMMs is simply beta = 1:
+//   dinp (N,C)     += dout (N,OC) @ weight (OC,C)          sgemm(NoTrans, NoTrans)   2*N*C*OC flops
+//   dweight (OC,C) += dout^T (OC,N) @ inp (N,C)            sgemm(Trans, NoTrans)     2*N*C*OC flops
+//   dbias (OC)     += sum over rows of dout
+// dinp and dbias may be nullptr (nothing needs them / no bias in the forward).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int C, int OC) {
+  const int n = static_cast<int>(N);  // checked by the Tensor-level op
+  if (dinp != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC,
+                /*alpha=*/1.0f, dout, /*lda=*/OC, weight, /*ldb=*/C, /*beta=*/1.0f, dinp, /*ldc=*/C);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n,
+              /*alpha=*/1.0f, dout, /*lda=*/OC, inp, /*ldb=*/C, /*beta=*/1.0f, dweight, /*ldc=*/C);
+  if (dbias != nullptr) {
+    // Column sums: each task owns a block of output channels and walks all rows in order (no races,
+    // same bits for any thread count; the inner loop over o is contiguous and vectorises).
+    const int num_blocks = (OC + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) if (N * OC > 32768)
+    for (int blk = 0; blk < num_blocks; blk++) {
+      const int o0 = blk * kChannelBlock, o1 = std::min(OC, o0 + kChannelBlock);
+      for (int64_t i = 0; i < N; i++) {
+        const float* dy = dout + i * OC;
+        for (int o = o0; o < o1; o++) dbias[o] += dy[o];
+      }
+    }
+  }
+}
+
+}  // namespace scalelab::cpu

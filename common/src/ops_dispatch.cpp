@@ -1,0 +1,413 @@
+// ops_dispatch.cpp — the Tensor-level GPT-2 ops (scalelab::<op>, declared in scalelab/ops.h): the one
+// dispatch point per op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
+// tensor and its shape, then calls its twin: scalelab::cpu::<op> (common/src/cpu/) today, and
+// scalelab::cuda::<op> (common/src/cuda/) once the CUDA backend exists; until then CUDA tensors throw.
+// Tests: tests/common/test_ops_cpu.cpp
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+
+#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/ops.h"    // defines: the scalelab:: ops implemented here and their cpu:: twins
+
+namespace scalelab {
+
+namespace {
+
+constexpr const char* kCudaHint = "the CUDA ops arrive with the CUDA backend; run with --device cpu";
+
+// The device every tensor argument lives on (nullptr entries, i.e. optional outputs, are skipped).
+// Mixing devices is an error: no op copies between devices behind the caller's back.
+Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  int index = 0;
+  for (const Tensor* t : tensors) {
+    if (t != nullptr) {
+      if (first == nullptr) first = t;
+      SL_CHECK_HINT(t->device() == first->device(), "move every argument to one device with Tensor::copy_from",
+                    "%s: tensor argument %d %s is on %s, but the first is %s on %s", op, index,
+                    shape_str(t->shape()).c_str(), device_name(t->device()), shape_str(first->shape()).c_str(),
+                    device_name(first->device()));
+    }
+    index++;
+  }
+  return first != nullptr ? first->device() : Device::CPU;
+}
+
+// Throws unless every entry of indices (n i32 values on the CPU) lies in [0, limit): a token id outside
+// the vocabulary would read or write outside wte / probs. Reports the first bad entry.
+void check_index_range(const char* op, const char* what, const Tensor& indices, int64_t limit) {
+  const int32_t* idx = indices.data<int32_t>();
+  for (int64_t i = 0; i < indices.numel(); i++) {
+    SL_CHECK_HINT(idx[i] >= 0 && idx[i] < limit, "token ids must be < the vocabulary size of the model",
+                  "%s: %s[%lld] = %d is outside [0, %lld) (%s has shape %s)", op, what, static_cast<long long>(i),
+                  idx[i], static_cast<long long>(limit), what, shape_str(indices.shape()).c_str());
+  }
+}
+
+}  // namespace
+
+// The checks below expand inside each op, so an error report names the op (its function) and the line.
+// SL_OPS_DTYPE(t, dt): tensor t has dtype dt.
+#define SL_OPS_DTYPE(t, dt)                                                                               \
+  SL_CHECK((t).dtype() == (dt), "%s must be %s, got %s with shape %s", #t, dtype_name(dt),                 \
+           dtype_name((t).dtype()), shape_str((t).shape()).c_str())
+// SL_OPS_SHAPE(t, expected): tensor t has exactly the shape expected (a Shape).
+#define SL_OPS_SHAPE(t, expected)                                                                         \
+  SL_CHECK((t).shape() == (expected), "%s has shape %s, expected %s", #t, shape_str((t).shape()).c_str(), \
+           shape_str(expected).c_str())
+// SL_OPS_NUMEL(t, n): tensor t has n elements (any shape).
+#define SL_OPS_NUMEL(t, n)                                                                                \
+  SL_CHECK((t).numel() == (n), "%s has shape %s (%lld elements), expected %lld elements", #t,             \
+           shape_str((t).shape()).c_str(), static_cast<long long>((t).numel()), static_cast<long long>(n))
+// SL_OPS_NDIM(t, n): tensor t has n dimensions.
+#define SL_OPS_NDIM(t, n) \
+  SL_CHECK((t).ndim() == (n), "%s has shape %s, expected %d dimensions", #t, shape_str((t).shape()).c_str(), (n))
+// SL_OPS_FITS_INT(v): a size passed to a twin (and to BLAS, LP64 build) as int.
+#define SL_OPS_FITS_INT(v) \
+  SL_CHECK((v) > 0 && (v) <= INT_MAX, "%s = %lld must be in [1, INT_MAX]", #v, static_cast<long long>(v))
+// SL_OPS_CUDA_NOT_BUILT(): the CUDA branch of every op until the CUDA backend adds its twins.
+#define SL_OPS_CUDA_NOT_BUILT() SL_FAIL(kCudaHint, "%s: got CUDA tensors, but the CUDA twins are not built yet", __func__)
+
+// ---------------------------------------------------------------------------------------------
+// Encoder (token + position embedding)
+
+void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_DTYPE(wte, DType::F32);
+  SL_OPS_DTYPE(wpe, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_NDIM(tokens, 2);  // (B,T)
+  SL_OPS_NDIM(wte, 2);     // (V,C)
+  SL_OPS_NDIM(wpe, 2);     // (maxT,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_CHECK(wpe.size(1) == C && wpe.size(0) >= T, "wpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
+           shape_str(wpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
+  if (device_of(__func__, {&out, &tokens, &wte, &wpe}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  check_index_range(__func__, "tokens", tokens, V);
+  cpu::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(), wpe.data<float>(),
+                       static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+}
+
+void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  SL_OPS_DTYPE(dwte, DType::F32);
+  SL_OPS_DTYPE(dwpe, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_NDIM(tokens, 2);  // (B,T)
+  SL_OPS_NDIM(dwte, 2);    // (V,C)
+  SL_OPS_NDIM(dwpe, 2);    // (maxT,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = dwte.size(0), C = dwte.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_CHECK(dwpe.size(1) == C && dwpe.size(0) >= T, "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
+           shape_str(dwpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
+  if (device_of(__func__, {&dwte, &dwpe, &dout, &tokens}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  check_index_range(__func__, "tokens", tokens, V);
+  cpu::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(), tokens.data<int32_t>(),
+                        static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm. inp (N,C) or (B,T,C): C is the last dimension, N the product of the others.
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       const Tensor& bias) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(mean, DType::F32);
+  SL_OPS_DTYPE(rstd, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_DTYPE(bias, DType::F32);
+  SL_CHECK(inp.ndim() >= 2, "inp has shape %s, expected (N, C) or (B, T, C)", shape_str(inp.shape()).c_str());
+  const int64_t C = inp.size(-1);
+  SL_OPS_FITS_INT(C);  // before dividing by it
+  const int64_t N = inp.numel() / C;
+  SL_OPS_SHAPE(out, inp.shape());
+  SL_OPS_SHAPE(weight, (Shape{C}));
+  SL_OPS_SHAPE(bias, (Shape{C}));
+  SL_OPS_NUMEL(mean, N);  // one per row: (N) or (B,T)
+  SL_OPS_NUMEL(rstd, N);
+  if (device_of(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
+                         weight.data<float>(), bias.data<float>(), N, static_cast<int>(C));
+}
+
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  SL_OPS_DTYPE(dinp, DType::F32);
+  SL_OPS_DTYPE(dweight, DType::F32);
+  SL_OPS_DTYPE(dbias, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_DTYPE(mean, DType::F32);
+  SL_OPS_DTYPE(rstd, DType::F32);
+  SL_CHECK(inp.ndim() >= 2, "inp has shape %s, expected (N, C) or (B, T, C)", shape_str(inp.shape()).c_str());
+  const int64_t C = inp.size(-1);
+  SL_OPS_FITS_INT(C);  // before dividing by it
+  const int64_t N = inp.numel() / C;
+  SL_OPS_SHAPE(dinp, inp.shape());
+  SL_OPS_SHAPE(dout, inp.shape());
+  SL_OPS_SHAPE(weight, (Shape{C}));
+  SL_OPS_SHAPE(dweight, (Shape{C}));
+  SL_OPS_SHAPE(dbias, (Shape{C}));
+  SL_OPS_NUMEL(mean, N);
+  SL_OPS_NUMEL(rstd, N);
+  if (device_of(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}) == Device::CUDA)
+    SL_OPS_CUDA_NOT_BUILT();
+  cpu::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(),
+                          inp.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), N,
+                          static_cast<int>(C));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul (linear layer). inp (N,C) or (B,T,C); out has the same leading elements with OC last.
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_NDIM(weight, 2);  // (OC,C)
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  SL_OPS_FITS_INT(OC);
+  SL_OPS_FITS_INT(C);
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
+           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = inp.numel() / C;
+  SL_OPS_FITS_INT(N);
+  SL_CHECK(out.ndim() >= 2 && out.size(-1) == OC && out.numel() == N * OC,
+           "out has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
+           shape_str(out.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
+  if (bias != nullptr) {
+    SL_OPS_DTYPE(*bias, DType::F32);
+    SL_OPS_SHAPE(*bias, (Shape{OC}));
+  }
+  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(),
+                      bias != nullptr ? bias->data<float>() : nullptr, N, static_cast<int>(C), static_cast<int>(OC));
+}
+
+void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight) {
+  SL_OPS_DTYPE(dweight, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_NDIM(weight, 2);  // (OC,C)
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  SL_OPS_FITS_INT(OC);
+  SL_OPS_FITS_INT(C);
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
+           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = inp.numel() / C;
+  SL_OPS_FITS_INT(N);
+  SL_CHECK(dout.ndim() >= 2 && dout.size(-1) == OC && dout.numel() == N * OC,
+           "dout has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
+           shape_str(dout.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
+  SL_OPS_SHAPE(dweight, weight.shape());
+  if (dinp != nullptr) {
+    SL_OPS_DTYPE(*dinp, DType::F32);
+    SL_OPS_SHAPE(*dinp, inp.shape());
+  }
+  if (dbias != nullptr) {
+    SL_OPS_DTYPE(*dbias, DType::F32);
+    SL_OPS_SHAPE(*dbias, (Shape{OC}));
+  }
+  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::matmul_backward(dinp != nullptr ? dinp->data<float>() : nullptr, dweight.data<float>(),
+                       dbias != nullptr ? dbias->data<float>() : nullptr, dout.data<float>(), inp.data<float>(),
+                       weight.data<float>(), N, static_cast<int>(C), static_cast<int>(OC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal self-attention. qkv (B,T,3C), out (B,T,C), att (B,NH,T,T).
+
+void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(att, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
+  if (device_of(__func__, {&out, &att, &qkv}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                         static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                        int NH) {
+  SL_OPS_DTYPE(dqkv, DType::F32);
+  SL_OPS_DTYPE(datt, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_DTYPE(att, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(dqkv, qkv.shape());
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
+  SL_OPS_SHAPE(datt, (Shape{B, NH, T, T}));
+  if (device_of(__func__, {&dqkv, &datt, &dout, &qkv, &att}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
+                          att.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise: GELU and the residual add (any shapes with matching element counts).
+
+void gelu_forward(Tensor& out, const Tensor& inp) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_NUMEL(out, inp.numel());
+  if (device_of(__func__, {&out, &inp}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel());
+}
+
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  SL_OPS_DTYPE(dinp, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_NUMEL(dinp, inp.numel());
+  SL_OPS_NUMEL(dout, inp.numel());
+  if (device_of(__func__, {&dinp, &inp, &dout}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel());
+}
+
+void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(a, DType::F32);
+  SL_OPS_DTYPE(b, DType::F32);
+  SL_OPS_NUMEL(b, a.numel());
+  SL_OPS_NUMEL(out, a.numel());
+  if (device_of(__func__, {&out, &a, &b}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+}
+
+void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
+  SL_OPS_DTYPE(da, DType::F32);
+  SL_OPS_DTYPE(db, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_NUMEL(da, dout.numel());
+  SL_OPS_NUMEL(db, dout.numel());
+  if (device_of(__func__, {&da, &db, &dout}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax + cross-entropy. logits (B,T,V) (or (N,V)); targets and losses one per row.
+
+void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) {
+  SL_OPS_DTYPE(losses, DType::F32);
+  SL_OPS_DTYPE(probs, DType::F32);
+  SL_OPS_DTYPE(logits, DType::F32);
+  SL_OPS_DTYPE(targets, DType::I32);
+  SL_CHECK(logits.ndim() >= 2, "logits has shape %s, expected (B, T, V)", shape_str(logits.shape()).c_str());
+  const int64_t V = logits.size(-1);
+  SL_OPS_FITS_INT(V);  // before dividing by it
+  const int64_t N = logits.numel() / V;
+  SL_OPS_SHAPE(probs, logits.shape());
+  SL_OPS_NUMEL(targets, N);  // (B,T)
+  SL_OPS_NUMEL(losses, N);   // (B,T)
+  if (device_of(__func__, {&losses, &probs, &logits, &targets}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  check_index_range(__func__, "targets", targets, V);
+  cpu::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
+                                    targets.data<int32_t>(), N, static_cast<int>(V));
+}
+
+void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
+  SL_OPS_DTYPE(dlogits, DType::F32);
+  SL_OPS_DTYPE(probs, DType::F32);
+  SL_OPS_DTYPE(targets, DType::I32);
+  SL_CHECK(probs.ndim() >= 2, "probs has shape %s, expected (B, T, V)", shape_str(probs.shape()).c_str());
+  const int64_t V = probs.size(-1);
+  SL_OPS_FITS_INT(V);  // before dividing by it
+  const int64_t N = probs.numel() / V;
+  SL_OPS_SHAPE(dlogits, probs.shape());
+  SL_OPS_NUMEL(targets, N);
+  if (device_of(__func__, {&dlogits, &probs, &targets}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  check_index_range(__func__, "targets", targets, V);
+  cpu::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(), targets.data<int32_t>(), dloss,
+                                     N, static_cast<int>(V));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer updates, reductions, casts.
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
+  SL_OPS_DTYPE(param, DType::F32);
+  SL_OPS_DTYPE(grad, DType::F32);
+  SL_OPS_DTYPE(m, DType::F32);
+  SL_OPS_DTYPE(v, DType::F32);
+  SL_OPS_NUMEL(grad, param.numel());
+  SL_OPS_NUMEL(m, param.numel());
+  SL_OPS_NUMEL(v, param.numel());
+  SL_CHECK(t >= 1, "AdamW step t=%lld must be >= 1 (the bias correction divides by 1 - beta^t)",
+           static_cast<long long>(t));
+  if (device_of(__func__, {&param, &grad, &m, &v}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), lr,
+                    beta1, beta2, eps, weight_decay, t);
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay) {
+  SL_OPS_DTYPE(param, DType::F32);
+  SL_OPS_DTYPE(grad, DType::F32);
+  SL_OPS_NUMEL(grad, param.numel());
+  if (device_of(__func__, {&param, &grad}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay);
+}
+
+double sum_squares(const Tensor& t) {
+  SL_OPS_DTYPE(t, DType::F32);
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  return cpu::sum_squares(t.data<float>(), t.numel());
+}
+
+void scale_(Tensor& t, float s) {
+  SL_OPS_DTYPE(t, DType::F32);
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  cpu::scale(t.data<float>(), t.numel(), s);
+}
+
+void cast(Tensor& dst, const Tensor& src) {
+  SL_OPS_NUMEL(dst, src.numel());
+  if (device_of(__func__, {&dst, &src}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (dst.dtype() == src.dtype()) {
+    if (dst.raw() != src.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());  // same dtype: a copy
+  } else if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
+    cpu::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel());
+  } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
+    cpu::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel());
+  } else {
+    SL_FAIL("cast converts f32 <-> bf16 (or copies one dtype); token ids (i32) are not cast",
+            "cannot cast %s %s to %s %s", dtype_name(src.dtype()), shape_str(src.shape()).c_str(),
+            dtype_name(dst.dtype()), shape_str(dst.shape()).c_str());
+  }
+}
+
+}  // namespace scalelab
