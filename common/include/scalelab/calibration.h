@@ -1,0 +1,76 @@
+// calibration.h — the peak FLOP/s that MFU divides by (DESIGN.md "MFU").
+//   GPUs we know: the vendor's dense datasheet figure (datasheet_peak).
+//   CPUs and unknown devices: a measurement, sgemm at GPT-2 d12 training shapes, for the same thread
+//   count the run uses (calibrate_gemm / load_or_calibrate). Never another device's number.
+// Program: tools/calibrate.cpp (bin/sl_calibrate). Tests: tests/common/test_calibration.cpp
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (the cache file)
+
+namespace scalelab {
+
+// One timed GEMM shape: C(M, N) = op(A) @ op(B), row-major, 2*M*N*K FLOPs.
+struct GemmShapeResult {
+  std::string name;       // "fc_forward", "fc_backward_dinp", ...
+  int M = 0, N = 0, K = 0;
+  bool trans_a = false;   // A stored (K, M) and transposed
+  bool trans_b = false;   // B stored (N, K) and transposed
+  int repeats = 0;        // timed calls (after one untimed warm-up call)
+  double median_ms = 0;   // median wall time of one call
+  double flops_per_s = 0; // 2*M*N*K / median time
+};
+
+struct Calibration {
+  std::string id;             // "cpu-gemm-<8 hex of cpu model>-<threads>t-<yyyymmdd>"
+  std::string cpu_model;      // /proc/cpuinfo "model name"; the cache is valid only on the same model
+  std::string blas_build;     // e.g. "OpenBLAS (OpenMP)"
+  int threads = 0;            // BLAS/OpenMP threads during the measurement
+  double flops_per_s = 0;     // the peak for MFU: the best shape's median (see calibration.cpp for why)
+  double median_flops_per_s = 0;  // median over shapes of the per-shape medians
+  std::string source;         // "calibrated sgemm, d12 shapes, 2 threads, 2026-11-29" (goes in the run log)
+  std::string date;           // "2026-11-29" (UTC)
+  std::vector<GemmShapeResult> shapes;
+
+  nlohmann::json to_json() const;
+  static Calibration from_json(const nlohmann::json& j);  // throws scalelab::Error on missing keys
+};
+
+// The GEMMs of one GPT-2 d12 training step at B*T = 1024 tokens (C = 768): forward qkv, fc and
+// fc-projection, and the two backward layouts of the fc layer (dinp = dout @ W, dW = dout^T @ inp).
+std::vector<GemmShapeResult> d12_gemm_shapes();
+
+// Measures cblas_sgemm at d12_gemm_shapes() with `threads` threads (set through set_num_threads; the
+// previous count is restored). Per shape: one warm-up call, then timed calls until its share of
+// seconds_budget is spent (at least one, at most 50); the shape's rate is the median call. A tiny
+// budget still times every shape once (~0.5 s on one core).
+Calibration calibrate_gemm(int threads, double seconds_budget);
+
+// Reads <cache_dir>/cpu_<threads>t.json when it was measured on this CPU model with this thread
+// count; otherwise measures (calibrate_gemm) and writes that file (tmp file + rename, so concurrent
+// readers never see half a file). Measure with nothing else running: several ranks calibrating at
+// once measure each other. Run bin/sl_calibrate once before multi-rank runs.
+Calibration load_or_calibrate(int threads, const std::string& cache_dir = "runs/calibration",
+                              double seconds_budget = 3.0);
+std::string calibration_cache_path(const std::string& cache_dir, int threads);  // <dir>/cpu_<threads>t.json
+
+// ---------------------------------------------------------------------------------------------
+// Datasheet peaks of known accelerators, dense (vendors headline the 2:4-sparse figure, 2x these).
+struct PeakEntry {
+  std::string device;            // canonical name, e.g. "NVIDIA H200 SXM"
+  double bf16_flops_per_s = 0;   // dense bf16 tensor core, fp32 accumulate
+  double tf32_flops_per_s = 0;   // dense tf32 tensor core; 0 = not in our table
+  double fp32_flops_per_s = 0;   // plain fp32 (no tensor cores); 0 = not in our table
+  std::string source;            // where the numbers come from
+};
+
+// The table entry whose name patterns match `device_name` (case-insensitive), e.g. the CUDA name
+// "NVIDIA H100 80GB HBM3" -> H100 SXM. Variants with a different peak (H100 NVL, H200 NVL) do not
+// match the SXM entries: nullopt, and the caller must calibrate instead of borrowing a number.
+std::optional<PeakEntry> datasheet_peak(const std::string& device_name);
+const std::vector<PeakEntry>& datasheet_peaks();  // the whole table, for printing
+
+}  // namespace scalelab
