@@ -273,8 +273,9 @@ TEST(OpsCpu, EncoderBackwardMatchesFiniteDifferences) {
   auto loss_of_wte = [&](const Vec& x) { return dot(ref_encoder(kTokens, x, to_double(wpe), B, T, C), dout); };
   auto loss_of_wpe = [&](const Vec& x) { return dot(ref_encoder(kTokens, to_double(wte), x, B, T, C), dout); };
   EXPECT_TRUE(all_close("dwte", dwte, numerical_grad(loss_of_wte, to_double(wte)), kGradAtol, kGradRtol));
-  // Also checks that row maxT-1 >= T of dwpe (a position never used) stays exactly 0.
   EXPECT_TRUE(all_close("dwpe", dwpe, numerical_grad(loss_of_wpe, to_double(wpe)), kGradAtol, kGradRtol));
+  // Rows [T, maxT) of dwpe belong to positions this batch never used: untouched, exactly 0.
+  for (int c = 0; c < C; c++) EXPECT_EQ(dwpe[T * C + c], 0.0f) << "dwpe[t=" << T << ", c=" << c << "]";
 }
 
 // =============================================================================================
