@@ -1,0 +1,116 @@
+// graded_main.cpp — main() of every graded test program; sl_add_graded_test (cmake/scalelab.cmake)
+// links it instead of gtest_main. What it adds to a plain GoogleTest main:
+//   - tells the grading records which track this program was linked against (SL_GRADED_TRACK);
+//   - under mpiexec, only rank 0 writes the JSON file the grader reads; rank r writes <file>.rank<r>.json
+//     and prints only its failures, prefixed "[rank r]" (rank 0's record already combines all ranks,
+//     see grading::run);
+//   - --sl_expect_checks=Suite.A,Suite.B: instead of running, checks that the program's TESTs are
+//     exactly the CHECKS listed in CMake, so a check cannot be written and then never graded.
+// The API a graded test uses: tests/support/grading.h. The record format: docs/grading.md.
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "grading.h"
+
+#ifndef SL_GRADED_TRACK
+#define SL_GRADED_TRACK "unknown"
+#endif
+
+namespace {
+
+namespace grading = scalelab::grading;
+
+// Replaces the default printer on ranks other than 0: their passes are noise, their failures are not.
+class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnlyPrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& part) override {
+    if (!part.failed()) return;
+    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, part.file_name() ? part.file_name() : "?",
+                part.line_number(), part.message());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+};
+
+// "json:dir/x.json" -> "json:dir/x.rank1.json" (a bare "json" or a directory is left alone: GoogleTest
+// then names the file after the program, which is rank-unique enough for debugging).
+std::string per_rank_output(const std::string& output, int rank) {
+  const std::string ext = ".json";
+  if (output.rfind("json:", 0) != 0 || output.size() < ext.size() ||
+      output.compare(output.size() - ext.size(), ext.size(), ext) != 0) {
+    return output;
+  }
+  return output.substr(0, output.size() - ext.size()) + ".rank" + std::to_string(rank) + ext;
+}
+
+// Compares the registered TESTs with a comma-separated list; prints the differences. 0 when equal.
+int expect_checks(const std::string& csv) {
+  std::set<std::string> listed, registered;
+  std::stringstream ss(csv);
+  for (std::string name; std::getline(ss, name, ',');) {
+    if (!name.empty()) listed.insert(name);
+  }
+  const ::testing::UnitTest& ut = *::testing::UnitTest::GetInstance();
+  for (int s = 0; s < ut.total_test_suite_count(); ++s) {
+    const ::testing::TestSuite& suite = *ut.GetTestSuite(s);
+    for (int t = 0; t < suite.total_test_count(); ++t) {
+      registered.insert(std::string(suite.name()) + "." + suite.GetTestInfo(t)->name());
+    }
+  }
+  int problems = 0;
+  for (const std::string& name : registered) {
+    if (!listed.count(name)) {
+      std::printf("TEST %s is not in the CHECKS of sl_add_graded_test: it would never be graded\n", name.c_str());
+      ++problems;
+    }
+  }
+  for (const std::string& name : listed) {
+    if (!registered.count(name)) {
+      std::printf("CHECKS lists %s but no such TEST is compiled into this program\n", name.c_str());
+      ++problems;
+    }
+  }
+  if (problems == 0) std::printf("%zu checks, all listed in CMake\n", registered.size());
+  return problems == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before InitGoogleTest: GoogleTest opens its JSON writer while parsing the flags.
+  const int rank = grading::launcher_rank();
+  const std::string kOutputFlag = "--gtest_output=";
+  std::string rank_output;  // keeps the rewritten flag alive for argv
+  for (int i = 1; i < argc && rank != 0; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(kOutputFlag, 0) == 0) {
+      rank_output = kOutputFlag + per_rank_output(arg.substr(kOutputFlag.size()), rank);
+      argv[i] = rank_output.data();
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);  // removes the --gtest_* flags it understood from argv
+  grading::set_track(SL_GRADED_TRACK);
+
+  const std::string kExpectFlag = "--sl_expect_checks=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(kExpectFlag, 0) == 0) return expect_checks(arg.substr(kExpectFlag.size()));
+  }
+
+  // A multi-rank graded program plugs its communicator into the rank-collective helpers here, after
+  // the communicator exists and before RUN_ALL_TESTS (grading.h, RankReducer). Until then the world
+  // is one rank and grading::all_ranks is the identity.
+  if (rank != 0) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailuresOnlyPrinter(rank));
+  }
+  return RUN_ALL_TESTS();
+}
