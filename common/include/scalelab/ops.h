@@ -69,7 +69,8 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
 // param, grad, m, v: same numel, fp32. Same arithmetic as torch.optim.AdamW.
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t t);
-// Plain SGD with decoupled weight decay: p -= lr * (g + weight_decay * p).
+// Plain SGD with L2 weight decay folded into the gradient, as torch.optim.SGD(weight_decay=...) without
+// momentum: p -= lr * (g + weight_decay * p).
 void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay);
 
 // Sum of squares of an fp32 tensor, accumulated in double (for the global gradient norm).
