@@ -1,7 +1,7 @@
 # cmake/scalelab.cmake — one helper per target kind (STYLE.md 34), dependency lookup, configure summary.
 #   sl_add_lab(01 single_device SOURCES train_step.cpp DRIVER main.cpp)  -> lab01_learner, lab01_ref, programs
 #   sl_add_test(test_tensor SOURCES ... LABELS unit cpu common)
-#   sl_add_graded_test(lab01 SOURCES ... CHECKS Lab01.X ...)            -> one ctest per check and track
+#   sl_add_graded_test(01 test_lab01 SOURCES ... CHECKS Lab01.X ...)    -> one ctest per check and track
 
 # ---------------------------------------------------------------------------------------------
 # OpenBLAS: the OpenMP build, so BLAS inside OpenMP regions does not oversubscribe (DESIGN.md).
