@@ -1,0 +1,21 @@
+// device.h — what accelerators this process can use, for drivers and for tests that must skip
+// visibly without a GPU (STYLE.md 30: SL_REQUIRE_GPU()). Works in builds with and without CUDA.
+#pragma once
+
+namespace scalelab {
+
+// Number of CUDA devices this process can use: 0 in a build without CUDA, without a driver, or
+// without a GPU. Never throws.
+int cuda_device_count();
+// True when this build contains the CUDA backend (compiled where nvcc was found).
+bool built_with_cuda();
+
+}  // namespace scalelab
+
+// In a GoogleTest body: skip (reported as "Skipped" by ctest, never a silent pass) without a GPU.
+#define SL_REQUIRE_GPU()                                                                           \
+  do {                                                                                             \
+    if (::scalelab::cuda_device_count() == 0)                                                      \
+      GTEST_SKIP() << (::scalelab::built_with_cuda() ? "no CUDA device visible on this machine"   \
+                                                     : "this build has no CUDA backend (nvcc not found)"); \
+  } while (0)
