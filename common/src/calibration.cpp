@@ -4,7 +4,8 @@
 // Why the best shape and not the median is the peak: a datasheet peak is the fastest the hardware
 // goes on GEMMs that suit it, and MFU divides by it. The calibrated number plays the same role on a
 // CPU, so we take the fastest of the step's GEMM shapes; the median over shapes is recorded beside it.
-// On 2 AMD EPYC cores the shapes differ by ~10 %, so the choice moves MFU little (see sl_calibrate).
+// On the 2-core AMD EPYC development machines the five shapes land within ~5 % of each other on one
+// thread, so the choice moves MFU little (bin/sl_calibrate prints the per-shape table).
 #include "scalelab/calibration.h"
 
 #include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
