@@ -93,6 +93,22 @@ TEST(Calibration, CacheIsWrittenThenReusedOnTheSameCpuAndThreads) {
   fs::remove_all(dir);
 }
 
+// Regression: a cache measured while other processes used the cores (99 instead of 247 GFLOP/s)
+// made every later run report MFU above 100 %. A cache far below a quick check is measured again.
+TEST(Calibration, CacheMeasuredOnABusyMachineIsMeasuredAgain) {
+  const std::string dir = temp_dir("stale");
+  const scalelab::Calibration first = scalelab::load_or_calibrate(1, dir, kTinyBudgetS);
+  nlohmann::json stale = first.to_json();
+  stale["flops_per_s"] = first.flops_per_s / 100.0;  // as if measured while the machine was 100x busier
+  std::ofstream(scalelab::calibration_cache_path(dir, 1)) << stale.dump();
+  ::testing::internal::CaptureStderr();
+  const scalelab::Calibration again = scalelab::load_or_calibrate(1, dir, kTinyBudgetS);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_GT(again.flops_per_s, first.flops_per_s / 10.0) << "the stale cache was used";
+  EXPECT_NE(err.find("busy machine"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
 TEST(Calibration, JsonRoundTrip) {
   scalelab::Calibration c;
   c.id = "cpu-gemm-deadbeef-2t-20261129";
