@@ -66,10 +66,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemCategory
   t.dtype_ = dtype;
   t.device_ = device;
   auto st = std::make_shared<Storage>();
-  st->nbytes = t.nbytes();
   st->device = device;
   st->category = category;
-  st->ptr = Allocator::get(device).allocate(st->nbytes, category);
+  // Record the size only once allocate() has returned: when it throws (over the cap, no CUDA backend)
+  // the Storage destructor runs and must not give back bytes that were never counted.
+  st->ptr = Allocator::get(device).allocate(t.nbytes(), category);
+  st->nbytes = t.nbytes();
   t.ptr_ = st->ptr;
   t.storage_ = std::move(st);
   return t;
