@@ -121,7 +121,7 @@ function(sl_add_tool name)
 endfunction()
 
 # sl_add_test(<name> SOURCES ... [LABELS ...] [DEPS ...] [TIMEOUT s])
-# A GoogleTest executable registered as one ctest (unit tests are fast; one process is fine).
+# A GoogleTest executable; each of its TESTs becomes one ctest named <name>.<Suite>.<Test>.
 function(sl_add_test name)
   cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LABELS;DEPS" ${ARGN})
   if(NOT A_TIMEOUT)
@@ -132,9 +132,12 @@ function(sl_add_test name)
   target_compile_definitions(${name} PRIVATE SL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   sl_target_defaults(${name})
-  add_test(NAME ${name} COMMAND ${name} --gtest_color=no)
-  set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-                       ENVIRONMENT "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  # One ctest per TEST, discovered when ctest runs, so a GTEST_SKIP (e.g. SL_REQUIRE_GPU without a GPU)
+  # shows as "Skipped" in ctest's summary instead of hiding inside a passing program.
+  include(GoogleTest)
+  gtest_discover_tests(${name} TEST_PREFIX "${name}." EXTRA_ARGS --gtest_color=no DISCOVERY_MODE PRE_TEST
+                       PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+                                  ENVIRONMENT "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endfunction()
 
 # ---------------------------------------------------------------------------------------------

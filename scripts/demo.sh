@@ -5,7 +5,7 @@
 #   2. configures and builds a CPU-only build of just lab 01's reference program (build-demo/)
 #   3. fetches and prepares the corpus (scripts/prepare_corpus.sh -> data/kjv/)
 #   4. trains lab 01's reference track and prints a summary; logs in runs/lab01/<run id>/
-# Takes about 6-8 minutes on 2 cores. Extra arguments go to the training program, e.g. --steps 100.
+# Takes about 5 minutes on 2 cores (1 to build, 4 to train). Extra arguments go to the training program, e.g. --steps 100.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,5 +21,5 @@ echo "== corpus"
 scripts/prepare_corpus.sh --build-dir "$build_dir" --out data/kjv
 
 echo "== train (lab 01, reference track)"
-"$build_dir/bin/reference/lab01_single_device" --data data/kjv --model demo --batch 8 --seq-len 128 \
-  --steps 400 --val-every 100 --run-id "demo-$(date -u +%Y%m%d-%H%M%S)" "$@"
+"$build_dir/bin/reference/lab01_single_device" --data data/kjv --model demo --batch 16 --seq-len 256 \
+  --steps 600 --val-every 100 --run-id "demo-$(date -u +%Y%m%d-%H%M%S)" "$@"
