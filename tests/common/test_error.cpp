@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "expect_error.h"  // defines: error_message, contains
 #include "scalelab/error.h"      // defines: Error, NotImplemented, SL_CHECK, SL_CHECK_HINT, SL_FAIL
 #include "scalelab/gpt2.h"       // defines: GPTConfig
 #include "scalelab/precision.h"  // defines: PrecisionPolicy
@@ -23,19 +24,8 @@ constexpr int kHintLine = __LINE__ + 1;
 void check_batch(int B) { SL_CHECK_HINT(B > 0, "pass --batch-size >= 1", "batch size B=%d", B); }
 void fail_always(const char* what) { SL_FAIL("call it with a known name", "unknown thing '%s'", what); }
 
-// The what() of the scalelab::Error (or subclass ErrorT) that f throws; a test failure if none.
-template <typename ErrorT = scalelab::Error, typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const ErrorT& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception, none was thrown";
-  return std::string();
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using scalelab::test::contains;
+using scalelab::test::error_message;
 
 // Sets an environment variable for one test and restores its previous state afterwards.
 class ScopedEnv {

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "expect_error.h"  // defines: error_message, contains
 #include "scalelab/allocator.h"  // defines: Allocator, MemCategory, MemStats, mem_category_name
 #include "scalelab/bf16.h"       // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/device.h"     // defines: SL_REQUIRE_GPU, built_with_cuda
@@ -53,19 +54,8 @@ class CapGuard {
   int64_t previous_;
 };
 
-// The message of the scalelab::Error that f throws ("" and a test failure when it throws nothing).
-template <typename ErrorT = scalelab::Error, typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const ErrorT& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception, none was thrown";
-  return std::string();
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using scalelab::test::contains;
+using scalelab::test::error_message;
 
 }  // namespace
 
