@@ -42,56 +42,70 @@ Allocator& Allocator::get(Device device) {
 void* Allocator::allocate(size_t nbytes, MemCategory category) {
   if (nbytes == 0) return nullptr;
   const int c = static_cast<int>(category);
+  // 1. Refuse early what the cap forbids (no real allocation is attempted then).
+  // 2. Allocate. 3. Count, re-checking the cap under the lock (another thread may have allocated).
+  // Counting only after a successful allocation keeps current AND peak bytes exact on every failure.
+  auto over_cap = [&](int64_t want) { return cap_bytes_ > 0 && want > cap_bytes_; };
+  auto fail_cap = [&](int64_t want) {
+    detail::fail_oom(__FILE__, __LINE__, __func__,
+                     detail::format("out of memory on %s: %zu bytes for %s would make %lld bytes in use, "
+                                    "cap is %lld bytes (simulated device memory)",
+                                    device_name(device_), nbytes, mem_category_name(category),
+                                    static_cast<long long>(want), static_cast<long long>(cap_bytes_)),
+                     "use a smaller batch or model, more ranks, or a higher ZeRO stage; or raise --mem-cap-mb");
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t want = stats_.total_current_bytes + static_cast<int64_t>(nbytes);
-    if (cap_bytes_ > 0 && want > cap_bytes_) {
-      detail::fail_oom(__FILE__, __LINE__, __func__,
-                       detail::format("out of memory on %s: %zu bytes for %s would make %lld bytes in use, "
-                                      "cap is %lld bytes (simulated device memory)",
-                                      device_name(device_), nbytes, mem_category_name(category),
-                                      static_cast<long long>(want), static_cast<long long>(cap_bytes_)),
-                       "use a smaller batch or model, more ranks, or a higher ZeRO stage; or raise --mem-cap-mb");
-    }
-    stats_.current_bytes[c] += static_cast<int64_t>(nbytes);
-    stats_.total_current_bytes = want;
-    if (stats_.current_bytes[c] > stats_.peak_bytes[c]) stats_.peak_bytes[c] = stats_.current_bytes[c];
-    if (want > stats_.total_peak_bytes) stats_.total_peak_bytes = want;
+    if (over_cap(want)) fail_cap(want);
   }
-  void* p = nullptr;
-  if (device_ == Device::CPU) {
-    const size_t rounded = (nbytes + 63) / 64 * 64;  // aligned_alloc needs a multiple of the alignment
-    p = std::aligned_alloc(64, rounded);
-  } else {
-#ifdef SL_WITH_CUDA
-    p = cuda::device_malloc(nbytes);
-#else
-    deallocate(nullptr, nbytes, category);
-    SL_FAIL("rebuild where nvcc is found (CMake option SL_WITH_CUDA=ON), or run with --device cpu",
-            "this build has no CUDA backend");
-#endif
-  }
+  void* p = raw_allocate(nbytes);
   if (!p) {
-    deallocate(nullptr, nbytes, category);
     detail::fail_oom(__FILE__, __LINE__, __func__,
                      detail::format("the system refused %zu bytes for %s on %s", nbytes, mem_category_name(category),
                                     device_name(device_)),
                      "use a smaller batch or model");
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t want = stats_.total_current_bytes + static_cast<int64_t>(nbytes);
+  if (over_cap(want)) {
+    raw_free(p);
+    fail_cap(want);
+  }
+  stats_.current_bytes[c] += static_cast<int64_t>(nbytes);
+  stats_.total_current_bytes = want;
+  if (stats_.current_bytes[c] > stats_.peak_bytes[c]) stats_.peak_bytes[c] = stats_.current_bytes[c];
+  if (want > stats_.total_peak_bytes) stats_.total_peak_bytes = want;
   return p;
+}
+
+void* Allocator::raw_allocate(size_t nbytes) {
+  if (device_ == Device::CPU) {
+    const size_t rounded = (nbytes + 63) / 64 * 64;  // aligned_alloc needs a multiple of the alignment
+    return std::aligned_alloc(64, rounded);
+  }
+#ifdef SL_WITH_CUDA
+  return cuda::device_malloc(nbytes);
+#else
+  SL_FAIL("rebuild where nvcc is found (CMake option SL_WITH_CUDA=ON), or run with --device cpu",
+          "this build has no CUDA backend");
+#endif
+}
+
+void Allocator::raw_free(void* ptr) {
+  if (!ptr) return;
+  if (device_ == Device::CPU) {
+    std::free(ptr);
+  } else {
+#ifdef SL_WITH_CUDA
+    cuda::device_free(ptr);
+#endif
+  }
 }
 
 void Allocator::deallocate(void* ptr, size_t nbytes, MemCategory category) {
   if (nbytes == 0) return;
-  if (ptr) {
-    if (device_ == Device::CPU) {
-      std::free(ptr);
-    } else {
-#ifdef SL_WITH_CUDA
-      cuda::device_free(ptr);
-#endif
-    }
-  }
+  raw_free(ptr);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.current_bytes[static_cast<int>(category)] -= static_cast<int64_t>(nbytes);
   stats_.total_current_bytes -= static_cast<int64_t>(nbytes);

@@ -96,6 +96,21 @@ TEST(Allocator, CountsCurrentAndPeakBytesPerCategoryExactly) {
   EXPECT_EQ(s3.total_current_bytes, s0.total_current_bytes);
 }
 
+// Regression: a request the system refuses used to leave its bytes in the peak counts forever.
+TEST(Allocator, RequestTheSystemRefusesThrowsAndLeavesCurrentAndPeakUnchanged) {
+  Allocator& alloc = cpu_allocator();
+  const MemStats s0 = alloc.stats();
+  const size_t absurd = size_t{1} << 62;  // bytes (4 EiB): no machine grants it
+  const std::string msg = error_message<scalelab::OutOfMemory>(
+      [&] { alloc.allocate(absurd, MemCategory::Activations); });
+  EXPECT_TRUE(contains(msg, "refused")) << msg;
+  const MemStats s1 = alloc.stats();
+  EXPECT_EQ(s1.total_current_bytes, s0.total_current_bytes);
+  EXPECT_EQ(s1.total_peak_bytes, s0.total_peak_bytes);
+  EXPECT_EQ(s1.peak_bytes[static_cast<int>(MemCategory::Activations)],
+            s0.peak_bytes[static_cast<int>(MemCategory::Activations)]);
+}
+
 TEST(Allocator, ZeroElementTensorCountsNothing) {
   const MemStats s0 = cpu_allocator().stats();
   Tensor t = Tensor::empty({0, 5}, DType::F32, Device::CPU, MemCategory::Data);

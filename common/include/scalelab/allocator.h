@@ -57,6 +57,8 @@ class Allocator {
 
  private:
   explicit Allocator(Device d) : device_(d) {}
+  void* raw_allocate(size_t nbytes);  // malloc/cudaMalloc; nullptr when the system refuses
+  void raw_free(void* ptr);
   Device device_;
   mutable std::mutex mu_;
   MemStats stats_;
