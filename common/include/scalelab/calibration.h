@@ -20,8 +20,8 @@ struct GemmShapeResult {
   bool trans_a = false;   // A stored (K, M) and transposed
   bool trans_b = false;   // B stored (N, K) and transposed
   int repeats = 0;        // timed calls (after one untimed warm-up call)
-  double median_ms = 0;   // median wall time of one call
-  double flops_per_s = 0; // 2*M*N*K / median time
+  double median_ms = 0;   // median wall time of one call (for reading the spread)
+  double flops_per_s = 0; // 2*M*N*K / time of the FASTEST call: other processes only ever slow a GEMM
 };
 
 struct Calibration {
@@ -29,8 +29,8 @@ struct Calibration {
   std::string cpu_model;      // /proc/cpuinfo "model name"; the cache is valid only on the same model
   std::string blas_build;     // e.g. "OpenBLAS (OpenMP)"
   int threads = 0;            // BLAS/OpenMP threads during the measurement
-  double flops_per_s = 0;     // the peak for MFU: the best shape's median (see calibration.cpp for why)
-  double median_flops_per_s = 0;  // median over shapes of the per-shape medians
+  double flops_per_s = 0;     // the peak for MFU: the best shape's rate (see calibration.cpp for why)
+  double median_flops_per_s = 0;  // median over shapes of the per-shape rates
   std::string source;         // "calibrated sgemm, d12 shapes, 2 threads, 2026-11-29" (goes in the run log)
   std::string date;           // "2026-11-29" (UTC)
   std::vector<GemmShapeResult> shapes;
@@ -45,14 +45,16 @@ std::vector<GemmShapeResult> d12_gemm_shapes();
 
 // Measures cblas_sgemm at d12_gemm_shapes() with `threads` threads (set through set_num_threads; the
 // previous count is restored). Per shape: one warm-up call, then timed calls until its share of
-// seconds_budget is spent (at least one, at most 50); the shape's rate is the median call. A tiny
+// seconds_budget is spent (at least one, at most 50); the shape's rate is its fastest call. A tiny
 // budget still times every shape once (~0.5 s on one core).
 Calibration calibrate_gemm(int threads, double seconds_budget);
 
 // Reads <cache_dir>/cpu_<threads>t.json when it was measured on this CPU model with this thread
-// count; otherwise measures (calibrate_gemm) and writes that file (tmp file + rename, so concurrent
-// readers never see half a file). Measure with nothing else running: several ranks calibrating at
-// once measure each other. Run bin/sl_calibrate once before multi-rank runs.
+// count and a quick pass (~0.2 s) is not 1.5x faster than the cached peak (a cache measured on a
+// busy machine would make every MFU too high); otherwise measures (calibrate_gemm) and writes that
+// file (tmp file + rename, so concurrent readers never see half a file). Measure with nothing else
+// running: several ranks calibrating at once measure each other. Run bin/sl_calibrate once before
+// multi-rank runs.
 Calibration load_or_calibrate(int threads, const std::string& cache_dir = "runs/calibration",
                               double seconds_budget = 3.0);
 std::string calibration_cache_path(const std::string& cache_dir, int threads);  // <dir>/cpu_<threads>t.json
