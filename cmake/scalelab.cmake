@@ -254,3 +254,46 @@ function(sl_add_graded_test NN name)
     endif()
   endforeach()
 endfunction()
+
+# ---------------------------------------------------------------------------------------------
+# sl_add_mpi_test(<name> SOURCES <files> [NP 2 4] [LABELS ...] [DEPS libs...] [TIMEOUT s])
+# A multi-rank GoogleTest program with tests/mpi/mpi_main.cpp as main() (the world communicator in
+# test::world(), tests/mpi/mpi_test.h; results reduced across ranks), registered as ONE ctest per rank
+# count, run under mpiexec:
+#   name     <name>.np<N>
+#   labels   mpi;cpu plus LABELS (e.g. common, lab03)
+#   command  mpiexec -n N --oversubscribe --bind-to none <program> (as root: OMPI_ALLOW_RUN_AS_ROOT...)
+# (CMake 3.25 has no TEST_LAUNCHER, hence one add_test per rank count.) Without MPI the tests are
+# registered anyway and report Skipped, so a build without MPI says what it did not run.
+function(sl_add_mpi_test name)
+  cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;NP;LABELS;DEPS" ${ARGN})
+  if(NOT A_NP)
+    set(A_NP 2)
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  set(labels mpi cpu ${A_LABELS})
+  list(REMOVE_DUPLICATES labels)
+  if(NOT MPI_CXX_FOUND OR NOT MPIEXEC_EXECUTABLE)
+    foreach(np ${A_NP})
+      add_test(NAME ${name}.np${np} COMMAND ${CMAKE_COMMAND} -E echo
+               "SKIPPED: ${name} needs ${np} MPI ranks; apt-get install libopenmpi-dev openmpi-bin, then reconfigure")
+      set_tests_properties(${name}.np${np} PROPERTIES LABELS "${labels}" SKIP_REGULAR_EXPRESSION "SKIPPED:")
+    endforeach()
+    return()
+  endif()
+  add_executable(${name} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cpp)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/mpi)
+  target_link_libraries(${name} PRIVATE scalelab_common sl_test_support GTest::gtest ${A_DEPS})
+  target_compile_definitions(${name} PRIVATE SL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  sl_target_defaults(${name})
+  foreach(np ${A_NP})
+    add_test(NAME ${name}.np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}
+                     --oversubscribe --bind-to none $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} --gtest_color=no)
+    set_tests_properties(${name}.np${np} PROPERTIES LABELS "${labels}" TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
+                         ENVIRONMENT "OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  endforeach()
+endfunction()
