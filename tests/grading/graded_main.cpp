@@ -5,9 +5,12 @@
 //     and prints only its failures, prefixed "[rank r]" (rank 0's record already combines all ranks,
 //     see grading::run);
 //   - --sl_expect_checks=Suite.A,Suite.B: instead of running, checks that the program's TESTs are
-//     exactly the CHECKS listed in CMake, so a check cannot be written and then never graded.
+//     exactly the CHECKS listed in CMake, so a check cannot be written and then never graded;
+//   - under mpiexec, a communicator of its own (make_communicator("auto")) behind the rank-collective
+//     helpers (grading::all_ranks, grading::run's combined status): tests/support/rank_reducer.h.
 // The API a graded test uses: tests/support/grading.h. The record format: docs/grading.md.
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,6 +18,9 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"
+#include "rank_reducer.h"       // defines: test::make_rank_reducer
+#include "scalelab/comm.h"      // defines: make_communicator
+#include "scalelab/error.h"     // defines: scalelab::Error
 
 #ifndef SL_GRADED_TRACK
 #define SL_GRADED_TRACK "unknown"
@@ -104,13 +110,26 @@ int main(int argc, char** argv) {
     if (arg.rfind(kExpectFlag, 0) == 0) return expect_checks(arg.substr(kExpectFlag.size()));
   }
 
-  // A multi-rank graded program plugs its communicator into the rank-collective helpers here, after
-  // the communicator exists and before RUN_ALL_TESTS (grading.h, RankReducer). Until then the world
-  // is one rank and grading::all_ranks is the identity.
+  // The rank-collective helpers (grading.h, RankReducer) run on a communicator of their own, so their
+  // calls never appear in the event log of the communicator a check inspects. Run directly (one rank)
+  // "auto" gives the local backend and the helpers stay the identity.
+  std::shared_ptr<scalelab::Communicator> reducer_comm;
+  try {
+    reducer_comm = scalelab::make_communicator("auto");
+  } catch (const scalelab::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  if (reducer_comm->size() > 1) grading::set_rank_reducer(scalelab::test::make_rank_reducer(reducer_comm));
+
   if (rank != 0) {
     ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailuresOnlyPrinter(rank));
   }
-  return RUN_ALL_TESTS();
+  const int rc = RUN_ALL_TESTS();
+  // The communicator ends before MPI does (MPI_Finalize runs at exit).
+  grading::set_rank_reducer({});
+  reducer_comm.reset();
+  return rc;
 }

@@ -233,6 +233,22 @@ TEST(CommMpi, CollectivesExactOnSplitWithReversedKeys) {
   check_everything(*sub);
 }
 
+// The rank reducer mpi_main installs (tests/support/rank_reducer.cpp), which graded_main uses too.
+TEST(CommMpi, RankReducerCombinesEveryRank) {
+  Communicator& w = test::world();
+  const int r = w.rank(), p = w.size();
+  EXPECT_TRUE(grading::all_ranks(true, "never shown"));
+  const ::testing::AssertionResult one_failed = grading::all_ranks(r != p - 1, "rank says no");
+  EXPECT_FALSE(one_failed);  // the last rank failed: false on every rank
+  EXPECT_TRUE(scalelab::test::contains(one_failed.message(), "rank " + std::to_string(p - 1) + ": rank says no"))
+      << one_failed.message();
+  // Strings of different lengths (0, 1, 4, 5, ... bytes), every rank receives all of them.
+  const std::string mine(static_cast<size_t>(r * 4 + (r % 2)), static_cast<char>('a' + r));
+  const std::vector<std::string> all = grading::rank_reducer().all_gather(mine);
+  ASSERT_EQ(all.size(), static_cast<size_t>(p));  // the same on every rank: safe to ASSERT
+  for (int q = 0; q < p; ++q) EXPECT_EQ(all[q], std::string(static_cast<size_t>(q * 4 + (q % 2)), static_cast<char>('a' + q)));
+}
+
 TEST(CommMpi, BarrierWaitsForTheLastRank) {
   Communicator& w = test::world();
   w.barrier();
