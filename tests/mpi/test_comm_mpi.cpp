@@ -24,6 +24,8 @@
 #include "mpi_test.h"         // defines: test::world
 #include "scalelab/bf16.h"    // defines: float_to_bf16, bf16_to_float, round_to_bf16
 #include "scalelab/comm.h"    // defines: Communicator, ReduceOp, LinkModel, CommEvent, bus_factor
+#include "scalelab/device.h"  // defines: cuda_device_count
+#include "scalelab/threads.h" // defines: local_ranks_from_env
 #include "scalelab/tensor.h"  // defines: Tensor, DType
 
 namespace {
@@ -257,7 +259,9 @@ TEST(CommMpi, BarrierWaitsForTheLastRank) {
   w.barrier();
   const double waited_ms = wall_ms() - t0;
   // A lower bound only (slowness makes it longer, never shorter): nobody leaves before rank 0 arrives.
-  if (w.size() > 1) EXPECT_GE(waited_ms, 100.0) << "rank " << w.rank() << " left the barrier early";
+  if (w.size() > 1) {
+    EXPECT_GE(waited_ms, 100.0) << "rank " << w.rank() << " left the barrier early";
+  }
 }
 
 TEST(CommMpi, UnevenReduceScatterIsRefusedWithAHint) {
@@ -289,6 +293,19 @@ TEST(CommMpi, RecvOfTheWrongSizeNamesTheSizes) {
     EXPECT_TRUE(scalelab::test::contains(msg, "tag 'short message'")) << msg;
   }
   w.barrier();
+}
+
+// NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the nccl backend must refuse first,
+// on every rank alike, and point to the mpi backend. Runs where ranks outnumber the GPUs (here: none).
+TEST(CommMpi, NcclRefusesRanksWithoutAGpuOfTheirOwn) {
+#ifndef SL_WITH_NCCL
+  GTEST_SKIP() << "this build has no nccl backend (needs CUDA, NCCL and MPI at configure time)";
+#else
+  const int local_ranks = scalelab::local_ranks_from_env();
+  if (scalelab::cuda_device_count() >= local_ranks) GTEST_SKIP() << "every rank of this node has a GPU of its own";
+  const std::string msg = scalelab::test::error_message([] { scalelab::make_communicator("nccl"); });
+  EXPECT_TRUE(scalelab::test::contains(msg, "--backend mpi")) << msg;
+#endif
 }
 
 TEST(CommMpi, EventLogRecordsOpCountBytesBusBytesAndTags) {

@@ -157,8 +157,8 @@ class Communicator {
   virtual std::vector<CommEvent> events() const = 0;
   virtual void clear_events() = 0;
 
-  // Milliseconds on the clock the events use (steady; 0 = when the process first asked for a
-  // communicator). Stamp your own phases with it to compare them with events, e.g. "bucket 3 was
+  // Milliseconds on the clock the events use (steady; 0 at its first use, at the latest when the
+  // process made its first communicator). Stamp your own phases with it to compare them with events, e.g. "bucket 3 was
   // issued before the backward of layer 2 started".
   static double now_ms();
 
