@@ -138,7 +138,7 @@ class Communicator {
     BlockingCall b(*this);
     recv_async(buf, peer, tag)->wait();
   }
-  // Returns when every rank has called it (after this rank's earlier calls have completed).
+  // Returns when every rank has called it (after this rank's earlier collectives have completed).
   virtual void barrier() = 0;
 
   // A new communicator of the ranks that pass the same color, ordered by key (then by old rank),
@@ -158,8 +158,8 @@ class Communicator {
   virtual void clear_events() = 0;
 
   // Milliseconds on the clock the events use (steady; 0 at its first use, at the latest when the
-  // process made its first communicator). Stamp your own phases with it to compare them with events, e.g. "bucket 3 was
-  // issued before the backward of layer 2 started".
+  // process made its first communicator). Stamp your own phases with it to compare them with
+  // events, e.g. "bucket 3 was issued before the backward of layer 2 started".
   static double now_ms();
 
  protected:
