@@ -42,6 +42,9 @@ if [[ ! -x "$MAKE_SHARDS" ]]; then
   fi
 fi
 
+for f in "${TEXTS[@]}"; do  # check the inputs before anything is created
+  [[ -f "$f" && -r "$f" ]] || die "text file '$f' does not exist or is not readable" "check the path given to --text"
+done
 mkdir -p "$OUT" || die "cannot create $OUT" "choose another --out"
 
 # ---- the text -------------------------------------------------------------------------------

@@ -131,8 +131,8 @@ std::string dir_of(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
-// "the checkpoint is damaged; the previous one is runs/x/ckpt_100.bin; delete this file or pass
-// --resume with another". The previous one is listed, not verified (that would read it in full).
+// "the checkpoint is damaged; the previous one is runs/x/ckpt_100.bin; pass --resume with that one".
+// It never advises deleting anything: the user decides what happens to their files. The previous one is listed, not verified (that would read it in full).
 std::string damaged_hint(const std::string& path) {
   const int64_t step = checkpoint_step(path);
   std::string previous;
@@ -144,10 +144,10 @@ std::string damaged_hint(const std::string& path) {
   }
   std::string hint = "the checkpoint is damaged (an interrupted write, a full disk or a copy error); ";
   if (!previous.empty()) {
-    hint += "the previous one is " + previous + "; delete this file or pass --resume with another";
+    hint += "the previous one is " + previous + "; pass --resume with that one";
   } else {
     hint += "there is no earlier ckpt_<step>.bin in " + dir_of(path) +
-            "; delete this file and start without --resume";
+            "; start without --resume";
   }
   return hint;
 }
@@ -334,7 +334,8 @@ CheckpointReader::CheckpointReader(const std::string& path, bool verify_file_che
   uint8_t header[kHeaderBytes];
   pread_exact(f.fd, path, header, kHeaderBytes, 0);
   SL_CHECK_HINT(std::memcmp(header, kMagic, sizeof(kMagic)) == 0,
-                "pass a file written by scalelab's CheckpointWriter (ckpt_<step>.bin); " + damaged_hint(path),
+                "check the path: --resume takes a ckpt_<step>.bin written by a scalelab run (or 'latest' with "
+                "--checkpoint-dir)",
                 "%s is not a scalelab checkpoint: magic is '%s', expected 'SLCKPT..'", p,
                 printable(header, sizeof(kMagic)).c_str());
   const uint32_t version = get<uint32_t>(header + 8);

@@ -136,7 +136,9 @@ void RunLogger::emit(const std::string& type, const nlohmann::ordered_json& fiel
   out["rank"] = rank_;
   out["elapsed_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   for (auto it = fields.begin(); it != fields.end(); ++it) out[it.key()] = it.value();
-  const std::string line = out.dump() + "\n";
+  // Invalid UTF-8 (e.g. a sampled byte sequence that cuts a multi-byte character) is written as U+FFFD
+  // instead of throwing: a log line must never end a run.
+  const std::string line = out.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
   std::fwrite(line.data(), 1, line.size(), file_);
   std::fflush(file_);  // one record per flush: a crash loses at most the record being written

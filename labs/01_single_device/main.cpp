@@ -73,6 +73,7 @@ static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderS
 }
 
 // Generates `n` bytes after `prompt` by sampling from the model's softmax (temperature 1).
+// Bytes outside printable ASCII (and newline) come back as '?'.
 static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rng& rng) {
   std::vector<int32_t> ctx = lab02::encode_bytes(prompt);
   const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
@@ -94,7 +95,14 @@ static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rn
     }
     ctx.push_back(next);
   }
-  return lab02::decode_bytes(std::vector<int32_t>(ctx.begin() + prompt.size(), ctx.end()));
+  std::string text = lab02::decode_bytes(std::vector<int32_t>(ctx.begin() + prompt.size(), ctx.end()));
+  // An untrained model samples any byte; show those outside printable ASCII as '?' so the terminal
+  // (and the UTF-8 log) stay readable. The corpus itself is plain ASCII.
+  for (char& ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c != '\n' && (c < 32 || c > 126)) ch = '?';
+  }
+  return text;
 }
 
 static int run(const Options& o) {
@@ -106,6 +114,8 @@ static int run(const Options& o) {
   if (o.mem_cap_mb > 0) Allocator::get(Device::CPU).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
 
   GPTConfig cfg = GPTConfig::preset(o.model);
+  SL_CHECK_HINT(o.seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
+                "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, cfg.max_seq_len, o.model.c_str());
   lab02::LoaderConfig lc;
   lc.B = o.batch;
   lc.T = o.seq_len;
@@ -118,8 +128,6 @@ static int run(const Options& o) {
   const lab02::LoaderState val_start = val_data.state();
   const int val_batches = static_cast<int>(std::min<int64_t>(o.val_batches, val_data.batches_per_epoch()));
   cfg.vocab_size = train_data.vocab_size();  // the tokenizer decides V (256 for bytes)
-  SL_CHECK_HINT(o.seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
-                "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, cfg.max_seq_len, o.model.c_str());
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(cfg, policy, Device::CPU, o.seed);
@@ -136,17 +144,28 @@ static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Resume
   int64_t start_step = 0;
+  std::string run_id = o.run_id;
   std::string resume_path = o.resume;
-  if (resume_path == "latest") resume_path = latest_checkpoint(o.checkpoint_dir);
+  if (resume_path == "latest") {
+    SL_CHECK_HINT(!o.checkpoint_dir.empty(), "add --checkpoint-dir DIR (where the earlier run wrote its checkpoints)",
+                  "--resume latest needs --checkpoint-dir");
+    resume_path = latest_checkpoint(o.checkpoint_dir);
+    if (resume_path.empty())
+      std::printf("no checkpoint in %s: starting at step 0\n", o.checkpoint_dir.c_str());
+  }
   if (!resume_path.empty()) {
     TrainState st = load_train_checkpoint(resume_path, model, optimizer);
     train_data.restore(lab02::LoaderState::from_bytes(st.loader_state));
     rng = st.rng;
     start_step = st.step;
+    if (run_id.empty()) run_id = st.meta.value("run_id", "");  // continue the same run's log
+    const int saved_steps = st.meta.value("steps", o.steps);
+    if (saved_steps != o.steps)
+      std::printf("note: the checkpoint's run had --steps %d, this one %d: the cosine schedule changes length\n",
+                  saved_steps, o.steps);
     std::printf("resumed from %s at step %lld\n", resume_path.c_str(), static_cast<long long>(start_step));
   }
-
-  const std::string run_id = o.run_id.empty() ? make_run_id() : o.run_id;
+  if (run_id.empty()) run_id = make_run_id();
   RunLogger log("lab01", run_id, /*rank=*/0, o.log_dir);
   nlohmann::json config = {{"model", o.model},       {"n_params", model.num_params()}, {"B", o.batch},
                            {"T", o.seq_len},         {"steps", o.steps},               {"lr", o.lr},
@@ -229,7 +248,7 @@ static int run(const Options& o) {
       st.step = step + 1;
       st.loader_state = train_data.state().to_bytes();
       st.rng = rng;
-      st.meta = {{"run_id", run_id}};
+      st.meta = {{"run_id", run_id}, {"steps", o.steps}};
       std::filesystem::create_directories(o.checkpoint_dir);
       save_train_checkpoint(checkpoint_path(o.checkpoint_dir, step + 1), model, optimizer, st);
     }
@@ -238,11 +257,11 @@ static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Summary and a sample
   const double mean_tok_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
-  const double mean_mfu = mean_tok_s * flops_tok / cal.flops_per_s;
+  const double mean_mfu = lab01::mfu(mean_tok_s, flops_tok, cal.flops_per_s, /*num_devices=*/1);
   const MemStats mem = Allocator::get(Device::CPU).stats();
   nlohmann::json summary = {{"steps", o.steps - start_step}, {"final_loss", loss},
                             {"val_loss_start", val_loss_start}, {"val_loss_end", val_loss},
-                            {"tokens_per_s", mean_tok_s},    {"mfu", mean_mfu},
+                            {"tokens_per_s", mean_tok_s},    {"mfu", mean_mfu},  // token-weighted over timed steps
                             {"peak_flops_per_s", cal.flops_per_s}, {"peak_source", cal.source},
                             {"memory_peak_bytes", mem.total_peak_bytes}};
   const std::string sample = o.sample_tokens > 0 ? sample_text(model, "\n", o.sample_tokens, rng) : "";
@@ -275,21 +294,23 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
   app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
   app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
+  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (empty: none)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")->capture_default_str();
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text to generate at the end")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);
   } catch (const NotImplemented& e) {
+    std::fflush(stdout);  // what was printed so far comes before the error
     std::fprintf(stderr, "%s\n", e.what());
     return 3;
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -26,6 +26,7 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, const Tensor& inputs, c
 double flops_per_token(const GPTConfig& cfg, int T) {
   // TODO(lab01-2) BEGIN  FLOPs per token: 6N for the matmuls + 12 L T C for attention
   //   1. N = gpt2_num_params(cfg, /*with_wpe=*/false)   (gpt2.h): no position embeddings
+  //      L = cfg.n_layer, C = cfg.n_embd (GPTConfig fields, gpt2.h)
   //   2. matmuls: 2N FLOPs forward + 4N backward per token
   //   3. attention scores and weighted sum: 2 matmuls of T x C per token and layer, times 3 (fwd+bwd)
   throw scalelab::NotImplemented("lab01-2 flops_per_token");
@@ -35,6 +36,7 @@ double flops_per_token(const GPTConfig& cfg, int T) {
 double tokens_per_second(int64_t tokens, double seconds) {
   SL_CHECK(seconds > 0.0, "seconds=%g must be > 0", seconds);
   // TODO(lab01-3) BEGIN  throughput: tokens processed per second of wall time
+  //   1. tokens / seconds (seconds > 0 is checked above)
   throw scalelab::NotImplemented("lab01-3 tokens_per_second");
   // TODO(lab01-3) END
 }

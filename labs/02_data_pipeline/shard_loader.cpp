@@ -232,7 +232,9 @@ std::vector<std::string> list_shards(const std::string& dir, const std::string& 
     files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());  // zero-padded numbers: name order is shard order
-  SL_CHECK_HINT(!files.empty(), "run scripts/prepare_corpus.sh, or sl_make_shards --out-dir " + dir,
+  SL_CHECK_HINT(!files.empty(),
+                "make shards: scripts/prepare_corpus.sh (the default corpus) or scripts/prepare_corpus.sh --text "
+                "FILE... --out " + dir,
                 "no '%s_*.bin' shards in '%s'", split.c_str(), dir.c_str());
   return files;
 }

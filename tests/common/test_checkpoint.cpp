@@ -173,6 +173,10 @@ TEST_F(CheckpointTest, WrongMagicIsRefused) {
   EXPECT_CONTAINS(msg, "is not a scalelab checkpoint");
   EXPECT_CONTAINS(msg, "magic is '.ELF");
   EXPECT_CONTAINS(msg, "expected 'SLCKPT");
+  // Not a checkpoint at all is a wrong path, not damage: no "damaged", and never advice to delete.
+  EXPECT_CONTAINS(msg, "check the path");
+  EXPECT_EQ(msg.find("damaged"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("delete"), std::string::npos) << msg;
 }
 
 TEST_F(CheckpointTest, MissingSectionAndWrongSizeAreRefused) {

@@ -117,6 +117,9 @@ TEST(Error, NotImplementedCarriesItsTodoId) {
   });
   EXPECT_TRUE(contains(msg, "not implemented: lab01-2 flops_per_token")) << msg;
   EXPECT_TRUE(contains(msg, "TODO(lab01-2)")) << "the hint names the fence to fill in:\n" << msg;
+  // ... and the file of the throw, relative to the repository (a learner looks there, not in a header)
+  EXPECT_TRUE(contains(msg, "tests/common/test_error.cpp:")) << msg;
+  EXPECT_FALSE(contains(msg, "/tests/common/test_error.cpp")) << "path should be repository-relative:\n" << msg;
   try {
     throw scalelab::NotImplemented("lab03-1 all_reduce_grads");
   } catch (const scalelab::NotImplemented& e) {

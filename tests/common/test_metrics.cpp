@@ -235,6 +235,19 @@ TEST_F(MetricsTest, ReopeningTheSameRunAppends) {
   EXPECT_EQ(read_records(resumed.path()).size(), 2u);
 }
 
+// Regression: a text sample cut inside a multi-byte character made the summary record throw
+// ("invalid UTF-8 byte") and ended every short lab 01 run with exit 1.
+TEST_F(MetricsTest, InvalidUtf8InARecordIsReplacedNotThrown) {
+  RunLogger log("lab01", "utf8", 0, dir_);
+  const std::string bad = std::string("And God said") + '\xe2' + '\x80' + 'e';  // a 3-byte char cut short
+  EXPECT_NO_THROW(log.log_summary({{"sample", bad}}));
+  const std::vector<json> recs = read_records(log.path());
+  ASSERT_FALSE(recs.empty());
+  const std::string got = recs.back().at("sample").get<std::string>();
+  EXPECT_EQ(got.rfind("And God said", 0), 0u) << got;
+  EXPECT_NE(got.find("\xEF\xBF\xBD"), std::string::npos) << "expected U+FFFD in place of the bad bytes: " << got;
+}
+
 TEST(RunId, IsUtcTimePlusSuffixAndSlRunIdOverrides) {
   ::unsetenv("SL_RUN_ID");
   const std::string id = scalelab::make_run_id();

@@ -25,12 +25,25 @@ class OutOfMemory : public Error {
 // A learner TODO that has not been written yet. The grader reports it as "not implemented".
 class NotImplemented : public Error {
  public:
-  explicit NotImplemented(const std::string& todo_id)
-      : Error("[scalelab] not implemented: " + todo_id +
-              "\n[scalelab]   hint: fill in the TODO(" + todo_id.substr(0, todo_id.find(' ')) +
-              ") block in the lab's .cpp file; the lab README explains what it must compute"),
+  // file/line default to the place of the `throw` (GCC/Clang builtins), so the message names the
+  // learner's file: "labs/01_single_device/train_step.cpp:37".
+  explicit NotImplemented(const std::string& todo_id, const char* file = __builtin_FILE(), int line = __builtin_LINE())
+      : Error("[scalelab] not implemented: " + todo_id + " (" + repo_relative(file) + ":" + std::to_string(line) +
+              ")\n[scalelab]   hint: fill in the TODO(" + todo_id.substr(0, todo_id.find(' ')) + ") block in " +
+              repo_relative(file) + "; the lab README explains what it must compute"),
         todo(todo_id) {}
   std::string todo;  // e.g. "lab01-2 flops_per_token"
+
+ private:
+  // "/home/me/scalelab/labs/01_single_device/train_step.cpp" -> "labs/01_single_device/train_step.cpp"
+  static std::string repo_relative(const std::string& path) {
+    size_t first = std::string::npos;  // the earliest of the top-level folders' last occurrences
+    for (const char* top : {"/labs/", "/solutions/", "/common/", "/tests/"}) {
+      const size_t at = path.rfind(top);
+      if (at != std::string::npos && (first == std::string::npos || at < first)) first = at;
+    }
+    return first == std::string::npos ? path : path.substr(first + 1);
+  }
 };
 
 namespace detail {

@@ -29,7 +29,7 @@ struct GPTConfig {
   int n_layer = 4;        // L
   int n_head = 4;         // NH
   int n_embd = 256;       // C
-  // Named presets: "tiny" (tests), "demo" (about 3M params, the CPU demo), "d12", "d24", "d36", "d48"
+  // Named presets: "tiny" (tests), "demo" (about 1.9M params, the CPU demo), "d12", "d24", "d36", "d48"
   // (GPT-2 124M/350M/774M/1558M shapes; vocab stays the data's, 256 for bytes). Throws on unknown names.
   static GPTConfig preset(const std::string& name);
   void validate() const;  // throws if C % NH != 0 or any size <= 0
