@@ -78,7 +78,7 @@ class MetricsTest : public ::testing::Test {
 const std::set<std::string> kUnitless = {"step",      "loss",       "lr",         "tokens",      "mfu",
                                          "grad_norm", "rank",       "world_size", "threads",     "cpu_cores",
                                          "val_loss",  "steps",      "last_step",  "timed_steps", "mean_mfu",
-                                         "final_loss", "best_val_loss"};
+                                         "final_loss", "best_val_loss", "val_loss_start", "val_loss_end"};
 
 bool has_unit_suffix(const std::string& key) {
   for (const char* suffix : {"_ms", "_s", "_bytes"}) {
