@@ -4,7 +4,7 @@
 #   sl_add_graded_test(01 test_lab01 SOURCES ... CHECKS Lab01.X ...)    -> one ctest per check and track
 
 # ---------------------------------------------------------------------------------------------
-# OpenBLAS: the OpenMP build, so BLAS inside OpenMP regions does not oversubscribe (DESIGN.md).
+# OpenBLAS: the OpenMP build, so BLAS inside OpenMP regions does not oversubscribe (docs/design.md).
 function(sl_find_openblas)
   set(_hints /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp)
   set(_inc_hints /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
@@ -73,7 +73,7 @@ endfunction()
 #   labNN_learner  from labs/NN_name/<SOURCES>       compile definition SL_TRACK_LABNN=learner
 #   labNN_ref      from solutions/NN_name/<SOURCES>  compile definition SL_TRACK_LABNN=ref
 # and, with a DRIVER, the lab's program twice: bin/learner/labNN_name and bin/reference/labNN_name.
-# Other labs and programs link labNN_ref (DESIGN.md "How the two tracks link").
+# Other labs and programs link labNN_ref (docs/design.md "How the two tracks link").
 function(sl_add_lab NN name)
   cmake_parse_arguments(A "" "DRIVER" "SOURCES;DEPS" ${ARGN})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${name})
@@ -173,7 +173,7 @@ endfunction()
 
 # ---------------------------------------------------------------------------------------------
 # sl_add_graded_test(<NN> <name> SOURCES <files> CHECKS <Suite.Test>... [TIMEOUT s] [NP n] [DEPS libs...])
-# A lab's graded checks (DESIGN.md "Tests and the grading contract"; the records: docs/grading.md).
+# A lab's graded checks (docs/design.md "Tests and the grading contract"; the records: docs/grading.md).
 #   sl_add_graded_test(01 test_lab01 SOURCES test_lab01.cpp CHECKS Lab01SingleDevice.FlopsPerToken ...)
 # Builds the test program twice, against labNN_learner and against labNN_ref:
 #   tests/bin/learner/<name>  and  tests/bin/reference/<name>    (targets <name>_learner, <name>_reference)

@@ -191,7 +191,7 @@ TEST(Gpt2Fixture, TenAdamWStepsMatchPyTorchLossesAndParams) {
   }
 }
 
-// Plain SGD, because AdamW normalises away a wrongly SCALED gradient (DESIGN.md): with SGD the
+// Plain SGD, because AdamW normalises away a wrongly SCALED gradient (docs/design.md): with SGD the
 // losses move by lr * |g|^2 per step and a gradient off by a factor shows at once.
 TEST(Gpt2Fixture, TenSgdStepsMatchPyTorchLosses) {
   const auto& s = fixture().json()["sgd"];

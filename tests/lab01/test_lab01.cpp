@@ -1,4 +1,4 @@
-// test_lab01.cpp — lab 01's graded checks (DESIGN.md "Tests and the grading contract").
+// test_lab01.cpp — lab 01's graded checks (docs/design.md "Tests and the grading contract").
 // Built twice by sl_add_graded_test (tests/lab01/CMakeLists.txt): against lab01_learner (your
 // labs/01_single_device/train_step.cpp) and against lab01_ref (solutions/01_single_device/). The
 // functions of scalelab::lab01 resolve to whichever track the program links; every reference value

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check_fences.py — the learner's files equal the reference outside the TODO fences.
 
-DESIGN.md "How the two tracks link": labs/NN_name/<file> (the learner's, with TODO stubs) and
+docs/design.md "How the two tracks link": labs/NN_name/<file> (the learner's, with TODO stubs) and
 solutions/NN_name/<file> (the reference) are byte-identical except between
 
     // TODO(labNN-K) BEGIN  <what to write>

@@ -2,7 +2,7 @@
 // main(), tests/mpi/mpi_main.cpp: the world communicator, made by make_communicator("auto") (mpi under
 // mpiexec; local, world size 1, when the program is run directly).
 //
-// Rules for the TEST bodies (DESIGN.md "Tests and the grading contract"): every rank runs every
+// Rules for the TEST bodies (docs/design.md "Tests and the grading contract"): every rank runs every
 // TEST; never return early before a collective (no ASSERT_ that fails on one rank only, use EXPECT_
 // or grading::all_ranks), so one failing rank never leaves the others waiting. mpi_main reduces the
 // results: a TEST that fails on any rank is reported by rank 0 with the failing ranks, and every

@@ -5,7 +5,7 @@
 // holds whatever the reduction order. No TEST returns early before a collective: every rank checks
 // with EXPECT_ and the verdicts are combined by mpi_main (or grading::all_ranks).
 // Timing is printed; it is asserted only where ranks <= cores and only with the simulated link,
-// whose sleeps do not compete for the cores (DESIGN.md: never assert timing with more ranks than cores).
+// whose sleeps do not compete for the cores (docs/design.md: never assert timing with more ranks than cores).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -476,7 +476,7 @@ TEST(CommMpi, AsyncAllReducesProgressDuringCompute) {
 
 // Progress without the caller's help: an async all_reduce completes while the caller only computes.
 // Work::test() reads a flag set by the communication thread; it does not call MPI, so nothing but
-// that thread can move the data. (A bare MPI_Iallreduce would barely move here: DESIGN.md.) The
+// that thread can move the data. (A bare MPI_Iallreduce would barely move here: docs/design.md.) The
 // deadline is generous, so a busy machine does not fail it; it is not a speed test.
 TEST(CommMpi, AsyncCallCompletesWhileTheCallerOnlyComputes) {
   Communicator& w = test::world();

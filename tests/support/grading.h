@@ -1,4 +1,4 @@
-// grading.h — the contract between a graded test and scripts/grade (DESIGN.md "Tests and the grading
+// grading.h — the contract between a graded test and scripts/grade (docs/design.md "Tests and the grading
 // contract"; the record format is documented in docs/grading.md).
 //   grading.cpp                 the implementation (library sl_test_support)
 //   tests/grading/graded_main.cpp  main() of every graded test program (track, ranks, output file)

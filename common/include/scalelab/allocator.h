@@ -1,6 +1,6 @@
 // allocator.h — the counting allocator: every tensor's bytes go through one Allocator per device,
 // which keeps current and peak bytes per category and can refuse allocations beyond a cap
-// ("simulated device memory", DESIGN.md). Memory targets in the labs are checked from these counts,
+// ("simulated device memory", docs/design.md). Memory targets in the labs are checked from these counts,
 // so on CPU they are exact. Tests: tests/common/test_tensor.cpp
 #pragma once
 

@@ -1,5 +1,5 @@
 // bf16.h — bfloat16 storage type: the top 16 bits of an IEEE fp32, rounded to nearest even.
-// On the CPU the kit stores bf16 and computes in fp32 ("emulated bf16", DESIGN.md precision policy).
+// On the CPU the kit stores bf16 and computes in fp32 ("emulated bf16", docs/design.md precision policy).
 // Tests: tests/common/test_tensor.cpp
 #pragma once
 

@@ -1,4 +1,4 @@
-// calibration.h — the peak FLOP/s that MFU divides by (DESIGN.md "MFU").
+// calibration.h — the peak FLOP/s that MFU divides by (docs/design.md "MFU").
 //   GPUs we know: the vendor's dense datasheet figure (datasheet_peak).
 //   CPUs and unknown devices: a measurement, sgemm at GPT-2 d12 training shapes, for the same thread
 //   count the run uses (calibrate_gemm / load_or_calibrate). Never another device's number.

@@ -1,4 +1,4 @@
-// comm.h — the communicator: one interface for every way ranks talk (DESIGN.md "Communicator").
+// comm.h — the communicator: one interface for every way ranks talk (docs/design.md "Communicator").
 // Backends (make_communicator):
 //   local  world size 1; collectives are copies; no MPI needed
 //   mpi    OpenMPI; CPU tensors directly, CUDA tensors staged through pinned host memory (Debian's

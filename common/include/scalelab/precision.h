@@ -1,5 +1,5 @@
 // precision.h — the precision policy: which dtype each kind of state uses. The model, the optimizer,
-// the communicator and the memory estimator all read this one object (DESIGN.md).
+// the communicator and the memory estimator all read this one object (docs/design.md).
 // On the CPU, bf16 is storage only: values are stored as 16-bit and computed in fp32 ("emulated").
 #pragma once
 

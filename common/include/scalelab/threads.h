@@ -1,6 +1,6 @@
 // threads.h — one place that sets the CPU thread count for OpenMP loops and OpenBLAS together.
 // With several ranks per machine each rank gets cores / ranks_per_node threads (at least 1), so BLAS
-// never oversubscribes the cores (DESIGN.md "Platform facts"); learners need not set env variables.
+// never oversubscribes the cores (docs/design.md "Platform facts"); learners need not set env variables.
 #pragma once
 
 namespace scalelab {

@@ -2,7 +2,7 @@
 // (SL_WITH_MPI, common/CMakeLists.txt). Design notes: docs/communicator.md.
 //
 // Progress. A non-blocking MPI collective (MPI_Iallreduce) barely moves while the caller computes,
-// unless someone calls into MPI (DESIGN.md "Platform facts"). So every call of a communicator is
+// unless someone calls into MPI (docs/design.md "Platform facts"). So every call of a communicator is
 // handed, in issue order, to ONE communication thread of that communicator, which executes the
 // blocking MPI call (MPI_Allreduce, ...) while the caller's thread computes. An *_async call returns
 // a Work that waits for its op; overlap with compute is real and measurable. Needs MPI_THREAD_MULTIPLE
@@ -100,7 +100,7 @@ MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }  
 
 // ---------------------------------------------------------------------------------------------
 // Host staging: the bytes MPI reads or writes for a tensor. A CPU tensor's own memory; for a CUDA
-// tensor a pinned host copy (Debian's OpenMPI is not CUDA-aware, DESIGN.md "Platform facts"). The
+// tensor a pinned host copy (Debian's OpenMPI is not CUDA-aware, docs/design.md "Platform facts"). The
 // copies are cudaMemcpy on the legacy default stream, so they wait for kernels queued before them.
 // (One cudaMallocHost per call; a pool would be faster, this path is the fallback for several ranks
 // sharing one GPU, where NCCL refuses to run.)
