@@ -1,21 +1,24 @@
 // ops_dispatch.cpp — the Tensor-level GPT-2 ops (scalelab::<op>, declared in scalelab/ops.h): the one
 // dispatch point per op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
-// tensor and its shape, then calls its twin: scalelab::cpu::<op> (common/src/cpu/) today, and
-// scalelab::cuda::<op> (common/src/cuda/) once the CUDA backend exists; until then CUDA tensors throw.
-// Tests: tests/common/test_ops_cpu.cpp
+// tensor and its shape (the same checks for both devices), then calls its twin: scalelab::cuda::<op>
+// (common/src/cuda/, scalelab/cuda_ops.h) for CUDA tensors, scalelab::cpu::<op> (common/src/cpu/)
+// otherwise. In a build without the CUDA backend, CUDA tensors throw with a hint.
+// Tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp
 #include <climits>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 
-#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
-#include "scalelab/ops.h"    // defines: the scalelab:: ops implemented here and their cpu:: twins
+#include "scalelab/cuda_ops.h"  // defines: the cuda:: twins (declared in every build, defined with CUDA only)
+#include "scalelab/error.h"     // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/ops.h"       // defines: the scalelab:: ops implemented here and their cpu:: twins
 
 namespace scalelab {
 
 namespace {
 
-constexpr const char* kCudaHint = "the CUDA ops arrive with the CUDA backend; run with --device cpu";
+constexpr const char* kCudaHint =
+    "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON, see docs/cuda_backend.md), or run with --device cpu";
 
 // The device every tensor argument lives on (nullptr entries, i.e. optional outputs, are skipped).
 // Mixing devices is an error: no op copies between devices behind the caller's back.
@@ -35,15 +38,30 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
   return first != nullptr ? first->device() : Device::CPU;
 }
 
-// Throws unless every entry of indices (n i32 values on the CPU) lies in [0, limit): a token id outside
-// the vocabulary would read or write outside wte / probs. Reports the first bad entry.
+// Throws unless every entry of indices (n i32 values, on either device) lies in [0, limit): a token id
+// outside the vocabulary would read or write outside wte / probs. Reports the first bad entry. On the GPU
+// the check runs as a kernel and copies one index back, so it synchronises (once per call).
 void check_index_range(const char* op, const char* what, const Tensor& indices, int64_t limit) {
   const int32_t* idx = indices.data<int32_t>();
-  for (int64_t i = 0; i < indices.numel(); i++) {
-    SL_CHECK_HINT(idx[i] >= 0 && idx[i] < limit, "token ids must be < the vocabulary size of the model",
-                  "%s: %s[%lld] = %d is outside [0, %lld) (%s has shape %s)", op, what, static_cast<long long>(i),
-                  idx[i], static_cast<long long>(limit), what, shape_str(indices.shape()).c_str());
+  int64_t bad = -1;  // index of the first entry outside [0, limit)
+  int32_t bad_value = 0;
+  if (indices.device() == Device::CUDA) {
+#ifdef SL_WITH_CUDA
+    bad = cuda::first_index_out_of_range(idx, indices.numel(), limit, &bad_value);
+#else
+    SL_FAIL(kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", op);
+#endif
+  } else {
+    for (int64_t i = 0; i < indices.numel() && bad < 0; i++) {
+      if (idx[i] < 0 || idx[i] >= limit) {
+        bad = i;
+        bad_value = idx[i];
+      }
+    }
   }
+  SL_CHECK_HINT(bad < 0, "token ids must be < the vocabulary size of the model",
+                "%s: %s[%lld] = %d is outside [0, %lld) (%s has shape %s)", op, what, static_cast<long long>(bad),
+                bad_value, static_cast<long long>(limit), what, shape_str(indices.shape()).c_str());
 }
 
 }  // namespace
@@ -67,8 +85,14 @@ void check_index_range(const char* op, const char* what, const Tensor& indices, 
 // SL_OPS_FITS_INT(v): a size passed to a twin (and to BLAS, LP64 build) as int.
 #define SL_OPS_FITS_INT(v) \
   SL_CHECK((v) > 0 && (v) <= INT_MAX, "%s = %lld must be in [1, INT_MAX]", #v, static_cast<long long>(v))
-// SL_OPS_CUDA_NOT_BUILT(): the CUDA branch of every op until the CUDA backend adds its twins.
-#define SL_OPS_CUDA_NOT_BUILT() SL_FAIL(kCudaHint, "%s: got CUDA tensors, but the CUDA twins are not built yet", __func__)
+// SL_OPS_CUDA(call): the CUDA branch of an op, `if (device == Device::CUDA) SL_OPS_CUDA(cuda::op(...));`.
+// With the CUDA backend it returns the twin's result (`return f();` is also valid for void f); without
+// it, it throws with a hint, and `call` is never compiled (the cuda:: functions do not exist then).
+#ifdef SL_WITH_CUDA
+#define SL_OPS_CUDA(call) return (call)
+#else
+#define SL_OPS_CUDA(call) SL_FAIL(kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", __func__)
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Encoder (token + position embedding)
@@ -88,8 +112,12 @@ void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_CHECK(wpe.size(1) == C && wpe.size(0) >= T, "wpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(wpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
-  if (device_of(__func__, {&out, &tokens, &wte, &wpe}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  const Device device = device_of(__func__, {&out, &tokens, &wte, &wpe});
   check_index_range(__func__, "tokens", tokens, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
+                                      wpe.data<float>(), static_cast<int>(B), static_cast<int>(T),
+                                      static_cast<int>(C)));
   cpu::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(), wpe.data<float>(),
                        static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
 }
@@ -109,8 +137,12 @@ void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tens
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_CHECK(dwpe.size(1) == C && dwpe.size(0) >= T, "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(dwpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
-  if (device_of(__func__, {&dwte, &dwpe, &dout, &tokens}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  const Device device = device_of(__func__, {&dwte, &dwpe, &dout, &tokens});
   check_index_range(__func__, "tokens", tokens, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(),
+                                       tokens.data<int32_t>(), static_cast<int>(B), static_cast<int>(T),
+                                       static_cast<int>(C)));
   cpu::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(), tokens.data<int32_t>(),
                         static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
 }
@@ -135,7 +167,9 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   SL_OPS_SHAPE(bias, (Shape{C}));
   SL_OPS_NUMEL(mean, N);  // one per row: (N) or (B,T)
   SL_OPS_NUMEL(rstd, N);
-  if (device_of(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
+                                        weight.data<float>(), bias.data<float>(), N, static_cast<int>(C)));
   cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
                          weight.data<float>(), bias.data<float>(), N, static_cast<int>(C));
 }
@@ -162,7 +196,9 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   SL_OPS_NUMEL(mean, N);
   SL_OPS_NUMEL(rstd, N);
   if (device_of(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}) == Device::CUDA)
-    SL_OPS_CUDA_NOT_BUILT();
+    SL_OPS_CUDA(cuda::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(),
+                                         dout.data<float>(), inp.data<float>(), weight.data<float>(),
+                                         mean.data<float>(), rstd.data<float>(), N, static_cast<int>(C)));
   cpu::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(),
                           inp.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), N,
                           static_cast<int>(C));
@@ -191,7 +227,10 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
     SL_OPS_DTYPE(*bias, DType::F32);
     SL_OPS_SHAPE(*bias, (Shape{OC}));
   }
-  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(),
+                                     bias != nullptr ? bias->data<float>() : nullptr, N, static_cast<int>(C),
+                                     static_cast<int>(OC)));
   cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(),
                       bias != nullptr ? bias->data<float>() : nullptr, N, static_cast<int>(C), static_cast<int>(OC));
 }
@@ -223,7 +262,11 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
     SL_OPS_DTYPE(*dbias, DType::F32);
     SL_OPS_SHAPE(*dbias, (Shape{OC}));
   }
-  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_backward(dinp != nullptr ? dinp->data<float>() : nullptr, dweight.data<float>(),
+                                      dbias != nullptr ? dbias->data<float>() : nullptr, dout.data<float>(),
+                                      inp.data<float>(), weight.data<float>(), N, static_cast<int>(C),
+                                      static_cast<int>(OC)));
   cpu::matmul_backward(dinp != nullptr ? dinp->data<float>() : nullptr, dweight.data<float>(),
                        dbias != nullptr ? dbias->data<float>() : nullptr, dout.data<float>(), inp.data<float>(),
                        weight.data<float>(), N, static_cast<int>(C), static_cast<int>(OC));
@@ -247,7 +290,9 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
            shape_str(qkv.shape()).c_str());
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
-  if (device_of(__func__, {&out, &att, &qkv}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&out, &att, &qkv}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                                        static_cast<int>(T), static_cast<int>(C), NH));
   cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
                          static_cast<int>(T), static_cast<int>(C), NH);
 }
@@ -272,7 +317,10 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
   SL_OPS_SHAPE(datt, (Shape{B, NH, T, T}));
-  if (device_of(__func__, {&dqkv, &datt, &dout, &qkv, &att}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&dqkv, &datt, &dout, &qkv, &att}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
+                                         att.data<float>(), static_cast<int>(B), static_cast<int>(T),
+                                         static_cast<int>(C), NH));
   cpu::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
                           att.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
 }
@@ -284,7 +332,8 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(inp, DType::F32);
   SL_OPS_NUMEL(out, inp.numel());
-  if (device_of(__func__, {&out, &inp}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&out, &inp}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel()));
   cpu::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel());
 }
 
@@ -294,7 +343,8 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(dinp, inp.numel());
   SL_OPS_NUMEL(dout, inp.numel());
-  if (device_of(__func__, {&dinp, &inp, &dout}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&dinp, &inp, &dout}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel()));
   cpu::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel());
 }
 
@@ -304,7 +354,8 @@ void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
   SL_OPS_DTYPE(b, DType::F32);
   SL_OPS_NUMEL(b, a.numel());
   SL_OPS_NUMEL(out, a.numel());
-  if (device_of(__func__, {&out, &a, &b}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&out, &a, &b}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel()));
   cpu::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
 }
 
@@ -314,7 +365,8 @@ void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(da, dout.numel());
   SL_OPS_NUMEL(db, dout.numel());
-  if (device_of(__func__, {&da, &db, &dout}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&da, &db, &dout}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel()));
   cpu::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel());
 }
 
@@ -333,8 +385,11 @@ void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& l
   SL_OPS_SHAPE(probs, logits.shape());
   SL_OPS_NUMEL(targets, N);  // (B,T)
   SL_OPS_NUMEL(losses, N);   // (B,T)
-  if (device_of(__func__, {&losses, &probs, &logits, &targets}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  const Device device = device_of(__func__, {&losses, &probs, &logits, &targets});
   check_index_range(__func__, "targets", targets, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
+                                                   targets.data<int32_t>(), N, static_cast<int>(V)));
   cpu::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
                                     targets.data<int32_t>(), N, static_cast<int>(V));
 }
@@ -349,8 +404,11 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
   const int64_t N = probs.numel() / V;
   SL_OPS_SHAPE(dlogits, probs.shape());
   SL_OPS_NUMEL(targets, N);
-  if (device_of(__func__, {&dlogits, &probs, &targets}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  const Device device = device_of(__func__, {&dlogits, &probs, &targets});
   check_index_range(__func__, "targets", targets, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(),
+                                                    targets.data<int32_t>(), dloss, N, static_cast<int>(V)));
   cpu::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(), targets.data<int32_t>(), dloss,
                                      N, static_cast<int>(V));
 }
@@ -369,7 +427,9 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float
   SL_OPS_NUMEL(v, param.numel());
   SL_CHECK(t >= 1, "AdamW step t=%lld must be >= 1 (the bias correction divides by 1 - beta^t)",
            static_cast<long long>(t));
-  if (device_of(__func__, {&param, &grad, &m, &v}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&param, &grad, &m, &v}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                                   param.numel(), lr, beta1, beta2, eps, weight_decay, t));
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), lr,
                     beta1, beta2, eps, weight_decay, t);
 }
@@ -378,30 +438,35 @@ void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay)
   SL_OPS_DTYPE(param, DType::F32);
   SL_OPS_DTYPE(grad, DType::F32);
   SL_OPS_NUMEL(grad, param.numel());
-  if (device_of(__func__, {&param, &grad}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&param, &grad}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay));
   cpu::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay);
 }
 
 double sum_squares(const Tensor& t) {
   SL_OPS_DTYPE(t, DType::F32);
-  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::sum_squares(t.data<float>(), t.numel()));
   return cpu::sum_squares(t.data<float>(), t.numel());
 }
 
 void scale_(Tensor& t, float s) {
   SL_OPS_DTYPE(t, DType::F32);
-  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::scale(t.data<float>(), t.numel(), s));
   cpu::scale(t.data<float>(), t.numel(), s);
 }
 
 void cast(Tensor& dst, const Tensor& src) {
   SL_OPS_NUMEL(dst, src.numel());
-  if (device_of(__func__, {&dst, &src}) == Device::CUDA) SL_OPS_CUDA_NOT_BUILT();
+  const Device device = device_of(__func__, {&dst, &src});
   if (dst.dtype() == src.dtype()) {
-    if (dst.raw() != src.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());  // same dtype: a copy
+    if (dst.raw() == src.raw()) return;
+    if (device == Device::CUDA) SL_OPS_CUDA(dst.copy_from(src));  // same dtype: a copy (cudaMemcpy)
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
   } else if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
+    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel()));
     cpu::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel());
   } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
+    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel()));
     cpu::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel());
   } else {
     SL_FAIL("cast converts f32 <-> bf16 (or copies one dtype); token ids (i32) are not cast",
