@@ -1,0 +1,255 @@
+// ddp.cpp — lab 03: data-parallel training: start identical, average the gradients (naive, bucketed,
+// overlapped with backward), accumulate micro-steps. Declared in labs/03_ddp/ddp.h; the lesson is
+// labs/03_ddp/README.md. Only the code between TODO(lab03-N) BEGIN/END is yours to write; the rest is
+// shared by both tracks (labs/03_ddp/ddp.cpp and solutions/03_ddp/ddp.cpp).
+#include "ddp.h"
+
+#include <algorithm>  // defines: std::sort, std::min, std::max (the layout check of make_bucket_state)
+#include <chrono>     // defines: std::chrono::steady_clock (GradSync::last_finish_ms)
+#include <cstdint>    // defines: int64_t
+#include <string>     // defines: std::string, std::to_string
+#include <vector>     // defines: std::vector
+
+#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops.h"    // defines: scale_ (t *= s)
+#include "scalelab/optim.h"  // defines: clip_grad_norm
+
+namespace scalelab::lab03 {
+inline namespace SL_TRACK_LAB03 {
+
+// =============================================================================================
+// Start identical
+// =============================================================================================
+void broadcast_parameters(GPT2& model, Communicator& comm) {
+  // TODO(lab03-1) BEGIN  every unit's parameters from rank 0
+  //   1. for every unit u in 0 .. model.num_units()-1: model.unit_params(u) is ONE contiguous buffer
+  //   2. comm.broadcast(buffer, /*root=*/0, "params unit " + std::to_string(u))
+  throw scalelab::NotImplemented("lab03-1 broadcast_parameters");
+  // TODO(lab03-1) END
+}
+
+// =============================================================================================
+// Naive: one all-reduce per parameter tensor
+// =============================================================================================
+void all_reduce_grads_naive(GPT2& model, Communicator& comm) {
+  // TODO(lab03-2) BEGIN  one all-reduce per parameter tensor
+  //   1. for every ParamInfo p of model.param_table():
+  //   2.   Tensor g = model.grad(p.name);   a view into the unit's gradient buffer (no copy)
+  //   3.   comm.all_reduce(g, ReduceOp::Avg, /*tag=*/p.name);   sum over the ranks / world size, in place
+  throw scalelab::NotImplemented("lab03-2 all_reduce_grads_naive");
+  // TODO(lab03-2) END
+}
+
+// =============================================================================================
+// Buckets: fewer, bigger messages
+// =============================================================================================
+std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double bucket_mb) {
+  SL_CHECK_HINT(bucket_mb >= 0.0, "use --bucket-mb 0 for one bucket per tensor (PyTorch's default is 25)",
+                "bucket_mb = %g must be >= 0", bucket_mb);
+  std::vector<Bucket> buckets;
+  // TODO(lab03-3) BEGIN  walk the table backwards, whole tensors, close a bucket once it holds >= cap
+  //   0. cap = (int64_t)(bucket_mb * 1048576.0 / sizeof(float))    elements: bucket_mb MiB of fp32
+  //   1. Bucket current; for p in table, from the LAST entry to the first:
+  //   2.   same unit as current.ranges.back()? The table is contiguous inside a unit, so p ends exactly
+  //        where that range starts: grow the range downwards (offset = p.offset, count += p.numel).
+  //        Otherwise (a new unit, or an empty bucket): append GradRange{p.unit, p.offset, p.numel}.
+  //   3.   current.numel += p.numel; current.ready_unit = p.unit (units only decrease on this walk)
+  //   4.   current.numel >= cap: push it to buckets, start a new one
+  //   5. after the loop: push the last bucket if it holds anything
+  throw scalelab::NotImplemented("lab03-3 make_buckets");
+  // TODO(lab03-3) END
+  return buckets;
+}
+
+BucketState make_bucket_state(const GPT2& model, double bucket_mb) {
+  BucketState state;
+  state.buckets = make_buckets(model.param_table(), bucket_mb);
+  // A layout must cover every gradient element exactly once: per unit, the ranges of all buckets,
+  // sorted by offset, must tile [0, unit size) with no gap and no overlap.
+  std::vector<int64_t> unit_numel(model.num_units(), 0);  // elements of each unit's gradient buffer
+  for (const ParamInfo& p : model.param_table()) unit_numel[p.unit] += p.numel;
+  struct Owned {
+    int64_t offset, count;
+    size_t bucket;
+  };
+  std::vector<std::vector<Owned>> tiles(model.num_units());
+  for (size_t k = 0; k < state.buckets.size(); ++k) {
+    const Bucket& b = state.buckets[k];
+    int64_t numel = 0;
+    int lowest_unit = model.num_units();
+    for (const GradRange& r : b.ranges) {
+      SL_CHECK_HINT(r.unit >= 0 && r.unit < model.num_units() && r.offset >= 0 && r.count > 0 &&
+                        r.offset + r.count <= unit_numel[r.unit],
+                    "README 'Buckets': a range is [offset, offset + count) of ONE unit's gradient buffer",
+                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k,
+                    r.unit, static_cast<long long>(r.offset), static_cast<long long>(r.count));
+      tiles[r.unit].push_back({r.offset, r.count, k});
+      numel += r.count;
+      lowest_unit = std::min(lowest_unit, r.unit);
+    }
+    SL_CHECK_HINT(b.numel == numel, "Bucket::numel is the sum of its ranges' counts",
+                  "bucket %zu: numel %lld, but its ranges hold %lld elements", k, static_cast<long long>(b.numel),
+                  static_cast<long long>(numel));
+    SL_CHECK_HINT(b.ready_unit == lowest_unit,
+                  "README 'Overlap': a bucket is ready after the backward of its LOWEST unit (that one runs last)",
+                  "bucket %zu: ready_unit %d, but its lowest unit is %d", k, b.ready_unit, lowest_unit);
+  }
+  for (int u = 0; u < model.num_units(); ++u) {
+    std::sort(tiles[u].begin(), tiles[u].end(), [](const Owned& a, const Owned& b) { return a.offset < b.offset; });
+    int64_t covered = 0;  // elements [0, covered) of unit u are in exactly one bucket so far
+    for (const Owned& t : tiles[u]) {
+      SL_CHECK_HINT(t.offset == covered, "README 'Buckets': every gradient element travels exactly once",
+                    "unit %d: elements [%lld, %lld) are in %s (bucket %zu starts at %lld)", u,
+                    static_cast<long long>(std::min(covered, t.offset)),
+                    static_cast<long long>(std::max(covered, t.offset)),
+                    t.offset > covered ? "no bucket" : "two buckets", t.bucket, static_cast<long long>(t.offset));
+      covered += t.count;
+    }
+    SL_CHECK_HINT(covered == unit_numel[u], "README 'Buckets': every gradient element travels exactly once",
+                  "unit %d: elements [%lld, %lld) are in no bucket", u, static_cast<long long>(covered),
+                  static_cast<long long>(unit_numel[u]));
+  }
+  for (const Bucket& b : state.buckets) {
+    state.flat.push_back(Tensor::zeros({b.numel}, DType::F32, model.device(), MemCategory::Comm));
+  }
+  return state;
+}
+
+void pack_bucket(GPT2& model, const Bucket& bucket, Tensor& flat) {
+  int64_t pos = 0;  // elements of flat filled so far
+  for (const GradRange& r : bucket.ranges) {
+    flat.view(pos, {r.count}).copy_from(model.unit_grads(r.unit).view(r.offset, {r.count}));
+    pos += r.count;
+  }
+}
+
+void unpack_bucket(GPT2& model, const Bucket& bucket, const Tensor& flat) {
+  int64_t pos = 0;
+  for (const GradRange& r : bucket.ranges) {
+    model.unit_grads(r.unit).view(r.offset, {r.count}).copy_from(flat.view(pos, {r.count}));
+    pos += r.count;
+  }
+}
+
+std::string bucket_tag(size_t k) { return "bucket " + std::to_string(k); }
+
+void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state) {
+  // TODO(lab03-4) BEGIN  one all-reduce per bucket
+  //   for every bucket k, in order:
+  //   1. pack_bucket(model, state.buckets[k], state.flat[k])          gradients -> flat buffer
+  //   2. comm.all_reduce(state.flat[k], ReduceOp::Avg, bucket_tag(k))  one message for many tensors
+  //   3. unpack_bucket(model, state.buckets[k], state.flat[k])        averages -> gradients
+  throw scalelab::NotImplemented("lab03-4 all_reduce_grads_bucketed");
+  // TODO(lab03-4) END
+}
+
+// =============================================================================================
+// Overlap: all-reduce while backward is still running
+// =============================================================================================
+void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, int unit) {
+  // TODO(lab03-5) BEGIN  launch every bucket whose gradients are final, in order, without waiting
+  //   Backward finishes the units in the order L+1, L, ..., 1, 0, so once after_backward(unit) runs,
+  //   every unit >= unit is final: bucket k is ready when buckets[k].ready_unit >= unit. (The tied
+  //   embedding wte is in unit 0: the LM head writes part of its gradient FIRST, but it is final
+  //   only at after_backward(0).)
+  //   1. k = state.pending.size(): the first bucket not launched yet (buckets go out in order)
+  //   2. while k < buckets.size() and buckets[k].ready_unit >= unit:
+  //        pack_bucket(...); state.pending.push_back(comm.all_reduce_async(flat[k], ReduceOp::Avg, bucket_tag(k)))
+  //   Do not wait here: the all-reduce must run while backward goes on to the next units.
+  throw scalelab::NotImplemented("lab03-5 launch_ready_buckets");
+  // TODO(lab03-5) END
+}
+
+void wait_for_buckets(GPT2& model, BucketState& state) {
+  SL_CHECK_HINT(state.pending.size() == state.buckets.size(),
+                "README 'Overlap': launch_ready_buckets must have launched every bucket by after_backward(0); "
+                "and the step's last backward needs sync.set_require_sync(true)",
+                "only %zu of %zu buckets were launched during backward", state.pending.size(),
+                state.buckets.size());
+  // TODO(lab03-6) BEGIN  wait for every launched all-reduce, then copy its result back
+  //   for every k in launch order: state.pending[k]->wait(); unpack_bucket(model, state.buckets[k], state.flat[k])
+  throw scalelab::NotImplemented("lab03-6 wait_for_buckets");
+  // TODO(lab03-6) END
+  state.pending.clear();  // the next step launches from bucket 0 again
+}
+
+// =============================================================================================
+// GradSync (given)
+// =============================================================================================
+SyncMode sync_mode_from_name(const std::string& name) {
+  if (name == "naive") return SyncMode::Naive;
+  if (name == "bucketed") return SyncMode::Bucketed;
+  if (name == "overlap") return SyncMode::Overlap;
+  SL_FAIL("use --mode naive, bucketed or overlap", "unknown data-parallel mode '%s'", name.c_str());
+}
+
+const char* sync_mode_name(SyncMode mode) {
+  switch (mode) {
+    case SyncMode::Naive: return "naive";
+    case SyncMode::Bucketed: return "bucketed";
+    case SyncMode::Overlap: return "overlap";
+  }
+  return "?";
+}
+
+GradSync::GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket_mb)
+    : model_(model), comm_(comm), mode_(mode) {
+  if (mode == SyncMode::Naive) return;
+  state_ = make_bucket_state(model, bucket_mb);
+  if (mode == SyncMode::Overlap) {
+    SL_CHECK_HINT(!model.hooks.after_backward, "make one GradSync per model",
+                  "the model already has an after_backward hook");
+    model.hooks.after_backward = [this](int unit) {
+      if (require_sync_) launch_ready_buckets(model_, comm_, state_, unit);
+    };
+  }
+}
+
+GradSync::~GradSync() {
+  if (mode_ == SyncMode::Overlap) model_.hooks.after_backward = nullptr;
+}
+
+void GradSync::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
+  switch (mode_) {
+    case SyncMode::Naive: all_reduce_grads_naive(model_, comm_); break;
+    case SyncMode::Bucketed: all_reduce_grads_bucketed(model_, comm_, state_); break;
+    case SyncMode::Overlap: wait_for_buckets(model_, state_); break;
+  }
+  last_finish_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// =============================================================================================
+// Gradient accumulation: the data-parallel training step
+// =============================================================================================
+int micro_steps_per_step(int global_batch, int micro_batch, int world_size) {
+  SL_CHECK(global_batch > 0 && micro_batch > 0 && world_size > 0,
+           "global_batch=%d micro_batch=%d world_size=%d must all be > 0", global_batch, micro_batch, world_size);
+  // TODO(lab03-7) BEGIN  micro-steps per optimizer step; refuse a global batch that does not divide
+  //   1. one micro-step processes micro_batch sequences on each of world_size ranks
+  //   2. refuse a global batch that is not a multiple of it: SL_CHECK_HINT(condition, hint, fmt, ...)
+  //      (scalelab/error.h), the hint naming the multiples just below and above ("use --global-batch 32 or 48")
+  //   3. return global_batch / (micro_batch * world_size)
+  throw scalelab::NotImplemented("lab03-7 micro_steps_per_step");
+  // TODO(lab03-7) END
+}
+
+StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const std::vector<MicroBatch>& micro_batches,
+                      float lr, float grad_clip) {
+  SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
+  StepResult r;
+  // TODO(lab03-8) BEGIN  m micro-steps, ONE gradient synchronisation, one update
+  //   1. model.zero_grad() once: the m backward passes ADD into the gradients
+  //   2. for micro-step i of m: sync.set_require_sync(i == m - 1)    (no_sync on all but the last)
+  //                             loss += model.forward(inputs, &targets); model.backward()
+  //   3. sync.finish()   every gradient becomes its average over the ranks
+  //   4. each backward added the gradient of its micro-batch's MEAN loss, so the sum is m times the
+  //      gradient of the step's mean loss: scale_(model.unit_grads(u), 1.0f / m) for every unit u
+  //   5. r.loss = the mean of the m losses; r.grad_norm = clip_grad_norm(model, grad_clip); optimizer.step(lr)
+  throw scalelab::NotImplemented("lab03-8 train_step");
+  // TODO(lab03-8) END
+  return r;
+}
+
+}  // namespace SL_TRACK_LAB03
+}  // namespace scalelab::lab03

@@ -1,0 +1,180 @@
+// ddp.h — what the learner writes in lab 03 (data parallel), declared once for both tracks.
+//   labs/03_ddp/ddp.cpp       the learner's file (TODO blocks)   -> library lab03_learner
+//   solutions/03_ddp/ddp.cpp  the reference (same file, filled)  -> library lab03_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab03::learner / ::ref) chosen by
+// SL_TRACK_LAB03, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/03_ddp/README.md   Graded tests: tests/lab03/ (test_lab03*.cpp)
+//
+// The pieces, in the order a step uses them (README "The picture"):
+//   broadcast_parameters                every rank starts from rank 0's weights         TODO lab03-1
+//   all_reduce_grads_naive              one all-reduce per parameter tensor              TODO lab03-2
+//   make_buckets                        the bucket layout: which gradients travel together TODO lab03-3
+//   all_reduce_grads_bucketed           one all-reduce per bucket, after backward        TODO lab03-4
+//   launch_ready_buckets, wait_for_buckets   the same buckets, overlapped with backward  TODO lab03-5, -6
+//   micro_steps_per_step, train_step    gradient accumulation: one sync per update       TODO lab03-7, -8
+//   GradSync (given)                    picks naive / bucketed / overlap for train_step
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scalelab/comm.h"
+#include "scalelab/gpt2.h"
+#include "scalelab/optim.h"
+#include "scalelab/tensor.h"
+
+#ifndef SL_TRACK_LAB03
+#define SL_TRACK_LAB03 ref
+#endif
+
+namespace scalelab::lab03 {
+inline namespace SL_TRACK_LAB03 {
+
+// =============================================================================================
+// Start identical
+// =============================================================================================
+// TODO(lab03-1): copy rank 0's parameters to every rank: one broadcast (root 0) per unit buffer
+// model.unit_params(u), tagged "params unit <u>". Call it before constructing the Optimizer (which
+// copies the parameters into its fp32 master weights). README "Start identical".
+void broadcast_parameters(GPT2& model, Communicator& comm);
+
+// =============================================================================================
+// Naive: one all-reduce per parameter tensor
+// =============================================================================================
+// TODO(lab03-2): replace every gradient by its average over the ranks: one blocking all_reduce
+// (ReduceOp::Avg) per entry of model.param_table(), in table order, tagged with the parameter's name.
+// README "Naive data parallel".
+void all_reduce_grads_naive(GPT2& model, Communicator& comm);
+
+// =============================================================================================
+// Buckets: fewer, bigger messages
+// =============================================================================================
+// A contiguous piece of one unit's gradient buffer: elements [offset, offset + count) of
+// model.unit_grads(unit).
+struct GradRange {
+  int unit = 0;
+  int64_t offset = 0;  // elements
+  int64_t count = 0;   // elements
+};
+
+// Whole parameter tensors that travel together in ONE all-reduce of a flat fp32 buffer.
+struct Bucket {
+  std::vector<GradRange> ranges;  // in backward order (units descending); adjacent tensors of one
+                                  // unit are merged into one range
+  int64_t numel = 0;              // elements: the sum of the ranges' counts
+  int ready_unit = 0;             // every gradient in the bucket is final once hooks.after_backward(
+                                  // ready_unit) has run: the lowest unit among its ranges
+};
+
+// TODO(lab03-3): the bucket layout, a pure function of the parameter table. README "Buckets".
+// Walk the table BACKWARDS (the order backward produces gradients: ln_f, h.L-1, ..., h.0, then the
+// embeddings); append each tensor, whole, to the current bucket; close the bucket as soon as it
+// holds at least bucket_mb MiB of fp32 gradients (cap = floor(bucket_mb * 2^20 / 4) elements); the
+// last bucket may hold less. bucket_mb == 0 gives one bucket per tensor; bucket_mb < 0 is refused.
+std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double bucket_mb);
+
+// The buckets of one model and what reducing them needs.
+struct BucketState {
+  std::vector<Bucket> buckets;   // make_buckets(model.param_table(), bucket_mb)
+  std::vector<Tensor> flat;      // flat[k]: (buckets[k].numel,) fp32, allocated once, reused every step
+  std::vector<WorkPtr> pending;  // overlap: the all-reduces of buckets 0 .. pending.size()-1, launched
+                                 // during this step's backward and not yet waited for
+};
+
+// Given. Buckets for the model's table (make_buckets), checked to cover every gradient element
+// exactly once (a wrong layout fails here, loudly), with their flat buffers (category Comm).
+BucketState make_bucket_state(const GPT2& model, double bucket_mb);
+// Given. Copy a bucket's gradient ranges into its flat buffer (in range order), and back.
+void pack_bucket(GPT2& model, const Bucket& bucket, Tensor& flat);
+void unpack_bucket(GPT2& model, const Bucket& bucket, const Tensor& flat);
+// Given. "bucket 3": the tag of bucket k's all-reduce; the overlap check finds buckets by it.
+std::string bucket_tag(size_t k);
+
+// TODO(lab03-4): replace every gradient by its average over the ranks, one blocking all_reduce
+// (ReduceOp::Avg) per bucket, in bucket order: pack, all-reduce the flat buffer (tag bucket_tag(k)),
+// unpack. README "Buckets".
+void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state);
+
+// =============================================================================================
+// Overlap: all-reduce while backward is still running
+// =============================================================================================
+// TODO(lab03-5): the after_backward hook (GradSync installs it). Backward has just finished unit
+// `unit` (it runs ln_f = L+1, then L, ..., 1, then the embeddings 0). Launch, in bucket order and
+// without waiting, all_reduce_async (Avg, tag bucket_tag(k)) for every bucket not launched yet whose
+// gradients are now all final; keep its handle in state.pending. README "Overlap".
+void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, int unit);
+// TODO(lab03-6): before the optimizer step: wait for every launched all-reduce, in launch order, and
+// copy its result back into the gradients. README "Overlap".
+void wait_for_buckets(GPT2& model, BucketState& state);
+
+// =============================================================================================
+// GradSync (given): the object a training step talks to, whatever the mode
+// =============================================================================================
+enum class SyncMode { Naive, Bucketed, Overlap };
+SyncMode sync_mode_from_name(const std::string& name);  // "naive" | "bucketed" | "overlap"
+const char* sync_mode_name(SyncMode mode);
+
+// PyTorch's DistributedDataParallel in miniature: it owns the buckets and, in overlap mode, installs
+// the model's after_backward hook (removed again by the destructor). One per model.
+class GradSync {
+ public:
+  GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket_mb);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // false: the next backward passes only accumulate, the overlap hook launches nothing (PyTorch's
+  // no_sync()). true (the default): the next backward is the last of the step; its gradients are
+  // synchronised. Naive and bucketed modes communicate only in finish() and ignore it.
+  void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
+  bool require_sync() const { return require_sync_; }
+
+  // After the step's last backward: every gradient becomes its average over the ranks.
+  //   naive: all_reduce_grads_naive   bucketed: all_reduce_grads_bucketed   overlap: wait_for_buckets
+  void finish();
+  // How long the last finish() blocked the caller (ms): the communication backward did NOT hide.
+  double last_finish_ms() const { return last_finish_ms_; }
+
+  SyncMode mode() const { return mode_; }
+  Communicator& comm() { return comm_; }
+  const std::vector<Bucket>& buckets() const { return state_.buckets; }  // empty in naive mode
+
+ private:
+  GPT2& model_;
+  Communicator& comm_;
+  SyncMode mode_;
+  BucketState state_;
+  bool require_sync_ = true;
+  double last_finish_ms_ = 0.0;
+};
+
+// =============================================================================================
+// Gradient accumulation: the data-parallel training step
+// =============================================================================================
+// TODO(lab03-7): how many micro-steps one optimizer step takes when every rank processes
+// micro_batch sequences per micro-step: global_batch / (micro_batch * world_size). A global batch
+// that is not a multiple of micro_batch * world_size is refused (scalelab::Error) with a hint that
+// names the nearest valid global batches. README "Gradient accumulation".
+int micro_steps_per_step(int global_batch, int micro_batch, int world_size);
+
+struct MicroBatch {
+  Tensor inputs;   // (B, T) i32 token ids, B = the micro-batch
+  Tensor targets;  // (B, T) i32, the next tokens
+};
+
+struct StepResult {
+  float loss = 0.0f;       // mean cross-entropy of THIS rank's micro-batches, nats per token
+  float grad_norm = 0.0f;  // global L2 norm of the synchronised gradient BEFORE clipping
+};
+
+// TODO(lab03-8): one optimizer step of data-parallel training over this rank's micro-batches (one
+// per micro-step): zero the gradients, forward + backward each micro-batch (only the last one
+// synchronises: sync.set_require_sync), sync.finish(), divide the accumulated gradients by the
+// number of micro-steps, clip to grad_clip (<= 0: no clipping), optimizer.step(lr).
+// README "Gradient accumulation".
+StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const std::vector<MicroBatch>& micro_batches,
+                      float lr, float grad_clip);
+
+}  // namespace SL_TRACK_LAB03
+}  // namespace scalelab::lab03
