@@ -145,10 +145,14 @@ function(sl_add_test name)
   sl_target_defaults(${name})
   # One ctest per TEST, discovered when ctest runs, so a GTEST_SKIP (e.g. SL_REQUIRE_GPU without a GPU)
   # shows as "Skipped" in ctest's summary instead of hiding inside a passing program.
+  # CMake 3.25 flattens list-valued PROPERTIES on their way through the discovery script, so each
+  # ';' inside a list is escaped for the three expansions it goes through (7 literal backslashes).
   include(GoogleTest)
+  set(env "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  string(REPLACE ";" "\\\\\\\\\\\\\\;" labels_escaped "${A_LABELS}")
+  string(REPLACE ";" "\\\\\\\\\\\\\\;" env_escaped "${env}")
   gtest_discover_tests(${name} TEST_PREFIX "${name}." EXTRA_ARGS --gtest_color=no DISCOVERY_MODE PRE_TEST
-                       PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-                                  ENVIRONMENT "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+                       PROPERTIES LABELS "${labels_escaped}" TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env_escaped}")
 endfunction()
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // with a causal mask). Defines scalelab::cpu::attention_forward / attention_backward (contract: scalelab/ops.h).
 // The four products per (batch, head) are OpenBLAS sgemms on strided views of qkv (no copies); the
 // (batch, head) loop is an OpenMP loop, inside which the OpenMP build of OpenBLAS runs single-threaded.
-// CUDA twin: common/src/cuda/attention.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/attention.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // crossentropy.cpp — CPU twin of the fused softmax + cross-entropy loss at the top of GPT-2.
 // Defines scalelab::cpu::softmax_crossentropy_forward / softmax_crossentropy_backward (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/crossentropy.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/crossentropy.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // encoder.cpp — CPU twin of the GPT-2 input embedding: out = wte[token] + wpe[position].
 // Defines scalelab::cpu::encoder_forward / encoder_backward (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/encoder.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/encoder.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <cstdint>
 
 #include "scalelab/ops.h"  // defines: the cpu:: declarations implemented here

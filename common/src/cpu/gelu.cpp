@@ -1,6 +1,6 @@
 // gelu.cpp — CPU twin of GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, arXiv:1606.08415, Sec. 2).
 // Defines scalelab::cpu::gelu_forward / gelu_backward (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/gelu.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/gelu.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <cmath>
 #include <cstdint>
 

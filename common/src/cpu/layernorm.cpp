@@ -1,6 +1,6 @@
 // layernorm.cpp — CPU twin of LayerNorm over the last dimension (Ba, Kiros & Hinton 2016, arXiv:1607.06450).
 // Defines scalelab::cpu::layernorm_forward / layernorm_backward (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/layernorm.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/layernorm.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // reduce.cpp — CPU twins of the small whole-tensor ops: sum of squares (for the global gradient norm),
 // in-place scaling, and fp32 <-> bf16 casts. Defines scalelab::cpu::sum_squares / scale /
 // cast_f32_to_bf16 / cast_bf16_to_f32 (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/reduce.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/reduce.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <algorithm>
 #include <cstdint>
 #include <vector>

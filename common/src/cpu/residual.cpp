@@ -1,6 +1,6 @@
 // residual.cpp — CPU twin of the residual connection out = a + b.
 // Defines scalelab::cpu::residual_forward / residual_backward (contract: scalelab/ops.h).
-// CUDA twin: common/src/cuda/residual.cu (not yet written)   tests: tests/common/test_ops_cpu.cpp
+// CUDA twin: common/src/cuda/residual.cu   tests: tests/common/test_ops_cpu.cpp, tests/cuda/test_ops_cuda.cpp (CPU vs CUDA)
 #include <cstdint>
 
 #include "scalelab/ops.h"  // defines: the cpu:: declarations implemented here

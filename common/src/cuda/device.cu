@@ -1,6 +1,6 @@
 // device.cu — CUDA device memory for the counting allocator and tensor copies.
-// The CUDA ops (twins of common/src/cpu/) arrive with the CUDA backend issue; this file keeps the
-// backend compiling in every CI run. Tests: tests/common/test_tensor.cpp (GPU cases skip without a GPU)
+// The CUDA ops themselves live beside it, one file per op family (encoder.cu, matmul.cu, ...),
+// declared in common/include/scalelab/cuda_ops.h. Tests: tests/common/test_tensor.cpp, tests/cuda/
 #include <cstdlib>
 
 #include "scalelab/cuda_check.h"
