@@ -2,9 +2,11 @@
 #include "scalelab/device.h"
 
 #ifdef SL_WITH_CUDA
+#include "scalelab/cuda_ops.h"  // defines: cuda::synchronize
 namespace scalelab::cuda {
-int device_count();  // common/src/cuda/device.cu
-}
+int device_count();        // common/src/cuda/device.cu
+std::string device_name();  // common/src/cuda/device.cu
+}  // namespace scalelab::cuda
 #endif
 
 namespace scalelab {
@@ -22,6 +24,22 @@ bool built_with_cuda() {
   return true;
 #else
   return false;
+#endif
+}
+
+std::string cuda_device_name() {
+#ifdef SL_WITH_CUDA
+  return cuda_device_count() > 0 ? cuda::device_name() : std::string();
+#else
+  return std::string();
+#endif
+}
+
+void device_synchronize(Device device) {
+#ifdef SL_WITH_CUDA
+  if (device == Device::CUDA) cuda::synchronize();
+#else
+  (void)device;
 #endif
 }
 

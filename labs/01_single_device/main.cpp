@@ -17,6 +17,7 @@
 
 #include "scalelab/calibration.h"       // defines: load_or_calibrate (peak FLOP/s of this CPU)
 #include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
+#include "scalelab/device.h"            // defines: cuda_device_count, device_synchronize
 #include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
 #include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig
 #include "scalelab/metrics.h"           // defines: RunLogger (JSONL logs)
@@ -57,6 +58,37 @@ struct Options {
   bool quiet = false;
 };
 
+// Copies a batch (host vectors from the loader) into the model's inputs x, y: (B, T) i32 on its device.
+static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
+  Tensor h_x = Tensor::empty(x.shape(), DType::I32, Device::CPU, MemCategory::Data);
+  Tensor h_y = Tensor::empty(y.shape(), DType::I32, Device::CPU, MemCategory::Data);
+  std::copy(b.inputs.begin(), b.inputs.end(), h_x.data<int32_t>());
+  std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
+  x.copy_from(h_x);
+  y.copy_from(h_y);
+}
+
+// The denominator of MFU (README "Tokens per second and MFU"): for a GPU the datasheet's dense figure
+// at the run's precision; for the CPU the sgemm calibration for the same thread count. A GPU missing
+// from the table gets no borrowed number: flops_per_s = 0 and MFU is not reported.
+struct Peak {
+  double flops_per_s = 0;  // per device, FLOP/s
+  std::string source;      // goes into every log record
+  std::string calibration_id;
+};
+static Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
+  if (device == Device::CPU) {
+    const Calibration c = load_or_calibrate(threads);
+    return {c.flops_per_s, c.source, c.id};
+  }
+  const std::string name = cuda_device_name();
+  const auto entry = datasheet_peak(name);
+  const bool bf16 = policy.param_dtype == DType::BF16;
+  const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
+  if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
+  return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
+}
+
 // Mean loss over the first n_batches of the validation split (the same batches every time: the loader
 // is rewound to `start`), without touching the gradients.
 static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderState& start, int n_batches,
@@ -64,9 +96,7 @@ static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderS
   val.restore(start);
   double sum = 0.0;
   for (int i = 0; i < n_batches; ++i) {
-    lab02::Batch b = val.next();
-    std::copy(b.inputs.begin(), b.inputs.end(), x.data<int32_t>());
-    std::copy(b.targets.begin(), b.targets.end(), y.data<int32_t>());
+    load_batch(val.next(), x, y);
     sum += model.forward(x, &y);
   }
   return static_cast<float>(sum / n_batches);
@@ -79,10 +109,14 @@ static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rn
   const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
   for (int i = 0; i < n; ++i) {
     const int T = static_cast<int>(std::min<size_t>(ctx.size(), maxT));
-    Tensor x = Tensor::empty({1, T}, DType::I32);
-    std::copy(ctx.end() - T, ctx.end(), x.data<int32_t>());
+    Tensor h_x = Tensor::empty({1, T}, DType::I32);
+    std::copy(ctx.end() - T, ctx.end(), h_x.data<int32_t>());
+    Tensor x = Tensor::empty({1, T}, DType::I32, model.device());
+    x.copy_from(h_x);
     model.forward(x, nullptr);
-    const float* logits = model.logits().data<float>() + static_cast<int64_t>(T - 1) * V;
+    Tensor h_logits = Tensor::empty({V});  // the last position's logits, on the host
+    h_logits.copy_from(model.logits().view(static_cast<int64_t>(T - 1) * V, {V}));
+    const float* logits = h_logits.data<float>();
     float maxv = logits[0];
     for (int v = 1; v < V; ++v) maxv = std::max(maxv, logits[v]);
     double sum = 0.0;
@@ -108,10 +142,16 @@ static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rn
 static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, model, optimizer, data, peak FLOP/s
-  SL_CHECK_HINT(o.device == "cpu", "this build trains on the CPU; the CUDA backend is the next lab kit issue",
-                "--device %s is not available yet", o.device.c_str());
+  SL_CHECK_HINT(o.device == "cpu" || o.device == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
+                o.device.c_str());
+  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA)
+    SL_CHECK_HINT(cuda_device_count() > 0,
+                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
+                  "--device cuda: no CUDA device is available to this program");
   const int threads = set_num_threads(o.threads);
-  if (o.mem_cap_mb > 0) Allocator::get(Device::CPU).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
+  if (o.mem_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
 
   GPTConfig cfg = GPTConfig::preset(o.model);
   SL_CHECK_HINT(o.seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
@@ -130,14 +170,14 @@ static int run(const Options& o) {
   cfg.vocab_size = train_data.vocab_size();  // the tokenizer decides V (256 for bytes)
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
-  GPT2 model(cfg, policy, Device::CPU, o.seed);
+  GPT2 model(cfg, policy, device, o.seed);
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
   Optimizer optimizer(model, oc);
   LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
 
-  const Calibration cal = load_or_calibrate(threads);
+  const Peak peak = device_peak(device, policy, threads);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   Rng rng(o.seed ^ 0x5eedull);
 
@@ -176,20 +216,21 @@ static int run(const Options& o) {
   run_rec.track = SL_TRACK_NAME;
   run_rec.threads = threads;
   run_rec.precision = policy.name();
-  run_rec.peak_flops_per_s = cal.flops_per_s;
-  run_rec.peak_source = cal.source;
-  run_rec.calibration_id = cal.id;
+  run_rec.device = device == Device::CUDA ? cuda_device_name() : "cpu";
+  run_rec.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
+  run_rec.peak_source = peak.source;
+  run_rec.calibration_id = peak.calibration_id;
   log.log_run(run_rec);
 
   std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %d threads | peak %.1f GFLOP/s (%s)\n",
               cfg.str().c_str(), static_cast<long long>(model.num_params()), o.batch, o.seq_len, policy.name().c_str(),
-              threads, cal.flops_per_s / 1e9, cal.source.c_str());
+              threads, peak.flops_per_s / 1e9, peak.source.c_str());
   std::printf("logs: %s\n", log.path().c_str());
 
   // ------------------------------------------------------------------------------------------------
   // Training
-  Tensor x = Tensor::empty({o.batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
-  Tensor y = Tensor::empty({o.batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
+  Tensor x = Tensor::empty({o.batch, o.seq_len}, DType::I32, device, MemCategory::Data);  // inputs (B, T)
+  Tensor y = Tensor::empty({o.batch, o.seq_len}, DType::I32, device, MemCategory::Data);  // targets (B, T)
   float val_loss = evaluate(model, val_data, val_start, val_batches, x, y);
   const float val_loss_start = val_loss;
   std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(start_step), val_loss);
@@ -201,17 +242,18 @@ static int run(const Options& o) {
   const auto t_run = Clock::now();
   for (int64_t step = start_step; step < o.steps; ++step) {
     const auto t0 = Clock::now();
-    lab02::Batch batch = train_data.next();  // blocks only if the prefetch thread is behind
-    std::copy(batch.inputs.begin(), batch.inputs.end(), x.data<int32_t>());
-    std::copy(batch.targets.begin(), batch.targets.end(), y.data<int32_t>());
+    const lab02::Batch batch = train_data.next();  // blocks only if the prefetch thread is behind
+    load_batch(batch, x, y);
     const float lr = schedule.at(static_cast<int>(step));
 
     const lab01::StepResult r = lab01::train_step(model, optimizer, x, y, lr, o.grad_clip);  // YOUR step
+    device_synchronize(device);  // GPU work is asynchronous: the step ends when the device is done
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const int64_t tokens = static_cast<int64_t>(o.batch) * o.seq_len;
     const double tok_s = lab01::tokens_per_second(tokens, seconds);
-    const double step_mfu = lab01::mfu(tok_s, flops_tok, cal.flops_per_s, /*num_devices=*/1);
+    const double step_mfu = peak.flops_per_s > 0 ? lab01::mfu(tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/1)
+                                                 : kNotMeasured;
     if (step > start_step) {  // the first step allocates activations and warms caches: not timed
       timed_seconds += seconds;
       timed_tokens += tokens;
@@ -257,18 +299,20 @@ static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Summary and a sample
   const double mean_tok_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
-  const double mean_mfu = lab01::mfu(mean_tok_s, flops_tok, cal.flops_per_s, /*num_devices=*/1);
-  const MemStats mem = Allocator::get(Device::CPU).stats();
+  const double mean_mfu = peak.flops_per_s > 0 && mean_tok_s > 0
+                              ? lab01::mfu(mean_tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/1)
+                              : kNotMeasured;
+  const MemStats mem = Allocator::get(device).stats();
   nlohmann::json summary = {{"steps", o.steps - start_step}, {"final_loss", loss},
                             {"val_loss_start", val_loss_start}, {"val_loss_end", val_loss},
                             {"tokens_per_s", mean_tok_s},    {"mfu", mean_mfu},  // token-weighted over timed steps
-                            {"peak_flops_per_s", cal.flops_per_s}, {"peak_source", cal.source},
+                            {"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source},
                             {"memory_peak_bytes", mem.total_peak_bytes}};
   const std::string sample = o.sample_tokens > 0 ? sample_text(model, "\n", o.sample_tokens, rng) : "";
   summary["sample"] = sample;
   log.log_summary(summary);
   std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %.1f GFLOP/s (%s) | peak memory %.1f MiB\n",
-              val_loss_start, val_loss, mean_tok_s, 100.0 * mean_mfu, cal.flops_per_s / 1e9, cal.source.c_str(),
+              val_loss_start, val_loss, mean_tok_s, 100.0 * mean_mfu, peak.flops_per_s / 1e9, peak.source.c_str(),
               mem.total_peak_bytes / 1048576.0);
   if (!sample.empty()) std::printf("\n== sample ==\n%s\n", sample.c_str());
   return 0;
@@ -277,7 +321,7 @@ static int run(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 01: train GPT-2 on one device; reports loss, tokens/s and MFU"};
   Options o;
-  app.add_option("--device", o.device, "cpu (cuda: with the CUDA backend)")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
   app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);

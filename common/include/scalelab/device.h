@@ -2,6 +2,10 @@
 // visibly without a GPU (STYLE.md 30: SL_REQUIRE_GPU()). Works in builds with and without CUDA.
 #pragma once
 
+#include <string>
+
+#include "scalelab/allocator.h"  // defines: Device
+
 namespace scalelab {
 
 // Number of CUDA devices this process can use: 0 in a build without CUDA, without a driver, or
@@ -9,6 +13,11 @@ namespace scalelab {
 int cuda_device_count();
 // True when this build contains the CUDA backend (compiled where nvcc was found).
 bool built_with_cuda();
+// The current CUDA device's name, e.g. "NVIDIA H200"; "" without one.
+std::string cuda_device_name();
+// Waits until all work queued on `device` has finished (no-op on the CPU). GPU work is asynchronous:
+// call it before reading a clock that times GPU work.
+void device_synchronize(Device device);
 
 }  // namespace scalelab
 

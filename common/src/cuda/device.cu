@@ -2,6 +2,7 @@
 // The CUDA ops themselves live beside it, one file per op family (encoder.cu, matmul.cu, ...),
 // declared in common/include/scalelab/cuda_ops.h. Tests: tests/common/test_tensor.cpp, tests/cuda/
 #include <cstdlib>
+#include <string>
 
 #include "scalelab/cuda_check.h"
 
@@ -40,6 +41,15 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+// Name of the current device, e.g. "NVIDIA H200" (cudaDeviceProp::name).
+std::string device_name() {
+  int dev = 0;
+  SL_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  SL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return prop.name;
 }
 
 }  // namespace scalelab::cuda
