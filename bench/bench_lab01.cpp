@@ -1,22 +1,30 @@
-// bench_lab01.cpp — lab 01 reference throughput: tokens/s and MFU of one training step on the CPU,
-// for the demo config and GPT-2 d12 width, against the GEMM calibration for the same thread count.
+// bench_lab01.cpp — lab 01 reference throughput: tokens/s and MFU of one training step, on the CPU or a
+// GPU, in fp32 or bf16-mixed, for the demo config and GPT-2 d12/d24 widths. MFU divides by device_peak()
+// (calibration.h): the sgemm calibration for the same thread count on the CPU, the datasheet's dense
+// figure at the run's precision on a known GPU (none borrowed for an unknown one: MFU "n/a").
 // Prints measured numbers only; nothing here is asserted (absolute speed never decides a unit test).
 // Also splits the step into forward / backward / optimizer so a missed target says where time goes.
+// bench/bench_pytorch.py runs this program beside the same model in PyTorch (reads its --jsonl records).
 //
-//   build/bin/bench_lab01 [--threads N] [--steps 5] [--configs demo:8x128,d12:4x256]
-#include <CLI/CLI.hpp>  // defines: CLI::App
+//   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16] [--threads N] [--steps 5]
+//                         [--configs demo:8x128,d12:4x256] [--jsonl FILE]
+#include <CLI/CLI.hpp>        // defines: CLI::App
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (the --jsonl records)
 
 #include <algorithm>  // defines: std::sort
 #include <chrono>     // defines: steady_clock
 #include <cstdio>     // defines: std::printf
+#include <fstream>    // defines: std::ofstream
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "scalelab/calibration.h"  // defines: load_or_calibrate
+#include "scalelab/calibration.h"  // defines: device_peak, Peak
+#include "scalelab/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
 #include "scalelab/error.h"
 #include "scalelab/gpt2.h"
 #include "scalelab/optim.h"
+#include "scalelab/precision.h"    // defines: PrecisionPolicy
 #include "scalelab/rng.h"
 #include "scalelab/threads.h"
 #include "train_step.h"  // defines: lab01::flops_per_token, tokens_per_second, mfu (reference track)
@@ -58,41 +66,76 @@ static std::vector<BenchCase> parse_cases(const std::string& spec) {
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"lab 01 reference throughput and MFU on the CPU"};
+  CLI::App app{"lab 01 reference throughput and MFU on the CPU or a GPU"};
   int threads = 0, steps = 5;
   std::string spec = "demo:8x128,demo:16x256,d12:4x256";
+  std::string device_name = "cpu", precision = "fp32", jsonl;
+  app.add_option("--device", device_name, "cpu or cuda (a build with the CUDA backend and a GPU)")
+      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--configs", spec, "cases model:BxT, comma-separated")->capture_default_str();
+  app.add_option("--jsonl", jsonl, "also append one JSON record per case to this file (bench_pytorch.py reads it)");
   CLI11_PARSE(app, argc, argv);
   try {
+    const Device device = device_name == "cuda" ? Device::CUDA : Device::CPU;
+    if (device == Device::CUDA)
+      SL_CHECK_HINT(cuda_device_count() > 0,
+                    built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                                      : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
+                    "--device cuda: no CUDA device is available to this program");
     threads = set_num_threads(threads);
-    const Calibration cal = load_or_calibrate(threads);
-    std::printf("peak: %.1f GFLOP/s (%s)\n\n", cal.flops_per_s / 1e9, cal.source.c_str());
+    const PrecisionPolicy policy = PrecisionPolicy::from_name(precision);
+    const Peak peak = device_peak(device, policy, threads);
+    const std::string where = device == Device::CUDA ? cuda_device_name() : std::to_string(threads) + " threads";
+    std::printf("device: %s (%s) | precision %s\n", device_name.c_str(), where.c_str(), policy.name().c_str());
+    // bench_pytorch.py reads this line: "peak: <GFLOP/s> GFLOP/s (<source>)"; 0.0 means unknown.
+    std::printf("peak: %.1f GFLOP/s (%s)\n\n", peak.flops_per_s / 1e9, peak.source.c_str());
     std::printf("%-6s %4s %5s %10s | %9s %9s %9s %9s | %10s %7s\n", "model", "B", "T", "params", "fwd ms",
                 "bwd ms", "optim ms", "step ms", "tokens/s", "MFU");
+    std::ofstream records;
+    if (!jsonl.empty()) {
+      records.open(jsonl, std::ios::app);
+      SL_CHECK_HINT(records.good(), "check the directory exists and is writable", "cannot open --jsonl %s",
+                    jsonl.c_str());
+    }
     for (const BenchCase& c : parse_cases(spec)) {
       GPTConfig cfg = GPTConfig::preset(c.model);
-      GPT2 model(cfg);
+      SL_CHECK_HINT(c.T <= cfg.max_seq_len, "use T <= the model's max_seq_len", "case %s:%dx%d: T > max_seq_len %d",
+                    c.model.c_str(), c.B, c.T, cfg.max_seq_len);
+      GPT2 model(cfg, policy, device, /*seed=*/1);
       Optimizer opt(model, OptimizerConfig{});
-      Tensor x = Tensor::empty({c.B, c.T}, DType::I32), y = Tensor::empty({c.B, c.T}, DType::I32);
+      // Random tokens, made on the host and copied to the model's device: (B, T) i32.
+      Tensor h_x = Tensor::empty({c.B, c.T}, DType::I32), h_y = Tensor::empty({c.B, c.T}, DType::I32);
       Rng rng(1);
-      for (int64_t i = 0; i < x.numel(); ++i) {
-        x.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
-        y.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
+      for (int64_t i = 0; i < h_x.numel(); ++i) {
+        h_x.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
+        h_y.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
       }
+      Tensor x = Tensor::empty({c.B, c.T}, DType::I32, device), y = Tensor::empty({c.B, c.T}, DType::I32, device);
+      x.copy_from(h_x);
+      y.copy_from(h_y);
+      // GPU work is asynchronous: each clock read below comes after device_synchronize, so a phase's time
+      // is the device's, not the launch queue's (the syncs cost microseconds against steps of milliseconds).
       std::vector<double> fwd, bwd, upd, total;
       for (int s = 0; s <= steps; ++s) {  // s == 0 is the warm-up step (allocations, caches): not kept
+        device_synchronize(device);
         const auto t0 = Clock::now();
         model.zero_grad();
         model.forward(x, &y);
+        device_synchronize(device);
         const double f = ms_since(t0);
         const auto t1 = Clock::now();
         model.backward();
+        device_synchronize(device);
         const double b = ms_since(t1);
         const auto t2 = Clock::now();
         clip_grad_norm(model, 1.0f);
         opt.step(1e-4f);
+        device_synchronize(device);
         const double u = ms_since(t2);
         if (s == 0) continue;
         fwd.push_back(f);
@@ -101,14 +144,28 @@ int main(int argc, char** argv) {
         total.push_back(ms_since(t0));
       }
       const double step_ms = median(total);
+      const double flops_tok = lab01::flops_per_token(cfg, c.T);
       const double tok_s = lab01::tokens_per_second(static_cast<int64_t>(c.B) * c.T, step_ms / 1e3);
-      const double m = lab01::mfu(tok_s, lab01::flops_per_token(cfg, c.T), cal.flops_per_s, 1);
-      std::printf("%-6s %4d %5d %9.2fM | %9.1f %9.1f %9.1f %9.1f | %10.0f %6.1f%%\n", c.model.c_str(), c.B, c.T,
-                  model.num_params() / 1e6, median(fwd), median(bwd), median(upd), step_ms, tok_s, 100.0 * m);
+      const double m = peak.flops_per_s > 0 ? lab01::mfu(tok_s, flops_tok, peak.flops_per_s, 1) : 0.0;
+      char mfu_text[16] = "n/a";
+      if (peak.flops_per_s > 0) std::snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100.0 * m);
+      std::printf("%-6s %4d %5d %9.2fM | %9.1f %9.1f %9.1f %9.1f | %10.0f %7s\n", c.model.c_str(), c.B, c.T,
+                  model.num_params() / 1e6, median(fwd), median(bwd), median(upd), step_ms, tok_s, mfu_text);
       std::fflush(stdout);
+      if (records.is_open()) {
+        nlohmann::json r = {{"impl", "ours"},          {"device", device_name},        {"precision", precision},
+                            {"model", c.model},        {"B", c.B},                     {"T", c.T},
+                            {"steps", steps},          {"step_ms", step_ms},           {"fwd_ms", median(fwd)},
+                            {"bwd_ms", median(bwd)},   {"optim_ms", median(upd)},      {"tokens_per_s", tok_s},
+                            {"flops_per_token", flops_tok}, {"peak_flops_per_s", peak.flops_per_s},
+                            {"peak_source", peak.source}, {"threads", threads}};
+        if (peak.flops_per_s > 0) r["mfu"] = m;  // a fraction in [0, 1]; absent when the peak is unknown
+        records << r.dump() << "\n";
+        records.flush();
+      }
     }
-    std::printf("\n(medians of %d steps; MFU = tokens/s x flops_per_token / calibrated sgemm peak, "
-                "PaLM App. B convention; see labs/01_single_device/README.md)\n", steps);
+    std::printf("\n(medians of %d steps; MFU = tokens/s x flops_per_token / peak, PaLM App. B convention; "
+                "see labs/01_single_device/README.md)\n", steps);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -1,26 +1,41 @@
 #!/usr/bin/env python3
 """bench_pytorch.py — the same GPT-2 training step in PyTorch, for a side-by-side with lab 01.
 
-Runs bench_lab01 (our reference track) and a PyTorch eager model of the same shapes, precision and
-thread count, and prints tokens/s, MFU and the ratio ours / PyTorch. On a GPU, torch.compile is a
-second PyTorch column. Nothing is asserted: these are measurements.
+Runs bench_lab01 (our reference track) and a PyTorch model of the same shapes, precision and thread
+count, and prints tokens/s, MFU and the ratio ours / PyTorch. On a GPU, torch.compile is a second
+PyTorch column (on by default there; --no-compile turns it off). Nothing is asserted: these are
+measurements.
 
 PyTorch is optional (CI does not need it). Get it in a venv:
     python3 -m venv .venv && .venv/bin/pip install torch numpy
     .venv/bin/python bench/bench_pytorch.py --build-dir build --threads 2
+On a GPU (a build with the CUDA backend; scripts/gpu_check.sh runs this):
+    python3 bench/bench_pytorch.py --build-dir build-gpu --device cuda --dtype bf16,fp32 \\
+        --configs d24:8x1024,d12:16x1024
 
 The PyTorch model mirrors common/src/gpt2.cpp: tied LM head, GELU (tanh), LayerNorm eps 1e-5, causal
-attention computed with explicit matmuls + softmax (F.scaled_dot_product_attention is used with
+attention computed with explicit matmuls + softmax, as ours does (F.scaled_dot_product_attention with
 --sdpa), AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), gradient clipping at 1.0.
-MFU uses the kit's convention (labs/01_single_device/README.md "Counting FLOPs") and the calibrated
-CPU sgemm peak that bench_lab01 prints, so both columns divide by the same number.
+Precision: fp32 is true fp32 on both sides (torch.set_float32_matmul_precision("highest"): no TF32, as
+our CUBLAS_COMPUTE_32F); bf16 is torch.autocast(bfloat16) over fp32 weights, the counterpart of our
+bf16-mixed policy (bf16 compute, fp32 master weights and optimizer state).
+MFU uses the kit's convention (labs/01_single_device/README.md "Counting FLOPs") and the peak that
+bench_lab01 reports for the same device and precision (CPU: our sgemm calibration; GPU: the datasheet's
+dense figure), so every column divides by the same number.
+
+Order of work, so a run cut short by a time limit keeps the most useful numbers: ours for every
+precision, then PyTorch eager for every precision and case, then torch.compile. With --jsonl FILE every
+measurement is appended to FILE as one JSON object the moment it exists (scripts/gpu_check.sh reads it).
+A failing torch.compile (or an out-of-memory case) is recorded with its error and the run goes on.
 """
 import argparse
+import gc
+import json
 import math
 import os
-import re
 import subprocess
 import sys
+import tempfile
 import time
 
 PRESETS = {  # name: (maxT, V, L, NH, C) as GPTConfig::preset in common/src/gpt2.cpp
@@ -37,22 +52,51 @@ def flops_per_token(maxT, V, L, NH, C, T):
     return 6 * n + 12 * L * T * C
 
 
-def run_ours(build_dir, threads, steps, cases):
-    """Runs bench_lab01 and parses its table: {(model, B, T): tokens_per_s}, peak FLOP/s."""
+def emit(jsonl, record):
+    """Prints a one-line progress note and appends the record to --jsonl (if given) at once."""
+    if jsonl:
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    what = f"{record['impl']:13} {record['model']} {record['precision']} {record['B']}x{record['T']}"
+    if "error" in record:
+        print(f"[bench] {what}: FAILED: {record['error']}", flush=True)
+    else:
+        extra = f" (compile {record['compile_s']:.0f} s)" if "compile_s" in record else ""
+        print(f"[bench] {what}: {record['tokens_per_s']:.0f} tok/s{extra}", flush=True)
+
+
+def run_ours(build_dir, device, precision, threads, steps, cases, jsonl):
+    """Runs bench_lab01 for one precision; returns its records {(model, B, T): record}."""
     exe = os.path.join(build_dir, "bin", "bench_lab01")
+    if not os.path.exists(exe):
+        sys.exit(f"{exe} not found: build it (cmake --build {build_dir} --target bench_lab01) or pass --build-dir")
     spec = ",".join(f"{m}:{b}x{t}" for m, b, t in cases)
-    out = subprocess.run([exe, "--threads", str(threads), "--steps", str(steps), "--configs", spec],
-                         check=True, capture_output=True, text=True).stdout
-    peak = float(re.search(r"peak: ([0-9.]+) GFLOP/s", out).group(1)) * 1e9
+    with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as tmp:
+        path = tmp.name
+    try:
+        cmd = [exe, "--device", device, "--precision", precision, "--threads", str(threads), "--steps", str(steps),
+               "--configs", spec, "--jsonl", path]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    finally:
+        os.unlink(path)
     result = {}
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) > 10 and f[0] in PRESETS and f[4] == "|":
-            result[(f[0], int(f[1]), int(f[2]))] = float(f[10])
-    return result, peak, out
+    for r in records:
+        emit(jsonl, r)
+        result[(r["model"], r["B"], r["T"])] = r
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["exit code %d" % proc.returncode])[0]
+        for m, b, t in cases:
+            if (m, b, t) not in result:
+                emit(jsonl, {"impl": "ours", "device": device, "precision": precision, "model": m, "B": b, "T": t,
+                             "error": f"bench_lab01 failed: {err}"})
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+    return result
 
 
-def run_torch(model_name, B, T, steps, device, dtype, compile_model, sdpa):
+def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa):
+    """One PyTorch training step, timed: returns (tokens_per_s, seconds of the first (compiling) step)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -103,59 +147,153 @@ def run_torch(model_name, B, T, steps, device, dtype, compile_model, sdpa):
     step_fn = torch.compile(model) if compile_model else model
     x = torch.randint(0, V, (B, T), device=device)
     y = torch.randint(0, V, (B, T), device=device)
-    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if dtype == "bf16" else None
-    times = []
-    for s in range(steps + 1):  # step 0 is warm-up
+
+    def sync():
         if device == "cuda":
             torch.cuda.synchronize()
+
+    warmup = 2 if compile_model else 1  # compiling: the 1st step compiles, the 2nd may still specialise
+    times = []
+    for s in range(steps + warmup):
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        if autocast:
-            with autocast:
+        if precision == "bf16":
+            with torch.autocast(device_type=device, dtype=torch.bfloat16):
                 loss = step_fn(x, y)
         else:
             loss = step_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if s > 0:
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    return B * T / times[len(times) // 2]
+        sync()
+        times.append(time.perf_counter() - t0)
+    first_s = times[0]
+    timed = sorted(times[warmup:])
+    return B * T / timed[len(timed) // 2], first_s
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default="build")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="fp32", help="fp32, bf16, or a comma list (bf16,fp32): ours and PyTorch")
+    ap.add_argument("--compile", dest="compile", action="store_true", default=None,
+                    help="add a torch.compile column (default: on with --device cuda, off on the CPU)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--configs", default="demo:8x128,demo:16x256,d12:4x256", help="model:BxT,...")
     ap.add_argument("--sdpa", action="store_true", help="PyTorch attention via scaled_dot_product_attention")
+    ap.add_argument("--jsonl", help="append every measurement to this file as one JSON object per line")
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        sys.exit("PyTorch is not installed. python3 -m venv .venv && .venv/bin/pip install torch numpy, "
-                 "then run this script with .venv/bin/python")
-    torch.set_num_threads(args.threads)
+    precisions = [p.strip() for p in args.dtype.split(",") if p.strip()]
+    for p in precisions:
+        if p not in ("fp32", "bf16"):
+            ap.error(f"--dtype {p}: use fp32 or bf16")
+    use_compile = args.device == "cuda" if args.compile is None else args.compile
     cases = []
     for item in args.configs.split(","):
         m, bt = item.split(":")
         b, t = bt.split("x")
+        if m not in PRESETS:
+            ap.error(f"--configs: unknown model '{m}' (known: {', '.join(PRESETS)})")
         cases.append((m, int(b), int(t)))
 
-    ours, peak, _ = run_ours(args.build_dir, args.threads, args.steps, cases)
-    print(f"CPU, {args.threads} threads, fp32; PyTorch {torch.__version__} eager"
-          f"{' (SDPA attention)' if args.sdpa else ''}; peak {peak / 1e9:.1f} GFLOP/s (our calibration)")
-    print(f"{'model':6} {'B':>4} {'T':>5} | {'ours tok/s':>10} {'MFU':>6} | {'torch tok/s':>11} {'MFU':>6} | {'ours/torch':>10}")
-    for m, b, t in cases:
-        fpt = flops_per_token(*PRESETS[m], t)
-        tt = run_torch(m, b, t, args.steps, "cpu", "fp32", False, args.sdpa)
-        o = ours[(m, b, t)]
-        print(f"{m:6} {b:4d} {t:5d} | {o:10.0f} {100 * o * fpt / peak:5.1f}% | {tt:11.0f} {100 * tt * fpt / peak:5.1f}% |"
-              f" {o / tt:9.2f}x", flush=True)
+    # 1. ours, every precision (the numbers this kit is about come first)
+    ours = {}
+    for p in precisions:
+        for key, r in run_ours(args.build_dir, args.device, p, args.threads, args.steps, cases, args.jsonl).items():
+            ours[key + (p,)] = r
+
+    try:
+        import torch
+    except ImportError:
+        print_table(args, precisions, cases, ours, {}, {}, None, use_compile)
+        sys.exit("PyTorch is not installed: only our column was measured. python3 -m venv .venv && "
+                 ".venv/bin/pip install torch numpy, then run this script with .venv/bin/python")
+    torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision("highest")  # fp32 means fp32: no TF32 (ours uses CUBLAS_COMPUTE_32F)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print_table(args, precisions, cases, ours, {}, {}, torch, use_compile)
+        sys.exit("--device cuda: this PyTorch sees no GPU (torch.cuda.is_available() is False)")
+
+    def measure(impl, m, b, t, p, compile_model):
+        base = {"impl": impl, "device": args.device, "precision": p, "model": m, "B": b, "T": t,
+                "torch": torch.__version__, "sdpa": args.sdpa}
+        try:
+            tok_s, first_s = run_torch(m, b, t, args.steps, args.device, p, compile_model, args.sdpa)
+            rec = dict(base, tokens_per_s=tok_s, flops_per_token=flops_per_token(*PRESETS[m], t))
+            if compile_model:
+                rec["compile_s"] = first_s
+            peak = ours.get((m, b, t, p), {}).get("peak_flops_per_s", 0)
+            if peak > 0:
+                rec["mfu"] = tok_s * rec["flops_per_token"] / peak
+        except Exception as e:  # torch.compile failing, out of memory, ...: record it and go on
+            rec = dict(base, error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300])
+        finally:
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            if compile_model:
+                torch._dynamo.reset()  # drop compiled graphs (and any half-made state after a failure)
+        emit(args.jsonl, rec)
+        return rec
+
+    # 2. PyTorch eager, every precision and case; 3. torch.compile, the same order
+    eager, compiled = {}, {}
+    for p in precisions:
+        for m, b, t in cases:
+            eager[(m, b, t, p)] = measure("torch_eager", m, b, t, p, False)
+    if use_compile:
+        for p in precisions:
+            for m, b, t in cases:
+                compiled[(m, b, t, p)] = measure("torch_compile", m, b, t, p, True)
+    print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile)
+
+
+def print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile):
+    def cell(rec):
+        if not rec:
+            return f"{'-':>11} {'-':>6}"
+        if "error" in rec:
+            return f"{'failed':>11} {'':>6}"
+        mfu = f"{100 * rec['mfu']:5.1f}%" if "mfu" in rec else f"{'n/a':>6}"
+        return f"{rec['tokens_per_s']:11.0f} {mfu}"
+
+    def ratio(a, b):
+        if not a or not b or "error" in a or "error" in b:
+            return f"{'-':>10}"
+        return f"{a['tokens_per_s'] / b['tokens_per_s']:9.2f}x"
+
+    print()
+    any_ours = next(iter(ours.values()), {})
+    where = f"{args.threads} threads" if args.device == "cpu" else "GPU"
+    tv = f"PyTorch {torch.__version__}" if torch else "PyTorch not installed"
+    print(f"{args.device.upper()} ({where}); {tv} eager{' + torch.compile' if use_compile else ''}"
+          f"{' (SDPA attention)' if args.sdpa else ''}; MFU against the peak bench_lab01 reports")
+    for p in precisions:
+        r = next((v for k, v in ours.items() if k[3] == p and "peak_source" in v), any_ours)
+        if r.get("peak_source"):
+            print(f"  peak {p}: {r.get('peak_flops_per_s', 0) / 1e9:.1f} GFLOP/s ({r['peak_source']})")
+    head = f"{'model':6} {'prec':4} {'B':>4} {'T':>5} | {'ours tok/s':>11} {'MFU':>6} | {'eager tok/s':>11} {'MFU':>6} |"
+    if use_compile:
+        head += f" {'compile tok/s':>13} {'MFU':>6} |"
+    head += f" {'ours/eager':>10}"
+    if use_compile:
+        head += f" {'ours/compile':>12}"
+    print(head)
+    for p in precisions:
+        for m, b, t in cases:
+            k = (m, b, t, p)
+            o, e, c = ours.get(k), eager.get(k), compiled.get(k)
+            line = f"{m:6} {p:4} {b:4d} {t:5d} | {cell(o)} | {cell(e)} |"
+            if use_compile:
+                line += f"  {cell(c)} |"
+            line += f" {ratio(o, e)}"
+            if use_compile:
+                line += f"   {ratio(o, c)}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -5,21 +5,41 @@
 
 # ---------------------------------------------------------------------------------------------
 # OpenBLAS: the OpenMP build, so BLAS inside OpenMP regions does not oversubscribe (docs/design.md).
+# -DSL_OPENBLAS_DIR=<prefix with include/cblas.h and lib/libopenblas.so> (e.g. deps/, filled by
+# scripts/pack_gpu_deps.sh for GPU machines without system packages) is searched ALONE: a given prefix
+# must never lose to a system OpenBLAS found first.
 function(sl_find_openblas)
-  set(_hints /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp)
-  set(_inc_hints /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
-                 /usr/include/openblas)
-  find_library(SL_OPENBLAS_LIB NAMES openblas HINTS ${_hints} ${SL_OPENBLAS_DIR} PATH_SUFFIXES lib lib64)
-  find_path(SL_CBLAS_INCLUDE cblas.h HINTS ${_inc_hints} ${SL_OPENBLAS_DIR} PATH_SUFFIXES include)
+  if(SL_OPENBLAS_DIR)
+    find_library(SL_OPENBLAS_LIB NAMES openblas PATHS ${SL_OPENBLAS_DIR} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+    find_path(SL_CBLAS_INCLUDE cblas.h PATHS ${SL_OPENBLAS_DIR} PATH_SUFFIXES include NO_DEFAULT_PATH)
+  else()
+    set(_hints /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp)
+    set(_inc_hints /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+                   /usr/include/openblas)
+    find_library(SL_OPENBLAS_LIB NAMES openblas HINTS ${_hints} PATH_SUFFIXES lib lib64)
+    find_path(SL_CBLAS_INCLUDE cblas.h HINTS ${_inc_hints} PATH_SUFFIXES include)
+  endif()
   if(NOT SL_OPENBLAS_LIB OR NOT SL_CBLAS_INCLUDE)
-    message(FATAL_ERROR "OpenBLAS not found.\n  hint: apt-get install libopenblas-openmp-dev "
-                        "(or pass -DSL_OPENBLAS_DIR=<prefix with include/cblas.h and lib/libopenblas.so>)")
+    message(FATAL_ERROR "OpenBLAS not found (SL_OPENBLAS_DIR='${SL_OPENBLAS_DIR}').\n  hint: apt-get install libopenblas-openmp-dev "
+                        "(or pass -DSL_OPENBLAS_DIR=<prefix with include/cblas.h and lib/libopenblas.so>; "
+                        "GPU machines: scripts/pack_gpu_deps.sh fills deps/)")
   endif()
   add_library(sl_blas INTERFACE)
   target_link_libraries(sl_blas INTERFACE ${SL_OPENBLAS_LIB})
   target_include_directories(sl_blas SYSTEM INTERFACE ${SL_CBLAS_INCLUDE})
   add_library(sl::blas ALIAS sl_blas)
+  # The OpenMP build: Debian's path says so; a copied library (deps/lib) says so by needing libgomp
+  # (its NEEDED names sit in .dynstr near the start of the file, so this read stops early).
+  set(_openmp OFF)
   if(SL_OPENBLAS_LIB MATCHES "openmp")
+    set(_openmp ON)
+  else()
+    file(STRINGS ${SL_OPENBLAS_LIB} _gomp LIMIT_COUNT 1 REGEX "libgomp\\.so")
+    if(_gomp)
+      set(_openmp ON)
+    endif()
+  endif()
+  if(_openmp)
     set(SL_BLAS_BUILD "OpenBLAS (OpenMP)" PARENT_SCOPE)
   else()
     set(SL_BLAS_BUILD "OpenBLAS (${SL_OPENBLAS_LIB})" PARENT_SCOPE)

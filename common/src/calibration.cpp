@@ -21,6 +21,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "scalelab/device.h"   // defines: cuda_device_name
 #include "scalelab/error.h"    // defines: SL_CHECK, SL_FAIL
 #include "scalelab/metrics.h"  // defines: system_info (CPU model)
 #include "scalelab/threads.h"  // defines: set_num_threads, num_threads
@@ -322,6 +323,21 @@ const std::vector<PeakEntry>& datasheet_peaks() {
     return v;
   }();
   return entries;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
+  if (device == Device::CPU) {
+    const Calibration c = load_or_calibrate(threads);
+    return {c.flops_per_s, c.source, c.id};
+  }
+  const std::string name = cuda_device_name();
+  const auto entry = datasheet_peak(name);
+  const bool bf16 = policy.param_dtype == DType::BF16;
+  const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
+  if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
+  return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
 }
 
 }  // namespace scalelab

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/calibration.h"       // defines: load_or_calibrate (peak FLOP/s of this CPU)
+#include "scalelab/calibration.h"       // defines: device_peak (the MFU denominator: calibration or datasheet)
 #include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/device.h"            // defines: cuda_device_count, device_synchronize
 #include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
@@ -66,27 +66,6 @@ static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
   std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
   x.copy_from(h_x);
   y.copy_from(h_y);
-}
-
-// The denominator of MFU (README "Tokens per second and MFU"): for a GPU the datasheet's dense figure
-// at the run's precision; for the CPU the sgemm calibration for the same thread count. A GPU missing
-// from the table gets no borrowed number: flops_per_s = 0 and MFU is not reported.
-struct Peak {
-  double flops_per_s = 0;  // per device, FLOP/s
-  std::string source;      // goes into every log record
-  std::string calibration_id;
-};
-static Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
-  if (device == Device::CPU) {
-    const Calibration c = load_or_calibrate(threads);
-    return {c.flops_per_s, c.source, c.id};
-  }
-  const std::string name = cuda_device_name();
-  const auto entry = datasheet_peak(name);
-  const bool bf16 = policy.param_dtype == DType::BF16;
-  const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
-  if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
-  return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
 }
 
 // Mean loss over the first n_batches of the validation split (the same batches every time: the loader

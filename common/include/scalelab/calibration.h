@@ -2,6 +2,7 @@
 //   GPUs we know: the vendor's dense datasheet figure (datasheet_peak).
 //   CPUs and unknown devices: a measurement, sgemm at GPT-2 d12 training shapes, for the same thread
 //   count the run uses (calibrate_gemm / load_or_calibrate). Never another device's number.
+//   device_peak: the one call a driver or benchmark makes, picking between the two.
 // Program: tools/calibrate.cpp (bin/sl_calibrate). Tests: tests/common/test_calibration.cpp
 #pragma once
 
@@ -10,6 +11,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the cache file)
+
+#include "scalelab/allocator.h"  // defines: Device
+#include "scalelab/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab {
 
@@ -74,5 +78,19 @@ struct PeakEntry {
 // match the SXM entries: nullopt, and the caller must calibrate instead of borrowing a number.
 std::optional<PeakEntry> datasheet_peak(const std::string& device_name);
 const std::vector<PeakEntry>& datasheet_peaks();  // the whole table, for printing
+
+// ---------------------------------------------------------------------------------------------
+// The denominator of MFU for one run, as every driver and benchmark computes it:
+//   CPU   the sgemm calibration for the same thread count (load_or_calibrate(threads));
+//   CUDA  the current device's datasheet figure at the run's precision: dense bf16 when the policy
+//         computes in bf16, plain fp32 otherwise. A GPU missing from the table gets no borrowed number:
+//         flops_per_s = 0, the source says why, and the caller reports MFU as not measured.
+// Used by labs/01_single_device/main.cpp and bench/bench_lab01.cpp.
+struct Peak {
+  double flops_per_s = 0;      // per device, FLOP/s; 0 = unknown (MFU not reported)
+  std::string source;          // goes into every log record, e.g. "datasheet: NVIDIA H200 SXM dense bf16; ..."
+  std::string calibration_id;  // the CPU calibration's id; "" for datasheet peaks
+};
+Peak device_peak(Device device, const PrecisionPolicy& policy, int threads);
 
 }  // namespace scalelab
