@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT_DIR="$(realpath -m "$2")"; shift 2 ;;
     --build-dir) BUILD_DIR="$(realpath -m "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/pack_gpu_deps.sh --help" ;;
   esac
 done
@@ -151,7 +151,7 @@ if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then  # what the device t
 fi
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "pack_gpu_deps: wrote $OUT_DIR: $(mib "$deps_bytes") ($(find "$OUT_DIR" -type f | wc -l) files;" \
-     "libopenblas.so.0 alone $(mib "$(stat -c %s "$OUT_DIR/lib/libopenblas.so.0")"), needs glibc >= ${glibc_min:-?}"
+     "libopenblas.so.0 alone $(mib "$(stat -c %s "$OUT_DIR/lib/libopenblas.so.0")")); needs glibc >= ${glibc_min:-?}"
 echo "pack_gpu_deps: with the working tree ($(mib "$tree_bytes")) the transfer is $(mib $((deps_bytes + tree_bytes)))" \
      "of the device tool's $LIMIT_MIB MiB"
 if (( deps_bytes + tree_bytes > (LIMIT_MIB - 4) * 1048576 )); then
