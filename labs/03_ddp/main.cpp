@@ -21,6 +21,7 @@
 #include "ddp.h"                    // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
 #include "scalelab/calibration.h"   // defines: load_or_calibrate (peak FLOP/s of this CPU)
 #include "scalelab/comm.h"          // defines: Communicator, make_communicator, LinkModel
+#include "scalelab/device.h"        // defines: cuda_device_count, cuda_device_name, device_synchronize
 #include "scalelab/error.h"         // defines: scalelab::Error, NotImplemented
 #include "scalelab/gpt2.h"          // defines: GPT2, GPTConfig
 #include "scalelab/metrics.h"       // defines: RunLogger (JSONL logs)
@@ -82,6 +83,41 @@ static LinkModel make_link(const std::string& name, double slowdown) {
   return link;
 }
 
+// Copies a batch (host vectors from the loader) into the model's inputs x, y: (B, T) i32 on its device.
+static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
+  Tensor h_x = Tensor::empty(x.shape(), DType::I32, Device::CPU, MemCategory::Data);
+  Tensor h_y = Tensor::empty(y.shape(), DType::I32, Device::CPU, MemCategory::Data);
+  std::copy(b.inputs.begin(), b.inputs.end(), h_x.data<int32_t>());
+  std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
+  x.copy_from(h_x);
+  y.copy_from(h_y);
+}
+
+// The denominator of MFU, per device (lab 01 README "Tokens per second and MFU"): for a GPU the
+// datasheet's dense figure at the run's precision (none borrowed for a GPU missing from the table:
+// flops_per_s = 0 and MFU is not reported); for the CPU the sgemm calibration for the rank's threads,
+// measured by rank 0 first (several ranks calibrating at once would measure each other) and read from
+// the cache by the others. Run bin/sl_calibrate --threads N beforehand to skip the measurement.
+struct DevicePeak {
+  double flops_per_s = 0;  // per device, FLOP/s
+  std::string source;      // goes into every log record
+  std::string calibration_id;
+};
+static DevicePeak device_peak(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
+  if (device == Device::CPU) {
+    if (comm.rank() == 0) load_or_calibrate(threads);
+    comm.barrier();
+    const Calibration c = load_or_calibrate(threads);
+    return {c.flops_per_s, c.source, c.id};
+  }
+  const std::string name = cuda_device_name();
+  const auto entry = datasheet_peak(name);
+  const bool bf16 = policy.param_dtype == DType::BF16;
+  const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
+  if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
+  return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
+}
+
 // Rank 0's string on every rank (the run id: the random suffix differs per call). Strings travel as
 // one i32 per character, padded to a fixed length.
 static std::string broadcast_string(Communicator& comm, const std::string& s) {
@@ -110,9 +146,7 @@ static float evaluate(GPT2& model, Communicator& comm, lab02::ShardLoader& val, 
   val.restore(start);
   double sum = 0.0;
   for (int i = 0; i < n_batches; ++i) {
-    lab02::Batch b = val.next();
-    std::copy(b.inputs.begin(), b.inputs.end(), x.data<int32_t>());
-    std::copy(b.targets.begin(), b.targets.end(), y.data<int32_t>());
+    load_batch(val.next(), x, y);
     sum += model.forward(x, &y);
   }
   return mean_over_ranks(comm, static_cast<float>(sum / n_batches), "val loss");
@@ -124,10 +158,14 @@ static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rn
   const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
   for (int i = 0; i < n; ++i) {
     const int T = static_cast<int>(std::min<size_t>(ctx.size(), maxT));
-    Tensor x = Tensor::empty({1, T}, DType::I32);
-    std::copy(ctx.end() - T, ctx.end(), x.data<int32_t>());
+    Tensor h_x = Tensor::empty({1, T}, DType::I32);
+    std::copy(ctx.end() - T, ctx.end(), h_x.data<int32_t>());
+    Tensor x = Tensor::empty({1, T}, DType::I32, model.device());
+    x.copy_from(h_x);
     model.forward(x, nullptr);
-    const float* logits = model.logits().data<float>() + static_cast<int64_t>(T - 1) * V;
+    Tensor h_logits = Tensor::empty({V});  // the last position's logits, on the host
+    h_logits.copy_from(model.logits().view(static_cast<int64_t>(T - 1) * V, {V}));
+    const float* logits = h_logits.data<float>();
     float maxv = logits[0];
     for (int v = 1; v < V; ++v) maxv = std::max(maxv, logits[v]);
     double sum = 0.0;
@@ -178,8 +216,14 @@ static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, link, model (identical on every rank), optimizer, data (disjoint per rank), peak
-  SL_CHECK_HINT(o.device == "cpu", "this build trains on the CPU; the CUDA backend is the next lab kit issue",
-                "--device %s is not available yet", o.device.c_str());
+  SL_CHECK_HINT(o.device == "cpu" || o.device == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
+                o.device.c_str());
+  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA)
+    SL_CHECK_HINT(cuda_device_count() > 0,
+                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
+                  "--device cuda: no CUDA device is available to this program");
   const int threads = set_num_threads(o.threads);  // cores / ranks on this node, unless --threads
   comm.set_link_model(make_link(o.link, o.link_slowdown));
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
@@ -210,7 +254,7 @@ static int run(const Options& o, Communicator& comm) {
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
   // (rank 0's weights, the same as a 1-rank run with this --seed).
-  GPT2 model(cfg, policy, Device::CPU, o.seed + static_cast<uint64_t>(rank));
+  GPT2 model(cfg, policy, device, o.seed + static_cast<uint64_t>(rank));
   lab03::broadcast_parameters(model, comm);  // YOUR TODO lab03-1; before the optimizer copies the weights
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -219,16 +263,13 @@ static int run(const Options& o, Communicator& comm) {
   LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
 
-  // The peak: measured by rank 0 first (several ranks calibrating at once would measure each other),
-  // then read from the cache by the others. Run bin/sl_calibrate --threads N beforehand to skip this.
-  if (rank == 0) load_or_calibrate(threads);
-  comm.barrier();
-  const Calibration cal = load_or_calibrate(threads);
+  const DevicePeak peak = device_peak(device, policy, threads, comm);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   Rng rng(o.seed ^ 0x5eedull);
 
   const std::string run_id = broadcast_string(comm, rank == 0 ? (o.run_id.empty() ? make_run_id() : o.run_id) : "");
   RunLogger log("lab03", run_id, rank, o.log_dir);
+  log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
   const LinkModel& link = comm.link_model();
   nlohmann::json config = {{"model", o.model},           {"n_params", model.num_params()},
                            {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
@@ -246,9 +287,10 @@ static int run(const Options& o, Communicator& comm) {
   run_rec.track = SL_TRACK_NAME;
   run_rec.threads = threads;
   run_rec.precision = policy.name();
-  run_rec.peak_flops_per_s = cal.flops_per_s;
-  run_rec.peak_source = cal.source;
-  run_rec.calibration_id = cal.id;
+  run_rec.device = device == Device::CUDA ? cuda_device_name() : "cpu";
+  run_rec.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
+  run_rec.peak_source = peak.source;
+  run_rec.calibration_id = peak.calibration_id;
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
 
@@ -259,7 +301,7 @@ static int run(const Options& o, Communicator& comm) {
     std::printf(" | link %s%s\n", link.name.c_str(), link.enabled() ? " (simulated)" : "");
     std::printf("global batch %d = micro-batch %d x %d ranks x %d micro-steps | T=%d | %s | peak %.1f GFLOP/s per "
                 "rank (%s)\n", global_batch, o.micro_batch, world, micro_steps, o.seq_len, policy.name().c_str(),
-                cal.flops_per_s / 1e9, cal.source.c_str());
+                peak.flops_per_s / 1e9, peak.source.c_str());
     std::printf("logs: %s (one file per rank)\n", log.path().c_str());
   }
 
@@ -267,8 +309,8 @@ static int run(const Options& o, Communicator& comm) {
   // Training
   std::vector<lab03::MicroBatch> micro(micro_steps);
   for (lab03::MicroBatch& mb : micro) {
-    mb.inputs = Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
-    mb.targets = Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data);
+    mb.inputs = Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, device, MemCategory::Data);   // (B, T)
+    mb.targets = Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, device, MemCategory::Data);  // (B, T)
   }
   Tensor& x = micro[0].inputs;  // validation reuses the first micro-batch's tensors
   Tensor& y = micro[0].targets;
@@ -285,22 +327,23 @@ static int run(const Options& o, Communicator& comm) {
     const auto t0 = Clock::now();
     double data_wait_ms = 0.0;
     for (lab03::MicroBatch& mb : micro) {
-      lab02::Batch batch = train_data.next();  // this rank's share of the global batch
-      std::copy(batch.inputs.begin(), batch.inputs.end(), mb.inputs.data<int32_t>());
-      std::copy(batch.targets.begin(), batch.targets.end(), mb.targets.data<int32_t>());
+      const lab02::Batch batch = train_data.next();  // this rank's share of the global batch
+      load_batch(batch, mb.inputs, mb.targets);
       data_wait_ms += batch.wait_ms;
     }
     const float lr = schedule.at(step);
     comm.clear_events();
 
     const lab03::StepResult r = lab03::train_step(model, optimizer, sync, micro, lr, o.grad_clip);  // YOUR step
+    device_synchronize(device);  // GPU work is asynchronous: the step ends when the device is done
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const CommStats cs = gradient_comm_stats(comm.events());
     const double exposed_ms = sync.last_finish_ms();  // the part of the step spent waiting for gradients
     const int64_t tokens = static_cast<int64_t>(global_batch) * o.seq_len;  // all ranks together
     const double tok_s = lab01::tokens_per_second(tokens, seconds);
-    const double step_mfu = lab01::mfu(tok_s, flops_tok, cal.flops_per_s, /*num_devices=*/world);
+    const double step_mfu =
+        peak.flops_per_s > 0 ? lab01::mfu(tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/world) : kNotMeasured;
     loss = mean_over_ranks(comm, r.loss, "loss");  // outside the timed step: only for the log
     if (step > 0) {  // the first step allocates activations and warms caches: not timed
       timed_seconds += seconds;
@@ -321,7 +364,7 @@ static int run(const Options& o, Communicator& comm) {
     rec.tokens_per_s = tok_s;
     rec.mfu = step_mfu;
     rec.grad_norm = r.grad_norm;
-    rec.extra = {{"comm_busy_ms", cs.busy_ms}, {"allreduce_payload_bytes", cs.payload_bytes}, {"rank_loss", r.loss}};
+    rec.extra = {{"comm_busy_ms", cs.busy_ms}, {"allreduce_payload_bytes", cs.payload_bytes}};
     if (cs.simulated) {
       rec.extra["comm_modeled_ms"] = cs.modeled_ms;
       rec.extra["simulated"] = true;
@@ -347,13 +390,15 @@ static int run(const Options& o, Communicator& comm) {
   // Summary (every rank logs its own; rank 0 prints) and a sample from rank 0
   const int timed_steps = std::max(1, o.steps - 1);
   const double mean_tok_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
-  const double mean_mfu = mean_tok_s * flops_tok / (cal.flops_per_s * world);
+  const double mean_mfu = peak.flops_per_s > 0 && mean_tok_s > 0
+                              ? lab01::mfu(mean_tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/world)
+                              : kNotMeasured;
   const double exposed = timed_exposed_ms / timed_steps, busy = timed_busy_ms / timed_steps;
   const double modeled = timed_modeled_ms / timed_steps;
   nlohmann::json summary = {{"final_loss", loss},         {"val_loss_start", val_loss_start},
                             {"val_loss_end", val_loss},   {"tokens_per_s", mean_tok_s},
-                            {"mfu", mean_mfu},            {"peak_flops_per_s", cal.flops_per_s},
-                            {"peak_source", cal.source},  {"comm_ms", exposed},
+                            {"mfu", mean_mfu},            {"peak_flops_per_s", peak.flops_per_s},
+                            {"peak_source", peak.source}, {"comm_ms", exposed},
                             {"comm_busy_ms", busy}};
   if (link.enabled()) {
     summary["comm_modeled_ms"] = modeled;
@@ -365,8 +410,8 @@ static int run(const Options& o, Communicator& comm) {
   if (rank == 0) {
     std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %d x %.1f GFLOP/s (%s)\n"
                 "gradient all-reduce per step: the step waited %.1f ms for it (exposed); the transport was busy "
-                "%.1f ms", val_loss_start, val_loss, mean_tok_s, 100.0 * mean_mfu, world, cal.flops_per_s / 1e9,
-                cal.source.c_str(), exposed, busy);
+                "%.1f ms", val_loss_start, val_loss, mean_tok_s, 100.0 * mean_mfu, world, peak.flops_per_s / 1e9,
+                peak.source.c_str(), exposed, busy);
     if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", modeled);
     std::printf("\n");
     if (!sample.empty()) std::printf("\n== sample ==\n%s\n", sample.c_str());
@@ -377,7 +422,8 @@ static int run(const Options& o, Communicator& comm) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 03: data-parallel GPT-2 on N ranks (mpirun -np N); reports loss, tokens/s, MFU, communication"};
   Options o;
-  app.add_option("--device", o.device, "cpu (cuda: with the CUDA backend)")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
+                 "with --backend nccl, or ranks sharing one through --backend mpi)")->capture_default_str();
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
       ->check(CLI::PositiveNumber);

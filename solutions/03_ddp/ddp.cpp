@@ -17,6 +17,12 @@
 namespace scalelab::lab03 {
 inline namespace SL_TRACK_LAB03 {
 
+namespace {
+// Given, at the end of this file: throws scalelab::Error unless the buckets cover every gradient
+// element exactly once and each bucket's numel and ready_unit agree with its ranges.
+void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets);
+}  // namespace
+
 // =============================================================================================
 // Start identical
 // =============================================================================================
@@ -87,51 +93,7 @@ std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double buc
 BucketState make_bucket_state(const GPT2& model, double bucket_mb) {
   BucketState state;
   state.buckets = make_buckets(model.param_table(), bucket_mb);
-  // A layout must cover every gradient element exactly once: per unit, the ranges of all buckets,
-  // sorted by offset, must tile [0, unit size) with no gap and no overlap.
-  std::vector<int64_t> unit_numel(model.num_units(), 0);  // elements of each unit's gradient buffer
-  for (const ParamInfo& p : model.param_table()) unit_numel[p.unit] += p.numel;
-  struct Owned {
-    int64_t offset, count;
-    size_t bucket;
-  };
-  std::vector<std::vector<Owned>> tiles(model.num_units());
-  for (size_t k = 0; k < state.buckets.size(); ++k) {
-    const Bucket& b = state.buckets[k];
-    int64_t numel = 0;
-    int lowest_unit = model.num_units();
-    for (const GradRange& r : b.ranges) {
-      SL_CHECK_HINT(r.unit >= 0 && r.unit < model.num_units() && r.offset >= 0 && r.count > 0 &&
-                        r.offset + r.count <= unit_numel[r.unit],
-                    "README 'Buckets': a range is [offset, offset + count) of ONE unit's gradient buffer",
-                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k,
-                    r.unit, static_cast<long long>(r.offset), static_cast<long long>(r.count));
-      tiles[r.unit].push_back({r.offset, r.count, k});
-      numel += r.count;
-      lowest_unit = std::min(lowest_unit, r.unit);
-    }
-    SL_CHECK_HINT(b.numel == numel, "Bucket::numel is the sum of its ranges' counts",
-                  "bucket %zu: numel %lld, but its ranges hold %lld elements", k, static_cast<long long>(b.numel),
-                  static_cast<long long>(numel));
-    SL_CHECK_HINT(b.ready_unit == lowest_unit,
-                  "README 'Overlap': a bucket is ready after the backward of its LOWEST unit (that one runs last)",
-                  "bucket %zu: ready_unit %d, but its lowest unit is %d", k, b.ready_unit, lowest_unit);
-  }
-  for (int u = 0; u < model.num_units(); ++u) {
-    std::sort(tiles[u].begin(), tiles[u].end(), [](const Owned& a, const Owned& b) { return a.offset < b.offset; });
-    int64_t covered = 0;  // elements [0, covered) of unit u are in exactly one bucket so far
-    for (const Owned& t : tiles[u]) {
-      SL_CHECK_HINT(t.offset == covered, "README 'Buckets': every gradient element travels exactly once",
-                    "unit %d: elements [%lld, %lld) are in %s (bucket %zu starts at %lld)", u,
-                    static_cast<long long>(std::min(covered, t.offset)),
-                    static_cast<long long>(std::max(covered, t.offset)),
-                    t.offset > covered ? "no bucket" : "two buckets", t.bucket, static_cast<long long>(t.offset));
-      covered += t.count;
-    }
-    SL_CHECK_HINT(covered == unit_numel[u], "README 'Buckets': every gradient element travels exactly once",
-                  "unit %d: elements [%lld, %lld) are in no bucket", u, static_cast<long long>(covered),
-                  static_cast<long long>(unit_numel[u]));
-  }
+  check_bucket_layout(model, state.buckets);  // a wrong layout fails here, loudly, not in training
   for (const Bucket& b : state.buckets) {
     state.flat.push_back(Tensor::zeros({b.numel}, DType::F32, model.device(), MemCategory::Comm));
   }
@@ -306,6 +268,61 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const s
   // TODO(lab03-8) END
   return r;
 }
+
+// =============================================================================================
+// Given: the layout check of make_bucket_state
+// =============================================================================================
+namespace {
+
+void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets) {
+  // A layout must cover every gradient element exactly once: per unit, the ranges of all buckets,
+  // sorted by offset, must tile [0, unit size) with no gap and no overlap.
+  std::vector<int64_t> unit_numel(model.num_units(), 0);  // elements of each unit's gradient buffer
+  for (const ParamInfo& p : model.param_table()) unit_numel[p.unit] += p.numel;
+  struct Owned {
+    int64_t offset, count;
+    size_t bucket;
+  };
+  std::vector<std::vector<Owned>> tiles(model.num_units());
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
+    int64_t numel = 0;
+    int lowest_unit = model.num_units();
+    for (const GradRange& r : b.ranges) {
+      SL_CHECK_HINT(r.unit >= 0 && r.unit < model.num_units() && r.offset >= 0 && r.count > 0 &&
+                        r.offset + r.count <= unit_numel[r.unit],
+                    "README 'Buckets': a range is [offset, offset + count) of ONE unit's gradient buffer",
+                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k,
+                    r.unit, static_cast<long long>(r.offset), static_cast<long long>(r.count));
+      tiles[r.unit].push_back({r.offset, r.count, k});
+      numel += r.count;
+      lowest_unit = std::min(lowest_unit, r.unit);
+    }
+    SL_CHECK_HINT(b.numel == numel, "Bucket::numel is the sum of its ranges' counts",
+                  "bucket %zu: numel %lld, but its ranges hold %lld elements", k, static_cast<long long>(b.numel),
+                  static_cast<long long>(numel));
+    SL_CHECK_HINT(b.ready_unit == lowest_unit,
+                  "README 'Overlap': a bucket is ready after the backward of its LOWEST unit (that one runs last)",
+                  "bucket %zu: ready_unit %d, but its lowest unit is %d", k, b.ready_unit, lowest_unit);
+  }
+  for (int u = 0; u < model.num_units(); ++u) {
+    std::sort(tiles[u].begin(), tiles[u].end(), [](const Owned& a, const Owned& b) { return a.offset < b.offset; });
+    int64_t covered = 0;  // elements [0, covered) of unit u are in exactly one bucket so far
+    for (const Owned& t : tiles[u]) {
+      SL_CHECK_HINT(t.offset == covered, "README 'Buckets': every gradient element travels exactly once",
+                    "unit %d: elements [%lld, %lld) are in %s (bucket %zu starts at %lld)", u,
+                    static_cast<long long>(std::min(covered, t.offset)),
+                    static_cast<long long>(std::max(covered, t.offset)),
+                    t.offset > covered ? "no bucket" : "two buckets", t.bucket, static_cast<long long>(t.offset));
+      covered += t.count;
+    }
+    SL_CHECK_HINT(covered == unit_numel[u], "README 'Buckets': every gradient element travels exactly once",
+                  "unit %d: elements [%lld, %lld) are in no bucket", u, static_cast<long long>(covered),
+                  static_cast<long long>(unit_numel[u]));
+  }
+}
+
+}  // namespace
 
 }  // namespace SL_TRACK_LAB03
 }  // namespace scalelab::lab03
