@@ -1,0 +1,603 @@
+// main.cpp — lab 00: the probe you run first. It measures the numbers every later lab is relative to:
+//   1. the device (CPU model, cores, threads per rank; GPUs the driver lists)
+//   2. GEMM FLOP/s: the calibration that CPU MFU divides by, for 1 thread, for this run's threads per
+//      rank and for all cores; written to runs/calibration/cpu_<threads>t.json, where the labs read it
+//   3. memory copy bandwidth (memcpy of a large buffer, 1 thread and all cores)
+//   4. a sweep of all_reduce, all_gather, reduce_scatter and broadcast over the communicator the labs
+//      use: time, algbw and busbw per size, as nccl-tests defines them
+// The learner writes nothing here (docs/design.md, lab table). Lesson: labs/00_setup/README.md.
+// Test: tests/lab00/ (a tiny sweep at 1 and 2 ranks; check_probe.py recomputes algbw and busbw).
+//
+//   build/bin/lab00_setup                                          # 1 rank
+//   mpirun -np 2 build/bin/lab00_setup                             # 2 ranks over MPI
+//   mpirun -np 2 build/bin/lab00_setup --link ethernet100          # ... over a simulated 100 Gb/s link
+#include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (probe.json, log records)
+
+#include <omp.h>  // defines: the OpenMP parallel memcpy
+
+#include <algorithm>
+#include <chrono>   // defines: std::chrono::steady_clock (all timing)
+#include <cctype>   // defines: std::isdigit, std::toupper
+#include <cmath>    // defines: std::floor
+#include <cstdio>   // defines: std::printf, popen
+#include <cstring>  // defines: std::memcpy
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>  // defines: std::thread::hardware_concurrency
+#include <vector>
+
+#include "scalelab/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak
+#include "scalelab/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
+#include "scalelab/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
+#include "scalelab/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/metrics.h"      // defines: RunLogger, system_info, make_run_id
+#include "scalelab/tensor.h"       // defines: Tensor
+#include "scalelab/threads.h"      // defines: set_num_threads, local_ranks_from_env
+
+using namespace scalelab;
+using Clock = std::chrono::steady_clock;
+
+const std::string kCalibrationDir = "runs/calibration";  // where the labs look (load_or_calibrate's default)
+
+struct Options {
+  std::string backend = "auto";
+  std::string min_bytes = "8";        // sweep sizes, bytes; K, M, G suffixes are powers of 1024
+  std::string max_bytes = "256M";
+  int factor = 2;                     // each size is the previous one times this
+  int iters = 50;                     // timed calls per size, at most (see seconds_per_size)
+  int warmup = 5;                     // untimed calls per size before them, at most (at least 2)
+  double seconds_per_size = 0.2;      // big sizes get fewer calls, so each size takes about this long
+  std::string link = "none";          // simulated link model (comm.h LinkModel::preset)
+  int threads = 0;                    // CPU threads per rank (0: cores / ranks per node)
+  bool skip_gemm = false;
+  bool recalibrate = false;           // delete the calibration caches first, so they are measured again
+  std::string memcpy_bytes = "256M";  // the buffer the memcpy bandwidth is measured on
+  std::string log_dir = "runs";
+  std::string run_id;
+};
+
+static double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// "8", "64K", "256M", "1G" -> bytes (K, M, G are powers of 1024, as in nccl-tests' -b/-e).
+static int64_t parse_bytes(const std::string& s) {
+  SL_CHECK_HINT(!s.empty(), "give a size such as 8, 64K, 256M or 1G", "empty size");
+  size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  SL_CHECK_HINT(digits > 0 && digits + 1 >= s.size(), "give a size such as 8, 64K, 256M or 1G", "bad size '%s'",
+                s.c_str());
+  int64_t v = std::stoll(s.substr(0, digits));
+  if (digits < s.size()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s[digits])));
+    SL_CHECK_HINT(unit == 'K' || unit == 'M' || unit == 'G', "use the suffix K, M or G", "bad size '%s'", s.c_str());
+    v <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 30;
+  }
+  return v;
+}
+
+// "8 B", "64 KiB", "256 MiB": for headers; the tables print exact bytes.
+static std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  double v = static_cast<double>(b);
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), v == std::floor(v) ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Small collectives the probe itself needs (not measured)
+
+// Rank 0's string on every rank (the run id: its random suffix differs per call). One i32 per char.
+static std::string broadcast_string(Communicator& comm, Device dev, const std::string& s) {
+  constexpr int kMaxChars = 128;
+  Tensor h_buf = Tensor::zeros({kMaxChars}, DType::I32);
+  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) h_buf.data<int32_t>()[i] = s[i];
+  Tensor d_buf = Tensor::empty({kMaxChars}, DType::I32, dev);
+  d_buf.copy_from(h_buf);
+  comm.broadcast(d_buf, /*root=*/0, "run id");
+  h_buf.copy_from(d_buf);
+  std::string out;
+  for (int i = 0; i < kMaxChars && h_buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(h_buf.data<int32_t>()[i]);
+  return out;
+}
+
+// The largest value of x over all ranks (a time: a collective is as slow as its slowest rank).
+// Travels as f32: 7 significant digits are plenty for a time.
+static double max_over_ranks(Communicator& comm, Device dev, double x) {
+  Tensor h = Tensor::empty({1}, DType::F32);
+  h.data<float>()[0] = static_cast<float>(x);
+  Tensor d = Tensor::empty({1}, DType::F32, dev);
+  d.copy_from(h);
+  comm.all_reduce(d, ReduceOp::Max, "probe: max time");
+  h.copy_from(d);
+  return h.data<float>()[0];
+}
+
+static int64_t sum_over_ranks(Communicator& comm, Device dev, int64_t x) {
+  Tensor h = Tensor::empty({1}, DType::I32);
+  h.data<int32_t>()[0] = static_cast<int32_t>(x);
+  Tensor d = Tensor::empty({1}, DType::I32, dev);
+  d.copy_from(h);
+  comm.all_reduce(d, ReduceOp::Sum, "probe: count");
+  h.copy_from(d);
+  return h.data<int32_t>()[0];
+}
+
+// Rank 0 measures the CPU (GEMM, memcpy) while the other ranks wait here. Not in a barrier: MPI spins
+// inside one and would take a core away from rank 0's measurement. A blocking recv waits on a
+// condition variable while the mpi backend's thread checks for the message every 50 us.
+static void others_wait_for_rank0(Communicator& comm, Device dev) {
+  if (comm.size() == 1) return;
+  Tensor token = Tensor::zeros({1}, DType::I32, dev);
+  if (comm.rank() == 0) {
+    for (int r = 1; r < comm.size(); ++r) comm.send(token, r, "probe: rank 0 done");
+  } else {
+    comm.recv(token, 0, "probe: rank 0 done");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The device
+
+// GPU names as the NVIDIA driver lists them (/proc/driver/nvidia/gpus/*/information, "Model:" line),
+// so the probe names a GPU even in a build without CUDA. Empty without the driver.
+static std::vector<std::string> nvidia_gpu_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& dir : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    std::ifstream in(dir.path() / "information");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("Model:", 0) == 0) {
+        const size_t start = line.find_first_not_of(" \t", 6);
+        names.push_back(start == std::string::npos ? "unknown" : line.substr(start));
+      }
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Memory copy bandwidth
+
+// Bytes copied per second by memcpy of `nbytes` with `threads` threads (each copies one slice), the
+// best of 5 repeats. Counted once per byte: STREAM's "copy" counts the read and the write (2x this).
+static double memcpy_bytes_per_s(int64_t nbytes, int threads) {
+  std::vector<unsigned char> src(static_cast<size_t>(nbytes), 1), dst(static_cast<size_t>(nbytes), 0);  // touched: no page faults in the timing
+  double best_s = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t begin = nbytes * t / nt, end = nbytes * (t + 1) / nt;
+      std::memcpy(dst.data() + begin, src.data() + begin, static_cast<size_t>(end - begin));
+    }
+    best_s = std::min(best_s, seconds_since(t0));
+  }
+  SL_CHECK(dst[static_cast<size_t>(nbytes) - 1] == 1, "memcpy did not copy");  // and the copy is not optimised away
+  return static_cast<double>(nbytes) / best_s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The collective sweep
+
+// One row of the table: one collective at one size.
+struct SweepRow {
+  std::string op;
+  int64_t size_bytes = 0;    // S of nccl-tests: the buffer (all_reduce, broadcast); the TOTAL of n chunks
+                             // (all_gather's output, reduce_scatter's input)
+  int64_t elements = 0;      // S / 4 (f32)
+  int warmup = 0;            // untimed calls, the checked one included (at least 2)
+  int iters = 0;             // timed calls
+  double rank_time_s = 0;    // mean time of one call on this rank
+  double time_s = 0;         // the same, of the slowest rank: the number reported
+  double modeled_s = 0;      // the link model's time of one call (0 without --link)
+  double algbw = 0;          // bytes/s: S / time_s
+  double busbw = 0;          // bytes/s: algbw * bus_factor(op, n); 0 (n/a) for one rank
+  int64_t wrong = 0;         // elements of the checked call that differ from the exact result, all ranks
+};
+
+// Exact small integers (STYLE.md 27): element i of rank r holds (r + 1) + i % 7, so any sum over up to
+// thousands of ranks is exact in fp32, whatever order the transport adds in.
+static float pattern(int r, int64_t i) { return static_cast<float>((r + 1) + i % 7); }
+
+// Runs `op` on `elements` f32 elements (S = 4 * elements bytes, see SweepRow): one checked call, one
+// more untimed call, then warm-up and timed calls, as many as fit o.seconds_per_size (at most o.warmup
+// and o.iters).
+static SweepRow measure(Communicator& comm, Device dev, const std::string& op, int64_t elements, const Options& o) {
+  const int n = comm.size(), r = comm.rank();
+  const int64_t chunk = elements / n;  // all_gather / reduce_scatter: one rank's share
+  SweepRow row;
+  row.op = op;
+  row.elements = elements;
+  row.size_bytes = elements * static_cast<int64_t>(dtype_size(DType::F32));
+
+  // h_in / h_out on the host; d_in / d_out where the communicator wants them (the GPU under nccl).
+  //   all_reduce, broadcast: in (elements), in place
+  //   all_gather:            in (chunk) -> out (elements)
+  //   reduce_scatter:        in (elements) -> out (chunk)
+  const int64_t in_n = op == "all_gather" ? chunk : elements;
+  const int64_t out_n = op == "all_gather" ? elements : op == "reduce_scatter" ? chunk : 0;
+  Tensor h_in = Tensor::empty({in_n}, DType::F32), h_out = Tensor::empty({out_n}, DType::F32);
+  for (int64_t i = 0; i < in_n; ++i) h_in.data<float>()[i] = op == "broadcast" && r != 0 ? -1.0f : pattern(r, i);
+  for (int64_t i = 0; i < out_n; ++i) h_out.data<float>()[i] = -1.0f;  // never a correct value
+  Tensor d_in = dev == Device::CPU ? h_in : Tensor::empty({in_n}, DType::F32, dev);
+  Tensor d_out = dev == Device::CPU ? h_out : Tensor::empty({out_n}, DType::F32, dev);
+  if (dev != Device::CPU) {
+    d_in.copy_from(h_in);
+    d_out.copy_from(h_out);
+  }
+  auto call = [&] {
+    if (op == "all_reduce") comm.all_reduce(d_in, ReduceOp::Sum, "probe");
+    else if (op == "all_gather") comm.all_gather(d_in, d_out, "probe");
+    else if (op == "reduce_scatter") comm.reduce_scatter(d_in, d_out, ReduceOp::Sum, "probe");
+    else comm.broadcast(d_in, /*root=*/0, "probe");
+  };
+
+  // 1. The first call is checked against the exact result.
+  comm.barrier();
+  auto t0 = Clock::now();
+  call();
+  const double first_s = seconds_since(t0);
+  if (dev != Device::CPU) {
+    h_in.copy_from(d_in);
+    h_out.copy_from(d_out);
+  }
+  const float sum_r = static_cast<float>(n * (n + 1) / 2);  // sum over ranks of (r + 1)
+  int64_t wrong = 0;
+  if (op == "all_reduce") {
+    for (int64_t i = 0; i < elements; ++i) wrong += h_in.data<float>()[i] != sum_r + n * (i % 7);
+  } else if (op == "broadcast") {
+    for (int64_t i = 0; i < elements; ++i) wrong += h_in.data<float>()[i] != pattern(0, i);
+  } else if (op == "all_gather") {
+    for (int64_t i = 0; i < elements; ++i) wrong += h_out.data<float>()[i] != pattern(static_cast<int>(i / chunk), i % chunk);
+  } else {  // reduce_scatter: rank r gets the sum of chunk r
+    for (int64_t i = 0; i < chunk; ++i) wrong += h_out.data<float>()[i] != sum_r + n * ((r * chunk + i) % 7);
+  }
+  row.wrong = sum_over_ranks(comm, dev, wrong);
+  // An in-place sum grows n-fold per call and would overflow to inf after ~100 calls: time zeros
+  // instead (MPI's and NCCL's sums run at the same speed whatever the values).
+  if (op == "all_reduce") d_in.zero_();
+
+  // 2. A second call sizes the budget with the first (the first alone pays the page faults of fresh
+  // buffers; one slow call on a busy machine should not decide alone). Every rank derives the counts
+  // from the same reduced estimate, so all ranks make the same number of calls.
+  t0 = Clock::now();
+  call();
+  const double estimate_s = max_over_ranks(comm, dev, std::min(first_s, seconds_since(t0)));
+  const int fit = static_cast<int>(std::min(1e6, std::floor(o.seconds_per_size / std::max(estimate_s, 1e-9))));
+  row.warmup = 2 + std::max(0, std::min(o.warmup - 2, fit / 4));  // the two calls above count
+  row.iters = std::max(1, std::min(o.iters, fit));
+
+  // 3. More warm-up, then the timed calls.
+  for (int w = 2; w < row.warmup; ++w) call();
+  comm.barrier();  // all ranks start the timed calls together
+  t0 = Clock::now();
+  for (int it = 0; it < row.iters; ++it) call();
+  row.rank_time_s = seconds_since(t0) / row.iters;
+  row.time_s = max_over_ranks(comm, dev, row.rank_time_s);
+
+  // 4. Bandwidths, nccl-tests' definitions (REFERENCES.md "Collectives"; comm.h bus_factor).
+  row.algbw = static_cast<double>(row.size_bytes) / row.time_s;
+  row.busbw = row.algbw * bus_factor(op, n);
+  const int64_t payload_bytes = (op == "all_gather" ? chunk : elements) * static_cast<int64_t>(dtype_size(DType::F32));
+  row.modeled_s = comm.link_model().seconds(op, payload_bytes, n);
+  return row;
+}
+
+// The element counts of the sweep for `op`: min..max bytes in x`factor` steps, f32. all_gather and
+// reduce_scatter need a multiple of n elements (equal chunks): rounded down, at least n. A size that
+// rounds to the previous one's count is skipped.
+static std::vector<int64_t> sweep_elements(const std::string& op, int64_t min_bytes, int64_t max_bytes, int factor, int n) {
+  std::vector<int64_t> counts;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+    int64_t e = std::max<int64_t>(1, bytes / static_cast<int64_t>(dtype_size(DType::F32)));
+    if (op == "all_gather" || op == "reduce_scatter") e = std::max<int64_t>(n, e / n * n);
+    if (counts.empty() || counts.back() != e) counts.push_back(e);
+  }
+  return counts;
+}
+
+// With a link model a call lasts max(real transfer, modelled time): the model can slow a call down to
+// what the simulated link would take, never speed it up. "model" when the model decided the time
+// (within 10 %), "real" when this machine's transport was slower than the simulated link.
+static const char* decided_by(const SweepRow& x) {
+  if (x.modeled_s <= 0) return "real";
+  return x.time_s <= 1.10 * x.modeled_s ? "model" : "real";
+}
+
+// One row for probe.json and the log (keys with units, docs/log_schema.md). The log adds this rank's
+// own time (rank_time_ms); probe.json keeps the numbers all ranks agree on.
+static nlohmann::ordered_json row_json(const SweepRow& x, int n) {
+  const bool has_bus = n > 1;
+  return {{"op", x.op},
+          {"size_bytes", x.size_bytes},
+          {"elements", x.elements},
+          {"warmup", x.warmup},
+          {"iters", x.iters},
+          {"time_ms", x.time_s * 1e3},
+          {"modeled_ms", x.modeled_s > 0 ? nlohmann::ordered_json(x.modeled_s * 1e3) : nlohmann::ordered_json(nullptr)},
+          {"time_decided_by", decided_by(x)},
+          {"algbw_bytes_per_s", x.algbw},
+          {"bus_factor", bus_factor(x.op, n)},
+          {"busbw_bytes_per_s", has_bus ? nlohmann::ordered_json(x.busbw) : nlohmann::ordered_json(nullptr)},
+          {"wrong", x.wrong}};
+}
+
+// ------------------------------------------------------------------------------------------------
+
+static int run(const Options& o, Communicator& comm) {
+  const int rank = comm.rank(), n = comm.size();
+  const bool root = rank == 0;
+  const Device dev = comm.backend() == "nccl" ? Device::CUDA : Device::CPU;  // where the sweep's buffers live
+  const int threads = set_num_threads(o.threads);
+  const SystemInfo sys = system_info();
+  const int ranks_per_node = local_ranks_from_env();
+  const int64_t min_bytes = parse_bytes(o.min_bytes), max_bytes = parse_bytes(o.max_bytes);
+  SL_CHECK_HINT(min_bytes >= 1 && min_bytes <= max_bytes, "give 1 <= --min-bytes <= --max-bytes",
+                "--min-bytes %lld --max-bytes %lld", static_cast<long long>(min_bytes), static_cast<long long>(max_bytes));
+  SL_CHECK_HINT(o.factor >= 2, "use --factor 2 (every power of two) or 4", "--factor %d", o.factor);
+  SL_CHECK_HINT(o.iters >= 1, "use --iters >= 1", "--iters %d", o.iters);
+  comm.set_link_model(LinkModel::preset(o.link));
+  const LinkModel& link = comm.link_model();
+
+  const std::string run_id = broadcast_string(comm, dev, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "");
+  RunLogger log("lab00", run_id, rank, o.log_dir);
+  const std::string out_dir = (std::filesystem::path(o.log_dir) / "lab00" / run_id).string();
+  const std::vector<std::string> gpus = nvidia_gpu_names();
+  const int cuda_devices = cuda_device_count();
+
+  RunRecord run_rec;
+  run_rec.config = {{"backend", comm.backend()}, {"min_bytes", min_bytes},   {"max_bytes", max_bytes},
+                    {"factor", o.factor},        {"iters", o.iters},         {"warmup", o.warmup},
+                    {"seconds_per_size", o.seconds_per_size}, {"link", link.name}, {"skip_gemm", o.skip_gemm},
+                    {"memcpy_bytes", parse_bytes(o.memcpy_bytes)}};
+  run_rec.world_size = n;
+  run_rec.track = "reference";  // lab 00 has no learner code: all of it is the kit's
+  run_rec.device = dev == Device::CUDA ? cuda_device_name() : "cpu";
+  run_rec.threads = threads;
+  run_rec.precision = "fp32";
+  log.log_run(run_rec);
+
+  nlohmann::ordered_json probe = {{"run_id", run_id},
+                                  {"world_size", n},
+                                  {"backend", comm.backend()},
+                                  {"ranks_per_node", ranks_per_node},
+                                  {"threads_per_rank", threads}};
+  if (root) {
+    std::printf("== lab 00: setup probe ==\nrun %s | logs %s/rank<k>.jsonl | summary %s/probe.json\n\n", run_id.c_str(),
+                out_dir.c_str(), out_dir.c_str());
+    std::printf("== device ==\n");
+    std::printf("CPU      %s, %d logical cores\n", sys.cpu_model.c_str(), sys.cores);
+    std::printf("ranks    %d (%d on this node), backend %s, %d thread%s per rank (OpenMP and OpenBLAS)\n", n,
+                ranks_per_node, comm.backend().c_str(), threads, threads == 1 ? "" : "s");
+    if (cuda_devices > 0) {
+      std::printf("GPU      %s (CUDA device 0 of %d)\n", cuda_device_name().c_str(), cuda_devices);
+    } else if (gpus.empty()) {
+      std::printf("GPU      none listed by the NVIDIA driver\n");
+    } else {
+      for (size_t g = 0; g < gpus.size(); ++g) std::printf("GPU %zu    %s\n", g, gpus[g].c_str());
+      std::printf("         but the CUDA backend %s\n", built_with_cuda() ? "sees no device (CUDA_VISIBLE_DEVICES?)"
+                                                                        : "is not built (reconfigure where nvcc is found)");
+    }
+    std::printf("link     %s\n\n", link.enabled() ? ("SIMULATED " + link.name + ": every collective lasts at least "
+                                                      "the link model's time (docs/communicator.md)").c_str()
+                                                   : "none: collective times are this machine's real transport");
+    std::fflush(stdout);
+  }
+  probe["device"] = {{"cpu_model", sys.cpu_model}, {"cpu_cores", sys.cores}, {"gpus", gpus},
+                     {"cuda_backend", built_with_cuda()}, {"cuda_devices", cuda_devices},
+                     {"cuda_device_name", cuda_devices > 0 ? cuda_device_name() : ""}};
+
+  // ------------------------------------------------------------------------------------------------
+  // GEMM FLOP/s and memory copy: rank 0 alone, the others wait without taking a core.
+  nlohmann::ordered_json gemm_json = nullptr, memcpy_json = nlohmann::ordered_json::array();
+  if (root) {
+    if (o.skip_gemm) {
+      std::printf("== GEMM == skipped (--skip-gemm)\n\n");
+    } else {
+      // 1 thread, this run's threads per rank, and every core: the caches labs read for any layout.
+      std::vector<int> counts = {1, threads, sys.cores};
+      std::sort(counts.begin(), counts.end());
+      counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+      std::printf("== GEMM FLOP/s: OpenBLAS sgemm at GPT-2 d12 shapes, the peak CPU MFU divides by ==\n");
+      std::printf("%7s %13s %15s  %-32s %s\n", "threads", "peak GFLOP/s", "median GFLOP/s", "calibration id", "cache (used by)");
+      gemm_json = nlohmann::ordered_json::array();
+      for (int t : counts) {
+        const std::string path = calibration_cache_path(kCalibrationDir, t);
+        if (o.recalibrate) std::filesystem::remove(path);
+        const Calibration c = load_or_calibrate(t, kCalibrationDir);
+        const int ranks_like_this = std::max(1, sys.cores / t);
+        std::printf("%7d %13.1f %15.1f  %-32s %s (%d rank%s per node, %d thread%s each)\n", t, c.flops_per_s / 1e9,
+                    c.median_flops_per_s / 1e9, c.id.c_str(), path.c_str(), ranks_like_this,
+                    ranks_like_this == 1 ? "" : "s", t, t == 1 ? "" : "s");
+        std::fflush(stdout);
+        gemm_json.push_back({{"threads", t}, {"calibration_id", c.id}, {"flops_per_s", c.flops_per_s},
+                             {"median_flops_per_s", c.median_flops_per_s}, {"source", c.source}, {"cache", path}});
+        log.log("calibration", {{"threads", t}, {"calibration_id", c.id}, {"flops_per_s", c.flops_per_s},
+                                {"median_flops_per_s", c.median_flops_per_s}, {"source", c.source}});
+      }
+      std::printf("peak = the fastest of the five shapes (calibration.cpp says why); rerun with --recalibrate "
+                  "if the machine was busy\n");
+    }
+    // GPU GEMM (fp32 and bf16 against the datasheet) is measured by the CUDA backend, not here.
+    std::printf("GPU GEMM: not measured (CUDA backend)");
+    for (const auto& g : gpus) {
+      if (auto p = datasheet_peak(g)) std::printf("; %s datasheet: %.0f TFLOP/s dense bf16", p->device.c_str(), p->bf16_flops_per_s / 1e12);
+    }
+    std::printf("\n\n");
+
+    const int64_t copy_bytes = parse_bytes(o.memcpy_bytes);
+    std::printf("== memory copy: memcpy of %s, best of 5 ==\n%7s %10s\n", human_bytes(copy_bytes).c_str(), "threads", "GB/s");
+    std::vector<int> copy_threads = {1, sys.cores};
+    copy_threads.erase(std::unique(copy_threads.begin(), copy_threads.end()), copy_threads.end());
+    for (int t : copy_threads) {
+      const double bw = memcpy_bytes_per_s(copy_bytes, t);
+      std::printf("%7d %10.2f\n", t, bw / 1e9);
+      memcpy_json.push_back({{"threads", t}, {"size_bytes", copy_bytes}, {"bytes_per_s", bw}});
+      log.log("memcpy", {{"threads", t}, {"size_bytes", copy_bytes}, {"bytes_per_s", bw}});
+    }
+    std::printf("(bytes copied per second, GB = 1e9 bytes; STREAM's \"copy\" counts read + write, 2x these)\n\n");
+    std::fflush(stdout);
+  }
+  others_wait_for_rank0(comm, dev);
+  probe["gemm"] = gemm_json;
+  probe["gpu_gemm"] = "not measured (CUDA backend)";
+  probe["memcpy"] = memcpy_json;
+
+  // ------------------------------------------------------------------------------------------------
+  // The collective sweep: every rank takes part, rank 0 prints.
+  if (root) {
+    std::printf("== collectives: %s backend, %d rank%s, f32, %s .. %s in x%d steps ==\n", comm.backend().c_str(), n,
+                n == 1 ? "" : "s", human_bytes(min_bytes).c_str(), human_bytes(max_bytes).c_str(), o.factor);
+    std::printf("time    mean of `iters` calls after `warmup` calls, of the SLOWEST rank (nccl-tests -a 3; its\n"
+                "        default averages the ranks); the first call of each size is checked (`wrong` = 0)\n"
+                "algbw   S / time, S = bytes: the buffer (all_reduce, broadcast), the total of n chunks\n"
+                "        (all_gather, reduce_scatter), as in nccl-tests; GB/s = 1e9 bytes/s\n"
+                "busbw   algbw x 2(n-1)/n all_reduce, x (n-1)/n all_gather and reduce_scatter, x 1 broadcast%s\n",
+                n == 1 ? "\n        n/a here: with one rank nothing travels (the calls are local copies)" : "");
+    if (comm.backend() == "mpi") {
+      std::printf("NOTE    over MPI, busbw is a ring-model normalisation, not measured wire traffic: OpenMPI picks\n"
+                  "        its own algorithm and, on one machine, copies through shared memory\n");
+    }
+    if (link.enabled()) {
+      std::printf("NOTE    SIMULATED link '%s': each call lasts at least base %.1f us + hops x %.1f us + bus bytes /\n"
+                  "        %.0f GB/s (model_us): by = model where that decided the time, real where this\n"
+                  "        machine's transport was slower than the simulated link (a model only slows calls down)\n",
+                  link.name.c_str(), link.base_s * 1e6, link.alpha_s * 1e6, link.bandwidth_bytes_per_s / 1e9);
+    }
+    std::fflush(stdout);
+  }
+  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  std::vector<SweepRow> rows;
+  const auto t_sweep = Clock::now();
+  for (const std::string& op : ops) {
+    if (root) {
+      std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", op.c_str(),
+                  op == "broadcast" ? " (root 0)" : op == "all_gather" ? "" : " (sum)", "bytes", "elements", "warmup",
+                  "iters", "time_us", "algbw_GB/s", "busbw_GB/s");
+      if (link.enabled()) std::printf(" %11s %5s", "model_us", "by");
+      std::printf(" %6s\n", "wrong");
+    }
+    for (int64_t e : sweep_elements(op, min_bytes, max_bytes, o.factor, n)) {
+      const SweepRow x = measure(comm, dev, op, e, o);
+      rows.push_back(x);
+      nlohmann::ordered_json rec = row_json(x, n);
+      rec["rank_time_ms"] = x.rank_time_s * 1e3;
+      rec["simulated"] = link.enabled();
+      log.log("collective", nlohmann::json(rec));
+      if (root) {
+        std::printf("%12lld %11lld %6d %6d %11.1f %11.3f", static_cast<long long>(x.size_bytes),
+                    static_cast<long long>(x.elements), x.warmup, x.iters, x.time_s * 1e6, x.algbw / 1e9);
+        if (n > 1) std::printf(" %11.3f", x.busbw / 1e9);
+        else std::printf(" %11s", "n/a");
+        if (link.enabled()) std::printf(" %11.1f %5s", x.modeled_s * 1e6, decided_by(x));
+        std::printf(" %6lld%s\n", static_cast<long long>(x.wrong), x.wrong ? "  <-- WRONG RESULT" : "");
+        std::fflush(stdout);
+      }
+    }
+  }
+  const double sweep_s = seconds_since(t_sweep);
+
+  // ------------------------------------------------------------------------------------------------
+  // At a glance, probe.json, the summary record
+  int64_t wrong_total = 0;
+  nlohmann::ordered_json rows_json = nlohmann::ordered_json::array();
+  for (const auto& x : rows) {
+    wrong_total += x.wrong;
+    rows_json.push_back(row_json(x, n));
+  }
+  probe["sweep"] = {{"dtype", "f32"},
+                    {"link", link.name},
+                    {"simulated", link.enabled()},
+                    {"time", "mean per call over iters timed calls, the slowest rank's"},
+                    {"busbw", comm.backend() == "mpi" ? "ring-model normalisation of algbw, not measured wire traffic"
+                                                      : "algbw x bus_factor (nccl-tests)"},
+                    {"seconds", sweep_s},
+                    {"rows", rows_json}};
+  if (root && n > 1) {
+    std::printf("\n== at a glance: busbw GB/s (%d ranks%s) ==\n%-15s %10s %10s %10s\n", n,
+                link.enabled() ? (", SIMULATED " + link.name).c_str() : "", "op", "1 MiB", "64 MiB", "best");
+    auto at = [&](const std::string& op, int64_t bytes) -> std::string {
+      for (const auto& x : rows) {
+        if (x.op == op && x.size_bytes == bytes) {
+          char b[32];
+          std::snprintf(b, sizeof(b), "%.3f", x.busbw / 1e9);
+          return b;
+        }
+      }
+      return "-";
+    };
+    for (const std::string& op : ops) {
+      double best = 0;
+      for (const auto& x : rows) if (x.op == op) best = std::max(best, x.busbw);
+      char b[32];
+      std::snprintf(b, sizeof(b), "%.3f", best / 1e9);
+      std::printf("%-15s %10s %10s %10s\n", op.c_str(), at(op, 1 << 20).c_str(), at(op, 64 << 20).c_str(), b);
+    }
+  }
+  if (root) {
+    std::printf("sweep took %.1f s\n", sweep_s);
+    const std::string probe_path = out_dir + "/probe.json";
+    std::ofstream(probe_path) << probe.dump(2) << "\n";
+    std::printf("\nwrote %s\n", probe_path.c_str());
+    if (wrong_total > 0) {
+      std::printf("\nERROR: %lld elements came back wrong: the transport is broken (see `wrong` above)\n",
+                  static_cast<long long>(wrong_total));
+    }
+  }
+  log.log_summary({{"probe", out_dir + "/probe.json"}, {"sweep_s", sweep_s}, {"wrong", wrong_total}});
+  return wrong_total == 0 ? 0 : 2;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"lab 00: probe this machine: device, GEMM FLOP/s, memory copy and collective bandwidth"};
+  Options o;
+  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun), local, mpi, nccl")
+      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}))->capture_default_str();
+  app.add_option("--min-bytes", o.min_bytes, "smallest collective size (K, M, G = powers of 1024)")->capture_default_str();
+  app.add_option("--max-bytes", o.max_bytes, "largest collective size")->capture_default_str();
+  app.add_option("--factor", o.factor, "size step: each size is the previous one times this")->capture_default_str();
+  app.add_option("--iters", o.iters, "timed calls per size, at most (big sizes get fewer, see --seconds-per-size)")
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed calls per size, at most (at least 2: the first is checked)")->capture_default_str();
+  app.add_option("--seconds-per-size", o.seconds_per_size, "time budget per size that limits the calls of big sizes")
+      ->capture_default_str();
+  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")
+      ->check(CLI::IsMember({"none", "nvlink", "pcie", "ethernet100", "infiniband"}))->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks per node)")->capture_default_str();
+  app.add_flag("--skip-gemm", o.skip_gemm, "do not calibrate the GEMM (quick runs, tests)");
+  app.add_flag("--recalibrate", o.recalibrate, "measure the GEMM again even if runs/calibration has it");
+  app.add_option("--memcpy-bytes", o.memcpy_bytes, "buffer of the memcpy bandwidth test")->capture_default_str();
+  app.add_option("--log-dir", o.log_dir, "output goes to <log-dir>/lab00/<run-id>/")->capture_default_str();
+  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = make_communicator(o.backend);
+  } catch (const std::exception& e) {  // no communicator, so nothing to abort: this process just ends
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  try {
+    return run(o, *comm);
+  } catch (const std::exception& e) {
+    // A rank that stops here would leave its peers waiting in the next collective forever: end the job.
+    std::fprintf(stderr, "[rank %d] %s\n", comm->rank(), e.what());
+    std::fflush(stderr);
+    if (comm->size() == 1) return 1;
+    comm->abort(1, "an error on this rank");
+  }
+}
