@@ -871,4 +871,54 @@ TEST(CudaGpt2, LossAndEveryGradientMatchPyTorchFixtureOnGpu) {
   }
 }
 
+// The loss trajectory on the GPU (issue: "the fixture test and the loss trajectory test run on the GPU"):
+// 10 optimizer steps on the fixture's batch reproduce PyTorch's 10 losses, with AdamW and with plain SGD
+// (SGD shows a wrongly scaled gradient that AdamW would normalise away). Same tolerances as the CPU
+// fixture test (tests/common/test_gpt2_fixture.cpp): fp32 on both devices.
+std::vector<float> gpu_trajectory(const scalelab::test::Fixture& fx, const scalelab::OptimizerConfig& cfg, float lr,
+                                  int steps) {
+  GPT2 model(fx.config(), PrecisionPolicy::fp32(), Device::CUDA);
+  fx.load_params(model);  // before the optimizer copies any state from the parameters
+  scalelab::Optimizer opt(model, cfg);
+  Tensor tokens = Tensor::empty({fx.B(), fx.T()}, DType::I32, Device::CUDA),
+         targets = Tensor::empty({fx.B(), fx.T()}, DType::I32, Device::CUDA);
+  tokens.copy_from(fx.int_tensor("tokens"));
+  targets.copy_from(fx.int_tensor("targets"));
+  std::vector<float> losses;
+  for (int k = 0; k < steps; ++k) {  // losses[k]: the loss after k updates, as the fixture records it
+    model.zero_grad();
+    losses.push_back(model.forward(tokens, &targets));
+    model.backward();
+    opt.step(lr);
+  }
+  return losses;
+}
+
+TEST(CudaGpt2, TenAdamWStepsOnGpuMatchPyTorchLosses) {
+  SL_REQUIRE_GPU();
+  const scalelab::test::Fixture& fx = scalelab::test::Fixture::load("gpt2_tiny.json");
+  const auto& a = fx.json()["adamw"];
+  scalelab::OptimizerConfig cfg;
+  cfg.kind = scalelab::OptimizerConfig::Kind::AdamW;
+  cfg.beta1 = a["beta1"].get<float>();
+  cfg.beta2 = a["beta2"].get<float>();
+  cfg.eps = a["eps"].get<float>();
+  cfg.weight_decay = a["weight_decay"].get<float>();
+  const std::vector<float> losses = gpu_trajectory(fx, cfg, a["lr"].get<float>(), a["steps"].get<int>());
+  EXPECT_TRUE(scalelab::test::tensors_close("adamw losses (GPU)", losses.data(), fx.values({"adamw", "losses"}),
+                                            kFixtureRtol, kFixtureLossAtol));
+}
+
+TEST(CudaGpt2, TenSgdStepsOnGpuMatchPyTorchLosses) {
+  SL_REQUIRE_GPU();
+  const scalelab::test::Fixture& fx = scalelab::test::Fixture::load("gpt2_tiny.json");
+  const auto& sgd = fx.json()["sgd"];
+  scalelab::OptimizerConfig cfg;
+  cfg.kind = scalelab::OptimizerConfig::Kind::SGD;
+  cfg.weight_decay = sgd["weight_decay"].get<float>();
+  const std::vector<float> losses = gpu_trajectory(fx, cfg, sgd["lr"].get<float>(), sgd["steps"].get<int>());
+  EXPECT_TRUE(scalelab::test::tensors_close("sgd losses (GPU)", losses.data(), fx.values({"sgd", "losses"}),
+                                            kFixtureRtol, kFixtureLossAtol));
+}
+
 }  // namespace
