@@ -93,29 +93,14 @@ static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
   y.copy_from(h_y);
 }
 
-// The denominator of MFU, per device (lab 01 README "Tokens per second and MFU"): for a GPU the
-// datasheet's dense figure at the run's precision (none borrowed for a GPU missing from the table:
-// flops_per_s = 0 and MFU is not reported); for the CPU the sgemm calibration for the rank's threads,
-// measured by rank 0 first (several ranks calibrating at once would measure each other) and read from
-// the cache by the others. Run bin/sl_calibrate --threads N beforehand to skip the measurement.
-struct DevicePeak {
-  double flops_per_s = 0;  // per device, FLOP/s
-  std::string source;      // goes into every log record
-  std::string calibration_id;
-};
-static DevicePeak device_peak(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
-  if (device == Device::CPU) {
-    if (comm.rank() == 0) load_or_calibrate(threads);
-    comm.barrier();
-    const Calibration c = load_or_calibrate(threads);
-    return {c.flops_per_s, c.source, c.id};
-  }
-  const std::string name = cuda_device_name();
-  const auto entry = datasheet_peak(name);
-  const bool bf16 = policy.param_dtype == DType::BF16;
-  const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
-  if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
-  return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
+// The denominator of MFU, per device (scalelab::device_peak, calibration.h): the datasheet figure
+// for a GPU, the sgemm calibration for the CPU. The CPU calibration is measured by rank 0 first
+// (several ranks calibrating at once would measure each other) and read from the cache by the others.
+// Run bin/sl_calibrate --threads N beforehand to skip the measurement.
+static Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
+  if (device == Device::CPU && comm.rank() == 0) load_or_calibrate(threads);
+  comm.barrier();
+  return device_peak(device, policy, threads);
 }
 
 // Rank 0's string on every rank (the run id: the random suffix differs per call). Strings travel as
@@ -263,7 +248,7 @@ static int run(const Options& o, Communicator& comm) {
   LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
 
-  const DevicePeak peak = device_peak(device, policy, threads, comm);
+  const Peak peak = device_peak_all_ranks(device, policy, threads, comm);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   Rng rng(o.seed ^ 0x5eedull);
 
