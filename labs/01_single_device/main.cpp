@@ -21,6 +21,7 @@
 #include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
 #include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig
 #include "scalelab/metrics.h"           // defines: RunLogger (JSONL logs)
+#include "scalelab/sample.h"            // defines: sample_text
 #include "scalelab/optim.h"             // defines: Optimizer, LRSchedule
 #include "scalelab/threads.h"           // defines: set_num_threads
 #include "scalelab/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
@@ -58,16 +59,6 @@ struct Options {
   bool quiet = false;
 };
 
-// Copies a batch (host vectors from the loader) into the model's inputs x, y: (B, T) i32 on its device.
-static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
-  Tensor h_x = Tensor::empty(x.shape(), DType::I32, Device::CPU, MemCategory::Data);
-  Tensor h_y = Tensor::empty(y.shape(), DType::I32, Device::CPU, MemCategory::Data);
-  std::copy(b.inputs.begin(), b.inputs.end(), h_x.data<int32_t>());
-  std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
-  x.copy_from(h_x);
-  y.copy_from(h_y);
-}
-
 // Mean loss over the first n_batches of the validation split (the same batches every time: the loader
 // is rewound to `start`), without touching the gradients.
 static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderState& start, int n_batches,
@@ -75,47 +66,10 @@ static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderS
   val.restore(start);
   double sum = 0.0;
   for (int i = 0; i < n_batches; ++i) {
-    load_batch(val.next(), x, y);
+    lab02::load_batch(val.next(), x, y);
     sum += model.forward(x, &y);
   }
   return static_cast<float>(sum / n_batches);
-}
-
-// Generates `n` bytes after `prompt` by sampling from the model's softmax (temperature 1).
-// Bytes outside printable ASCII (and newline) come back as '?'.
-static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rng& rng) {
-  std::vector<int32_t> ctx = lab02::encode_bytes(prompt);
-  const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
-  for (int i = 0; i < n; ++i) {
-    const int T = static_cast<int>(std::min<size_t>(ctx.size(), maxT));
-    Tensor h_x = Tensor::empty({1, T}, DType::I32);
-    std::copy(ctx.end() - T, ctx.end(), h_x.data<int32_t>());
-    Tensor x = Tensor::empty({1, T}, DType::I32, model.device());
-    x.copy_from(h_x);
-    model.forward(x, nullptr);
-    Tensor h_logits = Tensor::empty({V});  // the last position's logits, on the host
-    h_logits.copy_from(model.logits().view(static_cast<int64_t>(T - 1) * V, {V}));
-    const float* logits = h_logits.data<float>();
-    float maxv = logits[0];
-    for (int v = 1; v < V; ++v) maxv = std::max(maxv, logits[v]);
-    double sum = 0.0;
-    for (int v = 0; v < V; ++v) sum += std::exp(logits[v] - maxv);
-    double r = rng.uniform() * sum, acc = 0.0;
-    int next = V - 1;
-    for (int v = 0; v < V; ++v) {
-      acc += std::exp(logits[v] - maxv);
-      if (acc > r) { next = v; break; }
-    }
-    ctx.push_back(next);
-  }
-  std::string text = lab02::decode_bytes(std::vector<int32_t>(ctx.begin() + prompt.size(), ctx.end()));
-  // An untrained model samples any byte; show those outside printable ASCII as '?' so the terminal
-  // (and the UTF-8 log) stay readable. The corpus itself is plain ASCII.
-  for (char& ch : text) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c != '\n' && (c < 32 || c > 126)) ch = '?';
-  }
-  return text;
 }
 
 static int run(const Options& o) {
@@ -222,7 +176,7 @@ static int run(const Options& o) {
   for (int64_t step = start_step; step < o.steps; ++step) {
     const auto t0 = Clock::now();
     const lab02::Batch batch = train_data.next();  // blocks only if the prefetch thread is behind
-    load_batch(batch, x, y);
+    lab02::load_batch(batch, x, y);
     const float lr = schedule.at(static_cast<int>(step));
 
     const lab01::StepResult r = lab01::train_step(model, optimizer, x, y, lr, o.grad_clip);  // YOUR step

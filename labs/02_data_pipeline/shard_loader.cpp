@@ -248,6 +248,22 @@ std::vector<int32_t> encode_bytes(const std::string& text) {
   return tokens;
 }
 
+void load_batch(const Batch& b, scalelab::Tensor& x, scalelab::Tensor& y) {
+  const scalelab::Shape want{b.B, b.T};
+  SL_CHECK(x.shape() == want && y.shape() == want && x.dtype() == scalelab::DType::I32 &&
+               y.dtype() == scalelab::DType::I32,
+           "batch is (%d, %d) i32; inputs %s and targets %s must be the same", b.B, b.T,
+           scalelab::shape_str(x.shape()).c_str(), scalelab::shape_str(y.shape()).c_str());
+  scalelab::Tensor h_x = scalelab::Tensor::empty(want, scalelab::DType::I32, scalelab::Device::CPU,
+                                                 scalelab::MemCategory::Data);
+  scalelab::Tensor h_y = scalelab::Tensor::empty(want, scalelab::DType::I32, scalelab::Device::CPU,
+                                                 scalelab::MemCategory::Data);
+  std::copy(b.inputs.begin(), b.inputs.end(), h_x.data<int32_t>());
+  std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
+  x.copy_from(h_x);
+  y.copy_from(h_y);
+}
+
 std::string decode_bytes(const std::vector<int32_t>& tokens) {
   std::string text(tokens.size(), '\0');
   for (size_t i = 0; i < tokens.size(); ++i) {

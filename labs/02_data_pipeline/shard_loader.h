@@ -21,6 +21,8 @@
 #include <thread>              // defines: std::thread (prefetch thread)
 #include <vector>              // defines: std::vector
 
+#include "scalelab/tensor.h"    // defines: scalelab::Tensor (load_batch)
+
 namespace scalelab::lab02 {
 inline namespace SL_TRACK_LAB02 {
 
@@ -131,6 +133,10 @@ struct Batch {
   int64_t batch_in_epoch = 0;       // ... and batch index within it
   double wait_ms = 0.0;             // how long next() blocked the caller to return it (ms)
 };
+
+// Copies a batch into a model's input tensors: x = inputs, y = targets, both (B, T) i32 on any device
+// (staged through host tensors). Throws if the shapes differ from (b.B, b.T).
+void load_batch(const Batch& b, scalelab::Tensor& x, scalelab::Tensor& y);
 
 // The loader's exact position: restoring it makes the following batches identical. The position is
 // the same on every rank (all ranks step together), so rank 0's state restores any rank.

@@ -25,6 +25,7 @@
 #include "scalelab/error.h"         // defines: scalelab::Error, NotImplemented
 #include "scalelab/gpt2.h"          // defines: GPT2, GPTConfig
 #include "scalelab/metrics.h"       // defines: RunLogger (JSONL logs)
+#include "scalelab/sample.h"            // defines: sample_text
 #include "scalelab/optim.h"         // defines: Optimizer, LRSchedule
 #include "scalelab/rng.h"           // defines: Rng (sampling)
 #include "scalelab/threads.h"       // defines: set_num_threads
@@ -83,16 +84,6 @@ static LinkModel make_link(const std::string& name, double slowdown) {
   return link;
 }
 
-// Copies a batch (host vectors from the loader) into the model's inputs x, y: (B, T) i32 on its device.
-static void load_batch(const lab02::Batch& b, Tensor& x, Tensor& y) {
-  Tensor h_x = Tensor::empty(x.shape(), DType::I32, Device::CPU, MemCategory::Data);
-  Tensor h_y = Tensor::empty(y.shape(), DType::I32, Device::CPU, MemCategory::Data);
-  std::copy(b.inputs.begin(), b.inputs.end(), h_x.data<int32_t>());
-  std::copy(b.targets.begin(), b.targets.end(), h_y.data<int32_t>());
-  x.copy_from(h_x);
-  y.copy_from(h_y);
-}
-
 // The denominator of MFU, per device (scalelab::device_peak, calibration.h): the datasheet figure
 // for a GPU, the sgemm calibration for the CPU. The CPU calibration is measured by rank 0 first
 // (several ranks calibrating at once would measure each other) and read from the cache by the others.
@@ -131,47 +122,10 @@ static float evaluate(GPT2& model, Communicator& comm, lab02::ShardLoader& val, 
   val.restore(start);
   double sum = 0.0;
   for (int i = 0; i < n_batches; ++i) {
-    load_batch(val.next(), x, y);
+    lab02::load_batch(val.next(), x, y);
     sum += model.forward(x, &y);
   }
   return mean_over_ranks(comm, static_cast<float>(sum / n_batches), "val loss");
-}
-
-// Generates `n` bytes after `prompt` by sampling from the model's softmax (temperature 1).
-static std::string sample_text(GPT2& model, const std::string& prompt, int n, Rng& rng) {
-  std::vector<int32_t> ctx = lab02::encode_bytes(prompt);
-  const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
-  for (int i = 0; i < n; ++i) {
-    const int T = static_cast<int>(std::min<size_t>(ctx.size(), maxT));
-    Tensor h_x = Tensor::empty({1, T}, DType::I32);
-    std::copy(ctx.end() - T, ctx.end(), h_x.data<int32_t>());
-    Tensor x = Tensor::empty({1, T}, DType::I32, model.device());
-    x.copy_from(h_x);
-    model.forward(x, nullptr);
-    Tensor h_logits = Tensor::empty({V});  // the last position's logits, on the host
-    h_logits.copy_from(model.logits().view(static_cast<int64_t>(T - 1) * V, {V}));
-    const float* logits = h_logits.data<float>();
-    float maxv = logits[0];
-    for (int v = 1; v < V; ++v) maxv = std::max(maxv, logits[v]);
-    double sum = 0.0;
-    for (int v = 0; v < V; ++v) sum += std::exp(logits[v] - maxv);
-    double r = rng.uniform() * sum, acc = 0.0;
-    int next = V - 1;
-    for (int v = 0; v < V; ++v) {
-      acc += std::exp(logits[v] - maxv);
-      if (acc > r) { next = v; break; }
-    }
-    ctx.push_back(next);
-  }
-  return lab02::decode_bytes(std::vector<int32_t>(ctx.begin() + prompt.size(), ctx.end()));
-}
-
-// The log is JSON, which must be valid UTF-8; a byte-level model samples any byte. '?' for the others.
-static std::string ascii_only(std::string s) {
-  for (char& c : s) {
-    if (static_cast<unsigned char>(c) >= 0x80) c = '?';
-  }
-  return s;
 }
 
 // What the event log says about one step's gradient all-reduces.
@@ -313,7 +267,7 @@ static int run(const Options& o, Communicator& comm) {
     double data_wait_ms = 0.0;
     for (lab03::MicroBatch& mb : micro) {
       const lab02::Batch batch = train_data.next();  // this rank's share of the global batch
-      load_batch(batch, mb.inputs, mb.targets);
+      lab02::load_batch(batch, mb.inputs, mb.targets);
       data_wait_ms += batch.wait_ms;
     }
     const float lr = schedule.at(step);
@@ -390,7 +344,7 @@ static int run(const Options& o, Communicator& comm) {
     summary["simulated"] = true;
   }
   const std::string sample = rank == 0 && o.sample_tokens > 0 ? sample_text(model, "\n", o.sample_tokens, rng) : "";
-  if (rank == 0) summary["sample"] = ascii_only(sample);
+  if (rank == 0) summary["sample"] = sample;  // printable ASCII (sample_text)
   log.log_summary(summary);
   if (rank == 0) {
     std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %d x %.1f GFLOP/s (%s)\n"

@@ -18,6 +18,7 @@
 #include "scalelab/error.h"      // defines: Error
 #include "scalelab/gpt2.h"       // defines: GPT2, GPTConfig, ParamInfo, gpt2_param_table, gpt2_num_params
 #include "scalelab/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/sample.h"     // defines: sample_text
 #include "scalelab/threads.h"    // defines: set_num_threads, num_threads
 
 namespace {
@@ -422,4 +423,24 @@ TEST(Gpt2Determinism, TwoRunsGiveBitIdenticalGradientsWithTwoThreads) {
   for (size_t i = 0; i < grads[0].size(); ++i)
     if (std::memcmp(&grads[0][i], &grads[1][i], sizeof(float)) != 0 && differ++ == 0) first = i;
   EXPECT_EQ(differ, 0u) << "first at " << first << ": " << grads[0][first] << " vs " << grads[1][first];
+}
+
+// sample_text (scalelab/sample.h): n bytes, always printable ASCII or newline (an untrained model samples
+// any byte; the log is UTF-8 JSON), and the same RNG state gives the same text.
+TEST(Gpt2Sample, SampleIsNBytesOfPrintableAsciiAndDeterministicPerRngState) {
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 256;  // the byte tokenizer
+  GPT2 model(cfg);
+  scalelab::Rng a(5), b(5);
+  const std::string s1 = scalelab::sample_text(model, "In the", 40, a);
+  const std::string s2 = scalelab::sample_text(model, "In the", 40, b);
+  ASSERT_EQ(s1.size(), 40u);
+  EXPECT_EQ(s1, s2);
+  for (char ch : s1) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    EXPECT_TRUE(c == '\n' || (c >= 32 && c <= 126)) << "byte " << int(c) << " in the sample";
+  }
+  GPT2 small(GPTConfig::preset("tiny"));  // vocab 64: not a byte model
+  scalelab::Rng r(1);
+  EXPECT_THROW(scalelab::sample_text(small, "x", 1, r), scalelab::Error);
 }
