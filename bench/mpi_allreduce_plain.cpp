@@ -2,7 +2,7 @@
 // communication thread, no event log: the baseline for lab 00's all_reduce rows. The difference between
 // the two is what scalelab's Communicator costs (labs/00_setup/README.md, "The communicator's overhead").
 // Timing as in lab 00: f32 sum in place, warm-up calls, then the mean of the timed calls of the
-// SLOWEST rank; algbw = S / time, busbw = algbw x 2(n-1)/n (nccl-tests; REFERENCES.md "Collectives").
+// SLOWEST rank; algbw = S / time, busbw = algbw x 2(n-1)/n (nccl-tests, doc/PERFORMANCE.md).
 //
 //   mpirun -np 2 build/bin/bench_mpi_allreduce --sizes 1M,64M
 #include <CLI/CLI.hpp>  // defines: CLI::App (command line)

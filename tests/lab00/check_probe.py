@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check_probe.py: reads the probe.json that lab00_setup wrote and checks its sweep table against
-nccl-tests' definitions, recomputed here from the bytes and the time alone (REFERENCES.md
-"Collectives"; labs/00_setup/README.md):
+nccl-tests' definitions (its doc/PERFORMANCE.md; labs/00_setup/README.md), recomputed here from the
+bytes and the time alone:
 
     algbw = S / t                        S = size_bytes (the total of n chunks for all_gather and
                                          reduce_scatter)
