@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -226,4 +227,25 @@ int launcher_world_size() {
 }
 
 }  // namespace comm_detail
+int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body) {
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = make_communicator(backend);
+  } catch (const std::exception& e) {  // no communicator, so nothing to abort: this process just ends
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  try {
+    return body(*comm);
+  } catch (const std::exception& e) {
+    // A TODO not written yet throws on every rank alike; exit code 3 says so.
+    const bool todo = dynamic_cast<const NotImplemented*>(&e) != nullptr;
+    std::fflush(stdout);
+    std::fprintf(stderr, "[rank %d] %s\n", comm->rank(), e.what());
+    std::fflush(stderr);
+    if (comm->size() == 1) return todo ? 3 : 1;
+    comm->abort(todo ? 3 : 1, todo ? "a TODO is not implemented yet" : "an error on this rank");
+  }
+}
+
 }  // namespace scalelab

@@ -638,20 +638,5 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
   CLI11_PARSE(app, argc, argv);
 
-  std::unique_ptr<Communicator> comm;
-  try {
-    comm = make_communicator(o.backend);
-  } catch (const std::exception& e) {  // no communicator, so nothing to abort: this process just ends
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  try {
-    return run(o, *comm);
-  } catch (const std::exception& e) {
-    // A rank that stops here would leave its peers waiting in the next collective forever: end the job.
-    std::fprintf(stderr, "[rank %d] %s\n", comm->rank(), e.what());
-    std::fflush(stderr);
-    if (comm->size() == 1) return 1;
-    comm->abort(1, "an error on this rank");
-  }
+  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

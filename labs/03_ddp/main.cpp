@@ -398,22 +398,5 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
 
-  std::unique_ptr<Communicator> comm;
-  try {
-    comm = make_communicator(o.backend);
-  } catch (const std::exception& e) {  // no communicator, so nothing to abort: this process just ends
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  try {
-    return run(o, *comm);
-  } catch (const std::exception& e) {
-    // A rank that stops here would leave its peers waiting in the next collective forever: end the
-    // whole job. A TODO not written yet (NotImplemented) throws on every rank alike; exit code 3 says so.
-    const bool todo = dynamic_cast<const NotImplemented*>(&e) != nullptr;
-    std::fprintf(stderr, "[rank %d] %s\n", comm->rank(), e.what());
-    std::fflush(stderr);
-    if (comm->size() == 1) return todo ? 3 : 1;
-    comm->abort(todo ? 3 : 1, todo ? "a TODO of lab 03 is not implemented yet" : "an error on this rank");
-  }
+  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -181,6 +182,12 @@ class Communicator {
 // finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
 // on one GPU with nccl: "use --backend mpi").
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "auto");
+
+// The body of a multi-rank program's main(): makes the communicator for `backend`, runs body(comm) and
+// returns its exit code. Any exception is printed with the rank and ends the WHOLE job (comm.abort),
+// since a rank that just returned would leave its peers waiting in their next collective forever.
+// Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
+int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
 
 // nccl-tests' bus-bandwidth factor for an op among n ranks (REFERENCES.md "Collectives"):
 // 2(n-1)/n all_reduce, (n-1)/n all_gather and reduce_scatter, 1 broadcast/send/recv; 0 for n == 1.
