@@ -243,3 +243,18 @@ TEST(CommLinkModel, EveryOpFollowsItsFormula) {
 }
 
 }  // namespace
+
+// run_on_all_ranks: the exit code a multi-rank main() returns (on one rank nothing is aborted).
+TEST(RunOnAllRanks, ReturnsTheBodysCodeThreeForATodoOneForOtherErrors) {
+  EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator& c) { return c.size() == 1 ? 7 : 0; }), 7);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator&) -> int {
+              throw scalelab::NotImplemented("lab03-2 all_reduce_grads_naive");
+            }),
+            3);
+  EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator&) -> int { SL_FAIL("", "boom"); }), 1);
+  EXPECT_EQ(scalelab::run_on_all_ranks("no-such-backend", [](scalelab::Communicator&) { return 0; }), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("[rank 0]"), std::string::npos) << err;
+  EXPECT_NE(err.find("lab03-2"), std::string::npos) << err;
+}
