@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"
+#include "failures_only_printer.h"  // defines: test::FailuresOnlyPrinter
 #include "rank_reducer.h"       // defines: test::make_rank_reducer
 #include "scalelab/comm.h"      // defines: make_communicator
 #include "scalelab/error.h"     // defines: scalelab::Error
@@ -30,20 +31,7 @@ namespace {
 
 namespace grading = scalelab::grading;
 
-// Replaces the default printer on ranks other than 0: their passes are noise, their failures are not.
-class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailuresOnlyPrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& part) override {
-    if (!part.failed()) return;
-    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, part.file_name() ? part.file_name() : "?",
-                part.line_number(), part.message());
-    std::fflush(stdout);
-  }
-
- private:
-  int rank_;
-};
+using scalelab::test::FailuresOnlyPrinter;  // ranks other than 0 print failures only
 
 // "json:dir/x.json" -> "json:dir/x.rank1.json" (a bare "json" or a directory is left alone: GoogleTest
 // then names the file after the program, which is rank-unique enough for debugging).

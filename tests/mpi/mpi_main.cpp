@@ -14,6 +14,7 @@
 
 #include "grading.h"          // defines: grading::set_rank_reducer, grading::RankReducer
 #include "mpi_test.h"         // defines: test::world
+#include "failures_only_printer.h"  // defines: test::FailuresOnlyPrinter
 #include "rank_reducer.h"     // defines: test::make_rank_reducer
 #include "scalelab/comm.h"    // defines: make_communicator
 #include "scalelab/error.h"   // defines: scalelab::Error
@@ -23,20 +24,7 @@ namespace {
 namespace grading = scalelab::grading;
 std::unique_ptr<scalelab::Communicator> g_world;
 
-// Ranks other than 0: their passes are noise, their failures are not.
-class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailuresOnlyPrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& part) override {
-    if (!part.failed()) return;
-    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, part.file_name() ? part.file_name() : "?",
-                part.line_number(), part.message());
-    std::fflush(stdout);
-  }
-
- private:
-  int rank_;
-};
+using scalelab::test::FailuresOnlyPrinter;  // ranks other than 0 print failures only
 
 // After each TEST: which ranks failed it (a collective on the reducer's communicator, entered by every
 // rank in the same order because every rank runs the same TESTs).
