@@ -96,7 +96,22 @@ int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
 // ---------------------------------------------------------------------------------------------
 // Model
 
+std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg) {
+  std::vector<int64_t> n(cfg.n_layer + 2, 0);
+  for (const ParamInfo& p : gpt2_param_table(cfg)) n[p.unit] += p.numel;
+  return n;
+}
+
 GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed)
+    : GPT2(/*allocate=*/true, cfg, policy, device) {
+  init_weights(seed);
+}
+
+GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device) {
+  return GPT2(/*allocate=*/false, cfg, policy, device);
+}
+
+GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device)
     : cfg_(cfg), policy_(policy), device_(device), table_(gpt2_param_table(cfg)) {
   SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
                 "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
@@ -104,20 +119,17 @@ GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
                 policy.name().c_str());
   SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
            "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
-  std::vector<int64_t> unit_numel(num_units(), 0);
-  for (const ParamInfo& p : table_) unit_numel[p.unit] += p.numel;
+  params_.resize(num_units());
+  grads_.resize(num_units());
+  if (!allocate) return;
+  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
   for (int u = 0; u < num_units(); ++u) {
-    params_.push_back(Tensor::empty({unit_numel[u]}, policy.param_dtype, device, MemCategory::Params));
-    grads_.push_back(Tensor::zeros({unit_numel[u]}, DType::F32, device, MemCategory::Grads));
+    params_[u] = Tensor::empty({unit_numel[u]}, policy.param_dtype, device, MemCategory::Params);
+    grads_[u] = Tensor::zeros({unit_numel[u]}, DType::F32, device, MemCategory::Grads);
   }
-  init_weights(seed);
 }
 
-int64_t GPT2::num_params() const {
-  int64_t n = 0;
-  for (const Tensor& p : params_) n += p.numel();
-  return n;
-}
+int64_t GPT2::num_params() const { return gpt2_num_params(cfg_); }
 
 const ParamInfo& GPT2::info(const std::string& name) const {
   for (const ParamInfo& p : table_)
@@ -128,25 +140,34 @@ const ParamInfo& GPT2::info(const std::string& name) const {
 
 Tensor GPT2::param(const std::string& name) const {
   const ParamInfo& p = info(name);
+  SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)",
+           p.unit, name.c_str());
   return params_[p.unit].view(p.offset, p.shape);
 }
 
 Tensor GPT2::grad(const std::string& name) const {
   const ParamInfo& p = info(name);
+  SL_CHECK_HINT(grads_[p.unit].defined(),
+                "a sharded model must install a unit's gradient buffer before its backward, e.g. in "
+                "hooks.before_backward (lab 04 README \"ZeRO-2\")",
+                "unit %d's gradient buffer (for %s) is not in memory", p.unit, name.c_str());
   return grads_[p.unit].view(p.offset, p.shape);
 }
 
 // GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
 // block (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow
 // with depth (Radford et al. 2019, Sec. 2.3); layernorm weight 1; biases 0. Drawn in table order on
-// the CPU, then copied to the model's device and dtype.
-void GPT2::init_weights(uint64_t seed) {
+// the CPU from one random stream, one unit at a time.
+void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
+                          const std::function<void(int unit, const Tensor& w)>& sink) {
+  const std::vector<ParamInfo> table = gpt2_param_table(cfg);
+  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
   Rng rng(seed);
-  const float proj_std = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
-  for (int u = 0; u < num_units(); ++u) {
-    Tensor host = Tensor::empty({params_[u].numel()}, DType::F32, Device::CPU, MemCategory::Workspace);
+  const float proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
+  for (int u = 0; u < cfg.n_layer + 2; ++u) {
+    Tensor host = Tensor::empty({unit_numel[u]}, DType::F32, Device::CPU, MemCategory::Workspace);
     float* w = host.data<float>();
-    for (const ParamInfo& p : table_) {
+    for (const ParamInfo& p : table) {
       if (p.unit != u) continue;
       float* x = w + p.offset;
       const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
@@ -158,18 +179,27 @@ void GPT2::init_weights(uint64_t seed) {
         else x[i] = (is_proj ? proj_std : 0.02f) * rng.normal();
       }
     }
-    if (params_[u].dtype() == DType::F32 && device_ == Device::CPU) {
-      params_[u].copy_from(host);
-    } else {
-      Tensor staged = Tensor::empty({host.numel()}, params_[u].dtype(), Device::CPU, MemCategory::Workspace);
-      cast(staged, host);
-      params_[u].copy_from(staged);
-    }
+    sink(u, host);
   }
 }
 
+void GPT2::init_weights(uint64_t seed) {
+  gpt2_initial_weights(cfg_, seed, [this](int u, const Tensor& host) {
+    SL_CHECK(params_[u].defined(), "init_weights: unit %d has no parameter buffer installed", u);
+    Tensor dst = params_[u].view(0, {host.numel()});
+    if (dst.dtype() == DType::F32 && device_ == Device::CPU) {
+      dst.copy_from(host);
+    } else {
+      Tensor staged = Tensor::empty({host.numel()}, dst.dtype(), Device::CPU, MemCategory::Workspace);
+      cast(staged, host);
+      dst.copy_from(staged);
+    }
+  });
+}
+
 void GPT2::zero_grad() {
-  for (Tensor& g : grads_) g.zero_();
+  for (Tensor& g : grads_)
+    if (g.defined()) g.zero_();
 }
 
 void GPT2::free_activations() { acts_ = Activations{}; }
@@ -219,6 +249,10 @@ void GPT2::ensure_activations(int B, int T) {
 }
 
 Tensor GPT2::unit_weights_f32(int unit) {
+  SL_CHECK_HINT(params_[unit].defined(),
+                "a sharded model must install (gather) a unit's parameters before its forward and backward, "
+                "e.g. in hooks.before_forward / before_backward (lab 04 README \"ZeRO-3\")",
+                "unit %d's parameters are not in memory (no buffer installed)", unit);
   if (policy_.param_dtype == DType::F32) return params_[unit];
   // Emulated bf16: the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
   Tensor w = Tensor::empty({params_[unit].numel()}, DType::F32, device_, MemCategory::Workspace);
@@ -323,6 +357,8 @@ void GPT2::backward() {
   // d(mean loss)/d(loss[b,t]) = 1/(B*T)
   softmax_crossentropy_backward(dlogits, a.probs, a.targets, 1.0f / static_cast<float>(B * T));
 
+  // Unit 0's backward begins here: the tied LM head is unit 0's weight, and ends with the embeddings.
+  run_hook(hooks.before_backward, 0);
   // LM head backward: writes the first part of dwte (unit 0 is complete only after the encoder)
   Tensor& dlnf = a.dln;
   dlnf.zero_();
@@ -383,7 +419,6 @@ void GPT2::backward() {
   }
 
   // embeddings: dwte gets the token rows, dwpe the position rows
-  run_hook(hooks.before_backward, 0);
   {
     Tensor dwte = grad("wte"), dwpe = grad("wpe");
     encoder_backward(dwte, dwpe, a.dresidual, a.tokens);

@@ -157,7 +157,8 @@ TEST(Gpt2ParamTable, D12CountMatchesTheHandCount) {
 // Hooks
 
 // gpt2.h: forward runs units 0..L+1, backward L+1..0, each before_X just before after_X of the same
-// unit. A lab that overlaps communication with backward relies on exactly this sequence.
+// unit, except that unit 0's backward encloses the others (the tied LM head runs first). A lab that
+// overlaps communication with backward, or gathers and frees units (lab 04), relies on this sequence.
 TEST(Gpt2Hooks, FireInTheDocumentedOrder) {
   GPT2 model(tiny());
   std::vector<std::string> seen;
@@ -175,10 +176,12 @@ TEST(Gpt2Hooks, FireInTheDocumentedOrder) {
     want.push_back("before_forward " + std::to_string(u));
     want.push_back("after_forward " + std::to_string(u));
   }
-  for (int u = last; u >= 0; --u) {
+  want.push_back("before_backward 0");  // the LM head, tied to wte, is unit 0's
+  for (int u = last; u >= 1; --u) {
     want.push_back("before_backward " + std::to_string(u));
     want.push_back("after_backward " + std::to_string(u));
   }
+  want.push_back("after_backward 0");
   EXPECT_EQ(seen, want);
 }
 
@@ -281,6 +284,46 @@ TEST(Gpt2Init, SameSeedGivesIdenticalWeightsAndAnotherSeedDifferentOnes) {
   c.init_weights(42);
   for (int u = 0; u < a.num_units(); ++u)
     EXPECT_EQ(std::memcmp(a.unit_params(u).raw(), c.unit_params(u).raw(), a.unit_params(u).nbytes()), 0) << u;
+}
+
+// gpt2_initial_weights streams the constructor's weights one unit at a time (lab 04 keeps only a
+// shard of each), and a model without storage holds no bytes until buffers are installed.
+TEST(Gpt2Init, InitialWeightsStreamEqualsTheConstructorsWeights) {
+  GPT2 a(tiny(), PrecisionPolicy::fp32(), Device::CPU, 42);
+  int next_unit = 0;
+  scalelab::gpt2_initial_weights(tiny(), 42, [&](int u, const Tensor& w) {
+    EXPECT_EQ(u, next_unit++) << "units arrive in order";
+    ASSERT_EQ(w.numel(), a.unit_params(u).numel());
+    EXPECT_EQ(std::memcmp(w.raw(), a.unit_params(u).raw(), w.nbytes()), 0) << "unit " << u;
+  });
+  EXPECT_EQ(next_unit, a.num_units());
+}
+
+TEST(Gpt2Storage, WithoutStorageHoldsNothingAndRefusesAForwardUntilBuffersAreInstalled) {
+  Allocator& alloc = Allocator::get(Device::CPU);
+  const int64_t params_before = alloc.stats().current_bytes[static_cast<int>(MemCategory::Params)];
+  const int64_t grads_before = alloc.stats().current_bytes[static_cast<int>(MemCategory::Grads)];
+  GPT2 model = GPT2::without_storage(tiny());
+  EXPECT_EQ(alloc.stats().current_bytes[static_cast<int>(MemCategory::Params)], params_before);
+  EXPECT_EQ(alloc.stats().current_bytes[static_cast<int>(MemCategory::Grads)], grads_before);
+  EXPECT_EQ(model.num_params(), scalelab::gpt2_num_params(tiny()));
+  const Tensor tokens = random_tokens(2, 8, 64, 1), targets = random_tokens(2, 8, 64, 2);
+  try {
+    model.forward(tokens, &targets);
+    FAIL() << "forward without parameter buffers must throw";
+  } catch (const scalelab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 0's parameters are not in memory"), std::string::npos) << e.what();
+  }
+  // Installed buffers (here: padded by 3 elements, as a sharded model's are) give the dense model's loss.
+  GPT2 dense(tiny(), PrecisionPolicy::fp32(), Device::CPU, 7);
+  const std::vector<int64_t> n = scalelab::gpt2_unit_numel(tiny());
+  for (int u = 0; u < model.num_units(); ++u) {
+    Tensor padded = Tensor::zeros({n[u] + 3});
+    model.unit_params(u) = padded.view(0, {n[u]});
+    model.unit_grads(u) = Tensor::zeros({n[u]});
+  }
+  model.init_weights(7);
+  EXPECT_EQ(model.forward(tokens, &targets), dense.forward(tokens, &targets));
 }
 
 // GPT-2 init (gpt2.h): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), layernorm weights 1,

@@ -9,8 +9,10 @@
 //
 // Hooks run before/after each unit's forward and backward. Order in a step:
 //   forward:  embed(0), h.0(1) ... h.L-1(L), ln_f(L+1), then the LM head reads unit 0 again
-//   backward: LM head (writes dwte), ln_f(L+1), h.L-1(L) ... h.0(1), embed(0)
-// so unit 0's gradient is complete only at after_backward(0) (mind this when overlapping all-reduces).
+//   backward: before_backward(0), LM head (writes dwte), ln_f(L+1), h.L-1(L) ... h.0(1), embeddings,
+//             after_backward(0)
+// Unit 0's backward encloses all the others: the tied LM head is unit 0's weight, so its gradient
+// starts first and is complete only at after_backward(0) (mind this when overlapping all-reduces).
 // Tests: tests/common/test_gpt2_fixture.cpp (against PyTorch), tests/common/test_gpt2.cpp
 #pragma once
 
@@ -54,6 +56,15 @@ struct ModelHooks {
 std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg);
 // Total parameter count; with_wpe=false excludes position embeddings (the MFU convention, see lab 01).
 int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe = true);
+// Elements of each unit's parameter buffer, units 0 .. L+1.
+std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg);
+
+// The initial weights of every unit, one unit at a time: calls sink(unit, w) for unit 0 .. L+1 in
+// order, w a (unit numel,) fp32 CPU tensor (category Workspace) valid during the call. The same
+// values GPT2's constructor draws from `seed`, so a sharded model (lab 04) can keep only its shard of
+// each unit and start exactly where a 1-rank model does, without ever holding the whole model.
+void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
+                          const std::function<void(int unit, const Tensor& w)>& sink);
 
 class GPT2 {
  public:
@@ -62,15 +73,22 @@ class GPT2 {
   // projections c_proj scaled by 1/sqrt(2L), layernorm weight 1, biases 0).
   explicit GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
                 Device device = Device::CPU, uint64_t seed = 0);
+  // A model WITHOUT parameter or gradient storage (like PyTorch's meta device before FSDP
+  // materialises a module): unit_params(u) and unit_grads(u) are empty tensors until the caller
+  // installs buffers of the unit's size (or larger: views use offsets from the table). forward and
+  // backward throw, naming the unit, when a unit they reach has no buffer. Used by lab 04.
+  static GPT2 without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
+                              Device device = Device::CPU);
 
   const GPTConfig& config() const { return cfg_; }
   const PrecisionPolicy& policy() const { return policy_; }
   Device device() const { return device_; }
   const std::vector<ParamInfo>& param_table() const { return table_; }
   int num_units() const { return cfg_.n_layer + 2; }
-  int64_t num_params() const;
+  int64_t num_params() const;  // from the table: the same whether or not buffers are installed
 
-  // Flat buffer of a unit's parameters (policy.param_dtype) and its gradients (fp32).
+  // Flat buffer of a unit's parameters (policy.param_dtype) and its gradients (fp32). Assignable: a
+  // lab may install its own buffer (a gathered copy) and release it again (assign Tensor()).
   Tensor& unit_params(int unit) { return params_.at(unit); }
   Tensor& unit_grads(int unit) { return grads_.at(unit); }
   // Views of one named parameter / gradient, shaped as in the table. Throws on an unknown name.
@@ -78,7 +96,7 @@ class GPT2 {
   Tensor grad(const std::string& name) const;
   const ParamInfo& info(const std::string& name) const;
 
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed);  // gpt2_initial_weights into the installed buffers
 
   // tokens (B,T) i32 on the model's device, T <= max_seq_len. With targets (B,T): computes probs and
   // returns the mean cross-entropy loss (nats); without: computes logits only and returns NaN.
@@ -113,6 +131,7 @@ class GPT2 {
   // The fp32 weights of a unit: the parameter buffer itself (fp32 policy) or an fp32 copy of the bf16
   // buffer made for this unit's forward/backward (emulated bf16, category Workspace).
   Tensor unit_weights_f32(int unit);
+  GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device);
   Tensor weight_view(const Tensor& unit_f32, const std::string& name) const;
 
   GPTConfig cfg_;
