@@ -154,17 +154,12 @@ CauseFinding check_comm(const ScalingEvidence& ev, const VerdictThresholds& th) 
   f.threshold = th.exposed_comm_share_max;
   f.culprit = share > th.exposed_comm_share_max;
 
-  std::string e;
-  if (use_last) {
-    e = strf("exposed comm %s of the step on rank %d, the last to reach the all-reduce (limit %s)", pct_str(share).c_str(),
-             last->rank, pct_str(th.exposed_comm_share_max).c_str());
-    if (is_set(mean)) {
-      e += "; mean over ranks " + pct_str(mean);
-      if (mean - share > 0.05) e += " (the rest is peers waiting for the slow rank: see cause 4)";
-    }
-  } else {
-    e = "exposed comm " + pct_str(share) + " of the step, mean over ranks (limit " +
-        pct_str(th.exposed_comm_share_max) + ")";
+  std::string e = "exposed comm " + pct_str(share) + " of the step (limit " + pct_str(th.exposed_comm_share_max) + ")";
+  if (use_last && is_set(mean) && mean - share > 0.05) {
+    e += strf(" on rank %d, the last to reach the all-reduce; the mean over ranks, %s, also holds peers waiting "
+              "for it (see cause 4)", last->rank, pct_str(mean).c_str());
+  } else if (!use_last) {
+    e += ", mean over ranks";
   }
   if (is_set(ev.comm_busy_share)) e += "; all-reduce in flight " + pct_str(ev.comm_busy_share) + " of the step";
   e += ev.overlap_enabled ? "; overlap on" : "; overlap off";
