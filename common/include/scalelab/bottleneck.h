@@ -69,7 +69,7 @@ struct ScalingEvidence {
 
 // Decision thresholds. Each default sits well outside the 5-10 % step-to-step noise of a 2-core CPU
 // run, and each cause it flags must be able to explain a good part of the lesson's 30 % loss
-// (2x expected, 1.4x measured). Reasons in full: docs/bottleneck.md "Thresholds".
+// (2x expected, 1.4x measured). Reasons in full: docs/bottleneck.md, one section per cause.
 struct VerdictThresholds {
   // (1) loader culprit when loader_alone / consumption < this. Timed alone, the loader has the cores to
   // itself; in the run it shares them with compute and serves every micro-step on time, so it needs
@@ -79,7 +79,10 @@ struct VerdictThresholds {
   // (1) ... OR when data_wait_share > this. A prefetching loader that keeps up leaves ~0-1 % wait; 10 %
   // is a third of the 30 % the lesson lost, and 10x the wait of a healthy run.
   double data_wait_share_max = 0.10;  // fraction of step_ms
-  // (2) communication culprit when the exposed share > this. With overlap on, the last bucket can
+  // (2) communication culprit when the exposed share > this, taken on the rank with the largest
+  // compute_ms (last to reach the all-reduce, it waits for no peer; the others' exposed time also holds
+  // their wait for it, which is cause 4's evidence); the mean over ranks when per-rank timings are
+  // missing. With overlap on, the last bucket can
   // never hide (it is reduced after backward ends): a few % of the step. 15 % is half the lesson's
   // loss and about twice the step noise.
   double exposed_comm_share_max = 0.15;  // fraction of step_ms
