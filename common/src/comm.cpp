@@ -246,6 +246,7 @@ int run_on_all_ranks(const std::string& backend, const std::function<int(Communi
     if (comm->size() == 1) return todo ? 3 : 1;
     comm->abort(todo ? 3 : 1, todo ? "a TODO is not implemented yet" : "an error on this rank");
   }
+  return 1;  // not reached: abort() ends the job (some compilers cannot see that through the virtual call)
 }
 
 }  // namespace scalelab

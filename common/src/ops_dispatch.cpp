@@ -455,6 +455,8 @@ void scale_(Tensor& t, float s) {
   cpu::scale(t.data<float>(), t.numel(), s);
 }
 
+void add_(Tensor& t, const Tensor& x) { residual_forward(t, t, x); }
+
 void cast(Tensor& dst, const Tensor& src) {
   SL_OPS_NUMEL(dst, src.numel());
   const Device device = device_of(__func__, {&dst, &src});

@@ -620,6 +620,22 @@ TEST(OpsCpu, SumSquaresAndScaleMatchReference) {
   for (int i = 0; i < kN; i++) ASSERT_EQ(y[i], x[i] * 0.25f) << "i=" << i;
 }
 
+// add_ (t += x) is what lab 04 accumulates gradient shards with; a view added in place must leave
+// the rest of its parent alone.
+TEST(OpsCpu, AddInPlaceAddsElementwiseAndOnlyInsideTheView) {
+  constexpr int kN = 1001;
+  Tensor parent = Tensor::zeros({kN + 2});
+  Tensor t = parent.view(1, {kN}), x = Tensor::empty({kN});
+  for (int i = 0; i < kN; i++) {
+    t.data<float>()[i] = 0.5f * i;
+    x.data<float>()[i] = 1.0f - i;
+  }
+  scalelab::add_(t, x);
+  for (int i = 0; i < kN; i++) ASSERT_EQ(t.data<float>()[i], 0.5f * i + (1.0f - i)) << "i=" << i;
+  EXPECT_EQ(parent.data<float>()[0], 0.0f);
+  EXPECT_EQ(parent.data<float>()[kN + 1], 0.0f);
+}
+
 TEST(OpsCpu, Bf16CastRoundsToNearestEven) {
   // bf16 keeps 7 mantissa bits: between 1 and 2 its spacing is 2^-7. Cases and their bf16 results:
   const float one = 1.0f, ulp = std::ldexp(1.0f, -7);  // ulp: bf16 spacing in [1, 2)

@@ -77,6 +77,8 @@ void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay)
 double sum_squares(const Tensor& t);
 // t *= s (fp32).
 void scale_(Tensor& t, float s);
+// t += x (fp32, same numel): residual_forward's kernel in place (gradient accumulation, lab 04).
+void add_(Tensor& t, const Tensor& x);
 // dst = src with dtype conversion (f32 <-> bf16, round to nearest even; same dtype = copy). Same numel.
 void cast(Tensor& dst, const Tensor& src);
 

@@ -1,0 +1,244 @@
+// fsdp.h — what the learner writes in lab 04 (FSDP / ZeRO), declared once for both tracks.
+//   labs/04_fsdp/fsdp.cpp       the learner's file (TODO blocks)   -> library lab04_learner
+//   solutions/04_fsdp/fsdp.cpp  the reference (same file, filled)  -> library lab04_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab04::learner / ::ref) chosen by
+// SL_TRACK_LAB04, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/04_fsdp/README.md   Graded tests: tests/lab04/   Memory formulas: scalelab/memory_estimator.h
+//
+// ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, Sec. 5): data parallel, but each of the N ranks keeps
+// only 1/N of the model state. Stage 1 shards the optimizer state (P_os), stage 2 also the gradients
+// (P_os+g), stage 3 also the parameters (P_os+g+p; PyTorch's FSDP FULL_SHARD). The pieces, in the order
+// a step uses them (README "The picture"):
+//   shard_layout                 which elements of a unit this rank owns, padding     TODO lab04-1
+//   gather_params_async          ZeRO-3: all-gather one unit's parameters              TODO lab04-2
+//   use_params                   ZeRO-3: wait for the unit, prefetch the next ones     TODO lab04-3
+//   release_params               ZeRO-3: free the gathered copy after use              TODO lab04-4
+//   reduce_scatter_grads_async   each rank receives the averaged shard it owns         TODO lab04-5
+//   finish_reduce_scatter        wait, keep the shard, free the full gradient          TODO lab04-6
+//   clip_grad_norm_sharded       the global gradient norm from N shards                TODO lab04-7
+//   optimizer_step               AdamW/SGD on this rank's shard; all-gather the result TODO lab04-8
+//   train_step                   one optimizer step over micro-batches                 TODO lab04-9
+//   FSDP (given)                 owns the shards, installs the hooks that call the above
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scalelab/comm.h"
+#include "scalelab/gpt2.h"
+#include "scalelab/optim.h"
+#include "scalelab/precision.h"
+#include "scalelab/tensor.h"
+
+#ifndef SL_TRACK_LAB04
+#define SL_TRACK_LAB04 ref
+#endif
+
+namespace scalelab::lab04 {
+inline namespace SL_TRACK_LAB04 {
+
+// What each rank keeps only 1/N of (Rajbhandari et al. 2019, Sec. 5.1-5.3, Fig. 1).
+enum class ZeroStage : int {
+  Zero1 = 1,  // P_os: optimizer state (AdamW m, v and the fp32 master weights)
+  Zero2 = 2,  // P_os+g: and the gradients
+  Zero3 = 3,  // P_os+g+p: and the parameters (FSDP FULL_SHARD)
+};
+ZeroStage zero_stage_from_int(int stage);  // 1, 2 or 3; throws scalelab::Error with a hint otherwise
+const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ...
+
+// =============================================================================================
+// Shards and padding
+// =============================================================================================
+// One unit's flat buffer of n elements, split over N ranks. Collectives need equal chunks, so the
+// buffer is padded to N * s elements (s = ceil(n / N)); rank r owns elements [r*s, (r+1)*s) of the
+// padded buffer. Elements [n, N*s) are padding: always zero, never seen by the model (the model views
+// only [0, n)). README "Shards and padding".
+struct ShardLayout {
+  int64_t numel = 0;   // n: elements of the unit (what the model sees)
+  int64_t shard = 0;   // s = ceil(n / N): elements per rank
+  int64_t padded = 0;  // N * s >= n: elements of the padded buffer the collectives use
+  int64_t begin = 0;   // r * s: where this rank's shard starts in the padded buffer
+  int64_t owned = 0;   // how many of the shard's s elements are real parameters: clamp(n - begin, 0, s)
+};
+
+// TODO(lab04-1): the layout of a unit of `numel` elements for `rank` of `world_size` ranks.
+// numel >= 1, 0 <= rank < world_size; anything else is refused (scalelab::Error).
+ShardLayout shard_layout(int64_t numel, int rank, int world_size);
+
+// =============================================================================================
+// The state of one rank (the FSDP class below builds it; your functions read and change it)
+// =============================================================================================
+// One unit on one rank. Buffers are empty (Tensor()) when not held. Categories: what the counting
+// allocator books them under, so memory per rank shows in the logs and the checks.
+struct UnitShard {
+  ShardLayout layout;
+  bool keep_gathered = true;  // the full parameters stay in memory between uses: every unit in ZeRO-1/2;
+                              // in ZeRO-3 only the root units (0: embeddings + tied LM head, L+1: ln_f)
+  // Parameters (policy.param_dtype, category Params)
+  Tensor full_params;   // (padded,) the gathered unit; the model's unit_params(u) is its view [0, n).
+                        // ZeRO-3 blocks: only between use_params and release_params
+  Tensor param_shard;   // (shard,) ZeRO-3 blocks: this rank's part, the only copy kept between uses.
+                        // Other units: a view of full_params at [begin, begin + shard)
+  WorkPtr gather;       // ZeRO-3: the all-gather filling full_params, while in flight
+  // Gradients (fp32, category Grads)
+  Tensor full_grads;    // (padded,) the model's unit_grads(u) is its view [0, n). ZeRO-1: always held;
+                        // ZeRO-2/3: only from the unit's before_backward until its reduce-scatter is done
+  Tensor grad_shard;    // (shard,) the averaged gradient of this rank's shard: what the optimizer reads.
+                        // ZeRO-1: a view of full_grads at [begin, begin + shard); ZeRO-2/3: its own buffer
+  Tensor rs_out;        // (shard,) fp32, category Comm: the output of the reduce-scatter in flight
+  WorkPtr reduce_scatter;  // the reduce-scatter of full_grads, while in flight
+  // Optimizer state (fp32, category OptimizerState), all (shard,)
+  Tensor master;        // fp32 master weights when the policy stores parameters in bf16 (else empty)
+  Tensor m, v;          // AdamW moments (empty for SGD)
+};
+
+struct FsdpState {
+  GPT2& model;
+  Communicator& comm;
+  ZeroStage stage;
+  OptimizerConfig optimizer;
+  int prefetch = 1;               // ZeRO-3: gathers allowed in flight beyond the unit in use (0: none)
+  int64_t optimizer_steps = 0;    // AdamW's t: updates done so far
+  std::vector<UnitShard> units;   // units[u] for u = 0 .. L+1
+  std::vector<int> reduce_scatters_in_flight;  // units whose reduce-scatter is launched, not finished
+
+  int num_units() const { return static_cast<int>(units.size()); }
+  // Blocks of ZeRO-3 whose full_params is allocated now (gathered or being gathered).
+  int gathered_count() const;
+};
+
+// The order in which a pass uses the units: forward 0, 1, ..., L, L+1; backward 0 (the tied LM head
+// runs first), L+1, L, ..., 1. use_params prefetches along it.
+enum class Pass { Forward, Backward };
+std::vector<int> unit_order(int num_units, Pass pass);
+
+// =============================================================================================
+// ZeRO-3: gather a unit's parameters before use, free them after
+// =============================================================================================
+// Tags of the collectives (the checks find them in the event log by these):
+std::string gather_tag(int unit);          // "gather unit 3"
+std::string reduce_scatter_tag(int unit);  // "reduce_scatter unit 3"
+
+// TODO(lab04-2): start the all-gather of unit u's parameters (a ZeRO-3 block whose full_params is
+// empty): allocate full_params (padded,) in the policy's parameter dtype (category Params), copy
+// param_shard into its chunk [begin, begin + shard), and all_gather_async that chunk into the whole
+// buffer (in place, tag gather_tag(u)); keep the handle in units[u].gather. README "ZeRO-3".
+void gather_params_async(FsdpState& s, int unit);
+
+// TODO(lab04-3): the before_forward / before_backward hook of a ZeRO-3 block. Make unit u's parameters
+// usable: start its gather if nobody did (gather_params_async), wait for it, install the view
+// model.unit_params(u) = full_params [0, n). Then prefetch: walk `order` after u and start the gathers of
+// the next s.prefetch blocks that are not kept gathered and not gathered yet, so at most 1 + prefetch
+// blocks are ever gathered at once. README "Prefetch".
+void use_params(FsdpState& s, int unit, const std::vector<int>& order);
+
+// TODO(lab04-4): the after_forward / after_backward hook of a ZeRO-3 block: free the gathered copy
+// (model.unit_params(u) and units[u].full_params become empty); param_shard stays. README "ZeRO-3".
+void release_params(FsdpState& s, int unit);
+
+// =============================================================================================
+// Gradients: each rank receives the averaged shard it owns
+// =============================================================================================
+// TODO(lab04-5): start the reduce-scatter of unit u's full gradient: rs_out = a (shard,) fp32 buffer
+// (category Comm); reduce_scatter_async(full_grads, rs_out, ReduceOp::Avg, reduce_scatter_tag(u)) puts
+// the average over the ranks of chunk r into rank r's rs_out. Keep the handle in units[u].reduce_scatter
+// and append u to s.reduce_scatters_in_flight. README "Reduce-scatter".
+void reduce_scatter_grads_async(FsdpState& s, int unit);
+
+// TODO(lab04-6): wait for unit u's reduce-scatter and keep its result: ZeRO-1 reduces once per step,
+// so grad_shard = rs_out (copy); ZeRO-2/3 reduce every micro-step, so grad_shard += rs_out. Free
+// rs_out; in ZeRO-2/3 also free the full gradient (full_grads and model.unit_grads(u) become empty):
+// that is what makes gradient memory 1/N. Remove u from s.reduce_scatters_in_flight.
+// README "Reduce-scatter".
+void finish_reduce_scatter(FsdpState& s, int unit);
+
+// =============================================================================================
+// The update, on this rank's shard only
+// =============================================================================================
+// TODO(lab04-7): the global L2 norm of the gradient, from the shards: every rank sums the squares of
+// its grad_shards (sum_squares), one all_reduce (Sum) of that number, sqrt. If max_norm > 0 and the
+// norm exceeds it, scale every grad_shard by max_norm / (norm + 1e-6) (as torch's clip_grad_norm_).
+// Returns the norm before clipping. README "The update".
+float clip_grad_norm_sharded(FsdpState& s, float max_norm);
+
+// TODO(lab04-8): one AdamW (or SGD) update of this rank's shard of every unit, then every rank gets the
+// new parameters. Per unit: the fp32 weights to update are `master` (bf16 policy) or param_shard; the
+// shard's elements [0, owned) cover parts of several parameters of the table, and weight decay applies
+// per parameter (ParamInfo::decay), so update one intersection at a time with adamw_update / sgd_update
+// (t = ++s.optimizer_steps once per call, not per unit). With a master copy, cast it into param_shard.
+// Then, for units kept gathered, all_gather param_shard (a view of full_params' own chunk) into
+// full_params, tag gather_tag(u). ZeRO-3 blocks are gathered when next used. README "The update".
+void optimizer_step(FsdpState& s, float lr);
+
+// =============================================================================================
+// The training step
+// =============================================================================================
+struct MicroBatch {
+  Tensor inputs;   // (B, T) i32 token ids, B = the micro-batch
+  Tensor targets;  // (B, T) i32, the next tokens
+};
+
+struct StepResult {
+  float loss = 0.0f;       // mean cross-entropy of THIS rank's micro-batches, nats per token
+  float grad_norm = 0.0f;  // global L2 norm of the averaged gradient BEFORE clipping
+};
+
+class FSDP;
+
+// TODO(lab04-9): one optimizer step over this rank's micro-batches (one per micro-step):
+//   zero the gradients (fsdp.zero_grad()); forward + backward each micro-batch; ZeRO-2/3 reduce-scatter
+//   inside backward (the hooks call your functions), so after each backward fsdp.finish_backward()
+//   waits for the last of them; ZeRO-1 instead reduce-scatters every unit once, after the LAST
+//   micro-step (as DDP's no_sync); divide the grad_shards by the number of micro-steps; clip; update.
+// README "The training step".
+StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+
+// =============================================================================================
+// FSDP (given): builds the sharded model and installs the hooks
+// =============================================================================================
+struct FsdpOptions {
+  ZeroStage stage = ZeroStage::Zero3;
+  int prefetch = 1;                  // ZeRO-3 gathers in flight beyond the unit in use
+  OptimizerConfig optimizer;
+};
+
+// Builds the model WITHOUT ever holding all of it (GPT2::without_storage, then gpt2_initial_weights
+// one unit at a time: each rank keeps its shards), so a model too big for one device can be built on N.
+// The weights are the ones a 1-rank GPT2(cfg, policy, device, seed) starts from, on every rank.
+// Installs the model's hooks (ZeRO-2/3 gradients, ZeRO-3 gathers); one FSDP per process and model.
+// Throws OutOfMemory (allocator cap) like any allocation; scalelab::Error for bad options.
+class FSDP {
+ public:
+  FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed, Communicator& comm,
+       const FsdpOptions& options);
+  ~FSDP();
+  FSDP(const FSDP&) = delete;
+  FSDP& operator=(const FSDP&) = delete;
+
+  GPT2& model() { return model_; }
+  FsdpState& state() { return state_; }
+  ZeroStage stage() const { return state_.stage; }
+  Communicator& comm() { return state_.comm; }
+
+  // Zeroes the gradients a step accumulates into: ZeRO-1 the full gradients, ZeRO-2/3 the grad_shards.
+  void zero_grad();
+  // ZeRO-2/3, after a backward: waits for the reduce-scatters still in flight (finish_reduce_scatter).
+  void finish_backward();
+  // ZeRO-1, after the last micro-step's backward: reduce-scatter every unit (launch all, then finish all).
+  void reduce_scatter_all();
+
+  // This rank's copy of unit u's parameters as fp32 values [0, n) gathered from all ranks (a collective:
+  // every rank must call it). For checks and checkpoints; allocates (numel,) fp32, category Other.
+  Tensor gather_unit_f32(int unit);
+  // This rank's averaged gradient shard of unit u: elements [begin, begin + owned) of the unit.
+  Tensor grad_shard_owned(int unit) const;
+
+ private:
+  GPT2 model_;
+  FsdpState state_;
+};
+
+}  // namespace SL_TRACK_LAB04
+}  // namespace scalelab::lab04

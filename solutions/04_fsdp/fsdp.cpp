@@ -1,0 +1,415 @@
+// fsdp.cpp — lab 04: ZeRO-1, 2 and 3 (FSDP): shard the optimizer state, the gradients and the
+// parameters of data-parallel training over N ranks. Declared in labs/04_fsdp/fsdp.h; the lesson is
+// labs/04_fsdp/README.md. Only the code between TODO(lab04-N) BEGIN/END is yours to write; the rest is
+// shared by both tracks (labs/04_fsdp/fsdp.cpp and solutions/04_fsdp/fsdp.cpp).
+#include "fsdp.h"
+
+#include <algorithm>  // defines: std::min, std::max, std::find
+#include <cmath>      // defines: std::sqrt
+#include <cstdint>    // defines: int64_t
+#include <string>     // defines: std::string, std::to_string
+#include <vector>     // defines: std::vector
+
+#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops.h"    // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+
+namespace scalelab::lab04 {
+inline namespace SL_TRACK_LAB04 {
+
+ZeroStage zero_stage_from_int(int stage) {
+  SL_CHECK_HINT(stage >= 1 && stage <= 3,
+                "use --stage 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters, FSDP FULL_SHARD)",
+                "unknown ZeRO stage %d", stage);
+  return static_cast<ZeroStage>(stage);
+}
+
+const char* zero_stage_name(ZeroStage stage) {
+  switch (stage) {
+    case ZeroStage::Zero1: return "ZeRO-1 (optimizer state)";
+    case ZeroStage::Zero2: return "ZeRO-2 (optimizer state + gradients)";
+    case ZeroStage::Zero3: return "ZeRO-3 (optimizer state + gradients + parameters)";
+  }
+  return "?";
+}
+
+int FsdpState::gathered_count() const {
+  int n = 0;
+  for (const UnitShard& u : units) n += !u.keep_gathered && u.full_params.defined();
+  return n;
+}
+
+std::vector<int> unit_order(int num_units, Pass pass) {
+  std::vector<int> order;
+  if (pass == Pass::Forward) {
+    for (int u = 0; u < num_units; ++u) order.push_back(u);
+  } else {
+    order.push_back(0);  // the tied LM head: unit 0's backward starts first (gpt2.h)
+    for (int u = num_units - 1; u >= 1; --u) order.push_back(u);
+  }
+  return order;
+}
+
+std::string gather_tag(int unit) { return "gather unit " + std::to_string(unit); }
+std::string reduce_scatter_tag(int unit) { return "reduce_scatter unit " + std::to_string(unit); }
+
+// =============================================================================================
+// Shards and padding
+// =============================================================================================
+ShardLayout shard_layout(int64_t numel, int rank, int world_size) {
+  SL_CHECK(numel >= 1 && world_size >= 1 && rank >= 0 && rank < world_size,
+           "shard_layout(numel=%lld, rank=%d, world_size=%d): need numel >= 1 and 0 <= rank < world_size",
+           static_cast<long long>(numel), rank, world_size);
+  ShardLayout l;
+  // TODO(lab04-1) BEGIN  equal chunks of a padded buffer; this rank's chunk and how much of it is real
+  //   1. l.numel = numel;  l.shard = ceil(numel / world_size) in integers: (numel + N - 1) / N
+  //   2. l.padded = world_size * l.shard   (>= numel; the difference is padding)
+  //   3. l.begin = rank * l.shard
+  //   4. l.owned = real elements in [begin, begin + shard): numel - begin, clamped to [0, shard]
+  //      (with 10 elements on 4 ranks: shard 3, padded 12, and rank 3 owns 1 element)
+  l.numel = numel;
+  l.shard = (numel + world_size - 1) / world_size;
+  l.padded = l.shard * world_size;
+  l.begin = static_cast<int64_t>(rank) * l.shard;
+  l.owned = std::max<int64_t>(0, std::min(l.shard, numel - l.begin));
+  // TODO(lab04-1) END
+  return l;
+}
+
+// =============================================================================================
+// ZeRO-3: gather a unit's parameters before use, free them after
+// =============================================================================================
+void gather_params_async(FsdpState& s, int unit) {
+  UnitShard& us = s.units.at(unit);
+  SL_CHECK(!us.full_params.defined(), "gather_params_async: unit %d is already gathered", unit);
+  // TODO(lab04-2) BEGIN  allocate the padded buffer, put our shard in our chunk, all-gather in place
+  //   1. us.full_params = Tensor::empty({layout.padded}, model.policy().param_dtype, model.device(), MemCategory::Params)
+  //   2. Tensor mine = us.full_params.view(layout.begin, {layout.shard});  mine.copy_from(us.param_shard)
+  //   3. us.gather = s.comm.all_gather_async(mine, us.full_params, gather_tag(unit))
+  //      (all_gather puts rank r's chunk at [r*shard, (r+1)*shard): the whole unit, plus the padding)
+  const ShardLayout& l = us.layout;
+  us.full_params =
+      Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params);
+  Tensor mine = us.full_params.view(l.begin, {l.shard});
+  mine.copy_from(us.param_shard);
+  us.gather = s.comm.all_gather_async(mine, us.full_params, gather_tag(unit));
+  // TODO(lab04-2) END
+}
+
+void use_params(FsdpState& s, int unit, const std::vector<int>& order) {
+  // TODO(lab04-3) BEGIN  wait for this unit, install it, prefetch the next ones
+  //   1. no gather started for it yet (full_params empty)? gather_params_async(s, unit)
+  //   2. units[unit].gather->wait(); units[unit].gather = nullptr
+  //   3. s.model.unit_params(unit) = full_params.view(0, {layout.numel})   the model never sees padding
+  //   4. prefetch: walk `order` from the entry after `unit`; for the next s.prefetch units that are not
+  //      keep_gathered: start gather_params_async for those whose full_params is still empty
+  //      (those already in flight count towards the s.prefetch too)
+  UnitShard& us = s.units.at(unit);
+  if (!us.full_params.defined()) gather_params_async(s, unit);
+  if (us.gather) {
+    us.gather->wait();
+    us.gather = nullptr;
+  }
+  s.model.unit_params(unit) = us.full_params.view(0, {us.layout.numel});
+  auto it = std::find(order.begin(), order.end(), unit);
+  int ahead = 0;  // sharded units after this one, gathered or being gathered
+  for (++it; it != order.end() && ahead < s.prefetch; ++it) {
+    UnitShard& next = s.units.at(*it);
+    if (next.keep_gathered) continue;
+    if (!next.full_params.defined()) gather_params_async(s, *it);
+    ++ahead;
+  }
+  // TODO(lab04-3) END
+}
+
+void release_params(FsdpState& s, int unit) {
+  // TODO(lab04-4) BEGIN  free the gathered copy: only param_shard stays
+  //   s.model.unit_params(unit) = Tensor();  s.units[unit].full_params = Tensor();
+  //   (a Tensor frees its bytes when the last view of them goes: both must go)
+  s.model.unit_params(unit) = Tensor();
+  s.units.at(unit).full_params = Tensor();
+  // TODO(lab04-4) END
+}
+
+// =============================================================================================
+// Gradients: each rank receives the averaged shard it owns
+// =============================================================================================
+void reduce_scatter_grads_async(FsdpState& s, int unit) {
+  UnitShard& us = s.units.at(unit);
+  SL_CHECK(us.full_grads.defined(), "reduce_scatter_grads_async: unit %d has no full gradient", unit);
+  // TODO(lab04-5) BEGIN  reduce-scatter the padded gradient: rank r receives the AVERAGE of chunk r
+  //   1. us.rs_out = Tensor::empty({layout.shard}, DType::F32, model.device(), MemCategory::Comm)
+  //   2. us.reduce_scatter = s.comm.reduce_scatter_async(us.full_grads, us.rs_out, ReduceOp::Avg, reduce_scatter_tag(unit))
+  //   3. s.reduce_scatters_in_flight.push_back(unit)
+  us.rs_out = Tensor::empty({us.layout.shard}, DType::F32, s.model.device(), MemCategory::Comm);
+  us.reduce_scatter = s.comm.reduce_scatter_async(us.full_grads, us.rs_out, ReduceOp::Avg, reduce_scatter_tag(unit));
+  s.reduce_scatters_in_flight.push_back(unit);
+  // TODO(lab04-5) END
+}
+
+void finish_reduce_scatter(FsdpState& s, int unit) {
+  UnitShard& us = s.units.at(unit);
+  SL_CHECK(us.reduce_scatter != nullptr, "finish_reduce_scatter: unit %d has no reduce-scatter in flight", unit);
+  // TODO(lab04-6) BEGIN  wait; keep the shard; ZeRO-2/3 free the full gradient
+  //   1. us.reduce_scatter->wait(); us.reduce_scatter = nullptr
+  //   2. ZeRO-1: us.grad_shard.copy_from(us.rs_out)   (the step's gradients, reduced once)
+  //      ZeRO-2/3: add_(us.grad_shard, us.rs_out)     (one micro-step's share, accumulated)
+  //   3. us.rs_out = Tensor()
+  //   4. ZeRO-2/3: us.full_grads = Tensor(); s.model.unit_grads(unit) = Tensor()
+  //   5. erase `unit` from s.reduce_scatters_in_flight
+  us.reduce_scatter->wait();
+  us.reduce_scatter = nullptr;
+  if (s.stage == ZeroStage::Zero1) {
+    us.grad_shard.copy_from(us.rs_out);
+  } else {
+    add_(us.grad_shard, us.rs_out);
+  }
+  us.rs_out = Tensor();
+  if (s.stage != ZeroStage::Zero1) {
+    us.full_grads = Tensor();
+    s.model.unit_grads(unit) = Tensor();
+  }
+  auto& q = s.reduce_scatters_in_flight;
+  q.erase(std::find(q.begin(), q.end(), unit));
+  // TODO(lab04-6) END
+}
+
+// =============================================================================================
+// The update, on this rank's shard only
+// =============================================================================================
+float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
+  float norm = 0.0f;
+  // TODO(lab04-7) BEGIN  global norm from the shards: local sum of squares, all-reduce, sqrt; clip
+  //   1. double local = sum of sum_squares(units[u].grad_shard) over u   (padding is zero: harmless)
+  //   2. Tensor t (1,) fp32 holding local; s.comm.all_reduce(t, ReduceOp::Sum, "grad norm")
+  //   3. norm = sqrt(t[0]);  if max_norm > 0 and max_norm / (norm + 1e-6) < 1: scale_ every grad_shard by it
+  double local = 0.0;
+  for (const UnitShard& us : s.units) local += sum_squares(us.grad_shard);
+  Tensor t = Tensor::empty({1}, DType::F32);
+  t.data<float>()[0] = static_cast<float>(local);
+  s.comm.all_reduce(t, ReduceOp::Sum, "grad norm");
+  norm = std::sqrt(t.data<float>()[0]);
+  if (max_norm > 0.0f) {
+    const float scale = max_norm / (norm + 1e-6f);
+    if (scale < 1.0f)
+      for (UnitShard& us : s.units) scale_(us.grad_shard, scale);
+  }
+  // TODO(lab04-7) END
+  SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
+                "gradient norm is %g (not finite)", norm);
+  return norm;
+}
+
+void optimizer_step(FsdpState& s, float lr) {
+  // TODO(lab04-8) BEGIN  update this rank's shard of every unit, then share the new parameters
+  //   1. const int64_t t = ++s.optimizer_steps
+  //   2. for each unit u (const OptimizerConfig& o = s.optimizer; the table: s.model.param_table()):
+  //      weights = us.master if defined, else us.param_shard (fp32)
+  //      for each ParamInfo p of unit u: its elements [p.offset, p.offset + p.numel) of the unit meet
+  //      this shard [begin, begin + owned) in [lo, hi) (skip if empty); in shard coordinates that is
+  //      [lo - begin, hi - begin): views w, g (grad_shard), m, v of that range;
+  //      adamw_update(w, g, m, v, lr, o.beta1, o.beta2, o.eps, p.decay ? o.weight_decay : 0, t)
+  //      or sgd_update(w, g, lr, p.decay ? o.weight_decay : 0)
+  //   3. master defined: cast(us.param_shard, us.master)   (round the new fp32 weights to bf16)
+  //   4. us.keep_gathered: s.comm.all_gather(us.param_shard, us.full_params, gather_tag(u))
+  //      (param_shard is full_params' own chunk: in place)
+  const OptimizerConfig& o = s.optimizer;
+  const std::vector<ParamInfo>& table = s.model.param_table();
+  const int64_t t = ++s.optimizer_steps;
+  for (int u = 0; u < s.num_units(); ++u) {
+    UnitShard& us = s.units[u];
+    const ShardLayout& l = us.layout;
+    Tensor weights = us.master.defined() ? us.master : us.param_shard;  // fp32 (shard,)
+    for (const ParamInfo& p : table) {
+      if (p.unit != u) continue;
+      const int64_t lo = std::max(p.offset, l.begin), hi = std::min(p.offset + p.numel, l.begin + l.owned);
+      if (lo >= hi) continue;  // this parameter lies outside our shard
+      Tensor w = weights.view(lo - l.begin, {hi - lo});
+      const Tensor g = us.grad_shard.view(lo - l.begin, {hi - lo});
+      const float wd = p.decay ? o.weight_decay : 0.0f;
+      if (o.kind == OptimizerConfig::Kind::AdamW) {
+        Tensor m = us.m.view(lo - l.begin, {hi - lo}), v = us.v.view(lo - l.begin, {hi - lo});
+        adamw_update(w, g, m, v, lr, o.beta1, o.beta2, o.eps, wd, t);
+      } else {
+        sgd_update(w, g, lr, wd);
+      }
+    }
+    if (us.master.defined()) cast(us.param_shard, us.master);
+    if (us.keep_gathered) s.comm.all_gather(us.param_shard, us.full_params, gather_tag(u));
+  }
+  // TODO(lab04-8) END
+}
+
+// =============================================================================================
+// The training step
+// =============================================================================================
+StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
+  SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
+  StepResult r;
+  // TODO(lab04-9) BEGIN  m micro-steps, the gradients reduce-scattered, one sharded update
+  //   1. fsdp.zero_grad()
+  //   2. for each micro-batch: loss += model.forward(inputs, &targets); model.backward();
+  //      ZeRO-2/3: fsdp.finish_backward()   (the hooks reduce-scattered during backward)
+  //   3. ZeRO-1: fsdp.reduce_scatter_all()  (once, after the last micro-step)
+  //   4. each backward added the gradient of its micro-batch's MEAN loss: scale_ every grad_shard by 1/m
+  //   5. r.loss = mean of the m losses; r.grad_norm = clip_grad_norm_sharded(s, grad_clip); optimizer_step(s, lr)
+  FsdpState& s = fsdp.state();
+  GPT2& model = fsdp.model();
+  const int m = static_cast<int>(micro_batches.size());
+  fsdp.zero_grad();
+  double loss_sum = 0.0;
+  for (const MicroBatch& mb : micro_batches) {
+    loss_sum += model.forward(mb.inputs, &mb.targets);
+    model.backward();
+    if (s.stage != ZeroStage::Zero1) fsdp.finish_backward();
+  }
+  if (s.stage == ZeroStage::Zero1) fsdp.reduce_scatter_all();
+  if (m > 1)
+    for (UnitShard& us : s.units) scale_(us.grad_shard, 1.0f / static_cast<float>(m));
+  r.loss = static_cast<float>(loss_sum / m);
+  r.grad_norm = clip_grad_norm_sharded(s, grad_clip);
+  optimizer_step(s, lr);
+  // TODO(lab04-9) END
+  return r;
+}
+
+// =============================================================================================
+// FSDP (given)
+// =============================================================================================
+// dst (any dtype, any device) = src (fp32, CPU), converted; staged through the CPU for a GPU dst.
+static void copy_cast(Tensor dst, const Tensor& src) {
+  if (dst.device() == Device::CPU) {
+    cast(dst, src);
+    return;
+  }
+  Tensor staged = Tensor::empty({src.numel()}, dst.dtype(), Device::CPU, MemCategory::Workspace);
+  cast(staged, src);
+  dst.copy_from(staged);
+}
+
+FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed, Communicator& comm,
+           const FsdpOptions& options)
+    : model_(GPT2::without_storage(cfg, policy, device)),
+      state_{model_, comm, options.stage, options.optimizer, options.prefetch, 0, {}, {}} {
+  SL_CHECK_HINT(options.prefetch >= 0, "use --prefetch 0 (no prefetch) or more", "prefetch %d < 0",
+                options.prefetch);
+  const int U = model_.num_units(), N = comm.size(), rank = comm.rank();
+  const DType pdt = policy.param_dtype;
+  const bool adamw = options.optimizer.kind == OptimizerConfig::Kind::AdamW;
+  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
+  state_.units.resize(U);
+  for (int u = 0; u < U; ++u) {
+    UnitShard& us = state_.units[u];
+    us.layout = shard_layout(unit_numel[u], rank, N);  // YOUR TODO lab04-1
+    const ShardLayout& l = us.layout;
+    SL_CHECK_HINT(l.numel == unit_numel[u] && l.padded == l.shard * N && l.padded >= l.numel &&
+                      l.begin == static_cast<int64_t>(rank) * l.shard,
+                  "README 'Shards and padding'",
+                  "shard_layout(%lld, rank %d, %d ranks) gave shard %lld, padded %lld, begin %lld",
+                  static_cast<long long>(unit_numel[u]), rank, N, static_cast<long long>(l.shard),
+                  static_cast<long long>(l.padded), static_cast<long long>(l.begin));
+    const bool root = u == 0 || u == U - 1;  // embeddings (+ tied LM head) and ln_f, like FSDP's root unit
+    us.keep_gathered = options.stage != ZeroStage::Zero3 || root;
+    if (us.keep_gathered) {
+      us.full_params = Tensor::zeros({l.padded}, pdt, device, MemCategory::Params);  // padding stays 0
+      us.param_shard = us.full_params.view(l.begin, {l.shard});
+      model_.unit_params(u) = us.full_params.view(0, {l.numel});
+    } else {
+      us.param_shard = Tensor::zeros({l.shard}, pdt, device, MemCategory::Params);
+    }
+    if (options.stage == ZeroStage::Zero1) {
+      us.full_grads = Tensor::zeros({l.padded}, DType::F32, device, MemCategory::Grads);
+      us.grad_shard = us.full_grads.view(l.begin, {l.shard});
+      model_.unit_grads(u) = us.full_grads.view(0, {l.numel});
+    } else {
+      us.grad_shard = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::Grads);
+    }
+    if (adamw) {
+      us.m = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      us.v = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+    }
+    if (policy.has_master_copy()) us.master = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+  }
+  // The 1-rank model's initial weights, one unit at a time: keep our shard (and, for kept units, the
+  // whole unit). The master copy starts from the ROUNDED parameters, as Optimizer's does.
+  gpt2_initial_weights(cfg, seed, [&](int u, const Tensor& w) {  // w: (numel,) fp32 on the CPU
+    UnitShard& us = state_.units[u];
+    const ShardLayout& l = us.layout;
+    if (us.keep_gathered) {
+      copy_cast(model_.unit_params(u), w);
+    } else if (l.owned > 0) {
+      copy_cast(us.param_shard.view(0, {l.owned}), w.view(l.begin, {l.owned}));
+    }
+    if (us.master.defined()) cast(us.master, us.param_shard);
+  });
+
+  // Hooks: they run inside model.forward / model.backward (gpt2.h gives the order).
+  const std::vector<int> forward_order = unit_order(U, Pass::Forward);
+  const std::vector<int> backward_order = unit_order(U, Pass::Backward);
+  FsdpState& s = state_;
+  model_.hooks.before_forward = [&s, forward_order](int u) {
+    if (!s.units[u].keep_gathered) use_params(s, u, forward_order);  // YOUR TODO lab04-3
+  };
+  model_.hooks.after_forward = [&s](int u) {
+    if (!s.units[u].keep_gathered) release_params(s, u);  // YOUR TODO lab04-4
+  };
+  model_.hooks.before_backward = [&s, backward_order](int u) {
+    UnitShard& us = s.units[u];
+    if (s.stage != ZeroStage::Zero1) {  // the full gradient exists only during the unit's backward
+      us.full_grads = Tensor::zeros({us.layout.padded}, DType::F32, s.model.device(), MemCategory::Grads);
+      s.model.unit_grads(u) = us.full_grads.view(0, {us.layout.numel});
+    }
+    if (!us.keep_gathered) use_params(s, u, backward_order);
+  };
+  model_.hooks.after_backward = [&s](int u) {
+    if (!s.units[u].keep_gathered) release_params(s, u);
+    if (s.stage == ZeroStage::Zero1) return;  // ZeRO-1 reduces once per step, after the last micro-step
+    reduce_scatter_grads_async(s, u);  // YOUR TODO lab04-5
+    // At most one reduce-scatter in flight besides this unit's: the previous unit's full gradient is
+    // freed now, so gradient memory stays at 1/N plus about two units (README "Reduce-scatter").
+    while (s.reduce_scatters_in_flight.size() > 1) finish_reduce_scatter(s, s.reduce_scatters_in_flight.front());
+  };
+}
+
+FSDP::~FSDP() {
+  for (UnitShard& us : state_.units) {  // no collective may still write into buffers about to go
+    if (us.gather) us.gather->wait();
+    if (us.reduce_scatter) us.reduce_scatter->wait();
+  }
+  model_.hooks = ModelHooks{};
+}
+
+void FSDP::zero_grad() {
+  for (UnitShard& us : state_.units) {
+    if (state_.stage == ZeroStage::Zero1) us.full_grads.zero_();
+    else us.grad_shard.zero_();
+  }
+}
+
+void FSDP::finish_backward() {
+  while (!state_.reduce_scatters_in_flight.empty()) finish_reduce_scatter(state_, state_.reduce_scatters_in_flight.front());
+}
+
+void FSDP::reduce_scatter_all() {
+  for (int u = 0; u < state_.num_units(); ++u) reduce_scatter_grads_async(state_, u);
+  finish_backward();
+}
+
+Tensor FSDP::gather_unit_f32(int unit) {
+  const UnitShard& us = state_.units.at(unit);
+  const ShardLayout& l = us.layout;
+  Tensor padded = Tensor::empty({l.padded}, us.param_shard.dtype(), model_.device(), MemCategory::Other);
+  Tensor mine = padded.view(l.begin, {l.shard});
+  mine.copy_from(us.param_shard);
+  state_.comm.all_gather(mine, padded, "check gather unit " + std::to_string(unit));
+  Tensor out = Tensor::empty({l.numel}, DType::F32, model_.device(), MemCategory::Other);
+  cast(out, padded.view(0, {l.numel}));
+  return out;
+}
+
+Tensor FSDP::grad_shard_owned(int unit) const {
+  const UnitShard& us = state_.units.at(unit);
+  return us.grad_shard.view(0, {us.layout.owned});
+}
+
+}  // namespace SL_TRACK_LAB04
+}  // namespace scalelab::lab04
