@@ -201,6 +201,8 @@ StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, 
 struct FsdpOptions {
   ZeroStage stage = ZeroStage::Zero3;
   int prefetch = 1;                  // ZeRO-3 gathers in flight beyond the unit in use
+  bool overlap = true;               // false: every collective is waited for as soon as it is issued, and no
+                                     // prefetch (the lesson's "communication not overlapped" on purpose)
   OptimizerConfig optimizer;
 };
 

@@ -289,7 +289,7 @@ static void copy_cast(Tensor dst, const Tensor& src) {
 FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed, Communicator& comm,
            const FsdpOptions& options)
     : model_(GPT2::without_storage(cfg, policy, device)),
-      state_{model_, comm, options.stage, options.optimizer, options.prefetch, 0, {}, {}} {
+      state_{model_, comm, options.stage, options.optimizer, options.overlap ? options.prefetch : 0, 0, {}, {}} {
   SL_CHECK_HINT(options.prefetch >= 0, "use --prefetch 0 (no prefetch) or more", "prefetch %d < 0",
                 options.prefetch);
   const int U = model_.num_units(), N = comm.size(), rank = comm.rank();
@@ -360,13 +360,17 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
     }
     if (!us.keep_gathered) use_params(s, u, backward_order);
   };
-  model_.hooks.after_backward = [&s](int u) {
+  const bool overlap = options.overlap;
+  model_.hooks.after_backward = [&s, overlap](int u) {
     if (!s.units[u].keep_gathered) release_params(s, u);
     if (s.stage == ZeroStage::Zero1) return;  // ZeRO-1 reduces once per step, after the last micro-step
     reduce_scatter_grads_async(s, u);  // YOUR TODO lab04-5
     // At most one reduce-scatter in flight besides this unit's: the previous unit's full gradient is
     // freed now, so gradient memory stays at 1/N plus about two units (README "Reduce-scatter").
-    while (s.reduce_scatters_in_flight.size() > 1) finish_reduce_scatter(s, s.reduce_scatters_in_flight.front());
+    // Without overlap, wait for this one too: backward stops until it is done.
+    const size_t in_flight = overlap ? 1 : 0;
+    while (s.reduce_scatters_in_flight.size() > in_flight)
+      finish_reduce_scatter(s, s.reduce_scatters_in_flight.front());  // YOUR TODO lab04-6
   };
 }
 
