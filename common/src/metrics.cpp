@@ -227,6 +227,32 @@ void RunLogger::log_eval(int64_t step, double val_loss, const nlohmann::json& ex
   if (std::isfinite(val_loss) && !(val_loss >= best_val_loss_)) best_val_loss_ = val_loss;  // NaN-safe min
 }
 
+void RunLogger::log_timeline(int64_t step, const std::vector<CommEvent>& events, const std::vector<TimeSpan>& compute) {
+  OrderedJson comm_events = OrderedJson::array();
+  for (const CommEvent& e : events) {
+    OrderedJson ev;
+    ev["op"] = e.op;
+    ev["tag"] = e.tag;
+    ev["count"] = e.count;
+    ev["payload_bytes"] = e.payload_bytes;
+    ev["bus_bytes"] = e.bus_bytes;
+    ev["issue_ms"] = e.issue_ms;
+    ev["start_ms"] = e.start_ms;
+    ev["end_ms"] = e.end_ms > 0 ? OrderedJson(e.end_ms) : OrderedJson(nullptr);  // 0: still pending
+    ev["modeled_ms"] = e.modeled_ms;
+    ev["async"] = e.async;
+    ev["simulated"] = e.simulated;
+    comm_events.push_back(std::move(ev));
+  }
+  OrderedJson spans = OrderedJson::array();
+  for (const TimeSpan& t : compute) spans.push_back({{"name", t.name}, {"start_ms", t.start_ms}, {"end_ms", t.end_ms}});
+  OrderedJson rec;
+  rec["step"] = step;
+  rec["events"] = std::move(comm_events);
+  rec["compute"] = std::move(spans);
+  emit("timeline", rec);
+}
+
 void RunLogger::log_summary(const nlohmann::json& extra) {
   OrderedJson rec;
   {

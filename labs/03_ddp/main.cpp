@@ -62,6 +62,7 @@ struct Options {
   double bucket_mb = 1.0;        // MiB of fp32 gradients per bucket
   std::string link = "none";     // simulated link preset
   double link_slowdown = 1.0;    // the simulated link made this many times slower
+  int timeline_steps = 3;        // steps 1..N log a `timeline` record (0: none)
   bool quiet = false;
 };
 
@@ -151,6 +152,73 @@ static CommStats gradient_comm_stats(const std::vector<CommEvent>& events) {
   return s;
 }
 
+// The compute spans of one step for its `timeline` record, stamped by the model's hooks on the
+// communication clock (Communicator::now_ms()) so they line up with the step's CommEvents:
+//   "data"             step start .. train_step called (loading this rank's micro-batches)
+//   "forward"          first before_forward .. the first before_backward after it (the LM head and the
+//                      loss run after the last unit's hook, so the next backward is the honest end)
+//   "backward"         first before_backward .. last after_backward, whichever units fire them
+//   "sync + optimizer" last after_backward .. train_step returned and the device is done: waiting for
+//                      the last all-reduces, clipping, the optimizer update
+// Gradient accumulation gives one forward and one backward span per micro-step. Hooks already
+// installed (GradSync's after_backward in overlap mode) are kept and called first. On a GPU the
+// forward/backward stamps are host times of asynchronous launches: only the step's end is synchronized.
+class StepTimeline {
+ public:
+  explicit StepTimeline(GPT2& model) : model_(model), saved_(model.hooks) {
+    ModelHooks& h = model.hooks;
+    h.before_forward = [this, prev = saved_.before_forward](int unit) {
+      if (prev) prev(unit);
+      if (recording_ && phase_ != Phase::Forward) open("forward", Phase::Forward);
+    };
+    h.before_backward = [this, prev = saved_.before_backward](int unit) {
+      if (prev) prev(unit);
+      if (recording_ && phase_ != Phase::Backward) open("backward", Phase::Backward);
+    };
+    h.after_backward = [this, prev = saved_.after_backward](int unit) {
+      if (prev) prev(unit);
+      last_backward_ms_ = Communicator::now_ms();
+    };
+  }
+  ~StepTimeline() { model_.hooks = saved_; }  // before GradSync's destructor removes its own hook
+  StepTimeline(const StepTimeline&) = delete;
+  StepTimeline& operator=(const StepTimeline&) = delete;
+
+  void begin(double step_start_ms) {  // call just before train_step
+    spans_ = {{"data", step_start_ms, Communicator::now_ms()}};
+    recording_ = true;
+    phase_ = Phase::None;
+  }
+  std::vector<TimeSpan> end() {  // call once the step is done (device synchronized)
+    close();
+    const double now = Communicator::now_ms();
+    if (!spans_.empty() && spans_.back().name == "backward") spans_.push_back({"sync + optimizer", spans_.back().end_ms, now});
+    recording_ = false;
+    return std::move(spans_);
+  }
+
+ private:
+  enum class Phase { None, Forward, Backward };
+  void close() {  // a backward ends at its last after_backward hook, a forward when the next span opens
+    if (phase_ == Phase::None) return;
+    spans_.back().end_ms = phase_ == Phase::Backward ? last_backward_ms_ : Communicator::now_ms();
+    phase_ = Phase::None;
+  }
+  void open(const char* name, Phase phase) {
+    close();
+    const double now = Communicator::now_ms();
+    spans_.push_back({name, now, now});
+    last_backward_ms_ = now;
+    phase_ = phase;
+  }
+  GPT2& model_;
+  ModelHooks saved_;
+  std::vector<TimeSpan> spans_;
+  bool recording_ = false;
+  Phase phase_ = Phase::None;
+  double last_backward_ms_ = 0;
+};
+
 static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   // ------------------------------------------------------------------------------------------------
@@ -201,6 +269,7 @@ static int run(const Options& o, Communicator& comm) {
   Optimizer optimizer(model, oc);
   LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
+  StepTimeline timeline(model);  // after GradSync: chains its hook (and is destroyed first)
 
   const Peak peak = device_peak_all_ranks(device, policy, threads, comm);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
@@ -219,7 +288,8 @@ static int run(const Options& o, Communicator& comm) {
                            {"data", o.data},             {"device", o.device},
                            {"backend", comm.backend()},  {"mode", o.mode},
                            {"bucket_mb", o.bucket_mb},   {"num_buckets", sync.buckets().size()},
-                           {"link", link.name},          {"link_slowdown", o.link_slowdown}};
+                           {"link", link.name},          {"link_slowdown", o.link_slowdown},
+                           {"timeline_steps", o.timeline_steps}};
   RunRecord run_rec;
   run_rec.config = config;
   run_rec.world_size = world;
@@ -264,6 +334,7 @@ static int run(const Options& o, Communicator& comm) {
   const auto t_run = Clock::now();
   for (int step = 0; step < o.steps; ++step) {
     const auto t0 = Clock::now();
+    const double t0_ms = Communicator::now_ms();  // the timeline's clock
     double data_wait_ms = 0.0;
     for (lab03::MicroBatch& mb : micro) {
       const lab02::Batch batch = train_data.next();  // this rank's share of the global batch
@@ -272,11 +343,14 @@ static int run(const Options& o, Communicator& comm) {
     }
     const float lr = schedule.at(step);
     comm.clear_events();
+    const bool log_timeline = step >= 1 && step <= o.timeline_steps;  // step 0 is warm-up
+    if (log_timeline) timeline.begin(t0_ms);
 
     const lab03::StepResult r = lab03::train_step(model, optimizer, sync, micro, lr, o.grad_clip);  // YOUR step
     device_synchronize(device);  // GPU work is asynchronous: the step ends when the device is done
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (log_timeline) log.log_timeline(step, comm.events(), timeline.end());
     const CommStats cs = gradient_comm_stats(comm.events());
     const double exposed_ms = sync.last_finish_ms();  // the part of the step spent waiting for gradients
     const int64_t tokens = static_cast<int64_t>(global_batch) * o.seq_len;  // all ranks together
@@ -395,6 +469,8 @@ int main(int argc, char** argv) {
   app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower (README "
                  "'Measured')")->capture_default_str();
+  app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record of their compute and "
+                 "communication (0: none)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
 

@@ -235,6 +235,58 @@ TEST_F(MetricsTest, ReopeningTheSameRunAppends) {
   EXPECT_EQ(read_records(resumed.path()).size(), 2u);
 }
 
+TEST_F(MetricsTest, TimelineRecordHoldsCommEventsAndComputeSpansOnOneClock) {
+  RunLogger log("lab03", "tl", 1, dir_);
+  scalelab::CommEvent ar;
+  ar.op = "all_reduce";
+  ar.tag = "bucket 0";
+  ar.count = 256;
+  ar.payload_bytes = 1024;
+  ar.bus_bytes = 1024;  // 2(n-1)/n x payload, n = 2
+  ar.issue_ms = 10.0;
+  ar.start_ms = 10.5;
+  ar.end_ms = 14.0;
+  ar.modeled_ms = 3.0;
+  ar.async = true;
+  ar.simulated = true;
+  scalelab::CommEvent pending = ar;
+  pending.tag = "bucket 1";
+  pending.end_ms = 0;  // not finished when logged
+  const std::vector<scalelab::TimeSpan> compute = {{"forward", 1.0, 5.0}, {"backward", 5.0, 12.0}};
+  log.log_timeline(4, {ar, pending}, compute);
+
+  const json rec = read_records(log.path()).at(0);
+  EXPECT_EQ(rec["type"], "timeline");
+  EXPECT_EQ(rec["rank"], 1);
+  EXPECT_EQ(rec["step"], 4);
+  ASSERT_EQ(rec["events"].size(), 2u);
+  const json& e = rec["events"][0];
+  EXPECT_EQ(e["op"], "all_reduce");
+  EXPECT_EQ(e["tag"], "bucket 0");
+  EXPECT_EQ(e["count"], 256);
+  EXPECT_EQ(e["payload_bytes"], 1024);
+  EXPECT_EQ(e["bus_bytes"], 1024);
+  EXPECT_EQ(e["issue_ms"], 10.0);
+  EXPECT_EQ(e["start_ms"], 10.5);
+  EXPECT_EQ(e["end_ms"], 14.0);
+  EXPECT_EQ(e["modeled_ms"], 3.0);
+  EXPECT_EQ(e["simulated"], true);
+  EXPECT_TRUE(rec["events"][1]["end_ms"].is_null()) << "a call still in flight has no end: null, not 0";
+  ASSERT_EQ(rec["compute"].size(), 2u);
+  EXPECT_EQ(rec["compute"][1]["name"], "backward");
+  EXPECT_EQ(rec["compute"][1]["start_ms"], 5.0);
+  EXPECT_EQ(rec["compute"][1]["end_ms"], 12.0);
+  // Nested numbers follow the unit rule too (count is the one unitless key).
+  for (const json* list : {&rec["events"], &rec["compute"]}) {
+    for (const json& item : *list) {
+      for (auto it = item.begin(); it != item.end(); ++it) {
+        if (!it.value().is_number() || it.key() == "count") continue;
+        EXPECT_TRUE(has_unit_suffix(it.key())) << "'" << it.key() << "' in a timeline entry has no unit suffix";
+      }
+    }
+  }
+}
+
 // Regression: a text sample cut inside a multi-byte character made the summary record throw
 // ("invalid UTF-8 byte") and ended every short lab 01 run with exit 1.
 TEST_F(MetricsTest, InvalidUtf8InARecordIsReplacedNotThrown) {

@@ -6,6 +6,7 @@
 //   log.log_run(run_record);                         // once, first: config, device, peak FLOP/s source
 //   log.log_step(step_record);                       // every step; memory counters filled in here
 //   log.log_eval(step, val_loss);
+//   log.log_timeline(step, comm.events(), spans);     // a few steps: per-rank compute/communication timeline
 //   log.log_summary();                               // last: means over the timed steps
 //
 // Every rank writes its own rank<k>.jsonl (rank 0 included; there is no merged file): ranks never
@@ -20,10 +21,12 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
 #include "scalelab/allocator.h"  // defines: Device, the memory categories logged per step
+#include "scalelab/comm.h"       // defines: CommEvent (the communication part of a timeline record)
 
 namespace scalelab {
 
@@ -76,6 +79,13 @@ struct StepRecord {
   nlohmann::json extra = nlohmann::json::object();  // more keys (units in their names), merged in
 };
 
+// A named stretch of compute on one rank ("forward", "backward", ...), in milliseconds on the
+// communication clock (Communicator::now_ms()), so it lines up with the CommEvents of the same step.
+struct TimeSpan {
+  std::string name;
+  double start_ms = 0, end_ms = 0;
+};
+
 class RunLogger {
  public:
   // Opens <dir>/<lab>/<run_id>/rank<rank>.jsonl for appending (directories created). Throws
@@ -96,6 +106,10 @@ class RunLogger {
   // The `summary` record: means over the step records except the first (warm-up, STYLE.md 32), the
   // final loss, the best val_loss, peak memory, plus `extra`. Write it once, at the end of a run.
   void log_summary(const nlohmann::json& extra = nlohmann::json::object());
+  // The `timeline` record of one step: its communication calls (every field of CommEvent that a plot
+  // needs) and its compute spans, all on the Communicator::now_ms() clock. For a few steps only: a
+  // step with hundreds of calls makes a long line.
+  void log_timeline(int64_t step, const std::vector<CommEvent>& events, const std::vector<TimeSpan>& compute);
   // Any other record (checkpoint saved, loss spike, ...): adds type, rank, elapsed_s and writes it.
   void log(const std::string& type, const nlohmann::json& record);
 
