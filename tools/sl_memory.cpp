@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   double psi = 0.0, device_gb = 0.0;
   std::vector<int> ranks{1, 2, 4, 8};
   int stage = -1, micro_batch = 4, seq_len = -1, prefetch = 1, max_ranks = 1024;
-  bool paper = false;
+  bool paper = false, exact_bytes = false;
   app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (exact per-rank estimate)");
   app.add_option("--psi", psi, "parameter count for the paper-level formula, e.g. 7.5e9");
   app.add_option("--ranks", ranks, "data-parallel world sizes, comma separated")->delimiter(',');
@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 master and grads)");
   app.add_option("--optimizer", optimizer, "adamw | sgd");
   app.add_flag("--paper", paper, "the ZeRO paper's policy: 16-bit params AND grads, K = 12 (fp32 master, m, v)");
+  app.add_flag("--bytes", exact_bytes, "print exact bytes (compare with the logs' memory_<category>_bytes)");
   app.add_option("--micro-batch", micro_batch, "B of the activations per rank (with --model)");
   app.add_option("--seq-len", seq_len, "T of the activations (with --model; default the model's max_seq_len)");
   app.add_option("--prefetch", prefetch, "ZeRO-3 all-gathers in flight beyond the unit in use");
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
       if (seq_len < 0) seq_len = cfg.max_seq_len;
       SL_CHECK_HINT(seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
                     "--seq-len %d exceeds %s's max_seq_len %d", seq_len, model.c_str(), cfg.max_seq_len);
-      std::printf("%s", scalelab::format_memory_table(cfg, ranks, stages, policy, opt, prefetch, micro_batch, seq_len)
+      std::printf("%s", scalelab::format_memory_table(cfg, ranks, stages, policy, opt, prefetch, micro_batch, seq_len,
+                                                       exact_bytes)
                             .c_str());
       if (device_bytes > 0) {
         std::printf("\ndevices of %g GB needed (peak model state + activations, N a power of two <= %d):\n", device_gb,

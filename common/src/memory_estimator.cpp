@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <utility>
 
 #include "scalelab/error.h"   // defines: SL_CHECK, SL_CHECK_HINT
 #include "scalelab/tensor.h"  // defines: dtype_size, dtype_name
@@ -174,37 +175,70 @@ int min_devices_to_fit(const GPTConfig& cfg, int stage, const PrecisionPolicy& p
 
 std::string format_memory_table(const GPTConfig& cfg, const std::vector<int>& world_sizes,
                                 const std::vector<int>& stages, const PrecisionPolicy& policy,
-                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len) {
+                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
+                                bool exact_bytes) {
+  std::vector<std::pair<std::pair<int, int>, MemoryEstimate>> rows;
+  int64_t largest = 0;  // bytes, picks the unit
+  for (int stage : stages) {
+    for (int N : world_sizes) {
+      rows.push_back({{stage, N}, estimate_memory(cfg, N, stage, policy, opt, prefetch, micro_batch, seq_len)});
+      largest = std::max(largest, rows.back().second.total_peak_bytes());
+    }
+  }
+  // decimal unit (the paper's) and its binary twin; bytes when asked, MB for the small CPU models
+  const bool giga = largest >= 1000000000;
+  const char* unit = exact_bytes ? "B" : giga ? "GB" : "MB";
+  const char* bunit = exact_bytes ? "B" : giga ? "GiB" : "MiB";
+  const double scale = exact_bytes ? 1.0 : giga ? kGB : 1e6;
+  const double bscale = exact_bytes ? 1.0 : giga ? kGiB : 1024.0 * 1024;
+  const char* num = exact_bytes ? " %11.0f" : " %8.3f";
+  const char* col = exact_bytes ? " %11s" : " %8s";
+
   std::ostringstream os;
-  char line[512];
+  char buf[128];
   os << "model " << cfg.str() << ", " << gpt2_num_params(cfg) << " parameters\n";
   os << policy_line(policy, opt) << "\n";
   os << "activations: micro-batch " << micro_batch << " x seq " << seq_len << "; ZeRO-3 prefetch " << prefetch
      << " (all-gathers in flight beyond the unit in use)\n";
-  os << "per rank; GB = 1e9 bytes, GiB = 2^30 bytes; pers = held between steps, peak = largest during a step\n\n";
-  std::snprintf(line, sizeof line, "%-11s %5s | %8s %8s | %8s %8s | %8s | %9s | %8s | %9s %9s\n", "stage", "ranks",
-                "params", "", "grads", "", "optim", "state GB", "activ GB", "total GB", "total GiB");
-  os << line;
-  std::snprintf(line, sizeof line, "%-11s %5s | %8s %8s | %8s %8s | %8s | %9s | %8s | %9s %9s\n", "", "", "pers GB",
-                "peak GB", "pers GB", "peak GB", "GB", "pers", "", "peak", "peak");
-  os << line;
-  for (int stage : stages) {
-    for (int N : world_sizes) {
-      const MemoryEstimate e = estimate_memory(cfg, N, stage, policy, opt, prefetch, micro_batch, seq_len);
-      const double t = static_cast<double>(e.total_peak_bytes());
-      std::snprintf(line, sizeof line,
-                    "%-11s %5d | %8.3f %8.3f | %8.3f %8.3f | %8.3f | %9.3f | %8.3f | %9.3f %9.3f\n",
-                    stage_label(stage), N, e.persistent.params / kGB, e.peak.params / kGB, e.persistent.grads / kGB,
-                    e.peak.grads / kGB, e.persistent.optimizer_state / kGB, e.persistent.total() / kGB,
-                    e.activations_bytes / kGB, t / kGB, t / kGiB);
-      os << line;
-    }
+  if (exact_bytes) {
+    os << "per rank, in bytes";
+  } else {
+    os << "per rank, in " << unit << (giga ? " (1e9 bytes)" : " (1e6 bytes)") << "; total also in " << bunit
+       << (giga ? " (2^30 bytes)" : " (2^20 bytes)");
   }
-  const MemoryEstimate e0 = estimate_memory(cfg, 1, 0, policy, opt, prefetch, micro_batch, seq_len);
-  os << "\nactivations: " << fmt("%.3f", e0.activations_bytes / kGB)
-     << " GB (this kit: fp32, llm.c tensor set, logits+probs, backward scratch); Korthikanti et al. 2022 "
-        "sbh(34+5as/h) x L layers: "
-     << fmt("%.3f", e0.activations_korthikanti_bytes / kGB) << " GB (16-bit, dropout masks, layers only)\n";
+  os << "; pers = held between steps, peak = largest during a step\n\n";
+  auto cell = [&](const char* f, const char* s) {
+    std::snprintf(buf, sizeof buf, f, s);
+    return std::string(buf);
+  };
+  const std::string h1 = cell("%-11s", "stage") + cell(" %5s", "ranks") + " |" + cell(col, "params") + cell(col, "") +
+                         " |" + cell(col, "grads") + cell(col, "") + " |" + cell(col, "optim") + " |" +
+                         cell(col, "state") + " |" + cell(col, "activ") + " |" + cell(col, "total") + cell(col, "total");
+  const std::string u = unit, bu = bunit;
+  const std::string h2 = cell("%-11s", "") + cell(" %5s", "") + " |" + cell(col, ("pers " + u).c_str()) +
+                         cell(col, ("peak " + u).c_str()) + " |" + cell(col, ("pers " + u).c_str()) +
+                         cell(col, ("peak " + u).c_str()) + " |" + cell(col, u.c_str()) + " |" +
+                         cell(col, ("pers " + u).c_str()) + " |" + cell(col, u.c_str()) + " |" +
+                         cell(col, ("peak " + u).c_str()) + cell(col, ("peak " + bu).c_str());
+  os << h1 << "\n" << h2 << "\n";
+  auto v = [&](double x) {
+    std::snprintf(buf, sizeof buf, num, x);
+    return std::string(buf);
+  };
+  for (const auto& r : rows) {
+    const MemoryEstimate& e = r.second;
+    const double t = static_cast<double>(e.total_peak_bytes());
+    std::snprintf(buf, sizeof buf, "%-11s %5d", stage_label(r.first.first), r.first.second);
+    os << buf << " |" << v(e.persistent.params / scale) << v(e.peak.params / scale) << " |"
+       << v(e.persistent.grads / scale) << v(e.peak.grads / scale) << " |" << v(e.persistent.optimizer_state / scale)
+       << " |" << v(e.persistent.total() / scale) << " |" << v(e.activations_bytes / scale) << " |" << v(t / scale)
+       << v(t / bscale) << "\n";
+  }
+  const int64_t act = gpt2_activation_bytes(cfg, micro_batch, seq_len);
+  const int64_t kor = korthikanti_activation_bytes(cfg, micro_batch, seq_len);
+  os << "\nactivations: " << act << " bytes (this kit: fp32, llm.c tensor set, logits+probs, backward scratch); "
+     << "Korthikanti et al. 2022 sbh(34+5as/h) x L layers: " << kor
+     << " bytes (16-bit, 1-byte dropout masks, layers only)\n";
   return os.str();
 }
 

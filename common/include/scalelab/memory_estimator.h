@@ -100,11 +100,14 @@ int min_devices_to_fit(const GPTConfig& cfg, int stage, const PrecisionPolicy& p
                        int prefetch, int micro_batch, int seq_len, double device_bytes, int max_world = 1024);
 
 // Printable tables (GB = 1e9 bytes as the paper prints; GiB = 2^30 bytes as nvidia-smi and
-// PyTorch report), one row per stage and world size, `stages` from 0..3:
-// the exact estimate per rank: params / grads / optimizer persistent and peak, activations, totals.
+// PyTorch report), one row per stage (and world size), `stages` from 0..3:
+// the exact estimate per rank: params / grads / optimizer persistent and peak, activations, totals;
+// in GB/GiB, or MB/MiB (1e6 / 2^20 bytes) when every total is under 1 GB (the CPU models), or in
+// bytes with exact_bytes (to compare with the allocator's memory_<category>_bytes).
 std::string format_memory_table(const GPTConfig& cfg, const std::vector<int>& world_sizes,
                                 const std::vector<int>& stages, const PrecisionPolicy& policy,
-                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len);
+                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
+                                bool exact_bytes = false);
 // the paper-level table (formula and GB per device for each N), as ZeRO's Fig. 1.
 std::string format_zero_table(double psi, const std::vector<int>& world_sizes, const std::vector<int>& stages,
                               const PrecisionPolicy& policy, OptimizerConfig::Kind opt);
