@@ -1,0 +1,416 @@
+"""scalelab_logs — read scalelab run logs into pandas DataFrames and draw the notebooks' plots.
+
+A run is a directory ``runs/<lab>/<run_id>/`` holding one ``rank<k>.jsonl`` per rank, one JSON
+object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 03_ddp,
+04_fsdp) call only the functions below, so a plot looks the same in every lab.
+
+    runs = load_runs(latest_runs("lab03", runs_root="../runs", per_config=True))
+    plot_loss(runs)
+
+Run it headless: scripts/notebooks.sh (executes every notebook, fails on a cell error).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+# memory_<category>_bytes: the bytes held now in one allocator category (not the _peak_ keys, not the totals).
+_MEMORY_KEY = re.compile(r"^memory_(?!current_bytes$|peak_bytes$)(?P<cat>.+?)(?<!_peak)_bytes$")
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding and reading runs
+
+
+def find_runs(lab: str, runs_root: str | Path = "../runs") -> list[Path]:
+    """Run directories under ``<runs_root>/<lab>/`` that hold at least one rank log, oldest first.
+
+    Order is by the newest modification time of a run's rank files (run ids pinned with SL_RUN_ID
+    need not sort by time).
+    """
+    lab_dir = Path(runs_root) / lab
+    if not lab_dir.is_dir():
+        return []
+    runs = [d for d in lab_dir.iterdir() if d.is_dir() and any(d.glob("rank*.jsonl"))]
+    return sorted(runs, key=lambda d: max(f.stat().st_mtime for f in d.glob("rank*.jsonl")))
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Every record of one rank<k>.jsonl file. A half-written last line (a run still going, or a
+    crash mid-write) is skipped, not an error."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+@dataclass
+class Run:
+    """One run: every rank's records, split by type. DataFrames carry a ``rank`` column."""
+
+    path: Path
+    info: dict  # rank 0's `run` record (the last one, if the run was resumed)
+    steps: pd.DataFrame  # `step` records of all ranks
+    evals: pd.DataFrame  # `eval` records of all ranks
+    summaries: pd.DataFrame  # `summary` records (one per rank that finished)
+    timelines: list[dict] = field(default_factory=list)  # `timeline` records, all ranks
+
+    @property
+    def run_id(self) -> str:
+        return self.info.get("run_id", self.path.name)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.info.get("world_size", 1))
+
+    @property
+    def config(self) -> dict:
+        return self.info.get("config", {})
+
+    @property
+    def finished(self) -> bool:
+        """True when every rank wrote its `summary` record (a log without one is a run that died)."""
+        return len(self.summaries) >= self.world_size
+
+    @property
+    def label(self) -> str:
+        """What distinguishes this run in a legend: ranks, and mode / ZeRO stage / precision if set."""
+        ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
+        return f"{ranks}, {self.config_label}" if self.config_label else ranks
+
+    @property
+    def config_label(self) -> str:
+        """The configuration apart from the world size: mode / ZeRO stage / precision, "" if none set."""
+        parts = []
+        cfg = self.config
+        if "mode" in cfg:
+            parts.append(str(cfg["mode"]))
+        if "stage" in cfg:
+            parts.append(f"ZeRO-{cfg['stage']}")
+        precision = cfg.get("precision", self.info.get("precision"))
+        if precision and precision != "fp32":
+            parts.append(str(precision))
+        return ", ".join(parts)
+
+
+def read_run(run_dir: str | Path) -> Run:
+    """All rank logs of one run directory as a Run."""
+    run_dir = Path(run_dir)
+    by_type: dict[str, list[dict]] = {}
+    for rank_file in sorted(run_dir.glob("rank*.jsonl")):
+        for rec in read_records(rank_file):
+            by_type.setdefault(rec.get("type", "?"), []).append(rec)
+    run_records = sorted(by_type.get("run", []), key=lambda r: r.get("rank", 0))
+    if not run_records:
+        raise ValueError(f"{run_dir}: no `run` record in any rank*.jsonl (is this a scalelab run directory?)")
+    info = [r for r in run_records if r.get("rank", 0) == run_records[0].get("rank", 0)][-1]
+    frame = lambda t: pd.DataFrame(by_type.get(t, []))  # noqa: E731
+    return Run(run_dir, info, frame("step"), frame("eval"), frame("summary"), by_type.get("timeline", []))
+
+
+def load_runs(run_dirs) -> list[Run]:
+    """Run objects for a list of run directories (missing or unreadable ones are reported and skipped)."""
+    runs = []
+    for d in run_dirs:
+        try:
+            runs.append(read_run(d))
+        except (OSError, ValueError) as e:
+            print(f"skipped {d}: {e}")
+    return runs
+
+
+def latest_runs(lab: str, runs_root: str | Path = "../runs", per_config: bool = False, limit: int = 8) -> list[Path]:
+    """The most recent run under ``<runs_root>/<lab>``, or with ``per_config`` the most recent run of
+    each configuration (world size, mode, ZeRO stage, precision) that used the same model as the most
+    recent run, at most ``limit`` of them: a scaling comparison after running the lab at 1, 2, 4 ranks."""
+    dirs = find_runs(lab, runs_root)
+    if not dirs:
+        return []
+    if not per_config:
+        return dirs[-1:]
+    runs = load_runs(dirs)
+    model = runs[-1].config.get("model")
+    chosen: dict[tuple, Path] = {}
+    for r in runs:  # oldest first: a later run of the same configuration replaces an earlier one
+        if r.config.get("model") != model or r.steps.empty:
+            continue
+        cfg = r.config
+        chosen[(r.world_size, cfg.get("mode"), cfg.get("stage"), cfg.get("precision"))] = r.path
+    return sorted(chosen.values(), key=lambda p: dirs.index(p))[-limit:]
+
+
+def describe(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: id, label, model, steps logged, whether it finished, device."""
+    return pd.DataFrame(
+        [
+            {
+                "run_id": r.run_id,
+                "label": r.label,
+                "model": r.config.get("model"),
+                "world_size": r.world_size,
+                "steps": int(r.steps["step"].nunique()) if not r.steps.empty else 0,
+                "finished": r.finished,
+                "device": r.info.get("device"),
+                "track": r.info.get("track"),
+            }
+            for r in runs
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Derived tables
+
+
+def loss_curve(run: Run) -> pd.DataFrame:
+    """Rank 0's steps with ``tokens_seen`` (cumulative tokens of all ranks) beside ``loss``."""
+    s = run.steps
+    if s.empty:
+        return s
+    s = s[s["rank"] == s["rank"].min()].sort_values("step").copy()
+    s["tokens_seen"] = s["tokens"].cumsum()
+    return s
+
+
+def throughput(runs: list[Run]) -> pd.DataFrame:
+    """tokens/s and MFU of each run over its timed steps (all but step 0, the warm-up).
+
+    A step takes as long as its slowest rank, so per step the largest ``step_ms`` over ranks counts.
+    ``mfu`` is the mean of the logged per-step MFU (a fraction; shown in percent by the plots).
+    """
+    rows = []
+    for r in runs:
+        s = r.steps
+        if s.empty:
+            continue
+        timed = s[s["step"] > s["step"].min()]
+        if timed.empty:
+            timed = s
+        per_step = timed.groupby("step").agg(step_ms=("step_ms", "max"), tokens=("tokens", "first"), mfu=("mfu", "mean"))
+        tokens_per_s = per_step["tokens"].sum() / (per_step["step_ms"].sum() / 1000.0)
+        rows.append(
+            {
+                "label": r.label,
+                "config": r.config_label,
+                "run_id": r.run_id,
+                "world_size": r.world_size,
+                "mode": r.config.get("mode"),
+                "stage": r.config.get("stage"),
+                "precision": r.config.get("precision", r.info.get("precision")),
+                "tokens_per_s": tokens_per_s,
+                "mfu": per_step["mfu"].mean(),
+                "step_ms": per_step["step_ms"].mean(),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def memory_by_category(run: Run) -> pd.DataFrame:
+    """Bytes held per allocator category (memory_<category>_bytes) on each rank at its last step:
+    one row per rank, one column per category."""
+    s = run.steps
+    if s.empty:
+        return pd.DataFrame()
+    last = s.sort_values("step").groupby("rank").tail(1).set_index("rank").sort_index()
+    cats = {k: m.group("cat") for k in last.columns if (m := _MEMORY_KEY.match(k))}
+    return last[list(cats)].rename(columns=cats).fillna(0).astype("int64")
+
+
+def scaling(runs: list[Run]) -> pd.DataFrame:
+    """Scaling efficiency: tokens/s at N ranks / (N x tokens/s at 1 rank), per configuration
+    (mode, stage, precision). Empty when no configuration has a 1-rank run and a larger one."""
+    t = throughput(runs)
+    if t.empty:
+        return t
+    rows = []
+    one = t[t["world_size"] == 1]
+    for _, row in t.iterrows():
+        # the 1-rank run of the same configuration if there is one (the last), else any 1-rank run
+        base = one[one["config"] == row["config"]] if (one["config"] == row["config"]).any() else one
+        if base.empty:
+            continue
+        rows.append({**row.to_dict(), "efficiency": row["tokens_per_s"] / (row["world_size"] * base["tokens_per_s"].iloc[-1])})
+    out = pd.DataFrame(rows)
+    if out.empty or out["world_size"].nunique() < 2:
+        return pd.DataFrame()
+    return out.sort_values(["config", "world_size"])
+
+
+def timeline_frame(run: Run, step: int | None = None) -> pd.DataFrame:
+    """One row per compute span or communication call of one step (default: the last step with a
+    timeline record), all ranks: rank, kind ("compute" or "comm"), name, issue_ms, start_ms, end_ms.
+    Times are ms since that rank's step began (its first compute span): every rank has its own clock."""
+    tl = run.timelines
+    if not tl:
+        return pd.DataFrame()
+    if step is None:
+        step = max(r["step"] for r in tl)
+    rows = []
+    for rec in (r for r in tl if r["step"] == step):
+        spans = rec.get("compute", [])
+        t0 = min([c["start_ms"] for c in spans] + [e["issue_ms"] for e in rec.get("events", [])] or [0.0])
+        for c in spans:
+            rows.append({"rank": rec["rank"], "kind": "compute", "name": c["name"], "issue_ms": c["start_ms"] - t0,
+                         "start_ms": c["start_ms"] - t0, "end_ms": c["end_ms"] - t0})
+        for e in rec.get("events", []):
+            end = e["end_ms"] if e.get("end_ms") is not None else math.nan
+            rows.append({"rank": rec["rank"], "kind": "comm", "name": f"{e['op']} {e['tag']}".strip(),
+                         "op": e["op"], "issue_ms": e["issue_ms"] - t0, "start_ms": e["start_ms"] - t0,
+                         "end_ms": end - t0, "payload_bytes": e.get("payload_bytes")})
+    df = pd.DataFrame(rows)
+    df.attrs["step"] = step
+    return df
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots. Each returns the figure (None and a printed reason when there is nothing to draw) and, when
+# plot_dir is given, also writes it there as <name>.png.
+
+
+def _save(fig, name: str, plot_dir: str | Path | None):
+    fig.tight_layout()
+    if plot_dir:
+        Path(plot_dir).mkdir(parents=True, exist_ok=True)
+        fig.savefig(Path(plot_dir) / f"{name}.png", dpi=100)
+    return fig
+
+
+def _nothing(what: str):
+    print(f"nothing to plot: {what}")
+    return None
+
+
+def plot_loss(runs: list[Run], plot_dir=None, name="loss"):
+    """Training loss against optimizer steps (left) and against tokens seen (right), plus the
+    validation loss as dots; one line per run."""
+    runs = [r for r in runs if not r.steps.empty]
+    if not runs:
+        return _nothing("no step records")
+    fig, (ax_step, ax_tok) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for r in runs:
+        c = loss_curve(r)
+        (line,) = ax_step.plot(c["step"], c["loss"], label=r.label)
+        ax_tok.plot(c["tokens_seen"], c["loss"], color=line.get_color(), label=r.label)
+        if not r.evals.empty:
+            ev = r.evals[r.evals["rank"] == r.evals["rank"].min()]
+            ax_step.plot(ev["step"], ev["val_loss"], "o", color=line.get_color(), label=f"{r.label} (val)")
+    ax_step.set(xlabel="optimizer step", ylabel="loss (nats/token)", title="loss vs step")
+    ax_tok.set(xlabel="tokens seen (all ranks)", title="loss vs tokens")
+    ax_step.legend(fontsize=8)
+    return _save(fig, name, plot_dir)
+
+
+def plot_throughput(runs: list[Run], plot_dir=None, name="throughput"):
+    """tokens/s and MFU (%), one bar per run."""
+    t = throughput(runs)
+    if t.empty:
+        return _nothing("no step records")
+    fig, (ax_tps, ax_mfu) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = [f"{lbl}\n{rid[-4:]}" for lbl, rid in zip(t["label"], t["run_id"])]
+    ax_tps.bar(labels, t["tokens_per_s"], color="tab:blue")
+    ax_tps.set(ylabel="tokens/s (all ranks)", title="throughput")
+    ax_mfu.bar(labels, 100 * t["mfu"], color="tab:orange")
+    ax_mfu.set(ylabel="MFU (%)", title="model FLOPs utilization")
+    for ax in (ax_tps, ax_mfu):
+        ax.tick_params(axis="x", labelsize=8)
+    return _save(fig, name, plot_dir)
+
+
+def plot_memory(run: Run, plot_dir=None, name="memory"):
+    """Stacked bars: bytes per allocator category on each rank at the last step (MiB)."""
+    m = memory_by_category(run)
+    if m.empty:
+        return _nothing(f"no step records in {run.run_id}")
+    m = m.loc[:, (m != 0).any()] / 2**20
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(m), 3.8))
+    bottom = pd.Series(0.0, index=m.index)
+    for cat in m.columns:
+        ax.bar([f"rank {k}" for k in m.index], m[cat], bottom=bottom, label=cat)
+        bottom += m[cat]
+    ax.set(ylabel="MiB", title=f"memory per rank: {run.label}")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def plot_memory_by_world_size(runs: list[Run], plot_dir=None, name="memory_by_world_size"):
+    """Stacked bars: bytes per category held by one rank (the mean over ranks) for each run, ordered
+    by world size; what sharding (ZeRO stage) takes off each rank as the world grows."""
+    runs = sorted((r for r in runs if not r.steps.empty), key=lambda r: (str(r.config.get("stage")), r.world_size))
+    if not runs:
+        return _nothing("no step records")
+    table = pd.DataFrame({r.label: memory_by_category(r).mean() for r in runs}).T.fillna(0) / 2**20
+    table = table.loc[:, (table != 0).any()]
+    fig, ax = plt.subplots(figsize=(4.5 + 1.3 * len(table), 4))
+    table.plot.bar(stacked=True, ax=ax, rot=20)
+    ax.set(ylabel="MiB per rank (mean over ranks)", title="memory per rank by category and configuration")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+_SPAN_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:green", "sync + optimizer": "tab:purple"}
+
+
+def plot_timeline(run: Run, step: int | None = None, plot_dir=None, name="timeline"):
+    """Per rank, two lanes: compute spans (top) and communication calls (bottom; the pale part is
+    the wait between issue and the transport starting it, the solid part the call in flight)."""
+    df = timeline_frame(run, step)
+    if df.empty:
+        return _nothing(f"no timeline records in {run.run_id} (lab 03: --timeline-steps N)")
+    ranks = sorted(df["rank"].unique())
+    fig, ax = plt.subplots(figsize=(11, 1 + 1.1 * len(ranks)))
+    seen = set()
+    for i, rank in enumerate(ranks):
+        y = 2 * (len(ranks) - 1 - i)
+        d = df[df["rank"] == rank]
+        for _, c in d[d["kind"] == "compute"].iterrows():
+            lbl = c["name"] if c["name"] not in seen else None
+            seen.add(c["name"])
+            ax.barh(y + 1, c["end_ms"] - c["start_ms"], left=c["start_ms"], height=0.8,
+                    color=_SPAN_COLORS.get(c["name"], "tab:olive"), label=lbl)
+        for _, e in d[d["kind"] == "comm"].iterrows():
+            ax.barh(y, e["start_ms"] - e["issue_ms"], left=e["issue_ms"], height=0.5, color="tab:red", alpha=0.2)
+            lbl = "communication" if "comm" not in seen else None
+            seen.add("comm")
+            ax.barh(y, e["end_ms"] - e["start_ms"], left=e["start_ms"], height=0.8, color="tab:red",
+                    edgecolor="white", linewidth=0.5, label=lbl)
+    ax.set_yticks([t for i in range(len(ranks)) for t in (2 * i, 2 * i + 1)])
+    ax.set_yticklabels([s for rank in reversed(ranks) for s in (f"rank {rank} comm", f"rank {rank} compute")])
+    ax.set(xlabel="ms since the step began (each rank's own clock)",
+           title=f"step {df.attrs['step']} timeline: {run.label}")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def plot_scaling(runs: list[Run], plot_dir=None, name="scaling"):
+    """Scaling efficiency per configuration: tokens/s at N ranks / (N x tokens/s at 1 rank); 1.0 is
+    perfect linear scaling."""
+    s = scaling(runs)
+    if s.empty:
+        return _nothing("scaling needs a 1-rank run and a run at more ranks (run the lab at -np 1 and -np 2)")
+    fig, (ax_tps, ax_eff) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for cfg, g in s.groupby("config"):
+        g = g.sort_values("world_size")
+        label = cfg or "runs"
+        ax_tps.plot(g["world_size"], g["tokens_per_s"], "o-", label=label)
+        ax_eff.plot(g["world_size"], g["efficiency"], "o-", label=label)
+    ws = sorted(s["world_size"].unique())
+    base = s[s["world_size"] == 1]["tokens_per_s"].max()
+    ax_tps.plot(ws, [base * n for n in ws], "k--", lw=0.8, label="linear")
+    ax_tps.set(xlabel="ranks", ylabel="tokens/s (all ranks)", title="throughput vs ranks", xticks=ws)
+    ax_eff.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax_eff.set(xlabel="ranks", ylabel="efficiency", title="scaling efficiency", xticks=ws, ylim=(0, 1.2))
+    ax_tps.legend(fontsize=8)
+    return _save(fig, name, plot_dir)

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# notebooks.sh — execute the notebooks (notebooks/*.ipynb) headless, as CI does, and write their plots as PNG.
+#   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
+#   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (lab 01; lab 03 at 1 and 2
+#                                         ranks with timelines) and point the notebooks at them
+# Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device and lab03_ddp),
+#          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
+# The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
+# once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD="build"
+RUNS_ROOT="$ROOT/runs"
+OUT=""
+MAKE_LOGS=0
+VENV="$ROOT/.venv-notebooks"
+
+die() { echo "[scalelab] notebooks: $1" >&2; [[ $# -gt 1 ]] && echo "[scalelab]   hint: $2" >&2; exit 1; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --make-logs) MAKE_LOGS=1; shift ;;
+    --build-dir) BUILD="$2"; shift 2 ;;
+    --runs-root) RUNS_ROOT="$(realpath -m "$2")"; shift 2 ;;
+    --out) OUT="$(realpath -m "$2")"; shift 2 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'" "see scripts/notebooks.sh --help" ;;
+  esac
+done
+t_start=$SECONDS
+
+# ---- the virtual environment (pinned requirements) ----
+REQ="$ROOT/notebooks/requirements.txt"
+stamp="$VENV/.requirements.sha256"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "== notebooks: creating $VENV"
+  python3 -m venv "$VENV" || die "python3 -m venv failed" "apt-get install python3-venv (Debian/Ubuntu), then rerun"
+fi
+if [[ ! -f "$stamp" ]] || ! sha256sum --status -c "$stamp" 2>/dev/null; then
+  echo "== notebooks: installing notebooks/requirements.txt into $VENV"
+  t0=$SECONDS
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" \
+    || die "pip install failed" "check network access to PyPI, or delete $VENV and rerun"
+  sha256sum "$REQ" > "$stamp"
+  echo "   installed in $((SECONDS - t0)) s"
+fi
+PY="$VENV/bin/python"
+
+# ---- notebooks are committed without outputs ----
+"$PY" notebooks/execute.py --check-clean || exit 1
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/sl-notebooks.XXXXXX")"
+[[ -n "$OUT" ]] || OUT="$tmp/out"
+
+# ---- short CPU runs to plot ----
+if [[ "$MAKE_LOGS" == 1 ]]; then
+  t0=$SECONDS
+  BIN="$BUILD/bin/reference"
+  for prog in lab01_single_device lab03_ddp; do
+    [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
+  done
+  [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
+  RUNS_ROOT="$tmp/runs"
+  # demo model, short sequences: loss curves that visibly fall in seconds. Lab 03 keeps the global batch
+  # at 8 (1 rank: 2 micro-batches of 4) so the 1- and 2-rank runs compare like for like.
+  common=(--data data/kjv --model demo --seq-len 64 --val-every 10 --val-batches 2 --sample-tokens 0 --quiet
+          --log-dir "$RUNS_ROOT")
+  echo "== notebooks: short CPU runs into $RUNS_ROOT"
+  "$BIN/lab01_single_device" "${common[@]}" --batch 8 --steps 30 > "$tmp/lab01.out" 2>&1 \
+    || { cat "$tmp/lab01.out"; die "lab 01 run failed"; }
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  for np in 1 2; do
+    mpirun --oversubscribe --bind-to none -np "$np" "$BIN/lab03_ddp" "${common[@]}" --steps 20 --micro-batch 4 \
+      --global-batch 8 --bucket-mb 0.25 --timeline-steps 3 > "$tmp/lab03_np$np.out" 2>&1 \
+      || { cat "$tmp/lab03_np$np.out"; die "lab 03 run at $np ranks failed"; }
+  done
+  echo "   runs made in $((SECONDS - t0)) s"
+fi
+
+# ---- execute every notebook ----
+echo "== notebooks: executing notebooks/*.ipynb on $RUNS_ROOT"
+t0=$SECONDS
+"$PY" notebooks/execute.py --runs-root "$RUNS_ROOT" --out "$OUT" 2> >(grep -v "Kernel is running over TCP" >&2) \
+  || die "a notebook failed (above); its executed copy is in $OUT" "open it in Jupyter to see the failing cell"
+echo "   executed in $((SECONDS - t0)) s; notebooks and PNG plots in $OUT (total $((SECONDS - t_start)) s)"
