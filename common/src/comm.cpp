@@ -97,6 +97,11 @@ void EventLog::set_end(uint64_t id, double end_ms) {
   if (id >= first_id_) events_[id - first_id_].end_ms = end_ms;
 }
 
+void EventLog::add_wait(uint64_t id, double wait_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id >= first_id_ && id - first_id_ < events_.size()) events_[id - first_id_].wait_ms += wait_ms;
+}
+
 std::vector<CommEvent> EventLog::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return events_;

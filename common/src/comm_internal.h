@@ -26,6 +26,7 @@ class EventLog {
   uint64_t add(const CommEvent& event);                      // returns the event's id
   void set_start(uint64_t id, double start_ms);
   void set_end(uint64_t id, double end_ms);
+  void add_wait(uint64_t id, double wait_ms);  // CommEvent::wait_ms += wait_ms (a Work's wait blocked)
   std::vector<CommEvent> snapshot() const;
   void clear();
 

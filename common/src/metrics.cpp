@@ -240,6 +240,7 @@ void RunLogger::log_timeline(int64_t step, const std::vector<CommEvent>& events,
     ev["start_ms"] = e.start_ms;
     ev["end_ms"] = e.end_ms > 0 ? OrderedJson(e.end_ms) : OrderedJson(nullptr);  // 0: still pending
     ev["modeled_ms"] = e.modeled_ms;
+    ev["wait_ms"] = e.wait_ms;
     ev["async"] = e.async;
     ev["simulated"] = e.simulated;
     comm_events.push_back(std::move(ev));

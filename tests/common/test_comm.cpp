@@ -161,6 +161,20 @@ TEST(CommLocal, EventLogRecordsEveryCall) {
   EXPECT_EQ(c->events().size(), 1u);
 }
 
+// wait_ms is the caller's blocked time. Local calls finish before they return, so no wait ever blocks:
+// blocking or async, waited or not, every event says 0. (The mpi test holds an op with a link model.)
+TEST(CommLocal, CallsThatFinishBeforeTheWaitReportZeroWaitMs) {
+  auto c = make_communicator("local");
+  Tensor g = iota(1000);
+  c->all_reduce(g, ReduceOp::Sum, "blocking");
+  c->all_reduce_async(g, ReduceOp::Sum, "waited")->wait();
+  { scalelab::WorkPtr dropped = c->all_reduce_async(g, ReduceOp::Sum, "dropped"); }
+  c->barrier();
+  const std::vector<CommEvent> ev = c->events();
+  ASSERT_EQ(ev.size(), 4u);
+  for (const CommEvent& e : ev) EXPECT_EQ(e.wait_ms, 0.0) << e.op << " '" << e.tag << "'";
+}
+
 TEST(CommLocal, SplitGivesAWorldOfOneWithTheParentsLinkModel) {
   auto c = make_communicator("local");
   c->set_link_model(LinkModel::preset("pcie"));

@@ -392,6 +392,51 @@ TEST(CommMpi, LinkModelSetsTheEarliestCompletion) {
   EXPECT_EQ(w.link_model().name, "none");
 }
 
+// wait_ms: the time the caller was blocked in wait() for an op. A link model holds each all_reduce
+// for 200 ms (base_s; a sleep of the communication thread, so the cores stay free and the bound holds
+// even with more ranks than cores). Waiting at once blocks for about those 200 ms; waiting after the
+// op has finished (test() said so) blocks for nothing and reports exactly 0.
+TEST(CommMpi, WaitMsIsTheTimeTheCallerWasBlocked) {
+  Communicator& w = test::world();
+  const int p = w.size();
+  auto held = w.split(0, w.rank());
+  LinkModel link;
+  link.name = "held 200 ms";
+  link.base_s = 0.200;  // every call completes no earlier than 200 ms after it started
+  link.bandwidth_bytes_per_s = 1e12;  // bytes/s: the 4-byte payload adds nothing
+  held->set_link_model(link);
+  const double modeled_ms = 1e3 * link.seconds("all_reduce", 4, p);
+  Tensor x = ranked(1, held->rank());
+
+  held->barrier();
+  held->clear_events();
+  // 1. Waited at once: blocked for (nearly) the whole modelled time.
+  const double t0 = wall_ms();
+  WorkPtr at_once = held->all_reduce_async(x, ReduceOp::Sum, "waited at once");
+  at_once->wait();
+  const double blocked_ms = wall_ms() - t0;
+  // 2. Waited after it finished: test() polled until done, then wait() returns without blocking.
+  WorkPtr later = held->all_reduce_async(x, ReduceOp::Sum, "waited later");
+  while (!later->test()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  later->wait();
+  // 3. The blocking form: its wait is the whole call.
+  held->all_reduce(x, ReduceOp::Sum, "blocking");
+
+  const std::vector<CommEvent> ev = held->events();
+  ASSERT_EQ(ev.size(), 3u);
+  if (p > 1) {
+    constexpr double kIssueSlackMs = 10.0;  // issue -> wait() and thread pickup, on a busy machine
+    EXPECT_GE(ev[0].wait_ms, modeled_ms - kIssueSlackMs) << "modelled " << modeled_ms << " ms";
+    EXPECT_LE(ev[0].wait_ms, blocked_ms + 1e-6);            // never more than the caller really spent
+    EXPECT_GE(ev[2].wait_ms, modeled_ms - kIssueSlackMs);
+  }
+  EXPECT_EQ(ev[1].wait_ms, 0.0);  // finished before the wait: fully hidden
+  if (w.rank() == 0) {
+    std::printf("[  INFO    ] %d ranks, all_reduce held %.0f ms: wait_ms at once %.1f, after test() %.1f, blocking %.1f\n",
+                p, modeled_ms, ev[0].wait_ms, ev[1].wait_ms, ev[2].wait_ms);
+  }
+}
+
 // The point of the communication thread: async calls progress while the caller computes.
 // 8 all_reduces of 4 MB issued async, then ~100 ms of compute, then wait for all of them; printed
 // beside the serial sum (8 blocking all_reduces + the same compute).

@@ -7,8 +7,8 @@
 //   nccl   one GPU per rank; the unique id is broadcast over MPI; a communication stream ordered
 //          against the compute stream with events (verified only where several GPUs exist)
 // Counts are ELEMENTS, never bytes (STYLE.md 22). Every call appends a CommEvent (op, elements,
-// payload and bus bytes, issue/start/end times, the tag of the layer or bucket that issued it), so
-// labs and tests can check communication volume and overlap.
+// payload and bus bytes, issue/start/end times, the caller's wait_ms, the tag of the layer or bucket
+// that issued it), so labs and tests can check communication volume, overlap and exposed time.
 // A LinkModel makes a CPU run show what a cluster link would: a call completes no earlier than its
 // alpha-beta modelled time (Hockney; ring collectives as in Thakur, Rabenseifner & Gropp 2005), and
 // its event says simulated.
@@ -71,6 +71,11 @@ struct CommEvent {
   double end_ms = 0;         // when it completed (with a link model: no earlier than start + modelled);
                              // 0 while pending
   double modeled_ms = 0;     // the link model's time for it (0 without a model)
+  double wait_ms = 0;        // exposed time: how long the CALLER was blocked in Work::wait() (or in a
+                             // blocking form, barrier, or the destructor of a Work never waited for)
+                             // for this op, summed over its waits; 0 when it had finished before the
+                             // first wait (fully hidden) or nobody has waited yet. The part of
+                             // end_ms - issue_ms that the caller's step actually paid for.
   bool async = false;
   bool simulated = false;    // a link model decided (part of) its duration (modeled_ms > 0)
   int peer = -1;             // send/recv: the other rank; broadcast: the root
@@ -78,7 +83,8 @@ struct CommEvent {
 
 // A pending asynchronous operation (like torch.distributed's Work). wait() blocks until the result is
 // in the output tensor and rethrows the operation's error, if any; test() polls (true once finished,
-// successfully or not). Destroying an unfinished Work waits for it.
+// successfully or not). Destroying an unfinished Work waits for it. The time wait() (or that
+// destructor) blocks is added to the op's CommEvent::wait_ms; test() never adds any.
 class Work {
  public:
   virtual ~Work() = default;

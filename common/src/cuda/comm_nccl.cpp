@@ -14,6 +14,7 @@
 //               at the next wait(), collective, barrier or split.
 //   times       start_ms is when the call was enqueued, end_ms when wait()/test() first saw it done (an
 //               upper bound). A link model makes wait() return no earlier than start + modelled.
+//               wait_ms is the host time blocked in wait(), 0 if the done event had fired by then.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -135,11 +136,15 @@ class NcclWork : public Work {
     cudaEventDestroy(op_->done);
   }
   void wait() override {
+    // wait_ms: the host time blocked here, unless the op (and its modelled time) had already finished.
+    const double t0_ms = Communicator::now_ms();
+    const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess && t0_ms >= op_->not_before_ms;
     if (!op_->launched) st_->flush_p2p();
     SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
     SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
     mark_finished();
     sleep_until_ms(op_->not_before_ms);
+    if (!done_before) st_->log.add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
   }
   bool test() override {
     if (!op_->launched) return false;

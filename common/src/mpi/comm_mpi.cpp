@@ -183,6 +183,7 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 struct Op {
   std::string what;       // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
   uint64_t event_id = 0;  // its CommEvent in the log
+  std::shared_ptr<EventLog> log;  // that log (shared: a Work may outlive its communicator); null: no event
   double modeled_ms = 0;  // the link model's time: the op completes no earlier than start + this
 
   // A collective (or barrier, split): the blocking MPI call(s), staging included.
@@ -209,9 +210,10 @@ class MpiWork : public Work {
  public:
   explicit MpiWork(std::shared_ptr<Op> op) : op_(std::move(op)) {}
   ~MpiWork() override {
-    // The tensors must stay untouched until the op is done, so an unfinished Work waits.
+    // The tensors must stay untouched until the op is done, so an unfinished Work waits (and that
+    // wait is the caller's too: it counts in wait_ms).
     std::unique_lock<std::mutex> lock(op_->mu);
-    op_->cv.wait(lock, [&] { return op_->done; });
+    block_until_done(lock);
     if (op_->error && !op_->error_seen) {
       try {
         std::rethrow_exception(op_->error);
@@ -222,7 +224,7 @@ class MpiWork : public Work {
   }
   void wait() override {
     std::unique_lock<std::mutex> lock(op_->mu);
-    op_->cv.wait(lock, [&] { return op_->done; });
+    block_until_done(lock);
     if (op_->error) {
       op_->error_seen = true;
       std::rethrow_exception(op_->error);
@@ -234,6 +236,15 @@ class MpiWork : public Work {
   }
 
  private:
+  // Blocks until the communication thread has finished the op; the time blocked goes to the event's
+  // wait_ms. An op already done adds nothing: its communication was hidden from this caller.
+  void block_until_done(std::unique_lock<std::mutex>& lock) {
+    if (op_->done) return;
+    const double t0_ms = Communicator::now_ms();
+    op_->cv.wait(lock, [&] { return op_->done; });
+    if (op_->log) op_->log->add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
+  }
+
   std::shared_ptr<Op> op_;
 };
 
@@ -396,8 +407,8 @@ class MpiCommunicator : public Communicator {
 
   void set_link_model(const LinkModel& link) override { link_ = link; }
   const LinkModel& link_model() const override { return link_; }
-  std::vector<CommEvent> events() const override { return log_.snapshot(); }
-  void clear_events() override { log_.clear(); }
+  std::vector<CommEvent> events() const override { return log_->snapshot(); }
+  void clear_events() override { log_->clear(); }
 
  private:
   static constexpr int kTag = 0;  // one MPI tag: order between two ranks is the order of the calls
@@ -458,7 +469,8 @@ class MpiCommunicator : public Communicator {
     const CommEvent e = make_event(name, tag, count, dtype, size_, async, peer, link_);
     o->what = describe_call(name, count, dtype, rank_, size_, tag);
     o->modeled_ms = e.modeled_ms;
-    o->event_id = log_.add(e);
+    o->event_id = log_->add(e);
+    o->log = log_;
     return o;
   }
 
@@ -498,7 +510,7 @@ class MpiCommunicator : public Communicator {
 
   void start(const std::shared_ptr<Op>& op, std::vector<std::shared_ptr<Op>>& in_flight) {
     const double start_ms = Communicator::now_ms();
-    if (op->event_id != kNoEvent) log_.set_start(op->event_id, start_ms);
+    if (op->event_id != kNoEvent) log_->set_start(op->event_id, start_ms);
     // The link is busy with one op at a time: this thread sleeps out a collective's modelled time
     // before it picks up the next op. (Sends and recvs overlap other ops, like a full-duplex link.)
     op->not_before_ms = start_ms + op->modeled_ms;
@@ -549,7 +561,7 @@ class MpiCommunicator : public Communicator {
   }
 
   void finish(const std::shared_ptr<Op>& op, std::exception_ptr error) {
-    if (op->event_id != kNoEvent) log_.set_end(op->event_id, Communicator::now_ms());
+    if (op->event_id != kNoEvent) log_->set_end(op->event_id, Communicator::now_ms());
     {
       std::lock_guard<std::mutex> lock(op->mu);
       op->done = true;
@@ -564,7 +576,7 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   LinkModel link_;  // read and written by the caller's thread only (each op keeps its modelled time)
-  EventLog log_;
+  std::shared_ptr<EventLog> log_ = std::make_shared<EventLog>();  // shared with the Ops (wait_ms)
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
