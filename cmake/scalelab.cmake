@@ -88,16 +88,24 @@ function(sl_target_defaults target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 endfunction()
 
+# Where the reference track's sources come from. Default: the repository's solutions/. The planted-
+# mistake runner (scripts/check_mistakes.py, docs/grading.md "Planted mistakes") points it at a copy
+# of solutions/ that it patches, so solutions/ itself is never modified. Only the lab sources
+# (sl_add_lab) are read from it; headers stay in labs/.
+set(SL_SOLUTIONS_DIR ${PROJECT_SOURCE_DIR}/solutions CACHE PATH
+    "Reference track sources (solutions/ or a copy of it, e.g. for scripts/check_mistakes.py)")
+
 # sl_add_lab(<NN> <name> SOURCES <files relative to the lab folder> [DRIVER main.cpp] [DEPS libs...])
 # Builds the lab's TODO functions twice:
 #   labNN_learner  from labs/NN_name/<SOURCES>       compile definition SL_TRACK_LABNN=learner
 #   labNN_ref      from solutions/NN_name/<SOURCES>  compile definition SL_TRACK_LABNN=ref
+#                  (solutions/ = SL_SOLUTIONS_DIR, above)
 # and, with a DRIVER, the lab's program twice: bin/learner/labNN_name and bin/reference/labNN_name.
 # Other labs and programs link labNN_ref (docs/design.md "How the two tracks link").
 function(sl_add_lab NN name)
   cmake_parse_arguments(A "" "DRIVER" "SOURCES;DEPS" ${ARGN})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${name})
-  set(sol_dir ${PROJECT_SOURCE_DIR}/solutions/${NN}_${name})
+  set(sol_dir ${SL_SOLUTIONS_DIR}/${NN}_${name})
   foreach(track learner ref)
     if(track STREQUAL "learner")
       set(dir ${lab_dir})

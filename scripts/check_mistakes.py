@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""scripts/check_mistakes.py — every planted mistake must fail the graded check it targets.
+
+  scripts/check_mistakes.py [--build-dir build-mistakes] [--lab NN]... [--only ID]... [--jobs N]
+                            [--list] [--lint] [--all-checks] [--no-baseline] [--verbose]
+
+A planted mistake (docs/grading.md "Planted mistakes") is a small patch of a reference file's TODO
+blocks, tests/mistakes/labNN/<id>.patch, described in tests/mistakes/labNN/manifest.json with the ONE
+graded check it must trip. For each selected mistake this script
+  1. restores a copy of solutions/ (<build>/mistakes-src/solutions; solutions/ itself is never touched)
+     and applies the patch with `patch -p1 --fuzz=0` (a patch that does not apply exactly fails loudly);
+  2. insists the patch changed only the body of the TODO fence it names (tests/lint/check_fences.py);
+  3. rebuilds incrementally only the graded program that holds the check (the build's reference track
+     compiles from the copy: -DSL_SOLUTIONS_DIR=<copy>, -DSL_BUILD_LEARNER=OFF, CPU only);
+  4. runs only that check through ctest (`ctest -R '^labNN.<check>.reference$'`) and reads its record as
+     scripts/grade does (its functions are imported, not copied): status failed = caught; a crash or a
+     timeout of the check counts as caught too and is reported as such; passed = NOT CAUGHT; a record
+     of another check, or not_implemented / skipped = wrong check;
+  5. restores the copy.
+Before the first mistake it runs the selected checks once on the unpatched copy (the baseline): a check
+that already fails there could not tell a mistake from a broken build, so the run stops.
+Prints one table (mistake, check, result, seconds) and exits 0 only if every mistake was caught.
+
+  --lint        only steps 1, 2 and 5 for every mistake (no build; a few seconds)
+  --all-checks  also run every other graded check of the lab on each mistake and list those that fail
+                (slower; shows what else a mistake trips, for writing hints)
+  --list        print the selected mistakes and exit
+"""
+import argparse
+import filecmp
+import glob
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MISTAKES_DIR = os.path.join(REPO, "tests", "mistakes")
+TRACK = "reference"
+
+
+def load_grade():
+    """scripts/grade (no .py suffix) as a module: its build, ctest and record functions."""
+    path = os.path.join(REPO, "scripts", "grade")
+    loader = importlib.machinery.SourceFileLoader("sl_grade", path)
+    spec = importlib.util.spec_from_loader("sl_grade", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+grade = load_grade()
+check_fences = grade.check_fences  # tests/lint/check_fences.py, as scripts/grade imports it
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifests
+
+def load_manifests():
+    """Every tests/mistakes/labNN/manifest.json, as a list of mistakes (dicts) with 'lab' and 'patch_path'."""
+    mistakes, seen = [], {}
+    for path in sorted(glob.glob(os.path.join(MISTAKES_DIR, "lab[0-9][0-9]", "manifest.json"))):
+        lab_dir = os.path.dirname(path)
+        lab = os.path.basename(lab_dir)[3:]
+        with open(path) as f:
+            doc = json.load(f)
+        if doc.get("lab") != lab:
+            sys.exit(f"check_mistakes: {path}: \"lab\" is {doc.get('lab')!r}, the folder says {lab!r}")
+        for entry in doc.get("mutations", []):
+            where = f"{path}: mutation {entry.get('id', '?')!r}"
+            for key in ("id", "file", "patch", "fence", "check", "mistake", "concept"):
+                if not entry.get(key):
+                    sys.exit(f"check_mistakes: {where}: missing \"{key}\"")
+            if entry["id"] in seen:
+                sys.exit(f"check_mistakes: {where}: id already used in {seen[entry['id']]}")
+            seen[entry["id"]] = path
+            if not re.fullmatch(rf"lab{lab}\.[a-z0-9_]+", entry["check"]):
+                sys.exit(f"check_mistakes: {where}: check {entry['check']!r} is not a lab{lab}.<check id>")
+            if not entry["file"].startswith(f"solutions/{lab}_"):
+                sys.exit(f"check_mistakes: {where}: file {entry['file']!r} is not in solutions/{lab}_*/")
+            patch_path = os.path.join(lab_dir, entry["patch"])
+            if not os.path.isfile(patch_path):
+                sys.exit(f"check_mistakes: {where}: no patch file {patch_path}")
+            mistakes.append(dict(entry, lab=lab, patch_path=patch_path))
+    return mistakes
+
+
+# ---------------------------------------------------------------------------------------------
+# The patched copy of solutions/
+
+def restore_copy(src_root):
+    """Makes <src_root>/solutions equal to solutions/, rewriting only the files that differ. A rewritten
+    file gets a fresh modification time (copyfile, not copy2), so the build recompiles it."""
+    source = os.path.join(REPO, "solutions")
+    target = os.path.join(src_root, "solutions")
+    wanted = set()
+    for dirpath, _, files in os.walk(source):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), source)
+            wanted.add(rel)
+            dst = os.path.join(target, rel)
+            if not os.path.exists(dst) or not filecmp.cmp(os.path.join(source, rel), dst, shallow=False):
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(os.path.join(source, rel), dst)
+    for dirpath, _, files in os.walk(target):  # e.g. a file a patch created, or one removed from solutions/
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), target)
+            if rel not in wanted:
+                os.remove(os.path.join(target, rel))
+
+
+def apply_patch(src_root, mistake):
+    """Applies the mistake's patch to the copy. Returns "" or what went wrong."""
+    rc, out = grade.run(["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch",
+                         "--reject-file=-", "-d", src_root, "-i", os.path.abspath(mistake["patch_path"])])
+    if rc != 0:
+        return "patch does not apply: " + " | ".join(out.strip().splitlines()[-3:])
+    return ""
+
+
+def fence_problems(src_root, mistake):
+    """The patch may change only the body of the fence it names. Returns "" or what it changed besides."""
+    rel = mistake["file"]
+    with open(os.path.join(REPO, rel), encoding="utf-8", newline="") as f:
+        original = f.read()
+    try:
+        with open(os.path.join(src_root, rel), encoding="utf-8", newline="") as f:
+            mutated = f.read()
+    except OSError as e:
+        return f"{rel}: {e}"
+    if mutated == original:
+        return f"the patch did not change {rel}"
+    lab = mistake["lab"]
+    problems = check_fences.compare_pair(mutated, original, rel + " (mutated)", rel, lab_nn=lab, edited=True)
+    if problems:
+        return "; ".join(p.message for p in problems) + "".join("\n" + p.diff for p in problems if p.diff)
+    before = {f.fence_id: f.body for f in check_fences.parse(original, rel, lab).fences}
+    after = {f.fence_id: f.body for f in check_fences.parse(mutated, rel, lab).fences}
+    changed = sorted(k for k in before if before[k] != after.get(k))
+    if changed != [mistake["fence"]]:
+        return f"the patch changes the bodies of {changed}, the manifest says {mistake['fence']}"
+    # Any other file of the copy must be untouched.
+    for dirpath, _, files in os.walk(os.path.join(src_root, "solutions")):
+        for name in files:
+            other = os.path.relpath(os.path.join(dirpath, name), src_root)
+            if other != rel and not (os.path.exists(os.path.join(REPO, other)) and
+                                     filecmp.cmp(os.path.join(REPO, other), os.path.join(src_root, other),
+                                                 shallow=False)):
+                return f"the patch changes {other} too; a mistake patches only {rel}"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Build and run
+
+def configure(build, src_root):
+    """Configures the mistakes' build once: CPU only, tests on, learner track off, reference from the copy."""
+    solutions = os.path.join(src_root, "solutions")
+    cache = os.path.join(build, "CMakeCache.txt")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            if f"SL_SOLUTIONS_DIR:PATH={solutions}\n" in f.read():
+                return
+    print(f"== configuring {build} (CPU, reference track from {solutions})", flush=True)
+    rc, out = grade.run(["cmake", "-S", REPO, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                         "-DSL_WITH_CUDA=OFF", "-DSL_BUILD_TESTS=ON", "-DSL_BUILD_LEARNER=OFF",
+                         f"-DSL_SOLUTIONS_DIR={solutions}"])
+    if rc != 0:
+        print(grade.tail(out, 60))
+        sys.exit(f"check_mistakes: configuring {build} failed (the output is above)")
+
+
+def target_of(test):
+    """The CMake target of the graded program a ctest runs: tests/bin/reference/<name> -> <name>_reference
+    (sl_add_graded_test in cmake/scalelab.cmake)."""
+    for arg in test["command"]:
+        m = re.search(r"[/\\]tests[/\\]bin[/\\]" + TRACK + r"[/\\]([A-Za-z0-9_]+)$", arg)
+        if m:
+            return f"{m.group(1)}_{TRACK}"
+    return None
+
+
+def run_checks(build, tests, jobs, verbose):
+    """Runs the ctests, returns {name: (row as scripts/grade builds it, how it ended)}, where how is
+    "record" (the check wrote its record), "timeout" or "crash: <ctest's exit>"."""
+    for t in tests:  # a stale record must never stand in for a run that crashed
+        path = grade.record_path(t)
+        for old in ([path] + grade.rank_record_paths(path)) if path else []:
+            if os.path.exists(old):
+                os.remove(old)
+    outcomes = grade.run_ctest(build, tests, jobs, verbose)
+    results = {}
+    for t in tests:
+        outcome = outcomes.get(t["name"])
+        wrote = grade.read_record(grade.record_path(t) or "") is not None
+        row = grade.grade_test(t, outcome)
+        exit_code = (outcome or {}).get("exit", "")
+        how = "record" if wrote else ("timeout" if exit_code == "Timeout" else f"crash: {exit_code or 'no record'}")
+        results[t["name"]] = (row, how)
+    return results
+
+
+def judge(mistake, row, how):
+    """(result word, detail) of the intended check's outcome on a mistake."""
+    status = row.get("check_status")
+    if how == "record" and row.get("check_id") != mistake["check"]:
+        return "wrong check", f"the record is of {row.get('check_id')}"
+    if status == "failed":
+        if how == "record":
+            first = next((ln for ln in row.get("check_message", "").splitlines() if ln.strip()), "")
+            return "caught", first
+        return f"caught ({how})", ""
+    if status == "passed":
+        return "NOT CAUGHT", row.get("check_measured", "")
+    return "wrong check", f"status {status}: {row.get('check_message', '')}"
+
+
+def print_table(rows):
+    id_w = max([len(r["id"]) for r in rows] + [7])
+    check_w = max([len(r["check"]) for r in rows] + [5])
+    res_w = max([len(r["result"]) for r in rows] + [6])
+    print(f"\n{'mistake':<{id_w}}  {'check':<{check_w}}  {'result':<{res_w}}  {'seconds':>7}")
+    for r in rows:
+        print(f"{r['id']:<{id_w}}  {r['check']:<{check_w}}  {r['result']:<{res_w}}  {r['seconds']:7.1f}")
+        if r.get("detail") and not r["result"].startswith("caught"):
+            for line in r["detail"].splitlines()[:12]:
+                print(" " * 4 + line)
+        if r.get("also"):
+            print(" " * 4 + "also fails: " + ", ".join(r["also"]))
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(prog="scripts/check_mistakes.py", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=os.path.join(REPO, "build-mistakes"),
+                    help="the mistakes' own build directory (default: build-mistakes)")
+    ap.add_argument("--lab", action="append", help="only this lab (NN); repeatable")
+    ap.add_argument("--only", action="append", help="only this mistake id; repeatable")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel build jobs")
+    ap.add_argument("--list", action="store_true", help="print the selected mistakes and exit")
+    ap.add_argument("--lint", action="store_true", help="only apply each patch and check its fences (no build)")
+    ap.add_argument("--all-checks", action="store_true", help="also run the lab's other checks on each mistake")
+    ap.add_argument("--no-baseline", action="store_true", help="skip running the checks on the unpatched copy")
+    ap.add_argument("--verbose", action="store_true", help="show ctest's output")
+    args = ap.parse_args()
+    for nn in args.lab or []:
+        if not re.fullmatch(r"\d\d", nn):
+            ap.error(f"--lab takes two digits (03), not '{nn}'")
+
+    mistakes = load_manifests()
+    if args.lab:
+        mistakes = [m for m in mistakes if m["lab"] in args.lab]
+    if args.only:
+        unknown = set(args.only) - {m["id"] for m in mistakes}
+        if unknown:
+            ap.error(f"no mistake with id {', '.join(sorted(unknown))} (--list shows them)")
+        mistakes = [m for m in mistakes if m["id"] in args.only]
+    if not mistakes:
+        ap.error("no mistake selected")
+    if args.list:
+        for m in mistakes:
+            print(f"{m['id']:<36} {m['check']:<48} {m['fence']}\n    {m['mistake']}")
+        return 0
+
+    build = os.path.abspath(args.build_dir)
+    src_root = os.path.join(build, "mistakes-src")
+    os.makedirs(src_root, exist_ok=True)
+    restore_copy(src_root)
+    t_start = time.monotonic()
+
+    if args.lint:
+        bad = 0
+        for m in mistakes:
+            problem = apply_patch(src_root, m) or fence_problems(src_root, m)
+            restore_copy(src_root)
+            print(f"{m['id']:<36} {'ok' if not problem else 'FAIL ' + problem}")
+            bad += bool(problem)
+        print(f"\n{len(mistakes) - bad} of {len(mistakes)} patches apply and stay inside their TODO fence")
+        return 1 if bad else 0
+
+    configure(build, src_root)
+    # Build every graded program of the selected labs first: ctest lists a test's command only once
+    # its program exists, and the command names the program (the target) a mistake must rebuild.
+    labs = sorted({m["lab"] for m in mistakes})
+    first = [f"graded_lab{lab}_{TRACK}" for lab in labs]
+    print(f"== building {' '.join(first)}", flush=True)
+    t0 = time.monotonic()
+    rc, out = grade.run(["cmake", "--build", build, "-j", str(args.jobs), "--target"] + first)
+    if rc != 0:
+        print(grade.tail(out, 60))
+        sys.exit("check_mistakes: the unpatched reference does not build (output above)")
+    print(f"   {time.monotonic() - t0:.1f} s", flush=True)
+    tests = {t["name"]: t for t in grade.list_tests(build)}
+    for m in mistakes:
+        name = f"{m['check']}.{TRACK}"
+        if name not in tests:
+            sys.exit(f"check_mistakes: {m['id']}: no ctest {name} in {build} (is the check id right? "
+                     f"`ctest --test-dir {build} -N -L {TRACK}` lists them)")
+        m["test"] = tests[name]
+        m["target"] = target_of(tests[name])
+        if not m["target"]:
+            sys.exit(f"check_mistakes: {m['id']}: cannot tell the program of {name} from its command")
+    lab_tests = {lab: grade.graded_tests(list(tests.values()), lab, TRACK) for lab in labs}
+
+    # Baseline: the unpatched reference must pass every check the mistakes will be judged by.
+    if args.all_checks:
+        baseline = [t for lab in sorted(lab_tests) for t in lab_tests[lab]]
+    else:
+        baseline = list({m["test"]["name"]: m["test"] for m in mistakes}.values())
+    if not args.no_baseline:
+        print(f"== baseline: {len(baseline)} checks on the unpatched reference", flush=True)
+        t0 = time.monotonic()
+        results = run_checks(build, baseline, args.jobs, args.verbose)
+        broken = [n for n, (row, _) in results.items() if row.get("check_status") not in ("passed", "skipped")]
+        skipped = [n for n, (row, _) in results.items() if row.get("check_status") == "skipped"]
+        print(f"   {time.monotonic() - t0:.1f} s", flush=True)
+        if skipped:
+            sys.exit(f"check_mistakes: skipped on the unpatched reference (no MPI?): {', '.join(skipped)}; "
+                     f"a skipped check cannot catch a mistake")
+        if broken:
+            sys.exit(f"check_mistakes: the unpatched reference already fails {', '.join(broken)} in {build}: "
+                     f"fix that first (scripts/grade NN --track reference)")
+
+    rows = []
+    for m in mistakes:
+        t0 = time.monotonic()
+        row = {"id": m["id"], "check": m["check"], "result": "", "detail": "", "also": []}
+        restore_copy(src_root)
+        problem = apply_patch(src_root, m)
+        if problem:
+            row.update(result="patch failed", detail=problem)
+        elif (problem := fence_problems(src_root, m)):
+            row.update(result="outside fence", detail=problem)
+        else:
+            selected = lab_tests[m["lab"]] if args.all_checks else [m["test"]]
+            build_targets = sorted({target_of(t) for t in selected})
+            rc, out = grade.run(["cmake", "--build", build, "-j", str(args.jobs), "--target"] + build_targets)
+            if rc != 0:
+                row.update(result="build failed", detail=grade.tail(out, 12))
+            else:
+                results = run_checks(build, selected, args.jobs if args.all_checks else 1, args.verbose)
+                check_row, how = results[m["test"]["name"]]
+                result, detail = judge(m, check_row, how)
+                row.update(result=result, detail=detail)
+                row["also"] = sorted(r["check_id"] for n, (r, _) in results.items()
+                                     if n != m["test"]["name"] and r.get("check_status") != "passed")
+        restore_copy(src_root)
+        row["seconds"] = time.monotonic() - t0
+        rows.append(row)
+        print(f"   {m['id']}: {row['result']} ({row['seconds']:.1f} s)", flush=True)
+
+    print_table(rows)
+    caught = sum(r["result"].startswith("caught") for r in rows)
+    total_s = time.monotonic() - t_start
+    print(f"\n{caught} of {len(rows)} planted mistakes caught by their check; {total_s:.0f} s in all "
+          f"({sum(r['seconds'] for r in rows):.0f} s for the mistakes)")
+    return 0 if caught == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
