@@ -10,6 +10,7 @@
 
 #include <cstdint>  // defines: int64_t
 #include <algorithm>  // defines: std::min, std::max
+#include <cmath>      // defines: std::fabs
 #include <map>
 #include <string>
 #include <vector>
@@ -355,5 +356,70 @@ TEST(Lab03Ddp, AdamwStepsMatchSingleProcess) {
     OptimizerConfig adamw;  // betas 0.9/0.95, eps 1e-8, weight decay 0.1
     record.measured(expect_steps_match(lab03::SyncMode::Overlap, adamw, /*lr=*/1e-3f, /*grad_clip=*/0.05f,
                                        /*steps=*/3, /*micro_steps=*/2, kParamAtol));
+  });
+}
+
+TEST(Lab03Ddp, StepReportsLossAndNorm) {
+  // What train_step returns is what the driver logs (loss, grad_norm per step). The loss is the mean of
+  // this rank's m micro-batch losses, each computed here by a forward of the same parameters on the same
+  // tokens: equal up to the float rounding of the mean (kLossRtol). The norm is the global norm of the
+  // synchronised, 1/m-scaled gradient before clipping, the one-process gradient's norm up to the
+  // gradients' own rounding (kGradRtol each; the norm is a sum of squares of them). The mistakes this
+  // sees are of order 1: a sum of m losses is m times the mean; a norm after clipping is grad_clip; a
+  // norm of the local or the unscaled gradient is off by tens of percent or m times.
+  constexpr double kLossRtol = 1e-6;
+  constexpr double kNormRtol = 1e-4;
+  constexpr int kMicroSteps = 2;
+  constexpr float kGradClip = 0.05f;  // active: the tiny model's gradient norm is above it
+  const grading::Check check{
+      "lab03.step_reports_loss_and_norm", /*points=*/1,
+      /*target=*/"one train_step of 2 micro-steps on 2 ranks, each mode, clipping at 0.05 (active): loss = the mean "
+                 "of this rank's 2 micro-batch losses (1e-6 relative); grad_norm = the norm of the one-process "
+                 "gradient of the global batch before clipping (1e-4 relative)",
+      /*hint=*/"README 'Gradient accumulation': the step's loss is the MEAN over its micro-batches; the norm is "
+               "measured by clip_grad_norm on the synchronised gradient, after the 1/m and before clipping"};
+  grading::run(check, [&](grading::Record& record) {
+    const GPTConfig cfg = tiny_config();
+    std::string measured, problem;
+    for (const lab03::SyncMode mode : kModes) {
+      std::unique_ptr<Communicator> comm = fresh_comm();
+      const int rank = comm->rank(), n = comm->size();
+      const GlobalBatch g =
+          random_global_batch(kDataSeed, kMicroBatch * n * kMicroSteps, cfg.max_seq_len, cfg.vocab_size);
+      const std::vector<lab03::MicroBatch> mbs = rank_micro_batches(g, rank, n, kMicroSteps, kMicroBatch);
+      std::unique_ptr<GPT2> model = make_model(cfg);
+      OptimizerConfig sgd;
+      sgd.kind = OptimizerConfig::Kind::SGD;
+      sgd.weight_decay = 0.0f;
+      Optimizer optimizer(*model, sgd);
+      lab03::GradSync sync(*model, *comm, mode, kTinyBucketMb);
+      const lab03::StepResult got = lab03::train_step(*model, optimizer, sync, mbs, 0.1f, kGradClip);
+
+      std::unique_ptr<GPT2> probe = make_model(cfg);  // the same starting parameters: forward only
+      double loss_sum = 0.0;
+      for (const lab03::MicroBatch& mb : mbs) loss_sum += probe->forward(mb.inputs, &mb.targets);
+      const double want_loss = loss_sum / kMicroSteps;
+      std::unique_ptr<GPT2> expected = make_model(cfg);
+      Optimizer expected_optimizer(*expected, sgd);
+      const double want_norm = one_process_step(*expected, expected_optimizer, g, 0.1f, kGradClip);
+
+      const std::string name = lab03::sync_mode_name(mode);
+      char buf[320];
+      if (problem.empty() && !(std::fabs(got.loss - want_loss) <= kLossRtol * std::fabs(want_loss))) {
+        std::snprintf(buf, sizeof(buf), "%s: loss %.7g, expected %.7g (the mean of this rank's %d micro-batch losses)",
+                      name.c_str(), got.loss, want_loss, kMicroSteps);
+        problem = buf;
+      }
+      if (problem.empty() && !(std::fabs(got.grad_norm - want_norm) <= kNormRtol * want_norm)) {
+        std::snprintf(buf, sizeof(buf), "%s: grad_norm %.7g, expected %.7g (the global gradient's norm before "
+                      "clipping at %g)", name.c_str(), got.grad_norm, want_norm, kGradClip);
+        problem = buf;
+      }
+      std::snprintf(buf, sizeof(buf), "%s loss %.5f (want %.5f) grad_norm %.5f (want %.5f)", name.c_str(), got.loss,
+                    want_loss, got.grad_norm, want_norm);
+      measured += (measured.empty() ? "" : "; ") + std::string(buf);
+    }
+    record.measured(measured);
+    EXPECT_TRUE(grading::all_ranks(problem.empty(), on_rank(problem))) << "what train_step returns";
   });
 }
