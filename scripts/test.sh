@@ -50,4 +50,5 @@ for lab in 01 03; do
   echo "$out" | grep -q "not implemented" || { echo "FAIL: lab $lab learner track: no 'not implemented' status"; exit 1; }
 done
 scripts/notebooks.sh --make-logs --build-dir "$build_dir"  # notebooks run headless on short CPU runs
+scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --jobs "$jobs"  # planted mistakes: each must fail its check (docs/grading.md)
 echo "== all tests passed"
