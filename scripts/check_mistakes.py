@@ -333,25 +333,27 @@ def main():
         t0 = time.monotonic()
         row = {"id": m["id"], "check": m["check"], "result": "", "detail": "", "also": []}
         restore_copy(src_root)
-        problem = apply_patch(src_root, m)
-        if problem:
-            row.update(result="patch failed", detail=problem)
-        elif (problem := fence_problems(src_root, m)):
-            row.update(result="outside fence", detail=problem)
-        else:
-            selected = lab_tests[m["lab"]] if args.all_checks else [m["test"]]
-            build_targets = sorted({target_of(t) for t in selected})
-            rc, out = grade.run(["cmake", "--build", build, "-j", str(args.jobs), "--target"] + build_targets)
-            if rc != 0:
-                row.update(result="build failed", detail=grade.tail(out, 12))
+        try:
+            problem = apply_patch(src_root, m)
+            if problem:
+                row.update(result="patch failed", detail=problem)
+            elif (problem := fence_problems(src_root, m)):
+                row.update(result="outside fence", detail=problem)
             else:
-                results = run_checks(build, selected, args.jobs if args.all_checks else 1, args.verbose)
-                check_row, how = results[m["test"]["name"]]
-                result, detail = judge(m, check_row, how)
-                row.update(result=result, detail=detail)
-                row["also"] = sorted(r["check_id"] for n, (r, _) in results.items()
-                                     if n != m["test"]["name"] and r.get("check_status") != "passed")
-        restore_copy(src_root)
+                selected = lab_tests[m["lab"]] if args.all_checks else [m["test"]]
+                build_targets = sorted({target_of(t) for t in selected})
+                rc, out = grade.run(["cmake", "--build", build, "-j", str(args.jobs), "--target"] + build_targets)
+                if rc != 0:
+                    row.update(result="build failed", detail=grade.tail(out, 12))
+                else:
+                    results = run_checks(build, selected, args.jobs if args.all_checks else 1, args.verbose)
+                    check_row, how = results[m["test"]["name"]]
+                    result, detail = judge(m, check_row, how)
+                    row.update(result=result, detail=detail)
+                    row["also"] = sorted(r["check_id"] for n, (r, _) in results.items()
+                                         if n != m["test"]["name"] and r.get("check_status") != "passed")
+        finally:
+            restore_copy(src_root)  # also when interrupted: the next run must start clean
         row["seconds"] = time.monotonic() - t0
         rows.append(row)
         print(f"   {m['id']}: {row['result']} ({row['seconds']:.1f} s)", flush=True)
