@@ -51,4 +51,5 @@ for lab in 01 03; do
 done
 scripts/notebooks.sh --make-logs --build-dir "$build_dir"  # notebooks run headless on short CPU runs
 scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --jobs "$jobs"  # planted mistakes: each must fail its check (docs/grading.md)
+scripts/scale_demo.sh --build-dir "$build_dir" --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok --timeout-s 120 --out "$build_dir/scale_demo" && test -s "$build_dir/scale_demo/scale_table.md" || { echo "FAIL: scripts/scale_demo.sh (tiny scaling table, README 'Instructor: the scaling demonstration')"; exit 1; }  # ~20 s
 echo "== all tests passed"

@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03 and 04 at 1, 2, 4, 8
+# ranks (as the hardware allows), same model and global batch at every rank count, ONE table.
+#   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
+#   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
+#   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
+# Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
+#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04"   --device auto|cpu|cuda
+#   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
+#   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
+#   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
+#   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
+#   (CPU ranks, labs 03 and 04)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
+#   "mpirun --hostfile FILE", "srun --gpus-per-task=1")   --timeout-s S (per run; default none)
+# Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
+# run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
+# notebooks' reader (notebooks/scalelab_logs.py) in .venv-notebooks/, made as scripts/notebooks.sh makes it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD="build"
+DATA="data/kjv"
+MODEL=""
+STEPS=20
+OUT=""
+LABS="01 03 04"
+MAX_RANKS=""
+OVERSUB_OK=0
+DEVICE="auto"
+MICRO_BATCH=""
+SEQ_LEN=""
+PRECISION="fp32"
+STAGE=3
+THREADS=""
+LINK="none"
+LINK_SLOWDOWN=1
+LAUNCHER="mpirun --oversubscribe --bind-to none"
+TIMEOUT_S=0
+VENV="$ROOT/.venv-notebooks"
+
+die() { echo "[scalelab] scale_demo: $1" >&2; [[ $# -gt 1 ]] && echo "[scalelab]   hint: $2" >&2; exit 1; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value" "see scripts/scale_demo.sh --help"; }
+
+args_given=("$@")
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir|--data|--model|--steps|--out|--labs|--max-ranks|--device|--micro-batch|--seq-len|--stage|\
+    --threads-per-rank|--link|--link-slowdown|--launcher|--timeout-s|--precision) need_value "$@" ;;&
+    --build-dir) BUILD="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --labs) LABS="$2"; shift 2 ;;
+    --max-ranks) MAX_RANKS="$2"; shift 2 ;;
+    --oversubscribe-ok) OVERSUB_OK=1; shift ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --micro-batch) MICRO_BATCH="$2"; shift 2 ;;
+    --seq-len) SEQ_LEN="$2"; shift 2 ;;
+    --stage) STAGE="$2"; shift 2 ;;
+    --precision) PRECISION="$2"; shift 2 ;;
+    --threads-per-rank) THREADS="$2"; shift 2 ;;
+    --link) LINK="$2"; shift 2 ;;
+    --link-slowdown) LINK_SLOWDOWN="$2"; shift 2 ;;
+    --launcher) LAUNCHER="$2"; shift 2 ;;
+    --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
+  esac
+done
+t_start=$SECONDS
+
+is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
+for kv in "--steps $STEPS" "--timeout-s $TIMEOUT_S"; do
+  is_int "${kv#* }" || die "${kv% *} '${kv#* }' is not a whole number"
+done
+(( STEPS >= 2 )) || die "--steps $STEPS: need at least 2 (step 0 is warm-up and not timed)"
+for lab in $LABS; do
+  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 ]] || die "--labs: unknown lab '$lab'" "use any of \"01 03 04\""
+done
+
+# ---- device, rank counts, threads per rank ----
+cores=$(nproc)
+gpus=0
+if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then  # the GPUs this job may use, not all the machine has
+  IFS=, read -r -a visible <<< "$CUDA_VISIBLE_DEVICES"; gpus=${#visible[@]}
+elif command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
+build_has_cuda=0
+if grep -Eq '^CMAKE_CUDA_COMPILER:[A-Z]+=/' "$BUILD/CMakeCache.txt" 2>/dev/null; then build_has_cuda=1; fi
+case "$DEVICE" in
+  auto)
+    DEVICE=cpu
+    if (( gpus > 0 )); then
+      if (( build_has_cuda )); then DEVICE=cuda
+      else echo "[scalelab] scale_demo: $gpus GPU(s) present but $BUILD was built without CUDA: running on CPU ranks" \
+                "(rebuild with -DSL_WITH_CUDA=ON for the GPU table)" >&2; fi
+    fi ;;
+  cpu) ;;
+  cuda) (( build_has_cuda )) || die "--device cuda: $BUILD was built without CUDA" \
+          "cmake -S . -B $BUILD -G Ninja -DSL_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=<sm, e.g. 90> && cmake --build $BUILD" ;;
+  *) die "--device '$DEVICE'" "use auto, cpu or cuda" ;;
+esac
+if [[ -z "$MAX_RANKS" ]]; then
+  if [[ "$DEVICE" == cuda ]]; then MAX_RANKS=$(( gpus > 0 ? gpus : 1 )); else MAX_RANKS=$cores; fi
+  (( MAX_RANKS <= 8 )) || MAX_RANKS=8
+fi
+is_int "$MAX_RANKS" && (( MAX_RANKS >= 1 )) || die "--max-ranks '$MAX_RANKS' is not a whole number >= 1"
+if [[ "$DEVICE" == cuda && "$LINK" != none ]]; then
+  die "--link $LINK simulates a link between CPU ranks" "drop --link on GPUs: the real interconnect is measured"
+fi
+if [[ "$DEVICE" == cuda && $gpus -gt 0 && $MAX_RANKS -gt $gpus && "$LAUNCHER" == mpirun\ --oversubscribe* ]]; then
+  die "--max-ranks $MAX_RANKS but this machine has $gpus GPU(s) (one rank per GPU)" \
+      "on a cluster pass --launcher \"mpirun --hostfile FILE\" or --launcher \"srun --gpus-per-task=1\""
+fi
+# Defaults by device: a CPU rank trains the ~1.9M-parameter demo model on short sequences; a GPU needs
+# GPT-2 124M shapes (d12) at T=1024 to have enough work per step for its time to mean anything.
+if [[ "$DEVICE" == cuda ]]; then
+  : "${MODEL:=d12}" "${MICRO_BATCH:=8}" "${SEQ_LEN:=1024}"
+else
+  : "${MODEL:=demo}" "${MICRO_BATCH:=4}"
+  [[ -n "$SEQ_LEN" ]] || { SEQ_LEN=64; [[ "$MODEL" == tiny ]] && SEQ_LEN=16; }  # tiny: max_seq_len 16
+fi
+for kv in "--micro-batch $MICRO_BATCH" "--seq-len $SEQ_LEN"; do
+  is_int "${kv#* }" && (( ${kv#* } >= 1 )) || die "${kv% *} '${kv#* }' is not a whole number >= 1"
+done
+ranks=()
+for n in 1 2 4 8 16 32 64; do (( n <= MAX_RANKS )) && ranks+=("$n"); done
+largest=${ranks[-1]}
+if [[ "$DEVICE" == cpu ]]; then
+  # Every rank gets the same threads at every rank count: a rank is a fixed-size "device" (cores/max-ranks
+  # of them), so N ranks have N times the compute of one and linear scaling means efficiency 1.0.
+  [[ -n "$THREADS" ]] || THREADS=$(( cores / largest > 0 ? cores / largest : 1 ))
+  is_int "$THREADS" && (( THREADS >= 1 )) || die "--threads-per-rank '$THREADS' is not a whole number >= 1"
+  if (( largest * THREADS > cores && ! OVERSUB_OK )); then
+    die "$largest ranks x $THREADS thread(s) > $cores cores: timings would not be meaningful" \
+        "use --max-ranks $(( cores / THREADS > 0 ? cores / THREADS : 1 )), or add --oversubscribe-ok (those rows are marked)"
+  fi
+fi
+GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at every rank count
+
+# ---- what the runs need ----
+BIN="$BUILD/bin/reference"
+declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp)
+for lab in $LABS; do
+  [[ -x "$BIN/${PROG[$lab]}" ]] || die "$BIN/${PROG[$lab]} not found" \
+    "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target ${PROG[$lab]}_ref (or pass --build-dir)"
+done
+read -r -a launcher <<< "$LAUNCHER"
+command -v "${launcher[0]}" >/dev/null 2>&1 || die "launcher '${launcher[0]}' not found" \
+  "install OpenMPI (scripts/install_deps.sh), or pass --launcher \"srun ...\""
+np_flag=-np; [[ "$(basename "${launcher[0]}")" == srun ]] && np_flag=-n
+if [[ ! -f "$DATA/val_000000.bin" ]]; then
+  [[ "$DATA" == data/kjv || "$DATA" == "$ROOT/data/kjv" ]] || die "$DATA holds no token shards" \
+    "scripts/prepare_corpus.sh --text FILE... --out $DATA"
+  scripts/prepare_corpus.sh --build-dir "$BUILD"
+fi
+[[ $EUID -ne 0 ]] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# ---- the virtual environment: the same one, made the same way, as scripts/notebooks.sh ----
+REQ="$ROOT/notebooks/requirements.txt"
+stamp="$VENV/.requirements.sha256"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "== scale_demo: creating $VENV"
+  python3 -m venv "$VENV" || die "python3 -m venv failed" "apt-get install python3-venv (Debian/Ubuntu), then rerun"
+fi
+if [[ ! -f "$stamp" ]] || ! sha256sum --status -c "$stamp" 2>/dev/null; then
+  echo "== scale_demo: installing notebooks/requirements.txt into $VENV"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" \
+    || die "pip install failed" "check network access to PyPI, or delete $VENV and rerun"
+  sha256sum "$REQ" > "$stamp"
+fi
+
+[[ -n "$OUT" ]] || OUT="runs/scale_demo/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$OUT"
+OUT="$(realpath "$OUT")"
+LOGS="$OUT/logs"
+manifest="$OUT/manifest.tsv"
+printf 'lab\tranks\tthreads\toversubscribed\tstatus\trun_dir\toutput\n' > "$manifest"
+
+echo "== scale_demo: labs $LABS | ranks ${ranks[*]} | $DEVICE$([[ $DEVICE == cpu ]] && echo ", $THREADS thread(s) per rank, $cores cores") |" \
+     "model $MODEL, $PRECISION | global batch $GLOBAL_BATCH x T=$SEQ_LEN | $STEPS steps | link $LINK$([[ $LINK != none ]] && echo "/$LINK_SLOWDOWN")"
+load="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "")"
+echo "   load average $load on $cores cores before the runs (other work on the machine slows every row)"
+
+# ---- the runs ----
+common=(--data "$DATA" --model "$MODEL" --seq-len "$SEQ_LEN" --steps "$STEPS" --device "$DEVICE" --quiet
+        --precision "$PRECISION"
+        --val-every 0 --val-batches 1 --sample-tokens 0 --log-dir "$LOGS")
+[[ "$DEVICE" == cpu ]] && common+=(--threads "$THREADS")
+failed=0
+for lab in $LABS; do
+  counts=("${ranks[@]}"); [[ "$lab" == 01 ]] && counts=(1)  # lab 01 is one device
+  for np in "${counts[@]}"; do
+    run_id="scale-lab$lab-np$np"
+    rm -rf "$LOGS/lab$lab/$run_id"  # a rerun into the same --out replaces, not appends
+    args=("${common[@]}" --run-id "$run_id")
+    case "$lab" in
+      01) args+=(--batch "$GLOBAL_BATCH") ;;
+      03) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0) ;;
+      04) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --stage "$STAGE"
+                 --loader-alone-batches 0) ;;
+    esac
+    if [[ "$lab" != 01 ]]; then
+      args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
+      [[ "$DEVICE" == cuda && $np -gt 1 ]] && args+=(--backend nccl)
+    fi
+    oversub=0
+    [[ "$DEVICE" == cpu ]] && (( np * THREADS > cores )) && oversub=1
+    output="$OUT/lab${lab}_np$np.out"
+    wrap=(); (( TIMEOUT_S > 0 )) && wrap=(timeout "$TIMEOUT_S")
+    t0=$SECONDS
+    status=ok
+    "${wrap[@]}" "${launcher[@]}" "$np_flag" "$np" "$BIN/${PROG[$lab]}" "${args[@]}" > "$output" 2>&1 || status=failed
+    printf '   lab %s at %d rank%s: %s in %d s%s\n' "$lab" "$np" "$([[ $np == 1 ]] || echo s)" "$status" \
+      $((SECONDS - t0)) "$([[ $oversub == 1 ]] && echo " (oversubscribed)")"
+    if [[ "$status" != ok ]]; then
+      failed=$((failed + 1))
+      tail -n 15 "$output" | sed 's/^/     | /' >&2
+    fi
+    printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" "$status" \
+      "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
+  done
+done
+
+# ---- the table and the plot ----
+{ printf 'scripts/scale_demo.sh'; printf ' %q' "${args_given[@]}"; echo; } > "$OUT/command.txt"
+"$VENV/bin/python" scripts/scale_demo_table.py --manifest "$manifest" --out "$OUT" --cores "$cores" \
+  --device "$DEVICE" --load "$load" --command "$(cat "$OUT/command.txt")" \
+  || die "making the table failed (above)" "the run logs are in $LOGS"
+echo "   total $((SECONDS - t_start)) s"
+(( failed == 0 )) || die "$failed run(s) failed: their rows say FAILED; outputs in $OUT/lab*_np*.out"
