@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03 and 04 at 1, 2, 4, 8
-# ranks (as the hardware allows), same model and global batch at every rank count, ONE table.
+# ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
+# micro-batch per step), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
@@ -11,7 +12,7 @@
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
 #   (CPU ranks, labs 03 and 04)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
-#   "mpirun --hostfile FILE", "srun --gpus-per-task=1")   --timeout-s S (per run; default none)
+#   "mpirun --hostfile FILE", "srun --mpi=pmix")   --timeout-s S (per run; default none)
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
 # notebooks' reader (notebooks/scalelab_logs.py) in .venv-notebooks/, made as scripts/notebooks.sh makes it.
@@ -65,7 +66,7 @@ while [[ $# -gt 0 ]]; do
     --link-slowdown) LINK_SLOWDOWN="$2"; shift 2 ;;
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -113,7 +114,7 @@ if [[ "$DEVICE" == cuda && "$LINK" != none ]]; then
 fi
 if [[ "$DEVICE" == cuda && $gpus -gt 0 && $MAX_RANKS -gt $gpus && "$LAUNCHER" == mpirun\ --oversubscribe* ]]; then
   die "--max-ranks $MAX_RANKS but this machine has $gpus GPU(s) (one rank per GPU)" \
-      "on a cluster pass --launcher \"mpirun --hostfile FILE\" or --launcher \"srun --gpus-per-task=1\""
+      "on a cluster pass --launcher \"mpirun --hostfile FILE\" or --launcher \"srun --mpi=pmix\""
 fi
 # Defaults by device: a CPU rank trains the ~1.9M-parameter demo model on short sequences; a GPU needs
 # GPT-2 124M shapes (d12) at T=1024 to have enough work per step for its time to mean anything.
@@ -198,7 +199,9 @@ for lab in $LABS; do
     rm -rf "$LOGS/lab$lab/$run_id"  # a rerun into the same --out replaces, not appends
     args=("${common[@]}" --run-id "$run_id")
     case "$lab" in
-      01) args+=(--batch "$GLOBAL_BATCH") ;;
+      # Lab 01 has no gradient accumulation: it trains on one micro-batch per step, the work every rank of
+      # the other rows does per micro-step (the global batch in one piece would not fit a GPU at 8 ranks x d12).
+      01) args+=(--batch "$MICRO_BATCH") ;;
       03) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0) ;;
       04) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --stage "$STAGE"
                  --loader-alone-batches 0) ;;

@@ -106,6 +106,8 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             row["efficiency"] = eff_by_n.get(n, 1.0 if n == 1 else math.nan)
             row["final_loss"] = last_of_rank0(run.summaries, "final_loss")
             row["val_loss_end"] = last_of_rank0(run.summaries, "val_loss_end")
+            if lab == "01" and run.config.get("B") is not None:  # no accumulation: one micro-batch per step
+                row["note"] = f"batch {run.config['B']} per step (one device)"
             if run.info.get("simulated") or run.config.get("link", "none") != "none":
                 row["note"] = f"simulated link {run.config.get('link')}"
             if int(m.oversubscribed):
@@ -173,7 +175,9 @@ def main() -> int:
     out = Path(a.out)
     table.to_csv(out / "scale_table.csv", index=False, quoting=csv.QUOTE_MINIMAL)
 
-    first = next((r for d in manifest[manifest["status"] == "ok"]["run_dir"] for r in sl.load_runs([d])), None)
+    finished = [r for d in manifest[manifest["status"] == "ok"]["run_dir"] for r in sl.load_runs([d])]
+    # the header describes a multi-rank lab's run where there is one (lab 01's batch is one micro-batch)
+    first = next((r for r in finished if "global_batch" in r.config), finished[0] if finished else None)
     cfg = first.config if first else {}
     info = first.info if first else {}
     try:
