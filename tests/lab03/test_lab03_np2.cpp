@@ -128,12 +128,15 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
     lab03::GradSync sync(*model, *comm, lab03::SyncMode::Overlap, kTinyBucketMb);
     // Stamps on the communicator's clock (Communicator::now_ms), around the track's hook.
     const int U = model->num_units();
-    std::vector<double> backward_start(U, -1.0), ready(U, -1.0);
+    // hook_done[u]: after_backward(u) returned, so backward goes on with the next unit (for u = 1 that is
+    // the embeddings, which have no before_backward of their own: unit 0's fires first, gpt2.h).
+    std::vector<double> backward_start(U, -1.0), ready(U, -1.0), hook_done(U, -1.0);
     model->hooks.before_backward = [&](int unit) { backward_start[unit] = Communicator::now_ms(); };
     const auto launch = model->hooks.after_backward;  // GradSync's hook: calls launch_ready_buckets
     model->hooks.after_backward = [&, launch](int unit) {
       ready[unit] = Communicator::now_ms();  // unit's gradients are final from here on
       if (launch) launch(unit);
+      hook_done[unit] = Communicator::now_ms();
     };
     const lab03::MicroBatch mb = rank_micro_batches(g, rank, n, 1, kMicroBatch)[0];
     model->zero_grad();
@@ -169,7 +172,7 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
         fail(tag + ": issued before after_backward(" + std::to_string(r) + "), while its gradients were not final");
       }
       if (r > 0) {
-        const double next_start = backward_start[r - 1];
+        const double next_start = hook_done[r];  // the backward of unit r-1 starts right after this
         if (!(e.issue_ms < next_start)) {
           fail(tag + ": issued after the backward of unit " + std::to_string(r - 1) + " had started (ready at unit " +
                std::to_string(r) + "): launch it from after_backward(" + std::to_string(r) + ")");
