@@ -230,7 +230,8 @@ TEST(Lab04Fsdp, MemoryMatchesEstimate) {
                  "and optimizer_state bytes (allocator, persistent after a step and peak during one) within 5 % of "
                  "estimate_memory",
       /*hint=*/"README 'Reduce-scatter' and 'ZeRO-3': the full gradient and the gathered copy must be FREED (every "
-               "view of them dropped, model.unit_grads/unit_params too), not just zeroed"};
+               "view of them dropped, model.unit_grads/unit_params too), not just zeroed; the peak counts 1 + "
+               "prefetch gathered blocks (README 'Prefetch')"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_memory_matches_estimate()); });
 }
 

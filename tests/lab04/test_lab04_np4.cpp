@@ -82,7 +82,9 @@ TEST(Lab04Fsdp4, UnevenUnitsMatchSingleProcess) {
       const std::vector<int64_t> n = gpt2_unit_numel(cfg), P = padded_sizes(cfg, 4);
       int padded_units = 0;
       for (size_t u = 0; u < n.size(); ++u) padded_units += P[u] > n[u];
-      if (cfg.n_embd == 9) EXPECT_EQ(padded_units, static_cast<int>(n.size())) << "every unit of the C=9 model is padded";
+      if (cfg.n_embd == 9) {
+        EXPECT_EQ(padded_units, static_cast<int>(n.size())) << "every unit of the C=9 model is padded";
+      }
       if (cfg.n_embd == 3) {
         EXPECT_EQ(n.back(), 6) << "ln_f of the C=3 model: 6 elements, shard 2, rank 3 owns none";
       }
