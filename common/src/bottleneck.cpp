@@ -129,10 +129,10 @@ CauseFinding check_loader(const ScalingEvidence& ev, const VerdictThresholds& th
 CauseFinding check_comm(const ScalingEvidence& ev, const VerdictThresholds& th) {
   CauseFinding f = start(2);
   f.fix = ev.overlap_enabled
-              ? "bigger buckets (--bucket-mb: fewer, bandwidth-bound calls) or a faster link; overlap is already on "
-                "and cannot hide more than the backward pass lasts"
-              : "turn overlap on (--mode overlap) so buckets are reduced during backward; then bigger buckets "
-                "(--bucket-mb) or a faster link";
+              ? "fewer, bigger messages (lab 03 --bucket-mb; lab 04 --prefetch 1 or 2) or a faster link; overlap is "
+                "already on and cannot hide more than the compute lasts"
+              : "turn overlap on (lab 03 --mode overlap; lab 04 --overlap on) so communication runs during "
+                "compute; then bigger buckets or more prefetch, or a faster link";
   if (ev.link_simulated)
     f.fix += "; the link is simulated (" + (ev.link_name.empty() ? std::string("?") : ev.link_name) +
              "): measure again on the real one";
