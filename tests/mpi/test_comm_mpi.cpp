@@ -22,6 +22,7 @@
 #include "expect_error.h"     // defines: error_message, contains
 #include "grading.h"          // defines: grading::all_ranks
 #include "mpi_test.h"         // defines: test::world
+#include "scalelab/allocator.h" // defines: Allocator, MemCategory
 #include "scalelab/bf16.h"    // defines: float_to_bf16, bf16_to_float, round_to_bf16
 #include "scalelab/comm.h"    // defines: Communicator, ReduceOp, LinkModel, CommEvent, bus_factor
 #include "scalelab/device.h"  // defines: cuda_device_count
@@ -249,6 +250,27 @@ TEST(CommMpi, RankReducerCombinesEveryRank) {
   const std::vector<std::string> all = grading::rank_reducer().all_gather(mine);
   ASSERT_EQ(all.size(), static_cast<size_t>(p));  // the same on every rank: safe to ASSERT
   for (int q = 0; q < p; ++q) EXPECT_EQ(all[q], std::string(static_cast<size_t>(q * 4 + (q % 2)), static_cast<char>('a' + q)));
+}
+
+// When wait() returns, the communicator holds no reference to the op's tensors any more: a caller
+// that drops its last reference frees the bytes at once (lab 04 frees each unit's full gradient right
+// after its reduce-scatter, and its memory checks count on it). The communication thread used to keep
+// them alive a moment longer, through the op's closures.
+TEST(CommMpi, TensorsAreReleasedWhenWaitReturns) {
+  Communicator& w = test::world();
+  scalelab::Allocator& alloc = scalelab::Allocator::get(scalelab::Device::CPU);
+  const auto comm_bytes = [&] { return alloc.stats().current_bytes[static_cast<int>(scalelab::MemCategory::Comm)]; };
+  const int64_t before = comm_bytes();
+  int held_after_wait = 0;  // iterations where the bytes were still allocated right after wait()
+  for (int i = 0; i < 200; ++i) {
+    {
+      Tensor in = Tensor::zeros({2 * 1024 * w.size()}, DType::F32, scalelab::Device::CPU, scalelab::MemCategory::Comm);
+      Tensor out = Tensor::zeros({2 * 1024}, DType::F32, scalelab::Device::CPU, scalelab::MemCategory::Comm);
+      w.reduce_scatter_async(in, out, ReduceOp::Avg, "release")->wait();
+    }  // our references go here
+    held_after_wait += comm_bytes() != before;
+  }
+  EXPECT_EQ(held_after_wait, 0) << "of 200 reduce-scatters, the tensors outlived wait() + the caller's references";
 }
 
 TEST(CommMpi, BarrierWaitsForTheLastRank) {

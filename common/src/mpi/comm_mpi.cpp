@@ -562,6 +562,11 @@ class MpiCommunicator : public Communicator {
 
   void finish(const std::shared_ptr<Op>& op, std::exception_ptr error) {
     if (op->event_id != kNoEvent) log_->set_end(op->event_id, Communicator::now_ms());
+    // The closures hold the op's tensors: drop them BEFORE the caller wakes, so a caller that drops its
+    // own references after wait() frees the bytes at once (the allocator's counts are exact).
+    op->run = nullptr;
+    op->post = nullptr;
+    op->complete = nullptr;
     {
       std::lock_guard<std::mutex> lock(op->mu);
       op->done = true;
