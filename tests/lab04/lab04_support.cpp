@@ -299,16 +299,6 @@ std::string kept_units_consistent(lab04::FSDP& fsdp) {
   return problem;
 }
 
-void settle_before_hooks(lab04::FSDP& fsdp, Communicator& comm) {
-  ModelHooks& h = fsdp.model().hooks;
-  const ModelHooks orig = h;
-  Communicator* c = &comm;
-  h.before_forward = [c, orig](int u) { c->barrier(); orig.before_forward(u); };
-  h.after_forward = [c, orig](int u) { c->barrier(); orig.after_forward(u); };
-  h.before_backward = [c, orig](int u) { c->barrier(); orig.before_backward(u); };
-  h.after_backward = [c, orig](int u) { c->barrier(); orig.after_backward(u); };
-}
-
 // ---------------------------------------------------------------------------------------------
 // Check bodies
 
@@ -430,7 +420,6 @@ std::string expect_memory_matches_estimate() {
         // A communicator per configuration, gone (its thread joined) before the next baseline is taken.
         std::unique_ptr<Communicator> comm = fresh_comm();
         std::unique_ptr<lab04::FSDP> fsdp = make_fsdp(cfg, policy, *comm, stage_of(st), adamw(), kPrefetch);
-        settle_before_hooks(*fsdp, *comm);
         const GlobalBatch g = random_global_batch(kDataSeed, n, kT, cfg.vocab_size);
         const std::vector<lab04::MicroBatch> mb = rank_micro_batches(g, rank, n, 1, 1);
         lab04::train_step(*fsdp, mb, 1e-3f, 1.0f);  // the first step allocates the activations

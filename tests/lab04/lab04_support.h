@@ -119,17 +119,6 @@ Comparison compare_params(lab04::FSDP& fsdp, const GPT2& want, const ParamTolera
 // padding must be zero. "" when so, else what differs. Collective (gathers every unit).
 std::string kept_units_consistent(lab04::FSDP& fsdp);
 
-// Memory checks only: wraps the FSDP's four hooks so that each first calls comm.barrier().
-// Why: the mpi backend's communication thread releases a finished collective's tensors a moment AFTER
-// wait() has returned (common/src/mpi/comm_mpi.cpp: thread_main's `op`, whose `run` captures the
-// tensors, lives until the end of the loop iteration that finished it). On a busy machine the caller
-// frees its handle and allocates the next unit's buffer first, so the allocator briefly counts a
-// freed full gradient (or gathered block) twice: one block more than the estimate, in most runs. A
-// barrier is queued behind every earlier call of that communicator, so when it returns the thread has
-// dropped them. The allocations and frees of the code under test happen at the same points as without
-// it (collectives only finish earlier). Remove when the backend drops an op's tensors before done.
-void settle_before_hooks(lab04::FSDP& fsdp, Communicator& comm);
-
 // ---------------------------------------------------------------------------------------------
 // Check bodies shared by the programs (they EXPECT through grading::all_ranks and return what they
 // measured, for grading::Record::measured)

@@ -254,7 +254,6 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
       const MemStats base = alloc.stats();
       std::unique_ptr<lab04::FSDP> fsdp = make_fsdp(cfg, PrecisionPolicy::fp32(), *comm, lab04::ZeroStage::Zero3,
                                                     adamw(), /*prefetch=*/k);
-      settle_before_hooks(*fsdp, *comm);  // lab04_support.h: the backend's late release, not the code under test
       const lab04::FsdpState& s = fsdp->state();
       GPT2& model = fsdp->model();
       int max_gathered = 0;
