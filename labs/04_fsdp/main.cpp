@@ -14,10 +14,12 @@
 #include <algorithm>    // defines: std::max, std::min
 #include <chrono>       // defines: std::chrono::steady_clock (step timing)
 #include <cstdio>       // defines: std::printf, std::snprintf
+#include <functional>   // defines: std::function (the hooks StepProbe wraps)
 #include <memory>       // defines: std::unique_ptr
 #include <string>
 #include <thread>       // defines: std::this_thread::sleep_for (--loader-delay-ms, --slow-ms)
 #include <type_traits>  // defines: std::void_t (does CommEvent record the caller's wait?)
+#include <utility>      // defines: std::declval, std::move
 #include <vector>
 
 #include "fsdp.h"                          // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
@@ -374,6 +376,11 @@ static std::string oom_report(const OutOfMemory& e, const Options& o, const GPTC
     if (n > 0) std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d fits in this cap on %d rank%s (estimator)\n",
                              stage, n, n == 1 ? "" : "s");
     else std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d does not fit in this cap on up to 1024 ranks\n", stage);
+    r += buf;
+  }
+  if (static_cast<double>(est.activations_bytes) >= cap) {
+    std::snprintf(buf, sizeof(buf), "[scalelab]   the activations alone need %.1f MiB (B=%d, T=%d): ZeRO does not shard "
+                  "them, lower --micro-batch or --seq-len\n", est.activations_bytes / kMiB, o.micro_batch, o.seq_len);
     r += buf;
   }
   r += "[scalelab]   hint: more ranks or a higher --stage (or a smaller --micro-batch / --seq-len, or a higher "
