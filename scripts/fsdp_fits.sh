@@ -7,7 +7,7 @@
 #   1. the estimator's prediction per rank for 1 rank and for 4 ranks (lab04_fsdp --estimate)
 #   2. 1 rank, ZeRO-3: must fail with the out-of-memory report (checked: exit code and the report)
 #   3. 4 ranks, ZeRO-3: a few steps, must succeed; measured memory per rank next to the cap
-# Micro-batch 1 x 64 tokens keeps the activations at 46 MiB. About 1-2 minutes on 2 cores (the 4-rank
+# Micro-batch 1 x 64 tokens keeps the activations at 46 MiB. About 15-30 s on 2 cores after the build (the 4-rank
 # run is most of it: 4 ranks on 2 cores, each gathering the whole model twice per step).
 #   scripts/fsdp_fits.sh [--build-dir DIR] [--cap-mb MiB] [--steps N] [--data DIR] [-- extra lab04 flags]
 set -euo pipefail
