@@ -52,7 +52,7 @@ void* Allocator::allocate(size_t nbytes, MemCategory category) {
                                     "cap is %lld bytes (simulated device memory)",
                                     device_name(device_), nbytes, mem_category_name(category),
                                     static_cast<long long>(want), static_cast<long long>(cap_bytes_)),
-                     "use a smaller batch or model, more ranks, or a higher ZeRO stage; or raise --mem-cap-mb");
+                     "use a smaller batch or model, more ranks, or a higher ZeRO stage; or raise --memory-cap-mb");
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
