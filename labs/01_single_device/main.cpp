@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text to generate at the end")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
+  app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
   try {
