@@ -34,7 +34,7 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, const Tensor& inputs, c
                       float grad_clip);
 
 // TODO(lab01-2): training FLOPs per token of GPT-2 with sequence length T, the kit's convention
-// (README "Counting FLOPs"): 6 N + 12 L T C, where N = parameters without the position embeddings
+// (README.md#counting-flops): 6 N + 12 L T C, where N = parameters without the position embeddings
 // (the tied wte counted once: it is the LM head's matmul), L layers, C channels; attention counted
 // whole, without the causal saving (PaLM, Chowdhery et al. 2022, App. B). Units: FLOP per token.
 double flops_per_token(const GPTConfig& cfg, int T);

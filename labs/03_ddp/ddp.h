@@ -5,7 +5,7 @@
 // SL_TRACK_LAB03, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/03_ddp/README.md   Graded tests: tests/lab03/ (test_lab03*.cpp)
 //
-// The pieces, in the order a step uses them (README "The picture"):
+// The pieces, in the order a step uses them (README.md#the-picture):
 //   broadcast_parameters                every rank starts from rank 0's weights         TODO lab03-1
 //   all_reduce_grads_naive              one all-reduce per parameter tensor              TODO lab03-2
 //   make_buckets                        the bucket layout: which gradients travel together TODO lab03-3
@@ -36,7 +36,7 @@ inline namespace SL_TRACK_LAB03 {
 // =============================================================================================
 // TODO(lab03-1): copy rank 0's parameters to every rank: one broadcast (root 0) per unit buffer
 // model.unit_params(u), tagged "params unit <u>". Call it before constructing the Optimizer (which
-// copies the parameters into its fp32 master weights). README "Start identical".
+// copies the parameters into its fp32 master weights). README.md#start-identical.
 void broadcast_parameters(GPT2& model, Communicator& comm);
 
 // =============================================================================================
@@ -44,7 +44,7 @@ void broadcast_parameters(GPT2& model, Communicator& comm);
 // =============================================================================================
 // TODO(lab03-2): replace every gradient by its average over the ranks: one blocking all_reduce
 // (ReduceOp::Avg) per entry of model.param_table(), in table order, tagged with the parameter's name.
-// README "Naive data parallel".
+// README.md#naive-data-parallel-one-all-reduce-per-tensor.
 void all_reduce_grads_naive(GPT2& model, Communicator& comm);
 
 // =============================================================================================
@@ -67,7 +67,7 @@ struct Bucket {
                                   // ready_unit) has run: the lowest unit among its ranges
 };
 
-// TODO(lab03-3): the bucket layout, a pure function of the parameter table. README "Buckets".
+// TODO(lab03-3): the bucket layout, a pure function of the parameter table. README.md#buckets-fewer-bigger-messages.
 // Walk the table BACKWARDS (the order backward produces gradients: ln_f, h.L-1, ..., h.0, then the
 // embeddings); append each tensor, whole, to the current bucket; close the bucket as soon as it
 // holds at least bucket_mb MiB of fp32 gradients (cap = floor(bucket_mb * 2^20 / 4) elements); the
@@ -93,7 +93,7 @@ std::string bucket_tag(size_t k);
 
 // TODO(lab03-4): replace every gradient by its average over the ranks, one blocking all_reduce
 // (ReduceOp::Avg) per bucket, in bucket order: pack, all-reduce the flat buffer (tag bucket_tag(k)),
-// unpack. README "Buckets".
+// unpack. README.md#buckets-fewer-bigger-messages.
 void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state);
 
 // =============================================================================================
@@ -102,10 +102,10 @@ void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& sta
 // TODO(lab03-5): the after_backward hook (GradSync installs it). Backward has just finished unit
 // `unit` (it runs ln_f = L+1, then L, ..., 1, then the embeddings 0). Launch, in bucket order and
 // without waiting, all_reduce_async (Avg, tag bucket_tag(k)) for every bucket not launched yet whose
-// gradients are now all final; keep its handle in state.pending. README "Overlap".
+// gradients are now all final; keep its handle in state.pending. README.md#overlap-all-reduce-while-backward-is-still-running.
 void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, int unit);
 // TODO(lab03-6): before the optimizer step: wait for every launched all-reduce, in launch order, and
-// copy its result back into the gradients. README "Overlap".
+// copy its result back into the gradients. README.md#overlap-all-reduce-while-backward-is-still-running.
 void wait_for_buckets(GPT2& model, BucketState& state);
 
 // =============================================================================================
@@ -155,7 +155,7 @@ class GradSync {
 // TODO(lab03-7): how many micro-steps one optimizer step takes when every rank processes
 // micro_batch sequences per micro-step: global_batch / (micro_batch * world_size). A global batch
 // that is not a multiple of micro_batch * world_size is refused (scalelab::Error) with a hint that
-// names the nearest valid global batches. README "Gradient accumulation".
+// names the nearest valid global batches. README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
 int micro_steps_per_step(int global_batch, int micro_batch, int world_size);
 
 struct MicroBatch {
@@ -172,7 +172,7 @@ struct StepResult {
 // per micro-step): zero the gradients, forward + backward each micro-batch (only the last one
 // synchronises: sync.set_require_sync), sync.finish(), divide the accumulated gradients by the
 // number of micro-steps, clip to grad_clip (<= 0: no clipping), optimizer.step(lr).
-// README "Gradient accumulation".
+// README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
 StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const std::vector<MicroBatch>& micro_batches,
                       float lr, float grad_clip);
 

@@ -8,7 +8,7 @@
 // ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, Sec. 5): data parallel, but each of the N ranks keeps
 // only 1/N of the model state. Stage 1 shards the optimizer state (P_os), stage 2 also the gradients
 // (P_os+g), stage 3 also the parameters (P_os+g+p; PyTorch's FSDP FULL_SHARD). The pieces, in the order
-// a step uses them (README "The picture"):
+// a step uses them (README.md#the-picture):
 //   shard_layout                 which elements of a unit this rank owns, padding     TODO lab04-1
 //   gather_params_async          ZeRO-3: all-gather one unit's parameters              TODO lab04-2
 //   use_params                   ZeRO-3: wait for the unit, prefetch the next ones     TODO lab04-3
@@ -54,7 +54,7 @@ const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ..
 // One unit's flat buffer of n elements, split over N ranks. Collectives need equal chunks, so the
 // buffer is padded to N * s elements (s = ceil(n / N)); rank r owns elements [r*s, (r+1)*s) of the
 // padded buffer. Elements [n, N*s) are padding: always zero, never seen by the model (the model views
-// only [0, n)). README "Shards and padding".
+// only [0, n)). README.md#shards-and-padding.
 struct ShardLayout {
   int64_t numel = 0;   // n: elements of the unit (what the model sees)
   int64_t shard = 0;   // s = ceil(n / N): elements per rank
@@ -124,18 +124,18 @@ std::string reduce_scatter_tag(int unit);  // "reduce_scatter unit 3"
 // TODO(lab04-2): start the all-gather of unit u's parameters (a ZeRO-3 block whose full_params is
 // empty): allocate full_params (padded,) in the policy's parameter dtype (category Params), copy
 // param_shard into its chunk [begin, begin + shard), and all_gather_async that chunk into the whole
-// buffer (in place, tag gather_tag(u)); keep the handle in units[u].gather. README "ZeRO-3".
+// buffer (in place, tag gather_tag(u)); keep the handle in units[u].gather. README.md#zero-3.
 void gather_params_async(FsdpState& s, int unit);
 
 // TODO(lab04-3): the before_forward / before_backward hook of a ZeRO-3 block. Make unit u's parameters
 // usable: start its gather if nobody did (gather_params_async), wait for it, install the view
 // model.unit_params(u) = full_params [0, n). Then prefetch: walk `order` after u and start the gathers of
 // the next s.prefetch blocks that are not kept gathered and not gathered yet, so at most 1 + prefetch
-// blocks are ever gathered at once. README "Prefetch".
+// blocks are ever gathered at once. README.md#prefetch.
 void use_params(FsdpState& s, int unit, const std::vector<int>& order);
 
 // TODO(lab04-4): the after_forward / after_backward hook of a ZeRO-3 block: free the gathered copy
-// (model.unit_params(u) and units[u].full_params become empty); param_shard stays. README "ZeRO-3".
+// (model.unit_params(u) and units[u].full_params become empty); param_shard stays. README.md#zero-3.
 void release_params(FsdpState& s, int unit);
 
 // =============================================================================================
@@ -144,14 +144,14 @@ void release_params(FsdpState& s, int unit);
 // TODO(lab04-5): start the reduce-scatter of unit u's full gradient: rs_out = a (shard,) fp32 buffer
 // (category Comm); reduce_scatter_async(full_grads, rs_out, ReduceOp::Avg, reduce_scatter_tag(u)) puts
 // the average over the ranks of chunk r into rank r's rs_out. Keep the handle in units[u].reduce_scatter
-// and append u to s.reduce_scatters_in_flight. README "Reduce-scatter".
+// and append u to s.reduce_scatters_in_flight. README.md#reduce-scatter.
 void reduce_scatter_grads_async(FsdpState& s, int unit);
 
 // TODO(lab04-6): wait for unit u's reduce-scatter and keep its result: ZeRO-1 reduces once per step,
 // so grad_shard = rs_out (copy); ZeRO-2/3 reduce every micro-step, so grad_shard += rs_out. Free
 // rs_out; in ZeRO-2/3 also free the full gradient (full_grads and model.unit_grads(u) become empty):
 // that is what makes gradient memory 1/N. Remove u from s.reduce_scatters_in_flight.
-// README "Reduce-scatter".
+// README.md#reduce-scatter.
 void finish_reduce_scatter(FsdpState& s, int unit);
 
 // =============================================================================================
@@ -160,7 +160,7 @@ void finish_reduce_scatter(FsdpState& s, int unit);
 // TODO(lab04-7): the global L2 norm of the gradient, from the shards: every rank sums the squares of
 // its grad_shards (sum_squares), one all_reduce (Sum) of that number, sqrt. If max_norm > 0 and the
 // norm exceeds it, scale every grad_shard by max_norm / (norm + 1e-6) (as torch's clip_grad_norm_).
-// Returns the norm before clipping. README "The update".
+// Returns the norm before clipping. README.md#the-update.
 float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 
 // TODO(lab04-8): one AdamW (or SGD) update of this rank's shard of every unit, then every rank gets the
@@ -169,7 +169,7 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 // per parameter (ParamInfo::decay), so update one intersection at a time with adamw_update / sgd_update
 // (t = ++s.optimizer_steps once per call, not per unit). With a master copy, cast it into param_shard.
 // Then, for units kept gathered, all_gather param_shard (a view of full_params' own chunk) into
-// full_params, tag gather_tag(u). ZeRO-3 blocks are gathered when next used. README "The update".
+// full_params, tag gather_tag(u). ZeRO-3 blocks are gathered when next used. README.md#the-update.
 void optimizer_step(FsdpState& s, float lr);
 
 // =============================================================================================
@@ -192,7 +192,7 @@ class FSDP;
 //   inside backward (the hooks call your functions), so after each backward fsdp.finish_backward()
 //   waits for the last of them; ZeRO-1 instead reduce-scatters every unit once, after the LAST
 //   micro-step (as DDP's no_sync); divide the grad_shards by the number of micro-steps; clip; update.
-// README "The training step".
+// README.md#the-training-step.
 StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 
 // =============================================================================================
