@@ -1,0 +1,138 @@
+// perf_compare.h — the harness of the graded performance checks (docs/grading.md "Performance checks"):
+// run the reference track's lab program and the graded track's with identical arguments on N ranks,
+// alternately, read tokens/s, MFU and memory from their JSONL logs (docs/log_schema.md) and compare.
+// A graded test calls it from inside grading::run (tests/support/grading.h):
+//   tests/lab03/test_lab03_perf.cpp   lab03.throughput_vs_reference
+//   tests/lab04/test_lab04_perf.cpp   lab04.throughput_vs_reference, lab04.peak_memory_within_estimate
+// Implementation: perf_compare.cpp. It starts the programs with fork/exec under mpiexec: the test
+// program itself never initialises MPI (graded_main's communicator is "local" outside mpiexec).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
+
+namespace scalelab::perf_test {
+
+// Where the programs are and how to launch them (compile definitions from tests/labNN/CMakeLists.txt).
+struct Paths {
+  std::string mpiexec;        // "" when the build has no MPI
+  std::string binary_dir;     // CMAKE_BINARY_DIR: bin/reference/labNN_x and bin/<track>/labNN_x
+  std::string source_dir;     // the repository: the programs run there (data/kjv, lab 00's runs/calibration)
+};
+Paths paths();
+
+// Can this machine time `ranks` ranks fairly? The rule (docs/design.md "Timing is never asserted with
+// more ranks than cores"): one core per rank on CPU (the cores this process may run on, from its
+// affinity mask), one GPU per rank when the build has CUDA and a GPU is visible (two ranks on one GPU
+// time-share it: NCCL refuses, MPI serialises). Otherwise `fair` is false and `reason` says why.
+struct Machine {
+  bool fair = false;
+  std::string reason;          // why not, for the skip record
+  std::string device = "cpu";  // "cpu" or "cuda": the --device the runs use
+  int cores = 0;               // CPUs in this process's affinity mask
+  int gpus = 0;                // visible CUDA devices (0 in a CPU-only build)
+  double load_1min = 0;        // /proc/loadavg, to read the noise of a measurement by
+};
+Machine check_machine(int ranks);
+double load_1min();  // /proc/loadavg's first field; 0 when unreadable
+
+// Other processes' share of this process's cores (CPU runs): /proc/stat's busy time of the cores in the
+// affinity mask minus the CPU time of this process and its finished children (the runs), per wall second.
+// A timing is fair only if the ranks had a core each: cores - others >= ranks - kMaxShortfallCores.
+// (The 1-minute load average says the same more slowly, and counts our own previous runs.)
+constexpr double kMaxShortfallCores = 0.25;  // cores: what others may take of the ranks' share
+constexpr int kExtraPairs = 2;       // pairs measured again when a run shared its cores, before skipping
+constexpr double kRetryWindowS = 40;  // s: no pair is measured again once the runs have taken this long
+struct CpuSample {
+  double t_s = 0;     // s, wall clock
+  double busy_s = 0;  // s, busy time summed over the cores of the affinity mask
+  double own_s = 0;   // s, CPU time of this process + its waited-for children
+};
+CpuSample sample_cpu();
+double other_cores(const CpuSample& a, const CpuSample& b);  // cores others kept busy between a and b
+// "" when fair, else the skip reason ("the machine is shared: other processes used 1.62 of its 2 cores ...").
+std::string busy_reason(double others, int cores, int ranks, const std::string& when);
+
+// One finished run of a lab program under mpiexec.
+struct RunResult {
+  int exit_code = -1;            // 3: a TODO not implemented (run_on_all_ranks); -1: did not start
+  bool timed_out = false;
+  double wall_s = 0;             // the whole mpiexec, start-up included
+  std::string output_tail;       // the last lines of its stdout + stderr
+  std::string todo;              // "lab03-7 micro_steps_per_step" when a NotImplemented ended it
+  std::string todo_file;         // "labs/03_ddp/ddp.cpp" (from the message), for NotImplemented's hint
+  int todo_line = 0;
+  std::vector<nlohmann::json> summaries;  // the `summary` record of each rank (rank order)
+  nlohmann::json run_record;              // rank 0's `run` record
+  // Tokens/s of each timed step (step >= 1): the step's tokens over the SLOWEST rank's step_ms. The
+  // ranks meet in every step's collectives, so their step times agree to a few ms; the max is the honest one.
+  std::vector<double> step_tokens_per_s;
+  double median_tokens_per_s() const;  // median of step_tokens_per_s; 0 when empty
+  bool ok() const { return exit_code == 0 && !timed_out; }
+  double other_cores = 0;        // cores other processes kept busy during this run (set by compare_with_reference)
+};
+
+// Runs `mpiexec -n ranks <program> <args> --log-dir <log_dir> --run-id <run_id>` from the repository,
+// stdout+stderr to <log_dir>/<run_id>.out, killed after timeout_s; then reads
+// <log_dir>/<lab>/<run_id>/rank<k>.jsonl. `lab` is the log directory name ("lab03").
+RunResult run_program(const std::string& lab, const std::string& program, const std::vector<std::string>& args,
+                      int ranks, const std::string& log_dir, const std::string& run_id, double timeout_s);
+
+// `args` with `extra` applied: "--key value" pairs of `extra` replace the same key in `args` or are
+// appended ("--flag" alone when no value follows). CLI11 refuses an option given twice.
+std::vector<std::string> override_args(std::vector<std::string> args, const std::vector<std::string>& extra);
+std::vector<std::string> split_words(const std::string& text);  // on whitespace
+
+// The throughput comparison of one lab: `pairs` pairs of runs, order T R | R T | T R ... (the track
+// first, so an unwritten TODO is reported after one short run; alternating cancels a drift of the
+// machine's load). ratio = median tokens/s of all the track's timed steps / the same for the reference,
+// over the pairs in which no run shared its cores with other processes (CPU; others are measured again).
+struct Comparison {
+  std::vector<RunResult> track_runs, ref_runs;  // in the order they ran within each kind
+  std::vector<double> pair_ratios;              // per pair: track run median / reference run median
+  double track_tokens_per_s = 0;                // pooled median over the track's timed steps
+  double ref_tokens_per_s = 0;
+  double ratio = 0;                             // track / reference
+  double load_before = 0, load_after = 0;       // /proc/loadavg, 1 min
+  double seconds = 0;                           // wall time of all runs
+  double others_before = 0, others_during = 0;  // cores other processes used: a second idle after the
+                                                // first run (when that run shared its cores), all runs
+  int pairs_dropped = 0;                        // pairs left out: a run shared its cores (measured again)
+  std::string unfair;                           // not "": the machine was shared; skip with this reason
+                                                // (then the runs may not have happened: check it first)
+};
+struct CompareSpec {
+  std::string lab;                 // "lab03": log directory and run-id prefix
+  std::string device = "cpu";      // Machine::device: the busy-machine rule applies to CPU runs
+  std::string track;               // "learner" | "reference": which bin/<track>/ is graded
+  std::string program;             // "lab03_ddp"
+  std::vector<std::string> args;   // identical for both (minus --log-dir, --run-id)
+  std::vector<std::string> track_extra_args;  // SL_PERF_TRACK_ARGS: measuring the check itself only
+  int ranks = 2;
+  int pairs = 2;
+  bool ignore_busy = false;        // SL_PERF_IGNORE_BUSY: time even on a shared machine (measuring the check)
+  double run_timeout_s = 90;       // s, one run
+  double budget_s = 200;           // s, all runs: kept under the ctest TIMEOUT, so this program (not ctest)
+                                   // ends a run that hangs, and mpiexec takes its ranks down with it
+};
+// Throws scalelab::NotImplemented when the track's program exits 3 (its first run), scalelab::Error with
+// the output tail when a program fails otherwise.
+Comparison compare_with_reference(const CompareSpec& spec);
+
+// "MFU 8.6 % (track) vs 8.7 % (reference) of 118.2 GFLOP/s per rank: calibrated sgemm, ...": the summary
+// MFU of the last run of each kind with the peak it divides by and that peak's source (run record).
+std::string describe_mfu(const RunResult& track, const RunResult& ref);
+
+// Environment, for measuring the check itself (docs/grading.md "Performance checks"), never set by the
+// grader: SL_PERF_PAIRS (pairs of runs, default `fallback`), SL_PERF_BUDGET_S (the time budget of all
+// runs; run the test program directly, not under ctest's TIMEOUT, when raising it), SL_PERF_TRACK_ARGS
+// (extra arguments for the graded track's runs only, e.g. "--mode naive": a planted slow implementation),
+// SL_PERF_IGNORE_BUSY=1 (time even when other processes use the cores: to see how noise moves the ratio).
+int env_pairs(int fallback);
+bool env_ignore_busy();
+double env_budget_s(double fallback);
+std::vector<std::string> env_track_extra_args();
+
+}  // namespace scalelab::perf_test
