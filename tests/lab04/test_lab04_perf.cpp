@@ -9,20 +9,19 @@
 // mpiexec itself, one at a time (ctest RUN_SERIAL: nothing else runs beside it).
 #include <cstdint>  // defines: int64_t
 #include <cstdio>   // defines: std::snprintf
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "grading.h"                      // defines: grading::run, Check, Record
-#include "perf_compare.h"                 // defines: perf_test::compare_with_reference, run_program
-#include "scalelab/error.h"               // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
-#include "scalelab/gpt2.h"                // defines: GPTConfig, gpt2_num_params
-#include "scalelab/memory_estimator.h"    // defines: estimate_memory
-#include "scalelab/optim.h"               // defines: OptimizerConfig
-#include "scalelab/precision.h"           // defines: PrecisionPolicy
-#include "shard_loader.h"                 // defines: lab02::list_shards, read_shard_header (the corpus's V)
+#include "grading.h"                    // defines: grading::run, Check, Record
+#include "perf_compare.h"               // defines: perf_test::compare_with_reference, run_program
+#include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
+#include "scalelab/gpt2.h"              // defines: GPTConfig, gpt2_num_params
+#include "scalelab/memory_estimator.h"  // defines: estimate_memory
+#include "scalelab/optim.h"             // defines: OptimizerConfig
+#include "scalelab/precision.h"         // defines: PrecisionPolicy
+#include "shard_loader.h"               // defines: lab02::list_shards, read_shard_header (the corpus's V)
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -30,9 +29,9 @@ using namespace scalelab;
 
 namespace {
 
-constexpr int kRanks = 2;    // one core (or GPU) each for the timing; the memory check needs no core each
-constexpr int kSteps = 9;    // per run: step 0 is warm-up, steps 1..8 are timed
-constexpr int kPairs = 2;    // track/reference pairs, order T R | R T (SL_PERF_PAIRS overrides)
+constexpr int kRanks = 2;  // one core (or GPU) each for the timing; the memory check needs no core each
+constexpr int kSteps = 9;  // per run: step 0 is warm-up, steps 1..8 are timed
+constexpr int kPairs = 2;  // track/reference pairs, order T R | R T (SL_PERF_PAIRS overrides)
 constexpr int kMicroBatch = 8;
 constexpr int kSeqLen = 128;
 constexpr int kStage = 3;
@@ -52,11 +51,35 @@ constexpr double kMemorySlack = 1.05;
 
 // The lab program's arguments, the same for the track and the reference.
 std::vector<std::string> lab04_args(const std::string& device, int steps, bool link) {
-  std::vector<std::string> args = {"--device", device, "--model", "demo", "--stage", std::to_string(kStage), "--prefetch",
-          std::to_string(kPrefetch), "--overlap", "on", "--micro-batch", std::to_string(kMicroBatch), "--seq-len",
-          std::to_string(kSeqLen), "--steps", std::to_string(steps), "--threads", "1", "--val-every", "0",
-          "--val-batches", "1", "--sample-tokens", "0", "--timeline-steps", "0", "--loader-alone-batches", "0",
-          "--quiet"};
+  std::vector<std::string> args = {"--device",
+                                   device,
+                                   "--model",
+                                   "demo",
+                                   "--stage",
+                                   std::to_string(kStage),
+                                   "--prefetch",
+                                   std::to_string(kPrefetch),
+                                   "--overlap",
+                                   "on",
+                                   "--micro-batch",
+                                   std::to_string(kMicroBatch),
+                                   "--seq-len",
+                                   std::to_string(kSeqLen),
+                                   "--steps",
+                                   std::to_string(steps),
+                                   "--threads",
+                                   "1",
+                                   "--val-every",
+                                   "0",
+                                   "--val-batches",
+                                   "1",
+                                   "--sample-tokens",
+                                   "0",
+                                   "--timeline-steps",
+                                   "0",
+                                   "--loader-alone-batches",
+                                   "0",
+                                   "--quiet"};
   if (link) args.insert(args.end(), {"--link", kLink, "--link-slowdown", kLinkSlowdown});
   return args;
 }
@@ -70,13 +93,14 @@ std::string mib(double bytes) {
 }  // namespace
 
 TEST(Lab04Perf, ThroughputVsReference) {
-  char target[512];
-  std::snprintf(target, sizeof(target),
-                "tokens/s of your lab04_fsdp >= %.2f x the reference's, both run alternately just before on this "
-                "machine: %d ranks x 1 thread, demo model, --stage %d --prefetch %d --overlap on, --link %s "
-                "--link-slowdown %s, %d timed steps per run, %d pairs of runs (median over the timed steps); MFU "
-                "reported with its peak source. Skipped without a core (GPU) per rank", kMinFraction, kRanks, kStage,
-                kPrefetch, kLink, kLinkSlowdown, kSteps - 1, kPairs);
+  char target[1024];
+  std::snprintf(
+      target, sizeof(target),
+      "tokens/s of your lab04_fsdp >= %.2f x the reference's, both run alternately just before on this "
+      "machine: %d ranks x 1 thread, demo model, --stage %d --prefetch %d --overlap on, --link %s "
+      "--link-slowdown %s, %d timed steps per run, %d pairs of runs (median over the timed steps); MFU "
+      "reported with its peak source. Skipped without a core (GPU) per rank or when other processes share the cores",
+      kMinFraction, kRanks, kStage, kPrefetch, kLink, kLinkSlowdown, kSteps - 1, kPairs);
   const grading::Check check{
       "lab04.throughput_vs_reference", /*points=*/2, target,
       "README 'Reading the numbers': compare comm_ms (exposed) with comm_busy_ms and compute_ms in the two runs' "
@@ -107,10 +131,9 @@ TEST(Lab04Perf, ThroughputVsReference) {
                   "%s%.0f tokens/s vs the reference's %.0f: ratio %.3f (pairs: %s; %d dropped: cores shared); %s; %d "
                   "cores, others used %.2f of them, load %.1f -> %.1f, %.0f s",
                   spec.track_extra_args.empty() && !spec.ignore_busy ? "" : "[SL_PERF_* set: not a grade] ",
-                  c.track_tokens_per_s,
-                  c.ref_tokens_per_s, c.ratio, pairs.c_str(), c.pairs_dropped,
-                  perf::describe_mfu(c.track_runs.back(), c.ref_runs.back()).c_str(), machine.cores, c.others_during, c.load_before,
-                  c.load_after, c.seconds);
+                  c.track_tokens_per_s, c.ref_tokens_per_s, c.ratio, pairs.c_str(), c.pairs_dropped,
+                  perf::describe_mfu(c.track_runs.back(), c.ref_runs.back()).c_str(), machine.cores, c.others_during,
+                  c.load_before, c.load_after, c.seconds);
     record.measured(text);
     std::printf("[perf] %s\n", text);
     if (!c.unfair.empty()) GTEST_SKIP() << c.unfair;  // too few pairs measured fairly
@@ -119,7 +142,7 @@ TEST(Lab04Perf, ThroughputVsReference) {
 }
 
 TEST(Lab04Perf, PeakMemoryWithinEstimate) {
-  char target[512];
+  char target[1024];
   std::snprintf(target, sizeof(target),
                 "lab04_fsdp on %d ranks (demo model, --stage %d --prefetch %d, B=%d, T=%d, fp32, AdamW, 3 steps): on "
                 "every rank the measured peak of params, grads, optimizer state and activations "
@@ -137,27 +160,34 @@ TEST(Lab04Perf, PeakMemoryWithinEstimate) {
     // The estimator's bound, computed here from the same configuration (the corpus decides V).
     const std::string data = p.source_dir + "/data/kjv";
     const std::vector<std::string> shards = lab02::list_shards(data, "train");
-    SL_CHECK_HINT(!shards.empty(), "scripts/prepare_corpus.sh writes data/kjv", "no training shards in %s", data.c_str());
+    SL_CHECK_HINT(!shards.empty(), "scripts/prepare_corpus.sh writes data/kjv", "no training shards in %s",
+                  data.c_str());
     GPTConfig cfg = GPTConfig::preset("demo");
     cfg.vocab_size = static_cast<int>(lab02::read_shard_header(shards[0], /*verify_checksum=*/false).vocab_size);
-    const MemoryEstimate est = estimate_memory(cfg, kRanks, kStage, PrecisionPolicy::from_name("fp32"),
-                                               OptimizerConfig::kind_from_name("adamw"), kPrefetch, kMicroBatch, kSeqLen);
+    const MemoryEstimate est =
+        estimate_memory(cfg, kRanks, kStage, PrecisionPolicy::from_name("fp32"),
+                        OptimizerConfig::kind_from_name("adamw"), kPrefetch, kMicroBatch, kSeqLen);
 
     // One run of the track's program, on CPU: its counting allocator is exact there (docs/log_schema.md).
     const std::string program = p.binary_dir + "/bin/" + grading::track() + "/lab04_fsdp";
     const std::string log_dir = p.binary_dir + "/perf-runs/" + grading::track();
-    const perf::RunResult r = perf::run_program("lab04", program, lab04_args("cpu", /*steps=*/3, /*link=*/false), kRanks, log_dir,
-                                                "lab04-memory", /*timeout_s=*/100);
+    const perf::RunResult r = perf::run_program("lab04", program, lab04_args("cpu", /*steps=*/3, /*link=*/false),
+                                                kRanks, log_dir, "lab04-memory", /*timeout_s=*/100);
     if (r.exit_code == 3) {
       if (!r.todo.empty()) throw NotImplemented(r.todo, r.todo_file.c_str(), r.todo_line);
       throw NotImplemented("lab04-? (lab04_fsdp exited 3: a TODO is not implemented)");
     }
-    ASSERT_TRUE(r.ok()) << "lab04_fsdp " << (r.timed_out ? "timed out" : "failed (exit " + std::to_string(r.exit_code) + ")")
-                        << "; last lines of its output (" << log_dir << "/lab04-memory.out):\n" << r.output_tail;
+    ASSERT_TRUE(r.ok()) << "lab04_fsdp "
+                        << (r.timed_out ? "timed out" : "failed (exit " + std::to_string(r.exit_code) + ")")
+                        << "; last lines of its output (" << log_dir << "/lab04-memory.out):\n"
+                        << r.output_tail;
     const int64_t n_params = r.run_record.contains("config") ? r.run_record["config"].value("n_params", int64_t{0}) : 0;
     ASSERT_EQ(n_params, gpt2_num_params(cfg)) << "the run's model is not the one the bound was computed for";
 
-    struct Row { const char* name; int64_t bound; };
+    struct Row {
+      const char* name;
+      int64_t bound;
+    };
     const Row rows[] = {{"params", est.peak.params},
                         {"grads", est.peak.grads},
                         {"optimizer_state", est.peak.optimizer_state},

@@ -2,13 +2,13 @@
 // "Performance checks" says how the fractions were chosen.
 #include "perf_compare.h"
 
-#include <fcntl.h>      // defines: open, O_* (the run's output file)
-#include <sched.h>      // defines: sched_getaffinity, CPU_COUNT (cores this process may use)
-#include <sys/prctl.h>  // defines: prctl, PR_SET_PDEATHSIG
+#include <fcntl.h>         // defines: open, O_* (the run's output file)
+#include <sched.h>         // defines: sched_getaffinity, CPU_COUNT (cores this process may use)
+#include <signal.h>        // defines: kill, SIGTERM, SIGKILL
+#include <sys/prctl.h>     // defines: prctl, PR_SET_PDEATHSIG
 #include <sys/resource.h>  // defines: getrusage (CPU time of this process and its finished children)
-#include <signal.h>     // defines: kill, SIGTERM, SIGKILL
-#include <sys/wait.h>   // defines: waitpid
-#include <unistd.h>     // defines: fork, execv, chdir, dup2, setpgid
+#include <sys/wait.h>      // defines: waitpid
+#include <unistd.h>        // defines: fork, execv, chdir, dup2, setpgid
 
 #include <algorithm>   // defines: std::sort, std::max
 #include <cctype>      // defines: std::isdigit
@@ -18,9 +18,9 @@
 #include <filesystem>  // defines: std::filesystem::create_directories, remove_all
 #include <fstream>     // defines: std::ifstream
 #include <map>
-#include <regex>       // defines: std::regex (the NotImplemented message)
-#include <sstream>     // defines: std::istringstream
-#include <thread>      // defines: std::this_thread::sleep_for
+#include <regex>    // defines: std::regex (the NotImplemented message)
+#include <sstream>  // defines: std::istringstream
+#include <thread>   // defines: std::this_thread::sleep_for
 
 #include "scalelab/device.h"  // defines: built_with_cuda, cuda_device_count
 #include "scalelab/error.h"   // defines: scalelab::Error, NotImplemented
@@ -93,9 +93,11 @@ double other_cores(const CpuSample& a, const CpuSample& b) {
 std::string busy_reason(double others, int cores, int ranks, const std::string& when) {
   if (cores - others >= ranks - kMaxShortfallCores) return "";
   char b[400];
-  std::snprintf(b, sizeof(b), "the machine is shared: other processes used %.2f of its %d cores %s (load %.1f), "
+  std::snprintf(b, sizeof(b),
+                "the machine is shared: other processes used %.2f of its %d cores %s (load %.1f), "
                 "so %d ranks did not have a core each; a timing now would measure them, not this code. Grade again "
-                "when it is quieter (uptime)", others, cores, when.c_str(), load_1min(), ranks);
+                "when it is quieter (uptime)",
+                others, cores, when.c_str(), load_1min(), ranks);
   return b;
 }
 
@@ -103,21 +105,26 @@ Machine check_machine(int ranks) {
   Machine m;
   cpu_set_t set;
   CPU_ZERO(&set);
-  m.cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  m.cores =
+      sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   m.gpus = built_with_cuda() ? cuda_device_count() : 0;
   m.load_1min = load_1min();
   char why[256];
   if (m.gpus > 0) {
     m.device = "cuda";
     if (m.gpus < ranks) {
-      std::snprintf(why, sizeof(why), "%d ranks would share %d GPU%s: timing needs one GPU per rank (NCCL refuses two "
-                    "ranks on one GPU; with MPI they time-share it)", ranks, m.gpus, m.gpus == 1 ? "" : "s");
+      std::snprintf(why, sizeof(why),
+                    "%d ranks would share %d GPU%s: timing needs one GPU per rank (NCCL refuses two "
+                    "ranks on one GPU; with MPI they time-share it)",
+                    ranks, m.gpus, m.gpus == 1 ? "" : "s");
       m.reason = why;
       return m;
     }
   } else if (m.cores < ranks) {
-    std::snprintf(why, sizeof(why), "%d ranks need %d cores to be timed fairly; this process may run on %d "
-                  "(nproc / its affinity mask)", ranks, ranks, m.cores);
+    std::snprintf(why, sizeof(why),
+                  "%d ranks need %d cores to be timed fairly; this process may run on %d "
+                  "(nproc / its affinity mask)",
+                  ranks, ranks, m.cores);
     m.reason = why;
     return m;
   }
@@ -186,8 +193,8 @@ RunResult run_program(const std::string& lab, const std::string& program, const 
   fs::remove_all(fs::path(log_dir) / lab / run_id);
   const std::string out_path = (fs::path(log_dir) / (run_id + ".out")).string();
 
-  std::vector<std::string> argv_s = {p.mpiexec, "-n", std::to_string(ranks), "--oversubscribe", "--bind-to", "none",
-                                     program};
+  std::vector<std::string> argv_s = {p.mpiexec, "-n",   std::to_string(ranks), "--oversubscribe", "--bind-to",
+                                     "none",    program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   argv_s.insert(argv_s.end(), {"--log-dir", log_dir, "--run-id", run_id});
   std::vector<char*> argv;
@@ -343,9 +350,11 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     r.other_cores = other_cores(before, sample_cpu());
     std::string steps;
     for (double v : r.step_tokens_per_s) steps += " " + std::to_string(static_cast<long>(v));
-    std::printf("[perf] %-9s run %-2d %s: exit %d, %.1f s, median %.0f tokens/s of timed steps [%s ], others used %.2f cores (load %.1f)\n",
-                track ? spec.track.c_str() : "reference", run_no - 1, id.c_str(), r.exit_code, r.wall_s,
-                r.median_tokens_per_s(), steps.c_str(), r.other_cores, load_1min());
+    std::printf(
+        "[perf] %-9s run %-2d %s: exit %d, %.1f s, median %.0f tokens/s of timed steps [%s ], others used %.2f cores "
+        "(load %.1f)\n",
+        track ? spec.track.c_str() : "reference", run_no - 1, id.c_str(), r.exit_code, r.wall_s,
+        r.median_tokens_per_s(), steps.c_str(), r.other_cores, load_1min());
     std::fflush(stdout);
     if (track && r.exit_code == 3) {  // a TODO still has its stub (run_on_all_ranks): say which one
       if (!r.todo.empty()) throw NotImplemented(r.todo, r.todo_file.c_str(), r.todo_line);
@@ -353,9 +362,12 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     }
     if (!r.ok() || r.step_tokens_per_s.empty()) {
       char head[256];
-      if (r.timed_out) std::snprintf(head, sizeof(head), "timed out (killed after %.0f s)", r.wall_s);
-      else if (!r.ok()) std::snprintf(head, sizeof(head), "failed (exit %d after %.0f s)", r.exit_code, r.wall_s);
-      else std::snprintf(head, sizeof(head), "finished, but its logs hold no timed step");
+      if (r.timed_out)
+        std::snprintf(head, sizeof(head), "timed out (killed after %.0f s)", r.wall_s);
+      else if (!r.ok())
+        std::snprintf(head, sizeof(head), "failed (exit %d after %.0f s)", r.exit_code, r.wall_s);
+      else
+        std::snprintf(head, sizeof(head), "finished, but its logs hold no timed step");
       throw Error(std::string(track ? "the track's " : "the reference's ") + spec.program + " " + head +
                   "\nlast lines of its output (" + log_dir + "/" + id + ".out):\n" + r.output_tail);
     }
@@ -387,8 +399,9 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     const RunResult& t = c.track_runs.back();
     const RunResult& r = c.ref_runs.back();
     if (spec.device == "cpu" && !spec.ignore_busy) {
-      const std::string why = busy_reason(std::max(t.other_cores, r.other_cores), cores, spec.ranks,
-                                          "during run " + std::to_string(run_no - 2) + " or " + std::to_string(run_no - 1));
+      const std::string why =
+          busy_reason(std::max(t.other_cores, r.other_cores), cores, spec.ranks,
+                      "during run " + std::to_string(run_no - 2) + " or " + std::to_string(run_no - 1));
       if (!why.empty()) {
         last_unfair = why;
         ++dropped;
@@ -402,8 +415,9 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     c.pair_ratios.push_back(t.median_tokens_per_s() / r.median_tokens_per_s());
   }
   c.pairs_dropped = dropped;
-  if (valid < spec.pairs) c.unfair = last_unfair + " (" + std::to_string(dropped) + " of " + std::to_string(attempts) +
-                                     " pairs of runs shared the cores)";
+  if (valid < spec.pairs)
+    c.unfair = last_unfair + " (" + std::to_string(dropped) + " of " + std::to_string(attempts) +
+               " pairs of runs shared the cores)";
   c.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   c.load_after = load_1min();
   c.others_during = other_cores(cpu0, sample_cpu());
@@ -423,7 +437,8 @@ std::string describe_mfu(const RunResult& track, const RunResult& ref) {
   };
   const nlohmann::json& run = ref.run_record;
   const double peak = run.contains("peak_flops_per_s") && run["peak_flops_per_s"].is_number()
-                          ? run["peak_flops_per_s"].get<double>() : 0.0;
+                          ? run["peak_flops_per_s"].get<double>()
+                          : 0.0;
   const std::string source = run.value("peak_source", std::string("no peak source logged"));
   const std::string track_source = track.run_record.value("peak_source", std::string("?"));
   char b[768];

@@ -17,9 +17,9 @@ namespace scalelab::perf_test {
 
 // Where the programs are and how to launch them (compile definitions from tests/labNN/CMakeLists.txt).
 struct Paths {
-  std::string mpiexec;        // "" when the build has no MPI
-  std::string binary_dir;     // CMAKE_BINARY_DIR: bin/reference/labNN_x and bin/<track>/labNN_x
-  std::string source_dir;     // the repository: the programs run there (data/kjv, lab 00's runs/calibration)
+  std::string mpiexec;     // "" when the build has no MPI
+  std::string binary_dir;  // CMAKE_BINARY_DIR: bin/reference/labNN_x and bin/<track>/labNN_x
+  std::string source_dir;  // the repository: the programs run there (data/kjv, lab 00's runs/calibration)
 };
 Paths paths();
 
@@ -43,8 +43,8 @@ double load_1min();  // /proc/loadavg's first field; 0 when unreadable
 // A timing is fair only if the ranks had a core each: cores - others >= ranks - kMaxShortfallCores.
 // (The 1-minute load average says the same more slowly, and counts our own previous runs.)
 constexpr double kMaxShortfallCores = 0.25;  // cores: what others may take of the ranks' share
-constexpr int kExtraPairs = 2;       // pairs measured again when a run shared its cores, before skipping
-constexpr double kRetryWindowS = 40;  // s: no pair is measured again once the runs have taken this long
+constexpr int kExtraPairs = 2;               // pairs measured again when a run shared its cores, before skipping
+constexpr double kRetryWindowS = 40;         // s: no pair is measured again once the runs have taken this long
 struct CpuSample {
   double t_s = 0;     // s, wall clock
   double busy_s = 0;  // s, busy time summed over the cores of the affinity mask
@@ -57,12 +57,12 @@ std::string busy_reason(double others, int cores, int ranks, const std::string& 
 
 // One finished run of a lab program under mpiexec.
 struct RunResult {
-  int exit_code = -1;            // 3: a TODO not implemented (run_on_all_ranks); -1: did not start
+  int exit_code = -1;  // 3: a TODO not implemented (run_on_all_ranks); -1: did not start
   bool timed_out = false;
-  double wall_s = 0;             // the whole mpiexec, start-up included
-  std::string output_tail;       // the last lines of its stdout + stderr
-  std::string todo;              // "lab03-7 micro_steps_per_step" when a NotImplemented ended it
-  std::string todo_file;         // "labs/03_ddp/ddp.cpp" (from the message), for NotImplemented's hint
+  double wall_s = 0;        // the whole mpiexec, start-up included
+  std::string output_tail;  // the last lines of its stdout + stderr
+  std::string todo;         // "lab03-7 micro_steps_per_step" when a NotImplemented ended it
+  std::string todo_file;    // "labs/03_ddp/ddp.cpp" (from the message), for NotImplemented's hint
   int todo_line = 0;
   std::vector<nlohmann::json> summaries;  // the `summary` record of each rank (rank order)
   nlohmann::json run_record;              // rank 0's `run` record
@@ -71,7 +71,7 @@ struct RunResult {
   std::vector<double> step_tokens_per_s;
   double median_tokens_per_s() const;  // median of step_tokens_per_s; 0 when empty
   bool ok() const { return exit_code == 0 && !timed_out; }
-  double other_cores = 0;        // cores other processes kept busy during this run (set by compare_with_reference)
+  double other_cores = 0;  // cores other processes kept busy during this run (set by compare_with_reference)
 };
 
 // Runs `mpiexec -n ranks <program> <args> --log-dir <log_dir> --run-id <run_id>` from the repository,
@@ -104,18 +104,18 @@ struct Comparison {
                                                 // (then the runs may not have happened: check it first)
 };
 struct CompareSpec {
-  std::string lab;                 // "lab03": log directory and run-id prefix
-  std::string device = "cpu";      // Machine::device: the busy-machine rule applies to CPU runs
-  std::string track;               // "learner" | "reference": which bin/<track>/ is graded
-  std::string program;             // "lab03_ddp"
-  std::vector<std::string> args;   // identical for both (minus --log-dir, --run-id)
+  std::string lab;                            // "lab03": log directory and run-id prefix
+  std::string device = "cpu";                 // Machine::device: the busy-machine rule applies to CPU runs
+  std::string track;                          // "learner" | "reference": which bin/<track>/ is graded
+  std::string program;                        // "lab03_ddp"
+  std::vector<std::string> args;              // identical for both (minus --log-dir, --run-id)
   std::vector<std::string> track_extra_args;  // SL_PERF_TRACK_ARGS: measuring the check itself only
   int ranks = 2;
   int pairs = 2;
-  bool ignore_busy = false;        // SL_PERF_IGNORE_BUSY: time even on a shared machine (measuring the check)
-  double run_timeout_s = 90;       // s, one run
-  double budget_s = 200;           // s, all runs: kept under the ctest TIMEOUT, so this program (not ctest)
-                                   // ends a run that hangs, and mpiexec takes its ranks down with it
+  bool ignore_busy = false;   // SL_PERF_IGNORE_BUSY: time even on a shared machine (measuring the check)
+  double run_timeout_s = 90;  // s, one run
+  double budget_s = 200;      // s, all runs: kept under the ctest TIMEOUT, so this program (not ctest)
+                              // ends a run that hangs, and mpiexec takes its ranks down with it
 };
 // Throws scalelab::NotImplemented when the track's program exits 3 (its first run), scalelab::Error with
 // the output tail when a program fails otherwise.
