@@ -100,7 +100,8 @@ set(SL_SOLUTIONS_DIR ${PROJECT_SOURCE_DIR}/solutions CACHE PATH
 #   labNN_learner  from labs/NN_name/<SOURCES>       compile definition SL_TRACK_LABNN=learner
 #   labNN_ref      from solutions/NN_name/<SOURCES>  compile definition SL_TRACK_LABNN=ref
 #                  (solutions/ = SL_SOLUTIONS_DIR, above)
-# and, with a DRIVER, the lab's program twice: bin/learner/labNN_name and bin/reference/labNN_name.
+# and, with a DRIVER, the lab's program twice: bin/learner/labNN_name and bin/reference/labNN_name,
+# both linked with sl_lab_driver (labs/common/driver.h, the drivers' shared plumbing) where it exists.
 # Other labs and programs link labNN_ref (docs/design.md "How the two tracks link").
 function(sl_add_lab NN name)
   cmake_parse_arguments(A "" "DRIVER" "SOURCES;DEPS" ${ARGN})
@@ -128,6 +129,9 @@ function(sl_add_lab NN name)
       set(exe lab${NN}_${name}_${track})
       add_executable(${exe} ${lab_dir}/${A_DRIVER})
       target_link_libraries(${exe} PRIVATE ${lib})
+      if(TARGET sl_lab_driver)
+        target_link_libraries(${exe} PRIVATE sl_lab_driver)  # labs/common/driver.h (labs/CMakeLists.txt)
+      endif()
       if(track STREQUAL "ref")
         target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="reference")
       else()

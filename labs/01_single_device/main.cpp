@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "driver.h"                     // defines: driver::TrainOptions, evaluate, make_run_record, ... (labs/common)
 #include "scalelab/calibration.h"       // defines: device_peak (the MFU denominator: calibration or datasheet)
 #include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/device.h"            // defines: cuda_device_count, device_synchronize
@@ -31,58 +32,21 @@
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  std::string device = "cpu";
-  std::string model = "demo";
-  int batch = 8;          // B: sequences per step
-  int seq_len = 128;      // T: tokens per sequence
-  int steps = 300;        // optimizer steps
-  float lr = 2e-3f;       // peak learning rate
-  float min_lr = 2e-4f;   // end of the cosine decay
-  int warmup = 20;        // steps of linear warmup
-  float grad_clip = 1.0f;
-  float weight_decay = 0.1f;
-  std::string optimizer = "adamw";
-  std::string precision = "fp32";
-  std::string data = "data/kjv";
-  std::string log_dir = "runs";
-  std::string run_id;
-  uint64_t seed = 1337;
-  int val_every = 50;     // steps between validation passes (0: only at start and end)
-  int val_batches = 8;
+// The options every lab driver has (labs/common/driver.h: --device, --model, --seq-len, the schedule, ...)
+// and lab 01's own.
+struct Options : driver::TrainOptions {
+  Options() { steps = 300; }   // one device and no communication: a longer run than labs 03 and 04 default to
+  int batch = 8;               // B: sequences per step
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 0;
   std::string resume;          // a checkpoint file, or "latest" (in --checkpoint-dir)
-  int sample_tokens = 200;
-  int threads = 0;             // 0: all cores of this machine
   double mem_cap_mb = 0;       // simulated device memory cap, MiB (0: none)
-  bool quiet = false;
 };
-
-// Mean loss over the first n_batches of the validation split (the same batches every time: the loader
-// is rewound to `start`), without touching the gradients.
-static float evaluate(GPT2& model, lab02::ShardLoader& val, const lab02::LoaderState& start, int n_batches,
-                      Tensor& x, Tensor& y) {
-  val.restore(start);
-  double sum = 0.0;
-  for (int i = 0; i < n_batches; ++i) {
-    lab02::load_batch(val.next(), x, y);
-    sum += model.forward(x, &y);
-  }
-  return static_cast<float>(sum / n_batches);
-}
 
 static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, model, optimizer, data, peak FLOP/s
-  SL_CHECK_HINT(o.device == "cpu" || o.device == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
-                o.device.c_str());
-  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA)
-    SL_CHECK_HINT(cuda_device_count() > 0,
-                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
-                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                  "--device cuda: no CUDA device is available to this program");
+  const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   if (o.mem_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
 
@@ -94,12 +58,7 @@ static int run(const Options& o) {
   lc.T = o.seq_len;
   lc.seed = o.seed;
   lab02::ShardLoader train_data(o.data, "train", lc);
-  lab02::LoaderConfig vc = lc;
-  vc.shuffle = false;
-  vc.prefetch = false;
-  lab02::ShardLoader val_data(o.data, "val", vc);
-  const lab02::LoaderState val_start = val_data.state();
-  const int val_batches = static_cast<int>(std::min<int64_t>(o.val_batches, val_data.batches_per_epoch()));
+  driver::ValidationSplit val(o.data, lc, o.val_batches);  // the same first val_batches batches every pass
   cfg.vocab_size = train_data.vocab_size();  // the tokenizer decides V (256 for bytes)
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
@@ -144,16 +103,7 @@ static int run(const Options& o) {
                            {"T", o.seq_len},         {"steps", o.steps},               {"lr", o.lr},
                            {"optimizer", o.optimizer}, {"precision", policy.name()},   {"seed", o.seed},
                            {"flops_per_token", flops_tok}, {"data", o.data},           {"device", o.device}};
-  RunRecord run_rec;
-  run_rec.config = config;
-  run_rec.track = SL_TRACK_NAME;
-  run_rec.threads = threads;
-  run_rec.precision = policy.name();
-  run_rec.device = device == Device::CUDA ? cuda_device_name() : "cpu";
-  run_rec.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
-  run_rec.peak_source = peak.source;
-  run_rec.calibration_id = peak.calibration_id;
-  log.log_run(run_rec);
+  log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
   std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %d threads | peak %.1f GFLOP/s (%s)\n",
               cfg.str().c_str(), static_cast<long long>(model.num_params()), o.batch, o.seq_len, policy.name().c_str(),
@@ -164,7 +114,7 @@ static int run(const Options& o) {
   // Training
   Tensor x = Tensor::empty({o.batch, o.seq_len}, DType::I32, device, MemCategory::Data);  // inputs (B, T)
   Tensor y = Tensor::empty({o.batch, o.seq_len}, DType::I32, device, MemCategory::Data);  // targets (B, T)
-  float val_loss = evaluate(model, val_data, val_start, val_batches, x, y);
+  float val_loss = driver::evaluate(model, val, x, y);
   const float val_loss_start = val_loss;
   std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(start_step), val_loss);
   log.log_eval(start_step, val_loss);
@@ -214,7 +164,7 @@ static int run(const Options& o) {
       std::fflush(stdout);
     }
     if ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last) {
-      val_loss = evaluate(model, val_data, val_start, val_batches, x, y);
+      val_loss = driver::evaluate(model, val, x, y);
       std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
       log.log_eval(step + 1, val_loss);
     }
@@ -258,13 +208,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
   app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
+  driver::add_schedule_options(app, o);  // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer
   app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")->capture_default_str();
   app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
   app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/lab01/<run-id>/")->capture_default_str();

@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "ddp.h"                    // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
-#include "scalelab/calibration.h"   // defines: load_or_calibrate (peak FLOP/s of this CPU)
-#include "scalelab/comm.h"          // defines: Communicator, make_communicator, LinkModel
+#include "driver.h"                 // defines: driver::DistributedOptions, make_link, evaluate_all_ranks, ... (labs/common)
+#include "scalelab/calibration.h"   // defines: Peak (peak FLOP/s per device)
+#include "scalelab/comm.h"          // defines: Communicator, run_on_all_ranks, LinkModel
 #include "scalelab/device.h"        // defines: cuda_device_count, cuda_device_name, device_synchronize
 #include "scalelab/error.h"         // defines: scalelab::Error, NotImplemented
 #include "scalelab/gpt2.h"          // defines: GPT2, GPTConfig
@@ -35,122 +36,11 @@
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  std::string device = "cpu";
-  std::string model = "demo";
-  int micro_batch = 8;      // sequences per rank per micro-step
-  int global_batch = 0;     // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
-  int seq_len = 128;        // T: tokens per sequence
-  int steps = 100;          // optimizer steps
-  float lr = 2e-3f;         // peak learning rate
-  float min_lr = 2e-4f;     // end of the cosine decay
-  int warmup = 20;          // steps of linear warmup
-  float grad_clip = 1.0f;
-  float weight_decay = 0.1f;
-  std::string optimizer = "adamw";
-  std::string precision = "fp32";
-  std::string data = "data/kjv";
-  std::string log_dir = "runs";
-  std::string run_id;
-  uint64_t seed = 1337;
-  int val_every = 50;       // steps between validation passes (0: only at start and end)
-  int val_batches = 8;      // validation batches of global_batch sequences
-  int sample_tokens = 200;
-  int threads = 0;          // 0: cores / ranks on this node
-  std::string backend = "auto";
+// The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 03's own.
+struct Options : driver::DistributedOptions {
   std::string mode = "overlap";  // naive | bucketed | overlap
   double bucket_mb = 1.0;        // MiB of fp32 gradients per bucket
-  std::string link = "none";     // simulated link preset
-  double link_slowdown = 1.0;    // the simulated link made this many times slower
-  int timeline_steps = 3;        // steps 1..N log a `timeline` record (0: none)
-  bool quiet = false;
 };
-
-// The simulated link (comm.h LinkModel): a preset, optionally `slowdown` times slower (latencies x F,
-// bandwidth / F). A CPU computes roughly 10^3-10^4 times slower than the GPUs the presets belong to;
-// slowing the link down too puts a CPU run in the regime a GPU cluster is in, where the all-reduce
-// takes about as long as the backward pass (README "Measured").
-static LinkModel make_link(const std::string& name, double slowdown) {
-  LinkModel link = LinkModel::preset(name);
-  SL_CHECK_HINT(slowdown > 0, "--link-slowdown is a factor > 0 (1: the preset as it is)", "--link-slowdown %g",
-                slowdown);
-  if (link.enabled() && slowdown != 1.0) {
-    link.alpha_s *= slowdown;
-    link.base_s *= slowdown;
-    link.bandwidth_bytes_per_s /= slowdown;
-    char suffix[32];
-    std::snprintf(suffix, sizeof(suffix), "/%g", slowdown);
-    link.name += suffix;
-  }
-  return link;
-}
-
-// The denominator of MFU, per device (scalelab::device_peak, calibration.h): the datasheet figure
-// for a GPU, the sgemm calibration for the CPU. The CPU calibration is measured by rank 0 first
-// (several ranks calibrating at once would measure each other) and read from the cache by the others.
-// Run bin/sl_calibrate --threads N beforehand to skip the measurement.
-static Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
-  if (device == Device::CPU && comm.rank() == 0) load_or_calibrate(threads);
-  comm.barrier();
-  return device_peak(device, policy, threads);
-}
-
-// Rank 0's string on every rank (the run id: the random suffix differs per call). Strings travel as
-// one i32 per character, padded to a fixed length.
-static std::string broadcast_string(Communicator& comm, const std::string& s) {
-  constexpr int kMaxChars = 128;
-  Tensor buf = Tensor::zeros({kMaxChars}, DType::I32);
-  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) buf.data<int32_t>()[i] = s[i];
-  comm.broadcast(buf, /*root=*/0, "run id");
-  std::string out;
-  for (int i = 0; i < kMaxChars && buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(buf.data<int32_t>()[i]);
-  return out;
-}
-
-// The average of one float over all ranks (a loss).
-static float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = x;
-  comm.all_reduce(t, ReduceOp::Avg, tag);
-  return t.data<float>()[0];
-}
-
-// Mean loss over this rank's share of the validation batches (the loader is rewound to `start`, so
-// the same windows every time), averaged over the ranks: together they cover the same windows as one
-// rank evaluating all of them. Gradients are not touched.
-static float evaluate(GPT2& model, Communicator& comm, lab02::ShardLoader& val, const lab02::LoaderState& start,
-                      int n_batches, Tensor& x, Tensor& y) {
-  val.restore(start);
-  double sum = 0.0;
-  for (int i = 0; i < n_batches; ++i) {
-    lab02::load_batch(val.next(), x, y);
-    sum += model.forward(x, &y);
-  }
-  return mean_over_ranks(comm, static_cast<float>(sum / n_batches), "val loss");
-}
-
-// What the event log says about one step's gradient all-reduces.
-struct CommStats {
-  double busy_ms = 0;           // time the transport had one in progress: sum of end - start (they run one at
-                                // a time), including any wait for a slower rank to join
-  double modeled_ms = 0;        // what the simulated link alone charges for them (0 without a link model)
-  int64_t payload_bytes = 0;    // bytes this rank contributed
-  int calls = 0;
-  bool simulated = false;       // a link model decided (part of) their duration
-};
-
-static CommStats gradient_comm_stats(const std::vector<CommEvent>& events) {
-  CommStats s;
-  for (const CommEvent& e : events) {
-    if (e.op != "all_reduce") continue;
-    s.busy_ms += e.end_ms - e.start_ms;
-    s.modeled_ms += e.modeled_ms;
-    s.payload_bytes += e.payload_bytes;
-    s.calls += 1;
-    s.simulated = s.simulated || e.simulated;
-  }
-  return s;
-}
 
 // The compute spans of one step for its `timeline` record, stamped by the model's hooks on the
 // communication clock (Communicator::now_ms()) so they line up with the step's CommEvents:
@@ -223,16 +113,9 @@ static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, link, model (identical on every rank), optimizer, data (disjoint per rank), peak
-  SL_CHECK_HINT(o.device == "cpu" || o.device == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
-                o.device.c_str());
-  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA)
-    SL_CHECK_HINT(cuda_device_count() > 0,
-                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
-                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                  "--device cuda: no CUDA device is available to this program");
+  const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);  // cores / ranks on this node, unless --threads
-  comm.set_link_model(make_link(o.link, o.link_slowdown));
+  comm.set_link_model(driver::make_link(o.link, o.link_slowdown));
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // YOUR TODO lab03-7
@@ -245,15 +128,9 @@ static int run(const Options& o, Communicator& comm) {
   lc.dp_rank = rank;  // rank r takes every world-th window of each global batch: disjoint across ranks
   lc.dp_size = world;
   lab02::ShardLoader train_data(o.data, "train", lc);
-  lab02::LoaderConfig vc = lc;
-  vc.shuffle = false;
-  vc.prefetch = false;
-  lab02::ShardLoader val_data(o.data, "val", vc);
-  const lab02::LoaderState val_start = val_data.state();
   // val_batches global batches: micro_steps loader batches per rank each, so every run with the same
   // global batch evaluates the same windows, however many ranks share them.
-  const int val_batches_per_rank = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(static_cast<int64_t>(o.val_batches) * micro_steps, val_data.batches_per_epoch())));
+  driver::ValidationSplit val(o.data, lc, static_cast<int64_t>(o.val_batches) * micro_steps);
   cfg.vocab_size = train_data.vocab_size();  // the tokenizer decides V (256 for bytes)
   SL_CHECK_HINT(o.seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
                 "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, cfg.max_seq_len, o.model.c_str());
@@ -271,12 +148,11 @@ static int run(const Options& o, Communicator& comm) {
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
   StepTimeline timeline(model);  // after GradSync: chains its hook (and is destroyed first)
 
-  const Peak peak = device_peak_all_ranks(device, policy, threads, comm);
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   Rng rng(o.seed ^ 0x5eedull);
 
-  const std::string run_id = broadcast_string(comm, rank == 0 ? (o.run_id.empty() ? make_run_id() : o.run_id) : "");
-  RunLogger log("lab03", run_id, rank, o.log_dir);
+  RunLogger log("lab03", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
   const LinkModel& link = comm.link_model();
   nlohmann::json config = {{"model", o.model},           {"n_params", model.num_params()},
@@ -290,16 +166,7 @@ static int run(const Options& o, Communicator& comm) {
                            {"bucket_mb", o.bucket_mb},   {"num_buckets", sync.buckets().size()},
                            {"link", link.name},          {"link_slowdown", o.link_slowdown},
                            {"timeline_steps", o.timeline_steps}};
-  RunRecord run_rec;
-  run_rec.config = config;
-  run_rec.world_size = world;
-  run_rec.track = SL_TRACK_NAME;
-  run_rec.threads = threads;
-  run_rec.precision = policy.name();
-  run_rec.device = device == Device::CUDA ? cuda_device_name() : "cpu";
-  run_rec.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
-  run_rec.peak_source = peak.source;
-  run_rec.calibration_id = peak.calibration_id;
+  RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
 
@@ -323,7 +190,7 @@ static int run(const Options& o, Communicator& comm) {
   }
   Tensor& x = micro[0].inputs;  // validation reuses the first micro-batch's tensors
   Tensor& y = micro[0].targets;
-  float val_loss = evaluate(model, comm, val_data, val_start, val_batches_per_rank, x, y);
+  float val_loss = driver::evaluate_all_ranks(model, comm, val, x, y);
   const float val_loss_start = val_loss;
   if (rank == 0) std::printf("step %5d | val loss %.4f\n", 0, val_loss);
   log.log_eval(0, val_loss);
@@ -351,13 +218,13 @@ static int run(const Options& o, Communicator& comm) {
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (log_timeline) log.log_timeline(step, comm.events(), timeline.end());
-    const CommStats cs = gradient_comm_stats(comm.events());
+    const driver::CommStats cs = driver::comm_stats(comm.events(), Communicator::now_ms(), "all_reduce");
     const double exposed_ms = sync.last_finish_ms();  // the part of the step spent waiting for gradients
     const int64_t tokens = static_cast<int64_t>(global_batch) * o.seq_len;  // all ranks together
     const double tok_s = lab01::tokens_per_second(tokens, seconds);
     const double step_mfu =
         peak.flops_per_s > 0 ? lab01::mfu(tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/world) : kNotMeasured;
-    loss = mean_over_ranks(comm, r.loss, "loss");  // outside the timed step: only for the log
+    loss = driver::mean_over_ranks(comm, r.loss, "loss");  // outside the timed step: only for the log
     if (step > 0) {  // the first step allocates activations and warms caches: not timed
       timed_seconds += seconds;
       timed_tokens += tokens;
@@ -377,7 +244,7 @@ static int run(const Options& o, Communicator& comm) {
     rec.tokens_per_s = tok_s;
     rec.mfu = step_mfu;
     rec.grad_norm = r.grad_norm;
-    rec.extra = {{"comm_busy_ms", cs.busy_ms}, {"allreduce_payload_bytes", cs.payload_bytes}};
+    rec.extra = {{"comm_busy_ms", cs.busy_ms}, {"allreduce_payload_bytes", cs.all_reduce_bytes}};
     if (cs.simulated) {
       rec.extra["comm_modeled_ms"] = cs.modeled_ms;
       rec.extra["simulated"] = true;
@@ -393,7 +260,7 @@ static int run(const Options& o, Communicator& comm) {
       std::fflush(stdout);
     }
     if ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last) {
-      val_loss = evaluate(model, comm, val_data, val_start, val_batches_per_rank, x, y);
+      val_loss = driver::evaluate_all_ranks(model, comm, val, x, y);
       if (rank == 0) std::printf("step %5d | val loss %.4f\n", step + 1, val_loss);
       log.log_eval(step + 1, val_loss);
     }
@@ -435,42 +302,19 @@ static int run(const Options& o, Communicator& comm) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 03: data-parallel GPT-2 on N ranks (mpirun -np N); reports loss, tokens/s, MFU, communication"};
   Options o;
-  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
-                 "with --backend nccl, or ranks sharing one through --backend mpi)")->capture_default_str();
-  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")->capture_default_str();
-  app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
-  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/lab03/<run-id>/rank<k>.jsonl")->capture_default_str();
-  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
-  app.add_option("--seed", o.seed, "seed of the weights (rank 0's) and the data order")->capture_default_str();
-  app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches of --global-batch sequences")
-      ->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
-  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
-      ->capture_default_str();
+  driver::add_distributed_options(app, o, "lab03");
+  app.get_option("--device")->description("cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
+                                          "with --backend nccl, or ranks sharing one through --backend mpi)");
+  app.get_option("--seed")->description("seed of the weights (rank 0's) and the data order");
   app.add_option("--mode", o.mode, "gradient all-reduce: naive (per tensor), bucketed, overlap (buckets during "
                  "backward)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "MiB of fp32 gradients per bucket (0: one bucket per tensor)")
       ->capture_default_str();
-  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")->capture_default_str();
-  app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower (README "
-                 "'Measured')")->capture_default_str();
-  app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record of their compute and "
-                 "communication (0: none)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  driver::add_link_options(app, o);
+  app.get_option("--link-slowdown")->description("make the simulated link this many times slower (README "
+                                                 "'Measured')");
+  app.get_option("--timeline-steps")->description("steps 1..N log a timeline record of their compute and "
+                                                  "communication (0: none)");
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
 

@@ -22,9 +22,10 @@
 #include <utility>      // defines: std::declval, std::move
 #include <vector>
 
+#include "driver.h"                        // defines: driver::DistributedOptions, make_link, evaluate_all_ranks, ... (labs/common)
 #include "fsdp.h"                          // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
 #include "scalelab/allocator.h"            // defines: Allocator (the --memory-cap-mb cap, memory per category)
-#include "scalelab/calibration.h"          // defines: load_or_calibrate, device_peak (peak FLOP/s)
+#include "scalelab/calibration.h"          // defines: Peak (peak FLOP/s per device)
 #include "scalelab/comm.h"                 // defines: Communicator, CommEvent, LinkModel, run_on_all_ranks
 #include "scalelab/device.h"               // defines: cuda_device_count, cuda_device_name, device_synchronize
 #include "scalelab/error.h"                // defines: scalelab::Error, OutOfMemory, SL_CHECK_HINT
@@ -41,32 +42,8 @@
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  std::string device = "cpu";
-  std::string model = "demo";
-  int micro_batch = 8;      // sequences per rank per micro-step
-  int global_batch = 0;     // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
-  int seq_len = 128;        // T: tokens per sequence
-  int steps = 100;          // optimizer steps
-  float lr = 2e-3f;         // peak learning rate
-  float min_lr = 2e-4f;     // end of the cosine decay
-  int warmup = 20;          // steps of linear warmup
-  float grad_clip = 1.0f;
-  float weight_decay = 0.1f;
-  std::string optimizer = "adamw";
-  std::string precision = "fp32";
-  std::string data = "data/kjv";
-  std::string log_dir = "runs";
-  std::string run_id;
-  uint64_t seed = 1337;
-  int val_every = 50;       // steps between validation passes (0: only at start and end)
-  int val_batches = 8;      // validation batches of global_batch sequences
-  int sample_tokens = 200;
-  int threads = 0;          // 0: cores / ranks on this node
-  std::string backend = "auto";
-  std::string link = "none";     // simulated link preset
-  double link_slowdown = 1.0;    // the simulated link made this many times slower
-  int timeline_steps = 3;        // steps 1..N log a `timeline` record (0: none)
+// The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 04's own.
+struct Options : driver::DistributedOptions {
   // FSDP
   int stage = 3;                 // ZeRO stage 1, 2 or 3
   int prefetch = 1;              // ZeRO-3 all-gathers in flight beyond the unit in use
@@ -78,52 +55,9 @@ struct Options {
   int slow_rank = -1;            // this rank sleeps slow_ms per micro-step inside its compute
   double slow_ms = 0;            // ms
   int loader_alone_batches = 20; // batches timed with the loader alone, before training (0: skip)
-  bool quiet = false;
 };
 
 constexpr double kMiB = 1024.0 * 1024.0;  // bytes
-
-// The simulated link (comm.h LinkModel), as in lab 03: a preset, optionally `slowdown` times slower.
-static LinkModel make_link(const std::string& name, double slowdown) {
-  LinkModel link = LinkModel::preset(name);
-  SL_CHECK_HINT(slowdown > 0, "--link-slowdown is a factor > 0 (1: the preset as it is)", "--link-slowdown %g",
-                slowdown);
-  if (link.enabled() && slowdown != 1.0) {
-    link.alpha_s *= slowdown;
-    link.base_s *= slowdown;
-    link.bandwidth_bytes_per_s /= slowdown;
-    char suffix[32];
-    std::snprintf(suffix, sizeof(suffix), "/%g", slowdown);
-    link.name += suffix;
-  }
-  return link;
-}
-
-// The denominator of MFU, per device (calibration.h). Rank 0 calibrates the CPU first (several ranks
-// calibrating at once would measure each other); the others read the cache.
-static Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
-  if (device == Device::CPU && comm.rank() == 0) load_or_calibrate(threads);
-  comm.barrier();
-  return device_peak(device, policy, threads);
-}
-
-// Rank 0's string on every rank (the run id), one i32 per character.
-static std::string broadcast_string(Communicator& comm, const std::string& s) {
-  constexpr int kMaxChars = 128;
-  Tensor buf = Tensor::zeros({kMaxChars}, DType::I32);
-  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) buf.data<int32_t>()[i] = s[i];
-  comm.broadcast(buf, /*root=*/0, "run id");
-  std::string out;
-  for (int i = 0; i < kMaxChars && buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(buf.data<int32_t>()[i]);
-  return out;
-}
-
-static float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = x;
-  comm.all_reduce(t, ReduceOp::Avg, tag);
-  return t.data<float>()[0];
-}
 
 // m = G / (b x N) micro-steps per optimizer step, or an error with the nearest valid global batch.
 static int micro_steps_per_step(int global_batch, int micro_batch, int world) {
@@ -133,19 +67,6 @@ static int micro_steps_per_step(int global_batch, int micro_batch, int world) {
                     " or " + std::to_string(per_step * std::max(1, global_batch / per_step + 1)),
                 "--global-batch %d, --micro-batch %d, %d ranks", global_batch, micro_batch, world);
   return global_batch / per_step;
-}
-
-// Mean validation loss over this rank's share of the batches, averaged over the ranks (as lab 03).
-// Every rank must call it: a ZeRO-3 forward all-gathers each block.
-static float evaluate(GPT2& model, Communicator& comm, lab02::ShardLoader& val, const lab02::LoaderState& start,
-                      int n_batches, Tensor& x, Tensor& y) {
-  val.restore(start);
-  double sum = 0.0;
-  for (int i = 0; i < n_batches; ++i) {
-    lab02::load_batch(val.next(), x, y);
-    sum += model.forward(x, &y);
-  }
-  return mean_over_ranks(comm, static_cast<float>(sum / n_batches), "val loss");
 }
 
 // One batch for this rank, with the --loader-delay-ms sleep inside: the whole fetch is the data wait.
@@ -199,13 +120,7 @@ static double event_wait_ms(const E& e) {
 struct StepComm {
   double exposed_ms = 0;          // the step waited this long (method above)
   double hooks_ms = 0;            // the hook-timer measurement (the same as exposed_ms without wait_ms)
-  double busy_ms = 0;             // sum of end - start: the transport had a call in progress (one at a time)
-  double modeled_ms = 0;          // what the simulated link charged (0 without one)
-  int64_t gather_bytes = 0;       // payload this rank sent in all-gathers
-  int64_t reduce_scatter_bytes = 0;
-  int64_t allreduce_bytes = 0;
-  int calls = 0;
-  bool simulated = false;
+  driver::CommStats totals;       // the event log's sums: busy_ms, modeled_ms, payload bytes per op
 };
 
 // Wraps the hooks FSDP installed: the --slow-rank sleep, the time inside each hook (exposed
@@ -246,18 +161,12 @@ class StepProbe {
     const double now = Communicator::now_ms();
     recording_ = false;
     StepComm c;
+    c.totals = driver::comm_stats(events, now);
     double blocking_ms = 0, waited_ms = 0, gap_end_ms = now;
     const double after_backward_ms = last_backward_end_ms_;
     bool gap_closed = gap_start_ms_ < 0;
     for (const CommEvent& e : events) {
       const double end_ms = e.end_ms > 0 ? e.end_ms : now;
-      c.busy_ms += end_ms - e.start_ms;
-      c.modeled_ms += e.modeled_ms;
-      c.simulated = c.simulated || e.simulated;
-      c.calls += 1;
-      if (e.op == "all_gather") c.gather_bytes += e.payload_bytes;
-      if (e.op == "reduce_scatter") c.reduce_scatter_bytes += e.payload_bytes;
-      if (e.op == "all_reduce") c.allreduce_bytes += e.payload_bytes;
       waited_ms += event_wait_ms(e);
       if (!e.async && e.issue_ms >= after_backward_ms) {  // blocking, after the last backward
         blocking_ms += end_ms - e.issue_ms;
@@ -392,16 +301,9 @@ static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, link, data (disjoint per rank), the memory cap, the estimate
-  SL_CHECK_HINT(o.device == "cpu" || o.device == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
-                o.device.c_str());
-  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA)
-    SL_CHECK_HINT(cuda_device_count() > 0,
-                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
-                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                  "--device cuda: no CUDA device is available to this program");
+  const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
-  comm.set_link_model(make_link(o.link, o.link_slowdown));
+  comm.set_link_model(driver::make_link(o.link, o.link_slowdown));
   const lab04::ZeroStage stage = lab04::zero_stage_from_int(o.stage);
   SL_CHECK_HINT(o.overlap == "on" || o.overlap == "off", "use --overlap on or --overlap off", "--overlap '%s'",
                 o.overlap.c_str());
@@ -445,21 +347,14 @@ static int run(const Options& o, Communicator& comm) {
     return 0;
   }
 
-  lab02::LoaderConfig vc = lc;
-  vc.shuffle = false;
-  vc.prefetch = false;
-  lab02::ShardLoader val_data(o.data, "val", vc);
-  const lab02::LoaderState val_start = val_data.state();
-  const int val_batches_per_rank = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(static_cast<int64_t>(o.val_batches) * micro_steps, val_data.batches_per_epoch())));
-  const Peak peak = device_peak_all_ranks(device, policy, threads, comm);  // before the cap: calibration allocates
+  driver::ValidationSplit val(o.data, lc, static_cast<int64_t>(o.val_batches) * micro_steps);  // as lab 03
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);  // before the cap: calibration allocates
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
 
   const double loader_alone_tok_s =
       o.loader_alone_batches > 0 ? time_loader_alone(o, lc, comm) : kNotMeasured;  // tokens/s of this rank
 
-  const std::string run_id = broadcast_string(comm, rank == 0 ? (o.run_id.empty() ? make_run_id() : o.run_id) : "");
-  RunLogger log("lab04", run_id, rank, o.log_dir);
+  RunLogger log("lab04", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
   const LinkModel& link = comm.link_model();
 
@@ -519,16 +414,7 @@ static int run(const Options& o, Communicator& comm) {
         {"memory_estimated_peak_bytes", est.total_peak_bytes()},
         {"exposed_comm_method", kEventsRecordWait ? "CommEvent::wait_ms" : "hook timers"},
         {"timeline_steps", o.timeline_steps}};
-    RunRecord run_rec;
-    run_rec.config = config;
-    run_rec.world_size = world;
-    run_rec.track = SL_TRACK_NAME;
-    run_rec.threads = threads;
-    run_rec.precision = policy.name();
-    run_rec.device = device == Device::CUDA ? cuda_device_name() : "cpu";
-    run_rec.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
-    run_rec.peak_source = peak.source;
-    run_rec.calibration_id = peak.calibration_id;
+    RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
     if (link.enabled() || cap_bytes > 0) run_rec.extra["simulated"] = true;
     log.log_run(run_rec);
     if (o.loader_alone_batches > 0)
@@ -565,7 +451,7 @@ static int run(const Options& o, Communicator& comm) {
     Tensor& x = micro[0].inputs;  // validation reuses the first micro-batch's tensors
     Tensor& y = micro[0].targets;
     doing = "evaluating before step 0 (the first forward allocates the activations)";
-    float val_loss = evaluate(model, comm, val_data, val_start, val_batches_per_rank, x, y);
+    float val_loss = driver::evaluate_all_ranks(model, comm, val, x, y);
     const float val_loss_start = val_loss;
     if (rank == 0) std::printf("step %5d | val loss %.4f\n", 0, val_loss);
     log.log_eval(0, val_loss);
@@ -600,13 +486,13 @@ static int run(const Options& o, Communicator& comm) {
       const double tok_s = lab01::tokens_per_second(tokens, seconds);
       const double step_mfu =
           peak.flops_per_s > 0 ? lab01::mfu(tok_s, flops_tok, peak.flops_per_s, /*num_devices=*/world) : kNotMeasured;
-      loss = mean_over_ranks(comm, r.loss, "loss");  // outside the timed step: only for the log
+      loss = driver::mean_over_ranks(comm, r.loss, "loss");  // outside the timed step: only for the log
       if (step > 0) {  // the first step allocates and warms caches: not timed
         timed_seconds += seconds;
         timed_tokens += tokens;
         timed_exposed_ms += sc.exposed_ms;
-        timed_busy_ms += sc.busy_ms;
-        timed_modeled_ms += sc.modeled_ms;
+        timed_busy_ms += sc.totals.busy_ms;
+        timed_modeled_ms += sc.totals.modeled_ms;
         timed_data_ms += data_wait_ms;
       }
 
@@ -623,12 +509,12 @@ static int run(const Options& o, Communicator& comm) {
       rec.grad_norm = r.grad_norm;
       rec.extra = {{"compute_ms", rec.step_ms - data_wait_ms - sc.exposed_ms},
                    {"comm_hooks_ms", sc.hooks_ms},
-                   {"comm_busy_ms", sc.busy_ms},
-                   {"gather_payload_bytes", sc.gather_bytes},
-                   {"reduce_scatter_payload_bytes", sc.reduce_scatter_bytes},
-                   {"allreduce_payload_bytes", sc.allreduce_bytes}};
-      if (sc.simulated) {
-        rec.extra["comm_modeled_ms"] = sc.modeled_ms;
+                   {"comm_busy_ms", sc.totals.busy_ms},
+                   {"gather_payload_bytes", sc.totals.all_gather_bytes},
+                   {"reduce_scatter_payload_bytes", sc.totals.reduce_scatter_bytes},
+                   {"allreduce_payload_bytes", sc.totals.all_reduce_bytes}};
+      if (sc.totals.simulated) {
+        rec.extra["comm_modeled_ms"] = sc.totals.modeled_ms;
         rec.extra["simulated"] = true;
       }
       log.log_step(rec);
@@ -638,13 +524,13 @@ static int run(const Options& o, Communicator& comm) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - t_run).count();
         const double eta = elapsed / (step + 1) * (o.steps - step - 1);
         std::printf("step %5d | loss %.4f | lr %.2e | %7.0f tok/s | MFU %5.1f%% | comm %6.1f ms exposed of %6.1f busy | "
-                    "peak %.1f MiB | ETA %.0f s\n", step, loss, lr, tok_s, 100.0 * step_mfu, sc.exposed_ms, sc.busy_ms,
+                    "peak %.1f MiB | ETA %.0f s\n", step, loss, lr, tok_s, 100.0 * step_mfu, sc.exposed_ms, sc.totals.busy_ms,
                     between_steps.total_peak_bytes / kMiB, eta);
         std::fflush(stdout);
       }
       if ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last) {
         doing = "evaluating after step " + std::to_string(step);
-        val_loss = evaluate(model, comm, val_data, val_start, val_batches_per_rank, x, y);
+        val_loss = driver::evaluate_all_ranks(model, comm, val, x, y);
         if (rank == 0) std::printf("step %5d | val loss %.4f\n", step + 1, val_loss);
         log.log_eval(step + 1, val_loss);
       }
@@ -757,40 +643,12 @@ static int run(const Options& o, Communicator& comm) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 04: GPT-2 with ZeRO-1/2/3 (FSDP) on N ranks (mpirun -np N); loss, tokens/s, MFU, memory per rank"};
   Options o;
-  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
-  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master shard and gradients; emulated "
-                 "on CPU)")->capture_default_str();
-  app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
-  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/lab04/<run-id>/rank<k>.jsonl")->capture_default_str();
-  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
-  app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
-  app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")
-      ->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches of --global-batch sequences")
-      ->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text generated at the end (by every rank: ZeRO-3 "
-                 "forwards are collective; rank 0 prints)")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
-  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
-      ->capture_default_str();
-  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")->capture_default_str();
-  app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
-      ->capture_default_str();
-  app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record (0: none)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  driver::add_distributed_options(app, o, "lab04");
+  app.get_option("--precision")->description("fp32 or bf16 (bf16 params, fp32 master shard and gradients; emulated "
+                                             "on CPU)");
+  app.get_option("--sample-tokens")->description("bytes of text generated at the end (by every rank: ZeRO-3 "
+                                                 "forwards are collective; rank 0 prints)");
+  driver::add_link_options(app, o);
   app.add_option("--stage", o.stage, "ZeRO stage: 1 (optimizer state), 2 (+ gradients), 3 (+ parameters, FSDP "
                  "FULL_SHARD)")->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "ZeRO-3: all-gathers in flight beyond the unit in use (0: none)")

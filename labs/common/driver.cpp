@@ -1,0 +1,182 @@
+// driver.cpp — plumbing shared by the lab drivers (driver.h).
+#include "driver.h"
+
+#include <algorithm>  // defines: std::max, std::min
+#include <cstdio>     // defines: std::snprintf
+
+#include "scalelab/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name
+#include "scalelab/error.h"   // defines: SL_CHECK_HINT
+
+namespace scalelab::driver {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+void add_schedule_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
+}
+
+void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
+  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
+  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  add_schedule_options(app, o);
+  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")->capture_default_str();
+  app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
+  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")->capture_default_str();
+  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
+  app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
+  app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")
+      ->capture_default_str();
+  app.add_option("--val-batches", o.val_batches, "validation batches of --global-batch sequences")
+      ->capture_default_str();
+  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
+  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
+      ->capture_default_str();
+}
+
+void add_link_options(CLI::App& app, DistributedOptions& o) {
+  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")->capture_default_str();
+  app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
+      ->capture_default_str();
+  app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record (0: none)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+Device device_from_option(const std::string& name) {
+  SL_CHECK_HINT(name == "cpu" || name == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
+                name.c_str());
+  const Device device = name == "cuda" ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA)
+    SL_CHECK_HINT(cuda_device_count() > 0,
+                  built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                                    : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
+                  "--device cuda: no CUDA device is available to this program");
+  return device;
+}
+
+LinkModel make_link(const std::string& name, double slowdown) {
+  LinkModel link = LinkModel::preset(name);
+  SL_CHECK_HINT(slowdown > 0, "--link-slowdown is a factor > 0 (1: the preset as it is)", "--link-slowdown %g",
+                slowdown);
+  if (link.enabled() && slowdown != 1.0) {
+    link.alpha_s *= slowdown;
+    link.base_s *= slowdown;
+    link.bandwidth_bytes_per_s /= slowdown;
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), "/%g", slowdown);
+    link.name += suffix;
+  }
+  return link;
+}
+
+Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
+  if (device == Device::CPU && comm.rank() == 0) load_or_calibrate(threads);
+  comm.barrier();
+  return device_peak(device, policy, threads);
+}
+
+// Rank 0's string on every rank. Strings travel as one i32 per character, padded with zeros to a fixed
+// length (a collective needs the same count on every rank).
+static std::string broadcast_string(Communicator& comm, const std::string& s, const std::string& tag) {
+  constexpr int kMaxChars = 128;
+  Tensor buf = Tensor::zeros({kMaxChars}, DType::I32);  // (kMaxChars,) i32
+  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) buf.data<int32_t>()[i] = s[i];
+  comm.broadcast(buf, /*root=*/0, tag);
+  std::string out;
+  for (int i = 0; i < kMaxChars && buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(buf.data<int32_t>()[i]);
+  return out;
+}
+
+std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
+  const std::string mine = comm.rank() == 0 ? (requested.empty() ? make_run_id() : requested) : "";
+  return broadcast_string(comm, mine, "run id");
+}
+
+RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
+                          const PrecisionPolicy& policy, Device device, const Peak& peak) {
+  RunRecord r;
+  r.config = config;
+  r.world_size = world_size;
+  r.track = track;
+  r.threads = threads;
+  r.precision = policy.name();
+  r.device = device == Device::CUDA ? cuda_device_name() : "cpu";
+  r.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
+  r.peak_source = peak.source;
+  r.calibration_id = peak.calibration_id;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation and reductions
+
+float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
+  Tensor t = Tensor::empty({1}, DType::F32);  // (1,) f32
+  t.data<float>()[0] = x;
+  comm.all_reduce(t, ReduceOp::Avg, tag);
+  return t.data<float>()[0];
+}
+
+static lab02::LoaderConfig validation_config(const lab02::LoaderConfig& train_config) {
+  lab02::LoaderConfig vc = train_config;
+  vc.shuffle = false;
+  vc.prefetch = false;
+  return vc;
+}
+
+ValidationSplit::ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config,
+                                 int64_t requested_batches)
+    : loader(data_dir, "val", validation_config(train_config)),
+      start(loader.state()),
+      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader.batches_per_epoch())))) {}
+
+float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y) {
+  val.loader.restore(val.start);
+  double sum = 0.0;
+  for (int i = 0; i < val.n_batches; ++i) {
+    lab02::load_batch(val.loader.next(), x, y);
+    sum += model.forward(x, &y);
+  }
+  return static_cast<float>(sum / val.n_batches);
+}
+
+float evaluate_all_ranks(GPT2& model, Communicator& comm, ValidationSplit& val, Tensor& x, Tensor& y) {
+  return mean_over_ranks(comm, evaluate(model, val, x, y), "val loss");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communication stats
+
+CommStats comm_stats(const std::vector<CommEvent>& events, double now_ms, const std::string& only_op) {
+  CommStats s;
+  for (const CommEvent& e : events) {
+    if (!only_op.empty() && e.op != only_op) continue;
+    const double end_ms = e.end_ms > 0 ? e.end_ms : now_ms;
+    s.busy_ms += end_ms - e.start_ms;
+    s.modeled_ms += e.modeled_ms;
+    s.payload_bytes += e.payload_bytes;
+    if (e.op == "all_reduce") s.all_reduce_bytes += e.payload_bytes;
+    if (e.op == "all_gather") s.all_gather_bytes += e.payload_bytes;
+    if (e.op == "reduce_scatter") s.reduce_scatter_bytes += e.payload_bytes;
+    s.calls += 1;
+    s.simulated = s.simulated || e.simulated;
+  }
+  return s;
+}
+
+}  // namespace scalelab::driver

@@ -1,0 +1,147 @@
+// driver.h — plumbing shared by the lab drivers (labs/01_single_device, 03_ddp, 04_fsdp main.cpp): the
+// options they all have, the --device check, the simulated link, the run id and run record, the MFU
+// peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
+// main.cpp; only code that was the same, line for line, in two or three drivers lives here.
+// Implementation: labs/common/driver.cpp (library sl_lab_driver, linked into every lab program by
+// sl_add_lab in cmake/scalelab.cmake). Tested through the drivers (tests/perf, scripts/scale_demo.sh).
+// It lives under labs/, not common/, because the validation pass reads lab 02's ShardLoader.
+#pragma once
+
+#include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (the run record's config)
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scalelab/calibration.h"  // defines: Peak
+#include "scalelab/comm.h"         // defines: Communicator, CommEvent, LinkModel
+#include "scalelab/gpt2.h"         // defines: GPT2
+#include "scalelab/metrics.h"      // defines: RunRecord
+#include "scalelab/precision.h"    // defines: PrecisionPolicy
+#include "scalelab/tensor.h"       // defines: Device, Tensor
+#include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference)
+
+namespace scalelab::driver {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+// The options every training driver has, with the same defaults (lab 01 overrides `steps`).
+struct TrainOptions {
+  std::string device = "cpu";
+  std::string model = "demo";
+  int seq_len = 128;        // T: tokens per sequence
+  int steps = 100;          // optimizer steps
+  float lr = 2e-3f;         // peak learning rate
+  float min_lr = 2e-4f;     // end of the cosine decay
+  int warmup = 20;          // steps of linear warmup
+  float grad_clip = 1.0f;   // max global gradient L2 norm (0: off)
+  float weight_decay = 0.1f;
+  std::string optimizer = "adamw";
+  std::string precision = "fp32";
+  std::string data = "data/kjv";
+  std::string log_dir = "runs";
+  std::string run_id;       // "": time + random suffix (metrics.h make_run_id)
+  uint64_t seed = 1337;
+  int val_every = 50;       // steps between validation passes (0: only at start and end)
+  int val_batches = 8;      // validation batches (labs 03, 04: of global_batch sequences)
+  int sample_tokens = 200;  // bytes of text generated at the end
+  int threads = 0;          // CPU threads per rank (0: the default of set_num_threads)
+  bool quiet = false;
+};
+
+// What the multi-rank drivers (labs 03 and 04) add.
+struct DistributedOptions : TrainOptions {
+  int micro_batch = 8;            // sequences per rank per micro-step
+  int global_batch = 0;           // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
+  std::string backend = "auto";   // communicator: auto, local, mpi (comm.h make_communicator)
+  std::string link = "none";      // simulated link preset
+  double link_slowdown = 1.0;     // the simulated link made this many times slower
+  int timeline_steps = 3;         // steps 1..N log a `timeline` record (0: none)
+};
+
+// --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).
+void add_schedule_options(CLI::App& app, TrainOptions& o);
+
+// Labs 03 and 04, in their --help order: --device --model --micro-batch --global-batch --seq-len, the
+// schedule options, --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed
+// --val-every --val-batches --sample-tokens --threads --backend. A lab whose words differ for one of
+// them changes its description after this call (app.get_option("--seed")->description(...)).
+void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab);
+// Labs 03 and 04: --link --link-slowdown --timeline-steps.
+void add_link_options(CLI::App& app, DistributedOptions& o);
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+// --device cpu|cuda as a Device; throws with a hint for another name, or cuda without a usable GPU.
+Device device_from_option(const std::string& name);
+
+// The simulated link (comm.h LinkModel): a preset, optionally `slowdown` times slower (latencies x F,
+// bandwidth / F; its name gets "/F"). A CPU computes roughly 10^3-10^4 times slower than the GPUs the
+// presets belong to; slowing the link down too puts a CPU run in the regime a GPU cluster is in, where
+// the all-reduce takes about as long as the backward pass (labs/03_ddp/README.md "Measured").
+LinkModel make_link(const std::string& name, double slowdown);
+
+// The denominator of MFU, per device, in FLOP/s (scalelab::device_peak, calibration.h): the datasheet
+// figure for a GPU, the sgemm calibration for the CPU. The CPU calibration is measured by rank 0 first
+// (several ranks calibrating at once would measure each other) and read from the cache by the others.
+// Collective (a barrier). Run bin/sl_calibrate --threads N beforehand to skip the measurement.
+Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm);
+
+// The run id on every rank: `requested`, or rank 0's make_run_id() when it is "" (the random suffix
+// differs per call, so rank 0 draws it and broadcasts it). At most 128 characters. Collective.
+std::string run_id_all_ranks(Communicator& comm, const std::string& requested);
+
+// The `run` record's fields every driver fills the same way: config, world size, track (SL_TRACK_NAME
+// of the calling program), threads per rank, precision, device name, peak FLOP/s per device
+// (kNotMeasured when unknown), its source and calibration id. The caller adds `extra` keys.
+RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
+                          const PrecisionPolicy& policy, Device device, const Peak& peak);
+
+// ---------------------------------------------------------------------------------------------
+// Validation and reductions
+
+// The average of one float over all ranks (a loss). Collective.
+float mean_over_ranks(Communicator& comm, float x, const std::string& tag);
+
+// The validation split: a loader with the training loader's config (B, T, seed, dp_rank, dp_size) but
+// no shuffling and no prefetch thread, and the position every pass starts from, so that every pass
+// evaluates the same windows. n_batches = requested batches, at least 1, at most one epoch of this rank.
+struct ValidationSplit {
+  ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config, int64_t requested_batches);
+  lab02::ShardLoader loader;
+  lab02::LoaderState start;
+  int n_batches = 0;  // loader batches per pass, each (B, T)
+};
+
+// Mean loss (nats per token) over the split's n_batches on this rank, read into x and y (inputs and
+// targets, (B, T) i32). Forward only: the gradients are not touched.
+float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y);
+// The same, averaged over the ranks: each rank evaluates its own windows (dp_rank), together they cover
+// the windows one rank evaluating all of them would. Collective: every rank must call it (a ZeRO-3
+// forward all-gathers each block).
+float evaluate_all_ranks(GPT2& model, Communicator& comm, ValidationSplit& val, Tensor& x, Tensor& y);
+
+// ---------------------------------------------------------------------------------------------
+// Communication stats
+
+// What the event log says about one step's collectives (comm.h CommEvent). Times in ms, sizes in bytes
+// this rank contributed (payload, not bus bytes).
+struct CommStats {
+  double busy_ms = 0;          // time the transport had one in progress: sum of end - start (they run one at a
+                               // time), including any wait for a slower rank to join
+  double modeled_ms = 0;       // what the simulated link alone charges for them (0 without a link model)
+  int64_t payload_bytes = 0;   // all ops counted below
+  int64_t all_reduce_bytes = 0;
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int calls = 0;
+  bool simulated = false;      // a link model decided (part of) their duration
+};
+// The events of op `only_op` ("all_reduce", ...; "": every op). An event still in flight (end_ms 0)
+// counts as busy up to now_ms (Communicator::now_ms()).
+CommStats comm_stats(const std::vector<CommEvent>& events, double now_ms, const std::string& only_op = "");
+
+}  // namespace scalelab::driver
