@@ -6,101 +6,12 @@
 #include <cstdio>     // defines: std::snprintf
 #include <cstring>    // defines: std::memcpy
 
-#include <gtest/gtest.h>  // defines: ::testing::Environment
+#include <gtest/gtest.h>  // defines: EXPECT_*
 
-#include "grading.h"        // defines: grading::rank_reducer, set_rank_reducer
-#include "rank_reducer.h"   // defines: test::make_rank_reducer
-#include "scalelab/optim.h"  // defines: Optimizer, clip_grad_norm
-#include "scalelab/rng.h"    // defines: Rng
+#include "grading.h"         // defines: grading::all_ranks, rank_reducer
+#include "scalelab/optim.h"  // defines: Optimizer
 
 namespace scalelab::lab03_test {
-
-GPTConfig tiny_config() { return GPTConfig::preset("tiny"); }
-
-// ---------------------------------------------------------------------------------------------
-// Communicators
-
-namespace {
-
-std::unique_ptr<Communicator> g_world;  // made by the first world() call
-bool g_set_reducer = false;             // whether world() plugged in the grading reducer
-
-// Communicators must end before MPI does (MPI_Finalize runs at exit): after the last TEST.
-class WorldTearDown : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (g_set_reducer) grading::set_rank_reducer({});
-    g_world.reset();
-  }
-};
-::testing::Environment* const kWorldTearDown = ::testing::AddGlobalTestEnvironment(new WorldTearDown);
-
-}  // namespace
-
-Communicator& world() {
-  if (!g_world) {
-    g_world = make_communicator("auto");
-    if (g_world->size() > 1 && grading::rank_reducer().size <= 1) {
-      // The grading helpers get a communicator of their own: their calls never show in a check's log.
-      grading::set_rank_reducer(
-          test::make_rank_reducer(std::shared_ptr<Communicator>(g_world->split(0, g_world->rank()))));
-      g_set_reducer = true;
-    }
-  }
-  return *g_world;
-}
-
-std::unique_ptr<Communicator> fresh_comm() { return world().split(/*color=*/0, /*key=*/world().rank()); }
-
-// ---------------------------------------------------------------------------------------------
-// Data
-
-GlobalBatch random_global_batch(uint64_t seed, int B_global, int T, int V) {
-  GlobalBatch g;
-  g.inputs = Tensor::empty({B_global, T}, DType::I32);
-  g.targets = Tensor::empty({B_global, T}, DType::I32);
-  Rng rng(seed);
-  for (int64_t i = 0; i < int64_t{B_global} * T; ++i) {
-    g.inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % V);
-    g.targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % V);
-  }
-  return g;
-}
-
-std::vector<lab03::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps, int B) {
-  const int T = static_cast<int>(g.inputs.size(1));
-  std::vector<lab03::MicroBatch> out;
-  for (int i = 0; i < micro_steps; ++i) {
-    const int64_t first_row = (static_cast<int64_t>(i) * world + rank) * B;
-    lab03::MicroBatch mb;
-    mb.inputs = Tensor::empty({B, T}, DType::I32);
-    mb.targets = Tensor::empty({B, T}, DType::I32);
-    mb.inputs.copy_from(g.inputs.view(first_row * T, {B, T}));
-    mb.targets.copy_from(g.targets.view(first_row * T, {B, T}));
-    out.push_back(mb);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The reference
-
-std::unique_ptr<GPT2> make_model(const GPTConfig& cfg) {
-  return std::make_unique<GPT2>(cfg, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
-}
-
-void one_process_gradients(GPT2& model, const GlobalBatch& g) {
-  model.zero_grad();
-  model.forward(g.inputs, &g.targets);
-  model.backward();
-}
-
-float one_process_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip) {
-  one_process_gradients(model, g);
-  const float norm = clip_grad_norm(model, grad_clip);
-  optimizer.step(lr);
-  return norm;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Comparisons
@@ -264,10 +175,6 @@ std::string expect_steps_match(lab03::SyncMode mode, const OptimizerConfig& opt_
   std::snprintf(buf, sizeof(buf), "%s: max parameter error %.2e (%s)%s; %s", lab03::sync_mode_name(mode), worst_param,
                 worst_name.c_str(), grads, identical ? "identical on every rank" : differ_all.c_str());
   return buf;
-}
-
-std::string on_rank(const std::string& message) {
-  return "rank " + std::to_string(world().rank()) + ": " + message;
 }
 
 }  // namespace scalelab::lab03_test

@@ -1,6 +1,7 @@
 // lab03_support.h — what lab 03's graded checks share (tests/lab03/test_lab03*.cpp): the world
 // communicator, the reference every reduced gradient is compared with (ONE process training on the
-// whole global batch), the split of that batch across ranks and micro-steps, and the comparisons.
+// whole global batch), the split of that batch across ranks and micro-steps (these three shared with
+// lab 04: tests/support/data_parallel.h), and the comparisons.
 // Implementation: lab03_support.cpp. The checks and their tolerances: labs/03_ddp/README.md
 // ("What the tests check").
 #pragma once
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data_parallel.h"      // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
 #include "ddp.h"                // defines: lab03::MicroBatch, GradSync, SyncMode (the track under test)
 #include "scalelab/comm.h"      // defines: Communicator
 #include "scalelab/gpt2.h"      // defines: GPT2, GPTConfig
@@ -17,9 +19,10 @@
 
 namespace scalelab::lab03_test {
 
-constexpr uint64_t kModelSeed = 1337;  // parameter init of every model in a comparison
-constexpr uint64_t kDataSeed = 42;     // the random global batches
-constexpr int kMicroBatch = 2;         // sequences per rank per micro-step
+// Shared with lab 04's checks, used here as if declared here (tests/support/data_parallel.h): the seeds
+// (kModelSeed, kDataSeed), kMicroBatch, tiny_config, the world communicator (world, fresh_comm, on_rank),
+// GlobalBatch and random_global_batch, and the one-process reference.
+using namespace dp_test;
 
 // Reduced gradients against the one-process gradient, per tensor: max |got - want| <= kGradRtol *
 // max |want| of that tensor. Both are fp32 sums of the same B*T terms in a different order (per rank
@@ -30,48 +33,22 @@ constexpr int kMicroBatch = 2;         // sequences per rank per micro-step
 // bucket not reduced keeps one rank's gradient, which differs from the mean by tens of percent.
 constexpr double kGradRtol = 1e-5;
 
-// The tiny model (tests; GPTConfig::preset("tiny")): 7,872 parameters in 4 units.
-GPTConfig tiny_config();
 // A bucket size for the tiny model that gives buckets spanning two units, buckets inside one unit and
 // a tensor larger than the bucket: 1,000 elements (0.0038 MiB).
 constexpr double kTinyBucketMb = 1000.0 * 4 / 1048576.0;
 
-// ---------------------------------------------------------------------------------------------
-// Communicators
-
-// The program's world: make_communicator("auto") once (mpi under mpiexec, local when run directly).
-// The first call also plugs a rank reducer on a communicator of its own into the grading helpers
-// (unless the program's main() already did), so grading::all_ranks and grading::run see every rank.
-Communicator& world();
-// A fresh communicator of all ranks with an empty event log, for one check to inspect. Collective.
-std::unique_ptr<Communicator> fresh_comm();
-
-// ---------------------------------------------------------------------------------------------
-// Data
-
-// A global batch of random tokens and next-token targets, the same on every rank (seeded).
-struct GlobalBatch {
-  Tensor inputs;   // (B_global, T) i32
-  Tensor targets;  // (B_global, T) i32
-};
-GlobalBatch random_global_batch(uint64_t seed, int B_global, int T, int V);
-
 // Rank `rank`'s micro-batches (one per micro-step) of a global batch of world x micro_steps x B rows:
-// micro-step i takes rows [(i * world + rank) * B, +B). Any disjoint split sums to the same gradient;
-// this one interleaves the ranks as lab 02's loader does.
-std::vector<lab03::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps, int B);
+// micro-step i takes rows [(i * world + rank) * B, +B) (dp_test::rank_micro_batches).
+inline std::vector<lab03::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps,
+                                                         int B) {
+  return dp_test::rank_micro_batches<lab03::MicroBatch>(g, rank, world, micro_steps, B);
+}
 
-// ---------------------------------------------------------------------------------------------
-// The reference: one process, the whole global batch in one forward and backward
-
-// The model every check starts from: kModelSeed, fp32, CPU.
-std::unique_ptr<GPT2> make_model(const GPTConfig& cfg);
-// The gradients of the global batch's mean loss, as one process computes them (zero_grad, forward,
-// backward): what every rank must hold after the all-reduce, before clipping and the optimizer.
-void one_process_gradients(GPT2& model, const GlobalBatch& g);
-// One step of the same training on one process: gradients as above, clip, optimizer.step(lr).
-// Returns the gradient norm before clipping.
-float one_process_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip);
+// One step of one process on the whole global batch (dp_test::one_process_train_step): gradients, clip,
+// optimizer.step(lr). Returns the gradient norm before clipping.
+inline float one_process_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip) {
+  return dp_test::one_process_train_step(model, optimizer, g, lr, grad_clip).grad_norm;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Comparisons (every rank calls them; the caller reduces the result with grading::all_ranks)
@@ -107,8 +84,5 @@ std::string expect_reduced_gradients_match(lab03::SyncMode mode);
 // identical on every rank. With grad_clip > 0 it also insists that clipping acted at least once.
 std::string expect_steps_match(lab03::SyncMode mode, const OptimizerConfig& opt_cfg, float lr, float grad_clip,
                                int steps, int micro_steps, double param_atol);
-
-// A short "rank r: ..." prefix for messages.
-std::string on_rank(const std::string& message);
 
 }  // namespace scalelab::lab03_test

@@ -6,92 +6,21 @@
 #include <cstdio>     // defines: std::snprintf
 #include <map>        // defines: std::map
 
-#include <gtest/gtest.h>  // defines: ::testing::Environment, EXPECT_*
+#include <gtest/gtest.h>  // defines: EXPECT_*
 
-#include "grading.h"                     // defines: grading::all_ranks, rank_reducer, set_rank_reducer
-#include "rank_reducer.h"                // defines: test::make_rank_reducer
+#include "grading.h"                     // defines: grading::all_ranks
 #include "scalelab/allocator.h"          // defines: Allocator, MemStats, MemCategory
 #include "scalelab/memory_estimator.h"   // defines: estimate_memory
 #include "scalelab/ops.h"                // defines: cast
-#include "scalelab/rng.h"                // defines: Rng
 
 namespace scalelab::lab04_test {
 
-GPTConfig tiny_config() { return GPTConfig::preset("tiny"); }
 GPTConfig uneven_config() { return GPTConfig{/*max_seq_len=*/15, /*vocab_size=*/64, /*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9}; }
 GPTConfig sliver_config() { return GPTConfig{/*max_seq_len=*/8, /*vocab_size=*/16, /*n_layer=*/1, /*n_head=*/1, /*n_embd=*/3}; }
 GPTConfig memory_config() { return GPTConfig{/*max_seq_len=*/32, /*vocab_size=*/256, /*n_layer=*/8, /*n_head=*/4, /*n_embd=*/64}; }
 
 // ---------------------------------------------------------------------------------------------
-// Communicators
-
-namespace {
-
-std::unique_ptr<Communicator> g_world;  // made by the first world() call
-bool g_set_reducer = false;             // whether world() plugged in the grading reducer
-
-// Communicators must end before MPI does (MPI_Finalize runs at exit): after the last TEST.
-class WorldTearDown : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (g_set_reducer) grading::set_rank_reducer({});
-    g_world.reset();
-  }
-};
-::testing::Environment* const kWorldTearDown = ::testing::AddGlobalTestEnvironment(new WorldTearDown);
-
-}  // namespace
-
-Communicator& world() {
-  if (!g_world) {
-    g_world = make_communicator("auto");
-    if (g_world->size() > 1 && grading::rank_reducer().size <= 1) {
-      grading::set_rank_reducer(
-          test::make_rank_reducer(std::shared_ptr<Communicator>(g_world->split(0, g_world->rank()))));
-      g_set_reducer = true;
-    }
-  }
-  return *g_world;
-}
-
-std::unique_ptr<Communicator> fresh_comm() { return world().split(/*color=*/0, /*key=*/world().rank()); }
-
-// ---------------------------------------------------------------------------------------------
-// Data
-
-GlobalBatch random_global_batch(uint64_t seed, int B_global, int T, int V) {
-  GlobalBatch g;
-  g.inputs = Tensor::empty({B_global, T}, DType::I32);
-  g.targets = Tensor::empty({B_global, T}, DType::I32);
-  Rng rng(seed);
-  for (int64_t i = 0; i < int64_t{B_global} * T; ++i) {
-    g.inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % V);
-    g.targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % V);
-  }
-  return g;
-}
-
-std::vector<lab04::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps, int B) {
-  const int T = static_cast<int>(g.inputs.size(1));
-  std::vector<lab04::MicroBatch> out;
-  for (int i = 0; i < micro_steps; ++i) {
-    const int64_t first_row = (static_cast<int64_t>(i) * world + rank) * B;
-    lab04::MicroBatch mb;
-    mb.inputs = Tensor::empty({B, T}, DType::I32);
-    mb.targets = Tensor::empty({B, T}, DType::I32);
-    mb.inputs.copy_from(g.inputs.view(first_row * T, {B, T}));
-    mb.targets.copy_from(g.targets.view(first_row * T, {B, T}));
-    out.push_back(mb);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The two sides
-
-std::unique_ptr<GPT2> make_model(const GPTConfig& cfg, const PrecisionPolicy& policy) {
-  return std::make_unique<GPT2>(cfg, policy, Device::CPU, kModelSeed);
-}
+// The sharded side
 
 std::unique_ptr<lab04::FSDP> make_fsdp(const GPTConfig& cfg, const PrecisionPolicy& policy, Communicator& comm,
                                        lab04::ZeroStage stage, const OptimizerConfig& opt, int prefetch) {
@@ -101,16 +30,6 @@ std::unique_ptr<lab04::FSDP> make_fsdp(const GPTConfig& cfg, const PrecisionPoli
   o.overlap = true;
   o.optimizer = opt;
   return std::make_unique<lab04::FSDP>(cfg, policy, Device::CPU, kModelSeed, comm, o);
-}
-
-OneProcessStep one_process_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip) {
-  OneProcessStep r;
-  model.zero_grad();
-  r.loss = model.forward(g.inputs, &g.targets);
-  model.backward();
-  r.grad_norm = clip_grad_norm(model, grad_clip);
-  optimizer.step(lr);
-  return r;
 }
 
 OptimizerConfig adamw() { return OptimizerConfig{}; }
@@ -341,7 +260,7 @@ std::string expect_steps_match(const StepsSpec& spec) {
                                               spec.cfg.max_seq_len, spec.cfg.vocab_size);
     const lab04::StepResult r =
         lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, spec.micro_steps, kMicroBatch), spec.lr, spec.grad_clip);
-    const OneProcessStep want = one_process_step(*expected, expected_optimizer, g, spec.lr, spec.grad_clip);
+    const OneProcessStep want = one_process_train_step(*expected, expected_optimizer, g, spec.lr, spec.grad_clip);
     if (spec.grad_clip > 0 && want.grad_norm > spec.grad_clip) ++clipped;
 
     // The ranks' losses are means over equally many tokens: their mean is the global batch's loss.
@@ -558,10 +477,6 @@ std::string expect_communication_volume(const GPTConfig& cfg) {
   }
   EXPECT_TRUE(grading::all_ranks(problem.empty(), on_rank(problem))) << "collectives per step, from the event log";
   return measured;
-}
-
-std::string on_rank(const std::string& message) {
-  return "rank " + std::to_string(world().rank()) + ": " + message;
 }
 
 }  // namespace scalelab::lab04_test

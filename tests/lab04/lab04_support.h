@@ -1,7 +1,8 @@
 // lab04_support.h — what lab 04's graded checks share (tests/lab04/test_lab04*.cpp): the world
 // communicator, the models the checks train, the reference every sharded result is compared with (ONE
-// process, a plain GPT2 + Optimizer, on the whole global batch), the comparisons per unit slice, and the
-// check bodies shared by the 1-, 2- and 4-rank programs. Implementation: lab04_support.cpp.
+// process, a plain GPT2 + Optimizer, on the whole global batch; these shared with lab 03:
+// tests/support/data_parallel.h), the comparisons per unit slice, and the check bodies shared by the
+// 1-, 2- and 4-rank programs. Implementation: lab04_support.cpp.
 // The API under test: labs/04_fsdp/fsdp.h. The memory formulas: scalelab/memory_estimator.h.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data_parallel.h"       // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
 #include "fsdp.h"                // defines: lab04::FSDP, ZeroStage, MicroBatch (the track under test)
 #include "scalelab/comm.h"       // defines: Communicator
 #include "scalelab/gpt2.h"       // defines: GPT2, GPTConfig
@@ -18,9 +20,10 @@
 
 namespace scalelab::lab04_test {
 
-constexpr uint64_t kModelSeed = 1337;  // parameter init of every model in a comparison
-constexpr uint64_t kDataSeed = 42;     // the random global batches
-constexpr int kMicroBatch = 2;         // sequences per rank per micro-step
+// Shared with lab 03's checks, used here as if declared here (tests/support/data_parallel.h): the seeds
+// (kModelSeed, kDataSeed), kMicroBatch, tiny_config, the world communicator (world, fresh_comm, on_rank),
+// GlobalBatch and random_global_batch, and the one-process reference (make_model, one_process_train_step).
+using namespace dp_test;
 
 // Reduced gradient shards against the one-process gradient, per unit and rank:
 //   || got - want ||_2 <= kGradRtol * || want ||_2 + kGradAtol   over the rank's slice [begin, begin+owned).
@@ -35,9 +38,7 @@ constexpr double kGradRtol = 1e-5;
 constexpr double kGradAtol = 1e-9;
 
 // The models (every check uses one of these; all run in milliseconds per step on one core).
-// tiny: GPTConfig::preset("tiny") (maxT 16, V 64, L 2, NH 2, C 16): units 1280, 3280, 3280, 32
-//       elements, all divisible by 2 and 4 (no padding).
-GPTConfig tiny_config();
+// tiny: tiny_config() above: units 1280, 3280, 3280, 32 elements, all divisible by 2 and 4 (no padding).
 // uneven: maxT 15, V 64, L 2, NH 3, C 9: units 711, 1089, 1089, 18 elements; 711 and 1089 are odd
 //         (padded at 2 and 4 ranks), 18 is padded at 4 ranks (shard 5, the last rank owns 3).
 GPTConfig uneven_config();
@@ -49,42 +50,21 @@ GPTConfig sliver_config();
 GPTConfig memory_config();
 
 // ---------------------------------------------------------------------------------------------
-// Communicators
-
-// The program's world: make_communicator("auto") once (mpi under mpiexec, local when run directly).
-// The first call also plugs a rank reducer into the grading helpers unless main() did.
-Communicator& world();
-// A fresh communicator of all ranks with an empty event log, for one FSDP to use. Collective.
-std::unique_ptr<Communicator> fresh_comm();
-
-// ---------------------------------------------------------------------------------------------
 // Data
 
-struct GlobalBatch {
-  Tensor inputs;   // (B_global, T) i32
-  Tensor targets;  // (B_global, T) i32
-};
-GlobalBatch random_global_batch(uint64_t seed, int B_global, int T, int V);
 // Rank `rank`'s micro-batches of a global batch of world x micro_steps x B rows: micro-step i takes
-// rows [(i * world + rank) * B, +B) (as lab 03's tests).
-std::vector<lab04::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps, int B);
+// rows [(i * world + rank) * B, +B) (dp_test::rank_micro_batches, as lab 03's tests).
+inline std::vector<lab04::MicroBatch> rank_micro_batches(const GlobalBatch& g, int rank, int world, int micro_steps,
+                                                         int B) {
+  return dp_test::rank_micro_batches<lab04::MicroBatch>(g, rank, world, micro_steps, B);
+}
 
 // ---------------------------------------------------------------------------------------------
-// The two sides of every comparison
+// The two sides of every comparison (the one-process side: make_model, one_process_train_step above)
 
-// The one-process model: GPT2(cfg, policy, CPU, kModelSeed).
-std::unique_ptr<GPT2> make_model(const GPTConfig& cfg, const PrecisionPolicy& policy);
 // The sharded model on `comm`: FSDP(cfg, policy, CPU, kModelSeed, comm, {stage, prefetch, overlap, opt}).
 std::unique_ptr<lab04::FSDP> make_fsdp(const GPTConfig& cfg, const PrecisionPolicy& policy, Communicator& comm,
                                        lab04::ZeroStage stage, const OptimizerConfig& opt, int prefetch = 1);
-// One step of one process on the whole global batch: zero_grad, forward, backward, clip, step(lr).
-// Returns {loss, gradient norm before clipping}.
-struct OneProcessStep {
-  float loss = 0.0f;
-  float grad_norm = 0.0f;
-};
-OneProcessStep one_process_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip);
-
 OptimizerConfig adamw();                                    // betas 0.9/0.95, eps 1e-8, weight decay 0.1
 OptimizerConfig sgd();                                      // plain SGD, no weight decay
 lab04::ZeroStage stage_of(int s);                           // 1, 2, 3 -> ZeroStage
@@ -156,8 +136,5 @@ std::string expect_memory_matches_estimate();
 // exactly the collectives the stage needs with the payload the unit's padded size gives; ZeRO-1's bus
 // bytes equal an fp32 all_reduce of the padded gradients (what DDP moves).
 std::string expect_communication_volume(const GPTConfig& cfg);
-
-// A short "rank r: ..." prefix for messages.
-std::string on_rank(const std::string& message);
 
 }  // namespace scalelab::lab04_test
