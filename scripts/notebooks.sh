@@ -31,21 +31,9 @@ while [[ $# -gt 0 ]]; do
 done
 t_start=$SECONDS
 
-# ---- the virtual environment (pinned requirements) ----
-REQ="$ROOT/notebooks/requirements.txt"
-stamp="$VENV/.requirements.sha256"
-if [[ ! -x "$VENV/bin/python" ]]; then
-  echo "== notebooks: creating $VENV"
-  python3 -m venv "$VENV" || die "python3 -m venv failed" "apt-get install python3-venv (Debian/Ubuntu), then rerun"
-fi
-if [[ ! -f "$stamp" ]] || ! sha256sum --status -c "$stamp" 2>/dev/null; then
-  echo "== notebooks: installing notebooks/requirements.txt into $VENV"
-  t0=$SECONDS
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" \
-    || die "pip install failed" "check network access to PyPI, or delete $VENV and rerun"
-  sha256sum "$REQ" > "$stamp"
-  echo "   installed in $((SECONDS - t0)) s"
-fi
+# ---- the virtual environment (pinned requirements; scripts/lib/venv.sh) ----
+source "$ROOT/scripts/lib/venv.sh"
+sl_notebooks_venv "$VENV" notebooks
 PY="$VENV/bin/python"
 
 # ---- notebooks are committed without outputs ----

@@ -160,19 +160,9 @@ if [[ ! -f "$DATA/val_000000.bin" ]]; then
 fi
 [[ $EUID -ne 0 ]] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# ---- the virtual environment: the same one, made the same way, as scripts/notebooks.sh ----
-REQ="$ROOT/notebooks/requirements.txt"
-stamp="$VENV/.requirements.sha256"
-if [[ ! -x "$VENV/bin/python" ]]; then
-  echo "== scale_demo: creating $VENV"
-  python3 -m venv "$VENV" || die "python3 -m venv failed" "apt-get install python3-venv (Debian/Ubuntu), then rerun"
-fi
-if [[ ! -f "$stamp" ]] || ! sha256sum --status -c "$stamp" 2>/dev/null; then
-  echo "== scale_demo: installing notebooks/requirements.txt into $VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" \
-    || die "pip install failed" "check network access to PyPI, or delete $VENV and rerun"
-  sha256sum "$REQ" > "$stamp"
-fi
+# ---- the virtual environment: the same one, made the same way, as scripts/notebooks.sh (scripts/lib/venv.sh) ----
+source "$ROOT/scripts/lib/venv.sh"
+sl_notebooks_venv "$VENV" scale_demo
 
 [[ -n "$OUT" ]] || OUT="runs/scale_demo/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"
