@@ -41,8 +41,9 @@ constexpr int kPrefetch = 1;
 constexpr const char* kLink = "ethernet100";
 constexpr const char* kLinkSlowdown = "100";
 // The track's tokens/s >= kMinFraction x the reference's. Measured on the 2-core development machine
-// (docs/grading.md "Performance checks"): the reference against itself 0.77 or more per pair; the
-// reference with --overlap off (every gather and reduce-scatter waited for at once) 0.53-0.54.
+// (docs/grading.md "Performance checks"): the reference with --overlap off (every gather and
+// reduce-scatter waited for at once) 0.53 under load but 0.775 on a quiet machine, so this catches only
+// an implementation > 30 % slower; the reference against itself spreads too much here for a tighter bound.
 constexpr double kMinFraction = 0.70;
 // Measured peak per category <= the estimator's peak x kMemorySlack. The estimator is exact for the
 // reference (tests/lab04 MemoryMatchesEstimate checks equality on its own model); 5 % leaves room for a
