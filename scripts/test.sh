@@ -31,6 +31,9 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}"
 echo "== build"
 cmake --build "$build_dir" -j "$jobs"
 
+echo "== corpus (data/kjv: the lab programs' end-to-end, scaling and performance checks train on it)"
+scripts/prepare_corpus.sh --build-dir "$build_dir" --out data/kjv
+
 echo "== tests"
 # The learner track's graded checks are expected to report "not implemented" on an untouched tree:
 # they are labelled 'learner' and checked by the grader runs below instead.
