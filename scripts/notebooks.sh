@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # notebooks.sh — execute the notebooks (notebooks/*.ipynb) headless, as CI does, and write their plots as PNG.
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
-#   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (lab 01; lab 03 at 1 and 2
+#   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (lab 01; labs 03 and 04 at 1 and 2
 #                                         ranks with timelines) and point the notebooks at them
-# Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device and lab03_ddp),
+# Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab03_ddp, lab04_fsdp),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
 # once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
@@ -46,7 +46,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sl-notebooks.XXXXXX")"
 if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
-  for prog in lab01_single_device lab03_ddp; do
+  for prog in lab01_single_device lab03_ddp lab04_fsdp; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -63,6 +63,12 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
     mpirun --oversubscribe --bind-to none -np "$np" "$BIN/lab03_ddp" "${common[@]}" --steps 20 --micro-batch 4 \
       --global-batch 8 --bucket-mb 0.25 --timeline-steps 3 > "$tmp/lab03_np$np.out" 2>&1 \
       || { cat "$tmp/lab03_np$np.out"; die "lab 03 run at $np ranks failed"; }
+  done
+  # Lab 04: ZeRO-3 at 1 and 2 ranks on the same global batch (memory per rank falls, the curve stays).
+  for np in 1 2; do
+    mpirun --oversubscribe --bind-to none -np "$np" "$BIN/lab04_fsdp" "${common[@]}" --steps 20 --micro-batch 4 \
+      --global-batch 8 --stage 3 --loader-alone-batches 0 > "$tmp/lab04_np$np.out" 2>&1 \
+      || { cat "$tmp/lab04_np$np.out"; die "lab 04 run at $np ranks failed"; }
   done
   echo "   runs made in $((SECONDS - t0)) s"
 fi
