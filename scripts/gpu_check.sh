@@ -4,9 +4,12 @@
 # comparison columns), and no system packages beyond that when deps/ is there (scripts/pack_gpu_deps.sh
 # fills it on a Debian machine), it:
 #   1. checks the tools and deps/, and reads the GPU (nvidia-smi) to build for its compute capability;
-#   2. builds only what it runs (reference track): the GPU tests, lab 01's program and bench_lab01;
+#   2. builds only what it runs (reference track): the GPU tests, lab 01's program, bench_lab01 and lab 04's
+#      program (with MPI where mpirun is on PATH);
 #   3. runs `ctest -L gpu`; failures are rerun with SL_SYNC_LAUNCH=1 so an error names its kernel;
-#   4. trains lab 01 for 8 steps on the GPU on the KJV shards: d12 and d24, fp32 and bf16, T = 1024;
+#   4. trains lab 01 for 8 steps on the GPU on the KJV shards: d12 and d24, fp32 and bf16, T = 1024; then
+#      lab 04 (ZeRO-3, bf16) on lab 01's d12 bf16 case (same global batch, T, steps): 1 rank, and, where
+#      Open MPI is installed, 2 MPI ranks sharing the GPU (--backend mpi): tokens/s, MFU, memory per rank;
 #   5. benchmarks ours against PyTorch eager and torch.compile on the same shapes (bench/bench_pytorch.py);
 #   6. prints one short table, writes it to --out, and appends a row to docs/gpu_runs.md.
 # Each phase runs under a hard timeout inside one budget (default 450 s: under 8 minutes on an H200, build
@@ -18,7 +21,8 @@
 #   scripts/gpu_check.sh --rehearse-on-cpu   all phases, 4-5 on the CPU with tiny sizes: tests this script
 #                                       itself on a machine without a GPU (its numbers mean nothing; no row)
 #     --out DIR     where the results go (default <build-dir>/gpu_check): summary.txt, gpu_runs_row.md,
-#                   bench.jsonl, lab01.jsonl, gpu_check.log (everything the phases printed)
+#                   bench.jsonl, lab01.jsonl, lab04.jsonl (every rank's summary), gpu_check.log (everything
+#                   the phases printed)
 #     --arch SM     CMAKE_CUDA_ARCHITECTURES (default: the GPU's compute capability; 90 without a GPU)
 #     SL_GIT_SHA=<sha>  names the commit in the row when the tree is a copy without .git
 #     PYTHON=<python>   the interpreter with PyTorch (default python3)
@@ -59,16 +63,18 @@ WORK="$BUILD_DIR/gpu_check_work"  # per-phase logs and lab 01 runs (not copied t
 mkdir -p "$OUT_DIR" "$WORK" || { echo "gpu_check: cannot create $OUT_DIR or $WORK" >&2; exit 2; }
 LOG="$OUT_DIR/gpu_check.log"
 : > "$LOG"
-rm -f "$OUT_DIR/summary.txt" "$OUT_DIR/gpu_runs_row.md" "$OUT_DIR/bench.jsonl" "$OUT_DIR/lab01.jsonl"
+rm -f "$OUT_DIR/summary.txt" "$OUT_DIR/gpu_runs_row.md" "$OUT_DIR/bench.jsonl" "$OUT_DIR/lab01.jsonl" "$OUT_DIR/lab04.jsonl"
 
 T0=$(date +%s)
 RUN_TAG="gpucheck-$(date -u +%Y%m%dT%H%M%SZ)"
 say() { echo "[gpu_check] $*" | tee -a "$LOG"; }
 left() { echo $(( T0 + BUDGET_S - $(date +%s) )); }
 SKIPPED=()  # "what (why)", printed under the table
+NOTES=()    # "what (why)": left out by design, not by the budget (printed as [optional]; not PARTIAL)
 
 # phase NAME CAP_S MIN_S CMD...: runs CMD under a hard timeout of min(CAP_S, budget left - reserve), its
-# output into $WORK/NAME.log and gpu_check.log. Skipped (status 125) when less than MIN_S is left.
+# output into $WORK/NAME.log and gpu_check.log, stdin from /dev/null (mpirun reads stdin: under timeout,
+# in a background process group, a terminal would stop it). Skipped (status 125) when less than MIN_S is left.
 # Status: CMD's, 124 when it was cut by the timeout.
 phase() {
   local name=$1 cap=$2 min=$3
@@ -84,7 +90,7 @@ phase() {
   echo "\$ $*" >> "$LOG"
   local t1 rc dt
   t1=$(date +%s)
-  timeout -k 10 "$t" "$@" > "$WORK/$name.log" 2>&1
+  timeout -k 10 "$t" "$@" < /dev/null > "$WORK/$name.log" 2>&1
   rc=$?
   dt=$(( $(date +%s) - t1 ))
   cat "$WORK/$name.log" >> "$LOG"
@@ -216,25 +222,46 @@ fi
 
 # =============================================================================================
 # 2. Configure and build the reference track's GPU programs only.
+# MPI only where Open MPI's mpirun is on PATH (lab 04's 2 ranks sharing the GPU); elsewhere the build is
+# the same as without lab 04's second case. Configure says whether it found MPI's headers and library.
+MPIRUN="" MPI_OPT=OFF
+if command -v mpirun >/dev/null 2>&1; then
+  if mpirun --version 2>/dev/null | grep -qi "open mpi"; then
+    MPIRUN=$(command -v mpirun) MPI_OPT=ON
+  else
+    NOTES+=("lab04 2 ranks (mpirun is not Open MPI's: the phase uses Open MPI's --oversubscribe --bind-to none)")
+  fi
+else
+  NOTES+=("lab04 2 ranks (no mpirun: Open MPI is not installed; apt-get install openmpi-bin libopenmpi-dev)")
+fi
 CFG=(-S "$ROOT" -B "$BUILD_DIR" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DSL_WITH_CUDA=ON
-     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC" -DSL_WITH_MPI=OFF -DSL_BUILD_LEARNER=OFF
+     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC" -DSL_WITH_MPI="$MPI_OPT" -DSL_BUILD_LEARNER=OFF
      -DSL_BUILD_TESTS=ON "${DEPS_ARGS[@]}")
-TARGETS=(test_ops_cuda lab01_single_device_ref bench_lab01)  # every program with a `gpu` test, and what 4-5 run
+TARGETS=(test_ops_cuda lab01_single_device_ref bench_lab01 lab04_fsdp_ref)  # every program with a `gpu` test, and what 4-5 run
+BUILD_MPI=0  # 1: configure found MPI (lab 04 can run 2 ranks with --backend mpi)
 BUILD_OK=0 BUILD_STATUS=failed  # ok, failed, or cut (by the budget: not a failure)
 phase configure 150 20 cmake "${CFG[@]}"
 rc=$?
 (( rc == 124 || rc == 125 )) && BUILD_STATUS=cut
 if (( rc == 0 )); then
   grep -h "scalelab:" "$WORK/configure.log" | sed 's/^/    /'
+  if [[ -n "$MPIRUN" ]]; then
+    if grep -q "scalelab: .*| MPI on |" "$WORK/configure.log"; then
+      BUILD_MPI=1
+    else
+      NOTES+=("lab04 2 ranks (mpirun found, but configure found no MPI library: apt-get install libopenmpi-dev)")
+    fi
+  fi
   phase build 330 30 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}"
   rc=$?
   (( rc == 124 || rc == 125 )) && BUILD_STATUS=cut
   if (( rc == 0 )); then
     BUILD_OK=1 BUILD_STATUS=ok
     # Where the libraries come from (deps/lib when deps/ is used), and nothing missing at run time.
-    libs=$(ldd "$BUILD_DIR/bin/bench_lab01" 2>&1)
+    libs=$(ldd "$BUILD_DIR/bin/bench_lab01" "$BUILD_DIR/bin/reference/lab04_fsdp" 2>&1)
     echo "$libs" >> "$LOG"
-    echo "$libs" | grep -E "openblas|gfortran|quadmath|gomp|cublas|cudart" | sed 's/ (0x.*//; s/^\s*/    /'
+    echo "$libs" | grep -E "openblas|gfortran|quadmath|gomp|cublas|cudart|libmpi" | sed 's/ (0x.*//; s/^\s*/    /' |
+      awk '!seen[$0]++'
     if echo "$libs" | grep -q "not found"; then
       say "FAILED: libraries not found at run time:"
       echo "$libs" | grep "not found" | sed 's/^/    /'
@@ -271,9 +298,15 @@ if (( BUILD_OK )); then
 fi
 
 # =============================================================================================
-# 4-5. Lab 01 on the GPU, then ours against PyTorch (skipped by --build-only or without a GPU).
+# 4-5. Lab 01 on the GPU, lab 04 on lab 01's d12 bf16 case, then ours against PyTorch (skipped by
+# --build-only or without a GPU).
 # Lab 01: 8 steps each (1 warm-up), enough to see the validation loss fall and the step time settle;
 # T = 1024 throughout; lr 1e-3 (not the demo's 2e-3) so that d24's first steps stay stable. Bench: d24 first, since bf16 d24 at T = 1024 is the issue's target.
+# Lab 04: LAB01_CASES[1] (d12 bf16), ZeRO-3, the same global batch B, T, steps and schedule, so a step is the
+# same work on the GPU as lab 01's: 1 rank, then 2 MPI ranks sharing the GPU (micro-batch B/2 each); no
+# loader-alone timing, no sample. Timeouts like lab 01's: 75 s for 1 rank, 90 s for 2 (they also start MPI
+# and stage every collective through host memory: docs/communicator.md). They run before the bench, so on a
+# slow machine the budget cuts the bench first.
 DEV=cuda STEPS=5
 LAB01_CASES=("d12 fp32 16 1024" "d12 bf16 16 1024" "d24 fp32 8 1024" "d24 bf16 8 1024")  # model prec B T
 BENCH_CONFIGS="d24:8x1024,d12:16x1024"
@@ -283,13 +316,15 @@ if (( REHEARSE )); then  # the same phases on the CPU at toy sizes: tests this s
   BENCH_CONFIGS="demo:2x64,tiny:4x16"
 fi
 LAB01_RUNS=()  # "model precision B T status run_id"
+LAB04_RUNS=()  # "ranks backend micro_batch status run_id"
+read -r L4_MODEL L4_PREC L4_B L4_T <<< "${LAB01_CASES[1]}"  # d12 bf16 16 1024 (rehearsal: tiny bf16 8 16)
 BENCH_STATUS=not_run
 if [[ -z "$GPU_NAME" && $REHEARSE -eq 0 ]]; then
   say "no GPU visible ($why_no_gpu): stopping after the build and the GPU tests (which skip without one)"
 elif (( BUILD_ONLY )); then
   say "--build-only: stopping after the GPU tests"
 elif (( BUILD_OK )); then
-  (( REHEARSE )) && say "--rehearse-on-cpu: lab 01 and the bench run on the CPU at toy sizes (numbers mean nothing)"
+  (( REHEARSE )) && say "--rehearse-on-cpu: labs 01, 04 and the bench run on the CPU at toy sizes (numbers mean nothing)"
   for run in "${LAB01_CASES[@]}"; do
     read -r model prec B T <<< "$run"
     id="$RUN_TAG-$model-$prec"
@@ -301,6 +336,30 @@ elif (( BUILD_OK )); then
     f="$WORK/runs/lab01/$id/rank0.jsonl"
     [[ -f "$f" ]] && grep '"type":"summary"' "$f" |
       sed "s/^{/{\"model\":\"$model\",\"precision\":\"$prec\",\"B\":$B,\"T\":$T,/" >> "$OUT_DIR/lab01.jsonl"
+  done
+  l4_cases=("1 local")
+  (( BUILD_MPI )) && l4_cases+=("2 mpi")
+  for c in "${l4_cases[@]}"; do
+    read -r np backend <<< "$c"
+    mb=$(( L4_B / np ))
+    id="$RUN_TAG-lab04-$L4_MODEL-$L4_PREC-np$np"
+    l4_args=(--device "$DEV" --model "$L4_MODEL" --precision "$L4_PREC" --stage 3 --micro-batch "$mb"
+             --global-batch "$L4_B" --seq-len "$L4_T" --steps 8 --warmup 2 --lr 1e-3 --val-every 0 --val-batches 2
+             --sample-tokens 0 --loader-alone-batches 0 --backend "$backend" --data "$DATA" --log-dir "$WORK/runs"
+             --run-id "$id" --quiet)
+    if (( np == 1 )); then
+      phase "lab04_${L4_MODEL}_${L4_PREC}_zero3_np1" 75 15 "$BUILD_DIR/bin/reference/lab04_fsdp" "${l4_args[@]}"
+    else
+      phase "lab04_${L4_MODEL}_${L4_PREC}_zero3_np${np}_mpi" 90 20 env OMPI_ALLOW_RUN_AS_ROOT=1 \
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$MPIRUN" --oversubscribe --bind-to none -np "$np" \
+        "$BUILD_DIR/bin/reference/lab04_fsdp" "${l4_args[@]}"
+    fi
+    rc=$?
+    LAB04_RUNS+=("$np $backend $mb $rc $id")
+    for f in "$WORK/runs/lab04/$id"/rank*.jsonl; do
+      [[ -f "$f" ]] && grep '"type":"summary"' "$f" |
+        sed "s/^{/{\"ranks\":$np,\"backend\":\"$backend\",\"micro_batch\":$mb,/" >> "$OUT_DIR/lab04.jsonl"
+    done
   done
   # Ours (bench_lab01), PyTorch eager, torch.compile; the bench writes each number as it gets it, so a cut
   # run keeps what it measured.
@@ -320,6 +379,8 @@ export SLG_GPU_NAME="$GPU_NAME" SLG_GPU_CC="$GPU_CC" SLG_ARCH="$ARCH" SLG_DRIVER
   SLG_SYNC_RERUN="$SYNC_RERUN" SLG_BENCH_STATUS="$BENCH_STATUS" SLG_OUT="$OUT_DIR" SLG_WORK="$WORK" \
   SLG_DOCS="$ROOT/docs/gpu_runs.md" SLG_REHEARSE="$REHEARSE" SLG_BENCH_CONFIGS="$BENCH_CONFIGS" SLG_BENCH_TAIL="$(tail -n 1 "$WORK/bench.log" 2>/dev/null | cut -c1-200)"
 SLG_LAB01=$(printf '%s\n' "${LAB01_RUNS[@]+"${LAB01_RUNS[@]}"}") SLG_SKIPPED=$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}") \
+SLG_LAB04=$(printf '%s\n' "${LAB04_RUNS[@]+"${LAB04_RUNS[@]}"}") SLG_NOTES=$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}") \
+SLG_LAB04_CASE="$L4_MODEL $L4_PREC $L4_B $L4_T" \
 "$PY" - <<'PY' 2>&1 | tee -a "$LOG"
 import datetime, json, math, os, sys
 
@@ -375,6 +436,30 @@ for line in E.get("SLG_LAB01", "").splitlines():
         lab01_cells.append(f"{model} {prec} {'ok' if ok else 'BAD'} {v0:.2f}->{v1:.2f}")
         if not ok:
             problems.append(f"lab01 {model} {prec}: validation loss did not fall ({v0} -> {v1})")
+
+# Lab 04 on lab 01's d12 bf16 case (ZeRO-3): every rank's summary, keyed by (ranks, rank).
+l4_model, l4_prec, l4_B, l4_T = (E.get("SLG_LAB04_CASE", "").split() + ["?"] * 4)[:4]
+l4_summaries = {(r["ranks"], r.get("rank", 0)): r for r in load(os.path.join(out, "lab04.jsonl"))}
+lab04_runs = []  # (ranks, backend, micro-batch, status, [summary of each rank or None])
+for line in E.get("SLG_LAB04", "").splitlines():
+    if not line.strip():
+        continue
+    n, backend, mb, rc, run_id = line.split()
+    n = int(n)
+    per_rank = [l4_summaries.get((n, k)) for k in range(n)]
+    what = f"lab04 {l4_model} {l4_prec} ZeRO-3 on {n} rank{'s' if n > 1 else ''} ({backend})"
+    if rc in ("124", "125"):
+        status = "cut"
+    elif rc != "0" or not all(per_rank):
+        status = "FAILED"
+        problems.append(f"{what} exited {rc}" + (", with no summary on some rank" if rc == "0" else ""))
+    else:
+        v0, v1 = per_rank[0].get("val_loss_start"), per_rank[0].get("val_loss_end")
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (v0, v1)) and v1 < v0
+        status = f"ok {v0:.2f}->{v1:.2f}" if ok else f"BAD {v0}->{v1}"
+        if not ok:
+            problems.append(f"{what}: validation loss did not fall ({v0} -> {v1})")
+    lab04_runs.append((n, backend, int(mb), status, per_rank))
 
 bench = load(os.path.join(out, "bench.jsonl"))
 rows = {}
@@ -464,6 +549,51 @@ if rows:
     errs = [f"{r['impl']} {r['model']} {r['precision']}: {r['error']}" for r in bench if "error" in r]
     for e in errs:
         lines.append(f"error    {e}")
+
+def mib(b):
+    if not isinstance(b, (int, float)):
+        return "-"
+    x = b / 1048576
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+
+def measured_peak(s):  # what the estimator bounds: the four categories' peaks, summed
+    parts = [s.get(f"memory_{c}_peak_bytes") for c in ("params", "grads", "optimizer_state", "activations")]
+    return sum(parts) if all(isinstance(p, (int, float)) for p in parts) else None
+
+def device_mfu(s, ranks):
+    # lab 04's `mfu` divides by world_size devices' peak. On the GPU the ranks share one, so x ranks gives
+    # that GPU's; on the CPU (rehearsal) each rank's peak is calibrated on its share of the cores: as is.
+    m = s.get("mfu") if s else None
+    if not isinstance(m, (int, float)):
+        return None
+    return m * ranks if has_gpu else m
+
+if lab04_runs:
+    lines.append(f"lab04 next to lab01: {l4_model} {l4_prec}, global batch B={l4_B}, T={l4_T}, 8 steps, lab04 ZeRO-3,"
+                 + (" on the same GPU" if has_gpu else " on the CPU"))
+    lines.append(f"{'run':30} {'status':14} | {'tok/s':>9} {'MFU':>6} | {'rank':>4} {'peak MiB':>9} {'all MiB':>8} "
+                 f"{'est. MiB':>8}")
+    def l4_line(name, status, s0, mfu, k, s):
+        rate = f"{s0['tokens_per_s']:9.0f}" if s0 and isinstance(s0.get("tokens_per_s"), (int, float)) else f"{'-':>9}"
+        m = f"{100 * mfu:5.1f}%" if isinstance(mfu, (int, float)) else f"{'n/a' if s0 else '-':>6}"
+        if k > 0:  # the run's numbers are on rank 0's line
+            name, status, rate, m = "", "", f"{'':>9}", f"{'':>6}"
+        peak = mib(measured_peak(s)) if s else "-"
+        return (f"{name:30} {status:14} | {rate} {m} | {k:4d} {peak:>9} {mib(s.get('memory_peak_bytes') if s else None):>8} "
+                f"{mib(s.get('memory_estimated_peak_bytes') if s else None):>8}")
+    s1 = summaries.get((l4_model, l4_prec))
+    st1 = next((c[len(f"{l4_model} {l4_prec} "):] for c in lab01_cells if c.startswith(f"{l4_model} {l4_prec} ")),
+               "not run")
+    lines.append(l4_line("lab01 1 device", st1, s1, s1.get("mfu") if s1 else None, 0, s1))
+    for n, backend, mb, status, per_rank in lab04_runs:
+        name = f"lab04 {n} rank{'s' if n > 1 else ''} ({backend}" + (f", B {mb}/rank)" if n > 1 else ")")
+        for k, s in enumerate(per_rank):
+            lines.append(l4_line(name, status, per_rank[0], device_mfu(per_rank[0], n), k, s))
+    lines.append("peak: sum of memory_{params,grads,optimizer_state,activations}_peak_bytes (what the estimator bounds); "
+                 "all: the allocator's peak (memory_peak_bytes: + data, comm, workspace); est.: "
+                 "memory_estimated_peak_bytes; MFU of " + ("the one GPU the ranks share" if has_gpu else
+                 "the CPU (each rank's peak on its share of the cores)"))
+    notes.extend(s for s in E.get("SLG_NOTES", "").splitlines() if s.strip())
 for p in problems:
     lines.append(f"problem  {p}")
 for s in cut:
@@ -491,9 +621,22 @@ if has_gpu and not build_only and not rehearse:
             if x != "-":
                 s += f", {x} {name}"
         nums.append(s)
+    for n, backend, mb, status, per_rank in lab04_runs:
+        s0 = per_rank[0]
+        if not status.startswith("ok"):
+            continue
+        s = f"lab04 ZeRO-3 {l4_model} {l4_prec} {n} rank{'s' if n > 1 else ''}: {s0['tokens_per_s'] / 1e3:.1f}k tok/s"
+        m = device_mfu(s0, n)
+        if m is not None:
+            s += f", MFU {100 * m:.1f}%"
+        s += f", peak {'/'.join(mib(measured_peak(r)) for r in per_rank)} MiB per rank (est. " \
+             f"{mib(s0.get('memory_estimated_peak_bytes'))})"
+        nums.append(s)
     result = f"{verdict.split(' ')[0]}: {passed}/{tot} GPU tests" + (f", {failed} failed" if failed else "") + \
              (f", {skipped} skipped" if skipped else "") + \
-             f"; lab01 {sum(1 for c in lab01_cells if ' ok ' in c)}/{len(lab01_cells)} ok; git {E['SLG_GIT_SHA']}"
+             f"; lab01 {sum(1 for c in lab01_cells if ' ok ' in c)}/{len(lab01_cells)} ok" + \
+             (f"; lab04 {sum(1 for r in lab04_runs if r[3].startswith('ok'))}/{len(lab04_runs)} ok" if lab04_runs else "") + \
+             f"; git {E['SLG_GIT_SHA']}"
     row = (f"| {now:%Y-%m-%d} | {E['SLG_GPU_NAME']} (sm {arch}) | {E['SLG_DRIVER']} | "
            f"{E['SLG_NVCC_CUDA']} (driver {E['SLG_DRIVER_CUDA']}) | {result} | {'; '.join(nums) or '-'} |")
     with open(os.path.join(out, "gpu_runs_row.md"), "w") as f:
