@@ -21,5 +21,11 @@ echo "== corpus"
 scripts/prepare_corpus.sh --build-dir "$build_dir" --out data/kjv
 
 echo "== train (lab 01, reference track)"
+# The demo's choices, each dropped when you give that option yourself (CLI11 takes an option once).
+defaults=()
+for opt_value in "--steps 600" "--val-every 100" "--run-id demo-$(date -u +%Y%m%d-%H%M%S)"; do
+  opt=${opt_value%% *}
+  [[ " $* " == *" $opt "* || " $* " == *" $opt="* ]] || defaults+=($opt_value)
+done
 "$build_dir/bin/reference/lab01_single_device" --data data/kjv --model demo --batch 16 --seq-len 256 \
-  --steps 600 --val-every 100 --run-id "demo-$(date -u +%Y%m%d-%H%M%S)" "$@"
+  "${defaults[@]}" "$@"

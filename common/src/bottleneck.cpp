@@ -156,12 +156,12 @@ CauseFinding check_comm(const ScalingEvidence& ev, const VerdictThresholds& th) 
 
   std::string e = "exposed comm " + pct_str(share) + " of the step (limit " + pct_str(th.exposed_comm_share_max) + ")";
   if (use_last && is_set(mean) && mean - share > 0.05) {
-    e += strf(" on rank %d, the last to reach the all-reduce; the mean over ranks, %s, also holds peers waiting "
+    e += strf(" on rank %d, the last to reach the collectives; the mean over ranks, %s, also holds peers waiting "
               "for it (see cause 4)", last->rank, pct_str(mean).c_str());
   } else if (!use_last) {
     e += ", mean over ranks";
   }
-  if (is_set(ev.comm_busy_share)) e += "; all-reduce in flight " + pct_str(ev.comm_busy_share) + " of the step";
+  if (is_set(ev.comm_busy_share)) e += "; collectives in flight " + pct_str(ev.comm_busy_share) + " of the step";
   e += ev.overlap_enabled ? "; overlap on" : "; overlap off";
   if (!ev.link_name.empty()) e += "; link " + ev.link_name + (ev.link_simulated ? " (simulated)" : "");
   f.evidence = e;

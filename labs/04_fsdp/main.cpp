@@ -293,7 +293,7 @@ static std::string oom_report(const OutOfMemory& e, const Options& o, const GPTC
     r += buf;
   }
   r += "[scalelab]   hint: more ranks or a higher --stage (or a smaller --micro-batch / --seq-len, or a higher "
-       "--memory-cap-mb); bin/sl_memory --model " + o.model + " prints the table\n";
+       "--memory-cap-mb); build/bin/sl_memory --model " + o.model + " prints the table\n";
   return r;
 }
 

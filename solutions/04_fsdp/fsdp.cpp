@@ -82,8 +82,9 @@ void gather_params_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(!us.full_params.defined(), "gather_params_async: unit %d is already gathered", unit);
   // TODO(lab04-2) BEGIN  allocate the padded buffer, put our shard in our chunk, all-gather in place
-  //   1. us.full_params = Tensor::empty({layout.padded}, model.policy().param_dtype, model.device(), MemCategory::Params)
-  //   2. Tensor mine = us.full_params.view(layout.begin, {layout.shard});  mine.copy_from(us.param_shard)
+  //   (us = s.units[unit], l = us.layout)
+  //   1. us.full_params = Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params)
+  //   2. Tensor mine = us.full_params.view(l.begin, {l.shard});  mine.copy_from(us.param_shard)
   //   3. us.gather = s.comm.all_gather_async(mine, us.full_params, gather_tag(unit))
   //      (all_gather puts rank r's chunk at [r*shard, (r+1)*shard): the whole unit, plus the padding)
   const ShardLayout& l = us.layout;
@@ -137,7 +138,7 @@ void reduce_scatter_grads_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(us.full_grads.defined(), "reduce_scatter_grads_async: unit %d has no full gradient", unit);
   // TODO(lab04-5) BEGIN  reduce-scatter the padded gradient: rank r receives the AVERAGE of chunk r
-  //   1. us.rs_out = Tensor::empty({layout.shard}, DType::F32, model.device(), MemCategory::Comm)
+  //   1. us.rs_out = Tensor::empty({us.layout.shard}, DType::F32, s.model.device(), MemCategory::Comm)
   //   2. us.reduce_scatter = s.comm.reduce_scatter_async(us.full_grads, us.rs_out, ReduceOp::Avg, reduce_scatter_tag(unit))
   //   3. s.reduce_scatters_in_flight.push_back(unit)
   us.rs_out = Tensor::empty({us.layout.shard}, DType::F32, s.model.device(), MemCategory::Comm);
@@ -181,7 +182,7 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
   // TODO(lab04-7) BEGIN  global norm from the shards: local sum of squares, all-reduce, sqrt; clip
   //   1. double local = sum of sum_squares(units[u].grad_shard) over u   (padding is zero: harmless)
   //   2. Tensor t (1,) fp32 holding local; s.comm.all_reduce(t, ReduceOp::Sum, "grad norm")
-  //   3. norm = sqrt(t[0]);  if max_norm > 0 and max_norm / (norm + 1e-6) < 1: scale_ every grad_shard by it
+  //   3. norm = sqrt(t.data<float>()[0]);  if max_norm > 0 and max_norm / (norm + 1e-6) < 1: scale_ every grad_shard by it
   double local = 0.0;
   for (const UnitShard& us : s.units) local += sum_squares(us.grad_shard);
   Tensor t = Tensor::empty({1}, DType::F32);

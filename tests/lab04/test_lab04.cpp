@@ -125,7 +125,7 @@ TEST(Lab04Fsdp, MemoryMatchesEstimateOneRank) {
       "lab04.memory_matches_estimate_one_rank", /*points=*/1,
       /*target=*/"1 rank, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: the allocator's params, "
                  "grads and optimizer_state bytes (persistent and peak during a step) within 5 % of estimate_memory",
-      /*hint=*/"README 'Memory': ZeRO-2/3 free the full gradient once reduce-scattered; ZeRO-3 frees gathered "
+      /*hint=*/"README 'Reduce-scatter' and 'ZeRO-3': ZeRO-2/3 free the full gradient once reduce-scattered; ZeRO-3 frees gathered "
                "blocks after use; the optimizer keeps m, v (and the bf16 policy's fp32 master) of its shard only"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_memory_matches_estimate()); });
 }

@@ -151,7 +151,7 @@ TEST(Lab04Perf, PeakMemoryWithinEstimate) {
                 kRanks, kStage, kPrefetch, kMicroBatch, kSeqLen, kMemorySlack);
   const grading::Check check{
       "lab04.peak_memory_within_estimate", /*points=*/1, target,
-      "README 'Memory per rank' and docs/memory.md: which buffers may be alive at once in ZeRO-3 (a gathered "
+      "README 'ZeRO-3' and 'Prefetch', and docs/memory.md: which buffers may be alive at once in ZeRO-3 (a gathered "
       "unit is freed after its forward and its backward; at most 1 + prefetch are gathered; a full gradient lives "
       "only until its reduce-scatter is done); the run's summary prints the measured and estimated tables"};
   grading::run(check, [&](grading::Record& record) {
