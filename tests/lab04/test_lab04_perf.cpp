@@ -117,28 +117,9 @@ TEST(Lab04Perf, ThroughputVsReference) {
     spec.device = machine.device;
     spec.program = "lab04_fsdp";
     spec.args = lab04_args(machine.device, kSteps, /*link=*/true);
-    spec.track_extra_args = perf::env_track_extra_args();
     spec.ranks = kRanks;
-    spec.pairs = perf::env_pairs(kPairs);
-    spec.budget_s = perf::env_budget_s(spec.budget_s);
-    spec.ignore_busy = perf::env_ignore_busy();
-    const perf::Comparison c = perf::compare_with_reference(spec);
-    if (!c.unfair.empty() && c.pair_ratios.empty()) GTEST_SKIP() << c.unfair;  // no pair measured fairly
-
-    std::string pairs;
-    for (double r : c.pair_ratios) pairs += (pairs.empty() ? "" : ", ") + std::to_string(r).substr(0, 5);
-    char text[1024];
-    std::snprintf(text, sizeof(text),
-                  "%s%.0f tokens/s vs the reference's %.0f: ratio %.3f (pairs: %s; %d dropped: cores shared); %s; %d "
-                  "cores, others used %.2f of them, load %.1f -> %.1f, %.0f s",
-                  spec.track_extra_args.empty() && !spec.ignore_busy ? "" : "[SL_PERF_* set: not a grade] ",
-                  c.track_tokens_per_s, c.ref_tokens_per_s, c.ratio, pairs.c_str(), c.pairs_dropped,
-                  perf::describe_mfu(c.track_runs.back(), c.ref_runs.back()).c_str(), machine.cores, c.others_during,
-                  c.load_before, c.load_after, c.seconds);
-    record.measured(text);
-    std::printf("[perf] %s\n", text);
-    if (!c.unfair.empty()) GTEST_SKIP() << c.unfair;  // too few pairs measured fairly
-    EXPECT_GE(c.ratio, kMinFraction) << "the track reached " << c.ratio << " of the reference's tokens/s";
+    spec.pairs = kPairs;
+    perf::throughput_check(record, spec, machine, kMinFraction);
   });
 }
 

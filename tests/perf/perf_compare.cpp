@@ -2,6 +2,8 @@
 // "Performance checks" says how the fractions were chosen.
 #include "perf_compare.h"
 
+#include <gtest/gtest.h>  // defines: GTEST_SKIP, EXPECT_GE (throughput_check)
+
 #include <fcntl.h>         // defines: open, O_* (the run's output file)
 #include <sched.h>         // defines: sched_getaffinity, CPU_COUNT (cores this process may use)
 #include <signal.h>        // defines: kill, SIGTERM, SIGKILL
@@ -447,5 +449,30 @@ std::string describe_mfu(const RunResult& track, const RunResult& ref) {
                 track_source == source ? "" : (" (the track's run: " + track_source + ")").c_str());
   return b;
 }
+
+void throughput_check(grading::Record& record, CompareSpec spec, const Machine& machine, double min_fraction) {
+  spec.track_extra_args = env_track_extra_args();
+  spec.pairs = env_pairs(spec.pairs);
+  spec.budget_s = env_budget_s(spec.budget_s);
+  spec.ignore_busy = env_ignore_busy();
+  const Comparison c = compare_with_reference(spec);
+  if (!c.unfair.empty() && c.pair_ratios.empty()) GTEST_SKIP() << c.unfair;  // no pair measured fairly
+
+  std::string pairs;
+  for (double r : c.pair_ratios) pairs += (pairs.empty() ? "" : ", ") + std::to_string(r).substr(0, 5);
+  char text[1024];
+  std::snprintf(text, sizeof(text),
+                "%s%.0f tokens/s vs the reference's %.0f: ratio %.3f (pairs: %s; %d dropped: cores shared); %s; %d "
+                "cores, others used %.2f of them, load %.1f -> %.1f, %.0f s",
+                spec.track_extra_args.empty() && !spec.ignore_busy ? "" : "[SL_PERF_* set: not a grade] ",
+                c.track_tokens_per_s, c.ref_tokens_per_s, c.ratio, pairs.c_str(), c.pairs_dropped,
+                describe_mfu(c.track_runs.back(), c.ref_runs.back()).c_str(), machine.cores, c.others_during,
+                c.load_before, c.load_after, c.seconds);
+  record.measured(std::string(text));  // the text, not a format: MFU values carry '%'
+  std::printf("[perf] %s\n", text);
+  if (!c.unfair.empty()) GTEST_SKIP() << c.unfair;  // too few pairs measured fairly
+  EXPECT_GE(c.ratio, min_fraction) << "the track reached " << c.ratio << " of the reference's tokens/s";
+}
+
 
 }  // namespace scalelab::perf_test

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
 
+#include "grading.h"  // defines: grading::Record
+
 namespace scalelab::perf_test {
 
 // Where the programs are and how to launch them (compile definitions from tests/labNN/CMakeLists.txt).
@@ -134,5 +136,11 @@ int env_pairs(int fallback);
 bool env_ignore_busy();
 double env_budget_s(double fallback);
 std::vector<std::string> env_track_extra_args();
+
+// The body of a throughput check (tests/lab03/test_lab03_perf.cpp, tests/lab04/test_lab04_perf.cpp), the
+// last statement of its grading::run: takes the SL_PERF_* switches above into `spec`, runs
+// compare_with_reference, writes the measured text (ratio, pairs, MFU with its peak source, the machine's
+// state) and expects ratio >= min_fraction. Skips (GTEST_SKIP) when no pair of runs had the cores to itself.
+void throughput_check(grading::Record& record, CompareSpec spec, const Machine& machine, double min_fraction);
 
 }  // namespace scalelab::perf_test
