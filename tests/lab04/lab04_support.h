@@ -124,6 +124,9 @@ struct StepsSpec {
   double loss_rtol = 1e-5;
 };
 std::string expect_steps_match(const StepsSpec& spec);
+// The AdamW steps check of one stage (2 and 4 ranks): 3 steps, lr 1e-3, clipping at 0.05 (active on
+// these models, gradient norms ~0.2 to 0.5), parameters within kAdamwParamAtol (lab04_support.cpp says why).
+std::string adamw_steps(int stage, const GPTConfig& cfg);
 
 // Memory per rank on memory_config(), AdamW, prefetch 1, one micro-batch of 1 x 16 tokens: for stages
 // 1..3 and policies fp32 and bf16, the allocator's Params, Grads and OptimizerState bytes (current after
