@@ -45,6 +45,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH);
+// attention_flash.cu — flash-style, no (B,NH,T,T) tensor: online softmax over key tiles staged in shared
+// memory, fp32 CUDA cores (no tensor cores), lse (B,NH,T) saved; the backward recomputes the scores (a D
+// kernel, then dk/dv per key block and dq per query block: no atomics, deterministic). Slower than the
+// materialised op; for when the scores do not fit. Throws scalelab::Error unless HS = C/NH <= 128.
+// The backward allocates B*NH*T fp32 of scratch (Workspace, kept and reused like the other scratch).
+void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int B, int T, int C, int NH);
 // gelu.cu, residual.cu — elementwise. residual_* are bit-identical; gelu differs by expf's last bit.
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);

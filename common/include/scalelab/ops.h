@@ -56,6 +56,20 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // din
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b);
 void residual_backward(Tensor& da, Tensor& db, const Tensor& dout);
 
+// Memory-efficient ("flash-style") causal self-attention: the same out as attention_forward, without the
+// (B,NH,T,T) scores. An online softmax over key tiles (Dao et al. 2022, "FlashAttention", arXiv:2205.14135,
+// Alg. 1; Milakov & Gimelshein 2018) keeps only lse (B,NH,T) fp32 = log sum_{s<=t} exp(q_t k_s / sqrt(HS))
+// per row (natural log), saved for backward; O(B*NH*T) extra memory instead of O(B*NH*T^2). Slower than the
+// materialised op (the backward recomputes the scores; the CUDA twin uses no tensor cores): use it when the
+// scores do not fit (docs/cuda_backend.md "Attention"). The CUDA twin needs HS = C/NH <= 128.
+// qkv (B,T,3C) as attention_forward; out (B,T,C); lse (B,NH,T).
+void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH);
+// dqkv (B,T,3C) += gradients of q, k, v (FlashAttention Alg. 2): recomputes P = exp(S - lse) per tile and
+// D_t = rowsum(dout_t * out_t). dout, out (B,T,C); qkv (B,T,3C); lse (B,NH,T) as saved by the forward.
+// Needs no scratch from the caller (its O(B*NH*T) scratch is allocated inside, category Workspace).
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH);
+
 // Fused softmax + cross-entropy. logits (B,T,V); targets (B,T) i32 in [0,V).
 // probs (B,T,V) = softmax(logits) (kept for backward); losses (B,T) = -log probs[target].
 void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets);
@@ -110,6 +124,9 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void sgd_update(float* param, const float* grad, int64_t n, float lr, float weight_decay);
 double sum_squares(const float* x, int64_t n);
 void scale(float* x, int64_t n, float s);
+void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int B, int T, int C, int NH);
 void cast_f32_to_bf16(bf16* dst, const float* src, int64_t n);
 void cast_bf16_to_f32(float* dst, const bf16* src, int64_t n);
 }  // namespace cpu

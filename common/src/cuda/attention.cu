@@ -17,11 +17,11 @@
 // d24 (NH = 16) 1.07 GB per layer, 25.8 GB for 24; d48 (NH = 25) 1.68 GB per layer, 81 GB for 48: over
 // three times the model's fp32 parameters, gradients and AdamW state together (1.48 B parameters with
 // the byte vocabulary, 16 bytes each: 24 GB).
-// The alternative when memory is short (future work, needs a contract change): flash attention (Dao
-// et al. 2022, arXiv:2205.14135) tiles q, k, v through shared memory with an online softmax, saves only
-// the (B,NH,T) log-sum-exp per row and recomputes the scores in the backward: O(B*NH*T) memory instead of
-// O(B*NH*T^2), and fewer bytes moved. ops.h would then save `lse` (B,NH,T) instead of att, and the CPU
-// twin would follow (recompute per row block). cuDNN's fused attention is the off-the-shelf option.
+// The alternative when memory is short: attention_forward_flash / attention_backward_flash
+// (attention_flash.cu, after Dao et al. 2022, arXiv:2205.14135), separate ops that tile q, k, v through
+// shared memory with an online softmax, save only the (B,NH,T) log-sum-exp per row and recompute the
+// scores in the backward: O(B*NH*T) memory instead of O(B*NH*T^2), at a cost in speed (fp32 CUDA cores).
+// This file stays the default. cuDNN's fused attention is the fast off-the-shelf option.
 #include <cmath>  // defines: std::sqrt (host), INFINITY
 
 #include "context.cuh"          // defines: context, kWarpSize, warp_reduce_*, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST

@@ -26,6 +26,7 @@ enum class Scratch : int {
   IndexCheck,      // first_index_out_of_range's result
   EncoderBuckets,  // encoder_backward's rows sorted by token
   ColumnPartials,  // per-chunk column sums: layernorm dweight/dbias, matmul dbias
+  AttentionRowDot,  // attention_backward_flash's D = rowsum(dout * out), (B,NH,T) fp32
   kCount
 };
 constexpr int kNumScratch = static_cast<int>(Scratch::kCount);
