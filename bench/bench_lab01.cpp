@@ -1,12 +1,12 @@
 // bench_lab01.cpp — lab 01 reference throughput: tokens/s and MFU of one training step, on the CPU or a
-// GPU, in fp32 or bf16-mixed, for the demo config and GPT-2 d12/d24 widths. MFU divides by device_peak()
+// GPU, in fp32, bf16-mixed or bf16-compute (precision.h), for the demo config and GPT-2 d12/d24 widths. MFU divides by device_peak()
 // (calibration.h): the sgemm calibration for the same thread count on the CPU, the datasheet's dense
 // figure at the run's precision on a known GPU (none borrowed for an unknown one: MFU "n/a").
 // Prints measured numbers only; nothing here is asserted (absolute speed never decides a unit test).
 // Also splits the step into forward / backward / optimizer so a missed target says where time goes.
 // bench/bench_pytorch.py runs this program beside the same model in PyTorch (reads its --jsonl records).
 //
-//   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16] [--threads N] [--steps 5]
+//   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16|bf16-compute] [--threads N] [--steps 5]
 //                         [--configs demo:8x128,d12:4x256] [--jsonl FILE]
 #include <CLI/CLI.hpp>        // defines: CLI::App
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the --jsonl records)
@@ -72,8 +72,10 @@ int main(int argc, char** argv) {
   std::string device_name = "cpu", precision = "fp32", jsonl;
   app.add_option("--device", device_name, "cpu or cuda (a build with the CUDA backend and a GPU)")
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--precision", precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")
-      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--precision", precision,
+                 "fp32, bf16 (= bf16-mixed: bf16 params, fp32 compute) or bf16-compute (bf16 matmul operands: "
+                 "the GPU's bf16 tensor cores)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "bf16-mixed", "bf16-compute"}));
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -7,8 +7,9 @@
 #   2. builds only what it runs (reference track): the GPU tests, lab 01's program, bench_lab01 and lab 04's
 #      program (with MPI where mpirun is on PATH);
 #   3. runs `ctest -L gpu`; failures are rerun with SL_SYNC_LAUNCH=1 so an error names its kernel;
-#   4. trains lab 01 for 8 steps on the GPU on the KJV shards: d12 and d24, fp32 and bf16, T = 1024; then
-#      lab 04 (ZeRO-3, bf16) on lab 01's d12 bf16 case (same global batch, T, steps): 1 rank, and, where
+#   4. trains lab 01 for 8 steps on the GPU on the KJV shards: d12 and d24, fp32 and bf16-compute (the bf16
+#      tensor cores), T = 1024; then lab 04 (ZeRO-3, bf16-mixed: the precisions its memory estimator models)
+#      on lab 01's d12 bf16 case (same global batch, T, steps): 1 rank, and, where
 #      Open MPI is installed, 2 MPI ranks sharing the GPU (--backend mpi): tokens/s, MFU, memory per rank;
 #   5. benchmarks ours against PyTorch eager and torch.compile on the same shapes (bench/bench_pytorch.py);
 #   6. prints one short table, writes it to --out, and appends a row to docs/gpu_runs.md.
@@ -302,22 +303,25 @@ fi
 # --build-only or without a GPU).
 # Lab 01: 8 steps each (1 warm-up), enough to see the validation loss fall and the step time settle;
 # T = 1024 throughout; lr 1e-3 (not the demo's 2e-3) so that d24's first steps stay stable. Bench: d24 first, since bf16 d24 at T = 1024 is the issue's target.
-# Lab 04: LAB01_CASES[1] (d12 bf16), ZeRO-3, the same global batch B, T, steps and schedule, so a step is the
+# bf16 means bf16-compute (bf16 matmul operands on the tensor cores) for lab 01 and the bench; lab 04 runs
+# bf16-mixed (--precision bf16), since its memory estimator models fp32 and bf16-mixed only.
+# Lab 04: LAB01_CASES[1] (d12, bf16-mixed), ZeRO-3, the same global batch B, T, steps and schedule, so a step is the
 # same work on the GPU as lab 01's: 1 rank, then 2 MPI ranks sharing the GPU (micro-batch B/2 each); no
 # loader-alone timing, no sample. Timeouts like lab 01's: 75 s for 1 rank, 90 s for 2 (they also start MPI
 # and stage every collective through host memory: docs/communicator.md). They run before the bench, so on a
 # slow machine the budget cuts the bench first.
 DEV=cuda STEPS=5
-LAB01_CASES=("d12 fp32 16 1024" "d12 bf16 16 1024" "d24 fp32 8 1024" "d24 bf16 8 1024")  # model prec B T
+LAB01_CASES=("d12 fp32 16 1024" "d12 bf16-compute 16 1024" "d24 fp32 8 1024" "d24 bf16-compute 8 1024")  # model prec B T
 BENCH_CONFIGS="d24:8x1024,d12:16x1024"
 if (( REHEARSE )); then  # the same phases on the CPU at toy sizes: tests this script, not the GPU
   DEV=cpu STEPS=2
-  LAB01_CASES=("tiny fp32 8 16" "tiny bf16 8 16" "demo fp32 2 64" "demo bf16 2 64")
+  LAB01_CASES=("tiny fp32 8 16" "tiny bf16-compute 8 16" "demo fp32 2 64" "demo bf16-compute 2 64")
   BENCH_CONFIGS="demo:2x64,tiny:4x16"
 fi
 LAB01_RUNS=()  # "model precision B T status run_id"
 LAB04_RUNS=()  # "ranks backend micro_batch status run_id"
-read -r L4_MODEL L4_PREC L4_B L4_T <<< "${LAB01_CASES[1]}"  # d12 bf16 16 1024 (rehearsal: tiny bf16 8 16)
+read -r L4_MODEL L1_PREC L4_B L4_T <<< "${LAB01_CASES[1]}"  # d12 bf16-compute 16 1024 (rehearsal: tiny ... 8 16)
+L4_PREC=bf16  # lab 04: bf16-mixed (its estimator refuses bf16-compute); lab 01's L1_PREC run is the reference line
 BENCH_STATUS=not_run
 if [[ -z "$GPU_NAME" && $REHEARSE -eq 0 ]]; then
   say "no GPU visible ($why_no_gpu): stopping after the build and the GPU tests (which skip without one)"
@@ -364,7 +368,7 @@ elif (( BUILD_OK )); then
   # Ours (bench_lab01), PyTorch eager, torch.compile; the bench writes each number as it gets it, so a cut
   # run keeps what it measured.
   phase bench 600 30 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/bench_pytorch.py" --build-dir "$BUILD_DIR" \
-    --device "$DEV" --dtype bf16,fp32 --configs "$BENCH_CONFIGS" --compile --steps "$STEPS" \
+    --device "$DEV" --dtype bf16-compute,fp32 --configs "$BENCH_CONFIGS" --compile --steps "$STEPS" \
     --jsonl "$OUT_DIR/bench.jsonl"
   case $? in 0) BENCH_STATUS=ok ;; 124|125) BENCH_STATUS=cut ;; *) BENCH_STATUS=failed ;; esac
 fi
@@ -380,7 +384,7 @@ export SLG_GPU_NAME="$GPU_NAME" SLG_GPU_CC="$GPU_CC" SLG_ARCH="$ARCH" SLG_DRIVER
   SLG_DOCS="$ROOT/docs/gpu_runs.md" SLG_REHEARSE="$REHEARSE" SLG_BENCH_CONFIGS="$BENCH_CONFIGS" SLG_BENCH_TAIL="$(tail -n 1 "$WORK/bench.log" 2>/dev/null | cut -c1-200)"
 SLG_LAB01=$(printf '%s\n' "${LAB01_RUNS[@]+"${LAB01_RUNS[@]}"}") SLG_SKIPPED=$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}") \
 SLG_LAB04=$(printf '%s\n' "${LAB04_RUNS[@]+"${LAB04_RUNS[@]}"}") SLG_NOTES=$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}") \
-SLG_LAB04_CASE="$L4_MODEL $L4_PREC $L4_B $L4_T" \
+SLG_LAB04_CASE="$L4_MODEL $L4_PREC $L4_B $L4_T $L1_PREC" \
 "$PY" - <<'PY' 2>&1 | tee -a "$LOG"
 import datetime, json, math, os, sys
 
@@ -438,7 +442,7 @@ for line in E.get("SLG_LAB01", "").splitlines():
             problems.append(f"lab01 {model} {prec}: validation loss did not fall ({v0} -> {v1})")
 
 # Lab 04 on lab 01's d12 bf16 case (ZeRO-3): every rank's summary, keyed by (ranks, rank).
-l4_model, l4_prec, l4_B, l4_T = (E.get("SLG_LAB04_CASE", "").split() + ["?"] * 4)[:4]
+l4_model, l4_prec, l4_B, l4_T, l1_prec = (E.get("SLG_LAB04_CASE", "").split() + ["?"] * 5)[:5]
 l4_summaries = {(r["ranks"], r.get("rank", 0)): r for r in load(os.path.join(out, "lab04.jsonl"))}
 lab04_runs = []  # (ranks, backend, micro-batch, status, [summary of each rank or None])
 for line in E.get("SLG_LAB04", "").splitlines():
@@ -471,7 +475,7 @@ for r in bench:
     if r["impl"] == "ours" and "error" in r:
         problems.append(f"bench_lab01 {r['model']} {r['precision']}: {r['error']}")
 want = []  # (model, precision, B, T) in the bench's order
-for p in ("bf16", "fp32"):
+for p in ("bf16-compute", "fp32"):
     for item in E["SLG_BENCH_CONFIGS"].split(","):
         m, bt = item.split(":")
         want.append((m, p, int(bt.split("x")[0]), int(bt.split("x")[1])))
@@ -529,14 +533,15 @@ def ratio(a, b):
     return f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x"
 
 if rows:
-    lines.append(f"{'model':5} {'prec':4} {'B':>3} {'T':>5} | {'ours tok/s':>10} {'MFU':>6} | {'eager tok/s':>11} {'MFU':>6} |"
+    short = {"bf16-compute": "bf16c", "bf16-mixed": "bf16m"}  # the prec column: bf16c = bf16-compute
+    lines.append(f"{'model':5} {'prec':5} {'B':>3} {'T':>5} | {'ours tok/s':>10} {'MFU':>6} | {'eager tok/s':>11} {'MFU':>6} |"
                  f" {'compile tok/s':>13} {'MFU':>6} | {'ours/eager':>10} {'ours/compile':>12}")
     for key in want + sorted(k for k in rows if k not in want):
         if key not in rows:
             continue
         r = rows[key]
         o, e, c = r.get("ours"), r.get("torch_eager"), r.get("torch_compile")
-        lines.append(f"{key[0]:5} {key[1]:4} {key[2]:3d} {key[3]:5d} | {cell(o, 10)} | {cell(e, 11)} | {cell(c, 13)} |"
+        lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(o, 10)} | {cell(e, 11)} | {cell(c, 13)} |"
                      f" {ratio(o, e):>10} {ratio(o, c):>12}")
     peaks = {}  # the peak bench_lab01 divided by, per precision: "989 TFLOP/s (datasheet: NVIDIA H200 SXM dense bf16)"
     for r in bench:
@@ -569,7 +574,7 @@ def device_mfu(s, ranks):
     return m * ranks if has_gpu else m
 
 if lab04_runs:
-    lines.append(f"lab04 next to lab01: {l4_model} {l4_prec}, global batch B={l4_B}, T={l4_T}, 8 steps, lab04 ZeRO-3,"
+    lines.append(f"lab04 next to lab01: {l4_model}, lab04 {l4_prec} (bf16-mixed), lab01 {l1_prec}, global batch B={l4_B}, T={l4_T}, 8 steps, lab04 ZeRO-3,"
                  + (" on the same GPU" if has_gpu else " on the CPU"))
     lines.append(f"{'run':30} {'status':14} | {'tok/s':>9} {'MFU':>6} | {'rank':>4} {'peak MiB':>9} {'all MiB':>8} "
                  f"{'est. MiB':>8}")
@@ -581,8 +586,8 @@ if lab04_runs:
         peak = mib(measured_peak(s)) if s else "-"
         return (f"{name:30} {status:14} | {rate} {m} | {k:4d} {peak:>9} {mib(s.get('memory_peak_bytes') if s else None):>8} "
                 f"{mib(s.get('memory_estimated_peak_bytes') if s else None):>8}")
-    s1 = summaries.get((l4_model, l4_prec))
-    st1 = next((c[len(f"{l4_model} {l4_prec} "):] for c in lab01_cells if c.startswith(f"{l4_model} {l4_prec} ")),
+    s1 = summaries.get((l4_model, l1_prec))
+    st1 = next((c[len(f"{l4_model} {l1_prec} "):] for c in lab01_cells if c.startswith(f"{l4_model} {l1_prec} ")),
                "not run")
     lines.append(l4_line("lab01 1 device", st1, s1, s1.get("mfu") if s1 else None, 0, s1))
     for n, backend, mb, status, per_rank in lab04_runs:

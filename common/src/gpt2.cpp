@@ -2,9 +2,13 @@
 // The layer structure follows GPT-2 (Radford et al. 2019) as llm.c's train_gpt2.c writes it out:
 //   x = wte[tokens] + wpe;  per block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x));
 //   logits = ln_f(x) @ wte^T (tied LM head); loss = mean cross-entropy.
-// Tests: tests/common/test_gpt2_fixture.cpp (PyTorch float64 fixture), tests/common/test_gpt2.cpp
+// Precision (precision.h): the matmuls run in the policy's matmul dtype (policy_matmul_forward/backward),
+// every other op in fp32 on unit_weights_f32.
+// Tests: tests/common/test_gpt2_fixture.cpp (PyTorch float64 fixture), tests/common/test_gpt2.cpp,
+//        tests/common/test_bf16_compute.cpp
 #include "scalelab/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -102,6 +106,12 @@ std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg) {
   return n;
 }
 
+// A block's four linear weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj): read by their matmuls
+// and nothing else. (wte is a matmul weight too, the tied LM head, but the encoder reads it in fp32.)
+static bool is_block_matmul_weight(const ParamInfo& p, int L) {
+  return p.unit >= 1 && p.unit <= L && p.shape.size() == 2;
+}
+
 GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed)
     : GPT2(/*allocate=*/true, cfg, policy, device) {
   init_weights(seed);
@@ -119,6 +129,31 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, D
                 policy.name().c_str());
   SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
            "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
+  SL_CHECK_HINT(policy.matmul_dtype == DType::F32 ||
+                    (policy.matmul_dtype == DType::BF16 && policy.param_dtype == DType::BF16),
+                "use --precision bf16-compute (bf16 parameters and bf16 matmul operands)",
+                "unsupported precision policy %s: bf16 matmuls read the bf16 parameters in place, so they need "
+                "bf16 parameters",
+                policy.name().c_str());
+  // Where each parameter's fp32 values sit for the fp32 ops (unit_weights_f32).
+  if (policy.matmul_dtype == DType::BF16) {
+    // Pack each unit's non-matmul parameters; every slot starts on a multiple of 4 floats (16 bytes), since
+    // cuBLASLt's bias epilogue wants a 16-byte aligned bias (common/src/cuda/matmul.cu). A block needs
+    // 13C floats (+ padding); unit 0 (V + maxT) * C: the encoder reads wte and wpe in fp32.
+    std::vector<int64_t> used(num_units(), 0);  // floats of the scratch used per unit
+    for (const ParamInfo& p : table_) {
+      if (is_block_matmul_weight(p, cfg.n_layer)) {
+        f32_offset_.push_back(-1);
+        continue;
+      }
+      const int64_t slot = (used[p.unit] + 3) / 4 * 4;
+      f32_offset_.push_back(slot);
+      used[p.unit] = slot + p.numel;
+    }
+    f32_scratch_numel_ = *std::max_element(used.begin(), used.end());
+  } else {
+    for (const ParamInfo& p : table_) f32_offset_.push_back(p.offset);  // the unit's own layout
+  }
   params_.resize(num_units());
   grads_.resize(num_units());
   if (!allocate) return;
@@ -246,6 +281,18 @@ void GPT2::ensure_activations(int B, int T) {
   a.dfch = act({B, T, 4 * C});
   a.dfch_gelu = act({B, T, 4 * C});
   a.datt = act({B, NH, T, T});
+  if (policy_.matmul_dtype == DType::BF16) {
+    // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
+    // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
+    // policy's activations plus these. The operand scratch scales with B*T like the gradient scratch above,
+    // so it is counted with it (Activations); the parameter scratch scales with the model and lives for one
+    // unit's pass, like bf16-mixed's fp32 unit copy (Workspace).
+    //   matmul inputs: ln1, atty, ln2, lnf (B,T,C), fch_gelu (B,T,4C)
+    //   matmul douts:  dresidual (B,T,C), dqkv (B,T,3C), dfch (B,T,4C), dlogits (B,T,V)
+    a.matmul_inp_bf16 = Tensor::empty({B * T * 4 * C}, DType::BF16, device_, MemCategory::Activations);
+    a.matmul_dout_bf16 = Tensor::empty({B * T * std::max(4 * C, V)}, DType::BF16, device_, MemCategory::Activations);
+    a.small_params_f32 = Tensor::empty({f32_scratch_numel_}, DType::F32, device_, MemCategory::Workspace);
+  }
 }
 
 Tensor GPT2::unit_weights_f32(int unit) {
@@ -254,7 +301,19 @@ Tensor GPT2::unit_weights_f32(int unit) {
                 "e.g. in hooks.before_forward / before_backward (lab 04 README \"ZeRO-3\")",
                 "unit %d's parameters are not in memory (no buffer installed)", unit);
   if (policy_.param_dtype == DType::F32) return params_[unit];
-  // Emulated bf16: the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
+  if (policy_.matmul_dtype == DType::BF16) {
+    // bf16-compute: only the parameters the fp32 ops read, cast into their slots of the one scratch buffer
+    // (no allocation per pass); the matmul weights stay bf16 (matmul_weight).
+    SL_CHECK(acts_.small_params_f32.defined(), "unit_weights_f32(%d) before ensure_activations", unit);
+    for (size_t i = 0; i < table_.size(); ++i) {
+      const ParamInfo& p = table_[i];
+      if (p.unit != unit || f32_offset_[i] < 0) continue;
+      Tensor dst = acts_.small_params_f32.view(f32_offset_[i], {p.numel});
+      cast(dst, params_[unit].view(p.offset, {p.numel}));
+    }
+    return acts_.small_params_f32;
+  }
+  // Emulated bf16 (bf16-mixed): the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
   Tensor w = Tensor::empty({params_[unit].numel()}, DType::F32, device_, MemCategory::Workspace);
   cast(w, params_[unit]);
   return w;
@@ -262,7 +321,46 @@ Tensor GPT2::unit_weights_f32(int unit) {
 
 Tensor GPT2::weight_view(const Tensor& unit_f32, const std::string& name) const {
   const ParamInfo& p = info(name);
-  return unit_f32.view(p.offset, p.shape);
+  const int64_t offset = f32_offset_[&p - table_.data()];
+  SL_CHECK(offset >= 0, "%s is read only by its bf16 matmul under %s and has no fp32 copy (use matmul_weight)",
+           name.c_str(), policy_.name().c_str());
+  return unit_f32.view(offset, p.shape);
+}
+
+Tensor GPT2::matmul_weight(const Tensor& unit_f32, const std::string& name) const {
+  if (policy_.matmul_dtype == DType::F32) return weight_view(unit_f32, name);
+  return param(name);  // bf16-compute: the bf16 parameter itself, no copy
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model's matmuls in the policy's precision (c_attn, attn c_proj, c_fc, mlp c_proj, the LM head).
+// bf16-compute rounds the fp32 operands to bf16 (round to nearest even, as torch.autocast does) into
+// scratch and runs the bf16 matmul: each operand moves by at most 2^-9 of itself, the products and the
+// fp32 sums are then exact up to fp32 rounding (ops.h). Outputs and gradients stay fp32.
+
+void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  if (policy_.matmul_dtype == DType::F32) {
+    matmul_forward(out, inp, weight, bias);
+    return;
+  }
+  Tensor inp_bf16 = acts_.matmul_inp_bf16.view(0, inp.shape());
+  cast(inp_bf16, inp);
+  matmul_forward_bf16(out, inp_bf16, weight, bias);
+}
+
+void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight) {
+  if (policy_.matmul_dtype == DType::F32) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+    return;
+  }
+  // inp is re-rounded from the saved fp32 activation: the same bits the forward multiplied (rounding is
+  // deterministic), without keeping a bf16 copy of every activation alive until the backward.
+  Tensor dout_bf16 = acts_.matmul_dout_bf16.view(0, dout.shape());
+  cast(dout_bf16, dout);
+  Tensor inp_bf16 = acts_.matmul_inp_bf16.view(0, inp.shape());
+  cast(inp_bf16, inp);
+  matmul_backward_bf16(dinp, dweight, dbias, dout_bf16, inp_bf16, weight);
 }
 
 static void run_hook(const std::function<void(int)>& hook, int unit) {
@@ -306,15 +404,15 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
     Tensor fc_b = weight_view(w, p + "mlp.c_fc.bias"), fcproj_b = weight_view(w, p + "mlp.c_proj.bias");
     layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, p + "ln_1.weight"),
                       weight_view(w, p + "ln_1.bias"));
-    matmul_forward(a.qkv[l], a.ln1[l], weight_view(w, p + "attn.c_attn.weight"), &qkv_b);
+    policy_matmul_forward(a.qkv[l], a.ln1[l], matmul_weight(w, p + "attn.c_attn.weight"), &qkv_b);
     attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
-    matmul_forward(a.attproj[l], a.atty[l], weight_view(w, p + "attn.c_proj.weight"), &proj_b);
+    policy_matmul_forward(a.attproj[l], a.atty[l], matmul_weight(w, p + "attn.c_proj.weight"), &proj_b);
     residual_forward(a.residual2[l], x, a.attproj[l]);
     layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, p + "ln_2.weight"),
                       weight_view(w, p + "ln_2.bias"));
-    matmul_forward(a.fch[l], a.ln2[l], weight_view(w, p + "mlp.c_fc.weight"), &fc_b);
+    policy_matmul_forward(a.fch[l], a.ln2[l], matmul_weight(w, p + "mlp.c_fc.weight"), &fc_b);
     gelu_forward(a.fch_gelu[l], a.fch[l]);
-    matmul_forward(a.fcproj[l], a.fch_gelu[l], weight_view(w, p + "mlp.c_proj.weight"), &fcproj_b);
+    policy_matmul_forward(a.fcproj[l], a.fch_gelu[l], matmul_weight(w, p + "mlp.c_proj.weight"), &fcproj_b);
     residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l]);
     x = a.residual3[l];
     run_hook(hooks.after_forward, unit);
@@ -330,8 +428,8 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
 
   // LM head, tied to wte: logits (B,T,V) = lnf (B,T,C) @ wte (V,C)^T
   {
-    Tensor w = unit_weights_f32(0);
-    matmul_forward(a.logits, a.lnf, weight_view(w, "wte"), nullptr);
+    Tensor w = unit_weights_f32(0);  // bf16-compute reads wte in bf16 and needs none of it (a small cast)
+    policy_matmul_forward(a.logits, a.lnf, matmul_weight(w, "wte"), nullptr);
   }
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
@@ -365,7 +463,7 @@ void GPT2::backward() {
   {
     Tensor w = unit_weights_f32(0);
     Tensor dwte = grad("wte");
-    matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, weight_view(w, "wte"));
+    policy_matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, matmul_weight(w, "wte"));
   }
 
   // final layernorm backward: dresidual = d(residual stream leaving the last block)
@@ -385,19 +483,20 @@ void GPT2::backward() {
     run_hook(hooks.before_backward, unit);
     Tensor w = unit_weights_f32(unit);
     const std::string p = "h." + std::to_string(l) + ".";
-    auto W = [&](const char* n) { return weight_view(w, p + n); };
+    auto W = [&](const char* n) { return weight_view(w, p + n); };     // fp32 (layernorm weights)
+    auto MW = [&](const char* n) { return matmul_weight(w, p + n); };  // in the policy's matmul dtype
     auto G = [&](const char* n) { return grad(p + n); };
     const Tensor& block_in = l == 0 ? a.encoded : a.residual3[l - 1];
 
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
     Tensor dfcproj_w = G("mlp.c_proj.weight"), dfcproj_b = G("mlp.c_proj.bias");
     a.dfch_gelu.zero_();
-    matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], W("mlp.c_proj.weight"));
+    policy_matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], MW("mlp.c_proj.weight"));
     a.dfch.zero_();
     gelu_backward(a.dfch, a.fch[l], a.dfch_gelu);
     Tensor dfc_w = G("mlp.c_fc.weight"), dfc_b = G("mlp.c_fc.bias");
     a.dln.zero_();
-    matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], W("mlp.c_fc.weight"));
+    policy_matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], MW("mlp.c_fc.weight"));
     // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
     Tensor dln2_w = G("ln_2.weight"), dln2_b = G("ln_2.bias");
     layernorm_backward(a.dresidual, dln2_w, dln2_b, a.dln, a.residual2[l], W("ln_2.weight"), a.ln2_mean[l],
@@ -406,12 +505,12 @@ void GPT2::backward() {
     // attention branch: residual2 = block_in + c_proj(attention(c_attn(ln_1(block_in))))
     Tensor dproj_w = G("attn.c_proj.weight"), dproj_b = G("attn.c_proj.bias");
     a.datty.zero_();
-    matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], W("attn.c_proj.weight"));
+    policy_matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], MW("attn.c_proj.weight"));
     a.dqkv.zero_();
     attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
     Tensor dqkv_w = G("attn.c_attn.weight"), dqkv_b = G("attn.c_attn.bias");
     a.dln.zero_();
-    matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], W("attn.c_attn.weight"));
+    policy_matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], MW("attn.c_attn.weight"));
     Tensor dln1_w = G("ln_1.weight"), dln1_b = G("ln_1.bias");
     layernorm_backward(a.dresidual, dln1_w, dln1_b, a.dln, block_in, W("ln_1.weight"), a.ln1_mean[l],
                        a.ln1_rstd[l]);

@@ -112,6 +112,12 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len) {
   cfg.validate();
   check_stage_world(world_size, stage);
+  // bf16-compute keeps the same model states as bf16-mixed but different scratch (bf16 matmul operands
+  // per B*T, no per-pass fp32 unit copy: gpt2.h), which the workspace terms below do not model.
+  SL_CHECK_HINT(policy.matmul_dtype == DType::F32,
+                "the estimator models --precision fp32 and bf16 (bf16-mixed); use one of those (lab 04 runs both)",
+                "estimate_memory: precision %s is not modelled (its matmul scratch differs from bf16-mixed's)",
+                policy.name().c_str());
   SL_CHECK_HINT(prefetch >= 0, "prefetch counts all-gathers in flight beyond the unit in use: 0, 1, 2, ...",
                 "prefetch %d < 0", prefetch);
   const std::vector<int64_t> n = gpt2_unit_numel(cfg);

@@ -272,6 +272,73 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
                        weight.data<float>(), N, static_cast<int>(C), static_cast<int>(OC));
 }
 
+// bf16 operands (PrecisionPolicy::bf16_compute): the same shape checks as above, with inp, weight and dout
+// bf16 and everything the op writes (and the bias) fp32.
+void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(inp, DType::BF16);
+  SL_OPS_DTYPE(weight, DType::BF16);
+  SL_OPS_NDIM(weight, 2);  // (OC,C)
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  SL_OPS_FITS_INT(OC);
+  SL_OPS_FITS_INT(C);
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
+           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = inp.numel() / C;
+  SL_OPS_FITS_INT(N);
+  SL_CHECK(out.ndim() >= 2 && out.size(-1) == OC && out.numel() == N * OC,
+           "out has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
+           shape_str(out.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
+  if (bias != nullptr) {
+    SL_OPS_DTYPE(*bias, DType::F32);
+    SL_OPS_SHAPE(*bias, (Shape{OC}));
+  }
+  const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
+  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, N,
+                                          static_cast<int>(C), static_cast<int>(OC)));
+  cpu::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, N,
+                           static_cast<int>(C), static_cast<int>(OC));
+}
+
+void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight) {
+  SL_OPS_DTYPE(dweight, DType::F32);
+  SL_OPS_DTYPE(dout, DType::BF16);
+  SL_OPS_DTYPE(inp, DType::BF16);
+  SL_OPS_DTYPE(weight, DType::BF16);
+  SL_OPS_NDIM(weight, 2);  // (OC,C)
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  SL_OPS_FITS_INT(OC);
+  SL_OPS_FITS_INT(C);
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
+           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = inp.numel() / C;
+  SL_OPS_FITS_INT(N);
+  SL_CHECK(dout.ndim() >= 2 && dout.size(-1) == OC && dout.numel() == N * OC,
+           "dout has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
+           shape_str(dout.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
+  SL_OPS_SHAPE(dweight, weight.shape());
+  if (dinp != nullptr) {
+    SL_OPS_DTYPE(*dinp, DType::F32);
+    SL_OPS_SHAPE(*dinp, inp.shape());
+  }
+  if (dbias != nullptr) {
+    SL_OPS_DTYPE(*dbias, DType::F32);
+    SL_OPS_SHAPE(*dbias, (Shape{OC}));
+  }
+  float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
+  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(),
+                                           inp.data<bf16>(), weight.data<bf16>(), N, static_cast<int>(C),
+                                           static_cast<int>(OC)));
+  cpu::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(),
+                            weight.data<bf16>(), N, static_cast<int>(C), static_cast<int>(OC));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Causal self-attention. qkv (B,T,3C), out (B,T,C), att (B,NH,T,T).
 

@@ -31,7 +31,10 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::st
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   add_schedule_options(app, o);
-  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16 params, fp32 master; emulated on CPU)")->capture_default_str();
+  app.add_option("--precision", o.precision,
+                 "fp32, bf16 (= bf16-mixed: bf16 params, fp32 master and compute) or bf16-compute (bf16-mixed "
+                 "with bf16 matmul operands: the GPU's bf16 tensor cores)")
+      ->capture_default_str();
   app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
   app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")->capture_default_str();
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");

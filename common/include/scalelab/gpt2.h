@@ -70,7 +70,8 @@ class GPT2 {
  public:
   // Allocates parameters (policy.param_dtype, category Params) and gradients (fp32, category Grads) on
   // `device`, and initialises the weights from `seed` (GPT-2 init: normal std 0.02, the residual
-  // projections c_proj scaled by 1/sqrt(2L), layernorm weight 1, biases 0).
+  // projections c_proj scaled by 1/sqrt(2L), layernorm weight 1, biases 0). Policies: fp32, bf16_mixed,
+  // bf16_compute (precision.h); throws for others (e.g. bf16 gradients, bf16 matmuls over fp32 params).
   explicit GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
                 Device device = Device::CPU, uint64_t seed = 0);
   // A model WITHOUT parameter or gradient storage (like PyTorch's meta device before FSDP
@@ -100,7 +101,8 @@ class GPT2 {
 
   // tokens (B,T) i32 on the model's device, T <= max_seq_len. With targets (B,T): computes probs and
   // returns the mean cross-entropy loss (nats); without: computes logits only and returns NaN.
-  // Activations are (re)allocated when B or T change (category Activations).
+  // Activations are (re)allocated when B or T change (category Activations; under bf16-compute also
+  // the bf16 matmul-operand scratch, Activations, and the fp32 small-parameter scratch, Workspace).
   float forward(const Tensor& tokens, const Tensor* targets);
   // Gradients of the mean loss of the last forward (which must have had targets), ADDED to the grad
   // buffers: call zero_grad() first unless you accumulate micro-batches.
@@ -126,19 +128,43 @@ class GPT2 {
     Tensor tokens, targets;              // copies of the last inputs (B,T) i32
     // gradient scratch
     Tensor dresidual, dbuf_btc, dln, datty, dqkv, dfch, dfch_gelu, datt;
+    // bf16-compute only (empty otherwise), reused by every matmul in turn:
+    Tensor matmul_inp_bf16;   // (B*T*4C,) bf16: the matmul's input activation rounded to bf16
+    Tensor matmul_dout_bf16;  // (B*T*max(4C,V),) bf16: the matmul's dout rounded to bf16 (backward)
+    Tensor small_params_f32;  // (f32_scratch_numel_,) fp32 copies of one unit's non-matmul parameters
   };
   void ensure_activations(int B, int T);
-  // The fp32 weights of a unit: the parameter buffer itself (fp32 policy) or an fp32 copy of the bf16
-  // buffer made for this unit's forward/backward (emulated bf16, category Workspace).
+  // The fp32 weights of a unit that the fp32 ops read, laid out as f32_offset_ says:
+  //   fp32:         the parameter buffer itself;
+  //   bf16-mixed:   an fp32 copy of the whole bf16 unit, made for this unit's forward/backward (category
+  //                 Workspace, freed when the caller drops it; lab 04's memory estimator counts it);
+  //   bf16-compute: acts_.small_params_f32, refilled with this unit's non-matmul parameters (layernorm
+  //                 weights, biases, embeddings); the block's matmul weights are read in bf16 in place.
+  //                 One buffer for all units: valid until the next call.
   Tensor unit_weights_f32(int unit);
   GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device);
+  // fp32 view of parameter `name` inside unit_weights_f32(its unit). Throws for a matmul weight under
+  // bf16-compute (it has no fp32 copy; use matmul_weight).
   Tensor weight_view(const Tensor& unit_f32, const std::string& name) const;
+  // The weight operand of a matmul in the policy's matmul dtype: weight_view(unit_f32, name) when the
+  // matmuls are fp32; under bf16-compute the bf16 parameter itself (a view of the parameter buffer).
+  Tensor matmul_weight(const Tensor& unit_f32, const std::string& name) const;
+  // The model's matmuls in the policy's precision: fp32 -> matmul_forward / matmul_backward as given;
+  // bf16-compute -> inp (and dout) rounded to bf16 in acts_' scratch, then matmul_*_bf16 with the bf16
+  // weight; out and every gradient fp32 with the ops' `+=` rule.
+  void policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+  void policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                              const Tensor& weight);
 
   GPTConfig cfg_;
   PrecisionPolicy policy_;
   Device device_;
   std::vector<ParamInfo> table_;
   std::vector<Tensor> params_, grads_;  // per unit
+  // Per table entry: where its fp32 values sit in unit_weights_f32(unit). The table offset (fp32,
+  // bf16-mixed); under bf16-compute a slot in acts_.small_params_f32, or -1 for a block's matmul weight.
+  std::vector<int64_t> f32_offset_;
+  int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of acts_.small_params_f32 (the largest unit's need)
   Activations acts_;
   bool have_targets_ = false;
 };

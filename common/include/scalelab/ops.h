@@ -37,6 +37,15 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 // dinp may be nullptr (nothing upstream needs it); dbias nullptr when the forward had no bias.
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight);
+// The same matmuls with bf16 operands (PrecisionPolicy::bf16_compute): inp, weight and dout bf16; out,
+// bias, dinp, dweight, dbias fp32, accumulated in fp32, same shapes and `+=` rule as above. dbias sums the
+// bf16 dout in fp32. GPU: cuBLAS on the bf16 tensor cores (cuda::matmul_*_bf16, sm_80+; throws with a hint
+// on older GPUs). CPU twin: casts the bf16 operands to fp32 scratch (category Workspace, freed on return)
+// and runs the fp32 matmul above; bf16 x bf16 products are exact in fp32, so the twins differ only in the
+// order of the fp32 sums. Tests: tests/common/test_bf16_compute.cpp, tests/cuda/test_ops_cuda.cpp
+void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight);
 
 // Causal self-attention (Vaswani et al. 2017, Eq. 1, with a causal mask), heads split as GPT-2 does:
 // qkv (B,T,3C) holds q | k | v, each (B,T,C) = NH heads of HS channels.
@@ -108,6 +117,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t N, int C, int OC);
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
+                         int OC);
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                          const bf16* weight, int64_t N, int C, int OC);
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH);
