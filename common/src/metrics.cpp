@@ -105,6 +105,10 @@ nlohmann::json memory_fields(const MemStats& stats) {
   }
   m["memory_current_bytes"] = stats.total_current_bytes;
   m["memory_peak_bytes"] = stats.total_peak_bytes;
+  // Held from the system: in use (rounded to size classes) + cached; equals memory_current_bytes
+  // without caching (CPU). On CUDA, what the process holds beyond it shows in nvidia-smi.
+  m["memory_reserved_bytes"] = stats.reserved_bytes;
+  m["memory_reserved_peak_bytes"] = stats.reserved_peak_bytes;
   return m;
 }
 
@@ -271,7 +275,9 @@ void RunLogger::log_summary(const nlohmann::json& extra) {
     rec["final_loss"] = number_or_null(last_loss_);
     rec["best_val_loss"] = number_or_null(best_val_loss_);
   }
-  rec["memory_peak_bytes"] = Allocator::get(memory_device_).stats().total_peak_bytes;
+  const MemStats mem = Allocator::get(memory_device_).stats();
+  rec["memory_peak_bytes"] = mem.total_peak_bytes;
+  rec["memory_reserved_peak_bytes"] = mem.reserved_peak_bytes;
   rec["end_time"] = utc_now_iso8601();
   merge(rec, extra);
   emit("summary", rec);

@@ -154,7 +154,8 @@ TEST_F(MetricsTest, StepRecordHasRequiredKeysAndMemoryPerCategory) {
   log.log_step(s);
   const json step = read_records(log.path()).at(0);
   for (const char* key : {"step", "loss", "lr", "tokens", "step_ms", "data_wait_ms", "comm_ms", "tokens_per_s", "mfu",
-                          "grad_norm", "memory_peak_bytes", "memory_current_bytes"}) {
+                          "grad_norm", "memory_peak_bytes", "memory_current_bytes", "memory_reserved_bytes",
+                          "memory_reserved_peak_bytes"}) {
     EXPECT_TRUE(step.contains(key)) << "step record lacks '" << key << "': " << step.dump();
   }
   for (int c = 0; c < scalelab::kNumMemCategories; ++c) {
@@ -164,6 +165,8 @@ TEST_F(MetricsTest, StepRecordHasRequiredKeysAndMemoryPerCategory) {
   }
   EXPECT_GE(step["memory_params_bytes"].get<int64_t>(), 4096);
   EXPECT_GE(step["memory_peak_bytes"].get<int64_t>(), step["memory_current_bytes"].get<int64_t>());
+  EXPECT_GE(step["memory_reserved_bytes"].get<int64_t>(), step["memory_current_bytes"].get<int64_t>())
+      << "held from the system >= in use";
   EXPECT_TRUE(step["comm_ms"].is_null()) << "a field that was not measured is written as null";
   EXPECT_EQ(step["bucket_mb"], 25);
   EXPECT_EQ(step["simulated"], true);

@@ -16,6 +16,9 @@ bool sync_launch_enabled() {
   return on;
 }
 
+// The counting allocator's system calls (common/src/allocator.cpp): it caches freed blocks, so these
+// run only when the cache has no block of the size class (device_malloc) and for empty_cache, a retry
+// after a refusal, or caching turned off (device_free; cudaFree synchronises the whole device).
 void* device_malloc(size_t nbytes) {
   void* p = nullptr;
   if (cudaMalloc(&p, nbytes) != cudaSuccess) {
@@ -25,7 +28,16 @@ void* device_malloc(size_t nbytes) {
   return p;
 }
 
-void device_free(void* ptr) { SL_CUDA_CHECK(cudaFree(ptr)); }
+void device_free(void* ptr) {
+  const cudaError_t err = cudaFree(ptr);
+  // A tensor destroyed during static destruction can free after the CUDA runtime has shut down. The
+  // memory went back with the context then; throwing from a destructor at exit would only crash.
+  if (err == cudaErrorCudartUnloading) {
+    (void)cudaGetLastError();
+    return;
+  }
+  SL_CUDA_CHECK(err);
+}
 
 void memcpy_any(void* dst, const void* src, size_t nbytes) {
   SL_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
