@@ -921,4 +921,82 @@ TEST(CudaGpt2, TenSgdStepsOnGpuMatchPyTorchLosses) {
                                             kFixtureRtol, kFixtureLossAtol));
 }
 
+// ---------------------------------------------------------------------------------------------
+// bf16-compute (PrecisionPolicy::bf16_compute): GPT-2 "tiny" on the GPU's bf16 tensor cores against the
+// CPU twin (which rounds the same operands and multiplies in fp32), from the same bf16 weights.
+// Tolerance: both devices round each matmul operand to bf16 deterministically, but the fp32 values they
+// round differ by fp32 sum-order noise (about 1e-6 relative after a few layers). An element within that
+// distance of a bf16 rounding boundary rounds to neighbouring bf16 values on the two devices, one bf16
+// ulp (<= 2^-7 relative) apart; that happens to a fraction of about 1e-6 / 2^-7 ~ 1e-4 of the elements,
+// so the operands differ by about sqrt(1e-4) * 2^-7 ~ 1e-4 in relative norm, carried with O(1) gain
+// through the ~10 matmuls of a gradient: ~1e-3. We allow 1e-2 relative in norm per gradient tensor and
+// 1e-4 of the loss (a flipped element moves the loss by about 2^-8 |x g|, far below that).
+TEST(CudaGpt2, Bf16ComputeModelOnGpuMatchesCpuTwin) {
+  SL_REQUIRE_GPU();
+  constexpr double kBf16ModelRel = 1e-2, kBf16LossRel = 1e-4;
+  const GPTConfig cfg = GPTConfig::preset("tiny");
+  const int B = 3, T = 13;
+  GPT2 cpu_model(cfg, PrecisionPolicy::bf16_compute(), Device::CPU, /*seed=*/9);
+  GPT2 gpu_model = gpu_copy_of(cpu_model, PrecisionPolicy::bf16_compute());
+  const std::vector<int32_t> h_tokens = token_ids(size_t(B) * T, cfg.vocab_size, 70);
+  const std::vector<int32_t> h_targets = token_ids(size_t(B) * T, cfg.vocab_size, 71);
+  Tensor tokens = Tensor::empty({B, T}, DType::I32), targets = Tensor::empty({B, T}, DType::I32);
+  std::copy(h_tokens.begin(), h_tokens.end(), tokens.data<int32_t>());
+  std::copy(h_targets.begin(), h_targets.end(), targets.data<int32_t>());
+  Tensor d_tokens = Tensor::empty({B, T}, DType::I32, Device::CUDA);
+  Tensor d_targets = Tensor::empty({B, T}, DType::I32, Device::CUDA);
+  d_tokens.copy_from(tokens);
+  d_targets.copy_from(targets);
+
+  cpu_model.zero_grad();
+  gpu_model.zero_grad();
+  const float cpu_loss = cpu_model.forward(tokens, &targets);
+  const float gpu_loss = gpu_model.forward(d_tokens, &d_targets);
+  std::printf("  [bf16-compute] loss CPU %.7f GPU %.7f\n", cpu_loss, gpu_loss);
+  EXPECT_NEAR(gpu_loss, cpu_loss, kBf16LossRel * std::fabs(cpu_loss));
+  cpu_model.backward();
+  gpu_model.backward();
+  double worst = 0;
+  for (const ParamInfo& info : cpu_model.param_table()) {
+    const std::vector<float> g = to_host<float>(gpu_model.grad(info.name)), c = to_host<float>(cpu_model.grad(info.name));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < c.size(); i++) {
+      num += (double(g[i]) - c[i]) * (double(g[i]) - c[i]);
+      den += double(c[i]) * c[i];
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-300));
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kBf16ModelRel) << "grad " << info.name << ": ||gpu - cpu|| / ||cpu||";
+  }
+  std::printf("  [bf16-compute] worst gradient ||gpu - cpu|| / ||cpu||: %.2e (allowed %.0e)\n", worst, kBf16ModelRel);
+}
+
+// The bf16-compute model on the GPU keeps no per-pass fp32 copy of a unit and allocates nothing per pass:
+// after the first step (activations, scratch, cuBLAS workspace), a second step leaves every category's
+// current bytes unchanged and its Workspace peak below one fp32 block copy.
+TEST(CudaGpt2, Bf16ComputeModelOnGpuAllocatesNothingPerPass) {
+  SL_REQUIRE_GPU();
+  const GPTConfig cfg = GPTConfig::preset("tiny");
+  GPT2 model(cfg, PrecisionPolicy::bf16_compute(), Device::CUDA, /*seed=*/10);
+  const std::vector<int32_t> h_tokens = token_ids(2 * 16, cfg.vocab_size, 72);
+  Tensor tokens = Tensor::empty({2, 16}, DType::I32);
+  std::copy(h_tokens.begin(), h_tokens.end(), tokens.data<int32_t>());
+  Tensor d_tokens = Tensor::empty({2, 16}, DType::I32, Device::CUDA);
+  d_tokens.copy_from(tokens);
+  scalelab::Allocator& alloc = scalelab::Allocator::get(Device::CUDA);
+  model.zero_grad();
+  model.forward(d_tokens, &d_tokens);
+  model.backward();
+  const scalelab::MemStats before = alloc.stats();
+  alloc.reset_peak();
+  model.zero_grad();
+  model.forward(d_tokens, &d_tokens);
+  model.backward();
+  const scalelab::MemStats after = alloc.stats();
+  const int w = static_cast<int>(scalelab::MemCategory::Workspace);
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  EXPECT_LT(after.peak_bytes[w] - before.current_bytes[w], scalelab::gpt2_unit_numel(cfg)[1] * 4)
+      << "a per-pass fp32 copy of a block";
+}
+
 }  // namespace
