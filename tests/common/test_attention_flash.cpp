@@ -241,8 +241,8 @@ TEST(AttentionFlashCpu, AllocatesNoScoreSizedMemory) {
     }
     const MemStats after = alloc.stats();
     const int64_t extra = after.total_peak_bytes - before.total_current_bytes;  // bytes above the inputs, at peak
-    std::printf("[ measured ] %s: peak extra %lld bytes (att would be %lld bytes)\n", pass == 0 ? "forward" : "backward",
-                static_cast<long long>(extra), static_cast<long long>(att_bytes));
+    std::printf("[ measured ] %s: peak extra %lld bytes (att would be %lld bytes)\n",
+                pass == 0 ? "forward" : "backward", static_cast<long long>(extra), static_cast<long long>(att_bytes));
     EXPECT_LE(extra, linear_bytes);
     EXPECT_LT(extra * 64, att_bytes) << "the op must not allocate anything near B*NH*T*T";
     const int64_t ws = static_cast<int>(MemCategory::Workspace), act = static_cast<int>(MemCategory::Activations);

@@ -123,7 +123,8 @@ void attention_forward_flash(float* out, float* lse, const float* qkv, int B, in
 // Gradients of the forward above (FlashAttention Alg. 2 and Appendix B.2), recomputing per tile
 //   S[t,s] = scale * q_t . k_s,  P[t,s] = exp(S[t,s] - lse_t) (0 for s > t),  dP[t,s] = dout_t . v_s,
 //   dS[t,s] = P[t,s] * (dP[t,s] - D_t)  with  D_t = sum_s P[t,s] dP[t,s] = dout_t . out_t   (Sec. 3.1 / B.2),
-//   dv_s += sum_{t>=s} P[t,s] dout_t;   dk_s += scale * sum_{t>=s} dS[t,s] q_t;   dq_t += scale * sum_{s<=t} dS[t,s] k_s.
+//   dv_s += sum_{t>=s} P[t,s] dout_t;   dk_s += scale * sum_{t>=s} dS[t,s] q_t;
+//   dq_t += scale * sum_{s<=t} dS[t,s] k_s.
 // Three passes, as the CUDA twin's three kernels: D; dk and dv per block of kBlockRows keys (looping over
 // query tiles); dq per block of kBlockRows queries (looping over key tiles). Each block owns its rows of
 // dqkv, so no two threads write one element and the result does not depend on the thread count.
