@@ -6,6 +6,7 @@
 namespace scalelab::cuda {
 int device_count();        // common/src/cuda/device.cu
 std::string device_name();  // common/src/cuda/device.cu
+int64_t device_memory_bytes();  // common/src/cuda/device.cu
 }  // namespace scalelab::cuda
 #endif
 
@@ -32,6 +33,14 @@ std::string cuda_device_name() {
   return cuda_device_count() > 0 ? cuda::device_name() : std::string();
 #else
   return std::string();
+#endif
+}
+
+int64_t cuda_device_memory_bytes() {
+#ifdef SL_WITH_CUDA
+  return cuda_device_count() > 0 ? cuda::device_memory_bytes() : 0;
+#else
+  return 0;
 #endif
 }
 

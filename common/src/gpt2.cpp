@@ -239,6 +239,35 @@ void GPT2::zero_grad() {
 
 void GPT2::free_activations() { acts_ = Activations{}; }
 
+void GPT2::set_attention(AttentionImpl impl) {
+  if (impl == attention_) return;
+  attention_ = impl;
+  free_activations();
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+  return impl == AttentionImpl::Materialized ? "materialized" : "flash";
+}
+
+AttentionImpl attention_impl_from_name(const std::string& name) {
+  if (name == "materialized") return AttentionImpl::Materialized;
+  if (name == "flash") return AttentionImpl::Flash;
+  SL_FAIL("use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
+          "(B,NH,T) and recomputes the scores in the backward) or auto",
+          "unknown attention implementation '%s'", name.c_str());
+}
+
+int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
+  const int64_t one = static_cast<int64_t>(B) * cfg.n_head * T * T * static_cast<int64_t>(sizeof(float));
+  return (cfg.n_layer + 1) * one;  // L saved att, plus the datt scratch of the backward
+}
+
+AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes) {
+  if (memory_budget_bytes <= 0) return AttentionImpl::Materialized;
+  return attention_scores_bytes(cfg, B, T) > memory_budget_bytes / 4 ? AttentionImpl::Flash
+                                                                       : AttentionImpl::Materialized;
+}
+
 void GPT2::ensure_activations(int B, int T) {
   if (acts_.B == B && acts_.T == T) return;
   free_activations();
@@ -253,7 +282,10 @@ void GPT2::ensure_activations(int B, int T) {
     a.ln1_mean.push_back(act({B, T}));
     a.ln1_rstd.push_back(act({B, T}));
     a.qkv.push_back(act({B, T, 3 * C}));
-    a.att.push_back(act({B, NH, T, T}));
+    if (attention_ == AttentionImpl::Materialized)
+      a.att.push_back(act({B, NH, T, T}));
+    else
+      a.lse.push_back(act({B, NH, T}));
     a.atty.push_back(act({B, T, C}));
     a.attproj.push_back(act({B, T, C}));
     a.residual2.push_back(act({B, T, C}));
@@ -280,7 +312,7 @@ void GPT2::ensure_activations(int B, int T) {
   a.dqkv = act({B, T, 3 * C});
   a.dfch = act({B, T, 4 * C});
   a.dfch_gelu = act({B, T, 4 * C});
-  a.datt = act({B, NH, T, T});
+  if (attention_ == AttentionImpl::Materialized) a.datt = act({B, NH, T, T});
   if (policy_.matmul_dtype == DType::BF16) {
     // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
     // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
@@ -405,7 +437,10 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
     layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, p + "ln_1.weight"),
                       weight_view(w, p + "ln_1.bias"));
     policy_matmul_forward(a.qkv[l], a.ln1[l], matmul_weight(w, p + "attn.c_attn.weight"), &qkv_b);
-    attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
+    if (attention_ == AttentionImpl::Materialized)
+      attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
+    else
+      attention_forward_flash(a.atty[l], a.lse[l], a.qkv[l], NH);
     policy_matmul_forward(a.attproj[l], a.atty[l], matmul_weight(w, p + "attn.c_proj.weight"), &proj_b);
     residual_forward(a.residual2[l], x, a.attproj[l]);
     layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, p + "ln_2.weight"),
@@ -507,7 +542,10 @@ void GPT2::backward() {
     a.datty.zero_();
     policy_matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], MW("attn.c_proj.weight"));
     a.dqkv.zero_();
-    attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
+    if (attention_ == AttentionImpl::Materialized)
+      attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
+    else
+      attention_backward_flash(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], NH);
     Tensor dqkv_w = G("attn.c_attn.weight"), dqkv_b = G("attn.c_attn.bias");
     a.dln.zero_();
     policy_matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], MW("attn.c_attn.weight"));

@@ -392,6 +392,58 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
                           att.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
 }
 
+// Flash-style attention: the same qkv checks; lse (B,NH,T) replaces att (B,NH,T,T). The CUDA twin checks
+// its own limit (HS <= 128) and says so.
+void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
+  if (device_of(__func__, {&out, &lse, &qkv}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(),
+                                              static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH));
+  cpu::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                               static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH) {
+  SL_OPS_DTYPE(dqkv, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(dqkv, qkv.shape());
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
+  if (device_of(__func__, {&dqkv, &dout, &qkv, &out, &lse}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
+                                               out.data<float>(), lse.data<float>(), static_cast<int>(B),
+                                               static_cast<int>(T), static_cast<int>(C), NH));
+  cpu::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(), out.data<float>(),
+                                lse.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elementwise: GELU and the residual add (any shapes with matching element counts).
 
@@ -459,58 +511,6 @@ void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& l
                                                    targets.data<int32_t>(), N, static_cast<int>(V)));
   cpu::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
                                     targets.data<int32_t>(), N, static_cast<int>(V));
-// Flash-style attention: the same qkv checks; lse (B,NH,T) replaces att (B,NH,T,T). The CUDA twin checks
-// its own limit (HS <= 128) and says so.
-void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH) {
-  SL_OPS_DTYPE(out, DType::F32);
-  SL_OPS_DTYPE(lse, DType::F32);
-  SL_OPS_DTYPE(qkv, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_SHAPE(out, (Shape{B, T, C}));
-  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  if (device_of(__func__, {&out, &lse, &qkv}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(),
-                                              static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH));
-  cpu::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(), static_cast<int>(B),
-                               static_cast<int>(T), static_cast<int>(C), NH);
-}
-
-void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH) {
-  SL_OPS_DTYPE(dqkv, DType::F32);
-  SL_OPS_DTYPE(dout, DType::F32);
-  SL_OPS_DTYPE(qkv, DType::F32);
-  SL_OPS_DTYPE(out, DType::F32);
-  SL_OPS_DTYPE(lse, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_SHAPE(dqkv, qkv.shape());
-  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
-  SL_OPS_SHAPE(out, (Shape{B, T, C}));
-  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  if (device_of(__func__, {&dqkv, &dout, &qkv, &out, &lse}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
-                                               out.data<float>(), lse.data<float>(), static_cast<int>(B),
-                                               static_cast<int>(T), static_cast<int>(C), NH));
-  cpu::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(), out.data<float>(),
-                                lse.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
-}
-
 }
 
 void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {

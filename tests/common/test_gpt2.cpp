@@ -487,3 +487,85 @@ TEST(Gpt2Sample, SampleIsNBytesOfPrintableAsciiAndDeterministicPerRngState) {
   scalelab::Rng r(1);
   EXPECT_THROW(scalelab::sample_text(small, "x", 1, r), scalelab::Error);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Attention implementations (gpt2.h AttentionImpl): the flash ops inside the model
+
+// The whole model with Flash attention gives Materialized's loss and gradients. Only the order of the fp32
+// sums inside attention differs (online softmax over key tiles against one pass over the row), so the
+// difference is fp32 rounding carried through the network: the ops themselves agree to ~5e-7 relative
+// (tests/common/test_attention_flash.cpp), and the bound below allows 20x that at every gradient, relative
+// to the largest gradient of the same tensor set. "demo" with T=100 puts several key tiles (32 wide) and a
+// ragged last one in every row.
+TEST(Gpt2Attention, FlashGivesMaterializedLossAndGradients) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  const Tensor tokens = random_tokens(2, 100, cfg.vocab_size, 41), targets = random_tokens(2, 100, cfg.vocab_size, 42);
+  float loss[2];
+  std::vector<float> grads[2];
+  for (int run = 0; run < 2; ++run) {
+    GPT2 model(cfg, PrecisionPolicy::fp32(), Device::CPU, 7);
+    model.set_attention(run == 0 ? scalelab::AttentionImpl::Materialized : scalelab::AttentionImpl::Flash);
+    loss[run] = model.forward(tokens, &targets);
+    model.backward();
+    grads[run] = all_grads(model);
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::fabs(loss[0]));
+  double gmax = 0.0, worst = 0.0;
+  for (float g : grads[0]) gmax = std::max(gmax, static_cast<double>(std::fabs(g)));
+  for (size_t i = 0; i < grads[0].size(); ++i) worst = std::max(worst, std::fabs(double(grads[1][i]) - grads[0][i]));
+  std::printf("  [attention] loss %.7f vs %.7f, worst gradient difference %.2e of max |g| %.2e\n", loss[1], loss[0],
+              worst, gmax);
+  EXPECT_LE(worst, 1e-5 * gmax);
+}
+
+// Flash keeps lse (B,NH,T) per layer instead of att (B,NH,T,T) per layer plus one datt: the allocator's
+// Activations count drops by exactly that difference (memory counted by the allocator is exact).
+TEST(Gpt2Attention, FlashSavesExactlyTheScoresInActivationMemory) {
+  const GPTConfig cfg = GPTConfig::preset("tiny");  // L=2, NH=2, maxT=16
+  const int B = 3, T = 16;
+  const Tensor tokens = random_tokens(B, T, cfg.vocab_size, 1), targets = random_tokens(B, T, cfg.vocab_size, 2);
+  int64_t acts[2];
+  for (int run = 0; run < 2; ++run) {
+    const int64_t before = current_bytes(MemCategory::Activations);
+    GPT2 model(cfg, PrecisionPolicy::fp32(), Device::CPU, 3);
+    model.set_attention(run == 0 ? scalelab::AttentionImpl::Materialized : scalelab::AttentionImpl::Flash);
+    model.forward(tokens, &targets);
+    acts[run] = current_bytes(MemCategory::Activations) - before;
+  }
+  const int64_t f = sizeof(float), L = cfg.n_layer, NH = cfg.n_head;
+  const int64_t scores = (L + 1) * B * NH * T * T * f, lse = L * B * NH * T * f;
+  EXPECT_EQ(scalelab::attention_scores_bytes(cfg, B, T), scores);
+  EXPECT_EQ(acts[0] - acts[1], scores - lse);
+}
+
+// Changing the implementation frees the activations, so a model switched between steps keeps training
+// (nothing stale is read), and the names round-trip with a clear error for an unknown one.
+TEST(Gpt2Attention, SwitchingImplementationsAndNames) {
+  GPT2 model(tiny(), PrecisionPolicy::fp32(), Device::CPU, 3);
+  const Tensor tokens = random_tokens(2, 8, 64, 5), targets = random_tokens(2, 8, 64, 6);
+  const float materialized = model.forward(tokens, &targets);
+  model.set_attention(scalelab::AttentionImpl::Flash);
+  EXPECT_EQ(model.attention(), scalelab::AttentionImpl::Flash);
+  EXPECT_NEAR(model.forward(tokens, &targets), materialized, 1e-5);
+  model.backward();  // reads lse, not the freed att
+  EXPECT_EQ(scalelab::attention_impl_from_name("flash"), scalelab::AttentionImpl::Flash);
+  EXPECT_EQ(scalelab::attention_impl_from_name("materialized"), scalelab::AttentionImpl::Materialized);
+  EXPECT_STREQ(scalelab::attention_impl_name(scalelab::AttentionImpl::Flash), "flash");
+  const std::string msg = error_message([] { scalelab::attention_impl_from_name("sdpa"); });
+  EXPECT_TRUE(contains(msg, "'sdpa'") && contains(msg, "materialized") && contains(msg, "flash")) << msg;
+}
+
+// choose_attention ("auto"): the scores of d24 at B=16, T=1024 are 25 x 1.07 GB = 26.8 GB, more than a
+// quarter of an 80 GB GPU, so Flash; at B=2 (3.4 GB) Materialized; no budget known: Materialized.
+TEST(Gpt2Attention, AutoChoosesFlashWhenTheScoresWouldTakeOverAQuarterOfMemory) {
+  const GPTConfig d24 = GPTConfig::preset("d24");
+  const int64_t gpu80 = 80'000'000'000LL;
+  EXPECT_EQ(scalelab::attention_scores_bytes(d24, 16, 1024), 25LL * 16 * 16 * 1024 * 1024 * 4);
+  EXPECT_EQ(scalelab::choose_attention(d24, 16, 1024, gpu80), scalelab::AttentionImpl::Flash);
+  EXPECT_EQ(scalelab::choose_attention(d24, 2, 1024, gpu80), scalelab::AttentionImpl::Materialized);
+  EXPECT_EQ(scalelab::choose_attention(d24, 16, 1024, 0), scalelab::AttentionImpl::Materialized);
+  // the edge: exactly a quarter still materialises
+  const int64_t scores = scalelab::attention_scores_bytes(d24, 4, 1024);
+  EXPECT_EQ(scalelab::choose_attention(d24, 4, 1024, 4 * scores), scalelab::AttentionImpl::Materialized);
+  EXPECT_EQ(scalelab::choose_attention(d24, 4, 1024, 4 * scores - 4), scalelab::AttentionImpl::Flash);
+}

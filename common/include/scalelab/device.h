@@ -2,6 +2,7 @@
 // visibly without a GPU (STYLE.md 30: SL_REQUIRE_GPU()). Works in builds with and without CUDA.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "scalelab/allocator.h"  // defines: Device
@@ -15,6 +16,9 @@ int cuda_device_count();
 bool built_with_cuda();
 // The current CUDA device's name, e.g. "NVIDIA H200"; "" without one.
 std::string cuda_device_name();
+// The current CUDA device's total memory in bytes (what the driver reports, e.g. about 141e9 on an H200);
+// 0 without one. For sizing decisions such as choose_attention (gpt2.h).
+int64_t cuda_device_memory_bytes();
 // Waits until all work queued on `device` has finished (no-op on the CPU). GPU work is asynchronous:
 // call it before reading a clock that times GPU work.
 void device_synchronize(Device device);

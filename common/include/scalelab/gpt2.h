@@ -47,6 +47,25 @@ struct ParamInfo {
   bool decay;        // weight decay applies (matrices and embeddings, not biases or layernorm)
 };
 
+// How the model's causal attention keeps what its backward needs (ops.h). Both compute the same outputs and
+// gradients (to fp32 rounding: tests/common/test_gpt2.cpp); they differ in memory and speed.
+enum class AttentionImpl {
+  Materialized,  // attention_forward: saves the scores att (B,NH,T,T) fp32 per layer (plus one datt of that
+                 // size for the backward); cuBLAS GEMMs on the GPU. The default: fastest while the scores fit.
+  Flash,         // attention_forward_flash: saves lse (B,NH,T) fp32 per layer and recomputes the scores in
+                 // the backward (Dao et al. 2022, arXiv:2205.14135). For when the scores do not fit.
+};
+const char* attention_impl_name(AttentionImpl impl);  // "materialized" or "flash"
+// "materialized" or "flash"; throws scalelab::Error naming the accepted values otherwise.
+AttentionImpl attention_impl_from_name(const std::string& name);
+// Bytes the materialised attention keeps for a (B,T) batch: L saved att (B,NH,T,T) plus one datt, fp32.
+int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T);
+// The "auto" choice of lab drivers: Flash when the materialised scores would take more than a quarter of
+// `memory_budget_bytes` (the device's memory or the simulated cap), so that parameters, optimizer state
+// and the other activations keep at least three quarters; Materialized otherwise, and when the budget
+// is unknown (0: the CPU without a cap).
+AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes);
+
 // Called with the unit index (0..L+1).
 struct ModelHooks {
   std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
@@ -115,12 +134,18 @@ class GPT2 {
   // Frees activations (e.g. before a bigger model is built in the same process).
   void free_activations();
 
+  // Materialized (the default) or Flash; changing it frees the activations (the next forward allocates
+  // what the new choice saves).
+  void set_attention(AttentionImpl impl);
+  AttentionImpl attention() const { return attention_; }
+
  private:
   struct Activations {
     int B = 0, T = 0;
     Tensor encoded;                      // (B,T,C)
     std::vector<Tensor> ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2, ln2_mean,
         ln2_rstd, fch, fch_gelu, fcproj, residual3;  // per layer, shapes as in llm.c
+    std::vector<Tensor> lse;  // per layer (B,NH,T), Flash attention only (then att and datt stay empty)
     Tensor lnf, lnf_mean, lnf_rstd;      // (B,T,C), (B,T), (B,T)
     Tensor logits;                       // (B,T,V), overwritten by dlogits in backward
     Tensor probs;                        // (B,T,V) softmax of logits, kept for backward
@@ -166,6 +191,7 @@ class GPT2 {
   std::vector<int64_t> f32_offset_;
   int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of acts_.small_params_f32 (the largest unit's need)
   Activations acts_;
+  AttentionImpl attention_ = AttentionImpl::Materialized;
   bool have_targets_ = false;
 };
 

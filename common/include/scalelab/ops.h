@@ -56,15 +56,6 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH);
 void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                         int NH);
 
-// GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, Sec. 2):
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape; out and inp same numel.
-void gelu_forward(Tensor& out, const Tensor& inp);
-void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp += gelu'(inp) * dout
-
-// out = a + b (same numel). Backward: da += dout, db += dout.
-void residual_forward(Tensor& out, const Tensor& a, const Tensor& b);
-void residual_backward(Tensor& da, Tensor& db, const Tensor& dout);
-
 // Memory-efficient ("flash-style") causal self-attention: the same out as attention_forward, without the
 // (B,NH,T,T) scores. An online softmax over key tiles (Dao et al. 2022, "FlashAttention", arXiv:2205.14135,
 // Alg. 1; Milakov & Gimelshein 2018) keeps only lse (B,NH,T) fp32 = log sum_{s<=t} exp(q_t k_s / sqrt(HS))
@@ -78,6 +69,15 @@ void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH
 // Needs no scratch from the caller (its O(B*NH*T) scratch is allocated inside, category Workspace).
 void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, int NH);
+
+// GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, Sec. 2):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape; out and inp same numel.
+void gelu_forward(Tensor& out, const Tensor& inp);
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp += gelu'(inp) * dout
+
+// out = a + b (same numel). Backward: da += dout, db += dout.
+void residual_forward(Tensor& out, const Tensor& a, const Tensor& b);
+void residual_backward(Tensor& da, Tensor& db, const Tensor& dout);
 
 // Fused softmax + cross-entropy. logits (B,T,V); targets (B,T) i32 in [0,V).
 // probs (B,T,V) = softmax(logits) (kept for backward); losses (B,T) = -log probs[target].
@@ -124,6 +124,9 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16*
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH);
+void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int B, int T, int C, int NH);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void residual_forward(float* out, const float* a, const float* b, int64_t n);
@@ -137,9 +140,6 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void sgd_update(float* param, const float* grad, int64_t n, float lr, float weight_decay);
 double sum_squares(const float* x, int64_t n);
 void scale(float* x, int64_t n, float s);
-void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH);
 void cast_f32_to_bf16(bf16* dst, const float* src, int64_t n);
 void cast_bf16_to_f32(float* dst, const bf16* src, int64_t n);
 }  // namespace cpu

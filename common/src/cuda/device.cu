@@ -1,6 +1,7 @@
 // device.cu — CUDA device memory for the counting allocator and tensor copies.
 // The CUDA ops themselves live beside it, one file per op family (encoder.cu, matmul.cu, ...),
 // declared in common/include/scalelab/cuda_ops.h. Tests: tests/common/test_tensor.cpp, tests/cuda/
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -62,6 +63,15 @@ std::string device_name() {
   cudaDeviceProp prop{};
   SL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   return prop.name;
+}
+
+// Total memory of the current device in bytes (cudaDeviceProp::totalGlobalMem), e.g. 141 GB on an H200.
+int64_t device_memory_bytes() {
+  int dev = 0;
+  SL_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  SL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return static_cast<int64_t>(prop.totalGlobalMem);
 }
 
 }  // namespace scalelab::cuda
