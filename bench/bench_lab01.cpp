@@ -6,7 +6,7 @@
 // Also splits the step into forward / backward / optimizer so a missed target says where time goes.
 // bench/bench_pytorch.py runs this program beside the same model in PyTorch (reads its --jsonl records).
 //
-//   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16|bf16-compute] [--threads N] [--steps 5]
+//   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16|bf16-compute] [--attention materialized|flash] [--threads N] [--steps 5]
 //                         [--configs demo:8x128,d12:4x256] [--jsonl FILE]
 #include <CLI/CLI.hpp>        // defines: CLI::App
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the --jsonl records)
@@ -69,13 +69,17 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 01 reference throughput and MFU on the CPU or a GPU"};
   int threads = 0, steps = 5;
   std::string spec = "demo:8x128,demo:16x256,d12:4x256";
-  std::string device_name = "cpu", precision = "fp32", jsonl;
+  std::string device_name = "cpu", precision = "fp32", attention = "materialized", jsonl;
   app.add_option("--device", device_name, "cpu or cuda (a build with the CUDA backend and a GPU)")
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", precision,
                  "fp32, bf16 (= bf16-mixed: bf16 params, fp32 compute) or bf16-compute (bf16 matmul operands: "
                  "the GPU's bf16 tensor cores)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "bf16-mixed", "bf16-compute"}));
+  app.add_option("--attention", attention,
+                 "materialized (the (B,NH,T,T) scores, as PyTorch's explicit attention) or flash (saves (B,NH,T) and "
+                 "recomputes the scores; PyTorch's counterpart is --sdpa)")
+      ->capture_default_str()->check(CLI::IsMember({"materialized", "flash"}));
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -93,7 +97,8 @@ int main(int argc, char** argv) {
     const PrecisionPolicy policy = PrecisionPolicy::from_name(precision);
     const Peak peak = device_peak(device, policy, threads);
     const std::string where = device == Device::CUDA ? cuda_device_name() : std::to_string(threads) + " threads";
-    std::printf("device: %s (%s) | precision %s\n", device_name.c_str(), where.c_str(), policy.name().c_str());
+    std::printf("device: %s (%s) | precision %s | %s attention\n", device_name.c_str(), where.c_str(),
+                policy.name().c_str(), attention.c_str());
     // bench_pytorch.py reads this line: "peak: <GFLOP/s> GFLOP/s (<source>)"; 0.0 means unknown.
     std::printf("peak: %.1f GFLOP/s (%s)\n\n", peak.flops_per_s / 1e9, peak.source.c_str());
     std::printf("%-6s %4s %5s %10s | %9s %9s %9s %9s | %10s %7s\n", "model", "B", "T", "params", "fwd ms",
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
       SL_CHECK_HINT(c.T <= cfg.max_seq_len, "use T <= the model's max_seq_len", "case %s:%dx%d: T > max_seq_len %d",
                     c.model.c_str(), c.B, c.T, cfg.max_seq_len);
       GPT2 model(cfg, policy, device, /*seed=*/1);
+      model.set_attention(attention_impl_from_name(attention));
       Optimizer opt(model, OptimizerConfig{});
       // Random tokens, made on the host and copied to the model's device: (B, T) i32.
       Tensor h_x = Tensor::empty({c.B, c.T}, DType::I32), h_y = Tensor::empty({c.B, c.T}, DType::I32);
@@ -160,7 +166,8 @@ int main(int argc, char** argv) {
                             {"steps", steps},          {"step_ms", step_ms},           {"fwd_ms", median(fwd)},
                             {"bwd_ms", median(bwd)},   {"optim_ms", median(upd)},      {"tokens_per_s", tok_s},
                             {"flops_per_token", flops_tok}, {"peak_flops_per_s", peak.flops_per_s},
-                            {"peak_source", peak.source}, {"threads", threads}};
+                            {"peak_source", peak.source}, {"threads", threads},
+                            {"attention", attention}};
         if (peak.flops_per_s > 0) r["mfu"] = m;  // a fraction in [0, 1]; absent when the peak is unknown
         records << r.dump() << "\n";
         records.flush();

@@ -238,7 +238,7 @@ fi
 CFG=(-S "$ROOT" -B "$BUILD_DIR" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DSL_WITH_CUDA=ON
      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC" -DSL_WITH_MPI="$MPI_OPT" -DSL_BUILD_LEARNER=OFF
      -DSL_BUILD_TESTS=ON "${DEPS_ARGS[@]}")
-TARGETS=(test_ops_cuda lab01_single_device_ref bench_lab01 lab04_fsdp_ref)  # every program with a `gpu` test, and what 4-5 run
+TARGETS=(test_ops_cuda test_attention_flash_cuda test_memory_cuda lab01_single_device_ref bench_lab01 lab04_fsdp_ref)  # every program with a `gpu` test, and what 4-5 run
 BUILD_MPI=0  # 1: configure found MPI (lab 04 can run 2 ranks with --backend mpi)
 BUILD_OK=0 BUILD_STATUS=failed  # ok, failed, or cut (by the budget: not a failure)
 phase configure 150 20 cmake "${CFG[@]}"

@@ -18,9 +18,9 @@
 #include "driver.h"                     // defines: driver::TrainOptions, evaluate, make_run_record, ... (labs/common)
 #include "scalelab/calibration.h"       // defines: device_peak (the MFU denominator: calibration or datasheet)
 #include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
-#include "scalelab/device.h"            // defines: cuda_device_count, device_synchronize
+#include "scalelab/device.h"            // defines: cuda_device_count, cuda_device_memory_bytes, device_synchronize
 #include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
-#include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig
+#include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
 #include "scalelab/metrics.h"           // defines: RunLogger (JSONL logs)
 #include "scalelab/sample.h"            // defines: sample_text
 #include "scalelab/optim.h"             // defines: Optimizer, LRSchedule
@@ -41,7 +41,18 @@ struct Options : driver::TrainOptions {
   int checkpoint_every = 0;
   std::string resume;          // a checkpoint file, or "latest" (in --checkpoint-dir)
   double mem_cap_mb = 0;       // simulated device memory cap, MiB (0: none)
+  std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/gpt2.h AttentionImpl)
 };
+
+// --attention auto: flash when the materialised scores would take over a quarter of the memory there is,
+// the simulated cap if one is set, else the GPU's memory (choose_attention, gpt2.h). On the CPU without a
+// cap: materialized.
+static AttentionImpl attention_from_option(const Options& o, const GPTConfig& cfg, Device device) {
+  if (o.attention != "auto") return attention_impl_from_name(o.attention);
+  int64_t budget = Allocator::get(device).capacity_bytes();
+  if (budget == 0 && device == Device::CUDA) budget = cuda_device_memory_bytes();
+  return choose_attention(cfg, o.batch, o.seq_len, budget);
+}
 
 static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
@@ -63,6 +74,7 @@ static int run(const Options& o) {
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(cfg, policy, device, o.seed);
+  model.set_attention(attention_from_option(o, cfg, device));
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
@@ -102,12 +114,13 @@ static int run(const Options& o) {
   nlohmann::json config = {{"model", o.model},       {"n_params", model.num_params()}, {"B", o.batch},
                            {"T", o.seq_len},         {"steps", o.steps},               {"lr", o.lr},
                            {"optimizer", o.optimizer}, {"precision", policy.name()},   {"seed", o.seed},
-                           {"flops_per_token", flops_tok}, {"data", o.data},           {"device", o.device}};
+                           {"flops_per_token", flops_tok}, {"data", o.data},           {"device", o.device},
+                           {"attention", attention_impl_name(model.attention())}};
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
-  std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %d threads | peak %.1f GFLOP/s (%s)\n",
+  std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention | %d threads | peak %.1f GFLOP/s (%s)\n",
               cfg.str().c_str(), static_cast<long long>(model.num_params()), o.batch, o.seq_len, policy.name().c_str(),
-              threads, peak.flops_per_s / 1e9, peak.source.c_str());
+              attention_impl_name(model.attention()), threads, peak.flops_per_s / 1e9, peak.source.c_str());
   std::printf("logs: %s\n", log.path().c_str());
 
   // ------------------------------------------------------------------------------------------------
@@ -224,6 +237,11 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text to generate at the end")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--attention", o.attention,
+                 "materialized (saves the (B,NH,T,T) scores), flash (saves (B,NH,T), recomputes the scores in the "
+                 "backward) or auto (flash when the scores would take over a quarter of the memory)")
+      ->check(CLI::IsMember({"auto", "materialized", "flash"}))
+      ->capture_default_str();
   app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);

@@ -3,7 +3,8 @@
 // reserved bytes, empty_cache, the cap, the empty-cache-and-retry path after a refusal, threads.
 // Caching is on by default only for CUDA, but its code is device-independent: these tests switch it on
 // for the CPU allocator (CachingGuard). The allocator is a process-wide singleton, so every test measures
-// DELTAS against stats() taken at its start. The counts without caching: tests/common/test_tensor.cpp.
+// DELTAS against stats() taken at its start. The counts without caching: tests/common/test_tensor.cpp;
+// the cache on a GPU: tests/cuda/test_memory_cuda.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,7 +16,6 @@
 
 #include "expect_error.h"        // defines: error_message, contains
 #include "scalelab/allocator.h"  // defines: Allocator, MemCategory, MemStats
-#include "scalelab/device.h"     // defines: SL_REQUIRE_GPU
 #include "scalelab/error.h"      // defines: OutOfMemory
 #include "scalelab/tensor.h"     // defines: Tensor, DType
 
@@ -318,27 +318,4 @@ TEST(AllocatorCache, ThreadsShareTheCacheWithoutHandingABlockToTwoOwners) {
       << "of " << kThreads * kIters << " allocations";
   EXPECT_EQ(s1.reserved_bytes - s0.reserved_bytes, cached_and_rounding(s1) - cached_and_rounding(s0))
       << "everything reserved since the start is in the cache";
-}
-
-// ---------------------------------------------------------------------------------------------
-// CUDA (caching on by default): the same reuse on the GPU. Skips visibly without one (STYLE.md 30).
-
-TEST(AllocatorCache, CudaFreeIsCachedAndTheNextSameClassRequestReusesIt) {
-  SL_REQUIRE_GPU();
-  Allocator& alloc = Allocator::get(Device::CUDA);
-  if (!alloc.caching()) GTEST_SKIP() << "SL_NO_MEMORY_CACHING=1 turned caching off";
-  void* block = nullptr;
-  { Tensor d_a = Tensor::empty({3 * kMiB}, DType::F32, Device::CUDA, MemCategory::Activations); block = d_a.raw(); }
-  const MemStats s0 = alloc.stats();
-  Tensor d_b = Tensor::empty({3 * kMiB - 100}, DType::F32, Device::CUDA, MemCategory::Activations);  // same class
-  const MemStats s1 = alloc.stats();
-  EXPECT_EQ(d_b.raw(), block);
-  EXPECT_EQ(s1.raw_alloc_count, s0.raw_alloc_count) << "no cudaMalloc";
-  EXPECT_EQ(s1.raw_free_count, s0.raw_free_count) << "and no cudaFree before it";
-  EXPECT_EQ(s1.total_current_bytes - s0.total_current_bytes, static_cast<int64_t>((3 * kMiB - 100) * 4));
-  d_b = Tensor();
-  alloc.empty_cache();
-  const MemStats s2 = alloc.stats();
-  EXPECT_GE(s2.raw_free_count - s1.raw_free_count, 1) << "empty_cache gave the cached block back (cudaFree)";
-  EXPECT_LE(s2.reserved_bytes, s0.reserved_bytes - static_cast<int64_t>(12 * kMiB));
 }
