@@ -322,7 +322,7 @@ LAB01_RUNS=()  # "model precision B T status run_id"
 LAB04_RUNS=()  # "ranks backend micro_batch status run_id"
 read -r L4_MODEL L1_PREC L4_B L4_T <<< "${LAB01_CASES[1]}"  # d12 bf16-compute 16 1024 (rehearsal: tiny ... 8 16)
 L4_PREC=bf16  # lab 04: bf16-mixed (its estimator refuses bf16-compute); lab 01's L1_PREC run is the reference line
-BENCH_STATUS=not_run
+BENCH_STATUS=not_run FLASH_RC=""  # FLASH_RC: bench_flash's exit status ("" when it did not run)
 if [[ -z "$GPU_NAME" && $REHEARSE -eq 0 ]]; then
   say "no GPU visible ($why_no_gpu): stopping after the build and the GPU tests (which skip without one)"
 elif (( BUILD_ONLY )); then
@@ -365,6 +365,11 @@ elif (( BUILD_OK )); then
         sed "s/^{/{\"ranks\":$np,\"backend\":\"$backend\",\"micro_batch\":$mb,/" >> "$OUT_DIR/lab04.jsonl"
     done
   done
+  # The flash-style attention in the model (what lab 01's --attention auto picks when the scores do not
+  # fit): the bench's first case in bf16-compute, ours only; the table puts it next to the materialised row.
+  phase bench_flash 60 15 "$BUILD_DIR/bin/bench_lab01" --device "$DEV" --precision bf16-compute --attention flash \
+    --configs "${BENCH_CONFIGS%%,*}" --steps "$STEPS" --jsonl "$OUT_DIR/flash.jsonl"
+  FLASH_RC=$?
   # Ours (bench_lab01), PyTorch eager, torch.compile; the bench writes each number as it gets it, so a cut
   # run keeps what it measured.
   phase bench 600 30 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/bench_pytorch.py" --build-dir "$BUILD_DIR" \
@@ -380,7 +385,7 @@ export SLG_GPU_NAME="$GPU_NAME" SLG_GPU_CC="$GPU_CC" SLG_ARCH="$ARCH" SLG_DRIVER
   SLG_NVCC_CUDA="$NVCC_CUDA" SLG_GIT_SHA="$GIT_SHA" SLG_ELAPSED=$(( $(date +%s) - T0 )) SLG_BUDGET="$BUDGET_S" \
   SLG_BUILD_OK="$BUILD_OK" SLG_BUILD_STATUS="$BUILD_STATUS" SLG_BUILD_ONLY="$BUILD_ONLY" SLG_TESTS_STATUS="$TESTS_STATUS" SLG_TESTS_TOTAL="$TESTS_TOTAL" \
   SLG_TESTS_PASSED="$TESTS_PASSED" SLG_TESTS_FAILED="$TESTS_FAILED" SLG_TESTS_SKIPPED="$TESTS_SKIPPED" \
-  SLG_SYNC_RERUN="$SYNC_RERUN" SLG_BENCH_STATUS="$BENCH_STATUS" SLG_OUT="$OUT_DIR" SLG_WORK="$WORK" \
+  SLG_SYNC_RERUN="$SYNC_RERUN" SLG_BENCH_STATUS="$BENCH_STATUS" SLG_FLASH_RC="$FLASH_RC" SLG_OUT="$OUT_DIR" SLG_WORK="$WORK" \
   SLG_DOCS="$ROOT/docs/gpu_runs.md" SLG_REHEARSE="$REHEARSE" SLG_BENCH_CONFIGS="$BENCH_CONFIGS" SLG_BENCH_TAIL="$(tail -n 1 "$WORK/bench.log" 2>/dev/null | cut -c1-200)"
 SLG_LAB01=$(printf '%s\n' "${LAB01_RUNS[@]+"${LAB01_RUNS[@]}"}") SLG_SKIPPED=$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}") \
 SLG_LAB04=$(printf '%s\n' "${LAB04_RUNS[@]+"${LAB04_RUNS[@]}"}") SLG_NOTES=$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}") \
@@ -474,6 +479,8 @@ for r in bench:
     torch_version = r.get("torch", torch_version)
     if r["impl"] == "ours" and "error" in r:
         problems.append(f"bench_lab01 {r['model']} {r['precision']}: {r['error']}")
+if E.get("SLG_FLASH_RC", "") not in ("", "0", "124", "125"):  # 124/125: cut by the budget (listed as skipped)
+    problems.append(f"bench_lab01 --attention flash exited {E['SLG_FLASH_RC']} (see bench_flash in gpu_check.log)")
 want = []  # (model, precision, B, T) in the bench's order
 for p in ("bf16-compute", "fp32"):
     for item in E["SLG_BENCH_CONFIGS"].split(","):
@@ -551,7 +558,11 @@ if rows:
             peaks[r["precision"]] = f"{r['precision']} {v} ({r['peak_source'].split(';')[0]})"
     if peaks:
         lines.append("MFU of " + ", ".join(peaks[p] for p in sorted(peaks)) + "; ours/x > 1: ours is faster")
-    errs = [f"{r['impl']} {r['model']} {r['precision']}: {r['error']}" for r in bench if "error" in r]
+    for r in load(os.path.join(out, "flash.jsonl")):  # bench_flash: ours with --attention flash
+        key = (r["model"], r["precision"], r["B"], r["T"])
+        mat = rows.get(key, {}).get("ours")
+        lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(r, 10)} | flash attention;"
+                     f" flash/materialised {ratio(r, mat)}")
     for e in errs:
         lines.append(f"error    {e}")
 
