@@ -22,7 +22,7 @@
 #   scripts/gpu_check.sh --rehearse-on-cpu   all phases, 4-5 on the CPU with tiny sizes: tests this script
 #                                       itself on a machine without a GPU (its numbers mean nothing; no row)
 #     --out DIR     where the results go (default <build-dir>/gpu_check): summary.txt, gpu_runs_row.md,
-#                   bench.jsonl, lab01.jsonl, lab04.jsonl (every rank's summary), gpu_check.log (everything
+#                   bench.jsonl, flash.jsonl, lab01.jsonl, lab04.jsonl (every rank's summary), gpu_check.log (everything
 #                   the phases printed)
 #     --arch SM     CMAKE_CUDA_ARCHITECTURES (default: the GPU's compute capability; 90 without a GPU)
 #     SL_GIT_SHA=<sha>  names the commit in the row when the tree is a copy without .git
@@ -64,7 +64,8 @@ WORK="$BUILD_DIR/gpu_check_work"  # per-phase logs and lab 01 runs (not copied t
 mkdir -p "$OUT_DIR" "$WORK" || { echo "gpu_check: cannot create $OUT_DIR or $WORK" >&2; exit 2; }
 LOG="$OUT_DIR/gpu_check.log"
 : > "$LOG"
-rm -f "$OUT_DIR/summary.txt" "$OUT_DIR/gpu_runs_row.md" "$OUT_DIR/bench.jsonl" "$OUT_DIR/lab01.jsonl" "$OUT_DIR/lab04.jsonl"
+rm -f "$OUT_DIR/summary.txt" "$OUT_DIR/gpu_runs_row.md" "$OUT_DIR/bench.jsonl" "$OUT_DIR/flash.jsonl" \
+  "$OUT_DIR/lab01.jsonl" "$OUT_DIR/lab04.jsonl"
 
 T0=$(date +%s)
 RUN_TAG="gpucheck-$(date -u +%Y%m%dT%H%M%SZ)"
@@ -563,6 +564,7 @@ if rows:
         mat = rows.get(key, {}).get("ours")
         lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(r, 10)} | flash attention;"
                      f" flash/materialised {ratio(r, mat)}")
+    errs = [f"{r['impl']} {r['model']} {r['precision']}: {r['error']}" for r in bench if "error" in r]
     for e in errs:
         lines.append(f"error    {e}")
 
@@ -637,6 +639,11 @@ if has_gpu and not build_only and not rehearse:
             if x != "-":
                 s += f", {x} {name}"
         nums.append(s)
+    for r in load(os.path.join(out, "flash.jsonl")):
+        if "error" not in r:
+            mat = rows.get((r["model"], r["precision"], r["B"], r["T"]), {}).get("ours")
+            nums.append(f"{r['model']} {r['precision']} {r['B']}x{r['T']} flash attention: "
+                        f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, {ratio(r, mat)} materialised")
     for n, backend, mb, status, per_rank in lab04_runs:
         s0 = per_rank[0]
         if not status.startswith("ok"):
