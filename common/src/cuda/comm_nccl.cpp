@@ -9,6 +9,8 @@
 //   streams     every call waits for the compute stream (the legacy default stream, where the kit's
 //               kernels run) with an event, runs on the communication stream, and records a done
 //               event; wait() makes the compute stream wait for it and blocks the host until it fired.
+//               Each op holds its tensors until then (Op::buffers), so none goes back to the caching
+//               allocator while NCCL's stream may still use it.
 //   send/recv   NCCL runs a send and a recv that cross (a ring exchange) only inside one
 //               ncclGroupStart/End, so consecutive sends and recvs are held back and launched together
 //               at the next wait(), collective, barrier or split.
@@ -80,7 +82,12 @@ struct Op {
   cudaEvent_t done = nullptr;
   bool launched = false;     // sends/recvs wait in State::pending until launched together
   bool finished = false;
-  std::function<void()> launch;  // sends and recvs: the ncclSend / ncclRecv call
+  std::function<void()> launch;  // sends and recvs: the ncclSend / ncclRecv call (it holds its tensor)
+  // Collectives: the tensors NCCL reads or writes, held until wait() has seen the done event. Without
+  // this, a caller that drops its last reference before wait() (against comm.h's rule) would return the
+  // block to the caching allocator (allocator.cpp), which hands it at once to the next default-stream
+  // kernel while NCCL's stream still uses it; cudaFree used to synchronise the device and hide that.
+  std::vector<Tensor> buffers;
 };
 
 // What the communicator and its Works share (a Work may outlive its communicator).
@@ -142,6 +149,7 @@ class NcclWork : public Work {
     if (!op_->launched) st_->flush_p2p();
     SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
     SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
+    op_->buffers.clear();  // NCCL is done with them: they may go back to the allocator now
     mark_finished();
     sleep_until_ms(op_->not_before_ms);
     if (!done_before) st_->log.add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
@@ -194,7 +202,7 @@ class NcclCommunicator : public Communicator {
     check_on_gpu("all_reduce", rank_, buf);
     check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
     check_count_fits_int("all_reduce", rank_, buf.numel());
-    return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, [&] {
+    return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, {buf}, [&] {
       SL_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op),
                                   st_->comm, st_->stream));
     });
@@ -206,7 +214,7 @@ class NcclCommunicator : public Communicator {
     check_reduce_dtype("reduce_scatter", rank_, size_, in.dtype(), op);
     check_reduce_scatter(rank_, size_, in, out);
     check_count_fits_int("reduce_scatter", rank_, in.numel());
-    return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, [&] {
+    return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
       SL_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype()), nccl_op(op),
                                       st_->comm, st_->stream));
     });
@@ -217,7 +225,7 @@ class NcclCommunicator : public Communicator {
     check_on_gpu("all_gather", rank_, out);
     check_all_gather(rank_, size_, in, out);
     check_count_fits_int("all_gather", rank_, out.numel());
-    return collective("all_gather", tag, in.numel(), in.dtype(), -1, [&] {
+    return collective("all_gather", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
       SL_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), in.numel(), nccl_type(in.dtype()), st_->comm, st_->stream));
     });
   }
@@ -226,7 +234,7 @@ class NcclCommunicator : public Communicator {
     check_on_gpu("broadcast", rank_, buf);
     check_root("broadcast", rank_, size_, root);
     check_count_fits_int("broadcast", rank_, buf.numel());
-    return collective("broadcast", tag, buf.numel(), buf.dtype(), root, [&] {
+    return collective("broadcast", tag, buf.numel(), buf.dtype(), root, {buf}, [&] {
       SL_NCCL_CHECK(ncclBroadcast(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), root, st_->comm,
                                   st_->stream));
     });
@@ -255,7 +263,7 @@ class NcclCommunicator : public Communicator {
   void barrier() override {
     // NCCL has no barrier: an all_reduce of one float, waited for by the host.
     if (!scratch_.defined()) scratch_ = Tensor::zeros({1}, DType::F32, Device::CUDA, MemCategory::Comm);
-    collective("barrier", "", 0, DType::F32, -1, [&] {
+    collective("barrier", "", 0, DType::F32, -1, {scratch_}, [&] {
       SL_NCCL_CHECK(ncclAllReduce(scratch_.raw(), scratch_.raw(), 1, ncclFloat32, ncclSum, st_->comm, st_->stream));
     })->wait();
   }
@@ -297,10 +305,12 @@ class NcclCommunicator : public Communicator {
   }
 
   template <typename F>
-  WorkPtr collective(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer, F&& call) {
+  WorkPtr collective(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer,
+                     std::vector<Tensor> buffers, F&& call) {
     st_->flush_p2p();  // calls reach NCCL in issue order
     SL_CUDA_CHECK(cudaSetDevice(st_->device));
     std::shared_ptr<Op> op = new_op(name, tag, count, dtype, peer);
+    op->buffers = std::move(buffers);  // alive until wait() (see Op::buffers)
     st_->order_after_compute();
     call();
     SL_CUDA_CHECK(cudaEventRecord(op->done, st_->stream));
