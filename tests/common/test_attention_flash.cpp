@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "close_to_scale.h"      // defines: close_to_scale (the kTol criterion)
 #include "expect_error.h"        // defines: error_message, contains
 #include "scalelab/allocator.h"  // defines: Allocator, MemStats, MemCategory
 #include "scalelab/ops.h"        // defines: the Tensor-level ops and the scalelab::cpu:: twins under test
@@ -30,6 +31,7 @@ using scalelab::MemCategory;
 using scalelab::MemStats;
 using scalelab::Shape;
 using scalelab::Tensor;
+using scalelab::test::close_to_scale;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 namespace cpu = scalelab::cpu;
@@ -76,46 +78,6 @@ std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi =
   return x;
 }
 
-// The kTol criterion. On failure: how many, the first 5 with both values (STYLE.md 29), max abs and the
-// max error relative to the tensor's scale. On success it prints the measured errors, one line.
-::testing::AssertionResult close(const std::string& what, const std::vector<float>& got,
-                                 const std::vector<double>& want, double tol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, expected " << want.size();
-  double scale = 0.0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  size_t num_bad = 0;
-  double max_abs = 0.0;
-  std::string first_bad;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const double bound = tol * (scale + std::fabs(want[i]));
-    max_abs = std::max(max_abs, err);
-    if (!(err <= bound)) {  // written so that NaN fails
-      if (num_bad < 5) {
-        char line[160];
-        std::snprintf(line, sizeof line, "\n    [%zu] got %.9g want %.9g (err %.3e, bound %.3e)", i, got[i], want[i],
-                      err, bound);
-        first_bad += line;
-      }
-      num_bad++;
-    }
-  }
-  const double max_scaled = scale > 0.0 ? max_abs / scale : max_abs;
-  if (num_bad == 0) {
-    std::printf("[ measured ] %s: max abs err %.3e, max err / max|want| %.3e (tol %.0e)\n", what.c_str(), max_abs,
-                max_scaled, tol);
-    return ::testing::AssertionSuccess();
-  }
-  char summary[200];
-  std::snprintf(summary, sizeof summary, "%s: %zu of %zu elements out of bound; max abs err %.3e (%.3e of max|want|)",
-                what.c_str(), num_bad, got.size(), max_abs, max_scaled);
-  return ::testing::AssertionFailure() << summary << first_bad;
-}
-::testing::AssertionResult close(const std::string& what, const std::vector<float>& got,
-                                 const std::vector<float>& want, double tol) {
-  return close(what, got, std::vector<double>(want.begin(), want.end()), tol);
-}
 
 // lse (B,NH,T) in double, straight from the definition: log sum_{s<=t} exp(q_t . k_s / sqrt(HS)),
 // with the max subtracted so that exp cannot overflow.
@@ -160,8 +122,8 @@ TEST(AttentionFlashCpu, ForwardMatchesMaterialisedAttentionAndLseMatchesDoubleRe
     cpu::attention_forward(want_out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     std::vector<float> out(n_out, NAN), lse(size_t(s.B) * s.NH * s.T, NAN);  // NaN: every entry must be written
     cpu::attention_forward_flash(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    EXPECT_TRUE(close("flash out " + s.str(), out, want_out, kTol));
-    EXPECT_TRUE(close("flash lse " + s.str(), lse, reference_lse(qkv, s), kTol));
+    EXPECT_TRUE(close_to_scale("flash out " + s.str(), out, want_out, kTol));
+    EXPECT_TRUE(close_to_scale("flash lse " + s.str(), lse, reference_lse(qkv, s), kTol));
   }
 }
 
@@ -181,7 +143,7 @@ TEST(AttentionFlashCpu, BackwardMatchesMaterialisedAttentionFromNonzeroGradients
     std::vector<float> got = dqkv0;
     cpu::attention_backward_flash(got.data(), dout.data(), qkv.data(), f_out.data(), lse.data(), s.B, s.T, s.C,
                                   s.NH);
-    EXPECT_TRUE(close("flash dqkv " + s.str(), got, want, kTol));
+    EXPECT_TRUE(close_to_scale("flash dqkv " + s.str(), got, want, kTol));
     // The increment alone (got - dqkv0 vs want - dqkv0): dqkv0 is O(1) and would hide a small wrong term.
     std::vector<float> d_got(n_qkv), d_want(n_qkv);
     for (size_t i = 0; i < n_qkv; i++) {
@@ -189,7 +151,7 @@ TEST(AttentionFlashCpu, BackwardMatchesMaterialisedAttentionFromNonzeroGradients
       d_want[i] = want[i] - dqkv0[i];
     }
     // Subtracting dqkv0 (O(1)) from each adds up to one ulp of 1 (1.2e-7) of rounding to both sides.
-    EXPECT_TRUE(close("flash dqkv increment " + s.str(), d_got, d_want, kTol + 2.4e-7));
+    EXPECT_TRUE(close_to_scale("flash dqkv increment " + s.str(), d_got, d_want, kTol + 2.4e-7));
   }
 }
 

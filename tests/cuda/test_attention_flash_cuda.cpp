@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "close_to_scale.h"      // defines: close_to_scale (the kTol criterion)
 #include "expect_error.h"        // defines: error_message, contains
 #include "scalelab/allocator.h"  // defines: Allocator, MemStats, MemCategory
 #include "scalelab/cuda_ops.h"   // defines: the scalelab::cuda:: twins under test
@@ -33,6 +34,7 @@ using scalelab::MemCategory;
 using scalelab::MemStats;
 using scalelab::Shape;
 using scalelab::Tensor;
+using scalelab::test::close_to_scale;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 namespace cpu = scalelab::cpu;
@@ -89,42 +91,6 @@ std::vector<float> to_host(const Tensor& t) {
   return std::vector<float>(h_t.data<float>(), h_t.data<float>() + h_t.numel());
 }
 
-// The kTol criterion; on failure the first 5 differing indices, both values, max abs and max scaled
-// error (STYLE.md 29); on success one "[ measured ]" line.
-::testing::AssertionResult close(const std::string& what, const std::vector<float>& got,
-                                 const std::vector<float>& want, double tol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, expected " << want.size();
-  double scale = 0.0;
-  for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
-  size_t num_bad = 0;
-  double max_abs = 0.0;
-  std::string first_bad;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const double bound = tol * (scale + std::fabs(static_cast<double>(want[i])));
-    max_abs = std::max(max_abs, err);
-    if (!(err <= bound)) {  // NaN fails
-      if (num_bad < 5) {
-        char line[160];
-        std::snprintf(line, sizeof line, "\n    [%zu] got %.9g want %.9g (err %.3e, bound %.3e)", i, got[i], want[i],
-                      err, bound);
-        first_bad += line;
-      }
-      num_bad++;
-    }
-  }
-  const double max_scaled = scale > 0.0 ? max_abs / scale : max_abs;
-  if (num_bad == 0) {
-    std::printf("[ measured ] %s: max abs err %.3e, max err / max|want| %.3e (tol %.0e)\n", what.c_str(), max_abs,
-                max_scaled, tol);
-    return ::testing::AssertionSuccess();
-  }
-  char summary[200];
-  std::snprintf(summary, sizeof summary, "%s: %zu of %zu elements out of bound; max abs err %.3e (%.3e of max|want|)",
-                what.c_str(), num_bad, got.size(), max_abs, max_scaled);
-  return ::testing::AssertionFailure() << summary << first_bad;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The raw twins against the CPU twin
@@ -141,8 +107,8 @@ TEST(CudaAttentionFlash, ForwardMatchesCpuTwin) {
     Tensor d_out = to_gpu(std::vector<float>(n_out, NAN)), d_lse = to_gpu(std::vector<float>(n_lse, NAN));
     Tensor d_qkv = to_gpu(qkv);
     cuda::attention_forward_flash(d_out.data<float>(), d_lse.data<float>(), d_qkv.data<float>(), s.B, s.T, s.C, s.NH);
-    EXPECT_TRUE(close("cuda flash out " + s.str(), to_host(d_out), out, kTol));
-    EXPECT_TRUE(close("cuda flash lse " + s.str(), to_host(d_lse), lse, kTol));
+    EXPECT_TRUE(close_to_scale("cuda flash out " + s.str(), to_host(d_out), out, kTol));
+    EXPECT_TRUE(close_to_scale("cuda flash lse " + s.str(), to_host(d_lse), lse, kTol));
   }
 }
 
@@ -160,7 +126,7 @@ TEST(CudaAttentionFlash, BackwardAccumulatesAndMatchesCpuTwin) {
     cpu::attention_backward_flash(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
     cuda::attention_backward_flash(d_dqkv.data<float>(), d_dout.data<float>(), d_qkv.data<float>(),
                                    d_out.data<float>(), d_lse.data<float>(), s.B, s.T, s.C, s.NH);
-    EXPECT_TRUE(close("cuda flash dqkv " + s.str(), to_host(d_dqkv), dqkv, kTol));
+    EXPECT_TRUE(close_to_scale("cuda flash dqkv " + s.str(), to_host(d_dqkv), dqkv, kTol));
   }
 }
 
@@ -213,9 +179,9 @@ TEST(CudaAttentionFlash, DispatchRunsCudaTwinWithoutScoreSizedMemory) {
   EXPECT_LE(extra, std::max<int64_t>(4096, 2 * B * NH * T * 4));
   EXPECT_LT(extra * 64, att_bytes);
 
-  EXPECT_TRUE(close("dispatch out", to_host(out), want_out, kTol));
-  EXPECT_TRUE(close("dispatch lse", to_host(lse), want_lse, kTol));
-  EXPECT_TRUE(close("dispatch dqkv", to_host(dqkv), want_dqkv, kTol));
+  EXPECT_TRUE(close_to_scale("dispatch out", to_host(out), want_out, kTol));
+  EXPECT_TRUE(close_to_scale("dispatch lse", to_host(lse), want_lse, kTol));
+  EXPECT_TRUE(close_to_scale("dispatch dqkv", to_host(dqkv), want_dqkv, kTol));
 }
 
 // ---------------------------------------------------------------------------------------------
