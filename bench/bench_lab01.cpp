@@ -23,6 +23,7 @@
 #include "scalelab/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
 #include "scalelab/error.h"
 #include "scalelab/gpt2.h"
+#include "scalelab/ops.h"          // defines: cpu::bf16_matmul_backend
 #include "scalelab/optim.h"
 #include "scalelab/precision.h"    // defines: PrecisionPolicy
 #include "scalelab/rng.h"
@@ -97,8 +98,12 @@ int main(int argc, char** argv) {
     const PrecisionPolicy policy = PrecisionPolicy::from_name(precision);
     const Peak peak = device_peak(device, policy, threads);
     const std::string where = device == Device::CUDA ? cuda_device_name() : std::to_string(threads) + " threads";
-    std::printf("device: %s (%s) | precision %s | %s attention\n", device_name.c_str(), where.c_str(),
-                policy.name().c_str(), attention.c_str());
+    // On the CPU, bf16-compute's matmuls run on oneDNN's bf16 GEMM or on fp32 sgemm (ops.h): say which.
+    const std::string matmuls = device == Device::CPU && policy.matmul_dtype == DType::BF16
+                                    ? " | bf16 matmuls: " + cpu::bf16_matmul_backend()
+                                    : "";
+    std::printf("device: %s (%s) | precision %s | %s attention%s\n", device_name.c_str(), where.c_str(),
+                policy.name().c_str(), attention.c_str(), matmuls.c_str());
     // bench_pytorch.py reads this line: "peak: <GFLOP/s> GFLOP/s (<source>)"; 0.0 means unknown.
     std::printf("peak: %.1f GFLOP/s (%s)\n\n", peak.flops_per_s / 1e9, peak.source.c_str());
     std::printf("%-6s %4s %5s %10s | %9s %9s %9s %9s | %10s %7s\n", "model", "B", "T", "params", "fwd ms",

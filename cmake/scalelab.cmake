@@ -46,6 +46,28 @@ function(sl_find_openblas)
   endif()
 endfunction()
 
+# oneDNN (optional): the CPU bf16-compute matmuls on its native bf16 GEMM (common/src/cpu/matmul_dnnl.cpp).
+# SL_WITH_DNNL = AUTO (use it where Debian's libdnnl-dev, i.e. its CMake config dnnl-config.cmake, is found),
+# ON (required: fail if missing) or OFF (the cast + sgemm path of common/src/cpu/matmul.cpp). The GPU check
+# machines build without it (scripts/pack_gpu_deps.sh does not copy it). Sets SL_DNNL_ENABLED and
+# SL_DNNL_STATUS for the summary; common/CMakeLists.txt adds the source, the library and SL_WITH_DNNL=1.
+macro(sl_find_dnnl)
+  set(SL_DNNL_ENABLED OFF)
+  set(SL_DNNL_STATUS "oneDNN off (SL_WITH_DNNL=OFF)")
+  if(NOT SL_WITH_DNNL STREQUAL "OFF")
+    find_package(dnnl CONFIG QUIET)
+    if(dnnl_FOUND AND TARGET DNNL::dnnl)
+      set(SL_DNNL_ENABLED ON)
+      set(SL_DNNL_STATUS "oneDNN ${dnnl_VERSION} (bf16 matmuls)")
+    elseif(SL_WITH_DNNL STREQUAL "ON")
+      message(FATAL_ERROR "SL_WITH_DNNL=ON but oneDNN's CMake config (dnnl-config.cmake) was not found.\n  hint: "
+                          "apt-get install libdnnl-dev, or pass -Ddnnl_DIR=<prefix>/lib/cmake/dnnl, or -DSL_WITH_DNNL=AUTO")
+    else()
+      set(SL_DNNL_STATUS "oneDNN off (apt-get install libdnnl-dev)")
+    endif()
+  endif()
+endmacro()
+
 # CLI11 and nlohmann-json are header-only. GPU machines without system packages pass
 # -DSL_HEADER_LIBS_DIR=<dir containing CLI/CLI.hpp and nlohmann/json.hpp>.
 function(sl_find_header_libs)
@@ -204,7 +226,7 @@ function(sl_print_summary)
   else()
     set(tracks "track reference")
   endif()
-  message(STATUS "scalelab: ${cuda} | ${mpi} | BLAS ${SL_BLAS_BUILD} | ${tracks} | ${CMAKE_BUILD_TYPE}")
+  message(STATUS "scalelab: ${cuda} | ${mpi} | BLAS ${SL_BLAS_BUILD} | ${SL_DNNL_STATUS} | ${tracks} | ${CMAKE_BUILD_TYPE}")
 endfunction()
 
 # ---------------------------------------------------------------------------------------------

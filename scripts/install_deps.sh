@@ -7,7 +7,8 @@ set -euo pipefail
 
 pkgs=(cmake ninja-build g++ make libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev zlib1g-dev bible-kjv python3)
 if [[ "${1:-}" != "--demo" ]]; then
-  pkgs+=(libgtest-dev libopenmpi-dev openmpi-bin python3-venv)
+  # libdnnl-dev (oneDNN): the CPU bf16-compute matmuls on its native bf16 GEMM (optional, CMake SL_WITH_DNNL)
+  pkgs+=(libgtest-dev libopenmpi-dev openmpi-bin python3-venv libdnnl-dev)
 fi
 
 missing=()

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "scalelab/error.h"    // defines: SL_CHECK_HINT
+#include "scalelab/ops.h"      // defines: cpu::bf16_matmul_backend
 #include "scalelab/threads.h"  // defines: num_threads
 
 // Set on scalelab_common by common/CMakeLists.txt; the fallbacks keep other build systems working.
@@ -169,6 +170,7 @@ void RunLogger::log_run(const RunRecord& r) {
   rec["cpu_cores"] = sys.cores;
   rec["threads"] = r.threads > 0 ? r.threads : num_threads();
   rec["blas_build"] = SL_BLAS_BUILD;
+  rec["cpu_bf16_matmul"] = cpu::bf16_matmul_backend();  // what bf16-compute's CPU matmuls run on (ops.h)
   rec["precision"] = r.precision;
   rec["peak_flops_per_s"] = number_or_null(r.peak_flops_per_s);
   rec["peak_source"] = r.peak_source;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scalelab/allocator.h"         // defines: Allocator, MemCategory
@@ -69,13 +70,13 @@ Tensor random_tokens(int B, int T, int V, uint32_t seed) {
 }
 
 // got (fp32) against want (double) with the fp32 rule above; prints the first 5 misses and the max error.
-::testing::AssertionResult close_fp32(const std::string& what, const Tensor& got, const std::vector<double>& want) {
+::testing::AssertionResult close_fp32(const std::string& what, const float* got, const std::vector<double>& want) {
   double max_want = 0, max_err = 0;
   for (double w : want) max_want = std::max(max_want, std::fabs(w));
   int misses = 0;
   std::string report;
   for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got.data<float>()[i], err = std::fabs(g - want[i]);
+    const double g = got[i], err = std::fabs(g - want[i]);
     max_err = std::max(max_err, err);
     if (err > kFp32Rel * (max_want + std::fabs(want[i])) && misses++ < 5)
       report += "  [" + std::to_string(i) + "] got " + std::to_string(g) + " want " + std::to_string(want[i]) + "\n";
@@ -83,6 +84,9 @@ Tensor random_tokens(int B, int T, int V, uint32_t seed) {
   if (misses == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": " << misses << " of " << want.size()
                                        << " outside the fp32 tolerance, max abs error " << max_err << "\n" << report;
+}
+::testing::AssertionResult close_fp32(const std::string& what, const Tensor& got, const std::vector<double>& want) {
+  return close_fp32(what, got.data<float>(), want);
 }
 
 int64_t current_bytes(MemCategory c) {
@@ -149,10 +153,13 @@ TEST(Bf16Compute, CpuForwardIsTheFp32MatmulOfTheRoundedOperands) {
     }
   EXPECT_TRUE(close_fp32("out", out, want));
 
-  // and bit-identical to the fp32 op on the rounded operands (the CPU twin is exactly that)
-  Tensor out_f32 = Tensor::empty({B, T, OC});
+  // The cast + sgemm path (the op without oneDNN, and the oracle of the oneDNN path below) is bit-identical
+  // to the fp32 op on the rounded operands: it is exactly that.
+  Tensor out_ref = Tensor::empty({B, T, OC}), out_f32 = Tensor::empty({B, T, OC});
+  scalelab::cpu::matmul_forward_bf16_reference(out_ref.data<float>(), inp.data<scalelab::bf16>(),
+                                               weight.data<scalelab::bf16>(), bias.data<float>(), B * T, C, OC);
   scalelab::matmul_forward(out_f32, x, w, &bias);
-  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data<float>()[i], out_f32.data<float>()[i]) << i;
+  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out_ref.data<float>()[i], out_f32.data<float>()[i]) << i;
 }
 
 // Backward from nonzero gradients (the `+=` rule): dinp += dout @ W, dweight += dout^T @ inp, dbias +=
@@ -193,6 +200,74 @@ TEST(Bf16Compute, CpuBackwardAddsTheFp32GradientsOfTheRoundedOperands) {
   Tensor dweight2 = to_dtype(dweight0, DType::F32);
   scalelab::matmul_backward_bf16(nullptr, dweight2, nullptr, dout, inp, weight);
   EXPECT_TRUE(close_fp32("dweight (no dinp, no dbias)", dweight2, want_dweight));
+}
+
+// The op the model calls (cpu::matmul_*_bf16: oneDNN's bf16 GEMM in a build with oneDNN on a CPU with
+// AVX512_BF16) against the cast + sgemm oracle (cpu::matmul_*_bf16_reference), within the fp32 rule: both
+// compute the exact bf16 x bf16 products and sum them in fp32, in different orders. Odd shapes (no multiple
+// of 16: the kernels' tails), operands at odd element offsets into their buffers (bf16 views 2 bytes off a
+// 4-byte boundary, as a slice of a larger tensor would be), forward with and without bias, backward from
+// nonzero gradients (the `+=` rule) with and without dinp/dbias. Without oneDNN both sides are the same
+// code and the test is trivially exact; the backend in use is printed.
+TEST(Bf16Compute, CpuOpMatchesTheCastSgemmOracleOnOddShapesAndOffsets) {
+  using scalelab::bf16;
+  std::printf("  [bf16-compute] CPU bf16 matmul backend: %s\n", scalelab::cpu::bf16_matmul_backend().c_str());
+  struct Case {
+    int N, C, OC;
+  };
+  // the last one spans several kernel blocks in every dimension
+  const Case cases[] = {{1, 1, 1}, {7, 13, 29}, {33, 51, 17}, {131, 97, 211}};
+  uint32_t seed = 100;
+  for (const Case& k : cases) {
+    const int64_t N = k.N, C = k.C, OC = k.OC;
+    const std::string shape = "(N,C,OC)=(" + std::to_string(N) + "," + std::to_string(C) + "," + std::to_string(OC) + ")";
+    // Buffers one or three elements longer than the view; each view starts at that offset.
+    auto bf16_buffer = [&](int64_t n, int64_t offset) { return to_dtype(randn({n + offset}, seed++), DType::BF16); };
+    const Tensor inp_buf = bf16_buffer(N * C, 1), weight_buf = bf16_buffer(OC * C, 3), dout_buf = bf16_buffer(N * OC, 1);
+    const Tensor bias_buf = randn({OC + 1}, seed++);
+    const bf16* inp = inp_buf.data<bf16>() + 1;        // (N,C)
+    const bf16* weight = weight_buf.data<bf16>() + 3;  // (OC,C)
+    const bf16* dout = dout_buf.data<bf16>() + 1;      // (N,OC)
+    const float* bias = bias_buf.data<float>() + 1;    // (OC)
+    auto as_double = [](const Tensor& t, int64_t offset, int64_t n) {
+      return std::vector<double>(t.data<float>() + offset, t.data<float>() + offset + n);
+    };
+
+    for (const float* b : {bias, static_cast<const float*>(nullptr)}) {
+      Tensor out = Tensor::empty({N * OC + 1}), out_ref = Tensor::empty({N * OC});
+      scalelab::cpu::matmul_forward_bf16(out.data<float>() + 1, inp, weight, b, N, static_cast<int>(C),
+                                         static_cast<int>(OC));
+      scalelab::cpu::matmul_forward_bf16_reference(out_ref.data<float>(), inp, weight, b, N, static_cast<int>(C),
+                                                   static_cast<int>(OC));
+      EXPECT_TRUE(close_fp32("out " + shape + (b ? " with bias" : " no bias"), out.data<float>() + 1,
+                             as_double(out_ref, 0, N * OC)));
+    }
+
+    // Backward from nonzero gradients: the same starting values on both sides, outputs at offset 1.
+    const Tensor dinp0 = randn({N * C + 1}, seed++), dweight0 = randn({OC * C + 1}, seed++), dbias0 = randn({OC + 1}, seed++);
+    for (const bool all_outputs : {true, false}) {
+      Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32), dbias = to_dtype(dbias0, DType::F32);
+      Tensor dinp_ref = to_dtype(dinp0, DType::F32), dweight_ref = to_dtype(dweight0, DType::F32),
+             dbias_ref = to_dtype(dbias0, DType::F32);
+      auto at1 = [&](Tensor& t) { return all_outputs ? t.data<float>() + 1 : nullptr; };
+      scalelab::cpu::matmul_backward_bf16(at1(dinp), dweight.data<float>() + 1, at1(dbias), dout, inp, weight, N,
+                                          static_cast<int>(C), static_cast<int>(OC));
+      scalelab::cpu::matmul_backward_bf16_reference(at1(dinp_ref), dweight_ref.data<float>() + 1, at1(dbias_ref), dout,
+                                                    inp, weight, N, static_cast<int>(C), static_cast<int>(OC));
+      const std::string which = shape + (all_outputs ? "" : " (no dinp, no dbias)");
+      EXPECT_TRUE(close_fp32("dweight " + which, dweight.data<float>() + 1, as_double(dweight_ref, 1, OC * C)));
+      if (all_outputs) {
+        EXPECT_TRUE(close_fp32("dinp " + which, dinp.data<float>() + 1, as_double(dinp_ref, 1, N * C)));
+        EXPECT_TRUE(close_fp32("dbias " + which, dbias.data<float>() + 1, as_double(dbias_ref, 1, OC)));
+      } else {  // untouched
+        for (int64_t i = 0; i < dinp.numel(); ++i) ASSERT_EQ(dinp.data<float>()[i], dinp0.data<float>()[i]) << which;
+        for (int64_t i = 0; i < dbias.numel(); ++i) ASSERT_EQ(dbias.data<float>()[i], dbias0.data<float>()[i]) << which;
+      }
+      // the element before each view is untouched (no write outside the view)
+      EXPECT_EQ(dweight.data<float>()[0], dweight0.data<float>()[0]) << which;
+      EXPECT_EQ(dinp.data<float>()[0], dinp0.data<float>()[0]) << which;
+    }
+  }
 }
 
 TEST(Bf16Compute, OpsNameTheWrongDtypeOrShape) {
@@ -334,19 +409,38 @@ TEST(Bf16Compute, TinyTrainingLowersTheLossLikeFp32) {
 
 // Memory: bf16-compute makes no per-pass fp32 copy of a whole unit. Its fp32 scratch for the small
 // (non-matmul) parameters is allocated with the activations and persists; what a pass adds on top
-// (Workspace) is only the CPU twin's fp32 copies of one matmul's operands at a time (ops.h). bf16-mixed,
-// for contrast, allocates an fp32 copy of each whole unit per pass (lab 04's estimator counts it).
+// (Workspace) is only one matmul's scratch at a time (ops.h): the cast + sgemm path's fp32 copies of its
+// operands, or oneDNN's scratchpad (packed operand blocks; counted as Workspace by matmul_dnnl.cpp).
+// bf16-mixed, for contrast, allocates an fp32 copy of each whole unit per pass (lab 04's estimator counts it).
 TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
+  using scalelab::bf16;
   const GPTConfig cfg = tiny();
   const int B = 1, T = 2;  // small activations, so a whole unit dwarfs the matmul operands
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
   const Tensor tokens = random_tokens(B, T, static_cast<int>(V), 41), targets = random_tokens(B, T, static_cast<int>(V), 42);
   const std::vector<int64_t> unit_numel = scalelab::gpt2_unit_numel(cfg);
   const int64_t block_bytes = unit_numel[1] * 4;  // an fp32 copy of one block (3280 floats here)
-  // Largest fp32 scratch of one CPU bf16 matmul backward: dout (N,OC) + inp (N,C) + weight (OC,C), over
-  // c_fc (C -> 4C), mlp c_proj (4C -> C) and the LM head (C -> V).
+  // Largest scratch of one CPU bf16 matmul (forward or backward) over the model's shapes (C -> OC): qkv
+  // (C -> 3C), attention and mlp projections (C -> C, 4C -> C), c_fc (C -> 4C), the LM head (C -> V),
+  // measured on the op itself. For the cast + sgemm path it is the fp32 copies of dout (N,OC), inp (N,C) and
+  // weight (OC,C) of the largest backward.
   const int64_t N = B * T;
+  int64_t one_matmul_bytes = 0;
+  for (const auto& [c_in, c_out] : std::vector<std::pair<int64_t, int64_t>>{{C, 3 * C}, {C, C}, {4 * C, C}, {C, 4 * C}, {C, V}}) {
+    const Tensor x = Tensor::zeros({N, c_in}, DType::BF16), w = Tensor::zeros({c_out, c_in}, DType::BF16),
+                 dy = Tensor::zeros({N, c_out}, DType::BF16), b = Tensor::zeros({c_out});
+    Tensor y = Tensor::zeros({N, c_out}), dx = Tensor::zeros({N, c_in}), dw = Tensor::zeros({c_out, c_in}),
+           db = Tensor::zeros({c_out});
+    const int64_t resting = current_bytes(MemCategory::Workspace);
+    Allocator::get(Device::CPU).reset_peak();
+    scalelab::matmul_forward_bf16(y, x, w, &b);
+    scalelab::matmul_backward_bf16(&dx, dw, &db, dy, x, w);
+    one_matmul_bytes = std::max(one_matmul_bytes, peak_bytes(MemCategory::Workspace) - resting);
+  }
   const int64_t twin_bytes = 4 * std::max({N * 4 * C + N * C + 4 * C * C, N * V + N * C + V * C});
+  if (scalelab::cpu::bf16_matmul_backend().rfind("fp32 sgemm", 0) == 0) {
+    EXPECT_EQ(one_matmul_bytes, twin_bytes) << "the cast + sgemm path's scratch is its three fp32 operand copies";
+  }
 
   const PrecisionPolicy policies[2] = {PrecisionPolicy::bf16_mixed(), PrecisionPolicy::bf16_compute()};
   int64_t extra[2] = {0, 0};  // Workspace peak during a step above what was held before it
@@ -360,10 +454,10 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
     EXPECT_EQ(current_bytes(MemCategory::Workspace), before) << policies[k].name() << ": a pass leaks Workspace";
   }
   std::printf("  [bf16-compute] Workspace peak above resting during a step: bf16-mixed %lld B, bf16-compute %lld B "
-              "(an fp32 block copy is %lld B; one bf16 matmul's fp32 operand copies at most %lld B)\n",
+              "(an fp32 block copy is %lld B; one bf16 matmul's scratch at most %lld B, backend %s)\n",
               static_cast<long long>(extra[0]), static_cast<long long>(extra[1]), static_cast<long long>(block_bytes),
-              static_cast<long long>(twin_bytes));
+              static_cast<long long>(one_matmul_bytes), scalelab::cpu::bf16_matmul_backend().c_str());
   EXPECT_GE(extra[0], block_bytes) << "bf16-mixed copies a whole unit per pass (so the check below can see one)";
-  EXPECT_LE(extra[1], twin_bytes) << "bf16-compute should add only one matmul's operand copies (CPU twin)";
+  EXPECT_LE(extra[1], one_matmul_bytes) << "bf16-compute should add only one matmul's scratch at a time (CPU twin)";
   EXPECT_LT(extra[1], block_bytes);
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "scalelab/tensor.h"
 
@@ -40,9 +41,11 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
 // The same matmuls with bf16 operands (PrecisionPolicy::bf16_compute): inp, weight and dout bf16; out,
 // bias, dinp, dweight, dbias fp32, accumulated in fp32, same shapes and `+=` rule as above. dbias sums the
 // bf16 dout in fp32. GPU: cuBLAS on the bf16 tensor cores (cuda::matmul_*_bf16, sm_80+; throws with a hint
-// on older GPUs). CPU twin: casts the bf16 operands to fp32 scratch (category Workspace, freed on return)
-// and runs the fp32 matmul above; bf16 x bf16 products are exact in fp32, so the twins differ only in the
-// order of the fp32 sums. Tests: tests/common/test_bf16_compute.cpp, tests/cuda/test_ops_cuda.cpp
+// on older GPUs). CPU twin: oneDNN's bf16 matmul (AVX512_BF16) in builds with oneDNN (SL_WITH_DNNL) on CPUs
+// that have it, else the operands cast to fp32 scratch (category Workspace, freed on return) and the fp32
+// matmul above; cpu::bf16_matmul_backend() says which. bf16 x bf16 products are exact in fp32, so all the
+// twins differ only in the order of the fp32 sums. Tests: tests/common/test_bf16_compute.cpp,
+// tests/cuda/test_ops_cuda.cpp
 void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
 void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight);
@@ -121,6 +124,15 @@ void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const 
                          int OC);
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                           const bf16* weight, int64_t N, int C, int OC);
+// The cast + sgemm path of the two above, in every build: what they run without oneDNN, and the oracle the
+// oneDNN path is tested against (tests/common/test_bf16_compute.cpp). Same contract.
+void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
+                                   int C, int OC);
+void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                                    const bf16* weight, int64_t N, int C, int OC);
+// Which path matmul_*_bf16 run on this build and CPU, for headers and run records, e.g.
+// "oneDNN 2.6.3 (avx512_core_bf16)" or "fp32 sgemm on bf16-rounded operands (no oneDNN in this build)".
+std::string bf16_matmul_backend();
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH);

@@ -1,7 +1,9 @@
 // matmul.cpp — CPU twin of the linear layer out = inp @ weight^T + bias (torch.nn.Linear layout).
-// Defines scalelab::cpu::matmul_forward / matmul_backward and their bf16-operand variants
-// matmul_forward_bf16 / matmul_backward_bf16 (contract: scalelab/ops.h). Every product is one OpenBLAS
-// sgemm (multithreaded by OpenBLAS itself, OpenMP build); only the bias sums are our loops.
+// Defines scalelab::cpu::matmul_forward / matmul_backward and the cast + sgemm bf16-operand variants
+// matmul_forward_bf16_reference / matmul_backward_bf16_reference (contract: scalelab/ops.h). Every product
+// is one OpenBLAS sgemm (multithreaded by OpenBLAS itself, OpenMP build); only the bias sums are our loops.
+// matmul_forward_bf16 / matmul_backward_bf16 are the reference variants in a build without oneDNN; with it
+// (SL_WITH_DNNL) they live in matmul_dnnl.cpp, which may also fall back to the reference variants.
 // CUDA twin: common/src/cuda/matmul.cu (cuBLASLt / cuBLAS)
 // tests: tests/common/test_ops_cpu.cpp, tests/common/test_bf16_compute.cpp
 #include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
@@ -66,10 +68,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 operands (PrecisionPolicy::bf16_compute), the CPU twin of cuBLAS on the bf16 tensor cores.
-// A bf16 value has 8 significant bits, so the product of two has at most 16 and is exact in fp32 (24):
-// converting the operands to fp32 and running the fp32 GEMM computes the same products the tensor cores
-// do, summed in fp32 in another order. The fp32 copies are scratch that lives for this call only.
+// bf16 operands (PrecisionPolicy::bf16_compute), the CPU twin of cuBLAS on the bf16 tensor cores, without
+// bf16 hardware: a bf16 value has 8 significant bits, so the product of two has at most 16 and is exact in
+// fp32 (24): converting the operands to fp32 and running the fp32 GEMM computes the same products the tensor
+// cores (or AVX512_BF16's vdpbf16ps) do, summed in fp32 in another order. It moves 3x the bytes of a native
+// bf16 GEMM (the fp32 copies) and runs at fp32 speed. The fp32 copies are scratch for this call only.
 
 namespace {
 // An fp32 copy (n,) of n bf16 values, counted by the CPU allocator as Workspace.
@@ -81,8 +84,8 @@ Tensor to_f32_scratch(const bf16* src, int64_t n) {
 }  // namespace
 
 // out (N,OC) fp32 = inp (N,C) bf16 @ weight (OC,C)^T bf16 + bias (OC) fp32; bias may be nullptr.
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
-                         int OC) {
+void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
+                                   int C, int OC) {
   const Tensor inp_f32 = to_f32_scratch(inp, N * C);                        // (N,C)
   const Tensor weight_f32 = to_f32_scratch(weight, int64_t{OC} * C);        // (OC,C)
   matmul_forward(out, inp_f32.data<float>(), weight_f32.data<float>(), bias, N, C, OC);
@@ -90,13 +93,28 @@ void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const 
 
 // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout, all fp32,
 // from bf16 dout (N,OC), inp (N,C), weight (OC,C). dinp and dbias may be nullptr (weight is then unused).
-void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                          const bf16* weight, int64_t N, int C, int OC) {
+void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                                    const bf16* weight, int64_t N, int C, int OC) {
   const Tensor dout_f32 = to_f32_scratch(dout, N * OC);                     // (N,OC)
   const Tensor inp_f32 = to_f32_scratch(inp, N * C);                        // (N,C)
   const Tensor weight_f32 = dinp != nullptr ? to_f32_scratch(weight, int64_t{OC} * C) : Tensor();  // (OC,C)
   matmul_backward(dinp, dweight, dbias, dout_f32.data<float>(), inp_f32.data<float>(),
                   dinp != nullptr ? weight_f32.data<float>() : nullptr, N, C, OC);
 }
+
+#ifndef SL_WITH_DNNL
+// No oneDNN in this build (CMake SL_WITH_DNNL=OFF, or AUTO without libdnnl-dev): the cast + sgemm path.
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
+                         int OC) {
+  matmul_forward_bf16_reference(out, inp, weight, bias, N, C, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                          const bf16* weight, int64_t N, int C, int OC) {
+  matmul_backward_bf16_reference(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+std::string bf16_matmul_backend() { return "fp32 sgemm on bf16-rounded operands (no oneDNN in this build)"; }
+#endif
 
 }  // namespace scalelab::cpu
