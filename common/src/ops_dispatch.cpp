@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
 
 #include "scalelab/cuda_ops.h"  // defines: the cuda:: twins (declared in every build, defined with CUDA only)
 #include "scalelab/error.h"     // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
@@ -207,136 +208,107 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
 // ---------------------------------------------------------------------------------------------
 // Matmul (linear layer). inp (N,C) or (B,T,C); out has the same leading elements with OC last.
 
-void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
-  SL_OPS_DTYPE(out, DType::F32);
-  SL_OPS_DTYPE(inp, DType::F32);
-  SL_OPS_DTYPE(weight, DType::F32);
-  SL_OPS_NDIM(weight, 2);  // (OC,C)
+namespace {
+
+struct LinearDims {
+  int64_t N, C, OC;  // rows, input features, output features
+};
+
+// The checks every matmul shares, fp32 or bf16 (`operand` is the dtype of inp and weight): weight (OC,C);
+// inp (..., C), read as (N,C); `y` (out in the forward, dout in the backward, named `y_name` in errors)
+// (..., OC) with N*OC elements and dtype `y_dtype`; the bias or its gradient (OC,) fp32 when given.
+// Errors name the op (`op`, the caller's __func__) and the tensor, as the other ops' checks do.
+LinearDims check_linear(const char* op, const char* y_name, const Tensor& y, DType y_dtype, const Tensor& inp,
+                        const Tensor& weight, DType operand, const char* bias_name, const Tensor* bias) {
+  auto check_dtype = [op](const char* name, const Tensor& t, DType want) {
+    SL_CHECK(t.dtype() == want, "%s: %s must be %s, got %s with shape %s", op, name, dtype_name(want),
+             dtype_name(t.dtype()), shape_str(t.shape()).c_str());
+  };
+  check_dtype(y_name, y, y_dtype);
+  check_dtype("inp", inp, operand);
+  check_dtype("weight", weight, operand);
+  SL_CHECK(weight.ndim() == 2, "%s: weight has shape %s, expected 2 dimensions (OC, C)", op,
+           shape_str(weight.shape()).c_str());
   const int64_t OC = weight.size(0), C = weight.size(1);
-  SL_OPS_FITS_INT(OC);
-  SL_OPS_FITS_INT(C);
-  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
-           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
-  const int64_t N = inp.numel() / C;
-  SL_OPS_FITS_INT(N);
-  SL_CHECK(out.ndim() >= 2 && out.size(-1) == OC && out.numel() == N * OC,
-           "out has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
-           shape_str(out.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "%s: inp has shape %s, expected (..., C=%lld) to match weight %s",
+           op, shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = C > 0 ? inp.numel() / C : 0;
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"OC", OC}, {"C", C}, {"N", N}})
+    SL_CHECK(v > 0 && v <= INT_MAX, "%s: %s = %lld must be in [1, INT_MAX]", op, name, static_cast<long long>(v));
+  SL_CHECK(y.ndim() >= 2 && y.size(-1) == OC && y.numel() == N * OC,
+           "%s: %s has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s", op, y_name,
+           shape_str(y.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
            shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
   if (bias != nullptr) {
-    SL_OPS_DTYPE(*bias, DType::F32);
-    SL_OPS_SHAPE(*bias, (Shape{OC}));
+    check_dtype(bias_name, *bias, DType::F32);
+    SL_CHECK(bias->shape() == (Shape{OC}), "%s: %s has shape %s, expected %s", op, bias_name,
+             shape_str(bias->shape()).c_str(), shape_str(Shape{OC}).c_str());
   }
+  return {N, C, OC};
+}
+
+// The backward's outputs: dweight like weight, dinp like inp (when given), all fp32.
+void check_linear_grads(const char* op, const Tensor* dinp, const Tensor& dweight, const Tensor& inp,
+                        const Tensor& weight) {
+  SL_CHECK(dweight.dtype() == DType::F32 && dweight.shape() == weight.shape(),
+           "%s: dweight is %s %s, expected f32 %s (weight's shape)", op, dtype_name(dweight.dtype()),
+           shape_str(dweight.shape()).c_str(), shape_str(weight.shape()).c_str());
+  if (dinp != nullptr)
+    SL_CHECK(dinp->dtype() == DType::F32 && dinp->shape() == inp.shape(),
+             "%s: dinp is %s %s, expected f32 %s (inp's shape)", op, dtype_name(dinp->dtype()),
+             shape_str(dinp->shape()).c_str(), shape_str(inp.shape()).c_str());
+}
+
+}  // namespace
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::F32, "bias", bias);
+  const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
   if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(),
-                                     bias != nullptr ? bias->data<float>() : nullptr, N, static_cast<int>(C),
-                                     static_cast<int>(OC)));
-  cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(),
-                      bias != nullptr ? bias->data<float>() : nullptr, N, static_cast<int>(C), static_cast<int>(OC));
+    SL_OPS_CUDA(cuda::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
+                                     static_cast<int>(d.C), static_cast<int>(d.OC)));
+  cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
+                      static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight) {
-  SL_OPS_DTYPE(dweight, DType::F32);
-  SL_OPS_DTYPE(dout, DType::F32);
-  SL_OPS_DTYPE(inp, DType::F32);
-  SL_OPS_DTYPE(weight, DType::F32);
-  SL_OPS_NDIM(weight, 2);  // (OC,C)
-  const int64_t OC = weight.size(0), C = weight.size(1);
-  SL_OPS_FITS_INT(OC);
-  SL_OPS_FITS_INT(C);
-  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
-           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
-  const int64_t N = inp.numel() / C;
-  SL_OPS_FITS_INT(N);
-  SL_CHECK(dout.ndim() >= 2 && dout.size(-1) == OC && dout.numel() == N * OC,
-           "dout has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
-           shape_str(dout.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
-           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
-  SL_OPS_SHAPE(dweight, weight.shape());
-  if (dinp != nullptr) {
-    SL_OPS_DTYPE(*dinp, DType::F32);
-    SL_OPS_SHAPE(*dinp, inp.shape());
-  }
-  if (dbias != nullptr) {
-    SL_OPS_DTYPE(*dbias, DType::F32);
-    SL_OPS_SHAPE(*dbias, (Shape{OC}));
-  }
+  const LinearDims d = check_linear(__func__, "dout", dout, DType::F32, inp, weight, DType::F32, "dbias", dbias);
+  check_linear_grads(__func__, dinp, dweight, inp, weight);
+  float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
   if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_backward(dinp != nullptr ? dinp->data<float>() : nullptr, dweight.data<float>(),
-                                      dbias != nullptr ? dbias->data<float>() : nullptr, dout.data<float>(),
-                                      inp.data<float>(), weight.data<float>(), N, static_cast<int>(C),
-                                      static_cast<int>(OC)));
-  cpu::matmul_backward(dinp != nullptr ? dinp->data<float>() : nullptr, dweight.data<float>(),
-                       dbias != nullptr ? dbias->data<float>() : nullptr, dout.data<float>(), inp.data<float>(),
-                       weight.data<float>(), N, static_cast<int>(C), static_cast<int>(OC));
+    SL_OPS_CUDA(cuda::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(),
+                                      inp.data<float>(), weight.data<float>(), d.N, static_cast<int>(d.C),
+                                      static_cast<int>(d.OC)));
+  cpu::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(), inp.data<float>(),
+                       weight.data<float>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
-// bf16 operands (PrecisionPolicy::bf16_compute): the same shape checks as above, with inp, weight and dout
-// bf16 and everything the op writes (and the bias) fp32.
+// bf16 operands (PrecisionPolicy::bf16_compute): the same checks, with inp, weight and dout bf16 and
+// everything the op writes (and the bias) fp32.
 void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
-  SL_OPS_DTYPE(out, DType::F32);
-  SL_OPS_DTYPE(inp, DType::BF16);
-  SL_OPS_DTYPE(weight, DType::BF16);
-  SL_OPS_NDIM(weight, 2);  // (OC,C)
-  const int64_t OC = weight.size(0), C = weight.size(1);
-  SL_OPS_FITS_INT(OC);
-  SL_OPS_FITS_INT(C);
-  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
-           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
-  const int64_t N = inp.numel() / C;
-  SL_OPS_FITS_INT(N);
-  SL_CHECK(out.ndim() >= 2 && out.size(-1) == OC && out.numel() == N * OC,
-           "out has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
-           shape_str(out.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
-           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
-  if (bias != nullptr) {
-    SL_OPS_DTYPE(*bias, DType::F32);
-    SL_OPS_SHAPE(*bias, (Shape{OC}));
-  }
+  const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::BF16, "bias", bias);
   const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
   if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, N,
-                                          static_cast<int>(C), static_cast<int>(OC)));
-  cpu::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, N,
-                           static_cast<int>(C), static_cast<int>(OC));
+    SL_OPS_CUDA(cuda::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
+                                          static_cast<int>(d.C), static_cast<int>(d.OC)));
+  cpu::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
+                           static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight) {
-  SL_OPS_DTYPE(dweight, DType::F32);
-  SL_OPS_DTYPE(dout, DType::BF16);
-  SL_OPS_DTYPE(inp, DType::BF16);
-  SL_OPS_DTYPE(weight, DType::BF16);
-  SL_OPS_NDIM(weight, 2);  // (OC,C)
-  const int64_t OC = weight.size(0), C = weight.size(1);
-  SL_OPS_FITS_INT(OC);
-  SL_OPS_FITS_INT(C);
-  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "inp has shape %s, expected (..., C=%lld) to match weight %s",
-           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
-  const int64_t N = inp.numel() / C;
-  SL_OPS_FITS_INT(N);
-  SL_CHECK(dout.ndim() >= 2 && dout.size(-1) == OC && dout.numel() == N * OC,
-           "dout has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s",
-           shape_str(dout.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
-           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
-  SL_OPS_SHAPE(dweight, weight.shape());
-  if (dinp != nullptr) {
-    SL_OPS_DTYPE(*dinp, DType::F32);
-    SL_OPS_SHAPE(*dinp, inp.shape());
-  }
-  if (dbias != nullptr) {
-    SL_OPS_DTYPE(*dbias, DType::F32);
-    SL_OPS_SHAPE(*dbias, (Shape{OC}));
-  }
+  const LinearDims d = check_linear(__func__, "dout", dout, DType::BF16, inp, weight, DType::BF16, "dbias", dbias);
+  check_linear_grads(__func__, dinp, dweight, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
   if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
     SL_OPS_CUDA(cuda::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(),
-                                           inp.data<bf16>(), weight.data<bf16>(), N, static_cast<int>(C),
-                                           static_cast<int>(OC)));
+                                           inp.data<bf16>(), weight.data<bf16>(), d.N, static_cast<int>(d.C),
+                                           static_cast<int>(d.OC)));
   cpu::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(),
-                            weight.data<bf16>(), N, static_cast<int>(C), static_cast<int>(OC));
+                            weight.data<bf16>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 // ---------------------------------------------------------------------------------------------
