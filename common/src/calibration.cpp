@@ -21,9 +21,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "scalelab/bf16.h"     // defines: bf16, float_to_bf16
 #include "scalelab/device.h"   // defines: cuda_device_name
 #include "scalelab/error.h"    // defines: SL_CHECK, SL_FAIL
 #include "scalelab/metrics.h"  // defines: system_info (CPU model)
+#include "scalelab/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend
 #include "scalelab/threads.h"  // defines: set_num_threads, num_threads
 
 #ifndef SL_BLAS_BUILD
@@ -88,13 +90,16 @@ std::vector<GemmShapeResult> d12_gemm_shapes() {
   };
 }
 
-Calibration calibrate_gemm(int threads, double seconds_budget) {
+Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind) {
   SL_CHECK(threads >= 1, "threads=%d must be >= 1", threads);
   SL_CHECK(seconds_budget >= 0, "seconds_budget=%g must be >= 0", seconds_budget);
   const int previous_threads = num_threads();
   set_num_threads(threads);
 
   std::vector<GemmShapeResult> shapes = d12_gemm_shapes();
+  if (kind == GemmKind::Bf16)  // cpu::matmul_forward_bf16 computes the forward layout only: out = inp @ W^T
+    shapes.erase(std::remove_if(shapes.begin(), shapes.end(), [](const auto& s) { return s.trans_a || !s.trans_b; }),
+                 shapes.end());
   size_t max_a = 0, max_b = 0, max_c = 0;  // elements
   for (const auto& s : shapes) {
     max_a = std::max(max_a, static_cast<size_t>(s.M) * s.K);
@@ -110,12 +115,19 @@ Calibration calibrate_gemm(int threads, double seconds_budget) {
   };
   for (float& x : A) x = next();
   for (float& x : B) x = next();
+  std::vector<bf16> A16(kind == GemmKind::Bf16 ? max_a : 0), B16(kind == GemmKind::Bf16 ? max_b : 0);
+  for (size_t i = 0; i < A16.size(); ++i) A16[i] = float_to_bf16(A[i]);
+  for (size_t i = 0; i < B16.size(); ++i) B16[i] = float_to_bf16(B[i]);
 
   const double budget_per_shape_s = seconds_budget / static_cast<double>(shapes.size());
   for (auto& s : shapes) {
     const int lda = s.trans_a ? s.M : s.K;  // row-major: leading dimension = stored row length
     const int ldb = s.trans_b ? s.K : s.N;
     auto call = [&]() {
+      if (kind == GemmKind::Bf16) {  // out (M, N) = inp (M, K) @ weight (N, K)^T, bf16 operands, fp32 out
+        cpu::matmul_forward_bf16(Cout.data(), A16.data(), B16.data(), nullptr, s.M, s.K, s.N);
+        return;
+      }
       cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.M,
                   s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cout.data(), s.N);
     };
@@ -141,7 +153,7 @@ Calibration calibrate_gemm(int threads, double seconds_budget) {
 
   Calibration c;
   c.cpu_model = system_info().cpu_model;
-  c.blas_build = SL_BLAS_BUILD;
+  c.blas_build = kind == GemmKind::Bf16 ? cpu::bf16_matmul_backend() : std::string(SL_BLAS_BUILD);
   c.threads = threads;
   c.shapes = shapes;
   std::vector<double> rates;
@@ -150,10 +162,12 @@ Calibration calibrate_gemm(int threads, double seconds_budget) {
   c.median_flops_per_s = median(rates);
   c.date = utc_date("%Y-%m-%d");
   char id[96];
-  std::snprintf(id, sizeof(id), "cpu-gemm-%08x-%dt-%s", fnv1a32(c.cpu_model), threads, utc_date("%Y%m%d").c_str());
+  std::snprintf(id, sizeof(id), "cpu-%s-%08x-%dt-%s", kind == GemmKind::Bf16 ? "bf16gemm" : "gemm",
+                fnv1a32(c.cpu_model), threads, utc_date("%Y%m%d").c_str());
   c.id = id;
-  c.source = "calibrated sgemm, d12 shapes, " + std::to_string(threads) + (threads == 1 ? " thread, " : " threads, ") +
-             c.date;
+  c.source = std::string(kind == GemmKind::Bf16 ? "calibrated bf16 matmul (" + c.blas_build + "), d12 forward shapes, "
+                                                : "calibrated sgemm, d12 shapes, ") +
+             std::to_string(threads) + (threads == 1 ? " thread, " : " threads, ") + c.date;
   return c;
 }
 
@@ -210,27 +224,29 @@ Calibration Calibration::from_json(const nlohmann::json& j) {
   }
 }
 
-std::string calibration_cache_path(const std::string& cache_dir, int threads) {
-  return (std::filesystem::path(cache_dir) / ("cpu_" + std::to_string(threads) + "t.json")).string();
+std::string calibration_cache_path(const std::string& cache_dir, int threads, GemmKind kind) {
+  const std::string stem = kind == GemmKind::Bf16 ? "cpu_bf16_" : "cpu_";
+  return (std::filesystem::path(cache_dir) / (stem + std::to_string(threads) + "t.json")).string();
 }
 
 // A quick check this much faster than the cached peak means the cache was measured under load.
 constexpr double kStaleCacheFactor = 1.5;  // well above run-to-run noise (a busy machine gave 2.5x)
 
-Calibration load_or_calibrate(int threads, const std::string& cache_dir, double seconds_budget) {
+Calibration load_or_calibrate(int threads, const std::string& cache_dir, double seconds_budget, GemmKind kind) {
   namespace fs = std::filesystem;
-  const std::string path = calibration_cache_path(cache_dir, threads);
+  const std::string path = calibration_cache_path(cache_dir, threads, kind);
+  const std::string build = kind == GemmKind::Bf16 ? cpu::bf16_matmul_backend() : std::string(SL_BLAS_BUILD);
   const std::string cpu_model = system_info().cpu_model;
   std::error_code ec;
   if (fs::exists(path, ec)) {
     try {
       std::ifstream in(path);
       const Calibration c = Calibration::from_json(nlohmann::json::parse(in));
-      if (c.cpu_model == cpu_model && c.threads == threads && c.blas_build == SL_BLAS_BUILD && c.flops_per_s > 0) {
+      if (c.cpu_model == cpu_model && c.threads == threads && c.blas_build == build && c.flops_per_s > 0) {
         // A cache measured while the machine was busy is too low and would make every MFU too high.
         // One quick pass over the shapes (about 0.2 s at d12 shapes) catches it: if the hardware is
         // now clearly faster than the cached peak, measure again.
-        const Calibration quick = calibrate_gemm(threads, /*seconds_budget=*/0.0);
+        const Calibration quick = calibrate_gemm(threads, /*seconds_budget=*/0.0, kind);
         if (quick.flops_per_s <= kStaleCacheFactor * c.flops_per_s) return c;
         std::fprintf(stderr, "[scalelab] calibration %s (%.1f GFLOP/s) is below a quick check (%.1f GFLOP/s): it was "
                      "probably measured on a busy machine; measuring again\n",
@@ -243,7 +259,7 @@ Calibration load_or_calibrate(int threads, const std::string& cache_dir, double 
       std::fprintf(stderr, "[scalelab] warning: ignoring calibration file %s: %s\n", path.c_str(), e.what());
     }
   }
-  const Calibration c = calibrate_gemm(threads, seconds_budget);
+  const Calibration c = calibrate_gemm(threads, seconds_budget, kind);
   // Write "<path>.tmp.<pid>" then rename: a reader in another process never sees a half-written file.
   fs::create_directories(cache_dir, ec);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -328,13 +344,13 @@ const std::vector<PeakEntry>& datasheet_peaks() {
 // ---------------------------------------------------------------------------------------------
 
 Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
+  const bool bf16 = policy.matmul_dtype == DType::BF16;  // the GEMMs' operands; bf16-mixed's are fp32 copies
   if (device == Device::CPU) {
-    const Calibration c = load_or_calibrate(threads);
+    const Calibration c = load_or_calibrate(threads, "runs/calibration", 3.0, bf16 ? GemmKind::Bf16 : GemmKind::Fp32);
     return {c.flops_per_s, c.source, c.id};
   }
   const std::string name = cuda_device_name();
   const auto entry = datasheet_peak(name);
-  const bool bf16 = policy.param_dtype == DType::BF16;
   const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
   if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
   return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};

@@ -13,6 +13,8 @@
 
 #include "scalelab/calibration.h"
 #include "scalelab/error.h"
+#include "scalelab/ops.h"        // defines: cpu::bf16_matmul_backend
+#include "scalelab/precision.h"  // defines: PrecisionPolicy
 #include "scalelab/threads.h"
 
 namespace fs = std::filesystem;
@@ -47,6 +49,38 @@ TEST(Calibration, TinyBudgetGivesPositiveFiniteFlopsForEveryShape) {
   EXPECT_NE(c.id.find("-1t-"), std::string::npos) << c.id;
   EXPECT_NE(c.source.find("calibrated sgemm, d12 shapes, 1 thread"), std::string::npos) << c.source;
   std::printf("  peak %.1f GFLOP/s (1 thread, tiny budget: indicative only)\n", c.flops_per_s / 1e9);
+}
+
+// bf16-compute runs divide by the bf16 matmul's own rate (regression: on oneDNN's bf16 GEMM, lab 01 in
+// bf16-compute reported MFU of 106-204 % against the sgemm peak). The calibration times cpu::matmul_forward_bf16
+// at the forward shapes, names the backend, and keeps its own cache file beside sgemm's.
+TEST(Calibration, Bf16CalibrationTimesTheBf16MatmulAtTheForwardShapesWithItsOwnCache) {
+  const scalelab::Calibration c = scalelab::calibrate_gemm(/*threads=*/1, kTinyBudgetS, scalelab::GemmKind::Bf16);
+  ASSERT_EQ(c.shapes.size(), 3u) << "qkv, fc and fcproj forward: the layout the bf16 op computes";
+  for (const auto& s : c.shapes) {
+    EXPECT_TRUE(s.trans_b && !s.trans_a) << s.name;
+    EXPECT_TRUE(std::isfinite(s.flops_per_s) && s.flops_per_s > 0) << s.name;
+  }
+  EXPECT_EQ(c.blas_build, scalelab::cpu::bf16_matmul_backend());
+  EXPECT_EQ(c.id.rfind("cpu-bf16gemm-", 0), 0u) << c.id;
+  EXPECT_NE(c.source.find("calibrated bf16 matmul (" + c.blas_build + "), d12 forward shapes, 1 thread"),
+            std::string::npos) << c.source;
+  std::printf("  bf16 matmul peak %.1f GFLOP/s (1 thread, tiny budget: indicative only), %s\n", c.flops_per_s / 1e9,
+              c.blas_build.c_str());
+
+  const std::string dir = temp_dir("bf16");
+  scalelab::load_or_calibrate(1, dir, kTinyBudgetS, scalelab::GemmKind::Bf16);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "cpu_bf16_1t.json"));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "cpu_1t.json")) << "the sgemm cache is another file";
+  fs::remove_all(dir);
+
+  // The denominator each policy gets on the CPU: bf16-compute the bf16 matmul, fp32 and bf16-mixed sgemm.
+  EXPECT_NE(scalelab::device_peak(scalelab::Device::CPU, scalelab::PrecisionPolicy::bf16_compute(), 1)
+                .source.find("calibrated bf16 matmul"),
+            std::string::npos);
+  EXPECT_NE(scalelab::device_peak(scalelab::Device::CPU, scalelab::PrecisionPolicy::bf16_mixed(), 1)
+                .source.find("calibrated sgemm"),
+            std::string::npos);
 }
 
 TEST(Calibration, D12ShapesAreTheTrainingStepLayouts) {

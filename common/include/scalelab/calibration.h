@@ -47,11 +47,18 @@ struct Calibration {
 // fc-projection, and the two backward layouts of the fc layer (dinp = dout @ W, dW = dout^T @ inp).
 std::vector<GemmShapeResult> d12_gemm_shapes();
 
+// What a calibration times: fp32 sgemm (OpenBLAS; the peak of fp32 and bf16-mixed runs, which compute in
+// fp32), or the CPU's bf16 matmul (cpu::matmul_forward_bf16: oneDNN's bf16 GEMM where built and supported,
+// else fp32 sgemm on bf16-rounded operands; the peak of bf16-compute runs), at the forward ("NT") shapes of
+// d12_gemm_shapes(), the layout that op computes.
+enum class GemmKind { Fp32, Bf16 };
+
 // Measures cblas_sgemm at d12_gemm_shapes() with `threads` threads (set through set_num_threads; the
 // previous count is restored). Per shape: one warm-up call, then timed calls until its share of
 // seconds_budget is spent (at least one, at most 50); the shape's rate is its fastest call. A tiny
 // budget still times every shape once (~0.5 s on one core).
-Calibration calibrate_gemm(int threads, double seconds_budget);
+// kind = Bf16: the bf16 matmul instead, at the forward shapes only.
+Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind = GemmKind::Fp32);
 
 // Reads <cache_dir>/cpu_<threads>t.json when it was measured on this CPU model with this thread
 // count and a quick pass (~0.2 s) is not 1.5x faster than the cached peak (a cache measured on a
@@ -60,8 +67,9 @@ Calibration calibrate_gemm(int threads, double seconds_budget);
 // running: several ranks calibrating at once measure each other. Run bin/sl_calibrate once before
 // multi-rank runs.
 Calibration load_or_calibrate(int threads, const std::string& cache_dir = "runs/calibration",
-                              double seconds_budget = 3.0);
-std::string calibration_cache_path(const std::string& cache_dir, int threads);  // <dir>/cpu_<threads>t.json
+                              double seconds_budget = 3.0, GemmKind kind = GemmKind::Fp32);
+// <dir>/cpu_<threads>t.json (Fp32) or <dir>/cpu_bf16_<threads>t.json (Bf16)
+std::string calibration_cache_path(const std::string& cache_dir, int threads, GemmKind kind = GemmKind::Fp32);
 
 // ---------------------------------------------------------------------------------------------
 // Datasheet peaks of known accelerators, dense (vendors headline the 2:4-sparse figure, 2x these).
@@ -81,9 +89,10 @@ const std::vector<PeakEntry>& datasheet_peaks();  // the whole table, for printi
 
 // ---------------------------------------------------------------------------------------------
 // The denominator of MFU for one run, as every driver and benchmark computes it:
-//   CPU   the sgemm calibration for the same thread count (load_or_calibrate(threads));
-//   CUDA  the current device's datasheet figure at the run's precision: dense bf16 when the policy
-//         computes in bf16, plain fp32 otherwise. A GPU missing from the table gets no borrowed number:
+//   CPU   the calibration for the same thread count (load_or_calibrate(threads, ...)) of the GEMM the run's
+//         matmuls use: the bf16 matmul for bf16-compute, sgemm otherwise (bf16-mixed computes in fp32);
+//   CUDA  the current device's datasheet figure at the run's matmul precision: dense bf16 for
+//         bf16-compute, plain fp32 otherwise (bf16-mixed's matmuls are fp32 GEMMs on fp32 copies). A GPU missing from the table gets no borrowed number:
 //         flops_per_s = 0, the source says why, and the caller reports MFU as not measured.
 // Used by labs/01_single_device/main.cpp and bench/bench_lab01.cpp.
 struct Peak {
