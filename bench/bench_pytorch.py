@@ -24,8 +24,9 @@ fair comparison. Our bf16 (= bf16-mixed) only STORES the parameters in bf16 and 
 copy; PyTorch has no such mode (the nearest is its fp32 column), so a bf16 row compares our fp32 GEMMs with
 PyTorch's bf16 tensor cores and says how much bf16-compute is worth, not how close we are to PyTorch.
 MFU uses the kit's convention (labs/01_single_device/README.md "Counting FLOPs") and the peak that
-bench_lab01 reports for the same device and precision (CPU: our sgemm calibration; GPU: the datasheet's
-dense figure), so every column divides by the same number.
+bench_lab01 reports for the same device and precision (CPU: our sgemm calibration, or the bf16 matmul's for
+bf16-compute; GPU: the datasheet's dense figure), so every column divides by the same number. Ours runs the
+materialized attention (bench_lab01's default) in every mode, --sdpa included.
 
 Order of work, so a run cut short by a time limit keeps the most useful numbers: ours for every
 precision, then PyTorch eager for every precision and case, then torch.compile. With --jsonl FILE every

@@ -11,7 +11,8 @@
 #      tensor cores), T = 1024; then lab 04 (ZeRO-3, bf16-mixed: the precisions its memory estimator models)
 #      on lab 01's d12 bf16 case (same global batch, T, steps): 1 rank, and, where
 #      Open MPI is installed, 2 MPI ranks sharing the GPU (--backend mpi): tokens/s, MFU, memory per rank;
-#   5. benchmarks ours against PyTorch eager and torch.compile on the same shapes (bench/bench_pytorch.py);
+#   5. times ours with the flash-style attention (bench_flash), then benchmarks ours against PyTorch eager
+#      and torch.compile on the same shapes (bench/bench_pytorch.py);
 #   6. prints one short table, writes it to --out, and appends a row to docs/gpu_runs.md.
 # Each phase runs under a hard timeout inside one budget (default 450 s: under 8 minutes on an H200, build
 # included); what the budget cuts is listed as skipped.
@@ -367,7 +368,7 @@ elif (( BUILD_OK )); then
     done
   done
   # The flash-style attention in the model (what lab 01's --attention auto picks when the scores do not
-  # fit): the bench's first case in bf16-compute, ours only; the table puts it next to the materialised row.
+  # fit): the bench's first case in bf16-compute, ours only; the table puts it next to the materialized row.
   phase bench_flash 60 15 "$BUILD_DIR/bin/bench_lab01" --device "$DEV" --precision bf16-compute --attention flash \
     --configs "${BENCH_CONFIGS%%,*}" --steps "$STEPS" --jsonl "$OUT_DIR/flash.jsonl"
   FLASH_RC=$?
@@ -563,7 +564,7 @@ if rows:
         key = (r["model"], r["precision"], r["B"], r["T"])
         mat = rows.get(key, {}).get("ours")
         lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(r, 10)} | flash attention;"
-                     f" flash/materialised {ratio(r, mat)}")
+                     f" flash/materialized {ratio(r, mat)}")
     errs = [f"{r['impl']} {r['model']} {r['precision']}: {r['error']}" for r in bench if "error" in r]
     for e in errs:
         lines.append(f"error    {e}")
@@ -643,7 +644,7 @@ if has_gpu and not build_only and not rehearse:
         if "error" not in r:
             mat = rows.get((r["model"], r["precision"], r["B"], r["T"]), {}).get("ours")
             nums.append(f"{r['model']} {r['precision']} {r['B']}x{r['T']} flash attention: "
-                        f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, {ratio(r, mat)} materialised")
+                        f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, {ratio(r, mat)} materialized")
     for n, backend, mb, status, per_rank in lab04_runs:
         s0 = per_rank[0]
         if not status.startswith("ok"):

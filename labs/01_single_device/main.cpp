@@ -13,6 +13,7 @@
 #include <cstdio>    // defines: std::printf
 #include <filesystem>
 #include <string>
+#include <utility>   // defines: std::pair
 #include <vector>
 
 #include "driver.h"                     // defines: driver::TrainOptions, evaluate, make_run_record, ... (labs/common)
@@ -44,14 +45,22 @@ struct Options : driver::TrainOptions {
   std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/gpt2.h AttentionImpl)
 };
 
-// --attention auto: flash when the materialised scores would take over a quarter of the memory there is,
+// --attention auto: flash when the materialized scores would take over a quarter of the memory there is,
 // the simulated cap if one is set, else the GPU's memory (choose_attention, gpt2.h). On the CPU without a
-// cap: materialized.
-static AttentionImpl attention_from_option(const Options& o, const GPTConfig& cfg, Device device) {
-  if (o.attention != "auto") return attention_impl_from_name(o.attention);
-  int64_t budget = Allocator::get(device).capacity_bytes();
-  if (budget == 0 && device == Device::CUDA) budget = cuda_device_memory_bytes();
-  return choose_attention(cfg, o.batch, o.seq_len, budget);
+// cap: materialized. Returns the choice and, for the header line and the log, why.
+static std::pair<AttentionImpl, std::string> attention_from_option(const Options& o, const GPTConfig& cfg,
+                                                                   Device device) {
+  if (o.attention != "auto") return {attention_impl_from_name(o.attention), "--attention " + o.attention};
+  const int64_t cap = Allocator::get(device).capacity_bytes();
+  const int64_t budget = cap > 0 ? cap : device == Device::CUDA ? cuda_device_memory_bytes() : 0;
+  const AttentionImpl impl = choose_attention(cfg, o.batch, o.seq_len, budget);
+  if (budget == 0) return {impl, "auto: no memory budget to compare with (no --memory-cap-mb)"};
+  constexpr double kMiB = 1 << 20;
+  char why[160];
+  std::snprintf(why, sizeof(why), "auto: the scores, %.1f MiB, are %s a quarter of the %.0f MiB %s",
+                attention_scores_bytes(cfg, o.batch, o.seq_len) / kMiB,
+                impl == AttentionImpl::Flash ? "over" : "within", budget / kMiB, cap > 0 ? "cap" : "GPU memory");
+  return {impl, why};
 }
 
 static int run(const Options& o) {
@@ -74,7 +83,8 @@ static int run(const Options& o) {
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(cfg, policy, device, o.seed);
-  model.set_attention(attention_from_option(o, cfg, device));
+  const auto [attention, attention_why] = attention_from_option(o, cfg, device);
+  model.set_attention(attention);
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
@@ -115,12 +125,14 @@ static int run(const Options& o) {
                            {"T", o.seq_len},         {"steps", o.steps},               {"lr", o.lr},
                            {"optimizer", o.optimizer}, {"precision", policy.name()},   {"seed", o.seed},
                            {"flops_per_token", flops_tok}, {"data", o.data},           {"device", o.device},
-                           {"attention", attention_impl_name(model.attention())}};
+                           {"attention", attention_impl_name(model.attention())},
+                           {"attention_choice", attention_why}};
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
-  std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention | %d threads | peak %.1f GFLOP/s (%s)\n",
+  std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention (%s) | %d threads | peak %.1f GFLOP/s (%s)\n",
               cfg.str().c_str(), static_cast<long long>(model.num_params()), o.batch, o.seq_len, policy.name().c_str(),
-              attention_impl_name(model.attention()), threads, peak.flops_per_s / 1e9, peak.source.c_str());
+              attention_impl_name(model.attention()), attention_why.c_str(), threads, peak.flops_per_s / 1e9,
+              peak.source.c_str());
   std::printf("logs: %s\n", log.path().c_str());
 
   // ------------------------------------------------------------------------------------------------
@@ -242,7 +254,9 @@ int main(int argc, char** argv) {
                  "backward) or auto (flash when the scores would take over a quarter of the memory)")
       ->check(CLI::IsMember({"auto", "materialized", "flash"}))
       ->capture_default_str();
-  app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")->capture_default_str();
+  app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")
+      ->check(CLI::Range(0.0, 1e9))  // MiB; a negative cap is a typo, not "no cap"
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
   try {

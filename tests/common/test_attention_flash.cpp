@@ -1,5 +1,5 @@
 // test_attention_flash.cpp — the flash-style causal attention's CPU twin (common/src/cpu/attention_flash.cpp)
-// and its Tensor-level dispatch (common/src/ops_dispatch.cpp) against the materialised CPU op
+// and its Tensor-level dispatch (common/src/ops_dispatch.cpp) against the materialized CPU op
 // (common/src/cpu/attention.cpp, itself checked against a double reference in test_ops_cpu.cpp):
 // out, dqkv (from a nonzero start: the += rule) and lse (against a double-precision log-sum-exp), on
 // shapes whose T and HS are not multiples of the tiles (8 rows, 32 keys); that it allocates no O(T^2)
@@ -39,7 +39,7 @@ namespace cpu = scalelab::cpu;
 // ---------------------------------------------------------------------------------------------
 // Tolerance (STYLE.md 28)
 
-// Flash against materialised, both fp32 on the CPU: the same sums in another order. The materialised op
+// Flash against materialized, both fp32 on the CPU: the same sums in another order. The materialized op
 // normalises each row once with its global max; the flash op sums per tile of 32 keys against a running
 // max and rescales by alpha = exp(m - m_new) once per tile (<= 9 tiles here), so each P or output differs
 // by a few fp32 roundings (u = 2^-24 = 6e-8) per tile plus sqrt(K) roundings of sums of K <= 257 terms:
@@ -111,9 +111,9 @@ Tensor cpu_tensor(const Shape& shape, const std::vector<float>& values) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Against the materialised op
+// Against the materialized op
 
-TEST(AttentionFlashCpu, ForwardMatchesMaterialisedAttentionAndLseMatchesDoubleReference) {
+TEST(AttentionFlashCpu, ForwardMatchesMaterializedAttentionAndLseMatchesDoubleReference) {
   for (const AttShape& s : kShapes) {
     SCOPED_TRACE(s.str());
     const size_t n_qkv = size_t(s.B) * s.T * 3 * s.C, n_out = size_t(s.B) * s.T * s.C;
@@ -127,7 +127,7 @@ TEST(AttentionFlashCpu, ForwardMatchesMaterialisedAttentionAndLseMatchesDoubleRe
   }
 }
 
-TEST(AttentionFlashCpu, BackwardMatchesMaterialisedAttentionFromNonzeroGradients) {
+TEST(AttentionFlashCpu, BackwardMatchesMaterializedAttentionFromNonzeroGradients) {
   for (const AttShape& s : kShapes) {
     SCOPED_TRACE(s.str());
     const size_t n_qkv = size_t(s.B) * s.T * 3 * s.C, n_out = size_t(s.B) * s.T * s.C;
@@ -185,7 +185,7 @@ TEST(AttentionFlashCpu, IsBitIdenticalForAnyThreadCount) {
 TEST(AttentionFlashCpu, AllocatesNoScoreSizedMemory) {
   const AttShape s{2, 512, 64, 2};  // HS = 32
   const int64_t B = s.B, T = s.T, C = s.C, NH = s.NH;
-  const int64_t att_bytes = B * NH * T * T * 4;  // bytes the materialised op's att would take (4 MiB)
+  const int64_t att_bytes = B * NH * T * T * 4;  // bytes the materialized op's att would take (4 MiB)
   // What the flash op may use: D (B,NH,T) fp32 in the backward, plus a few (8, HS) tiles per thread.
   const int64_t linear_bytes = B * NH * T * 4 + int64_t{scalelab::num_threads()} * 16 * 1024;
   Tensor qkv = cpu_tensor({B, T, 3 * C}, uniform(size_t(B * T * 3 * C), 6));

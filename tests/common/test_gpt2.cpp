@@ -564,7 +564,7 @@ TEST(Gpt2Attention, AutoChoosesFlashWhenTheScoresWouldTakeOverAQuarterOfMemory) 
   EXPECT_EQ(scalelab::choose_attention(d24, 16, 1024, gpu80), scalelab::AttentionImpl::Flash);
   EXPECT_EQ(scalelab::choose_attention(d24, 2, 1024, gpu80), scalelab::AttentionImpl::Materialized);
   EXPECT_EQ(scalelab::choose_attention(d24, 16, 1024, 0), scalelab::AttentionImpl::Materialized);
-  // the edge: exactly a quarter still materialises
+  // the edge: exactly a quarter still materializes
   const int64_t scores = scalelab::attention_scores_bytes(d24, 4, 1024);
   EXPECT_EQ(scalelab::choose_attention(d24, 4, 1024, 4 * scores), scalelab::AttentionImpl::Materialized);
   EXPECT_EQ(scalelab::choose_attention(d24, 4, 1024, 4 * scores - 4), scalelab::AttentionImpl::Flash);

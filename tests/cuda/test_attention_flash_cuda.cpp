@@ -1,6 +1,6 @@
 // test_attention_flash_cuda.cpp — the flash-style attention's CUDA twin (common/src/cuda/attention_flash.cu)
 // against its oracle, the CPU twin (common/src/cpu/attention_flash.cpp, itself checked against the
-// materialised op in tests/common/test_attention_flash.cpp): out, lse and dqkv (from a nonzero start: the
+// materialized op in tests/common/test_attention_flash.cpp): out, lse and dqkv (from a nonzero start: the
 // += rule) on shapes off the tile sizes, up to HS = 128 and GPT-2 d12's head shape at T = 1024; the same bits
 // on every run (no atomics); the Tensor-level dispatch on GPU tensors and its memory (no O(T^2) bytes);
 // the head-size refusal. Every GPU test starts with SL_REQUIRE_GPU(): without a GPU ctest says "Skipped".
@@ -173,7 +173,7 @@ TEST(CudaAttentionFlash, DispatchRunsCudaTwinWithoutScoreSizedMemory) {
   scalelab::attention_backward_flash(dqkv, dout, qkv, out, lse, static_cast<int>(NH));
   const MemStats after = alloc.stats();
   const int64_t extra = after.total_peak_bytes - before.total_current_bytes;
-  const int64_t att_bytes = B * NH * T * T * 4;  // 4 MiB: what the materialised op's att would take
+  const int64_t att_bytes = B * NH * T * T * 4;  // 4 MiB: what the materialized op's att would take
   std::printf("[ measured ] GPU flash forward + backward: peak extra %lld bytes (att would be %lld bytes)\n",
               static_cast<long long>(extra), static_cast<long long>(att_bytes));
   EXPECT_LE(extra, std::max<int64_t>(4096, 2 * B * NH * T * 4));
@@ -192,7 +192,7 @@ TEST(CudaAttentionFlash, RefusesHeadSizeAbove128WithAHint) {
   std::string msg = error_message([] { cuda::attention_forward_flash(nullptr, nullptr, nullptr, 1, 4, 258, 1); });
   EXPECT_TRUE(contains(msg, "HS = C/NH = 258/1 = 258")) << msg;
   EXPECT_TRUE(contains(msg, "1 <= HS <= 128")) << msg;
-  EXPECT_TRUE(contains(msg, "materialised")) << msg;
+  EXPECT_TRUE(contains(msg, "materialized")) << msg;
   msg = error_message([] {
     cuda::attention_backward_flash(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 129, 2);
   });

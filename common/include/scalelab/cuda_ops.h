@@ -40,7 +40,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t N, int C, int OC);
-// attention.cu — materialised att (B,NH,T,T), as the contract saves it for backward: cuBLAS strided-batched
+// attention.cu — materialized att (B,NH,T,T), as the contract saves it for backward: cuBLAS strided-batched
 // GEMMs (one call per head, batched over B) and a causal-softmax kernel (one warp per row).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
@@ -48,7 +48,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // attention_flash.cu — flash-style, no (B,NH,T,T) tensor: online softmax over key tiles staged in shared
 // memory, fp32 CUDA cores (no tensor cores), lse (B,NH,T) saved; the backward recomputes the scores (a D
 // kernel, then dk/dv per key block and dq per query block: no atomics, deterministic). Slower than the
-// materialised op; for when the scores do not fit. Throws scalelab::Error unless HS = C/NH <= 128.
+// materialized op; for when the scores do not fit. Throws scalelab::Error unless HS = C/NH <= 128.
 // The backward allocates B*NH*T fp32 of scratch (Workspace, kept and reused like the other scratch).
 void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,

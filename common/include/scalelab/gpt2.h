@@ -58,9 +58,9 @@ enum class AttentionImpl {
 const char* attention_impl_name(AttentionImpl impl);  // "materialized" or "flash"
 // "materialized" or "flash"; throws scalelab::Error naming the accepted values otherwise.
 AttentionImpl attention_impl_from_name(const std::string& name);
-// Bytes the materialised attention keeps for a (B,T) batch: L saved att (B,NH,T,T) plus one datt, fp32.
+// Bytes the materialized attention keeps for a (B,T) batch: L saved att (B,NH,T,T) plus one datt, fp32.
 int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T);
-// The "auto" choice of lab drivers: Flash when the materialised scores would take more than a quarter of
+// The "auto" choice of lab drivers: Flash when the materialized scores would take more than a quarter of
 // `memory_budget_bytes` (the device's memory or the simulated cap), so that parameters, optimizer state
 // and the other activations keep at least three quarters; Materialized otherwise, and when the budget
 // is unknown (0: the CPU without a cap).
@@ -94,7 +94,7 @@ class GPT2 {
   explicit GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
                 Device device = Device::CPU, uint64_t seed = 0);
   // A model WITHOUT parameter or gradient storage (like PyTorch's meta device before FSDP
-  // materialises a module): unit_params(u) and unit_grads(u) are empty tensors until the caller
+  // materializes a module): unit_params(u) and unit_grads(u) are empty tensors until the caller
   // installs buffers of the unit's size (or larger: views use offsets from the table). forward and
   // backward throw, naming the unit, when a unit they reach has no buffer. Used by lab 04.
   static GPT2 without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),

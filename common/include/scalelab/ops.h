@@ -63,7 +63,7 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
 // (B,NH,T,T) scores. An online softmax over key tiles (Dao et al. 2022, "FlashAttention", arXiv:2205.14135,
 // Alg. 1; Milakov & Gimelshein 2018) keeps only lse (B,NH,T) fp32 = log sum_{s<=t} exp(q_t k_s / sqrt(HS))
 // per row (natural log), saved for backward; O(B*NH*T) extra memory instead of O(B*NH*T^2). Slower than the
-// materialised op (the backward recomputes the scores; the CUDA twin uses no tensor cores): use it when the
+// materialized op (the backward recomputes the scores; the CUDA twin uses no tensor cores): use it when the
 // scores do not fit (docs/cuda_backend.md "Attention"). The CUDA twin needs HS = C/NH <= 128.
 // qkv (B,T,3C) as attention_forward; out (B,T,C); lse (B,NH,T).
 void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH);

@@ -3,13 +3,13 @@
 // scalelab/cuda_ops.h). CPU twin (the oracle, tiled the same way): common/src/cpu/attention_flash.cpp
 // tests: tests/cuda/test_attention_flash_cuda.cpp (CUDA vs CPU twin; skipped without a GPU)
 //
-// What we chose and why. The materialised op (attention.cu, cuBLAS) stays the default: it is faster and
+// What we chose and why. The materialized op (attention.cu, cuBLAS) stays the default: it is faster and
 // simpler. This one exists for when the (B,NH,T,T) scores do not fit: it never stores them. It follows
 // FlashAttention (Dao et al. 2022, arXiv:2205.14135): the forward runs an online softmax (Alg. 1; Milakov &
 // Gimelshein 2018, arXiv:1805.02867) over key tiles staged in shared memory and saves lse (B,NH,T); the
 // backward (Alg. 2) recomputes P = exp(S - lse) per tile. It trades speed for memory and readability:
 // fp32 on the CUDA cores (no tensor cores, no cp.async, no warp specialisation), one warp per row, so it
-// is several times slower than cuBLAS on the materialised scores. UNVERIFIED: written without a GPU,
+// is several times slower than cuBLAS on the materialized scores. UNVERIFIED: written without a GPU,
 // checked by reading and against the CPU twin's algorithm (which the CPU tests run).
 //
 // Layout of every kernel: a block of kBlockRows warps, one warp per "row" (a query row in the forward and
@@ -298,7 +298,7 @@ dim3 flash_grid(const char* op, int B, int T, int NH) {
 void check_head_size(const char* op, int C, int NH) {
   const int HS = C / NH;
   SL_CHECK_HINT(HS >= 1 && HS <= kMaxHeadSize,
-                "use attention_forward / attention_backward (materialised scores, any head size) for this model",
+                "use attention_forward / attention_backward (materialized scores, any head size) for this model",
                 "%s: head size HS = C/NH = %d/%d = %d, but the flash-style CUDA kernel supports 1 <= HS <= %d "
                 "(each lane keeps %d channels of a row in registers)",
                 op, C, NH, HS, kMaxHeadSize, kDimsPerLane);
