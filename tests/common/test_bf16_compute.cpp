@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "expect_error.h"               // defines: error_message, contains
 #include "scalelab/allocator.h"         // defines: Allocator, MemCategory
 #include "scalelab/bf16.h"              // defines: round_to_bf16
 #include "scalelab/error.h"             // defines: Error
@@ -25,6 +26,9 @@
 #include "scalelab/precision.h"         // defines: PrecisionPolicy
 
 namespace {
+
+using scalelab::test::contains;
+using scalelab::test::error_message;
 
 using scalelab::Allocator;
 using scalelab::Device;
@@ -94,18 +98,7 @@ int64_t current_bytes(MemCategory c) {
 }
 int64_t peak_bytes(MemCategory c) { return Allocator::get(Device::CPU).stats().peak_bytes[static_cast<int>(c)]; }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const scalelab::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a scalelab::Error, none was thrown";
-  return "";
-}
 
 GPTConfig tiny() { return GPTConfig::preset("tiny"); }  // maxT=16, V=64, L=2, NH=2, C=16
 

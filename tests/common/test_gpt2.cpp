@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"        // defines: error_message, contains
 #include "scalelab/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/bf16.h"       // defines: bf16, round_to_bf16, bf16_to_float
 #include "scalelab/error.h"      // defines: Error
@@ -22,6 +23,9 @@
 #include "scalelab/threads.h"    // defines: set_num_threads, num_threads
 
 namespace {
+
+using scalelab::test::contains;
+using scalelab::test::error_message;
 
 using scalelab::Allocator;
 using scalelab::Device;
@@ -47,19 +51,7 @@ int64_t current_bytes(MemCategory c) {
   return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)];
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// The what() of the scalelab::Error that f throws; a test failure if none.
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const scalelab::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a scalelab::Error, none was thrown";
-  return std::string();
-}
 
 // All values of one tensor as double (fp32 or bf16 storage).
 std::vector<double> values(const Tensor& t) {
