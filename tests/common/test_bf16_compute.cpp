@@ -24,6 +24,7 @@
 #include "scalelab/ops.h"               // defines: matmul_forward(_bf16), matmul_backward(_bf16), cast
 #include "scalelab/optim.h"             // defines: Optimizer, OptimizerConfig
 #include "scalelab/precision.h"         // defines: PrecisionPolicy
+#include "scalelab/threads.h"           // defines: num_threads, set_num_threads
 
 namespace {
 
@@ -409,6 +410,10 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
   using scalelab::bf16;
   const GPTConfig cfg = tiny();
   const int B = 1, T = 2;  // small activations, so a whole unit dwarfs the matmul operands
+  // One thread, as ctest runs it (OMP_NUM_THREADS=1): oneDNN's scratchpad grows with the thread count, and
+  // at 2 threads it alone exceeds this tiny model's fp32 block (17664 > 13120 B), which the last check assumes.
+  const int threads_before = scalelab::num_threads();
+  scalelab::set_num_threads(1);
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
   const Tensor tokens = random_tokens(B, T, static_cast<int>(V), 41), targets = random_tokens(B, T, static_cast<int>(V), 42);
   const std::vector<int64_t> unit_numel = scalelab::gpt2_unit_numel(cfg);
@@ -453,4 +458,5 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
   EXPECT_GE(extra[0], block_bytes) << "bf16-mixed copies a whole unit per pass (so the check below can see one)";
   EXPECT_LE(extra[1], one_matmul_bytes) << "bf16-compute should add only one matmul's scratch at a time (CPU twin)";
   EXPECT_LT(extra[1], block_bytes);
+  scalelab::set_num_threads(threads_before);
 }
