@@ -367,8 +367,9 @@ Tensor GPT2::matmul_weight(const Tensor& unit_f32, const std::string& name) cons
 // ---------------------------------------------------------------------------------------------
 // The model's matmuls in the policy's precision (c_attn, attn c_proj, c_fc, mlp c_proj, the LM head).
 // bf16-compute rounds the fp32 operands to bf16 (round to nearest even, as torch.autocast does) into
-// scratch and runs the bf16 matmul: each operand moves by at most 2^-9 of itself, the products and the
-// fp32 sums are then exact up to fp32 rounding (ops.h). Outputs and gradients stay fp32.
+// scratch and runs the bf16 matmul: each operand moves by at most 2^-8 of itself (half an ulp of 8
+// significant bits), the products and the fp32 sums are then exact up to fp32 rounding (ops.h). Outputs and
+// gradients stay fp32.
 
 void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
   if (policy_.matmul_dtype == DType::F32) {
