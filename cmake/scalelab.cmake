@@ -47,23 +47,62 @@ function(sl_find_openblas)
 endfunction()
 
 # oneDNN (optional): the CPU bf16-compute matmuls on its native bf16 GEMM (common/src/cpu/matmul_dnnl.cpp).
-# SL_WITH_DNNL = AUTO (use it where Debian's libdnnl-dev, i.e. its CMake config dnnl-config.cmake, is found),
-# ON (required: fail if missing) or OFF (the cast + sgemm path of common/src/cpu/matmul.cpp). The GPU check
-# machines build without it (scripts/pack_gpu_deps.sh does not copy it). Sets SL_DNNL_ENABLED and
-# SL_DNNL_STATUS for the summary; common/CMakeLists.txt adds the source, the library and SL_WITH_DNNL=1.
+# SL_WITH_DNNL = AUTO (use it where Debian's libdnnl-dev, i.e. its CMake config dnnl-config.cmake, is found
+# and usable), ON (required: fail with a hint if it is not) or OFF (the cast + sgemm path of
+# common/src/cpu/matmul.cpp). AUTO never fails a configure: a oneDNN that cannot be used becomes "oneDNN off
+# (why; the package that would enable it)" in the summary. The GPU check machines build without it
+# (scripts/pack_gpu_deps.sh does not copy it). Sets SL_DNNL_ENABLED and SL_DNNL_STATUS for the summary;
+# common/CMakeLists.txt adds the source, the library and SL_WITH_DNNL=1.
+#
+# Why the config is read before it is loaded: Debian's oneDNN 2.6 is built with an OpenCL GPU runtime, and
+# its dnnl-config.cmake calls find_package(OpenCL REQUIRED). OpenCL's development files
+# (ocl-icd-opencl-dev) are only a Recommends of libdnnl-dev, so `apt-get install --no-install-recommends`
+# leaves them out, and loading the config would then stop the whole configure, AUTO or not. So: find the
+# config file, read which GPU runtime it needs, check that runtime's files exist, and only then load it.
+function(_sl_dnnl_off why hint)
+  if(SL_WITH_DNNL STREQUAL "ON")
+    message(FATAL_ERROR "SL_WITH_DNNL=ON but oneDNN cannot be used: ${why}.\n  hint: ${hint}, "
+                        "or configure with -DSL_WITH_DNNL=AUTO (oneDNN off) or -DSL_WITH_DNNL=OFF")
+  endif()
+  set(SL_DNNL_STATUS "oneDNN off (${why}; ${hint})" PARENT_SCOPE)
+endfunction()
+
 macro(sl_find_dnnl)
   set(SL_DNNL_ENABLED OFF)
   set(SL_DNNL_STATUS "oneDNN off (SL_WITH_DNNL=OFF)")
+  if(NOT SL_WITH_DNNL MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "SL_WITH_DNNL='${SL_WITH_DNNL}' is not one of AUTO, ON, OFF.\n  hint: -DSL_WITH_DNNL=AUTO")
+  endif()
   if(NOT SL_WITH_DNNL STREQUAL "OFF")
-    find_package(dnnl CONFIG QUIET)
-    if(dnnl_FOUND AND TARGET DNNL::dnnl)
-      set(SL_DNNL_ENABLED ON)
-      set(SL_DNNL_STATUS "oneDNN ${dnnl_VERSION} (bf16 matmuls)")
-    elseif(SL_WITH_DNNL STREQUAL "ON")
-      message(FATAL_ERROR "SL_WITH_DNNL=ON but oneDNN's CMake config (dnnl-config.cmake) was not found.\n  hint: "
-                          "apt-get install libdnnl-dev, or pass -Ddnnl_DIR=<prefix>/lib/cmake/dnnl, or -DSL_WITH_DNNL=AUTO")
+    find_path(SL_DNNL_CONFIG_DIR dnnl-config.cmake HINTS ${dnnl_DIR}
+              PATH_SUFFIXES lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/dnnl lib/cmake/dnnl lib64/cmake/dnnl)
+    if(NOT SL_DNNL_CONFIG_DIR)
+      _sl_dnnl_off("its CMake config dnnl-config.cmake was not found"
+                   "apt-get install libdnnl-dev, or pass -Ddnnl_DIR=<prefix>/lib/cmake/dnnl")
     else()
-      set(SL_DNNL_STATUS "oneDNN off (apt-get install libdnnl-dev)")
+      file(STRINGS ${SL_DNNL_CONFIG_DIR}/dnnl-config.cmake _sl_dnnl_ocl REGEX "DNNL_GPU_RUNTIME \"OCL\"")
+      set(_sl_dnnl_usable ON)
+      if(_sl_dnnl_ocl)
+        # The same module oneDNN's config uses; QUIET, so a missing OpenCL is ours to report. A cached path
+        # that does not exist (-DOpenCL_INCLUDE_DIR=/nonexistent) counts as missing: find_package would take it.
+        find_package(OpenCL QUIET)
+        if(NOT OpenCL_FOUND OR NOT EXISTS "${OpenCL_INCLUDE_DIR}/CL/cl.h" OR NOT EXISTS "${OpenCL_LIBRARY}")
+          _sl_dnnl_off("its CMake config needs OpenCL, whose headers or library were not found (OpenCL_INCLUDE_DIR='${OpenCL_INCLUDE_DIR}', OpenCL_LIBRARY='${OpenCL_LIBRARY}')"
+                       "apt-get install ocl-icd-opencl-dev")
+          set(_sl_dnnl_usable OFF)
+        endif()
+      endif()
+      if(_sl_dnnl_usable)
+        set(dnnl_DIR ${SL_DNNL_CONFIG_DIR})
+        find_package(dnnl CONFIG QUIET)
+        if(dnnl_FOUND AND TARGET DNNL::dnnl)
+          set(SL_DNNL_ENABLED ON)
+          set(SL_DNNL_STATUS "oneDNN ${dnnl_VERSION} (bf16 matmuls)")
+        else()
+          _sl_dnnl_off("its CMake config in ${SL_DNNL_CONFIG_DIR} did not define DNNL::dnnl"
+                       "reinstall libdnnl-dev")
+        endif()
+      endif()
     endif()
   endif()
 endmacro()

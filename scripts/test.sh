@@ -28,6 +28,8 @@ fi
 
 echo "== configure ($build_dir)"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}"
+echo "== is scripts/install_deps.sh complete? (every file the configure found comes from a package it installs)"
+scripts/check_deps.py --build-dir "$build_dir" --configure-only  # after the build, ctest build.deps_complete checks headers and libraries too
 echo "== build"
 cmake --build "$build_dir" -j "$jobs"
 
