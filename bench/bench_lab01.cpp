@@ -19,15 +19,15 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/calibration.h"  // defines: device_peak, Peak
-#include "scalelab/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
-#include "scalelab/error.h"
-#include "scalelab/gpt2.h"
-#include "scalelab/ops.h"          // defines: cpu::bf16_matmul_backend
-#include "scalelab/optim.h"
-#include "scalelab/precision.h"    // defines: PrecisionPolicy
-#include "scalelab/rng.h"
-#include "scalelab/threads.h"
+#include "scalelab/measure/calibration.h"  // defines: device_peak, Peak
+#include "scalelab/core/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
+#include "scalelab/core/error.h"
+#include "scalelab/model/gpt2.h"
+#include "scalelab/ops/ops.h"          // defines: cpu::bf16_matmul_backend
+#include "scalelab/model/optim.h"
+#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
+#include "scalelab/core/rng.h"
+#include "scalelab/core/threads.h"
 #include "train_step.h"  // defines: lab01::flops_per_token, tokens_per_second, mfu (reference track)
 
 using namespace scalelab;

@@ -52,7 +52,7 @@ out_dir="runs/bench_lab03/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out_dir"
 
 # The MFU peaks: one calibration per thread count the runs use (cores / ranks, at least 1), measured
-# now, alone, so no rank measures while others compute (scalelab/calibration.h).
+# now, alone, so no rank measures while others compute (scalelab/measure/calibration.h).
 for n in $ranks; do
   t=$(( cores / n )); (( t >= 1 )) || t=1
   "$build_dir/bin/sl_calibrate" --threads "$t" > /dev/null

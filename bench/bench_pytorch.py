@@ -13,7 +13,7 @@ On a GPU (a build with the CUDA backend; scripts/gpu_check.sh runs this):
     python3 bench/bench_pytorch.py --build-dir build-gpu --device cuda --dtype bf16-compute,fp32 \\
         --configs d24:8x1024,d12:16x1024
 
-The PyTorch model mirrors common/src/gpt2.cpp: tied LM head, GELU (tanh), LayerNorm eps 1e-5, causal
+The PyTorch model mirrors common/src/model/gpt2.cpp: tied LM head, GELU (tanh), LayerNorm eps 1e-5, causal
 attention computed with explicit matmuls + softmax, as ours does (F.scaled_dot_product_attention with
 --sdpa), AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), gradient clipping at 1.0.
 Precision: fp32 is true fp32 on both sides (torch.set_float32_matmul_precision("highest"): no TF32, as
@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 
-PRESETS = {  # name: (maxT, V, L, NH, C) as GPTConfig::preset in common/src/gpt2.cpp
+PRESETS = {  # name: (maxT, V, L, NH, C) as GPTConfig::preset in common/src/model/gpt2.cpp
     "tiny": (16, 64, 2, 2, 16),
     "demo": (256, 256, 4, 4, 192),
     "d12": (1024, 256, 12, 12, 768),

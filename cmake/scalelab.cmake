@@ -46,10 +46,10 @@ function(sl_find_openblas)
   endif()
 endfunction()
 
-# oneDNN (optional): the CPU bf16-compute matmuls on its native bf16 GEMM (common/src/cpu/matmul_dnnl.cpp).
+# oneDNN (optional): the CPU bf16-compute matmuls on its native bf16 GEMM (common/src/ops/cpu/matmul_dnnl.cpp).
 # SL_WITH_DNNL = AUTO (use it where Debian's libdnnl-dev, i.e. its CMake config dnnl-config.cmake, is found
 # and usable), ON (required: fail with a hint if it is not) or OFF (the cast + sgemm path of
-# common/src/cpu/matmul.cpp). AUTO never fails a configure: a oneDNN that cannot be used becomes "oneDNN off
+# common/src/ops/cpu/matmul.cpp). AUTO never fails a configure: a oneDNN that cannot be used becomes "oneDNN off
 # (why; the package that would enable it)" in the summary. The GPU check machines build without it
 # (scripts/pack_gpu_deps.sh does not copy it). Sets SL_DNNL_ENABLED and SL_DNNL_STATUS for the summary;
 # common/CMakeLists.txt adds the source, the library and SL_WITH_DNNL=1.
@@ -365,8 +365,8 @@ endfunction()
 
 # ---------------------------------------------------------------------------------------------
 # sl_add_mpi_test(<name> SOURCES <files> [NP 2 4] [LABELS ...] [DEPS libs...] [TIMEOUT s])
-# A multi-rank GoogleTest program with tests/mpi/mpi_main.cpp as main() (the world communicator in
-# test::world(), tests/mpi/mpi_test.h; results reduced across ranks), registered as ONE ctest per rank
+# A multi-rank GoogleTest program with tests/support/mpi/mpi_main.cpp as main() (the world communicator in
+# test::world(), tests/support/mpi/mpi_test.h; results reduced across ranks), registered as ONE ctest per rank
 # count, run under mpiexec:
 #   name     <name>.np<N>
 #   labels   mpi;cpu plus LABELS (e.g. common, lab03)
@@ -391,8 +391,8 @@ function(sl_add_mpi_test name)
     endforeach()
     return()
   endif()
-  add_executable(${name} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cpp)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/mpi)
+  add_executable(${name} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/support/mpi/mpi_main.cpp)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/mpi)
   target_link_libraries(${name} PRIVATE scalelab_common sl_test_support GTest::gtest ${A_DEPS})
   target_compile_definitions(${name} PRIVATE SL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)

@@ -52,7 +52,7 @@ args=(--model d12 --stage 3 --micro-batch 1 --seq-len 64 --memory-cap-mb "$cap_m
 stamp=$(date -u +%Y%m%d-%H%M%S)
 
 echo
-echo "== 1. the estimator (common/include/scalelab/memory_estimator.h), cap $cap_mb MiB per rank"
+echo "== 1. the estimator (common/include/scalelab/measure/memory_estimator.h), cap $cap_mb MiB per rank"
 echo "-- 1 rank:"
 "$lab04" "${args[@]}" --estimate | grep -E "^(stage|  |[0-3] |ZeRO)"
 echo "-- 4 ranks:"

@@ -1,6 +1,6 @@
 // calibrate.cpp — bin/sl_calibrate: measure sgemm FLOP/s at GPT-2 d12 training shapes, print the
 // table and write the cache runs/calibration/cpu_<threads>t.json that CPU runs use as their MFU peak.
-// Library: common/src/calibration.cpp. Tests: tests/common/test_calibration.cpp
+// Library: common/src/measure/calibration.cpp. Tests: tests/common/measure/test_calibration.cpp
 //
 //   bin/sl_calibrate                  # all cores
 //   bin/sl_calibrate --threads 1      # what one rank of a 2-rank run on 2 cores gets
@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <thread>
 
-#include "scalelab/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
-#include "scalelab/error.h"        // defines: scalelab::Error
+#include "scalelab/measure/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
+#include "scalelab/core/error.h"        // defines: scalelab::Error
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure CPU sgemm FLOP/s at GPT-2 d12 shapes (the MFU peak of CPU runs)"};

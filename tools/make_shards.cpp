@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/error.h"  // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
 #include "shard_loader.h"    // defines: lab02::write_shard, read_shard_header, list_shards, encode_bytes
 
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
 // scaling_report.cpp — the logs of a 1-device run, an N-device run and a batch sweep -> ScalingEvidence
 // and the "why not 2x?" table (scaling_report.h). Record keys: docs/log_schema.md. The verdict itself:
-// common/src/bottleneck.cpp. Tests: tests/lab04_scaling/test_scaling_report.cpp
+// common/src/measure/bottleneck.cpp. Tests: tests/lab04_scaling/test_scaling_report.cpp
 #include "scaling_report.h"
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the JSONL records)
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
 
 namespace scalelab::scaling {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/bottleneck.h"  // defines: ScalingEvidence, RankTiming, BatchPoint, kNotMeasured
+#include "scalelab/measure/bottleneck.h"  // defines: ScalingEvidence, RankTiming, BatchPoint, kNotMeasured
 
 namespace scalelab::scaling {
 

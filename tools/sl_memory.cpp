@@ -1,7 +1,7 @@
 // sl_memory.cpp — bin/sl_memory: per-rank memory of data-parallel training with ZeRO stages 0..3
 // (Rajbhandari et al. 2019), for this kit's GPT-2 exactly as lab 04 lays it out, or at paper level for
 // any parameter count, and the FAQ "how many devices of X GB do I need?".
-// Library: common/src/memory_estimator.cpp. Tests: tests/common/test_memory_estimator.cpp. Doc: docs/memory.md
+// Library: common/src/measure/memory_estimator.cpp. Tests: tests/common/measure/test_memory_estimator.cpp. Doc: docs/memory.md
 //
 //   bin/sl_memory --model d24 --ranks 1,2,4,8 --precision bf16 --micro-batch 4 --seq-len 1024 --prefetch 1
 //   bin/sl_memory --psi 7.5e9 --ranks 64 --paper      # the paper's Fig. 1 numbers: 120 / 31.4 / 16.6 / 1.9 GB
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/error.h"             // defines: scalelab::Error, SL_CHECK_HINT
-#include "scalelab/gpt2.h"              // defines: GPTConfig::preset
-#include "scalelab/memory_estimator.h"  // defines: format_memory_table, format_zero_table, format_fit_table
-#include "scalelab/optim.h"             // defines: OptimizerConfig::kind_from_name
-#include "scalelab/precision.h"         // defines: PrecisionPolicy::from_name
+#include "scalelab/core/error.h"             // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/model/gpt2.h"              // defines: GPTConfig::preset
+#include "scalelab/measure/memory_estimator.h"  // defines: format_memory_table, format_zero_table, format_fit_table
+#include "scalelab/model/optim.h"             // defines: OptimizerConfig::kind_from_name
+#include "scalelab/core/precision.h"         // defines: PrecisionPolicy::from_name
 
 int main(int argc, char** argv) {
   CLI::App app{"Per-rank memory of ZeRO stages 0..3 (params, grads, optimizer state, activations)"};

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/bottleneck.h"  // defines: diagnose_scaling, format_verdict
-#include "scalelab/error.h"       // defines: scalelab::Error
+#include "scalelab/measure/bottleneck.h"  // defines: diagnose_scaling, format_verdict
+#include "scalelab/core/error.h"       // defines: scalelab::Error
 #include "scaling_report.h"       // defines: read_run, make_evidence, format_report
 
 int main(int argc, char** argv) {

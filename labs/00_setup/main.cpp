@@ -30,13 +30,13 @@
 #include <thread>  // defines: std::thread::hardware_concurrency
 #include <vector>
 
-#include "scalelab/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak
-#include "scalelab/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
-#include "scalelab/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
-#include "scalelab/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
-#include "scalelab/metrics.h"      // defines: RunLogger, system_info, make_run_id
-#include "scalelab/tensor.h"       // defines: Tensor
-#include "scalelab/threads.h"      // defines: set_num_threads, local_ranks_from_env
+#include "scalelab/measure/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak
+#include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
+#include "scalelab/core/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
+#include "scalelab/core/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/measure/metrics.h"      // defines: RunLogger, system_info, make_run_id
+#include "scalelab/core/tensor.h"       // defines: Tensor
+#include "scalelab/core/threads.h"      // defines: set_num_threads, local_ranks_from_env
 
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;

@@ -17,16 +17,16 @@
 #include <vector>
 
 #include "driver.h"                     // defines: driver::TrainOptions, evaluate, make_run_record, ... (labs/common)
-#include "scalelab/calibration.h"       // defines: device_peak (the MFU denominator: calibration or datasheet)
-#include "scalelab/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
-#include "scalelab/device.h"            // defines: cuda_device_count, cuda_device_memory_bytes, device_synchronize
-#include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented
-#include "scalelab/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
-#include "scalelab/metrics.h"           // defines: RunLogger (JSONL logs)
-#include "scalelab/sample.h"            // defines: sample_text
-#include "scalelab/optim.h"             // defines: Optimizer, LRSchedule
-#include "scalelab/threads.h"           // defines: set_num_threads
-#include "scalelab/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
+#include "scalelab/measure/calibration.h"       // defines: device_peak (the MFU denominator: calibration or datasheet)
+#include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
+#include "scalelab/core/device.h"            // defines: cuda_device_count, cuda_device_memory_bytes, device_synchronize
+#include "scalelab/core/error.h"             // defines: scalelab::Error, NotImplemented
+#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
+#include "scalelab/measure/metrics.h"           // defines: RunLogger (JSONL logs)
+#include "scalelab/model/sample.h"            // defines: sample_text
+#include "scalelab/model/optim.h"             // defines: Optimizer, LRSchedule
+#include "scalelab/core/threads.h"           // defines: set_num_threads
+#include "scalelab/model/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
 #include "shard_loader.h"               // defines: scalelab::lab02::ShardLoader (lab 02's reference)
 #include "train_step.h"                 // defines: train_step, flops_per_token, tokens_per_second, mfu (YOU)
 
@@ -42,7 +42,7 @@ struct Options : driver::TrainOptions {
   int checkpoint_every = 0;
   std::string resume;          // a checkpoint file, or "latest" (in --checkpoint-dir)
   double mem_cap_mb = 0;       // simulated device memory cap, MiB (0: none)
-  std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/gpt2.h AttentionImpl)
+  std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/model/gpt2.h AttentionImpl)
 };
 
 // --attention auto: flash when the materialized scores would take over a quarter of the memory there is,

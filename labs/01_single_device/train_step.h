@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-#include "scalelab/gpt2.h"
-#include "scalelab/optim.h"
-#include "scalelab/tensor.h"
+#include "scalelab/model/gpt2.h"
+#include "scalelab/model/optim.h"
+#include "scalelab/core/tensor.h"
 
 #ifndef SL_TRACK_LAB01
 #define SL_TRACK_LAB01 ref

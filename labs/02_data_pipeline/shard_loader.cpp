@@ -1,7 +1,7 @@
 // shard_loader.cpp — lab 02: shard files, the byte tokenizer and the ShardLoader (shard_loader.h).
 // Two copies, identical outside the TODO(lab02-N) fences: labs/02_data_pipeline/ (learner, stubs)
 // and solutions/02_data_pipeline/ (reference). Everything outside the fences is shared, real code.
-// Format and order rules: docs/formats.md   Tests: tests/common/test_shard_loader.cpp
+// Format and order rules: docs/formats.md   Tests: tests/lab02/test_shard_loader.cpp
 #include "shard_loader.h"
 
 #include <fcntl.h>     // defines: open, O_RDONLY
@@ -18,8 +18,8 @@
 #include <numeric>     // defines: std::iota
 #include <utility>     // defines: std::move, std::swap
 
-#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/rng.h"    // defines: scalelab::Rng (xoshiro256**), the per-epoch shuffle
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/core/rng.h"    // defines: scalelab::Rng (xoshiro256**), the per-epoch shuffle
 
 namespace {
 

@@ -3,7 +3,7 @@
 // solutions/02_data_pipeline/shard_loader.cpp (reference) define these functions in namespaces
 // scalelab::lab02::learner and scalelab::lab02::ref. Every other program links the reference.
 // File format and window order: docs/formats.md ("Token shards", "Loader order").
-// Tests: tests/common/test_shard_loader.cpp; tool that writes shards: tools/make_shards.cpp
+// Tests: tests/lab02/test_shard_loader.cpp; tool that writes shards: tools/make_shards.cpp
 #pragma once
 
 // Which track this translation unit sees. CMake sets it per library (sl_add_lab in cmake/scalelab.cmake);
@@ -21,7 +21,7 @@
 #include <thread>              // defines: std::thread (prefetch thread)
 #include <vector>              // defines: std::vector
 
-#include "scalelab/tensor.h"    // defines: scalelab::Tensor (load_batch)
+#include "scalelab/core/tensor.h"    // defines: scalelab::Tensor (load_batch)
 
 namespace scalelab::lab02 {
 inline namespace SL_TRACK_LAB02 {

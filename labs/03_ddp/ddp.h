@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/comm.h"
-#include "scalelab/gpt2.h"
-#include "scalelab/optim.h"
-#include "scalelab/tensor.h"
+#include "scalelab/comm/comm.h"
+#include "scalelab/model/gpt2.h"
+#include "scalelab/model/optim.h"
+#include "scalelab/core/tensor.h"
 
 #ifndef SL_TRACK_LAB03
 #define SL_TRACK_LAB03 ref

@@ -20,16 +20,16 @@
 
 #include "ddp.h"                    // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
 #include "driver.h"                 // defines: driver::DistributedOptions, make_link, evaluate_all_ranks, ... (labs/common)
-#include "scalelab/calibration.h"   // defines: Peak (peak FLOP/s per device)
-#include "scalelab/comm.h"          // defines: Communicator, run_on_all_ranks, LinkModel
-#include "scalelab/device.h"        // defines: cuda_device_count, cuda_device_name, device_synchronize
-#include "scalelab/error.h"         // defines: scalelab::Error, NotImplemented
-#include "scalelab/gpt2.h"          // defines: GPT2, GPTConfig
-#include "scalelab/metrics.h"       // defines: RunLogger (JSONL logs)
-#include "scalelab/sample.h"            // defines: sample_text
-#include "scalelab/optim.h"         // defines: Optimizer, LRSchedule
-#include "scalelab/rng.h"           // defines: Rng (sampling)
-#include "scalelab/threads.h"       // defines: set_num_threads
+#include "scalelab/measure/calibration.h"   // defines: Peak (peak FLOP/s per device)
+#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks, LinkModel
+#include "scalelab/core/device.h"        // defines: cuda_device_count, cuda_device_name, device_synchronize
+#include "scalelab/core/error.h"         // defines: scalelab::Error, NotImplemented
+#include "scalelab/model/gpt2.h"          // defines: GPT2, GPTConfig
+#include "scalelab/measure/metrics.h"       // defines: RunLogger (JSONL logs)
+#include "scalelab/model/sample.h"            // defines: sample_text
+#include "scalelab/model/optim.h"         // defines: Optimizer, LRSchedule
+#include "scalelab/core/rng.h"           // defines: Rng (sampling)
+#include "scalelab/core/threads.h"       // defines: set_num_threads
 #include "shard_loader.h"           // defines: scalelab::lab02::ShardLoader (lab 02's reference)
 #include "train_step.h"             // defines: lab01::flops_per_token, tokens_per_second, mfu (lab 01's reference)
 

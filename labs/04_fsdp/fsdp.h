@@ -3,7 +3,7 @@
 //   solutions/04_fsdp/fsdp.cpp  the reference (same file, filled)  -> library lab04_ref
 // The two tracks live in distinct inline namespaces (scalelab::lab04::learner / ::ref) chosen by
 // SL_TRACK_LAB04, which CMake sets per library; code that includes this header without it gets ref.
-// Lesson: labs/04_fsdp/README.md   Graded tests: tests/lab04/   Memory formulas: scalelab/memory_estimator.h
+// Lesson: labs/04_fsdp/README.md   Graded tests: tests/lab04/   Memory formulas: scalelab/measure/memory_estimator.h
 //
 // ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, Sec. 5): data parallel, but each of the N ranks keeps
 // only 1/N of the model state. Stage 1 shards the optimizer state (P_os), stage 2 also the gradients
@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/comm.h"
-#include "scalelab/gpt2.h"
-#include "scalelab/optim.h"
-#include "scalelab/precision.h"
-#include "scalelab/tensor.h"
+#include "scalelab/comm/comm.h"
+#include "scalelab/model/gpt2.h"
+#include "scalelab/model/optim.h"
+#include "scalelab/core/precision.h"
+#include "scalelab/core/tensor.h"
 
 #ifndef SL_TRACK_LAB04
 #define SL_TRACK_LAB04 ref

@@ -24,18 +24,18 @@
 
 #include "driver.h"                        // defines: driver::DistributedOptions, make_link, evaluate_all_ranks, ... (labs/common)
 #include "fsdp.h"                          // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
-#include "scalelab/allocator.h"            // defines: Allocator (the --memory-cap-mb cap, memory per category)
-#include "scalelab/calibration.h"          // defines: Peak (peak FLOP/s per device)
-#include "scalelab/comm.h"                 // defines: Communicator, CommEvent, LinkModel, run_on_all_ranks
-#include "scalelab/device.h"               // defines: cuda_device_count, cuda_device_name, device_synchronize
-#include "scalelab/error.h"                // defines: scalelab::Error, OutOfMemory, SL_CHECK_HINT
-#include "scalelab/gpt2.h"                 // defines: GPT2, GPTConfig, ModelHooks
-#include "scalelab/memory_estimator.h"     // defines: estimate_memory, format_memory_table, min_devices_to_fit
-#include "scalelab/metrics.h"              // defines: RunLogger, TimeSpan (JSONL logs)
-#include "scalelab/optim.h"                // defines: OptimizerConfig, LRSchedule
-#include "scalelab/rng.h"                  // defines: Rng (sampling)
-#include "scalelab/sample.h"               // defines: sample_text
-#include "scalelab/threads.h"              // defines: set_num_threads
+#include "scalelab/core/allocator.h"            // defines: Allocator (the --memory-cap-mb cap, memory per category)
+#include "scalelab/measure/calibration.h"          // defines: Peak (peak FLOP/s per device)
+#include "scalelab/comm/comm.h"                 // defines: Communicator, CommEvent, LinkModel, run_on_all_ranks
+#include "scalelab/core/device.h"               // defines: cuda_device_count, cuda_device_name, device_synchronize
+#include "scalelab/core/error.h"                // defines: scalelab::Error, OutOfMemory, SL_CHECK_HINT
+#include "scalelab/model/gpt2.h"                 // defines: GPT2, GPTConfig, ModelHooks
+#include "scalelab/measure/memory_estimator.h"     // defines: estimate_memory, format_memory_table, min_devices_to_fit
+#include "scalelab/measure/metrics.h"              // defines: RunLogger, TimeSpan (JSONL logs)
+#include "scalelab/model/optim.h"                // defines: OptimizerConfig, LRSchedule
+#include "scalelab/core/rng.h"                  // defines: Rng (sampling)
+#include "scalelab/model/sample.h"               // defines: sample_text
+#include "scalelab/core/threads.h"              // defines: set_num_threads
 #include "shard_loader.h"                  // defines: scalelab::lab02::ShardLoader (lab 02's reference)
 #include "train_step.h"                    // defines: lab01::flops_per_token, tokens_per_second, mfu
 
@@ -244,7 +244,7 @@ class StepProbe {
 };
 
 // ------------------------------------------------------------------------------------------------
-// The estimator's view of this run (common/include/scalelab/memory_estimator.h, docs/memory.md)
+// The estimator's view of this run (common/include/scalelab/measure/memory_estimator.h, docs/memory.md)
 static MemoryEstimate estimate_for(const Options& o, const GPTConfig& cfg, int world, const PrecisionPolicy& policy,
                                    int stage) {
   const int prefetch = o.overlap == "on" ? o.prefetch : 0;  // FsdpOptions::overlap off: no prefetch

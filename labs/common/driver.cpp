@@ -4,8 +4,8 @@
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
 
-#include "scalelab/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name
-#include "scalelab/error.h"   // defines: SL_CHECK_HINT
+#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name
+#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
 
 namespace scalelab::driver {
 

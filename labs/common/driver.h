@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/calibration.h"  // defines: Peak
-#include "scalelab/comm.h"         // defines: Communicator, CommEvent, LinkModel
-#include "scalelab/gpt2.h"         // defines: GPT2
-#include "scalelab/metrics.h"      // defines: RunRecord
-#include "scalelab/precision.h"    // defines: PrecisionPolicy
-#include "scalelab/tensor.h"       // defines: Device, Tensor
+#include "scalelab/measure/calibration.h"  // defines: Peak
+#include "scalelab/comm/comm.h"         // defines: Communicator, CommEvent, LinkModel
+#include "scalelab/model/gpt2.h"         // defines: GPT2
+#include "scalelab/measure/metrics.h"      // defines: RunRecord
+#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
+#include "scalelab/core/tensor.h"       // defines: Device, Tensor
 #include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference)
 
 namespace scalelab::driver {

@@ -3,8 +3,8 @@
 // Only the code between TODO(lab01-N) BEGIN/END is yours to write; the rest is shared by both tracks.
 #include "train_step.h"
 
-#include "scalelab/error.h"
-#include "scalelab/optim.h"
+#include "scalelab/core/error.h"
+#include "scalelab/model/optim.h"
 
 namespace scalelab::lab01 {
 inline namespace SL_TRACK_LAB01 {

@@ -10,9 +10,9 @@
 #include <string>     // defines: std::string, std::to_string
 #include <vector>     // defines: std::vector
 
-#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops.h"    // defines: scale_ (t *= s)
-#include "scalelab/optim.h"  // defines: clip_grad_norm
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"    // defines: scale_ (t *= s)
+#include "scalelab/model/optim.h"  // defines: clip_grad_norm
 
 namespace scalelab::lab03 {
 inline namespace SL_TRACK_LAB03 {
@@ -223,7 +223,7 @@ int micro_steps_per_step(int global_batch, int micro_batch, int world_size) {
   // TODO(lab03-7) BEGIN  micro-steps per optimizer step; refuse a global batch that does not divide
   //   1. one micro-step processes micro_batch sequences on each of world_size ranks
   //   2. refuse a global batch that is not a multiple of it: SL_CHECK_HINT(condition, hint, fmt, ...)
-  //      (scalelab/error.h), the hint naming the multiples just below and above ("use --global-batch 32 or 48")
+  //      (scalelab/core/error.h), the hint naming the multiples just below and above ("use --global-batch 32 or 48")
   //   3. return global_batch / (micro_batch * world_size)
   const int per_micro_step = micro_batch * world_size;  // sequences, all ranks together
   const int below = global_batch / per_micro_step * per_micro_step, above = below + per_micro_step;

@@ -10,8 +10,8 @@
 #include <string>     // defines: std::string, std::to_string
 #include <vector>     // defines: std::vector
 
-#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops.h"    // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"    // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {

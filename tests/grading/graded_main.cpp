@@ -20,8 +20,8 @@
 #include "grading.h"
 #include "failures_only_printer.h"  // defines: test::FailuresOnlyPrinter
 #include "rank_reducer.h"       // defines: test::make_rank_reducer
-#include "scalelab/comm.h"      // defines: make_communicator
-#include "scalelab/error.h"     // defines: scalelab::Error
+#include "scalelab/comm/comm.h"      // defines: make_communicator
+#include "scalelab/core/error.h"     // defines: scalelab::Error
 
 #ifndef SL_GRADED_TRACK
 #define SL_GRADED_TRACK "unknown"

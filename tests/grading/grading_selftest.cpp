@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "grading.h"            // defines: grading::run, grading::all_ranks, RankReducer
-#include "scalelab/error.h"     // defines: scalelab::NotImplemented, scalelab::Error
+#include "scalelab/core/error.h"     // defines: scalelab::NotImplemented, scalelab::Error
 
 namespace grading = scalelab::grading;
 

@@ -16,11 +16,11 @@
 
 #include "fixture.h"            // defines: scalelab::test::Fixture (the PyTorch reference)
 #include "grading.h"            // defines: grading::Check, grading::run, grading::Record
-#include "scalelab/error.h"     // defines: scalelab::Error
-#include "scalelab/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
-#include "scalelab/rng.h"       // defines: Rng
-#include "scalelab/tensor.h"    // defines: Tensor
+#include "scalelab/core/error.h"     // defines: scalelab::Error
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
+#include "scalelab/core/rng.h"       // defines: Rng
+#include "scalelab/core/tensor.h"    // defines: Tensor
 #include "train_step.h"         // defines: lab01::train_step, flops_per_token, tokens_per_second, mfu
 
 namespace {

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>  // defines: EXPECT_*
 
 #include "grading.h"         // defines: grading::all_ranks, rank_reducer
-#include "scalelab/optim.h"  // defines: Optimizer
+#include "scalelab/model/optim.h"  // defines: Optimizer
 
 namespace scalelab::lab03_test {
 

@@ -13,9 +13,9 @@
 
 #include "data_parallel.h"      // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
 #include "ddp.h"                // defines: lab03::MicroBatch, GradSync, SyncMode (the track under test)
-#include "scalelab/comm.h"      // defines: Communicator
-#include "scalelab/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/optim.h"     // defines: OptimizerConfig
+#include "scalelab/comm/comm.h"      // defines: Communicator
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"     // defines: OptimizerConfig
 
 namespace scalelab::lab03_test {
 

@@ -11,8 +11,8 @@
 
 #include "ddp.h"             // defines: lab03::make_buckets, micro_steps_per_step
 #include "grading.h"         // defines: grading::Check, grading::run, grading::Record
-#include "scalelab/error.h"  // defines: scalelab::Error
-#include "scalelab/gpt2.h"   // defines: gpt2_param_table, GPTConfig
+#include "scalelab/core/error.h"  // defines: scalelab::Error
+#include "scalelab/model/gpt2.h"   // defines: gpt2_param_table, GPTConfig
 
 namespace {
 

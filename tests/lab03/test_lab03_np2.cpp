@@ -18,9 +18,9 @@
 #include "ddp.h"              // defines: lab03::* (the track under test)
 #include "grading.h"          // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab03_support.h"    // defines: world, fresh_comm, reference helpers, comparisons
-#include "scalelab/comm.h"    // defines: Communicator, CommEvent, LinkModel
-#include "scalelab/error.h"   // defines: scalelab::Error
-#include "scalelab/optim.h"   // defines: Optimizer, OptimizerConfig
+#include "scalelab/comm/comm.h"    // defines: Communicator, CommEvent, LinkModel
+#include "scalelab/core/error.h"   // defines: scalelab::Error
+#include "scalelab/model/optim.h"   // defines: Optimizer, OptimizerConfig
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include "ddp.h"             // defines: lab03::SyncMode (the track under test)
 #include "grading.h"         // defines: grading::Check, grading::run
 #include "lab03_support.h"   // defines: expect_reduced_gradients_match, expect_steps_match
-#include "scalelab/optim.h"  // defines: OptimizerConfig
+#include "scalelab/model/optim.h"  // defines: OptimizerConfig
 
 namespace {
 

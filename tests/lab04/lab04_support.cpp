@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>  // defines: EXPECT_*
 
 #include "grading.h"                     // defines: grading::all_ranks
-#include "scalelab/allocator.h"          // defines: Allocator, MemStats, MemCategory
-#include "scalelab/memory_estimator.h"   // defines: estimate_memory
-#include "scalelab/ops.h"                // defines: cast
+#include "scalelab/core/allocator.h"          // defines: Allocator, MemStats, MemCategory
+#include "scalelab/measure/memory_estimator.h"   // defines: estimate_memory
+#include "scalelab/ops/ops.h"                // defines: cast
 
 namespace scalelab::lab04_test {
 

@@ -3,7 +3,7 @@
 // process, a plain GPT2 + Optimizer, on the whole global batch; these shared with lab 03:
 // tests/support/data_parallel.h), the comparisons per unit slice, and the check bodies shared by the
 // 1-, 2- and 4-rank programs. Implementation: lab04_support.cpp.
-// The API under test: labs/04_fsdp/fsdp.h. The memory formulas: scalelab/memory_estimator.h.
+// The API under test: labs/04_fsdp/fsdp.h. The memory formulas: scalelab/measure/memory_estimator.h.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +13,10 @@
 
 #include "data_parallel.h"       // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
 #include "fsdp.h"                // defines: lab04::FSDP, ZeroStage, MicroBatch (the track under test)
-#include "scalelab/comm.h"       // defines: Communicator
-#include "scalelab/gpt2.h"       // defines: GPT2, GPTConfig
-#include "scalelab/optim.h"      // defines: Optimizer, OptimizerConfig
-#include "scalelab/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/comm/comm.h"       // defines: Communicator
+#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab::lab04_test {
 

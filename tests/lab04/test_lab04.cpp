@@ -13,7 +13,7 @@
 #include "fsdp.h"            // defines: lab04::shard_layout, ZeroStage (the track under test)
 #include "grading.h"         // defines: grading::Check, grading::run, grading::Record
 #include "lab04_support.h"   // defines: tiny_config, expect_grad_shards_match, expect_steps_match, ...
-#include "scalelab/error.h"  // defines: scalelab::Error, scalelab::NotImplemented
+#include "scalelab/core/error.h"  // defines: scalelab::Error, scalelab::NotImplemented
 
 namespace {
 

@@ -19,10 +19,10 @@
 #include "fsdp.h"                       // defines: lab04::* (the track under test)
 #include "grading.h"                    // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab04_support.h"              // defines: fresh_comm, the reference, comparisons, shared bodies
-#include "scalelab/allocator.h"         // defines: Allocator, MemStats
-#include "scalelab/comm.h"              // defines: Communicator, CommEvent
-#include "scalelab/memory_estimator.h"  // defines: estimate_memory
-#include "scalelab/optim.h"             // defines: OptimizerConfig
+#include "scalelab/core/allocator.h"         // defines: Allocator, MemStats
+#include "scalelab/comm/comm.h"              // defines: Communicator, CommEvent
+#include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
+#include "scalelab/model/optim.h"             // defines: OptimizerConfig
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include "fsdp.h"            // defines: lab04::* (the track under test)
 #include "grading.h"         // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab04_support.h"   // defines: configs, expect_grad_shards_match, expect_steps_match, ...
-#include "scalelab/gpt2.h"   // defines: gpt2_unit_numel
+#include "scalelab/model/gpt2.h"   // defines: gpt2_unit_numel
 
 namespace {
 

@@ -2,7 +2,7 @@
 //   lab04.throughput_vs_reference     ZeRO-3 training at least a stated fraction as fast as the reference's,
 //                                     both run alternately just before on this machine with the same arguments
 //   lab04.peak_memory_within_estimate the program's measured peak memory per rank and category within the
-//                                     estimator's bound (scalelab/memory_estimator.h) + 5 %
+//                                     estimator's bound (scalelab/measure/memory_estimator.h) + 5 %
 // The harness (runs, logs, the skip rule): tests/perf/perf_compare.h. How the fraction was chosen, from
 // measurements: docs/grading.md "Performance checks". The program runs directly (NP 1 in
 // tests/lab04/CMakeLists.txt) and starts bin/reference/lab04_fsdp and bin/<track>/lab04_fsdp under
@@ -16,11 +16,11 @@
 
 #include "grading.h"                    // defines: grading::run, Check, Record
 #include "perf_compare.h"               // defines: perf_test::compare_with_reference, run_program
-#include "scalelab/error.h"             // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
-#include "scalelab/gpt2.h"              // defines: GPTConfig, gpt2_num_params
-#include "scalelab/memory_estimator.h"  // defines: estimate_memory
-#include "scalelab/optim.h"             // defines: OptimizerConfig
-#include "scalelab/precision.h"         // defines: PrecisionPolicy
+#include "scalelab/core/error.h"             // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
+#include "scalelab/model/gpt2.h"              // defines: GPTConfig, gpt2_num_params
+#include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
+#include "scalelab/model/optim.h"             // defines: OptimizerConfig
+#include "scalelab/core/precision.h"         // defines: PrecisionPolicy
 #include "shard_loader.h"               // defines: lab02::list_shards, read_shard_header (the corpus's V)
 
 namespace grading = scalelab::grading;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "expect_error.h"         // defines: error_message, contains
-#include "scalelab/bottleneck.h"  // defines: diagnose_scaling, kCauseNames
+#include "scalelab/measure/bottleneck.h"  // defines: diagnose_scaling, kCauseNames
 #include "scaling_report.h"       // defines: parse_run, make_evidence, format_report
 
 using scalelab::kCauseNames;

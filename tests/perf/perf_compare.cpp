@@ -24,8 +24,8 @@
 #include <sstream>  // defines: std::istringstream
 #include <thread>   // defines: std::this_thread::sleep_for
 
-#include "scalelab/device.h"  // defines: built_with_cuda, cuda_device_count
-#include "scalelab/error.h"   // defines: scalelab::Error, NotImplemented
+#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count
+#include "scalelab/core/error.h"   // defines: scalelab::Error, NotImplemented
 
 #ifndef SL_PERF_MPIEXEC
 #define SL_PERF_MPIEXEC ""

@@ -1,5 +1,5 @@
 // close_to_scale.h — the elementwise check of ops whose results differ from an oracle only by the order
-// of fp32 sums (tests/common/test_attention_flash.cpp, tests/cuda/test_attention_flash_cuda.cpp).
+// of fp32 sums (tests/common/ops/test_attention_flash.cpp, tests/common/ops/test_attention_flash_cuda.cpp).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 
 #include "grading.h"        // defines: grading::rank_reducer, set_rank_reducer
 #include "rank_reducer.h"   // defines: test::make_rank_reducer
-#include "scalelab/rng.h"   // defines: Rng
+#include "scalelab/core/rng.h"   // defines: Rng
 
 namespace scalelab::dp_test {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/comm.h"       // defines: Communicator
-#include "scalelab/gpt2.h"       // defines: GPT2, GPTConfig
-#include "scalelab/optim.h"      // defines: Optimizer
-#include "scalelab/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/comm/comm.h"       // defines: Communicator
+#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"      // defines: Optimizer
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab::dp_test {
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "scalelab/error.h"  // defines: scalelab::Error
+#include "scalelab/core/error.h"  // defines: scalelab::Error
 
 namespace scalelab::test {
 

@@ -1,5 +1,5 @@
 // failures_only_printer.h — the GoogleTest printer for ranks other than 0 in multi-rank test programs
-// (tests/grading/graded_main.cpp, tests/mpi/mpi_main.cpp): their passes are noise, their failures are not.
+// (tests/grading/graded_main.cpp, tests/support/mpi/mpi_main.cpp): their passes are noise, their failures are not.
 #pragma once
 
 #include <gtest/gtest.h>  // defines: EmptyTestEventListener, TestPartResult

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "scalelab/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
-#include "scalelab/ops.h"    // defines: cast
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
+#include "scalelab/ops/ops.h"    // defines: cast
 
 #ifndef SL_SOURCE_DIR
 #error "SL_SOURCE_DIR (the repository root) must be defined by CMake (tests/CMakeLists.txt)"

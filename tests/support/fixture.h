@@ -1,6 +1,6 @@
 // fixture.h — reads the PyTorch reference fixtures (tests/fixtures/*.json, written by
 // tests/fixtures/gen_gpt2_fixture.py) and compares our fp32 tensors with their float64 values.
-// Part of sl_test_support (tests/CMakeLists.txt). Used by tests/common/test_gpt2_fixture.cpp.
+// Part of sl_test_support (tests/CMakeLists.txt). Used by tests/common/model/test_gpt2_fixture.cpp.
 // The JSON layout is documented at the top of the generator script.
 #pragma once
 
@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "scalelab/gpt2.h"    // defines: GPTConfig, GPT2
-#include "scalelab/tensor.h"  // defines: Tensor, Shape
+#include "scalelab/model/gpt2.h"    // defines: GPTConfig, GPT2
+#include "scalelab/core/tensor.h"  // defines: Tensor, Shape
 
 namespace scalelab::test {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/error.h"
+#include "scalelab/core/error.h"
 
 namespace scalelab::grading {
 

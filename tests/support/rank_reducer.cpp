@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/tensor.h"  // defines: Tensor, DType
+#include "scalelab/core/tensor.h"  // defines: Tensor, DType
 
 namespace scalelab::test {
 

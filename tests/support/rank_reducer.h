@@ -1,12 +1,12 @@
 // rank_reducer.h — the rank-collective helpers of the grading contract (grading.h, RankReducer) built
 // on a communicator, so grading::all_ranks() and grading::run() combine every rank's result.
-// Used by tests/grading/graded_main.cpp and tests/mpi/mpi_main.cpp. Implementation: rank_reducer.cpp
+// Used by tests/grading/graded_main.cpp and tests/support/mpi/mpi_main.cpp. Implementation: rank_reducer.cpp
 #pragma once
 
 #include <memory>
 
 #include "grading.h"          // defines: grading::RankReducer
-#include "scalelab/comm.h"    // defines: Communicator
+#include "scalelab/comm/comm.h"    // defines: Communicator
 
 namespace scalelab::test {
 

@@ -1,0 +1,202 @@
+// comm.h — the communicator: one interface for every way ranks talk (docs/design.md "Communicator").
+// Backends (make_communicator):
+//   local  world size 1; collectives are copies; no MPI needed
+//   mpi    OpenMPI; CPU tensors directly, CUDA tensors staged through pinned host memory (Debian's
+//          OpenMPI is not CUDA-aware). Operations run in order on one communication thread per
+//          communicator, so asynchronous calls progress while the caller computes.
+//   nccl   one GPU per rank; the unique id is broadcast over MPI; a communication stream ordered
+//          against the compute stream with events (verified only where several GPUs exist)
+// Counts are ELEMENTS, never bytes (STYLE.md 22). Every call appends a CommEvent (op, elements,
+// payload and bus bytes, issue/start/end times, the caller's wait_ms, the tag of the layer or bucket
+// that issued it), so labs and tests can check communication volume, overlap and exposed time.
+// A LinkModel makes a CPU run show what a cluster link would: a call completes no earlier than its
+// alpha-beta modelled time (Hockney; ring collectives as in Thakur, Rabenseifner & Gropp 2005), and
+// its event says simulated.
+// Errors: scalelab::Error naming the rank, the operation and the sizes.
+// Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scalelab/core/tensor.h"
+
+namespace scalelab {
+
+enum class ReduceOp { Sum, Avg, Max };
+const char* reduce_op_name(ReduceOp op);
+
+// The alpha-beta cost of one call over a simulated link (REFERENCES.md "A cost model for simulated
+// links"). S = payload bytes per rank, n = ranks, every call also pays base_s (NCCL's tuner has a
+// base latency per collective and a latency per ring hop):
+//   all_reduce     base + 2(n-1) alpha + 2(n-1)/n S / B
+//   reduce_scatter base +  (n-1) alpha +  (n-1)/n S / B          (S = the input, n chunks)
+//   all_gather     base +  (n-1) alpha +  (n-1)/n (n S) / B      (S = one rank's input, n S the output)
+//   broadcast      base +  (n-1) alpha +  S / B
+//   send, recv     base +        alpha +  S / B
+//   barrier        base + 2(n-1) alpha
+// i.e. base + hops * alpha + bus_bytes / B: B is a bus bandwidth (a measured busbw plugs in as B).
+struct LinkModel {
+  std::string name = "none";  // "none" (real transport only), "nvlink", "pcie", "ethernet100", "infiniband"
+  double alpha_s = 0.0;       // seconds per message hop (latency)
+  double bandwidth_bytes_per_s = 0.0;  // busbw the link sustains, bytes/s
+  double base_s = 0.0;        // seconds every call pays once (launch/protocol latency)
+  bool enabled() const { return name != "none"; }
+  // Presets; the figures and their sources are listed in common/src/comm/link_model.cpp.
+  // "none" gives the default (disabled) model. Throws with the accepted names otherwise.
+  static LinkModel preset(const std::string& name);
+  // Modelled seconds of one call ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send",
+  // "recv", "barrier") whose CommEvent has payload_bytes, among n ranks. 0 when !enabled() or n == 1.
+  double seconds(const std::string& op, int64_t payload_bytes, int n) const;
+};
+
+// One record per call, in issue order (per communicator). Times are ms on the process's
+// communication clock (Communicator::now_ms(); shared by every communicator of the process, so the
+// events of a sub-communicator line up with the world's and with the caller's own now_ms() stamps).
+struct CommEvent {
+  std::string op;            // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"
+  std::string tag;           // who issued it: "bucket 3", "layer h.5", "" when not given
+  int64_t count = 0;         // elements of this rank's input: all_reduce/broadcast/send/recv the buffer,
+                             // reduce_scatter the whole input (size() chunks), all_gather one rank's chunk
+  DType dtype = DType::F32;
+  int64_t payload_bytes = 0; // count * dtype size
+  int64_t bus_bytes = 0;     // nccl-tests bus bytes: all_reduce 2(n-1)/n payload; reduce_scatter (n-1)/n
+                             // payload; all_gather (n-1)/n of the TOTAL output = (n-1) payload;
+                             // broadcast/send/recv 1 payload; barrier 0; 0 for n == 1
+  double issue_ms = 0;       // when the caller issued it
+  double start_ms = 0;       // when the transport started it (the communication thread picked it up)
+  double end_ms = 0;         // when it completed (with a link model: no earlier than start + modelled);
+                             // 0 while pending
+  double modeled_ms = 0;     // the link model's time for it (0 without a model)
+  double wait_ms = 0;        // exposed time: how long the CALLER was blocked in Work::wait() (or in a
+                             // blocking form, barrier, or the destructor of a Work never waited for)
+                             // for this op, summed over its waits; 0 when it had finished before the
+                             // first wait (fully hidden) or nobody has waited yet. The part of
+                             // end_ms - issue_ms that the caller's step actually paid for.
+  bool async = false;
+  bool simulated = false;    // a link model decided (part of) its duration (modeled_ms > 0)
+  int peer = -1;             // send/recv: the other rank; broadcast: the root
+};
+
+// A pending asynchronous operation (like torch.distributed's Work). wait() blocks until the result is
+// in the output tensor and rethrows the operation's error, if any; test() polls (true once finished,
+// successfully or not). Destroying an unfinished Work waits for it. The time wait() (or that
+// destructor) blocks is added to the op's CommEvent::wait_ms; test() never adds any.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
+
+  // Asynchronous collectives. Tensors must stay alive and untouched until wait() returns. Every rank
+  // passes the same n and dtype (f32, bf16 or i32; bf16 is reduced in fp32 by the mpi backend; Avg of
+  // i32 is refused). CPU or CUDA tensors (the mpi backend stages CUDA ones through pinned host memory).
+  // all_reduce: in place, buf (n) on every rank; Avg divides the sum by size().
+  virtual WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag = "") = 0;
+  // reduce_scatter: in (size()*n) -> out (n): rank r receives the reduction of chunk r.
+  // Uneven sizes are refused with a hint to pad (in.numel() must equal size() * out.numel()).
+  virtual WorkPtr reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op, const std::string& tag = "") = 0;
+  // all_gather: in (n) -> out (size()*n), rank r's chunk at [r*n, (r+1)*n). in may be a view of
+  // out's own chunk r (in place, as NCCL allows).
+  virtual WorkPtr all_gather_async(const Tensor& in, Tensor& out, const std::string& tag = "") = 0;
+  // broadcast: buf (n) from root to every rank, in place.
+  virtual WorkPtr broadcast_async(Tensor& buf, int root, const std::string& tag = "") = 0;
+  // Point to point: buf (n) to / from rank peer (!= rank()); the recv's n must equal the send's.
+  // Messages between two ranks arrive in the order they were sent. In the mpi backend a send or recv
+  // does not hold up the calls issued after it, so "send to next, recv from previous" around a ring
+  // does not deadlock.
+  virtual WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag = "") = 0;
+  virtual WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag = "") = 0;
+
+  // Blocking forms: the async call, then wait(). Their events say async = false.
+  void all_reduce(Tensor& buf, ReduceOp op, const std::string& tag = "") {
+    BlockingCall b(*this);
+    all_reduce_async(buf, op, tag)->wait();
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const std::string& tag = "") {
+    BlockingCall b(*this);
+    reduce_scatter_async(in, out, op, tag)->wait();
+  }
+  void all_gather(const Tensor& in, Tensor& out, const std::string& tag = "") {
+    BlockingCall b(*this);
+    all_gather_async(in, out, tag)->wait();
+  }
+  void broadcast(Tensor& buf, int root, const std::string& tag = "") {
+    BlockingCall b(*this);
+    broadcast_async(buf, root, tag)->wait();
+  }
+  void send(const Tensor& buf, int peer, const std::string& tag = "") {
+    BlockingCall b(*this);
+    send_async(buf, peer, tag)->wait();
+  }
+  void recv(Tensor& buf, int peer, const std::string& tag = "") {
+    BlockingCall b(*this);
+    recv_async(buf, peer, tag)->wait();
+  }
+  // Returns when every rank has called it (after this rank's earlier collectives have completed).
+  virtual void barrier() = 0;
+
+  // A new communicator of the ranks that pass the same color, ordered by key (then by old rank),
+  // like MPI_Comm_split. color >= 0. Collective: every rank of this communicator must call it. The new
+  // communicator starts with this one's link model and an empty event log.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Ends the whole job (every rank), so a failing rank does not leave the others waiting forever.
+  [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
+
+  // Simulated link (default: none). Applies to calls issued after it is set.
+  virtual void set_link_model(const LinkModel& link) = 0;
+  virtual const LinkModel& link_model() const = 0;
+
+  // The event log (calls completed or pending, in issue order) and a way to start afresh per step.
+  virtual std::vector<CommEvent> events() const = 0;
+  virtual void clear_events() = 0;
+
+  // Milliseconds on the clock the events use (steady; 0 at its first use, at the latest when the
+  // process made its first communicator). Stamp your own phases with it to compare them with
+  // events, e.g. "bucket 3 was issued before the backward of layer 2 started".
+  static double now_ms();
+
+ protected:
+  // True while a blocking form above is issuing its async call: backends record async = !this.
+  bool issuing_blocking_call() const { return blocking_call_; }
+
+ private:
+  struct BlockingCall {  // sets blocking_call_ for the duration of one blocking form's issue
+    explicit BlockingCall(Communicator& c) : comm(c) { comm.blocking_call_ = true; }
+    ~BlockingCall() { comm.blocking_call_ = false; }
+    Communicator& comm;
+  };
+  bool blocking_call_ = false;
+};
+
+// backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE or SLURM_STEP_NUM_TASKS > 1; else local), "local",
+// "mpi", "nccl". The MPI/NCCL backends initialise MPI on first use (MPI_THREAD_MULTIPLE) and
+// finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
+// on one GPU with nccl: "use --backend mpi").
+std::unique_ptr<Communicator> make_communicator(const std::string& backend = "auto");
+
+// The body of a multi-rank program's main(): makes the communicator for `backend`, runs body(comm) and
+// returns its exit code. Any exception is printed with the rank and ends the WHOLE job (comm.abort),
+// since a rank that just returned would leave its peers waiting in their next collective forever.
+// Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
+int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
+
+// nccl-tests' bus-bandwidth factor for an op among n ranks (REFERENCES.md "Collectives"):
+// 2(n-1)/n all_reduce, (n-1)/n all_gather and reduce_scatter, 1 broadcast/send/recv; 0 for n == 1.
+double bus_factor(const std::string& op, int n);
+
+}  // namespace scalelab

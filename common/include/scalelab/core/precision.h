@@ -1,0 +1,46 @@
+// precision.h — the precision policy: which dtype each kind of state uses. The model, the optimizer,
+// the communicator and the memory estimator all read this one object (docs/design.md).
+// Two mixed policies: bf16-mixed stores bf16 parameters and computes in fp32 ("emulated bf16", the same
+// arithmetic on CPU and GPU); bf16-compute also feeds the model's matmuls bf16 operands (the GPU's bf16
+// tensor cores; on the CPU the twin rounds the operands and runs the fp32 GEMM). docs/cuda_backend.md.
+// Tests: tests/common/core/test_error.cpp (names), tests/common/ops/test_bf16_compute.cpp
+#pragma once
+
+#include <string>
+
+#include "scalelab/core/tensor.h"
+
+namespace scalelab {
+
+struct PrecisionPolicy {
+  DType param_dtype = DType::F32;   // parameters as the forward/backward read them
+  DType master_dtype = DType::F32;  // the optimizer's copy of the weights (fp32 master when params are bf16)
+  DType grad_dtype = DType::F32;    // parameter gradients as stored
+  DType reduce_dtype = DType::F32;  // dtype of gradient reduction across ranks (communicator)
+  // Operands of the model's matmuls (c_attn, attn c_proj, c_fc, mlp c_proj, the tied LM head). F32: fp32
+  // activations times fp32 weights. BF16: the fp32 activation (and, in backward, dout) rounded to bf16
+  // times the bf16 parameter, accumulated in fp32 with fp32 outputs (needs param_dtype BF16).
+  // Every other op (layernorm, GELU, attention, softmax/cross-entropy, residual) computes in fp32.
+  DType matmul_dtype = DType::F32;
+
+  static PrecisionPolicy fp32() { return {}; }
+  // The lesson's mixed precision: bf16 parameters for compute, fp32 master and optimizer state,
+  // fp32 gradients and fp32 reduction (as FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)).
+  // The matmuls read an fp32 copy of the bf16 weights (fp32 GEMMs on CPU and GPU).
+  static PrecisionPolicy bf16_mixed() { return {DType::BF16, DType::F32, DType::F32, DType::F32}; }
+  // bf16_mixed plus bf16 matmul operands: the counterpart of torch.autocast(dtype=torch.bfloat16) over
+  // a model whose parameters are bf16 (with fp32 master weights in the optimizer).
+  static PrecisionPolicy bf16_compute() {
+    return {DType::BF16, DType::F32, DType::F32, DType::F32, /*matmul_dtype=*/DType::BF16};
+  }
+  // "fp32", "bf16" or "bf16-mixed" (bf16_mixed), "bf16-compute" (bf16_compute). Throws with the
+  // accepted names otherwise.
+  static PrecisionPolicy from_name(const std::string& name);
+
+  bool has_master_copy() const { return param_dtype != master_dtype; }
+  // "fp32", "bf16-mixed", "bf16-compute", or e.g. "param=bf16,master=f32,grad=bf16,reduce=f32"
+  // (",matmul=bf16" appended when the matmul operands are not fp32).
+  std::string name() const;
+};
+
+}  // namespace scalelab

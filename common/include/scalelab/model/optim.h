@@ -1,0 +1,59 @@
+// optim.h — optimizers over a GPT2's units, the learning-rate schedule, gradient-norm clipping.
+// Tests: tests/common/model/test_gpt2_fixture.cpp (10 AdamW and 10 SGD steps against PyTorch)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scalelab/model/gpt2.h"
+
+namespace scalelab {
+
+struct OptimizerConfig {
+  enum class Kind { AdamW, SGD } kind = Kind::AdamW;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW; GPT-3 paper values (Brown et al. 2020, App. B)
+  float weight_decay = 0.1f;                        // applied only where ParamInfo::decay is true
+  static Kind kind_from_name(const std::string& name);  // "adamw" | "sgd"
+};
+
+// Holds the optimizer state for every unit: AdamW m and v (fp32, category OptimizerState) and, when the
+// policy stores parameters in bf16, the fp32 master weights (also OptimizerState). step() updates the
+// master (or the params directly) and writes the result back into the model's parameters.
+class Optimizer {
+ public:
+  Optimizer(GPT2& model, const OptimizerConfig& cfg);
+  // One update with learning rate lr using the model's current gradients. Increments step_count().
+  void step(float lr);
+  int64_t step_count() const { return t_; }
+  void set_step_count(int64_t t) { t_ = t; }
+  const OptimizerConfig& config() const { return cfg_; }
+  // State tensors per unit (for checkpoints): m, v (empty for SGD), master (empty without a master copy).
+  std::vector<Tensor>& m() { return m_; }
+  std::vector<Tensor>& v() { return v_; }
+  std::vector<Tensor>& master() { return master_; }
+
+ private:
+  GPT2& model_;
+  OptimizerConfig cfg_;
+  int64_t t_ = 0;
+  std::vector<Tensor> m_, v_, master_;
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm (as torch.nn.utils.clip_grad_norm_).
+// Returns the norm before clipping. max_norm <= 0 disables clipping (the norm is still returned).
+float clip_grad_norm(GPT2& model, float max_norm);
+// Global L2 norm of all gradients.
+float grad_norm(GPT2& model);
+
+// Linear warmup to max_lr over warmup_steps, then cosine decay to min_lr at total_steps
+// (Loshchilov & Hutter 2017, SGDR, without restarts). step counts from 0.
+struct LRSchedule {
+  float max_lr = 1e-3f;
+  float min_lr = 1e-4f;
+  int warmup_steps = 0;
+  int total_steps = 1;
+  float at(int step) const;
+};
+
+}  // namespace scalelab

@@ -1,0 +1,159 @@
+// ops.h — the GPT-2 ops, forward and backward, declared once (STYLE.md 3, 5).
+// scalelab::<op> takes Tensors, checks shapes/dtypes/devices and dispatches on the device
+// (common/src/ops/dispatch.cpp) to the twins scalelab::cpu::<op> (common/src/ops/cpu/<op>.cpp, OpenBLAS +
+// OpenMP loops) and scalelab::cuda::<op> (common/src/ops/cuda/, the CUDA backend issue).
+// Activations and gradients are fp32. Dimension letters: B batch, T time, C channels, V vocab,
+// NH heads, HS = C/NH head size, OC output channels, N = B*T rows.
+//
+// Accumulation rule (as in llm.c): every *_backward ADDS (+=) into its gradient outputs (dinp,
+// dweight, dbias, dwte, ...), so the caller zeroes gradients once per step and branches of the
+// residual stream sum naturally. Exceptions say so: softmax_crossentropy_backward overwrites dlogits.
+// Errors: every op throws scalelab::Error naming the mismatched shape/dtype/device.
+// Tests: tests/common/ops/test_ops_cpu.cpp (finite differences, known values), tests/common/model/test_gpt2_fixture.cpp
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "scalelab/core/tensor.h"
+
+namespace scalelab {
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t].  tokens (B,T) i32 in [0,V); wte (V,C); wpe (maxT,C), T <= maxT.
+void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+// dwte (V,C) += scatter of dout rows by token; dwpe (maxT,C) rows [0,T) += sum over b of dout.
+void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+
+// LayerNorm over the last dim (Ba et al. 2016), eps = 1e-5 as in GPT-2.
+// inp/out (N,C) or (B,T,C); weight, bias (C); mean, rstd (N) saved for backward.
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       const Tensor& bias);
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias(OC). weight is stored (out, in) like torch.nn.Linear.
+// bias may be nullptr (the tied LM head has none). inp may be (B,T,C): N = B*T.
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+// dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += sum_rows(dout).
+// dinp may be nullptr (nothing upstream needs it); dbias nullptr when the forward had no bias.
+void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight);
+// The same matmuls with bf16 operands (PrecisionPolicy::bf16_compute): inp, weight and dout bf16; out,
+// bias, dinp, dweight, dbias fp32, accumulated in fp32, same shapes and `+=` rule as above. dbias sums the
+// bf16 dout in fp32. GPU: cuBLAS on the bf16 tensor cores (cuda::matmul_*_bf16, sm_80+; throws with a hint
+// on older GPUs). CPU twin: oneDNN's bf16 matmul (AVX512_BF16) in builds with oneDNN (SL_WITH_DNNL) on CPUs
+// that have it, else the operands cast to fp32 scratch (category Workspace, freed on return) and the fp32
+// matmul above; cpu::bf16_matmul_backend() says which. bf16 x bf16 products are exact in fp32, so all the
+// twins differ only in the order of the fp32 sums. Tests: tests/common/ops/test_bf16_compute.cpp,
+// tests/common/ops/test_ops_cuda.cpp
+void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight);
+
+// Causal self-attention (Vaswani et al. 2017, Eq. 1, with a causal mask), heads split as GPT-2 does:
+// qkv (B,T,3C) holds q | k | v, each (B,T,C) = NH heads of HS channels.
+// att (B,NH,T,T): softmax(q k^T / sqrt(HS)) with att[..,t,s] = 0 for s > t, saved for backward.
+// out (B,T,C): att @ v with heads concatenated. BLAS computes q k^T and att v per (b, head).
+void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH);
+// dqkv (B,T,3C) += gradients of q, k, v. datt (B,NH,T,T) is scratch (overwritten).
+void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                        int NH);
+
+// Memory-efficient ("flash-style") causal self-attention: the same out as attention_forward, without the
+// (B,NH,T,T) scores. An online softmax over key tiles (Dao et al. 2022, "FlashAttention", arXiv:2205.14135,
+// Alg. 1; Milakov & Gimelshein 2018) keeps only lse (B,NH,T) fp32 = log sum_{s<=t} exp(q_t k_s / sqrt(HS))
+// per row (natural log), saved for backward; O(B*NH*T) extra memory instead of O(B*NH*T^2). Slower than the
+// materialized op (the backward recomputes the scores; the CUDA twin uses no tensor cores): use it when the
+// scores do not fit (docs/cuda_backend.md "Attention"). The CUDA twin needs HS = C/NH <= 128.
+// qkv (B,T,3C) as attention_forward; out (B,T,C); lse (B,NH,T).
+void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH);
+// dqkv (B,T,3C) += gradients of q, k, v (FlashAttention Alg. 2): recomputes P = exp(S - lse) per tile and
+// D_t = rowsum(dout_t * out_t). dout, out (B,T,C); qkv (B,T,3C); lse (B,NH,T) as saved by the forward.
+// Needs no scratch from the caller (its O(B*NH*T) scratch is allocated inside, category Workspace).
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH);
+
+// GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, Sec. 2):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape; out and inp same numel.
+void gelu_forward(Tensor& out, const Tensor& inp);
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp += gelu'(inp) * dout
+
+// out = a + b (same numel). Backward: da += dout, db += dout.
+void residual_forward(Tensor& out, const Tensor& a, const Tensor& b);
+void residual_backward(Tensor& da, Tensor& db, const Tensor& dout);
+
+// Fused softmax + cross-entropy. logits (B,T,V); targets (B,T) i32 in [0,V).
+// probs (B,T,V) = softmax(logits) (kept for backward); losses (B,T) = -log probs[target].
+void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets);
+// dlogits (B,T,V) = dloss * (probs - onehot(targets)); OVERWRITES dlogits. dloss is d(total)/d(loss[b,t]),
+// 1/(B*T) for a mean loss. dlogits may alias probs (in place).
+void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss);
+
+// AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Alg. 2) on one fp32 tensor, step t >= 1:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mhat = m/(1-b1^t);  vhat = v/(1-b2^t)
+//   p -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)
+// param, grad, m, v: same numel, fp32. Same arithmetic as torch.optim.AdamW.
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t);
+// Plain SGD with L2 weight decay folded into the gradient, as torch.optim.SGD(weight_decay=...) without
+// momentum: p -= lr * (g + weight_decay * p).
+void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay);
+
+// Sum of squares of an fp32 tensor, accumulated in double (for the global gradient norm).
+double sum_squares(const Tensor& t);
+// t *= s (fp32).
+void scale_(Tensor& t, float s);
+// t += x (fp32, same numel): residual_forward's kernel in place (gradient accumulation, lab 04).
+void add_(Tensor& t, const Tensor& x);
+// dst = src with dtype conversion (f32 <-> bf16, round to nearest even; same dtype = copy). Same numel.
+void cast(Tensor& dst, const Tensor& src);
+
+namespace cpu {
+// Raw-pointer twins (same semantics as above; shapes passed explicitly). Declared here so tests can
+// call them directly; the CUDA twins live in scalelab::cuda (cuda_ops.h).
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C);
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int C, int OC);
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
+                         int OC);
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                          const bf16* weight, int64_t N, int C, int OC);
+// The cast + sgemm path of the two above, in every build: what they run without oneDNN, and the oracle the
+// oneDNN path is tested against (tests/common/ops/test_bf16_compute.cpp). Same contract.
+void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
+                                   int C, int OC);
+void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                                    const bf16* weight, int64_t N, int C, int OC);
+// Which path matmul_*_bf16 run on this build and CPU, for headers and run records, e.g.
+// "oneDNN 2.6.3 (avx512_core_bf16)" or "fp32 sgemm on bf16-rounded operands (no oneDNN in this build)".
+std::string bf16_matmul_backend();
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int C, int NH);
+void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int B, int T, int C, int NH);
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+void residual_backward(float* da, float* db, const float* dout, int64_t n);
+void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets,
+                                  int64_t N, int V);
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
+                                   int64_t N, int V);
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t);
+void sgd_update(float* param, const float* grad, int64_t n, float lr, float weight_decay);
+double sum_squares(const float* x, int64_t n);
+void scale(float* x, int64_t n, float s);
+void cast_f32_to_bf16(bf16* dst, const float* src, int64_t n);
+void cast_bf16_to_f32(float* dst, const bf16* src, int64_t n);
+}  // namespace cpu
+
+}  // namespace scalelab

@@ -1,0 +1,83 @@
+// comm_internal.h — what the communicator backends share (not a public header; the interface is
+// common/include/scalelab/comm/comm.h). Implemented in common/src/comm/comm.cpp.
+//   EventLog         the per-communicator record of calls (thread-safe: the caller adds, the
+//                    communication thread stamps start and end)
+//   make_event       fills a CommEvent: payload and bus bytes, issue time, the link model's time
+//   check_*          argument checks shared by every backend; errors name the rank, the op, the sizes
+//   make_*_communicator  the backend factories behind make_communicator()
+// Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (mpi)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "scalelab/comm/comm.h"
+
+namespace scalelab::comm_detail {
+
+// ---------------------------------------------------------------------------------------------
+// The event log of one communicator. Events are addressed by an id that stays valid across
+// clear(): an op issued before clear() and finished after it simply no longer appears.
+class EventLog {
+ public:
+  uint64_t add(const CommEvent& event);                      // returns the event's id
+  void set_start(uint64_t id, double start_ms);
+  void set_end(uint64_t id, double end_ms);
+  void add_wait(uint64_t id, double wait_ms);  // CommEvent::wait_ms += wait_ms (a Work's wait blocked)
+  std::vector<CommEvent> snapshot() const;
+  void clear();
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<CommEvent> events_;
+  uint64_t first_id_ = 0;  // id of events_[0]; smaller ids were cleared
+};
+
+// A CommEvent for a call issued now: payload_bytes = count * dtype size, bus_bytes and the link
+// model's time from the op name and the communicator size n. start_ms/end_ms are left 0.
+CommEvent make_event(const std::string& op, const std::string& tag, int64_t count, DType dtype, int n,
+                     bool async, int peer, const LinkModel& link);
+
+// nccl-tests bus bytes of a call whose CommEvent has payload_bytes (see CommEvent::bus_bytes).
+int64_t bus_bytes(const std::string& op, int64_t payload_bytes, int n);
+
+// Latency hops of a call in the ring model (LinkModel: all_reduce 2(n-1), send 1, ...).
+int latency_hops(const std::string& op, int n);
+
+// Blocks the calling thread until Communicator::now_ms() >= t_ms.
+void sleep_until_ms(double t_ms);
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks, run by the caller before anything is sent, so a bad call fails on every rank
+// alike instead of leaving a peer waiting. They throw scalelab::Error naming rank, op and sizes.
+void check_reduce_dtype(const char* op, int rank, int size, DType dtype, ReduceOp reduce);
+void check_reduce_scatter(int rank, int size, const Tensor& in, const Tensor& out);
+void check_all_gather(int rank, int size, const Tensor& in, const Tensor& out);
+void check_root(const char* op, int rank, int size, int root);
+void check_peer(const char* op, int rank, int size, int peer);
+// MPI and NCCL counts are C ints: at most 2^31 - 1 elements per call.
+void check_count_fits_int(const char* op, int rank, int64_t count);
+
+// "all_reduce of 1000 f32 elements on rank 1 of 4 (tag 'bucket 3')": for error messages.
+std::string describe_call(const std::string& op, int64_t count, DType dtype, int rank, int size,
+                          const std::string& tag);
+
+// ---------------------------------------------------------------------------------------------
+// Launch detection: the world size the launcher announced (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// SLURM_NTASKS), 1 when the program was started directly.
+int launcher_world_size();
+
+// Backend factories (make_communicator in comm.cpp picks one).
+std::unique_ptr<Communicator> make_local_communicator();              // local.cpp
+#ifdef SL_WITH_MPI
+std::unique_ptr<Communicator> make_mpi_communicator();                // mpi.cpp
+void mpi_init_once();  // MPI_Init_thread(MPI_THREAD_MULTIPLE) once; MPI_Finalize at exit
+#endif
+#ifdef SL_WITH_NCCL
+std::unique_ptr<Communicator> make_nccl_communicator();               // nccl.cpp
+#endif
+
+}  // namespace scalelab::comm_detail

@@ -1,0 +1,398 @@
+// nccl.cpp — the `nccl` communicator (comm.h): one GPU per rank, NCCL collectives on a
+// communication stream. Compiled where CUDA, MPI and NCCL are found (SL_WITH_NCCL, common/CMakeLists.txt).
+// UNVERIFIED: it compiles in CI, but several ranks need several GPUs, which the development machines
+// do not have; treat it as a sketch until it has run. CPU twin: common/src/comm/mpi.cpp
+//
+//   bootstrap   MPI: rank 0 makes the ncclUniqueId and broadcasts it; GPU = the rank's index among the
+//               ranks of its node (MPI_COMM_TYPE_SHARED). Two ranks on one GPU are refused before NCCL
+//               would fail ("Duplicate GPU detected"): the device UUIDs of all ranks are compared.
+//   streams     every call waits for the compute stream (the legacy default stream, where the kit's
+//               kernels run) with an event, runs on the communication stream, and records a done
+//               event; wait() makes the compute stream wait for it and blocks the host until it fired.
+//               Each op holds its tensors until then (Op::buffers), so none goes back to the caching
+//               allocator while NCCL's stream may still use it.
+//   send/recv   NCCL runs a send and a recv that cross (a ring exchange) only inside one
+//               ncclGroupStart/End, so consecutive sends and recvs are held back and launched together
+//               at the next wait(), collective, barrier or split.
+//   times       start_ms is when the call was enqueued, end_ms when wait()/test() first saw it done (an
+//               upper bound). A link model makes wait() return no earlier than start + modelled.
+//               wait_ms is the host time blocked in wait(), 0 if the done event had fired by then.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once
+#include "scalelab/comm/comm.h"
+#include "scalelab/core/cuda_check.h"  // defines: SL_CUDA_CHECK (cuda_runtime.h)
+#include "scalelab/core/error.h"
+
+#define SL_NCCL_CHECK(call)                                                                         \
+  do {                                                                                              \
+    const ncclResult_t sl_nccl_rc_ = (call);                                                        \
+    if (sl_nccl_rc_ != ncclSuccess)                                                                 \
+      ::scalelab::detail::fail("NCCL", #call, __FILE__, __LINE__, __func__,                        \
+                               ::scalelab::detail::format("NCCL error '%s'", ncclGetErrorString(sl_nccl_rc_)), \
+                               "NCCL_DEBUG=INFO shows what NCCL tried; with several ranks on one GPU "    \
+                               "use --backend mpi");                                                \
+  } while (0)
+
+namespace scalelab::comm_detail {
+
+namespace {
+
+// The kit's kernels run on the legacy default stream (common/src/ops/cuda/).
+const cudaStream_t kComputeStream = cudaStreamLegacy;
+
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::I32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+void check_on_gpu(const char* op, int rank, const Tensor& t) {
+  SL_CHECK_HINT(t.device() == Device::CUDA || t.numel() == 0,
+                "the nccl backend moves GPU tensors; use --backend mpi for CPU tensors",
+                "%s on rank %d: the tensor lives on the %s", op, rank, device_name(t.device()));
+}
+
+// One call: its done event and its place in the event log.
+struct Op {
+  uint64_t event_id = 0;
+  double not_before_ms = 0;  // start + modelled (link model)
+  cudaEvent_t done = nullptr;
+  bool launched = false;     // sends/recvs wait in State::pending until launched together
+  bool finished = false;
+  std::function<void()> launch;  // sends and recvs: the ncclSend / ncclRecv call (it holds its tensor)
+  // Collectives: the tensors NCCL reads or writes, held until wait() has seen the done event. Without
+  // this, a caller that drops its last reference before wait() (against comm.h's rule) would return the
+  // block to the caching allocator (allocator.cpp), which hands it at once to the next default-stream
+  // kernel while NCCL's stream still uses it; cudaFree used to synchronise the device and hide that.
+  std::vector<Tensor> buffers;
+};
+
+// What the communicator and its Works share (a Work may outlive its communicator).
+struct State {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  cudaStream_t stream = nullptr;  // the communication stream
+  cudaEvent_t ready = nullptr;    // "the compute stream got this far", recorded before each call
+  EventLog log;
+  std::mutex mu;                  // pending and the Ops' flags
+  std::vector<std::shared_ptr<Op>> pending;  // sends/recvs not yet launched
+
+  ~State() {
+    cudaSetDevice(device);
+    if (stream) cudaStreamSynchronize(stream);
+    if (comm) ncclCommDestroy(comm);
+    if (ready) cudaEventDestroy(ready);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // The communication stream waits for the work queued so far on the compute stream.
+  void order_after_compute() {
+    SL_CUDA_CHECK(cudaEventRecord(ready, kComputeStream));
+    SL_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
+  }
+
+  // Launches the held-back sends and recvs as one NCCL group.
+  void flush_p2p() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (pending.empty()) return;
+    SL_CUDA_CHECK(cudaSetDevice(device));
+    order_after_compute();
+    SL_NCCL_CHECK(ncclGroupStart());
+    for (const auto& op : pending) op->launch();
+    SL_NCCL_CHECK(ncclGroupEnd());
+    for (const auto& op : pending) {
+      SL_CUDA_CHECK(cudaEventRecord(op->done, stream));
+      op->launched = true;
+    }
+    pending.clear();
+  }
+};
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<State> st, std::shared_ptr<Op> op) : st_(std::move(st)), op_(std::move(op)) {}
+  ~NcclWork() override {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[scalelab] an NCCL operation nobody waited for failed:\n%s\n", e.what());
+    }
+    cudaEventDestroy(op_->done);
+  }
+  void wait() override {
+    // wait_ms: the host time blocked here, unless the op (and its modelled time) had already finished.
+    const double t0_ms = Communicator::now_ms();
+    const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess && t0_ms >= op_->not_before_ms;
+    if (!op_->launched) st_->flush_p2p();
+    SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
+    SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
+    op_->buffers.clear();  // NCCL is done with them: they may go back to the allocator now
+    mark_finished();
+    sleep_until_ms(op_->not_before_ms);
+    if (!done_before) st_->log.add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
+  }
+  bool test() override {
+    if (!op_->launched) return false;
+    const cudaError_t rc = cudaEventQuery(op_->done);
+    if (rc == cudaErrorNotReady) return false;
+    SL_CUDA_CHECK(rc);
+    mark_finished();
+    return Communicator::now_ms() >= op_->not_before_ms;
+  }
+
+ private:
+  void mark_finished() {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (op_->finished) return;
+    op_->finished = true;
+    st_->log.set_end(op_->event_id, std::max(Communicator::now_ms(), op_->not_before_ms));
+  }
+  std::shared_ptr<State> st_;
+  std::shared_ptr<Op> op_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int device, const LinkModel& link) : st_(std::make_shared<State>()), link_(link) {
+    st_->comm = comm;
+    st_->device = device;
+    SL_CUDA_CHECK(cudaSetDevice(device));
+    // Non-blocking: no implicit sync with the legacy default stream; the events order the two.
+    SL_CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+    SL_CUDA_CHECK(cudaEventCreateWithFlags(&st_->ready, cudaEventDisableTiming));
+    SL_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
+    SL_NCCL_CHECK(ncclCommCount(comm, &size_));
+  }
+  ~NcclCommunicator() override {
+    try {
+      st_->flush_p2p();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag) override {
+    check_on_gpu("all_reduce", rank_, buf);
+    check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
+    check_count_fits_int("all_reduce", rank_, buf.numel());
+    return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, {buf}, [&] {
+      SL_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op),
+                                  st_->comm, st_->stream));
+    });
+  }
+
+  WorkPtr reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op, const std::string& tag) override {
+    check_on_gpu("reduce_scatter", rank_, in);
+    check_on_gpu("reduce_scatter", rank_, out);
+    check_reduce_dtype("reduce_scatter", rank_, size_, in.dtype(), op);
+    check_reduce_scatter(rank_, size_, in, out);
+    check_count_fits_int("reduce_scatter", rank_, in.numel());
+    return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
+      SL_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype()), nccl_op(op),
+                                      st_->comm, st_->stream));
+    });
+  }
+
+  WorkPtr all_gather_async(const Tensor& in, Tensor& out, const std::string& tag) override {
+    check_on_gpu("all_gather", rank_, in);
+    check_on_gpu("all_gather", rank_, out);
+    check_all_gather(rank_, size_, in, out);
+    check_count_fits_int("all_gather", rank_, out.numel());
+    return collective("all_gather", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
+      SL_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), in.numel(), nccl_type(in.dtype()), st_->comm, st_->stream));
+    });
+  }
+
+  WorkPtr broadcast_async(Tensor& buf, int root, const std::string& tag) override {
+    check_on_gpu("broadcast", rank_, buf);
+    check_root("broadcast", rank_, size_, root);
+    check_count_fits_int("broadcast", rank_, buf.numel());
+    return collective("broadcast", tag, buf.numel(), buf.dtype(), root, {buf}, [&] {
+      SL_NCCL_CHECK(ncclBroadcast(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), root, st_->comm,
+                                  st_->stream));
+    });
+  }
+
+  WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
+    check_on_gpu("send", rank_, buf);
+    check_peer("send", rank_, size_, peer);
+    check_count_fits_int("send", rank_, buf.numel());
+    std::shared_ptr<State> st = st_;
+    return point_to_point("send", tag, buf, peer, [st, buf, peer] {
+      SL_NCCL_CHECK(ncclSend(buf.raw(), buf.numel(), nccl_type(buf.dtype()), peer, st->comm, st->stream));
+    });
+  }
+
+  WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
+    check_on_gpu("recv", rank_, buf);
+    check_peer("recv", rank_, size_, peer);
+    check_count_fits_int("recv", rank_, buf.numel());
+    std::shared_ptr<State> st = st_;
+    return point_to_point("recv", tag, buf, peer, [st, buf, peer] {
+      SL_NCCL_CHECK(ncclRecv(buf.raw(), buf.numel(), nccl_type(buf.dtype()), peer, st->comm, st->stream));
+    });
+  }
+
+  void barrier() override {
+    // NCCL has no barrier: an all_reduce of one float, waited for by the host.
+    if (!scratch_.defined()) scratch_ = Tensor::zeros({1}, DType::F32, Device::CUDA, MemCategory::Comm);
+    collective("barrier", "", 0, DType::F32, -1, {scratch_}, [&] {
+      SL_NCCL_CHECK(ncclAllReduce(scratch_.raw(), scratch_.raw(), 1, ncclFloat32, ncclSum, st_->comm, st_->stream));
+    })->wait();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    SL_CHECK_HINT(color >= 0, "colors are >= 0 (as in MPI_Comm_split)", "split on rank %d of %d: color %d",
+                  rank_, size_, color);
+    st_->flush_p2p();
+    SL_CUDA_CHECK(cudaSetDevice(st_->device));
+    ncclComm_t child = nullptr;
+    SL_NCCL_CHECK(ncclCommSplit(st_->comm, color, key, &child, nullptr));
+    return std::make_unique<NcclCommunicator>(child, st_->device, link_);
+  }
+
+  [[noreturn]] void abort(int exit_code, const std::string& why) override {
+    std::fprintf(stderr, "[scalelab] rank %d of %d aborts the job: %s\n", rank_, size_, why.c_str());
+    std::fflush(stderr);
+    ncclCommAbort(st_->comm);  // frees NCCL's kernels waiting for peers
+    st_->comm = nullptr;
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::_Exit(exit_code);
+  }
+
+  void set_link_model(const LinkModel& link) override { link_ = link; }
+  const LinkModel& link_model() const override { return link_; }
+  std::vector<CommEvent> events() const override { return st_->log.snapshot(); }
+  void clear_events() override { st_->log.clear(); }
+
+ private:
+  std::shared_ptr<Op> new_op(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer) {
+    auto op = std::make_shared<Op>();
+    CommEvent e = make_event(name, tag, count, dtype, size_, /*async=*/!issuing_blocking_call() && name != "barrier",
+                             peer, link_);
+    e.start_ms = e.issue_ms;
+    op->not_before_ms = e.start_ms + e.modeled_ms;
+    op->event_id = st_->log.add(e);
+    SL_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
+    return op;
+  }
+
+  template <typename F>
+  WorkPtr collective(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer,
+                     std::vector<Tensor> buffers, F&& call) {
+    st_->flush_p2p();  // calls reach NCCL in issue order
+    SL_CUDA_CHECK(cudaSetDevice(st_->device));
+    std::shared_ptr<Op> op = new_op(name, tag, count, dtype, peer);
+    op->buffers = std::move(buffers);  // alive until wait() (see Op::buffers)
+    st_->order_after_compute();
+    call();
+    SL_CUDA_CHECK(cudaEventRecord(op->done, st_->stream));
+    op->launched = true;
+    return std::make_shared<NcclWork>(st_, op);
+  }
+
+  WorkPtr point_to_point(const std::string& name, const std::string& tag, const Tensor& buf, int peer,
+                         std::function<void()> launch) {
+    std::shared_ptr<Op> op = new_op(name, tag, buf.numel(), buf.dtype(), peer);
+    op->launch = std::move(launch);
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      st_->pending.push_back(op);
+    }
+    return std::make_shared<NcclWork>(st_, op);
+  }
+
+  std::shared_ptr<State> st_;
+  LinkModel link_;
+  int rank_ = 0;
+  int size_ = 1;
+  Tensor scratch_;  // (1) f32 on the GPU, for barrier()
+};
+
+// A printable UUID: "GPU-1a2b3c4d-..." as nvidia-smi -L shows it.
+std::string uuid_string(const cudaUUID_t& u) {
+  char s[64];
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(s, sizeof(s), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator() {
+  mpi_init_once();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+  // 1. This rank's GPU: its index among the ranks of its node.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  // Every rank of the node sees the same counts, so they all refuse together (nobody waits below).
+  SL_CHECK_HINT(devices > 0, "the nccl backend needs a GPU per rank; on a CPU use --backend mpi",
+                "rank %d: no CUDA device visible", rank);
+  SL_CHECK_HINT(local_size <= devices,
+                "NCCL needs one GPU per rank (it refuses two ranks on one GPU): use --backend mpi, or start "
+                "at most as many ranks per node as there are GPUs",
+                "rank %d: %d ranks on this node but %d GPU(s) visible", rank, local_size, devices);
+  const int device = local_rank;
+  SL_CUDA_CHECK(cudaSetDevice(device));
+
+  // 2. Two ranks on one physical GPU (CUDA_VISIBLE_DEVICES, containers) pass the count check above:
+  //    compare the device UUIDs of all ranks before NCCL fails with "Duplicate GPU detected".
+  cudaDeviceProp prop;
+  SL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::vector<cudaUUID_t> uuids(static_cast<size_t>(size));
+  MPI_Allgather(&prop.uuid, sizeof(cudaUUID_t), MPI_BYTE, uuids.data(), sizeof(cudaUUID_t), MPI_BYTE, MPI_COMM_WORLD);
+  for (int r = 0; r < size; ++r) {
+    for (int q = r + 1; q < size; ++q) {
+      SL_CHECK_HINT(std::memcmp(&uuids[r], &uuids[q], sizeof(cudaUUID_t)) != 0,
+                    "NCCL needs one GPU per rank: use --backend mpi (it stages GPU tensors through host memory)",
+                    "ranks %d and %d share GPU %s", r, q, uuid_string(uuids[r]).c_str());
+    }
+  }
+
+  // 3. NCCL's bootstrap: rank 0's unique id, broadcast over MPI.
+  ncclUniqueId id;
+  if (rank == 0) SL_NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t comm = nullptr;
+  SL_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+  return std::make_unique<NcclCommunicator>(comm, device, LinkModel{});
+}
+
+}  // namespace scalelab::comm_detail

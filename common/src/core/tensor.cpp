@@ -1,0 +1,146 @@
+// tensor.cpp — Tensor storage and views (tensor.h). CUDA copies go through the CUDA backend.
+#include "scalelab/core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "scalelab/core/error.h"
+
+#include "scalelab/core/cuda_device.h"  // defines: cuda::memcpy_any, cuda::memset_zero (with SL_WITH_CUDA)
+
+namespace scalelab {
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::I32: return "i32";
+  }
+  return "?";
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << (s.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    SL_CHECK(d >= 0, "negative dimension in shape %s", shape_str(shape).c_str());
+    n *= d;
+  }
+  return n;
+}
+
+// Owns one allocation; returns it to the allocator (with its category) when the last view dies.
+struct Tensor::Storage {
+  void* ptr = nullptr;
+  size_t nbytes = 0;
+  Device device = Device::CPU;
+  MemCategory category = MemCategory::Other;
+  ~Storage() { Allocator::get(device).deallocate(ptr, nbytes, category); }
+};
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemCategory category) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = numel_of(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  auto st = std::make_shared<Storage>();
+  st->device = device;
+  st->category = category;
+  // Record the size only once allocate() has returned: when it throws (over the cap, no CUDA backend)
+  // the Storage destructor runs and must not give back bytes that were never counted.
+  st->ptr = Allocator::get(device).allocate(t.nbytes(), category);
+  st->nbytes = t.nbytes();
+  t.ptr_ = st->ptr;
+  t.storage_ = std::move(st);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemCategory category) {
+  Tensor t = empty(shape, dtype, device, category);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::view(int64_t offset, const Shape& shape) const {
+  const int64_t n = numel_of(shape);
+  SL_CHECK(offset >= 0 && offset + n <= numel_,
+           "view of %lld elements at offset %lld, shape %s, is outside a tensor of %lld elements %s",
+           static_cast<long long>(n), static_cast<long long>(offset), shape_str(shape).c_str(),
+           static_cast<long long>(numel_), shape_str(shape_).c_str());
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.numel_ = n;
+  t.ptr_ = static_cast<char*>(ptr_) + offset * static_cast<int64_t>(dtype_size(dtype_));
+  return t;
+}
+
+int64_t Tensor::size(int dim) const {
+  const int nd = ndim();
+  const int d = dim < 0 ? dim + nd : dim;
+  SL_CHECK(d >= 0 && d < nd, "dim %d out of range for shape %s", dim, shape_str(shape_).c_str());
+  return shape_[d];
+}
+
+template <typename T>
+static constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::F32; }
+template <>
+constexpr DType dtype_of<bf16>() { return DType::BF16; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::I32; }
+
+template <typename T>
+T* Tensor::data() const {
+  SL_CHECK(dtype_ == dtype_of<T>(), "tensor %s has dtype %s, asked for %s", shape_str(shape_).c_str(),
+           dtype_name(dtype_), dtype_name(dtype_of<T>()));
+  return static_cast<T*>(ptr_);
+}
+template float* Tensor::data<float>() const;
+template bf16* Tensor::data<bf16>() const;
+template int32_t* Tensor::data<int32_t>() const;
+
+void Tensor::zero_() {
+  if (nbytes() == 0) return;
+  if (device_ == Device::CPU) {
+    std::memset(ptr_, 0, nbytes());
+  } else {
+#ifdef SL_WITH_CUDA
+    cuda::memset_zero(ptr_, nbytes());
+#endif
+  }
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  SL_CHECK(src.numel() == numel_ && src.dtype() == dtype_, "copy %s %s into %s %s: numel or dtype differ",
+           shape_str(src.shape()).c_str(), dtype_name(src.dtype()), shape_str(shape_).c_str(), dtype_name(dtype_));
+  if (nbytes() == 0) return;
+  if (device_ == Device::CPU && src.device() == Device::CPU) {
+    std::memcpy(ptr_, src.raw(), nbytes());
+  } else {
+#ifdef SL_WITH_CUDA
+    cuda::memcpy_any(ptr_, src.raw(), nbytes());
+#else
+    SL_FAIL("rebuild with CUDA or use --device cpu", "CUDA tensor in a build without CUDA");
+#endif
+  }
+}
+
+}  // namespace scalelab

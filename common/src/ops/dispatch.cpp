@@ -1,0 +1,571 @@
+// dispatch.cpp — the Tensor-level GPT-2 ops (scalelab::<op>, declared in scalelab/ops/ops.h): the one
+// dispatch point per op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
+// tensor and its shape (the same checks for both devices), then calls its twin: scalelab::cuda::<op>
+// (common/src/ops/cuda/, scalelab/ops/cuda_ops.h) for CUDA tensors, scalelab::cpu::<op> (common/src/ops/cpu/)
+// otherwise. In a build without the CUDA backend, CUDA tensors throw with a hint.
+// Tests: tests/common/ops/test_ops_cpu.cpp, tests/common/ops/test_ops_cuda.cpp
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+
+#include "scalelab/ops/cuda_ops.h"  // defines: the cuda:: twins (declared in every build, defined with CUDA only)
+#include "scalelab/core/error.h"     // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/ops/ops.h"       // defines: the scalelab:: ops implemented here and their cpu:: twins
+
+namespace scalelab {
+
+namespace {
+
+constexpr const char* kCudaHint =
+    "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON, see docs/cuda_backend.md), or run with --device cpu";
+
+// The device every tensor argument lives on (nullptr entries, i.e. optional outputs, are skipped).
+// Mixing devices is an error: no op copies between devices behind the caller's back.
+Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  int index = 0;
+  for (const Tensor* t : tensors) {
+    if (t != nullptr) {
+      if (first == nullptr) first = t;
+      SL_CHECK_HINT(t->device() == first->device(), "move every argument to one device with Tensor::copy_from",
+                    "%s: tensor argument %d %s is on %s, but the first is %s on %s", op, index,
+                    shape_str(t->shape()).c_str(), device_name(t->device()), shape_str(first->shape()).c_str(),
+                    device_name(first->device()));
+    }
+    index++;
+  }
+  return first != nullptr ? first->device() : Device::CPU;
+}
+
+// Throws unless every entry of indices (n i32 values, on either device) lies in [0, limit): a token id
+// outside the vocabulary would read or write outside wte / probs. Reports the first bad entry. On the GPU
+// the check runs as a kernel and copies one index back, so it synchronises (once per call).
+void check_index_range(const char* op, const char* what, const Tensor& indices, int64_t limit) {
+  const int32_t* idx = indices.data<int32_t>();
+  int64_t bad = -1;  // index of the first entry outside [0, limit)
+  int32_t bad_value = 0;
+  if (indices.device() == Device::CUDA) {
+#ifdef SL_WITH_CUDA
+    bad = cuda::first_index_out_of_range(idx, indices.numel(), limit, &bad_value);
+#else
+    SL_FAIL(kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", op);
+#endif
+  } else {
+    for (int64_t i = 0; i < indices.numel() && bad < 0; i++) {
+      if (idx[i] < 0 || idx[i] >= limit) {
+        bad = i;
+        bad_value = idx[i];
+      }
+    }
+  }
+  SL_CHECK_HINT(bad < 0, "token ids must be < the vocabulary size of the model",
+                "%s: %s[%lld] = %d is outside [0, %lld) (%s has shape %s)", op, what, static_cast<long long>(bad),
+                bad_value, static_cast<long long>(limit), what, shape_str(indices.shape()).c_str());
+}
+
+}  // namespace
+
+// The checks below expand inside each op, so an error report names the op (its function) and the line.
+// SL_OPS_DTYPE(t, dt): tensor t has dtype dt.
+#define SL_OPS_DTYPE(t, dt)                                                                               \
+  SL_CHECK((t).dtype() == (dt), "%s must be %s, got %s with shape %s", #t, dtype_name(dt),                 \
+           dtype_name((t).dtype()), shape_str((t).shape()).c_str())
+// SL_OPS_SHAPE(t, expected): tensor t has exactly the shape expected (a Shape).
+#define SL_OPS_SHAPE(t, expected)                                                                         \
+  SL_CHECK((t).shape() == (expected), "%s has shape %s, expected %s", #t, shape_str((t).shape()).c_str(), \
+           shape_str(expected).c_str())
+// SL_OPS_NUMEL(t, n): tensor t has n elements (any shape).
+#define SL_OPS_NUMEL(t, n)                                                                                \
+  SL_CHECK((t).numel() == (n), "%s has shape %s (%lld elements), expected %lld elements", #t,             \
+           shape_str((t).shape()).c_str(), static_cast<long long>((t).numel()), static_cast<long long>(n))
+// SL_OPS_NDIM(t, n): tensor t has n dimensions.
+#define SL_OPS_NDIM(t, n) \
+  SL_CHECK((t).ndim() == (n), "%s has shape %s, expected %d dimensions", #t, shape_str((t).shape()).c_str(), (n))
+// SL_OPS_FITS_INT(v): a size passed to a twin (and to BLAS, LP64 build) as int.
+#define SL_OPS_FITS_INT(v) \
+  SL_CHECK((v) > 0 && (v) <= INT_MAX, "%s = %lld must be in [1, INT_MAX]", #v, static_cast<long long>(v))
+// SL_OPS_CUDA(call): the CUDA branch of an op, `if (device == Device::CUDA) SL_OPS_CUDA(cuda::op(...));`.
+// With the CUDA backend it returns the twin's result (`return f();` is also valid for void f); without
+// it, it throws with a hint, and `call` is never compiled (the cuda:: functions do not exist then).
+#ifdef SL_WITH_CUDA
+#define SL_OPS_CUDA(call) return (call)
+#else
+#define SL_OPS_CUDA(call) SL_FAIL(kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", __func__)
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Encoder (token + position embedding)
+
+void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_DTYPE(wte, DType::F32);
+  SL_OPS_DTYPE(wpe, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_NDIM(tokens, 2);  // (B,T)
+  SL_OPS_NDIM(wte, 2);     // (V,C)
+  SL_OPS_NDIM(wpe, 2);     // (maxT,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_CHECK(wpe.size(1) == C && wpe.size(0) >= T, "wpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
+           shape_str(wpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
+  const Device device = device_of(__func__, {&out, &tokens, &wte, &wpe});
+  check_index_range(__func__, "tokens", tokens, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
+                                      wpe.data<float>(), static_cast<int>(B), static_cast<int>(T),
+                                      static_cast<int>(C)));
+  cpu::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(), wpe.data<float>(),
+                       static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+}
+
+void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  SL_OPS_DTYPE(dwte, DType::F32);
+  SL_OPS_DTYPE(dwpe, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_NDIM(tokens, 2);  // (B,T)
+  SL_OPS_NDIM(dwte, 2);    // (V,C)
+  SL_OPS_NDIM(dwpe, 2);    // (maxT,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = dwte.size(0), C = dwte.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_CHECK(dwpe.size(1) == C && dwpe.size(0) >= T, "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
+           shape_str(dwpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
+  const Device device = device_of(__func__, {&dwte, &dwpe, &dout, &tokens});
+  check_index_range(__func__, "tokens", tokens, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(),
+                                       tokens.data<int32_t>(), static_cast<int>(B), static_cast<int>(T),
+                                       static_cast<int>(C)));
+  cpu::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(), tokens.data<int32_t>(),
+                        static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm. inp (N,C) or (B,T,C): C is the last dimension, N the product of the others.
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       const Tensor& bias) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(mean, DType::F32);
+  SL_OPS_DTYPE(rstd, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_DTYPE(bias, DType::F32);
+  SL_CHECK(inp.ndim() >= 2, "inp has shape %s, expected (N, C) or (B, T, C)", shape_str(inp.shape()).c_str());
+  const int64_t C = inp.size(-1);
+  SL_OPS_FITS_INT(C);  // before dividing by it
+  const int64_t N = inp.numel() / C;
+  SL_OPS_SHAPE(out, inp.shape());
+  SL_OPS_SHAPE(weight, (Shape{C}));
+  SL_OPS_SHAPE(bias, (Shape{C}));
+  SL_OPS_NUMEL(mean, N);  // one per row: (N) or (B,T)
+  SL_OPS_NUMEL(rstd, N);
+  if (device_of(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
+                                        weight.data<float>(), bias.data<float>(), N, static_cast<int>(C)));
+  cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
+                         weight.data<float>(), bias.data<float>(), N, static_cast<int>(C));
+}
+
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  SL_OPS_DTYPE(dinp, DType::F32);
+  SL_OPS_DTYPE(dweight, DType::F32);
+  SL_OPS_DTYPE(dbias, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(weight, DType::F32);
+  SL_OPS_DTYPE(mean, DType::F32);
+  SL_OPS_DTYPE(rstd, DType::F32);
+  SL_CHECK(inp.ndim() >= 2, "inp has shape %s, expected (N, C) or (B, T, C)", shape_str(inp.shape()).c_str());
+  const int64_t C = inp.size(-1);
+  SL_OPS_FITS_INT(C);  // before dividing by it
+  const int64_t N = inp.numel() / C;
+  SL_OPS_SHAPE(dinp, inp.shape());
+  SL_OPS_SHAPE(dout, inp.shape());
+  SL_OPS_SHAPE(weight, (Shape{C}));
+  SL_OPS_SHAPE(dweight, (Shape{C}));
+  SL_OPS_SHAPE(dbias, (Shape{C}));
+  SL_OPS_NUMEL(mean, N);
+  SL_OPS_NUMEL(rstd, N);
+  if (device_of(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(),
+                                         dout.data<float>(), inp.data<float>(), weight.data<float>(),
+                                         mean.data<float>(), rstd.data<float>(), N, static_cast<int>(C)));
+  cpu::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(),
+                          inp.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), N,
+                          static_cast<int>(C));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul (linear layer). inp (N,C) or (B,T,C); out has the same leading elements with OC last.
+
+namespace {
+
+struct LinearDims {
+  int64_t N, C, OC;  // rows, input features, output features
+};
+
+// The checks every matmul shares, fp32 or bf16 (`operand` is the dtype of inp and weight): weight (OC,C);
+// inp (..., C), read as (N,C); `y` (out in the forward, dout in the backward, named `y_name` in errors)
+// (..., OC) with N*OC elements and dtype `y_dtype`; the bias or its gradient (OC,) fp32 when given.
+// Errors name the op (`op`, the caller's __func__) and the tensor, as the other ops' checks do.
+LinearDims check_linear(const char* op, const char* y_name, const Tensor& y, DType y_dtype, const Tensor& inp,
+                        const Tensor& weight, DType operand, const char* bias_name, const Tensor* bias) {
+  auto check_dtype = [op](const char* name, const Tensor& t, DType want) {
+    SL_CHECK(t.dtype() == want, "%s: %s must be %s, got %s with shape %s", op, name, dtype_name(want),
+             dtype_name(t.dtype()), shape_str(t.shape()).c_str());
+  };
+  check_dtype(y_name, y, y_dtype);
+  check_dtype("inp", inp, operand);
+  check_dtype("weight", weight, operand);
+  SL_CHECK(weight.ndim() == 2, "%s: weight has shape %s, expected 2 dimensions (OC, C)", op,
+           shape_str(weight.shape()).c_str());
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "%s: inp has shape %s, expected (..., C=%lld) to match weight %s",
+           op, shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  const int64_t N = C > 0 ? inp.numel() / C : 0;
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"OC", OC}, {"C", C}, {"N", N}})
+    SL_CHECK(v > 0 && v <= INT_MAX, "%s: %s = %lld must be in [1, INT_MAX]", op, name, static_cast<long long>(v));
+  SL_CHECK(y.ndim() >= 2 && y.size(-1) == OC && y.numel() == N * OC,
+           "%s: %s has shape %s, expected (N=%lld, OC=%lld) or (B, T, OC) for inp %s and weight %s", op, y_name,
+           shape_str(y.shape()).c_str(), static_cast<long long>(N), static_cast<long long>(OC),
+           shape_str(inp.shape()).c_str(), shape_str(weight.shape()).c_str());
+  if (bias != nullptr) {
+    check_dtype(bias_name, *bias, DType::F32);
+    SL_CHECK(bias->shape() == (Shape{OC}), "%s: %s has shape %s, expected %s", op, bias_name,
+             shape_str(bias->shape()).c_str(), shape_str(Shape{OC}).c_str());
+  }
+  return {N, C, OC};
+}
+
+// The backward's outputs: dweight like weight, dinp like inp (when given), all fp32.
+void check_linear_grads(const char* op, const Tensor* dinp, const Tensor& dweight, const Tensor& inp,
+                        const Tensor& weight) {
+  SL_CHECK(dweight.dtype() == DType::F32 && dweight.shape() == weight.shape(),
+           "%s: dweight is %s %s, expected f32 %s (weight's shape)", op, dtype_name(dweight.dtype()),
+           shape_str(dweight.shape()).c_str(), shape_str(weight.shape()).c_str());
+  if (dinp != nullptr)
+    SL_CHECK(dinp->dtype() == DType::F32 && dinp->shape() == inp.shape(),
+             "%s: dinp is %s %s, expected f32 %s (inp's shape)", op, dtype_name(dinp->dtype()),
+             shape_str(dinp->shape()).c_str(), shape_str(inp.shape()).c_str());
+}
+
+}  // namespace
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::F32, "bias", bias);
+  const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
+  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
+                                     static_cast<int>(d.C), static_cast<int>(d.OC)));
+  cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
+                      static_cast<int>(d.C), static_cast<int>(d.OC));
+}
+
+void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight) {
+  const LinearDims d = check_linear(__func__, "dout", dout, DType::F32, inp, weight, DType::F32, "dbias", dbias);
+  check_linear_grads(__func__, dinp, dweight, inp, weight);
+  float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
+  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(),
+                                      inp.data<float>(), weight.data<float>(), d.N, static_cast<int>(d.C),
+                                      static_cast<int>(d.OC)));
+  cpu::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(), inp.data<float>(),
+                       weight.data<float>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+}
+
+// bf16 operands (PrecisionPolicy::bf16_compute): the same checks, with inp, weight and dout bf16 and
+// everything the op writes (and the bias) fp32.
+void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::BF16, "bias", bias);
+  const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
+  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
+                                          static_cast<int>(d.C), static_cast<int>(d.OC)));
+  cpu::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
+                           static_cast<int>(d.C), static_cast<int>(d.OC));
+}
+
+void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight) {
+  const LinearDims d = check_linear(__func__, "dout", dout, DType::BF16, inp, weight, DType::BF16, "dbias", dbias);
+  check_linear_grads(__func__, dinp, dweight, inp, weight);
+  float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
+  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(),
+                                           inp.data<bf16>(), weight.data<bf16>(), d.N, static_cast<int>(d.C),
+                                           static_cast<int>(d.OC)));
+  cpu::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(),
+                            weight.data<bf16>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal self-attention. qkv (B,T,3C), out (B,T,C), att (B,NH,T,T).
+
+void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(att, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
+  if (device_of(__func__, {&out, &att, &qkv}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                                        static_cast<int>(T), static_cast<int>(C), NH));
+  cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                         static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                        int NH) {
+  SL_OPS_DTYPE(dqkv, DType::F32);
+  SL_OPS_DTYPE(datt, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_DTYPE(att, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(dqkv, qkv.shape());
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
+  SL_OPS_SHAPE(datt, (Shape{B, NH, T, T}));
+  if (device_of(__func__, {&dqkv, &datt, &dout, &qkv, &att}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
+                                         att.data<float>(), static_cast<int>(B), static_cast<int>(T),
+                                         static_cast<int>(C), NH));
+  cpu::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
+                          att.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+// Flash-style attention: the same qkv checks; lse (B,NH,T) replaces att (B,NH,T,T). The CUDA twin checks
+// its own limit (HS <= 128) and says so.
+void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
+  if (device_of(__func__, {&out, &lse, &qkv}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(),
+                                              static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH));
+  cpu::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(), static_cast<int>(B),
+                               static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH) {
+  SL_OPS_DTYPE(dqkv, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(qkv, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C3);
+  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  SL_OPS_SHAPE(dqkv, qkv.shape());
+  SL_OPS_SHAPE(dout, (Shape{B, T, C}));
+  SL_OPS_SHAPE(out, (Shape{B, T, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
+  if (device_of(__func__, {&dqkv, &dout, &qkv, &out, &lse}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
+                                               out.data<float>(), lse.data<float>(), static_cast<int>(B),
+                                               static_cast<int>(T), static_cast<int>(C), NH));
+  cpu::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(), out.data<float>(),
+                                lse.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise: GELU and the residual add (any shapes with matching element counts).
+
+void gelu_forward(Tensor& out, const Tensor& inp) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_NUMEL(out, inp.numel());
+  if (device_of(__func__, {&out, &inp}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel()));
+  cpu::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel());
+}
+
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  SL_OPS_DTYPE(dinp, DType::F32);
+  SL_OPS_DTYPE(inp, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_NUMEL(dinp, inp.numel());
+  SL_OPS_NUMEL(dout, inp.numel());
+  if (device_of(__func__, {&dinp, &inp, &dout}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel()));
+  cpu::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel());
+}
+
+void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(a, DType::F32);
+  SL_OPS_DTYPE(b, DType::F32);
+  SL_OPS_NUMEL(b, a.numel());
+  SL_OPS_NUMEL(out, a.numel());
+  if (device_of(__func__, {&out, &a, &b}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel()));
+  cpu::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+}
+
+void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
+  SL_OPS_DTYPE(da, DType::F32);
+  SL_OPS_DTYPE(db, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_NUMEL(da, dout.numel());
+  SL_OPS_NUMEL(db, dout.numel());
+  if (device_of(__func__, {&da, &db, &dout}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel()));
+  cpu::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax + cross-entropy. logits (B,T,V) (or (N,V)); targets and losses one per row.
+
+void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) {
+  SL_OPS_DTYPE(losses, DType::F32);
+  SL_OPS_DTYPE(probs, DType::F32);
+  SL_OPS_DTYPE(logits, DType::F32);
+  SL_OPS_DTYPE(targets, DType::I32);
+  SL_CHECK(logits.ndim() >= 2, "logits has shape %s, expected (B, T, V)", shape_str(logits.shape()).c_str());
+  const int64_t V = logits.size(-1);
+  SL_OPS_FITS_INT(V);  // before dividing by it
+  const int64_t N = logits.numel() / V;
+  SL_OPS_SHAPE(probs, logits.shape());
+  SL_OPS_NUMEL(targets, N);  // (B,T)
+  SL_OPS_NUMEL(losses, N);   // (B,T)
+  const Device device = device_of(__func__, {&losses, &probs, &logits, &targets});
+  check_index_range(__func__, "targets", targets, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
+                                                   targets.data<int32_t>(), N, static_cast<int>(V)));
+  cpu::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
+                                    targets.data<int32_t>(), N, static_cast<int>(V));
+}
+
+void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
+  SL_OPS_DTYPE(dlogits, DType::F32);
+  SL_OPS_DTYPE(probs, DType::F32);
+  SL_OPS_DTYPE(targets, DType::I32);
+  SL_CHECK(probs.ndim() >= 2, "probs has shape %s, expected (B, T, V)", shape_str(probs.shape()).c_str());
+  const int64_t V = probs.size(-1);
+  SL_OPS_FITS_INT(V);  // before dividing by it
+  const int64_t N = probs.numel() / V;
+  SL_OPS_SHAPE(dlogits, probs.shape());
+  SL_OPS_NUMEL(targets, N);
+  const Device device = device_of(__func__, {&dlogits, &probs, &targets});
+  check_index_range(__func__, "targets", targets, V);
+  if (device == Device::CUDA)
+    SL_OPS_CUDA(cuda::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(),
+                                                    targets.data<int32_t>(), dloss, N, static_cast<int>(V)));
+  cpu::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(), targets.data<int32_t>(), dloss,
+                                     N, static_cast<int>(V));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer updates, reductions, casts.
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
+  SL_OPS_DTYPE(param, DType::F32);
+  SL_OPS_DTYPE(grad, DType::F32);
+  SL_OPS_DTYPE(m, DType::F32);
+  SL_OPS_DTYPE(v, DType::F32);
+  SL_OPS_NUMEL(grad, param.numel());
+  SL_OPS_NUMEL(m, param.numel());
+  SL_OPS_NUMEL(v, param.numel());
+  SL_CHECK(t >= 1, "AdamW step t=%lld must be >= 1 (the bias correction divides by 1 - beta^t)",
+           static_cast<long long>(t));
+  if (device_of(__func__, {&param, &grad, &m, &v}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                                   param.numel(), lr, beta1, beta2, eps, weight_decay, t));
+  cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), lr,
+                    beta1, beta2, eps, weight_decay, t);
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay) {
+  SL_OPS_DTYPE(param, DType::F32);
+  SL_OPS_DTYPE(grad, DType::F32);
+  SL_OPS_NUMEL(grad, param.numel());
+  if (device_of(__func__, {&param, &grad}) == Device::CUDA)
+    SL_OPS_CUDA(cuda::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay));
+  cpu::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay);
+}
+
+double sum_squares(const Tensor& t) {
+  SL_OPS_DTYPE(t, DType::F32);
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::sum_squares(t.data<float>(), t.numel()));
+  return cpu::sum_squares(t.data<float>(), t.numel());
+}
+
+void scale_(Tensor& t, float s) {
+  SL_OPS_DTYPE(t, DType::F32);
+  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::scale(t.data<float>(), t.numel(), s));
+  cpu::scale(t.data<float>(), t.numel(), s);
+}
+
+void add_(Tensor& t, const Tensor& x) { residual_forward(t, t, x); }
+
+void cast(Tensor& dst, const Tensor& src) {
+  SL_OPS_NUMEL(dst, src.numel());
+  const Device device = device_of(__func__, {&dst, &src});
+  if (dst.dtype() == src.dtype()) {
+    if (dst.raw() == src.raw()) return;
+    if (device == Device::CUDA) SL_OPS_CUDA(dst.copy_from(src));  // same dtype: a copy (cudaMemcpy)
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+  } else if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
+    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel()));
+    cpu::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel());
+  } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
+    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel()));
+    cpu::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel());
+  } else {
+    SL_FAIL("cast converts f32 <-> bf16 (or copies one dtype); token ids (i32) are not cast",
+            "cannot cast %s %s to %s %s", dtype_name(src.dtype()), shape_str(src.shape()).c_str(),
+            dtype_name(dst.dtype()), shape_str(dst.shape()).c_str());
+  }
+}
+
+}  // namespace scalelab
