@@ -1,18 +1,18 @@
 // dispatch.cpp — the Tensor-level GPT-2 ops (scalelab::<op>, declared in scalelab/ops/ops.h): the one
-// dispatch point per op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
-// tensor and its shape (the same checks for both devices), then calls its twin: scalelab::cuda::<op>
-// (common/src/ops/cuda/, scalelab/ops/cuda_ops.h) for CUDA tensors, scalelab::cpu::<op> (common/src/ops/cpu/)
-// otherwise. In a build without the CUDA backend, CUDA tensors throw with a hint.
+// dispatch point of every op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
+// tensor and its shape (the same checks for both devices), then hands its tensors' pointers and sizes to
+// run_twin, which calls the twin of their device: scalelab::cuda::<op> (common/src/ops/cuda/) for CUDA
+// tensors, scalelab::cpu::<op> (common/src/ops/cpu/) otherwise, both declared once in scalelab/ops/twins.h.
+// In a build without the CUDA backend, CUDA tensors throw with a hint.
 // Tests: tests/common/ops/test_ops_cpu.cpp, tests/common/ops/test_ops_cuda.cpp
 #include <climits>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
 
-#include "scalelab/ops/cuda_ops.h"  // defines: the cuda:: twins (declared in every build, defined with CUDA only)
-#include "scalelab/core/error.h"     // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
-#include "scalelab/ops/ops.h"       // defines: the scalelab:: ops implemented here and their cpu:: twins
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/ops/ops.h"     // defines: the scalelab:: ops implemented here
+#include "scalelab/ops/twins.h"   // defines: their cpu:: and cuda:: twins (the cuda:: ones exist with CUDA only)
 
 namespace scalelab {
 
@@ -86,13 +86,36 @@ void check_index_range(const char* op, const char* what, const Tensor& indices, 
 // SL_OPS_FITS_INT(v): a size passed to a twin (and to BLAS, LP64 build) as int.
 #define SL_OPS_FITS_INT(v) \
   SL_CHECK((v) > 0 && (v) <= INT_MAX, "%s = %lld must be in [1, INT_MAX]", #v, static_cast<long long>(v))
-// SL_OPS_CUDA(call): the CUDA branch of an op, `if (device == Device::CUDA) SL_OPS_CUDA(cuda::op(...));`.
-// With the CUDA backend it returns the twin's result (`return f();` is also valid for void f); without
-// it, it throws with a hint, and `call` is never compiled (the cuda:: functions do not exist then).
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The dispatch, one helper for every op:
+//   run_twin(__func__, {&out, &inp, ...}, SL_TWINS(gelu_forward), out.data<float>(), inp.data<float>(), n);
+// calls cuda::gelu_forward(args...) when the listed tensors live on the GPU, cpu::gelu_forward(args...)
+// otherwise (nullptr entries, optional tensors, are skipped). The two twins have the same signature by
+// construction (twins.h declares both from twin_ops.inc). Throws when the tensors sit on different devices,
+// and for CUDA tensors in a build without the CUDA backend, where SL_TWINS names no cuda:: function.
+template <class T>
+struct NonDeduced {  // the CUDA twin's type is taken from the CPU twin's, so nullptr fits it too
+  using type = T;
+};
+template <class R, class... P, class... A>
+R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, R (*cpu_twin)(P...),
+           typename NonDeduced<R (*)(P...)>::type cuda_twin, A&&... args) {
+  if (device_of(op, tensors) == Device::CUDA) {
+    SL_CHECK_HINT(cuda_twin != nullptr, kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", op);
+    return cuda_twin(std::forward<A>(args)...);
+  }
+  return cpu_twin(std::forward<A>(args)...);
+}
+
+}  // namespace
+
 #ifdef SL_WITH_CUDA
-#define SL_OPS_CUDA(call) return (call)
+#define SL_TWINS(op) &cpu::op, &cuda::op
 #else
-#define SL_OPS_CUDA(call) SL_FAIL(kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", __func__)
+#define SL_TWINS(op) &cpu::op, nullptr
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -113,14 +136,9 @@ void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_CHECK(wpe.size(1) == C && wpe.size(0) >= T, "wpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(wpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
-  const Device device = device_of(__func__, {&out, &tokens, &wte, &wpe});
   check_index_range(__func__, "tokens", tokens, V);
-  if (device == Device::CUDA)
-    SL_OPS_CUDA(cuda::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
-                                      wpe.data<float>(), static_cast<int>(B), static_cast<int>(T),
-                                      static_cast<int>(C)));
-  cpu::encoder_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(), wpe.data<float>(),
-                       static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+  run_twin(__func__, {&out, &tokens, &wte, &wpe}, SL_TWINS(encoder_forward), out.data<float>(), tokens.data<int32_t>(),
+           wte.data<float>(), wpe.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
 }
 
 void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
@@ -138,14 +156,9 @@ void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tens
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_CHECK(dwpe.size(1) == C && dwpe.size(0) >= T, "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(dwpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
-  const Device device = device_of(__func__, {&dwte, &dwpe, &dout, &tokens});
   check_index_range(__func__, "tokens", tokens, V);
-  if (device == Device::CUDA)
-    SL_OPS_CUDA(cuda::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(),
-                                       tokens.data<int32_t>(), static_cast<int>(B), static_cast<int>(T),
-                                       static_cast<int>(C)));
-  cpu::encoder_backward(dwte.data<float>(), dwpe.data<float>(), dout.data<float>(), tokens.data<int32_t>(),
-                        static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+  run_twin(__func__, {&dwte, &dwpe, &dout, &tokens}, SL_TWINS(encoder_backward), dwte.data<float>(), dwpe.data<float>(),
+           dout.data<float>(), tokens.data<int32_t>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,11 +181,9 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   SL_OPS_SHAPE(bias, (Shape{C}));
   SL_OPS_NUMEL(mean, N);  // one per row: (N) or (B,T)
   SL_OPS_NUMEL(rstd, N);
-  if (device_of(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
-                                        weight.data<float>(), bias.data<float>(), N, static_cast<int>(C)));
-  cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
-                         weight.data<float>(), bias.data<float>(), N, static_cast<int>(C));
+  run_twin(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}, SL_TWINS(layernorm_forward), out.data<float>(),
+           mean.data<float>(), rstd.data<float>(), inp.data<float>(), weight.data<float>(), bias.data<float>(), N,
+           static_cast<int>(C));
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
@@ -196,13 +207,9 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   SL_OPS_SHAPE(dbias, (Shape{C}));
   SL_OPS_NUMEL(mean, N);
   SL_OPS_NUMEL(rstd, N);
-  if (device_of(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(),
-                                         dout.data<float>(), inp.data<float>(), weight.data<float>(),
-                                         mean.data<float>(), rstd.data<float>(), N, static_cast<int>(C)));
-  cpu::layernorm_backward(dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(),
-                          inp.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), N,
-                          static_cast<int>(C));
+  run_twin(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}, SL_TWINS(layernorm_backward),
+           dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(), inp.data<float>(),
+           weight.data<float>(), mean.data<float>(), rstd.data<float>(), N, static_cast<int>(C));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -264,11 +271,8 @@ void check_linear_grads(const char* op, const Tensor* dinp, const Tensor& dweigh
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
   const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::F32, "bias", bias);
   const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
-  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
-                                     static_cast<int>(d.C), static_cast<int>(d.OC)));
-  cpu::matmul_forward(out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
-                      static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {&out, &inp, &weight, bias}, SL_TWINS(matmul_forward), out.data<float>(), inp.data<float>(),
+           weight.data<float>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
@@ -277,12 +281,9 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
   check_linear_grads(__func__, dinp, dweight, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(),
-                                      inp.data<float>(), weight.data<float>(), d.N, static_cast<int>(d.C),
-                                      static_cast<int>(d.OC)));
-  cpu::matmul_backward(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<float>(), inp.data<float>(),
-                       weight.data<float>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward), dinp_ptr,
+           dweight.data<float>(), dbias_ptr, dout.data<float>(), inp.data<float>(), weight.data<float>(), d.N,
+           static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 // bf16 operands (PrecisionPolicy::bf16_compute): the same checks, with inp, weight and dout bf16 and
@@ -290,11 +291,8 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
 void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
   const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::BF16, "bias", bias);
   const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
-  if (device_of(__func__, {&out, &inp, &weight, bias}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
-                                          static_cast<int>(d.C), static_cast<int>(d.OC)));
-  cpu::matmul_forward_bf16(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
-                           static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {&out, &inp, &weight, bias}, SL_TWINS(matmul_forward_bf16), out.data<float>(), inp.data<bf16>(),
+           weight.data<bf16>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
@@ -303,37 +301,46 @@ void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Te
   check_linear_grads(__func__, dinp, dweight, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  if (device_of(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(),
-                                           inp.data<bf16>(), weight.data<bf16>(), d.N, static_cast<int>(d.C),
-                                           static_cast<int>(d.OC)));
-  cpu::matmul_backward_bf16(dinp_ptr, dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(),
-                            weight.data<bf16>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward_bf16), dinp_ptr,
+           dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(), weight.data<bf16>(), d.N,
+           static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Causal self-attention. qkv (B,T,3C), out (B,T,C), att (B,NH,T,T).
 
+namespace {
+
+struct QkvDims {
+  int B, T, C;  // batch, time, channels (q | k | v each C wide)
+};
+
+// The checks every attention op shares: qkv is (B, T, 3C) fp32 and C is a multiple of NH.
+QkvDims check_qkv(const char* op, const Tensor& qkv, int NH) {
+  SL_CHECK(qkv.dtype() == DType::F32, "%s: qkv must be f32, got %s with shape %s", op, dtype_name(qkv.dtype()),
+           shape_str(qkv.shape()).c_str());
+  SL_CHECK(qkv.ndim() == 3, "%s: qkv has shape %s, expected 3 dimensions (B, T, 3C)", op,
+           shape_str(qkv.shape()).c_str());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
+  SL_CHECK(C3 % 3 == 0, "%s: qkv has shape %s: the last dimension must be 3*C (q | k | v)", op,
+           shape_str(qkv.shape()).c_str());
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"B", B}, {"T", T}, {"3C", C3}})
+    SL_CHECK(v > 0 && v <= INT_MAX, "%s: %s = %lld must be in [1, INT_MAX]", op, name, static_cast<long long>(v));
+  SL_CHECK(NH > 0 && C % NH == 0, "%s: C=%lld not divisible by NH=%d (qkv %s)", op, static_cast<long long>(C), NH,
+           shape_str(qkv.shape()).c_str());
+  return {static_cast<int>(B), static_cast<int>(T), static_cast<int>(C)};
+}
+
+}  // namespace
+
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(att, DType::F32);
-  SL_OPS_DTYPE(qkv, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
+  const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
-  if (device_of(__func__, {&out, &att, &qkv}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
-                                        static_cast<int>(T), static_cast<int>(C), NH));
-  cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), static_cast<int>(B),
-                         static_cast<int>(T), static_cast<int>(C), NH);
+  run_twin(__func__, {&out, &att, &qkv}, SL_TWINS(attention_forward), out.data<float>(), att.data<float>(),
+           qkv.data<float>(), B, T, C, NH);
 }
 
 void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
@@ -343,25 +350,13 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_DTYPE(qkv, DType::F32);
   SL_OPS_DTYPE(att, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
+  const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(dqkv, qkv.shape());
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
   SL_OPS_SHAPE(datt, (Shape{B, NH, T, T}));
-  if (device_of(__func__, {&dqkv, &datt, &dout, &qkv, &att}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
-                                         att.data<float>(), static_cast<int>(B), static_cast<int>(T),
-                                         static_cast<int>(C), NH));
-  cpu::attention_backward(dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
-                          att.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+  run_twin(__func__, {&dqkv, &datt, &dout, &qkv, &att}, SL_TWINS(attention_backward), dqkv.data<float>(),
+           datt.data<float>(), dout.data<float>(), qkv.data<float>(), att.data<float>(), B, T, C, NH);
 }
 
 // Flash-style attention: the same qkv checks; lse (B,NH,T) replaces att (B,NH,T,T). The CUDA twin checks
@@ -369,23 +364,11 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
 void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH) {
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(lse, DType::F32);
-  SL_OPS_DTYPE(qkv, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
+  const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  if (device_of(__func__, {&out, &lse, &qkv}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(),
-                                              static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH));
-  cpu::attention_forward_flash(out.data<float>(), lse.data<float>(), qkv.data<float>(), static_cast<int>(B),
-                               static_cast<int>(T), static_cast<int>(C), NH);
+  run_twin(__func__, {&out, &lse, &qkv}, SL_TWINS(attention_forward_flash), out.data<float>(), lse.data<float>(),
+           qkv.data<float>(), B, T, C, NH);
 }
 
 void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -395,25 +378,13 @@ void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   SL_OPS_DTYPE(qkv, DType::F32);
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(lse, DType::F32);
-  SL_OPS_NDIM(qkv, 3);  // (B,T,3C)
-  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3;
-  SL_CHECK(C3 % 3 == 0, "qkv has shape %s: the last dimension must be 3*C (q | k | v)",
-           shape_str(qkv.shape()).c_str());
-  SL_OPS_FITS_INT(B);
-  SL_OPS_FITS_INT(T);
-  SL_OPS_FITS_INT(C3);
-  SL_CHECK(NH > 0 && C % NH == 0, "C=%lld not divisible by NH=%d (qkv %s)", static_cast<long long>(C), NH,
-           shape_str(qkv.shape()).c_str());
+  const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(dqkv, qkv.shape());
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  if (device_of(__func__, {&dqkv, &dout, &qkv, &out, &lse}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
-                                               out.data<float>(), lse.data<float>(), static_cast<int>(B),
-                                               static_cast<int>(T), static_cast<int>(C), NH));
-  cpu::attention_backward_flash(dqkv.data<float>(), dout.data<float>(), qkv.data<float>(), out.data<float>(),
-                                lse.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+  run_twin(__func__, {&dqkv, &dout, &qkv, &out, &lse}, SL_TWINS(attention_backward_flash), dqkv.data<float>(),
+           dout.data<float>(), qkv.data<float>(), out.data<float>(), lse.data<float>(), B, T, C, NH);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,9 +394,7 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(inp, DType::F32);
   SL_OPS_NUMEL(out, inp.numel());
-  if (device_of(__func__, {&out, &inp}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel()));
-  cpu::gelu_forward(out.data<float>(), inp.data<float>(), inp.numel());
+  run_twin(__func__, {&out, &inp}, SL_TWINS(gelu_forward), out.data<float>(), inp.data<float>(), inp.numel());
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
@@ -434,9 +403,8 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(dinp, inp.numel());
   SL_OPS_NUMEL(dout, inp.numel());
-  if (device_of(__func__, {&dinp, &inp, &dout}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel()));
-  cpu::gelu_backward(dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel());
+  run_twin(__func__, {&dinp, &inp, &dout}, SL_TWINS(gelu_backward), dinp.data<float>(), inp.data<float>(),
+           dout.data<float>(), inp.numel());
 }
 
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
@@ -445,9 +413,8 @@ void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
   SL_OPS_DTYPE(b, DType::F32);
   SL_OPS_NUMEL(b, a.numel());
   SL_OPS_NUMEL(out, a.numel());
-  if (device_of(__func__, {&out, &a, &b}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel()));
-  cpu::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  run_twin(__func__, {&out, &a, &b}, SL_TWINS(residual_forward), out.data<float>(), a.data<float>(), b.data<float>(),
+           a.numel());
 }
 
 void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
@@ -456,9 +423,8 @@ void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(da, dout.numel());
   SL_OPS_NUMEL(db, dout.numel());
-  if (device_of(__func__, {&da, &db, &dout}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel()));
-  cpu::residual_backward(da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel());
+  run_twin(__func__, {&da, &db, &dout}, SL_TWINS(residual_backward), da.data<float>(), db.data<float>(),
+           dout.data<float>(), dout.numel());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -476,13 +442,9 @@ void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& l
   SL_OPS_SHAPE(probs, logits.shape());
   SL_OPS_NUMEL(targets, N);  // (B,T)
   SL_OPS_NUMEL(losses, N);   // (B,T)
-  const Device device = device_of(__func__, {&losses, &probs, &logits, &targets});
   check_index_range(__func__, "targets", targets, V);
-  if (device == Device::CUDA)
-    SL_OPS_CUDA(cuda::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
-                                                   targets.data<int32_t>(), N, static_cast<int>(V)));
-  cpu::softmax_crossentropy_forward(losses.data<float>(), probs.data<float>(), logits.data<float>(),
-                                    targets.data<int32_t>(), N, static_cast<int>(V));
+  run_twin(__func__, {&losses, &probs, &logits, &targets}, SL_TWINS(softmax_crossentropy_forward), losses.data<float>(),
+           probs.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, static_cast<int>(V));
 }
 
 void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
@@ -495,13 +457,9 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
   const int64_t N = probs.numel() / V;
   SL_OPS_SHAPE(dlogits, probs.shape());
   SL_OPS_NUMEL(targets, N);
-  const Device device = device_of(__func__, {&dlogits, &probs, &targets});
   check_index_range(__func__, "targets", targets, V);
-  if (device == Device::CUDA)
-    SL_OPS_CUDA(cuda::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(),
-                                                    targets.data<int32_t>(), dloss, N, static_cast<int>(V)));
-  cpu::softmax_crossentropy_backward(dlogits.data<float>(), probs.data<float>(), targets.data<int32_t>(), dloss,
-                                     N, static_cast<int>(V));
+  run_twin(__func__, {&dlogits, &probs, &targets}, SL_TWINS(softmax_crossentropy_backward), dlogits.data<float>(),
+           probs.data<float>(), targets.data<int32_t>(), dloss, N, static_cast<int>(V));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -518,49 +476,39 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float
   SL_OPS_NUMEL(v, param.numel());
   SL_CHECK(t >= 1, "AdamW step t=%lld must be >= 1 (the bias correction divides by 1 - beta^t)",
            static_cast<long long>(t));
-  if (device_of(__func__, {&param, &grad, &m, &v}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                                   param.numel(), lr, beta1, beta2, eps, weight_decay, t));
-  cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), lr,
-                    beta1, beta2, eps, weight_decay, t);
+  run_twin(__func__, {&param, &grad, &m, &v}, SL_TWINS(adamw_update), param.data<float>(), grad.data<float>(),
+           m.data<float>(), v.data<float>(), param.numel(), lr, beta1, beta2, eps, weight_decay, t);
 }
 
 void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay) {
   SL_OPS_DTYPE(param, DType::F32);
   SL_OPS_DTYPE(grad, DType::F32);
   SL_OPS_NUMEL(grad, param.numel());
-  if (device_of(__func__, {&param, &grad}) == Device::CUDA)
-    SL_OPS_CUDA(cuda::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay));
-  cpu::sgd_update(param.data<float>(), grad.data<float>(), param.numel(), lr, weight_decay);
+  run_twin(__func__, {&param, &grad}, SL_TWINS(sgd_update), param.data<float>(), grad.data<float>(), param.numel(), lr,
+           weight_decay);
 }
 
 double sum_squares(const Tensor& t) {
   SL_OPS_DTYPE(t, DType::F32);
-  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::sum_squares(t.data<float>(), t.numel()));
-  return cpu::sum_squares(t.data<float>(), t.numel());
+  return run_twin(__func__, {&t}, SL_TWINS(sum_squares), t.data<float>(), t.numel());
 }
 
 void scale_(Tensor& t, float s) {
   SL_OPS_DTYPE(t, DType::F32);
-  if (device_of(__func__, {&t}) == Device::CUDA) SL_OPS_CUDA(cuda::scale(t.data<float>(), t.numel(), s));
-  cpu::scale(t.data<float>(), t.numel(), s);
+  run_twin(__func__, {&t}, SL_TWINS(scale), t.data<float>(), t.numel(), s);
 }
 
 void add_(Tensor& t, const Tensor& x) { residual_forward(t, t, x); }
 
 void cast(Tensor& dst, const Tensor& src) {
   SL_OPS_NUMEL(dst, src.numel());
-  const Device device = device_of(__func__, {&dst, &src});
   if (dst.dtype() == src.dtype()) {
-    if (dst.raw() == src.raw()) return;
-    if (device == Device::CUDA) SL_OPS_CUDA(dst.copy_from(src));  // same dtype: a copy (cudaMemcpy)
-    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    device_of(__func__, {&dst, &src});
+    if (dst.raw() != src.raw()) dst.copy_from(src);  // same dtype: a copy (memcpy or cudaMemcpy)
   } else if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
-    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel()));
-    cpu::cast_f32_to_bf16(dst.data<bf16>(), src.data<float>(), src.numel());
+    run_twin(__func__, {&dst, &src}, SL_TWINS(cast_f32_to_bf16), dst.data<bf16>(), src.data<float>(), src.numel());
   } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
-    if (device == Device::CUDA) SL_OPS_CUDA(cuda::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel()));
-    cpu::cast_bf16_to_f32(dst.data<float>(), src.data<bf16>(), src.numel());
+    run_twin(__func__, {&dst, &src}, SL_TWINS(cast_bf16_to_f32), dst.data<float>(), src.data<bf16>(), src.numel());
   } else {
     SL_FAIL("cast converts f32 <-> bf16 (or copies one dtype); token ids (i32) are not cast",
             "cannot cast %s %s to %s %s", dtype_name(src.dtype()), shape_str(src.shape()).c_str(),

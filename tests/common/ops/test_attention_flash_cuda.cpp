@@ -19,7 +19,7 @@
 #include "close_to_scale.h"      // defines: close_to_scale (the kTol criterion)
 #include "expect_error.h"        // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
-#include "scalelab/ops/cuda_ops.h"   // defines: the scalelab::cuda:: twins under test
+#include "scalelab/ops/twins.h"   // defines: the scalelab::cuda:: twins under test
 #include "scalelab/core/device.h"     // defines: SL_REQUIRE_GPU
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/ops/ops.h"        // defines: the Tensor-level ops and the scalelab::cpu:: twins (the oracle)

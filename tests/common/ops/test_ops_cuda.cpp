@@ -1,4 +1,4 @@
-// test_ops_cuda.cpp — the CUDA backend (scalelab/ops/cuda_ops.h, common/src/ops/cuda/*.cu) against its oracle, the
+// test_ops_cuda.cpp — the CUDA backend (scalelab/ops/twins.h, common/src/ops/cuda/*.cu) against its oracle, the
 // CPU twins of scalelab/ops/ops.h (STYLE.md 24): every op forward and backward on shapes that are not
 // multiples of 4 or of the warp, the += rule of every backward, the bf16 matmuls against a bound from
 // first principles, the Tensor-level dispatch (common/src/ops/dispatch.cpp) on GPU tensors, and the whole
@@ -21,7 +21,7 @@
 #include "fixture.h"               // defines: Fixture (PyTorch reference), tensors_close
 #include "scalelab/core/allocator.h"    // defines: Allocator, MemCategory
 #include "scalelab/core/bf16.h"         // defines: bf16, float_to_bf16, round_to_bf16
-#include "scalelab/ops/cuda_ops.h"     // defines: the scalelab::cuda:: twins under test
+#include "scalelab/ops/twins.h"     // defines: the scalelab::cuda:: twins under test
 #include "scalelab/core/device.h"       // defines: SL_REQUIRE_GPU
 #include "scalelab/core/error.h"        // defines: scalelab::Error
 #include "scalelab/model/gpt2.h"         // defines: GPT2, GPTConfig, ParamInfo

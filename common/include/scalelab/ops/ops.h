@@ -1,7 +1,7 @@
 // ops.h — the GPT-2 ops, forward and backward, declared once (STYLE.md 3, 5).
 // scalelab::<op> takes Tensors, checks shapes/dtypes/devices and dispatches on the device
 // (common/src/ops/dispatch.cpp) to the twins scalelab::cpu::<op> (common/src/ops/cpu/<op>.cpp, OpenBLAS +
-// OpenMP loops) and scalelab::cuda::<op> (common/src/ops/cuda/, the CUDA backend issue).
+// OpenMP loops) and scalelab::cuda::<op> (common/src/ops/cuda/<op>.cu), declared once in twins.h.
 // Activations and gradients are fp32. Dimension letters: B batch, T time, C channels, V vocab,
 // NH heads, HS = C/NH head size, OC output channels, N = B*T rows.
 //
@@ -16,6 +16,7 @@
 #include <string>
 
 #include "scalelab/core/tensor.h"
+#include "scalelab/ops/twins.h"  // defines: the cpu:: and cuda:: twins these ops dispatch to
 
 namespace scalelab {
 
@@ -108,52 +109,5 @@ void add_(Tensor& t, const Tensor& x);
 // dst = src with dtype conversion (f32 <-> bf16, round to nearest even; same dtype = copy). Same numel.
 void cast(Tensor& dst, const Tensor& src);
 
-namespace cpu {
-// Raw-pointer twins (same semantics as above; shapes passed explicitly). Declared here so tests can
-// call them directly; the CUDA twins live in scalelab::cuda (cuda_ops.h).
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int C);
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int C, int OC);
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
-                         int OC);
-void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                          const bf16* weight, int64_t N, int C, int OC);
-// The cast + sgemm path of the two above, in every build: what they run without oneDNN, and the oracle the
-// oneDNN path is tested against (tests/common/ops/test_bf16_compute.cpp). Same contract.
-void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
-                                   int C, int OC);
-void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                                    const bf16* weight, int64_t N, int C, int OC);
-// Which path matmul_*_bf16 run on this build and CPU, for headers and run records, e.g.
-// "oneDNN 2.6.3 (avx512_core_bf16)" or "fp32 sgemm on bf16-rounded operands (no oneDNN in this build)".
-std::string bf16_matmul_backend();
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
-                        int T, int C, int NH);
-void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH);
-void gelu_forward(float* out, const float* inp, int64_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
-void residual_forward(float* out, const float* a, const float* b, int64_t n);
-void residual_backward(float* da, float* db, const float* dout, int64_t n);
-void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets,
-                                  int64_t N, int V);
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
-                                   int64_t N, int V);
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t);
-void sgd_update(float* param, const float* grad, int64_t n, float lr, float weight_decay);
-double sum_squares(const float* x, int64_t n);
-void scale(float* x, int64_t n, float s);
-void cast_f32_to_bf16(bf16* dst, const float* src, int64_t n);
-void cast_bf16_to_f32(float* dst, const bf16* src, int64_t n);
-}  // namespace cpu
 
 }  // namespace scalelab

@@ -1,6 +1,6 @@
 // attention.cu — CUDA twin of GPT-2's causal multi-head self-attention (Vaswani et al. 2017, Eq. 1, with
 // a causal mask). Defines scalelab::cuda::attention_forward / attention_backward (contract: scalelab/ops/ops.h;
-// declared in scalelab/ops/cuda_ops.h). CPU twin: common/src/ops/cpu/attention.cpp   tests: tests/common/ops/test_ops_cuda.cpp
+// declared in scalelab/ops/twins.h). CPU twin: common/src/ops/cpu/attention.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 //
 // What we chose and why. The contract saves att (B,NH,T,T) fp32 for the backward, so this version
 // MATERIALISES the scores, as the CPU twin and llm.c's first CUDA version do: per head h, one cuBLAS
@@ -25,7 +25,7 @@
 #include <cmath>  // defines: std::sqrt (host), INFINITY
 
 #include "context.cuh"          // defines: context, kWarpSize, warp_reduce_*, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

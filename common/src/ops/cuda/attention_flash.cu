@@ -1,6 +1,6 @@
 // attention_flash.cu — CUDA twin of the memory-efficient ("flash-style") causal self-attention:
 // scalelab::cuda::attention_forward_flash / attention_backward_flash (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). CPU twin (the oracle, tiled the same way): common/src/ops/cpu/attention_flash.cpp
+// scalelab/ops/twins.h). CPU twin (the oracle, tiled the same way): common/src/ops/cpu/attention_flash.cpp
 // tests: tests/common/ops/test_attention_flash_cuda.cpp (CUDA vs CPU twin; skipped without a GPU)
 //
 // What we chose and why. The materialized op (attention.cu, cuBLAS) stays the default: it is faster and
@@ -30,7 +30,7 @@
 #include <cstdint>  // defines: int64_t, INT32_MAX
 
 #include "context.cuh"          // defines: kWarpSize, warp_reduce_*, ceil_div, scratch, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 #include "scalelab/core/error.h"     // defines: SL_CHECK, SL_CHECK_HINT
 
 namespace scalelab::cuda {

@@ -11,7 +11,7 @@
 
 #include "context.cuh"
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory::Workspace
-#include "scalelab/ops/cuda_ops.h"   // defines: the declarations of require_bf16_support, synchronize
+#include "scalelab/ops/twins.h"   // defines: the declarations of require_bf16_support, synchronize
 
 namespace scalelab::cuda {
 

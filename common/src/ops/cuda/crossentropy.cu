@@ -1,12 +1,12 @@
 // crossentropy.cu — CUDA twin of the fused softmax + cross-entropy loss at the top of GPT-2.
 // Defines scalelab::cuda::softmax_crossentropy_forward / softmax_crossentropy_backward (contract:
-// scalelab/ops/ops.h; declared in scalelab/ops/cuda_ops.h). The forward differs from the CPU twin by the order of
+// scalelab/ops/ops.h; declared in scalelab/ops/twins.h). The forward differs from the CPU twin by the order of
 // its sums and by expf/logf rounding; the backward is bit-identical (one multiply per element).
 // CPU twin: common/src/ops/cpu/crossentropy.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include <cmath>  // defines: INFINITY
 
 #include "context.cuh"          // defines: kWarpSize, warp_reduce_*, grid_stride_blocks, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

@@ -1,13 +1,13 @@
 // encoder.cu — CUDA twin of the GPT-2 input embedding: out = wte[token] + wpe[position].
 // Defines scalelab::cuda::encoder_forward / encoder_backward (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). Both are bit-identical to the CPU twin: the same fp32 adds in the same order.
+// scalelab/ops/twins.h). Both are bit-identical to the CPU twin: the same fp32 adds in the same order.
 // CPU twin: common/src/ops/cpu/encoder.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include <algorithm>  // defines: std::stable_sort
 #include <numeric>    // defines: std::iota
 #include <vector>
 
 #include "context.cuh"          // defines: scratch, grid_stride_blocks, SL_CUDA_CHECK(_LAST)
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

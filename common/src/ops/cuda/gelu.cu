@@ -1,10 +1,10 @@
 // gelu.cu — CUDA twin of GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, arXiv:1606.08415, Sec. 2).
 // Defines scalelab::cuda::gelu_forward / gelu_backward (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). The same formulas as the CPU twin; results differ only through expf, which
+// scalelab/ops/twins.h). The same formulas as the CPU twin; results differ only through expf, which
 // CUDA computes to within 2 ulp (glibc's to within 1), so by a few fp32 ulps.
 // CPU twin: common/src/ops/cpu/gelu.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

@@ -1,10 +1,10 @@
 // layernorm.cu — CUDA twin of LayerNorm over the last dimension (Ba, Kiros & Hinton 2016, arXiv:1607.06450).
 // Defines scalelab::cuda::layernorm_forward / layernorm_backward (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). Same formulas as the CPU twin; sums run in a different order (a warp's butterfly
+// scalelab/ops/twins.h). Same formulas as the CPU twin; sums run in a different order (a warp's butterfly
 // instead of a sequential loop), so results differ from the CPU's by fp32 rounding only.
 // CPU twin: common/src/ops/cpu/layernorm.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include "context.cuh"          // defines: kWarpSize, warp_reduce_sum, scratch, SL_CUDA_CHECK(_LAST)
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

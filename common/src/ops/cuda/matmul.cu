@@ -1,7 +1,7 @@
 // matmul.cu — CUDA twin of the linear layer out = inp @ weight^T + bias (torch.nn.Linear layout), in fp32
 // and with bf16 operands (the mixed precision policy). Defines scalelab::cuda::matmul_forward /
 // matmul_backward / matmul_forward_bf16 / matmul_backward_bf16 (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). CPU twin: common/src/ops/cpu/matmul.cpp   tests: tests/common/ops/test_ops_cuda.cpp
+// scalelab/ops/twins.h). CPU twin: common/src/ops/cpu/matmul.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 //
 // Row-major to cuBLAS's column-major: a row-major (R, K) matrix with leading dimension K is, read
 // column-major, its transpose (K, R) with the same leading dimension. So with Xc = inp read column-major
@@ -22,7 +22,7 @@
 // as the CPU twin does.
 // Precision: CUBLAS_COMPUTE_32F everywhere, i.e. fp32 accumulation and, for fp32 operands, no TF32.
 #include "context.cuh"          // defines: context, scratch, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

@@ -1,6 +1,6 @@
 // optimizer_ops.cu — CUDA twins of the elementwise optimizer updates: fused AdamW and plain SGD.
 // Defines scalelab::cuda::adamw_update / sgd_update (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). One kernel per call reads param, grad, m, v once and writes them once.
+// scalelab/ops/twins.h). One kernel per call reads param, grad, m, v once and writes them once.
 // The host computes the CPU twin's scalars with the same double arithmetic, and the kernels repeat the
 // CPU's fp32 operations in the CPU's order, each rounded once: the IEEE-rounded intrinsics
 // __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn/__fsqrt_rn are never contracted into FMAs by nvcc, so the result
@@ -10,7 +10,7 @@
 #include <cmath>  // defines: std::pow, std::sqrt (host scalars)
 
 #include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

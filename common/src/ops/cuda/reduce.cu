@@ -1,10 +1,10 @@
 // reduce.cu — CUDA twins of the small whole-tensor ops: sum of squares (for the global gradient norm),
 // in-place scaling, fp32 <-> bf16 casts; and the token-id range check the dispatch runs on GPU tensors.
 // Defines scalelab::cuda::sum_squares / scale / cast_f32_to_bf16 / cast_bf16_to_f32 /
-// first_index_out_of_range (contract: scalelab/ops/ops.h; declared in scalelab/ops/cuda_ops.h).
+// first_index_out_of_range (contract: scalelab/ops/ops.h; declared in scalelab/ops/twins.h).
 // CPU twin: common/src/ops/cpu/reduce.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include "context.cuh"          // defines: scratch, grid_stride_blocks, float_to_bf16_bits, SL_CUDA_CHECK(_LAST)
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 

@@ -1,9 +1,9 @@
 // residual.cu — CUDA twin of the residual connection out = a + b.
 // Defines scalelab::cuda::residual_forward / residual_backward (contract: scalelab/ops/ops.h; declared in
-// scalelab/ops/cuda_ops.h). One fp32 add per element, as on the CPU: bit-identical.
+// scalelab/ops/twins.h). One fp32 add per element, as on the CPU: bit-identical.
 // CPU twin: common/src/ops/cpu/residual.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/cuda_ops.h"  // defines: the declarations implemented here
+#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 
