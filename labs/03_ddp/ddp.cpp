@@ -158,18 +158,13 @@ GradSync::GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket
     : model_(model), comm_(comm), mode_(mode) {
   if (mode == SyncMode::Naive) return;
   state_ = make_bucket_state(model, bucket_mb);
-  if (mode == SyncMode::Overlap) {
-    SL_CHECK_HINT(!model.hooks.after_backward, "make one GradSync per model",
-                  "the model already has an after_backward hook");
-    model.hooks.after_backward = [this](int unit) {
-      if (require_sync_) launch_ready_buckets(model_, comm_, state_, unit);
-    };
-  }
+  if (mode == SyncMode::Overlap)  // each bucket goes as soon as backward has made its gradients final
+    hook_ = model.add_hook(HookPoint::AfterBackward, [this](const UnitHookArgs& a) {
+      if (require_sync_) launch_ready_buckets(model_, comm_, state_, a.unit);
+    });
 }
 
-GradSync::~GradSync() {
-  if (mode_ == SyncMode::Overlap) model_.hooks.after_backward = nullptr;
-}
+GradSync::~GradSync() = default;  // hook_ removes the hook, and only ours: other hooks keep running
 
 void GradSync::finish() {
   const auto t0 = std::chrono::steady_clock::now();

@@ -115,8 +115,9 @@ enum class SyncMode { Naive, Bucketed, Overlap };
 SyncMode sync_mode_from_name(const std::string& name);  // "naive" | "bucketed" | "overlap"
 const char* sync_mode_name(SyncMode mode);
 
-// PyTorch's DistributedDataParallel in miniature: it owns the buckets and, in overlap mode, installs
-// the model's after_backward hook (removed again by the destructor). One per model.
+// PyTorch's DistributedDataParallel in miniature: it owns the buckets and, in overlap mode, adds an
+// after_backward hook to the model (removed again by the destructor; other hooks on the model, FSDP's or
+// a probe's, keep running).
 class GradSync {
  public:
   GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket_mb);
@@ -145,6 +146,7 @@ class GradSync {
   Communicator& comm_;
   SyncMode mode_;
   BucketState state_;
+  HookHandle hook_;  // overlap: the after_backward hook that launches ready buckets
   bool require_sync_ = true;
   double last_finish_ms_ = 0.0;
 };

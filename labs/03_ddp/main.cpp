@@ -50,27 +50,22 @@ struct Options : driver::DistributedOptions {
 //   "backward"         first before_backward .. last after_backward, whichever units fire them
 //   "sync + optimizer" last after_backward .. train_step returned and the device is done: waiting for
 //                      the last all-reduces, clipping, the optimizer update
-// Gradient accumulation gives one forward and one backward span per micro-step. Hooks already
-// installed (GradSync's after_backward in overlap mode) are kept and called first. On a GPU the
-// forward/backward stamps are host times of asynchronous launches: only the step's end is synchronized.
+// Gradient accumulation gives one forward and one backward span per micro-step. Its hooks are added
+// after GradSync's (overlap mode), so they run after it at each point. On a GPU the forward/backward
+// stamps are host times of asynchronous launches: only the step's end is synchronized.
 class StepTimeline {
  public:
-  explicit StepTimeline(GPT2& model) : model_(model), saved_(model.hooks) {
-    ModelHooks& h = model.hooks;
-    h.before_forward = [this, prev = saved_.before_forward](int unit) {
-      if (prev) prev(unit);
+  explicit StepTimeline(GPT2& model) {
+    hooks_.push_back(model.add_hook(HookPoint::BeforeForward, [this](const UnitHookArgs&) {
       if (recording_ && phase_ != Phase::Forward) open("forward", Phase::Forward);
-    };
-    h.before_backward = [this, prev = saved_.before_backward](int unit) {
-      if (prev) prev(unit);
+    }));
+    hooks_.push_back(model.add_hook(HookPoint::BeforeBackward, [this](const UnitHookArgs&) {
       if (recording_ && phase_ != Phase::Backward) open("backward", Phase::Backward);
-    };
-    h.after_backward = [this, prev = saved_.after_backward](int unit) {
-      if (prev) prev(unit);
+    }));
+    hooks_.push_back(model.add_hook(HookPoint::AfterBackward, [this](const UnitHookArgs&) {
       last_backward_ms_ = Communicator::now_ms();
-    };
+    }));
   }
-  ~StepTimeline() { model_.hooks = saved_; }  // before GradSync's destructor removes its own hook
   StepTimeline(const StepTimeline&) = delete;
   StepTimeline& operator=(const StepTimeline&) = delete;
 
@@ -101,8 +96,7 @@ class StepTimeline {
     last_backward_ms_ = now;
     phase_ = phase;
   }
-  GPT2& model_;
-  ModelHooks saved_;
+  std::vector<HookHandle> hooks_;
   std::vector<TimeSpan> spans_;
   bool recording_ = false;
   Phase phase_ = Phase::None;
@@ -146,7 +140,7 @@ static int run(const Options& o, Communicator& comm) {
   Optimizer optimizer(model, oc);
   LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
-  StepTimeline timeline(model);  // after GradSync: chains its hook (and is destroyed first)
+  StepTimeline timeline(model);  // after GradSync: its hooks run after GradSync's
 
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);

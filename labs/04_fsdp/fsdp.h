@@ -209,7 +209,8 @@ struct FsdpOptions {
 // Builds the model WITHOUT ever holding all of it (GPT2::without_storage, then gpt2_initial_weights
 // one unit at a time: each rank keeps its shards), so a model too big for one device can be built on N.
 // The weights are the ones a 1-rank GPT2(cfg, policy, device, seed) starts from, on every rank.
-// Installs the model's hooks (ZeRO-2/3 gradients, ZeRO-3 gathers); one FSDP per process and model.
+// Adds the model's hooks (ZeRO-2/3 gradients, ZeRO-3 gathers), removed by the destructor; other hooks on
+// the model (a probe's, DDP's) keep running beside them. One FSDP per model.
 // Throws OutOfMemory (allocator cap) like any allocation; scalelab::Error for bad options.
 class FSDP {
  public:
@@ -240,6 +241,7 @@ class FSDP {
  private:
   GPT2 model_;
   FsdpState state_;
+  std::vector<HookHandle> hooks_;  // the four hooks above; declared last, so they go first
 };
 
 }  // namespace SL_TRACK_LAB04

@@ -14,7 +14,6 @@
 #include <algorithm>    // defines: std::max, std::min
 #include <chrono>       // defines: std::chrono::steady_clock (step timing)
 #include <cstdio>       // defines: std::printf, std::snprintf
-#include <functional>   // defines: std::function (the hooks StepProbe wraps)
 #include <memory>       // defines: std::unique_ptr
 #include <string>
 #include <thread>       // defines: std::this_thread::sleep_for (--loader-delay-ms, --slow-ms)
@@ -29,7 +28,7 @@
 #include "scalelab/comm/comm.h"                 // defines: Communicator, CommEvent, LinkModel, run_on_all_ranks
 #include "scalelab/core/device.h"               // defines: cuda_device_count, cuda_device_name, device_synchronize
 #include "scalelab/core/error.h"                // defines: scalelab::Error, OutOfMemory, SL_CHECK_HINT
-#include "scalelab/model/gpt2.h"                 // defines: GPT2, GPTConfig, ModelHooks
+#include "scalelab/model/gpt2.h"                 // defines: GPT2, GPTConfig, add_hook
 #include "scalelab/measure/memory_estimator.h"     // defines: estimate_memory, format_memory_table, min_devices_to_fit
 #include "scalelab/measure/metrics.h"              // defines: RunLogger, TimeSpan (JSONL logs)
 #include "scalelab/model/optim.h"                // defines: OptimizerConfig, LRSchedule
@@ -123,8 +122,9 @@ struct StepComm {
   driver::CommStats totals;       // the event log's sums: busy_ms, modeled_ms, payload bytes per op
 };
 
-// Wraps the hooks FSDP installed: the --slow-rank sleep, the time inside each hook (exposed
-// communication), and the compute spans of a `timeline` record:
+// Times the hooks FSDP added (a hook of its own before theirs at each point, HookOrder::First, and one
+// after): the --slow-rank sleep, the time inside FSDP's hooks (exposed communication), and the compute
+// spans of a `timeline` record:
 //   "data"               step start .. train_step called
 //   "forward"/"backward" the passes, split where a hook waited >= kWaitSpanMs ("comm wait" between)
 //   "comm wait"          a hook that long, and the gap after a backward (finish_backward / reduce_scatter_all)
@@ -133,18 +133,22 @@ struct StepComm {
 // Hooks run in evaluation and sampling too: only calls between begin() and end() are measured.
 class StepProbe {
  public:
-  StepProbe(GPT2& model, double slow_ms) : model_(model), saved_(model.hooks), slow_ms_(slow_ms) {
-    ModelHooks& h = model.hooks;
-    h.before_forward = [this, f = saved_.before_forward](int u) {
-      if (recording_ && u == 0 && slow_ms_ > 0)  // --slow-rank: compute that takes longer, once per micro-step
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms_));
-      timed(f, u, Phase::Forward, false);
-    };
-    h.after_forward = [this, f = saved_.after_forward](int u) { timed(f, u, Phase::Forward, false); };
-    h.before_backward = [this, f = saved_.before_backward](int u) { timed(f, u, Phase::Backward, false); };
-    h.after_backward = [this, f = saved_.after_backward](int u) { timed(f, u, Phase::Backward, u == 0); };
+  StepProbe(GPT2& model, double slow_ms) : slow_ms_(slow_ms) {
+    for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
+                              HookPoint::AfterBackward}) {
+      const Phase phase = p == HookPoint::BeforeForward || p == HookPoint::AfterForward ? Phase::Forward
+                                                                                         : Phase::Backward;
+      hooks_.push_back(model.add_hook(p, [this, p, phase](const UnitHookArgs& a) {
+        if (recording_ && p == HookPoint::BeforeForward && a.unit == 0 && slow_ms_ > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms_));  // --slow-rank:
+        enter(phase);                                       // compute that takes longer, once per micro-step
+      }, HookOrder::First));
+      // after_backward(0) is the last hook of a backward (gpt2.h)
+      hooks_.push_back(model.add_hook(p, [this, p, phase](const UnitHookArgs& a) {
+        leave(phase, p == HookPoint::AfterBackward && a.unit == 0);
+      }));
+    }
   }
-  ~StepProbe() { model_.hooks = saved_; }
   StepProbe(const StepProbe&) = delete;
   StepProbe& operator=(const StepProbe&) = delete;
 
@@ -197,12 +201,11 @@ class StepProbe {
   enum class Phase { None, Forward, Backward };
   static constexpr double kWaitSpanMs = 0.2;  // ms: shorter hooks stay inside their compute span
 
-  void timed(const std::function<void(int)>& f, int unit, Phase phase, bool ends_backward) {
-    if (!recording_) {
-      if (f) f(unit);
-      return;
-    }
+  // Before FSDP's hook at a point: the previous backward's gap ends here, a pass begins at its first hook.
+  void enter(Phase phase) {
+    if (!recording_) return;
     const double t0 = Communicator::now_ms();
+    enter_ms_ = t0;
     if (gap_start_ms_ >= 0) {  // the previous backward's gap (finish_backward) ends at this micro-step
       gap_ms_ += t0 - gap_start_ms_;
       spans_.push_back({"comm wait", gap_start_ms_, t0});
@@ -213,15 +216,18 @@ class StepProbe {
       spans_.push_back({phase == Phase::Forward ? "forward" : "backward", t0, t0});
       phase_ = phase;
     }
-    if (f) f(unit);
-    const double t1 = Communicator::now_ms();
+  }
+  // After FSDP's hook: the time inside it, a "comm wait" span when that was long.
+  void leave(Phase phase, bool ends_backward) {
+    if (!recording_) return;
+    const double t0 = enter_ms_, t1 = Communicator::now_ms();
     hook_ms_ += t1 - t0;
     if (t1 - t0 >= kWaitSpanMs) {  // split the pass: compute, then the wait, then compute again
       close_span(t0);
       spans_.push_back({"comm wait", t0, t1});
       spans_.push_back({phase == Phase::Forward ? "forward" : "backward", t1, t1});
     }
-    if (ends_backward) {  // after_backward(0) is the last hook of a backward (gpt2.h)
+    if (ends_backward) {
       close_span(t1);
       phase_ = Phase::None;
       gap_start_ms_ = t1;
@@ -233,14 +239,14 @@ class StepProbe {
     if (spans_.back().end_ms <= spans_.back().start_ms && spans_.back().name != std::string("data")) spans_.pop_back();
   }
 
-  GPT2& model_;
-  ModelHooks saved_;
+  std::vector<HookHandle> hooks_;
   double slow_ms_ = 0;
   bool recording_ = false;
   Phase phase_ = Phase::None;
   std::vector<TimeSpan> spans_;
   double hook_ms_ = 0, gap_ms_ = 0;  // ms
   double gap_start_ms_ = -1, last_backward_end_ms_ = 0;
+  double enter_ms_ = 0;  // when the hook now running at a point was entered
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -380,7 +386,7 @@ static int run(const Options& o, Communicator& comm) {
     fo.optimizer = oc;
     fsdp = std::make_unique<lab04::FSDP>(cfg, policy, device, o.seed, comm, fo);  // YOUR TODO lab04-1 inside
     GPT2& model = fsdp->model();
-    StepProbe probe(model, rank == o.slow_rank ? o.slow_ms : 0.0);  // wraps the hooks FSDP installed
+    StepProbe probe(model, rank == o.slow_rank ? o.slow_ms : 0.0);  // times the hooks FSDP added
     LRSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
     Rng rng(o.seed ^ 0x5eedull);  // the same on every rank: sampling is collective in ZeRO-3
 

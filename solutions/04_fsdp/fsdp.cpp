@@ -347,22 +347,23 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
   const std::vector<int> forward_order = unit_order(U, Pass::Forward);
   const std::vector<int> backward_order = unit_order(U, Pass::Backward);
   FsdpState& s = state_;
-  model_.hooks.before_forward = [&s, forward_order](int u) {
-    if (!s.units[u].keep_gathered) use_params(s, u, forward_order);  // YOUR TODO lab04-3
-  };
-  model_.hooks.after_forward = [&s](int u) {
-    if (!s.units[u].keep_gathered) release_params(s, u);  // YOUR TODO lab04-4
-  };
-  model_.hooks.before_backward = [&s, backward_order](int u) {
-    UnitShard& us = s.units[u];
+  hooks_.push_back(model_.add_hook(HookPoint::BeforeForward, [&s, forward_order](const UnitHookArgs& a) {
+    if (!s.units[a.unit].keep_gathered) use_params(s, a.unit, forward_order);  // YOUR TODO lab04-3
+  }));
+  hooks_.push_back(model_.add_hook(HookPoint::AfterForward, [&s](const UnitHookArgs& a) {
+    if (!s.units[a.unit].keep_gathered) release_params(s, a.unit);  // YOUR TODO lab04-4
+  }));
+  hooks_.push_back(model_.add_hook(HookPoint::BeforeBackward, [&s, backward_order](const UnitHookArgs& a) {
+    UnitShard& us = s.units[a.unit];
     if (s.stage != ZeroStage::Zero1) {  // the full gradient exists only during the unit's backward
       us.full_grads = Tensor::zeros({us.layout.padded}, DType::F32, s.model.device(), MemCategory::Grads);
-      s.model.unit_grads(u) = us.full_grads.view(0, {us.layout.numel});
+      a.grads = us.full_grads.view(0, {us.layout.numel});
     }
-    if (!us.keep_gathered) use_params(s, u, backward_order);
-  };
+    if (!us.keep_gathered) use_params(s, a.unit, backward_order);
+  }));
   const bool overlap = options.overlap;
-  model_.hooks.after_backward = [&s, overlap](int u) {
+  hooks_.push_back(model_.add_hook(HookPoint::AfterBackward, [&s, overlap](const UnitHookArgs& a) {
+    const int u = a.unit;
     if (!s.units[u].keep_gathered) release_params(s, u);
     if (s.stage == ZeroStage::Zero1) return;  // ZeRO-1 reduces once per step, after the last micro-step
     reduce_scatter_grads_async(s, u);  // YOUR TODO lab04-5
@@ -372,7 +373,7 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
     const size_t in_flight = overlap ? 1 : 0;
     while (s.reduce_scatters_in_flight.size() > in_flight)
       finish_reduce_scatter(s, s.reduce_scatters_in_flight.front());  // YOUR TODO lab04-6
-  };
+  }));
 }
 
 FSDP::~FSDP() {
@@ -380,7 +381,7 @@ FSDP::~FSDP() {
     if (us.gather) us.gather->wait();
     if (us.reduce_scatter) us.reduce_scatter->wait();
   }
-  model_.hooks = ModelHooks{};
+  hooks_.clear();  // before the state the hooks refer to goes
 }
 
 void FSDP::zero_grad() {

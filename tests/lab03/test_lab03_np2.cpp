@@ -131,13 +131,16 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
     // hook_done[u]: after_backward(u) returned, so backward goes on with the next unit (for u = 1 that is
     // the embeddings, which have no before_backward of their own: unit 0's fires first, gpt2.h).
     std::vector<double> backward_start(U, -1.0), ready(U, -1.0), hook_done(U, -1.0);
-    model->hooks.before_backward = [&](int unit) { backward_start[unit] = Communicator::now_ms(); };
-    const auto launch = model->hooks.after_backward;  // GradSync's hook: calls launch_ready_buckets
-    model->hooks.after_backward = [&, launch](int unit) {
-      ready[unit] = Communicator::now_ms();  // unit's gradients are final from here on
-      if (launch) launch(unit);
-      hook_done[unit] = Communicator::now_ms();
-    };
+    const HookHandle start = model->add_hook(HookPoint::BeforeBackward, [&](const UnitHookArgs& a) {
+      backward_start[a.unit] = Communicator::now_ms();
+    });
+    // Around GradSync's hook (which calls launch_ready_buckets): one before it, one after.
+    const HookHandle before = model->add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
+      ready[a.unit] = Communicator::now_ms();  // unit's gradients are final from here on
+    }, HookOrder::First);
+    const HookHandle after = model->add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
+      hook_done[a.unit] = Communicator::now_ms();
+    });
     const lab03::MicroBatch mb = rank_micro_batches(g, rank, n, 1, kMicroBatch)[0];
     model->zero_grad();
     model->forward(mb.inputs, &mb.targets);

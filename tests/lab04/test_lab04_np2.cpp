@@ -249,12 +249,12 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
                     (s.units[u].full_params.defined() ? "full_params" : "model.unit_params") + " kept)";
         }
       };
-      ModelHooks& h = model.hooks;
-      const ModelHooks orig = h;
-      h.before_forward = [&, orig](int u) { orig.before_forward(u); observe("before_forward", u, false); };
-      h.after_forward = [&, orig](int u) { orig.after_forward(u); observe("after_forward", u, true); };
-      h.before_backward = [&, orig](int u) { orig.before_backward(u); observe("before_backward", u, false); };
-      h.after_backward = [&, orig](int u) { orig.after_backward(u); observe("after_backward", u, true); };
+      std::vector<HookHandle> observers;  // after FSDP's hooks at each point: what they left gathered
+      for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
+                                HookPoint::AfterBackward})
+        observers.push_back(model.add_hook(p, [&, p](const UnitHookArgs& a) {
+          observe(hook_point_name(p), a.unit, p == HookPoint::AfterForward || p == HookPoint::AfterBackward);
+        }));
 
       const GlobalBatch g = random_global_batch(kDataSeed, n, 16, cfg.vocab_size);
       const std::vector<lab04::MicroBatch> mb = rank_micro_batches(g, rank, n, 1, 1);
@@ -287,7 +287,7 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
                     measured.empty() ? "" : "; ", k, max_gathered, static_cast<long long>(peak),
                     static_cast<long long>(e.peak.params));
       measured += buf;
-      h = orig;  // the wrappers capture locals of this iteration
+      observers.clear();  // they capture locals of this iteration
     }
     record.measured(measured);
     EXPECT_TRUE(grading::all_ranks(problem.empty(), on_rank(problem))) << "gathered copies in ZeRO-3";
@@ -325,21 +325,19 @@ TEST(Lab04Fsdp, PrefetchIssuesNextGatherEarly) {
         make_fsdp(cfg, PrecisionPolicy::fp32(), *comm, lab04::ZeroStage::Zero3, adamw(), /*prefetch=*/1);
     GPT2& model = fsdp->model();
     std::vector<double> forward_end(L + 2, -1.0), backward_end(L + 2, -1.0);  // ms, Communicator::now_ms
-    ModelHooks& h = model.hooks;
-    const ModelHooks orig = h;
-    h.after_forward = [&, orig](int u) {
-      forward_end[u] = Communicator::now_ms();  // unit u's forward computation is done
-      orig.after_forward(u);
-    };
-    h.after_backward = [&, orig](int u) {
-      backward_end[u] = Communicator::now_ms();
-      orig.after_backward(u);
-    };
+    // Before FSDP's hooks (HookOrder::First): the moment unit u's computation is done.
+    HookHandle fwd = model.add_hook(HookPoint::AfterForward, [&](const UnitHookArgs& a) {
+      forward_end[a.unit] = Communicator::now_ms();
+    }, HookOrder::First);
+    HookHandle bwd = model.add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
+      backward_end[a.unit] = Communicator::now_ms();
+    }, HookOrder::First);
     const GlobalBatch g = random_global_batch(kDataSeed, n, 16, cfg.vocab_size);
     comm->clear_events();
     lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, 1, 1), 1e-3f, 1.0f);
     const std::vector<CommEvent> events = comm->events();
-    h = orig;
+    fwd.remove();
+    bwd.remove();
 
     std::map<std::string, std::vector<CommEvent>> gathers;  // tag -> all-gathers in issue order
     for (const CommEvent& e : events) {

@@ -122,7 +122,8 @@ GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, 
 }
 
 GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device)
-    : cfg_(cfg), policy_(policy), device_(device), table_(gpt2_param_table(cfg)) {
+    : cfg_(cfg), policy_(policy), device_(device), table_(gpt2_param_table(cfg)),
+      hooks_(std::make_shared<detail::HookRegistry>()) {
   SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
                 "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
                 "unsupported precision policy %s: gradients and master weights must be f32",
@@ -154,6 +155,18 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, D
   } else {
     for (const ParamInfo& p : table_) f32_offset_.push_back(p.offset);  // the unit's own layout
   }
+  // The entries forward and backward read, by table index (BlockParams).
+  wte_ = index_of("wte");
+  wpe_ = index_of("wpe");
+  lnf_w_ = index_of("ln_f.weight");
+  lnf_b_ = index_of("ln_f.bias");
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    auto at = [&](const char* n) { return index_of(p + n); };
+    blocks_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
+                       at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
+                       at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"), at("mlp.c_proj.bias")});
+  }
   params_.resize(num_units());
   grads_.resize(num_units());
   if (!allocate) return;
@@ -166,28 +179,33 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, D
 
 int64_t GPT2::num_params() const { return gpt2_num_params(cfg_); }
 
-const ParamInfo& GPT2::info(const std::string& name) const {
-  for (const ParamInfo& p : table_)
-    if (p.name == name) return p;
+int GPT2::index_of(const std::string& name) const {
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (table_[i].name == name) return static_cast<int>(i);
   SL_FAIL("parameter names are listed by gpt2_param_table(); e.g. \"h.0.attn.c_attn.weight\"",
           "no parameter named '%s'", name.c_str());
 }
 
-Tensor GPT2::param(const std::string& name) const {
-  const ParamInfo& p = info(name);
+const ParamInfo& GPT2::info(const std::string& name) const { return table_[index_of(name)]; }
+
+Tensor GPT2::param_at(int i) const {
+  const ParamInfo& p = table_[i];
   SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)",
-           p.unit, name.c_str());
+           p.unit, p.name.c_str());
   return params_[p.unit].view(p.offset, p.shape);
 }
 
-Tensor GPT2::grad(const std::string& name) const {
-  const ParamInfo& p = info(name);
+Tensor GPT2::grad_at(int i) const {
+  const ParamInfo& p = table_[i];
   SL_CHECK_HINT(grads_[p.unit].defined(),
-                "a sharded model must install a unit's gradient buffer before its backward, e.g. in "
-                "hooks.before_backward (lab 04 README \"ZeRO-2\")",
-                "unit %d's gradient buffer (for %s) is not in memory", p.unit, name.c_str());
+                "a sharded model must install a unit's gradient buffer before its backward, e.g. in a "
+                "HookPoint::BeforeBackward hook (lab 04 README \"ZeRO-2\")",
+                "unit %d's gradient buffer (for %s) is not in memory", p.unit, p.name.c_str());
   return grads_[p.unit].view(p.offset, p.shape);
 }
+
+Tensor GPT2::param(const std::string& name) const { return param_at(index_of(name)); }
+Tensor GPT2::grad(const std::string& name) const { return grad_at(index_of(name)); }
 
 // GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
 // block (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow
@@ -351,17 +369,17 @@ Tensor GPT2::unit_weights_f32(int unit) {
   return w;
 }
 
-Tensor GPT2::weight_view(const Tensor& unit_f32, const std::string& name) const {
-  const ParamInfo& p = info(name);
-  const int64_t offset = f32_offset_[&p - table_.data()];
+Tensor GPT2::weight_view(const Tensor& unit_f32, int i) const {
+  const ParamInfo& p = table_[i];
+  const int64_t offset = f32_offset_[i];
   SL_CHECK(offset >= 0, "%s is read only by its bf16 matmul under %s and has no fp32 copy (use matmul_weight)",
-           name.c_str(), policy_.name().c_str());
+           p.name.c_str(), policy_.name().c_str());
   return unit_f32.view(offset, p.shape);
 }
 
-Tensor GPT2::matmul_weight(const Tensor& unit_f32, const std::string& name) const {
-  if (policy_.matmul_dtype == DType::F32) return weight_view(unit_f32, name);
-  return param(name);  // bf16-compute: the bf16 parameter itself, no copy
+Tensor GPT2::matmul_weight(const Tensor& unit_f32, int i) const {
+  if (policy_.matmul_dtype == DType::F32) return weight_view(unit_f32, i);
+  return param_at(i);  // bf16-compute: the bf16 parameter itself, no copy
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,8 +414,80 @@ void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, 
   matmul_backward_bf16(dinp, dweight, dbias, dout_bf16, inp_bf16, weight);
 }
 
-static void run_hook(const std::function<void(int)>& hook, int unit) {
-  if (hook) hook(unit);
+// ---------------------------------------------------------------------------------------------
+// Hooks
+
+namespace detail {
+// The hook lists of one model, one per HookPoint, in run order. Entries are shared_ptr so that running a
+// point copies only pointers: a hook that adds or removes hooks while it runs changes the lists, not the
+// copy being walked (the change takes effect from the next unit).
+struct HookRegistry {
+  struct Entry {
+    uint64_t id;
+    std::shared_ptr<const Hook> fn;
+  };
+  std::array<std::vector<Entry>, 4> lists;
+  uint64_t next_id = 1;
+  std::vector<Entry>& at(HookPoint point) { return lists[static_cast<int>(point)]; }
+};
+}  // namespace detail
+
+const char* hook_point_name(HookPoint point) {
+  switch (point) {
+    case HookPoint::BeforeForward: return "before_forward";
+    case HookPoint::AfterForward: return "after_forward";
+    case HookPoint::BeforeBackward: return "before_backward";
+    case HookPoint::AfterBackward: return "after_backward";
+  }
+  return "?";
+}
+
+HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
+  if (this != &other) {
+    remove();
+    registry_ = std::move(other.registry_);
+    point_ = other.point_;
+    id_ = other.id_;
+    other.registry_.reset();
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+void HookHandle::remove() {
+  if (const auto reg = registry_.lock()) {
+    auto& list = reg->at(point_);
+    list.erase(std::remove_if(list.begin(), list.end(), [this](const auto& e) { return e.id == id_; }), list.end());
+  }
+  registry_.reset();
+  id_ = 0;
+}
+
+bool HookHandle::active() const {
+  const auto reg = registry_.lock();
+  if (!reg) return false;
+  const auto& list = reg->at(point_);
+  return std::any_of(list.begin(), list.end(), [this](const auto& e) { return e.id == id_; });
+}
+
+HookHandle GPT2::add_hook(HookPoint point, Hook fn, HookOrder order) {
+  SL_CHECK(static_cast<bool>(fn), "add_hook(%s): the hook is empty", hook_point_name(point));
+  auto& list = hooks_->at(point);
+  const uint64_t id = hooks_->next_id++;
+  detail::HookRegistry::Entry e{id, std::make_shared<const Hook>(std::move(fn))};
+  if (order == HookOrder::First) list.insert(list.begin(), std::move(e));
+  else list.push_back(std::move(e));
+  return HookHandle(hooks_, point, id);
+}
+
+int GPT2::num_hooks(HookPoint point) const { return static_cast<int>(hooks_->at(point).size()); }
+
+void GPT2::run_hooks(HookPoint point, int unit) {
+  const auto& list = hooks_->at(point);
+  if (list.empty()) return;
+  const std::vector<detail::HookRegistry::Entry> snapshot = list;  // see HookRegistry
+  const UnitHookArgs args{unit, params_.at(unit), grads_.at(unit)};
+  for (const auto& e : snapshot) (*e.fn)(args);
 }
 
 float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
@@ -419,53 +509,52 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
   }
 
   // embeddings
-  run_hook(hooks.before_forward, 0);
+  run_hooks(HookPoint::BeforeForward, 0);
   {
     Tensor w = unit_weights_f32(0);
-    encoder_forward(a.encoded, a.tokens, weight_view(w, "wte"), weight_view(w, "wpe"));
+    encoder_forward(a.encoded, a.tokens, weight_view(w, wte_), weight_view(w, wpe_));
   }
-  run_hook(hooks.after_forward, 0);
+  run_hooks(HookPoint::AfterForward, 0);
 
   // transformer blocks
   Tensor x = a.encoded;  // (B,T,C) the residual stream entering the block
   for (int l = 0; l < L; ++l) {
     const int unit = 1 + l;
-    run_hook(hooks.before_forward, unit);
+    run_hooks(HookPoint::BeforeForward, unit);
     Tensor w = unit_weights_f32(unit);
-    const std::string p = "h." + std::to_string(l) + ".";
-    Tensor qkv_b = weight_view(w, p + "attn.c_attn.bias"), proj_b = weight_view(w, p + "attn.c_proj.bias");
-    Tensor fc_b = weight_view(w, p + "mlp.c_fc.bias"), fcproj_b = weight_view(w, p + "mlp.c_proj.bias");
-    layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, p + "ln_1.weight"),
-                      weight_view(w, p + "ln_1.bias"));
-    policy_matmul_forward(a.qkv[l], a.ln1[l], matmul_weight(w, p + "attn.c_attn.weight"), &qkv_b);
+    const BlockParams& b = blocks_[l];
+    Tensor qkv_b = weight_view(w, b.c_attn_b), proj_b = weight_view(w, b.attn_proj_b);
+    Tensor fc_b = weight_view(w, b.c_fc_b), fcproj_b = weight_view(w, b.mlp_proj_b);
+    layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, b.ln_1_w), weight_view(w, b.ln_1_b));
+    policy_matmul_forward(a.qkv[l], a.ln1[l], matmul_weight(w, b.c_attn_w), &qkv_b);
     if (attention_ == AttentionImpl::Materialized)
       attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
     else
       attention_forward_flash(a.atty[l], a.lse[l], a.qkv[l], NH);
-    policy_matmul_forward(a.attproj[l], a.atty[l], matmul_weight(w, p + "attn.c_proj.weight"), &proj_b);
+    policy_matmul_forward(a.attproj[l], a.atty[l], matmul_weight(w, b.attn_proj_w), &proj_b);
     residual_forward(a.residual2[l], x, a.attproj[l]);
-    layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, p + "ln_2.weight"),
-                      weight_view(w, p + "ln_2.bias"));
-    policy_matmul_forward(a.fch[l], a.ln2[l], matmul_weight(w, p + "mlp.c_fc.weight"), &fc_b);
+    layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, b.ln_2_w),
+                      weight_view(w, b.ln_2_b));
+    policy_matmul_forward(a.fch[l], a.ln2[l], matmul_weight(w, b.c_fc_w), &fc_b);
     gelu_forward(a.fch_gelu[l], a.fch[l]);
-    policy_matmul_forward(a.fcproj[l], a.fch_gelu[l], matmul_weight(w, p + "mlp.c_proj.weight"), &fcproj_b);
+    policy_matmul_forward(a.fcproj[l], a.fch_gelu[l], matmul_weight(w, b.mlp_proj_w), &fcproj_b);
     residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l]);
     x = a.residual3[l];
-    run_hook(hooks.after_forward, unit);
+    run_hooks(HookPoint::AfterForward, unit);
   }
 
   // final layernorm
-  run_hook(hooks.before_forward, L + 1);
+  run_hooks(HookPoint::BeforeForward, L + 1);
   {
     Tensor w = unit_weights_f32(L + 1);
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, weight_view(w, "ln_f.weight"), weight_view(w, "ln_f.bias"));
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, weight_view(w, lnf_w_), weight_view(w, lnf_b_));
   }
-  run_hook(hooks.after_forward, L + 1);
+  run_hooks(HookPoint::AfterForward, L + 1);
 
   // LM head, tied to wte: logits (B,T,V) = lnf (B,T,C) @ wte (V,C)^T
   {
     Tensor w = unit_weights_f32(0);  // bf16-compute reads wte in bf16 and needs none of it (a small cast)
-    policy_matmul_forward(a.logits, a.lnf, matmul_weight(w, "wte"), nullptr);
+    policy_matmul_forward(a.logits, a.lnf, matmul_weight(w, wte_), nullptr);
   }
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
@@ -492,76 +581,76 @@ void GPT2::backward() {
   softmax_crossentropy_backward(dlogits, a.probs, a.targets, 1.0f / static_cast<float>(B * T));
 
   // Unit 0's backward begins here: the tied LM head is unit 0's weight, and ends with the embeddings.
-  run_hook(hooks.before_backward, 0);
+  run_hooks(HookPoint::BeforeBackward, 0);
   // LM head backward: writes the first part of dwte (unit 0 is complete only after the encoder)
   Tensor& dlnf = a.dln;
   dlnf.zero_();
   {
     Tensor w = unit_weights_f32(0);
-    Tensor dwte = grad("wte");
-    policy_matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, matmul_weight(w, "wte"));
+    Tensor dwte = grad_at(wte_);
+    policy_matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, matmul_weight(w, wte_));
   }
 
   // final layernorm backward: dresidual = d(residual stream leaving the last block)
-  run_hook(hooks.before_backward, L + 1);
+  run_hooks(HookPoint::BeforeBackward, L + 1);
   a.dresidual.zero_();
   {
     Tensor w = unit_weights_f32(L + 1);
-    Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
-    layernorm_backward(a.dresidual, dw, db, dlnf, a.residual3[L - 1], weight_view(w, "ln_f.weight"), a.lnf_mean,
+    Tensor dw = grad_at(lnf_w_), db = grad_at(lnf_b_);
+    layernorm_backward(a.dresidual, dw, db, dlnf, a.residual3[L - 1], weight_view(w, lnf_w_), a.lnf_mean,
                        a.lnf_rstd);
   }
-  run_hook(hooks.after_backward, L + 1);
+  run_hooks(HookPoint::AfterBackward, L + 1);
 
   // blocks, last to first. dresidual enters as d(residual3[l]) and leaves as d(block input).
   for (int l = L - 1; l >= 0; --l) {
     const int unit = 1 + l;
-    run_hook(hooks.before_backward, unit);
+    run_hooks(HookPoint::BeforeBackward, unit);
     Tensor w = unit_weights_f32(unit);
-    const std::string p = "h." + std::to_string(l) + ".";
-    auto W = [&](const char* n) { return weight_view(w, p + n); };     // fp32 (layernorm weights)
-    auto MW = [&](const char* n) { return matmul_weight(w, p + n); };  // in the policy's matmul dtype
-    auto G = [&](const char* n) { return grad(p + n); };
+    const BlockParams& b = blocks_[l];
+    auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
+    auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
+    auto G = [&](int i) { return grad_at(i); };
     const Tensor& block_in = l == 0 ? a.encoded : a.residual3[l - 1];
 
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
-    Tensor dfcproj_w = G("mlp.c_proj.weight"), dfcproj_b = G("mlp.c_proj.bias");
+    Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
     a.dfch_gelu.zero_();
-    policy_matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], MW("mlp.c_proj.weight"));
+    policy_matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], MW(b.mlp_proj_w));
     a.dfch.zero_();
     gelu_backward(a.dfch, a.fch[l], a.dfch_gelu);
-    Tensor dfc_w = G("mlp.c_fc.weight"), dfc_b = G("mlp.c_fc.bias");
+    Tensor dfc_w = G(b.c_fc_w), dfc_b = G(b.c_fc_b);
     a.dln.zero_();
-    policy_matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], MW("mlp.c_fc.weight"));
+    policy_matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], MW(b.c_fc_w));
     // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
-    Tensor dln2_w = G("ln_2.weight"), dln2_b = G("ln_2.bias");
-    layernorm_backward(a.dresidual, dln2_w, dln2_b, a.dln, a.residual2[l], W("ln_2.weight"), a.ln2_mean[l],
+    Tensor dln2_w = G(b.ln_2_w), dln2_b = G(b.ln_2_b);
+    layernorm_backward(a.dresidual, dln2_w, dln2_b, a.dln, a.residual2[l], W(b.ln_2_w), a.ln2_mean[l],
                        a.ln2_rstd[l]);
 
     // attention branch: residual2 = block_in + c_proj(attention(c_attn(ln_1(block_in))))
-    Tensor dproj_w = G("attn.c_proj.weight"), dproj_b = G("attn.c_proj.bias");
+    Tensor dproj_w = G(b.attn_proj_w), dproj_b = G(b.attn_proj_b);
     a.datty.zero_();
-    policy_matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], MW("attn.c_proj.weight"));
+    policy_matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], MW(b.attn_proj_w));
     a.dqkv.zero_();
     if (attention_ == AttentionImpl::Materialized)
       attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
     else
       attention_backward_flash(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], NH);
-    Tensor dqkv_w = G("attn.c_attn.weight"), dqkv_b = G("attn.c_attn.bias");
+    Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
     a.dln.zero_();
-    policy_matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], MW("attn.c_attn.weight"));
-    Tensor dln1_w = G("ln_1.weight"), dln1_b = G("ln_1.bias");
-    layernorm_backward(a.dresidual, dln1_w, dln1_b, a.dln, block_in, W("ln_1.weight"), a.ln1_mean[l],
+    policy_matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], MW(b.c_attn_w));
+    Tensor dln1_w = G(b.ln_1_w), dln1_b = G(b.ln_1_b);
+    layernorm_backward(a.dresidual, dln1_w, dln1_b, a.dln, block_in, W(b.ln_1_w), a.ln1_mean[l],
                        a.ln1_rstd[l]);
-    run_hook(hooks.after_backward, unit);
+    run_hooks(HookPoint::AfterBackward, unit);
   }
 
   // embeddings: dwte gets the token rows, dwpe the position rows
   {
-    Tensor dwte = grad("wte"), dwpe = grad("wpe");
+    Tensor dwte = grad_at(wte_), dwpe = grad_at(wpe_);
     encoder_backward(dwte, dwpe, a.dresidual, a.tokens);
   }
-  run_hook(hooks.after_backward, 0);
+  run_hooks(HookPoint::AfterBackward, 0);
   (void)B;
   (void)T;
 }

@@ -31,6 +31,11 @@ using scalelab::Allocator;
 using scalelab::Device;
 using scalelab::DType;
 using scalelab::GPT2;
+using scalelab::HookHandle;
+using scalelab::HookOrder;
+using scalelab::HookPoint;
+using scalelab::UnitHookArgs;
+using scalelab::hook_point_name;
 using scalelab::GPTConfig;
 using scalelab::MemCategory;
 using scalelab::ParamInfo;
@@ -154,10 +159,12 @@ TEST(Gpt2ParamTable, D12CountMatchesTheHandCount) {
 TEST(Gpt2Hooks, FireInTheDocumentedOrder) {
   GPT2 model(tiny());
   std::vector<std::string> seen;
-  model.hooks.before_forward = [&](int u) { seen.push_back("before_forward " + std::to_string(u)); };
-  model.hooks.after_forward = [&](int u) { seen.push_back("after_forward " + std::to_string(u)); };
-  model.hooks.before_backward = [&](int u) { seen.push_back("before_backward " + std::to_string(u)); };
-  model.hooks.after_backward = [&](int u) { seen.push_back("after_backward " + std::to_string(u)); };
+  std::vector<HookHandle> hooks;
+  for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
+                            HookPoint::AfterBackward})
+    hooks.push_back(model.add_hook(p, [&, p](const UnitHookArgs& a) {
+      seen.push_back(std::string(hook_point_name(p)) + " " + std::to_string(a.unit));
+    }));
   const Tensor tokens = random_tokens(2, 8, 64, 1), targets = random_tokens(2, 8, 64, 2);
   model.zero_grad();
   model.forward(tokens, &targets);
@@ -177,18 +184,76 @@ TEST(Gpt2Hooks, FireInTheDocumentedOrder) {
   EXPECT_EQ(seen, want);
 }
 
+// Hooks are lists: several at one point run in the order added (HookOrder::First in front); a handle
+// removes exactly its own hook (others keep running), also when it is destroyed, and does nothing once
+// the model is gone. What a lab composes (DDP over FSDP, a probe around both) relies on this.
+TEST(Gpt2Hooks, ListsRunInOrderAndHandlesRemoveOnlyTheirOwn) {
+  GPT2 model(tiny());
+  std::vector<std::string> seen;
+  auto record = [&](const char* who) {
+    return [&seen, who](const UnitHookArgs& a) {
+      if (a.unit == 0) seen.push_back(who);
+    };
+  };
+  HookHandle a = model.add_hook(HookPoint::BeforeForward, record("a"));
+  HookHandle b = model.add_hook(HookPoint::BeforeForward, record("b"));
+  HookHandle first = model.add_hook(HookPoint::BeforeForward, record("first"), HookOrder::First);
+  const Tensor tokens = random_tokens(2, 8, 64, 1);
+  model.forward(tokens, nullptr);
+  EXPECT_EQ(seen, (std::vector<std::string>{"first", "a", "b"}));
+  EXPECT_EQ(model.num_hooks(HookPoint::BeforeForward), 3);
+
+  seen.clear();
+  a.remove();
+  EXPECT_FALSE(a.active());
+  EXPECT_TRUE(b.active());
+  model.forward(tokens, nullptr);
+  EXPECT_EQ(seen, (std::vector<std::string>{"first", "b"}));
+
+  seen.clear();
+  { HookHandle gone = std::move(first); }  // destroyed: removed
+  HookHandle moved = std::move(b);          // moved: still installed, now owned by `moved`
+  EXPECT_FALSE(b.active());
+  model.forward(tokens, nullptr);
+  EXPECT_EQ(seen, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(model.num_hooks(HookPoint::BeforeForward), 1);
+  EXPECT_EQ(model.num_hooks(HookPoint::AfterBackward), 0);
+
+  HookHandle outlives;
+  {
+    GPT2 other(tiny());
+    outlives = other.add_hook(HookPoint::AfterForward, record("other"));
+    EXPECT_TRUE(outlives.active());
+  }
+  EXPECT_FALSE(outlives.active());  // the model is gone: removing it now does nothing
+  outlives.remove();
+}
+
+// A hook is called with the unit's own buffers and may install a new one (FSDP installs a gathered copy).
+TEST(Gpt2Hooks, SeeTheUnitsBuffersAndMayInstallThem) {
+  GPT2 model(tiny());
+  int checked = 0;
+  const HookHandle h = model.add_hook(HookPoint::BeforeForward, [&](const UnitHookArgs& a) {
+    EXPECT_EQ(&a.params, &model.unit_params(a.unit));
+    EXPECT_EQ(&a.grads, &model.unit_grads(a.unit));
+    ++checked;
+  });
+  model.forward(random_tokens(2, 8, 64, 1), nullptr);
+  EXPECT_EQ(checked, model.num_units());
+}
+
 // The LM head writes dwte before ln_f's backward, but dwpe and the token rows of dwte come from the
 // embedding backward, last of all: at after_backward(L+1) unit 0's gradient is NOT complete yet.
 TEST(Gpt2Hooks, UnitZeroGradientIsCompleteOnlyAtAfterBackwardZero) {
   GPT2 model(tiny());
   const int last = model.num_units() - 1;
   std::vector<float> dwte_early, dwpe_early;
-  model.hooks.after_backward = [&](int u) {
-    if (u != last) return;
+  const HookHandle hook = model.add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
+    if (a.unit != last) return;
     const Tensor dwte = model.grad("wte"), dwpe = model.grad("wpe");
     dwte_early.assign(dwte.data<float>(), dwte.data<float>() + dwte.numel());
     dwpe_early.assign(dwpe.data<float>(), dwpe.data<float>() + dwpe.numel());
-  };
+  });
   const Tensor tokens = random_tokens(2, 8, 64, 3), targets = random_tokens(2, 8, 64, 4);
   model.zero_grad();
   model.forward(tokens, &targets);

@@ -7,7 +7,8 @@
 // column/row shapes (tensor parallel) or own only some units (pipeline) without copying the model.
 // The LM head is tied to wte (no separate weight): logits = ln_f(x) @ wte^T.
 //
-// Hooks run before/after each unit's forward and backward. Order in a step:
+// Hooks run before/after each unit's forward and backward (add_hook: lists, so DDP, FSDP, tensor- and
+// pipeline-parallel code and probes compose on one model). Order in a step:
 //   forward:  embed(0), h.0(1) ... h.L-1(L), ln_f(L+1), then the LM head reads unit 0 again
 //   backward: before_backward(0), LM head (writes dwte), ln_f(L+1), h.L-1(L) ... h.0(1), embeddings,
 //             after_backward(0)
@@ -16,7 +17,10 @@
 // Tests: tests/common/model/test_gpt2_fixture.cpp (against PyTorch), tests/common/model/test_gpt2.cpp
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,9 +70,52 @@ int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T);
 // is unknown (0: the CPU without a cap).
 AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes);
 
-// Called with the unit index (0..L+1).
-struct ModelHooks {
-  std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+// ---------------------------------------------------------------------------------------------
+// Hooks: code that runs at fixed points of every forward and backward, unit by unit (the order is in the
+// file comment above). DDP launches a bucket's all-reduce when its last gradient is final
+// (after_backward), FSDP gathers a unit's parameters before it runs and reduce-scatters its gradients
+// after; both are hooks on the same model, as in PyTorch (register_full_backward_hook and friends).
+
+enum class HookPoint { BeforeForward, AfterForward, BeforeBackward, AfterBackward };
+const char* hook_point_name(HookPoint point);  // "before_forward", ...
+
+// What a hook is called with: the unit (0 = embeddings, 1..L = blocks, L+1 = ln_f) and its two buffers,
+// the flat parameters (policy.param_dtype) and the fp32 gradients. Assignable: a hook may install a buffer
+// (FSDP installs a gathered copy before the unit runs) or release one (assign Tensor()).
+struct UnitHookArgs {
+  int unit;
+  Tensor& params;
+  Tensor& grads;
+};
+using Hook = std::function<void(const UnitHookArgs&)>;
+
+// Where add_hook puts a new hook among those already at its point: Last (the default: hooks run in the
+// order they were added) or First (before all of them; a probe that times the others).
+enum class HookOrder { Last, First };
+
+namespace detail {
+struct HookRegistry;  // the model's hook lists (gpt2.cpp), shared with the handles
+}
+
+// Returned by GPT2::add_hook; removes its hook when destroyed or on remove(), so an object that adds hooks
+// (GradSync, FSDP) removes exactly its own and leaves the others running. Move-only. Safe to outlive the
+// model: then it does nothing. An empty (default-constructed or moved-from) handle removes nothing.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<detail::HookRegistry> registry, HookPoint point, uint64_t id)
+      : registry_(std::move(registry)), point_(point), id_(id) {}
+  ~HookHandle() { remove(); }
+  HookHandle(HookHandle&& other) noexcept { *this = std::move(other); }
+  HookHandle& operator=(HookHandle&& other) noexcept;
+  HookHandle(const HookHandle&) = delete;
+  HookHandle& operator=(const HookHandle&) = delete;
+  void remove();               // idempotent
+  bool active() const;         // the hook is still installed
+ private:
+  std::weak_ptr<detail::HookRegistry> registry_;
+  HookPoint point_ = HookPoint::BeforeForward;
+  uint64_t id_ = 0;
 };
 
 // Builds the parameter table for a config (no allocation). Used by the model, optimizers, estimators.
@@ -129,7 +176,12 @@ class GPT2 {
   void zero_grad();
 
   const Tensor& logits() const { return acts_.logits; }  // (B,T,V) after a forward without targets
-  ModelHooks hooks;
+
+  // Adds `fn` at `point` (see HookOrder) and returns the handle that removes it. A hook runs for every unit
+  // at its point, in forward and backward alike, also in evaluation and sampling. Hooks added or removed
+  // while hooks at that point are running take effect from the next unit.
+  [[nodiscard]] HookHandle add_hook(HookPoint point, Hook fn, HookOrder order = HookOrder::Last);
+  int num_hooks(HookPoint point) const;  // installed at `point`
 
   // Frees activations (e.g. before a bigger model is built in the same process).
   void free_activations();
@@ -168,12 +220,24 @@ class GPT2 {
   //                 One buffer for all units: valid until the next call.
   Tensor unit_weights_f32(int unit);
   GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device);
-  // fp32 view of parameter `name` inside unit_weights_f32(its unit). Throws for a matmul weight under
+  void run_hooks(HookPoint point, int unit);  // every hook at `point`, in order, for `unit`
+  // The table entries forward and backward read, resolved from their names once at construction, so the
+  // hot loop indexes the table instead of searching it by name.
+  struct BlockParams {  // h.<l>.: the table index of each of the block's twelve tensors
+    int ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
+    int ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
+  };
+  std::vector<BlockParams> blocks_;  // (L,)
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int index_of(const std::string& name) const;  // table index; throws on an unknown name
+  // fp32 view of table entry `i` inside unit_weights_f32(its unit). Throws for a matmul weight under
   // bf16-compute (it has no fp32 copy; use matmul_weight).
-  Tensor weight_view(const Tensor& unit_f32, const std::string& name) const;
-  // The weight operand of a matmul in the policy's matmul dtype: weight_view(unit_f32, name) when the
+  Tensor weight_view(const Tensor& unit_f32, int i) const;
+  // The weight operand of a matmul in the policy's matmul dtype: weight_view(unit_f32, i) when the
   // matmuls are fp32; under bf16-compute the bf16 parameter itself (a view of the parameter buffer).
-  Tensor matmul_weight(const Tensor& unit_f32, const std::string& name) const;
+  Tensor matmul_weight(const Tensor& unit_f32, int i) const;
+  Tensor param_at(int i) const;  // param() and grad() by table index
+  Tensor grad_at(int i) const;
   // The model's matmuls in the policy's precision: fp32 -> matmul_forward / matmul_backward as given;
   // bf16-compute -> inp (and dout) rounded to bf16 in acts_' scratch, then matmul_*_bf16 with the bf16
   // weight; out and every gradient fp32 with the ops' `+=` rule.
@@ -191,6 +255,7 @@ class GPT2 {
   std::vector<int64_t> f32_offset_;
   int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of acts_.small_params_f32 (the largest unit's need)
   Activations acts_;
+  std::shared_ptr<detail::HookRegistry> hooks_;  // shared with the HookHandles (weakly): survives a move
   AttentionImpl attention_ = AttentionImpl::Materialized;
   bool have_targets_ = false;
 };
