@@ -35,6 +35,11 @@ RUNS = [
     ("lab01-bf16-compute", "lab01_single_device", 1, ["--batch", "4", "--steps", "4", "--precision", "bf16-compute"]),
     ("lab01-flash-sgd", "lab01_single_device", 1, ["--batch", "4", "--steps", "4", "--attention", "flash",
                                                    "--optimizer", "sgd", "--lr", "0.05"]),
+    # Two commands, one log: 6 steps with checkpoints at 3 and 6, then a resume from step 3 to 6 (appends).
+    ("lab01-resume", "lab01_single_device", 1, [["--batch", "4", "--steps", "6", "--checkpoint-dir", "{dir}/ckpt",
+                                                 "--checkpoint-every", "3"],
+                                                ["--batch", "4", "--steps", "6", "--checkpoint-dir", "{dir}/ckpt",
+                                                 "--resume", "{dir}/ckpt/ckpt_3.bin"]]),
     ("lab03-np1-overlap", "lab03_ddp", 1, ["--micro-batch", "4", "--global-batch", "8", "--steps", "4"]),
     ("lab03-np2-naive", "lab03_ddp", 2, ["--micro-batch", "2", "--steps", "4", "--mode", "naive"]),
     ("lab03-np2-bucketed", "lab03_ddp", 2, ["--micro-batch", "2", "--steps", "4", "--mode", "bucketed",
@@ -77,12 +82,16 @@ def run_one(build, name, program, ranks, args, out_dir):
         sys.exit(f"[scalelab] compare_runs: {exe} not found\n[scalelab]   hint: cmake --build {build}")
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                SL_RUN_ID=name)
-    cmd = [str(exe)] + COMMON + args + ["--log-dir", str(out_dir), "--run-id", name]
-    if ranks > 1 or program != "lab01_single_device":
-        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    if p.returncode != 0:
-        sys.exit(f"[scalelab] compare_runs: {name} failed with {build} (exit {p.returncode}):\n{p.stdout[-3000:]}")
+    work = Path(out_dir) / "work" / name
+    work.mkdir(parents=True, exist_ok=True)
+    for cmd_args in (args if args and isinstance(args[0], list) else [args]):
+        cmd_args = [a.replace("{dir}", str(work)) for a in cmd_args]
+        cmd = [str(exe)] + COMMON + cmd_args + ["--log-dir", str(out_dir), "--run-id", name]
+        if ranks > 1 or program != "lab01_single_device":
+            cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if p.returncode != 0:
+            sys.exit(f"[scalelab] compare_runs: {name} failed with {build} (exit {p.returncode}):\n{p.stdout[-3000:]}")
     lab = program.split("_")[0]
     logs = {}
     for f in sorted((Path(out_dir) / lab / name).glob("rank*.jsonl")):

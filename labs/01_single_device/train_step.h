@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "scalelab/model/batch.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"
 #include "scalelab/core/tensor.h"
@@ -19,11 +20,9 @@
 namespace scalelab::lab01 {
 inline namespace SL_TRACK_LAB01 {
 
-// What one optimizer step measured (besides time, which the driver measures around the call).
-struct StepResult {
-  float loss = 0.0f;       // mean cross-entropy of the batch, nats per token
-  float grad_norm = 0.0f;  // global L2 norm of the gradients BEFORE clipping
-};
+// What one optimizer step measured (besides time, which the driver measures around the call): the mean
+// cross-entropy of the batch and the global gradient norm BEFORE clipping (scalelab/model/batch.h).
+using scalelab::StepResult;
 
 // TODO(lab01-1): one training step, in the order every framework uses:
 //   zero the gradients, forward (loss), backward (gradients), clip the global gradient norm to

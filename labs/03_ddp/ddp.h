@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "scalelab/comm/comm.h"
+#include "scalelab/model/batch.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"
 #include "scalelab/core/tensor.h"
@@ -160,15 +161,8 @@ class GradSync {
 // names the nearest valid global batches. README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
 int micro_steps_per_step(int global_batch, int micro_batch, int world_size);
 
-struct MicroBatch {
-  Tensor inputs;   // (B, T) i32 token ids, B = the micro-batch
-  Tensor targets;  // (B, T) i32, the next tokens
-};
-
-struct StepResult {
-  float loss = 0.0f;       // mean cross-entropy of THIS rank's micro-batches, nats per token
-  float grad_norm = 0.0f;  // global L2 norm of the synchronised gradient BEFORE clipping
-};
+using scalelab::MicroBatch;  // (B, T) inputs and targets (scalelab/model/batch.h)
+using scalelab::StepResult;  // loss of THIS rank's micro-batches; norm of the synchronised gradient
 
 // TODO(lab03-8): one optimizer step of data-parallel training over this rank's micro-batches (one
 // per micro-step): zero the gradients, forward + backward each micro-batch (only the last one

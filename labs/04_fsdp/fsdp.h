@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "scalelab/comm/comm.h"
+#include "scalelab/model/batch.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"
 #include "scalelab/core/precision.h"
@@ -175,15 +176,8 @@ void optimizer_step(FsdpState& s, float lr);
 // =============================================================================================
 // The training step
 // =============================================================================================
-struct MicroBatch {
-  Tensor inputs;   // (B, T) i32 token ids, B = the micro-batch
-  Tensor targets;  // (B, T) i32, the next tokens
-};
-
-struct StepResult {
-  float loss = 0.0f;       // mean cross-entropy of THIS rank's micro-batches, nats per token
-  float grad_norm = 0.0f;  // global L2 norm of the averaged gradient BEFORE clipping
-};
+using scalelab::MicroBatch;  // (B, T) inputs and targets (scalelab/model/batch.h)
+using scalelab::StepResult;  // loss of THIS rank's micro-batches; norm of the averaged gradient
 
 class FSDP;
 

@@ -48,6 +48,7 @@ struct TrainOptions {
   int val_batches = 8;      // validation batches (labs 03, 04: of global_batch sequences)
   int sample_tokens = 200;  // bytes of text generated at the end
   int threads = 0;          // CPU threads per rank (0: the default of set_num_threads)
+  int timeline_steps = 3;   // steps 1..N log a `timeline` record (0: none; labs 03, 04: --timeline-steps)
   bool quiet = false;
 };
 
@@ -58,7 +59,6 @@ struct DistributedOptions : TrainOptions {
   std::string backend = "auto";   // communicator: auto, local, mpi (comm.h make_communicator)
   std::string link = "none";      // simulated link preset
   double link_slowdown = 1.0;     // the simulated link made this many times slower
-  int timeline_steps = 3;         // steps 1..N log a `timeline` record (0: none)
 };
 
 // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).

@@ -15,6 +15,8 @@ OptimizerConfig::Kind OptimizerConfig::kind_from_name(const std::string& name) {
   SL_FAIL("use --optimizer adamw or --optimizer sgd", "unknown optimizer '%s'", name.c_str());
 }
 
+const char* OptimizerConfig::kind_name(Kind kind) { return kind == Kind::AdamW ? "adamw" : "sgd"; }
+
 Optimizer::Optimizer(GPT2& model, const OptimizerConfig& cfg) : model_(model), cfg_(cfg) {
   const Device dev = model.device();
   for (int u = 0; u < model.num_units(); ++u) {

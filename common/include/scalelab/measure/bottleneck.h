@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "scalelab/measure/not_measured.h"  // defines: kNotMeasured
+
 namespace scalelab {
 
-// Every evidence number that was not measured holds kNotMeasured (NaN). Rates must also be > 0 to
-// count as measured. A finding whose evidence is missing says "not measured"; nothing throws.
-constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
+// Every evidence number that was not measured holds kNotMeasured (NaN, not_measured.h). Rates must also be
+// > 0 to count as measured. A finding whose evidence is missing says "not measured"; nothing throws.
 
 // One rank of the N-device run: means over its timed steps (its rank<k>.jsonl step records).
 struct RankTiming {

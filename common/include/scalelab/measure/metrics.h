@@ -27,10 +27,10 @@
 
 #include "scalelab/core/allocator.h"  // defines: Device, the memory categories logged per step
 #include "scalelab/comm/comm.h"       // defines: CommEvent (the communication part of a timeline record)
+#include "scalelab/measure/not_measured.h"  // defines: kNotMeasured
 
 namespace scalelab {
 
-constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();  // written as JSON null
 
 // What this machine is (for the run record; calibration keys its cache on cpu_model).
 struct SystemInfo {

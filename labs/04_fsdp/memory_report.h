@@ -1,0 +1,77 @@
+// memory_report.h — lab 04's memory per rank, measured by the allocator beside the estimator's figures
+// (scalelab/measure/memory_estimator.h, docs/memory.md): the summary record's memory keys and the table
+// rank 0 prints at the end (main.cpp; the same for both tracks). README "Memory per rank".
+#pragma once
+
+#include <nlohmann/json.hpp>  // defines: nlohmann::json
+
+#include <cstdint>
+#include <cstdio>  // defines: std::printf
+
+#include "scalelab/core/allocator.h"            // defines: MemStats, MemCategory
+#include "scalelab/measure/memory_estimator.h"  // defines: MemoryEstimate
+
+namespace scalelab::lab04_driver {
+
+constexpr double kMiB = 1024.0 * 1024.0;  // bytes
+
+inline int64_t current(const MemStats& m, MemCategory c) { return m.current_bytes[static_cast<int>(c)]; }
+inline int64_t peak(const MemStats& m, MemCategory c) { return m.peak_bytes[static_cast<int>(c)]; }
+
+// between_steps: the allocator right after the last step (what stays between steps: the persistent
+// state); mem: at the end of the run (the peaks). cap_bytes: --memory-cap-mb (0: none).
+inline nlohmann::json memory_summary(const MemStats& between_steps, const MemStats& mem, const MemoryEstimate& est,
+                                     int64_t cap_bytes) {
+  return {{"memory_params_persistent_bytes", current(between_steps, MemCategory::Params)},
+          {"memory_grads_persistent_bytes", current(between_steps, MemCategory::Grads)},
+          {"memory_optimizer_state_persistent_bytes", current(between_steps, MemCategory::OptimizerState)},
+          {"memory_params_peak_bytes", peak(mem, MemCategory::Params)},
+          {"memory_grads_peak_bytes", peak(mem, MemCategory::Grads)},
+          {"memory_optimizer_state_peak_bytes", peak(mem, MemCategory::OptimizerState)},
+          {"memory_activations_peak_bytes", peak(mem, MemCategory::Activations)},
+          {"memory_estimated_params_persistent_bytes", est.persistent.params},
+          {"memory_estimated_grads_persistent_bytes", est.persistent.grads},
+          {"memory_estimated_optimizer_state_persistent_bytes", est.persistent.optimizer_state},
+          {"memory_estimated_params_peak_bytes", est.peak.params},
+          {"memory_estimated_grads_peak_bytes", est.peak.grads},
+          {"memory_estimated_optimizer_state_peak_bytes", est.peak.optimizer_state},
+          {"memory_estimated_activations_bytes", est.activations_bytes},
+          {"memory_estimated_peak_bytes", est.total_peak_bytes()},
+          {"memory_cap_bytes", cap_bytes}};
+}
+
+inline void print_memory_table(const MemStats& between_steps, const MemStats& mem, const MemoryEstimate& est,
+                               int64_t cap_bytes) {
+  auto cur = [](const MemStats& m, MemCategory c) { return current(m, c); };
+  auto pk = [](const MemStats& m, MemCategory c) { return peak(m, c); };
+  std::printf("\nmemory of rank 0, MiB       measured   estimated  |  measured  estimated\n"
+              "                           persistent persistent  |    peak       peak\n");
+  const struct { const char* name; MemCategory c; int64_t est_persistent, est_peak; } rows[] = {
+      {"params", MemCategory::Params, est.persistent.params, est.peak.params},
+      {"grads", MemCategory::Grads, est.persistent.grads, est.peak.grads},
+      {"optimizer state", MemCategory::OptimizerState, est.persistent.optimizer_state, est.peak.optimizer_state},
+  };
+  for (const auto& row : rows)
+    std::printf("%-26s %9.2f  %9.2f   | %9.2f  %9.2f\n", row.name, cur(between_steps, row.c) / kMiB,
+                row.est_persistent / kMiB, pk(mem, row.c) / kMiB, row.est_peak / kMiB);
+  std::printf("%-26s %9s  %9s   | %9.2f  %9.2f\n", "activations", "-", "-", pk(mem, MemCategory::Activations) / kMiB,
+              est.activations_bytes / kMiB);
+  std::printf("%-26s %9s  %9s   | %9.2f  %9s\n", "comm (reduce-scatter out)", "-", "-",
+              pk(mem, MemCategory::Comm) / kMiB, "-");
+  std::printf("%-26s %9s  %9s   | %9.2f  %9s\n", "workspace + data + other", "-", "-",
+              (pk(mem, MemCategory::Workspace) + pk(mem, MemCategory::Data) + pk(mem, MemCategory::Other)) / kMiB,
+              "-");
+  const int64_t state_now = cur(between_steps, MemCategory::Params) + cur(between_steps, MemCategory::Grads) +
+                            cur(between_steps, MemCategory::OptimizerState);
+  const int64_t state_peaks = pk(mem, MemCategory::Params) + pk(mem, MemCategory::Grads) +
+                              pk(mem, MemCategory::OptimizerState);
+  std::printf("%-26s %9.2f  %9.2f   | %9.2f  %9.2f   (sum of the three peaks)\n", "model state",
+              state_now / kMiB, est.persistent.total() / kMiB, state_peaks / kMiB, est.peak.total() / kMiB);
+  std::printf("%-26s %9s  %9s   | %9.2f  %9.2f   (measured: peak of the sum of all; estimated: model state "
+              "+ activations)\n", "total", "", "", mem.total_peak_bytes / kMiB, est.total_peak_bytes() / kMiB);
+  if (cap_bytes > 0)
+    std::printf("memory per rank: peak %.1f MiB of the %.1f MiB cap (%.0f %%)\n", mem.total_peak_bytes / kMiB,
+                cap_bytes / kMiB, 100.0 * mem.total_peak_bytes / cap_bytes);
+}
+
+}  // namespace scalelab::lab04_driver

@@ -1,0 +1,251 @@
+// train_loop.cpp — the training loop every lab driver runs (train_loop.h).
+#include "train_loop.h"
+
+#include <algorithm>  // defines: std::max
+#include <chrono>     // defines: std::chrono::steady_clock (step timing)
+#include <cmath>      // defines: std::isnan
+#include <cstdio>     // defines: std::printf, std::snprintf
+
+#include "scalelab/core/device.h"  // defines: device_synchronize
+#include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
+#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
+#include "scalelab/model/sample.h" // defines: sample_text
+#include "train_step.h"            // defines: lab01::tokens_per_second, mfu (lab 01's reference: the defaults)
+
+namespace scalelab::driver {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// The data of a run
+
+RunData open_data(const TrainOptions& o, int micro_batch, int micro_steps, int dp_rank, int dp_size) {
+  RunData d;
+  d.cfg = GPTConfig::preset(o.model);
+  d.loader.B = micro_batch;
+  d.loader.T = o.seq_len;
+  d.loader.seed = o.seed;
+  d.loader.dp_rank = dp_rank;  // rank r takes every dp_size-th window of each global batch
+  d.loader.dp_size = dp_size;
+  d.train = std::make_unique<lab02::ShardLoader>(o.data, "train", d.loader);
+  d.val = std::make_unique<ValidationSplit>(o.data, d.loader, static_cast<int64_t>(o.val_batches) * micro_steps);
+  d.cfg.vocab_size = d.train->vocab_size();  // the tokenizer decides V (256 for bytes)
+  SL_CHECK_HINT(o.seq_len <= d.cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
+                "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, d.cfg.max_seq_len, o.model.c_str());
+  return d;
+}
+
+void check_train_options(const TrainOptions& o) {
+  SL_CHECK_HINT(o.steps > 0, "--steps is the number of optimizer steps, e.g. --steps 100", "--steps %d", o.steps);
+  SL_CHECK_HINT(o.lr > 0, "--lr is the peak learning rate, > 0 (e.g. --lr 2e-3)", "--lr %g", o.lr);
+  SL_CHECK_HINT(o.min_lr >= 0, "--min-lr is where the cosine decay ends, >= 0 (e.g. --min-lr 2e-4)", "--min-lr %g",
+                o.min_lr);
+  SL_CHECK_HINT(o.warmup >= 0, "--warmup is a number of steps, >= 0 (0: no warm-up)", "--warmup %d", o.warmup);
+  SL_CHECK_HINT(o.grad_clip >= 0, "--grad-clip is the largest gradient norm, > 0, or 0 to turn clipping off",
+                "--grad-clip %g", o.grad_clip);
+  SL_CHECK_HINT(o.weight_decay >= 0, "--weight-decay is >= 0 (0: none)", "--weight-decay %g", o.weight_decay);
+  SL_CHECK_HINT(o.optimizer == "adamw" || o.optimizer == "sgd", "use --optimizer adamw or --optimizer sgd",
+                "--optimizer '%s'", o.optimizer.c_str());
+  SL_CHECK_HINT(o.val_every >= 0, "--val-every is a number of steps, >= 0 (0: validate at the start and the end only)",
+                "--val-every %d", o.val_every);
+  SL_CHECK_HINT(o.val_batches > 0, "--val-batches is >= 1", "--val-batches %d", o.val_batches);
+  SL_CHECK_HINT(o.sample_tokens >= 0, "--sample-tokens is >= 0 (0: no sample)", "--sample-tokens %d", o.sample_tokens);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop
+
+TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model,
+                     lab02::ShardLoader& train, ValidationSplit& val, RunLogger& log, const Peak& peak,
+                     double flops_per_token, Device device)
+    : sample_rng(o.seed ^ 0x5eedull), tokens_per_second(&lab01::tokens_per_second), mfu(&lab01::mfu), o_(o), spec_(spec), comm_(comm), model_(model), train_(train), val_(val),
+      log_(log), peak_(peak), flops_per_token_(flops_per_token), device_(device) {
+  if (comm_ != nullptr) {
+    rank_ = comm_->rank();
+    world_ = comm_->size();
+  }
+}
+
+float TrainLoop::evaluate_now(Tensor& x, Tensor& y) {
+  return comm_ != nullptr ? evaluate_all_ranks(model_, *comm_, val_, x, y) : evaluate(model_, val_, x, y);
+}
+
+float TrainLoop::mean_loss(float loss) {
+  return comm_ != nullptr ? mean_over_ranks(*comm_, loss, "loss") : loss;
+}
+
+Summary TrainLoop::run(int64_t start_step) {
+  SL_CHECK(static_cast<bool>(step), "TrainLoop::run: no step function was given (loop.step = ...)");
+  // One micro-batch of tensors per micro-step, allocated once; validation reuses the first.
+  std::vector<MicroBatch> micro(spec_.micro_steps);
+  for (MicroBatch& mb : micro) {
+    mb.inputs = Tensor::empty({spec_.micro_batch, o_.seq_len}, DType::I32, device_, MemCategory::Data);   // (B, T)
+    mb.targets = Tensor::empty({spec_.micro_batch, o_.seq_len}, DType::I32, device_, MemCategory::Data);  // (B, T)
+  }
+  Tensor& x = micro[0].inputs;
+  Tensor& y = micro[0].targets;
+
+  Summary s;
+  doing_ = "evaluating before step " + std::to_string(start_step) + " (the first forward allocates the activations)";
+  float val_loss = evaluate_now(x, y);
+  s.val_loss_start = val_loss;
+  if (rank_ == 0) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(start_step), val_loss);
+  log_.log_eval(start_step, val_loss);
+
+  const LRSchedule schedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
+  // The first step of a run allocates activations and warms caches: it is not timed.
+  double timed_seconds = 0, timed_data_ms = 0, timed_exposed_ms = 0, timed_busy_ms = 0, timed_modeled_ms = 0;
+  int64_t timed_tokens = 0;
+  const auto t_run = Clock::now();
+  for (int64_t step_i = start_step; step_i < o_.steps; ++step_i) {
+    doing_ = "step " + std::to_string(step_i);
+    const auto t0 = Clock::now();
+    const double t0_ms = Communicator::now_ms();  // the timeline's clock
+    double data_wait_ms = 0;
+    for (MicroBatch& mb : micro) {  // this rank's share of the global batch
+      if (fetch) {
+        data_wait_ms += fetch(train_, mb);
+      } else {
+        const lab02::Batch batch = train_.next();  // blocks only if the prefetch thread is behind
+        lab02::load_batch(batch, mb.inputs, mb.targets);
+        data_wait_ms += batch.wait_ms;
+      }
+    }
+    const float lr = schedule.at(static_cast<int>(step_i));
+    if (comm_ != nullptr) comm_->clear_events();
+    const bool want_timeline = step_i >= 1 && step_i <= o_.timeline_steps;  // step 0 is warm-up
+    if (before_step) before_step(t0_ms, Communicator::now_ms(), want_timeline);
+
+    const StepResult r = step(micro, lr);  // the lab's step
+    device_synchronize(device_);            // GPU work is asynchronous: the step ends when the device is done
+
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    StepMeasure m = after_step ? after_step(seconds * 1e3, data_wait_ms, want_timeline) : StepMeasure{};
+    if (want_timeline && comm_ != nullptr) log_.log_timeline(step_i, comm_->events(), m.spans);
+    const int64_t tokens = static_cast<int64_t>(spec_.global_batch) * o_.seq_len;  // all ranks together
+    const double tok_s = tokens_per_second(tokens, seconds);
+    const double step_mfu =
+        peak_.flops_per_s > 0 ? mfu(tok_s, flops_per_token_, peak_.flops_per_s, world_) : kNotMeasured;
+    const float loss = mean_loss(r.loss);  // outside the timed step: only for the log
+    if (step_i > start_step) {
+      timed_seconds += seconds;
+      timed_tokens += tokens;
+      timed_data_ms += data_wait_ms;
+      timed_exposed_ms += m.comm_ms;
+      timed_busy_ms += m.comm_busy_ms;
+      timed_modeled_ms += m.comm_modeled_ms;
+    }
+    s.final_loss = loss;
+
+    StepRecord rec;
+    rec.step = step_i;
+    rec.loss = loss;
+    rec.lr = lr;
+    rec.tokens = tokens;
+    rec.step_ms = seconds * 1e3;
+    rec.data_wait_ms = data_wait_ms;
+    rec.comm_ms = m.comm_ms;
+    rec.tokens_per_s = tok_s;
+    rec.mfu = step_mfu;
+    rec.grad_norm = r.grad_norm;
+    rec.extra = m.extra;
+    if (m.simulated) {
+      rec.extra["comm_modeled_ms"] = m.comm_modeled_ms;
+      rec.extra["simulated"] = true;
+    }
+    log_.log_step(rec);
+
+    const bool last = step_i + 1 == o_.steps;
+    if (rank_ == 0 && !o_.quiet && (step_i % 10 == 0 || last)) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_run).count();
+      const double eta = elapsed / static_cast<double>(step_i + 1 - start_step) * static_cast<double>(o_.steps - step_i - 1);
+      char wait[64];
+      std::snprintf(wait, sizeof(wait), "data wait %.2f ms", data_wait_ms);
+      const std::string middle = progress ? progress(m, data_wait_ms) : std::string(wait);
+      std::printf("step %5lld | loss %.4f | lr %.2e | %7.0f tok/s | MFU %5.1f%% | %s | ETA %.0f s\n",
+                  static_cast<long long>(step_i), loss, lr, tok_s, 100.0 * step_mfu, middle.c_str(), eta);
+      std::fflush(stdout);
+    }
+    if ((o_.val_every > 0 && (step_i + 1) % o_.val_every == 0) || last) {
+      doing_ = "evaluating after step " + std::to_string(step_i);
+      val_loss = evaluate_now(x, y);
+      if (rank_ == 0) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step_i + 1), val_loss);
+      log_.log_eval(step_i + 1, val_loss);
+    }
+    if (save_checkpoint && ((checkpoint_every > 0 && (step_i + 1) % checkpoint_every == 0) || last)) {
+      doing_ = "saving a checkpoint after step " + std::to_string(step_i);
+      save_checkpoint(step_i + 1);
+    }
+  }
+  s.val_loss_end = val_loss;
+  s.steps = o_.steps - start_step;
+  s.timed_steps = static_cast<int>(std::max<int64_t>(1, s.steps - 1));
+  s.tokens_per_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
+  s.mfu = peak_.flops_per_s > 0 && s.tokens_per_s > 0
+              ? mfu(s.tokens_per_s, flops_per_token_, peak_.flops_per_s, world_)  // token-weighted
+              : kNotMeasured;
+  s.step_ms = 1e3 * timed_seconds / s.timed_steps;
+  s.data_wait_ms = timed_data_ms / s.timed_steps;
+  s.comm_ms = timed_exposed_ms / s.timed_steps;  // NaN (not measured) when the lab measured none
+  s.comm_busy_ms = timed_busy_ms / s.timed_steps;
+  s.comm_modeled_ms = timed_modeled_ms / s.timed_steps;
+  s.memory = Allocator::get(device_).stats();
+
+  // A sample from rank 0 (with sample_on_every_rank, every rank runs the same forwards: ZeRO-3 gathers
+  // are collective), from the same random stream on every rank.
+  doing_ = "sampling";
+  if (o_.sample_tokens > 0 && (rank_ == 0 || spec_.sample_on_every_rank)) {
+    const std::string text = sample_text(model_, "\n", o_.sample_tokens, sample_rng);
+    if (rank_ == 0) s.sample = text;
+  }
+  doing_ = "done";
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Out of memory
+
+std::string out_of_memory_report(const OutOfMemory& e, const OomContext& c) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const MemoryEstimate est =
+      estimate_memory(c.cfg, c.world, c.zero_stage, c.policy, c.optimizer, c.prefetch, c.micro_batch, c.seq_len);
+  const double cap = static_cast<double>(Allocator::get(c.device).capacity_bytes());
+  const MemStats now = Allocator::get(c.device).stats();  // a failed allocation is not counted: the peaks are
+                                                          // the most this rank held before it (the buffers
+                                                          // freed while unwinding are gone from current_bytes)
+  auto peak = [&](MemCategory k) { return now.peak_bytes[static_cast<int>(k)] / kMiB; };
+  char buf[1024];
+  std::string r = e.what();
+  if (!r.empty() && r.back() != '\n') r += '\n';
+  std::snprintf(buf, sizeof(buf),
+                "[scalelab] %s: rank %d of %d ran out of simulated device memory while %s\n"
+                "[scalelab]   cap %.1f MiB per rank (--memory-cap-mb); most in use before it: %.1f MiB (peaks: params "
+                "%.1f, grads %.1f, optimizer state %.1f, activations %.1f)\n"
+                "[scalelab]   estimator for this run (%s, %d rank%s, ZeRO-%d, %s, %s, B=%d, T=%d): persistent %.1f MiB, "
+                "peak %.1f MiB per rank (model state %.1f + activations %.1f)\n",
+                c.lab.c_str(), c.rank, c.world, c.doing.c_str(), cap / kMiB, now.total_peak_bytes / kMiB,
+                peak(MemCategory::Params), peak(MemCategory::Grads), peak(MemCategory::OptimizerState),
+                peak(MemCategory::Activations), c.model.c_str(), c.world, c.world == 1 ? "" : "s", c.zero_stage,
+                c.policy.name().c_str(), OptimizerConfig::kind_name(c.optimizer), c.micro_batch, c.seq_len,
+                est.persistent.total() / kMiB, est.total_peak_bytes() / kMiB, est.peak.total() / kMiB,
+                est.activations_bytes / kMiB);
+  r += buf;
+  for (int stage = std::max(1, c.zero_stage); stage <= 3; ++stage) {
+    const int n = min_devices_to_fit(c.cfg, stage, c.policy, c.optimizer, c.prefetch, c.micro_batch, c.seq_len, cap,
+                                     1024);
+    if (n > 0) std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d fits in this cap on %d rank%s (estimator)\n",
+                             stage, n, n == 1 ? "" : "s");
+    else std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d does not fit in this cap on up to 1024 ranks\n", stage);
+    r += buf;
+  }
+  if (static_cast<double>(est.activations_bytes) >= cap) {
+    std::snprintf(buf, sizeof(buf), "[scalelab]   the activations alone need %.1f MiB (B=%d, T=%d): ZeRO does not shard "
+                  "them, lower --micro-batch or --seq-len\n", est.activations_bytes / kMiB, c.micro_batch, c.seq_len);
+    r += buf;
+  }
+  r += "[scalelab]   hint: more ranks or a higher --stage (or a smaller --micro-batch / --seq-len, or a higher "
+       "--memory-cap-mb); build/bin/sl_memory --model " + c.model + " prints the table\n";
+  return r;
+}
+
+}  // namespace scalelab::driver
