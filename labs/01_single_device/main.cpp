@@ -12,11 +12,9 @@
 #include <cstdio>  // defines: std::printf
 #include <filesystem>
 #include <string>
-#include <utility>  // defines: std::pair
 #include <vector>
 
 #include "driver.h"                           // defines: driver::TrainOptions, make_run_record, ... (labs/common)
-#include "scalelab/core/device.h"             // defines: cuda_device_memory_bytes
 #include "scalelab/core/error.h"              // defines: scalelab::Error, NotImplemented
 #include "scalelab/core/threads.h"            // defines: set_num_threads
 #include "scalelab/measure/calibration.h"     // defines: device_peak (the MFU denominator: calibration or datasheet)
@@ -45,24 +43,6 @@ struct Options : driver::TrainOptions {
   std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/model/gpt2.h AttentionImpl)
 };
 
-// --attention auto: flash when the materialized scores would take over a quarter of the memory there is,
-// the simulated cap if one is set, else the GPU's memory (choose_attention, gpt2.h). On the CPU without a
-// cap: materialized. Returns the choice and, for the header line and the log, why.
-static std::pair<AttentionImpl, std::string> attention_from_option(const Options& o, const GPTConfig& cfg,
-                                                                   Device device) {
-  if (o.attention != "auto") return {attention_impl_from_name(o.attention), "--attention " + o.attention};
-  const int64_t cap = Allocator::get(device).capacity_bytes();
-  const int64_t budget = cap > 0 ? cap : device == Device::CUDA ? cuda_device_memory_bytes() : 0;
-  const AttentionImpl impl = choose_attention(cfg, o.batch, o.seq_len, budget);
-  if (budget == 0) return {impl, "auto: no memory budget to compare with (no --memory-cap-mb)"};
-  constexpr double kMiB = 1 << 20;
-  char why[160];
-  std::snprintf(why, sizeof(why), "auto: the scores, %.1f MiB, are %s a quarter of the %.0f MiB %s",
-                attention_scores_bytes(cfg, o.batch, o.seq_len) / kMiB,
-                impl == AttentionImpl::Flash ? "over" : "within", budget / kMiB, cap > 0 ? "cap" : "GPU memory");
-  return {impl, why};
-}
-
 static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, data, model, optimizer, peak FLOP/s
@@ -74,7 +54,7 @@ static int run(const Options& o) {
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, policy, device, o.seed);
-  const auto [attention, attention_why] = attention_from_option(o, data.cfg, device);
+  const auto [attention, attention_why] = driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
   model.set_attention(attention);
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -150,16 +130,11 @@ static int run(const Options& o) {
 
   // ------------------------------------------------------------------------------------------------
   // Summary and a sample
-  const nlohmann::json summary = {
-      {"steps", s.steps},          {"final_loss", s.final_loss},
-      {"val_loss_start", s.val_loss_start}, {"val_loss_end", s.val_loss_end},
-      {"tokens_per_s", s.tokens_per_s}, {"mfu", s.mfu},  // token-weighted over timed steps
-      {"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source},
-      {"memory_peak_bytes", s.memory.total_peak_bytes}, {"sample", s.sample}};
+  nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/false, /*simulated=*/false);
+  summary.update({{"steps", s.steps}, {"memory_peak_bytes", s.memory.total_peak_bytes}, {"sample", s.sample}});
   log.log_summary(summary);
-  std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %.1f GFLOP/s (%s) | peak memory "
-              "%.1f MiB\n", s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, peak.flops_per_s / 1e9,
-              peak.source.c_str(), s.memory.total_peak_bytes / 1048576.0);
+  driver::print_summary_headline(s, peak, /*num_devices=*/0);
+  std::printf(" | peak memory %.1f MiB\n", s.memory.total_peak_bytes / 1048576.0);
   if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
   return 0;
 }
@@ -167,26 +142,13 @@ static int run(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 01: train GPT-2 on one device; reports loss, tokens/s and MFU"};
   Options o;
-  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
-  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
+  driver::add_train_options(app, o, "lab01");  // --device --model --seq-len, the schedule, --precision ... --quiet
+  app.get_option("--threads")->description("CPU threads (0: all cores)");
+  app.get_option("--sample-tokens")->description("bytes of text to generate at the end");
   app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  driver::add_schedule_options(app, o);  // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer
-  app.add_option("--precision", o.precision,
-                 "fp32, bf16 (= bf16-mixed: bf16 params, fp32 master and compute) or bf16-compute (bf16-mixed "
-                 "with bf16 matmul operands: the GPU's bf16 tensor cores)")
-      ->capture_default_str();
-  app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
-  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/lab01/<run-id>/")->capture_default_str();
-  app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
-  app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
-  app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (empty: none)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")->capture_default_str();
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text to generate at the end")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--attention", o.attention,
                  "materialized (saves the (B,NH,T,T) scores), flash (saves (B,NH,T), recomputes the scores in the "
                  "backward) or auto (flash when the scores would take over a quarter of the memory)")
@@ -195,7 +157,6 @@ int main(int argc, char** argv) {
   app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")
       ->check(CLI::Range(0.0, 1e9))  // MiB; a negative cap is a typo, not "no cap"
       ->capture_default_str();
-  app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -22,74 +22,17 @@
 #include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint
 #include "scalelab/model/optim.h"        // defines: Optimizer
 #include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "step_timeline.h"               // defines: StepTimeline (the compute spans of a timeline record)
 #include "train_loop.h"                  // defines: driver::TrainLoop, open_data (labs/common)
 #include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
+using scalelab::lab03_driver::StepTimeline;
 
 // The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 03's own.
 struct Options : driver::DistributedOptions {
   std::string mode = "overlap";  // naive | bucketed | overlap
   double bucket_mb = 1.0;        // MiB of fp32 gradients per bucket
-};
-
-// The compute spans of one step for its `timeline` record, stamped by the model's hooks on the
-// communication clock (Communicator::now_ms()) so they line up with the step's CommEvents:
-//   "data"             step start .. train_step called (loading this rank's micro-batches)
-//   "forward"          first before_forward .. the first before_backward after it (the LM head and the
-//                      loss run after the last unit's hook, so the next backward is the honest end)
-//   "backward"         first before_backward .. last after_backward, whichever units fire them
-//   "sync + optimizer" last after_backward .. train_step returned and the device is done: waiting for
-//                      the last all-reduces, clipping, the optimizer update
-// Gradient accumulation gives one forward and one backward span per micro-step. Its hooks are added
-// after GradSync's (overlap mode), so they run after it at each point. On a GPU the forward/backward
-// stamps are host times of asynchronous launches: only the step's end is synchronized.
-class StepTimeline {
- public:
-  explicit StepTimeline(GPT2& model) {
-    hooks_.push_back(model.add_hook(HookPoint::BeforeForward, [this](const UnitHookArgs&) {
-      if (recording_ && phase_ != Phase::Forward) open("forward", Phase::Forward);
-    }));
-    hooks_.push_back(model.add_hook(HookPoint::BeforeBackward, [this](const UnitHookArgs&) {
-      if (recording_ && phase_ != Phase::Backward) open("backward", Phase::Backward);
-    }));
-    hooks_.push_back(model.add_hook(HookPoint::AfterBackward, [this](const UnitHookArgs&) {
-      last_backward_ms_ = Communicator::now_ms();
-    }));
-  }
-
-  void begin(double step_start_ms) {  // call just before train_step
-    spans_ = {{"data", step_start_ms, Communicator::now_ms()}};
-    recording_ = true;
-    phase_ = Phase::None;
-  }
-  std::vector<TimeSpan> end() {  // call once the step is done (device synchronized)
-    close();
-    const double now = Communicator::now_ms();
-    if (!spans_.empty() && spans_.back().name == "backward") spans_.push_back({"sync + optimizer", spans_.back().end_ms, now});
-    recording_ = false;
-    return std::move(spans_);
-  }
-
- private:
-  enum class Phase { None, Forward, Backward };
-  void close() {  // a backward ends at its last after_backward hook, a forward when the next span opens
-    if (phase_ == Phase::None) return;
-    spans_.back().end_ms = phase_ == Phase::Backward ? last_backward_ms_ : Communicator::now_ms();
-    phase_ = Phase::None;
-  }
-  void open(const char* name, Phase phase) {
-    close();
-    const double now = Communicator::now_ms();
-    spans_.push_back({name, now, now});
-    last_backward_ms_ = now;
-    phase_ = phase;
-  }
-  std::vector<HookHandle> hooks_;
-  std::vector<TimeSpan> spans_;
-  bool recording_ = false;
-  Phase phase_ = Phase::None;
-  double last_backward_ms_ = 0;
 };
 
 static int run(const Options& o, Communicator& comm) {
@@ -176,22 +119,13 @@ static int run(const Options& o, Communicator& comm) {
 
   // ------------------------------------------------------------------------------------------------
   // Summary (every rank logs its own; rank 0 prints)
-  nlohmann::json summary = {{"final_loss", s.final_loss},   {"val_loss_start", s.val_loss_start},
-                            {"val_loss_end", s.val_loss_end}, {"tokens_per_s", s.tokens_per_s},
-                            {"mfu", s.mfu},                 {"peak_flops_per_s", peak.flops_per_s},
-                            {"peak_source", peak.source},   {"comm_ms", s.comm_ms},
-                            {"comm_busy_ms", s.comm_busy_ms}};
-  if (link.enabled()) {
-    summary["comm_modeled_ms"] = s.comm_modeled_ms;
-    summary["simulated"] = true;
-  }
+  nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/link.enabled());
   if (rank == 0) summary["sample"] = s.sample;  // printable ASCII (sample_text)
   log.log_summary(summary);
   if (rank == 0) {
-    std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %d x %.1f GFLOP/s (%s)\n"
-                "gradient all-reduce per step: the step waited %.1f ms for it (exposed); the transport was busy "
-                "%.1f ms", s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, world,
-                peak.flops_per_s / 1e9, peak.source.c_str(), s.comm_ms, s.comm_busy_ms);
+    driver::print_summary_headline(s, peak, world);
+    std::printf("\ngradient all-reduce per step: the step waited %.1f ms for it (exposed); the transport was busy "
+                "%.1f ms", s.comm_ms, s.comm_busy_ms);
     if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", s.comm_modeled_ms);
     std::printf("\n");
     if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
@@ -215,7 +149,6 @@ int main(int argc, char** argv) {
                                                  "'Measured')");
   app.get_option("--timeline-steps")->description("steps 1..N log a timeline record of their compute and "
                                                   "communication (0: none)");
-  app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
 
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

@@ -13,11 +13,9 @@
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
 
-#include <chrono>   // defines: std::chrono::steady_clock (the loader's timing)
 #include <cstdio>   // defines: std::printf, std::snprintf
 #include <memory>   // defines: std::unique_ptr
 #include <string>
-#include <thread>   // defines: std::this_thread::sleep_for (--loader-delay-ms)
 #include <vector>
 
 #include "ddp.h"                                // defines: lab03::micro_steps_per_step (lab 03's reference)
@@ -36,7 +34,6 @@
 
 using namespace scalelab;
 using namespace scalelab::lab04_driver;
-using Clock = std::chrono::steady_clock;
 
 // The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 04's own.
 struct Options : driver::DistributedOptions {
@@ -53,46 +50,6 @@ struct Options : driver::DistributedOptions {
   int loader_alone_batches = 20; // batches timed with the loader alone, before training (0: skip)
   int gathers_prefetched() const { return overlap == "on" ? prefetch : 0; }  // --overlap off: no prefetch
 };
-
-// One batch for this rank, with the --loader-delay-ms sleep inside: the whole fetch is the data wait.
-static double fetch_batch(lab02::ShardLoader& loader, MicroBatch& mb, double delay_ms) {
-  const auto t0 = Clock::now();
-  const lab02::Batch batch = loader.next();
-  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
-  lab02::load_batch(batch, mb.inputs, mb.targets);
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// The loader alone (cause 1 of "Why not 2x?"): a fresh loader of this rank with the training config and
-// --loader-delay-ms, no model, every rank at once as in training. Tokens per second of THIS rank.
-static double time_loader_alone(const Options& o, const lab02::LoaderConfig& lc, Communicator& comm) {
-  lab02::ShardLoader loader(o.data, "train", lc);
-  MicroBatch mb{Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data),   // (B, T)
-                Tensor::empty({o.micro_batch, o.seq_len}, DType::I32, Device::CPU, MemCategory::Data)};  // (B, T)
-  fetch_batch(loader, mb, 0.0);  // warm-up: the first batch also starts the prefetch thread
-  comm.barrier();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < o.loader_alone_batches; ++i) fetch_batch(loader, mb, o.loader_delay_ms);
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return static_cast<double>(o.loader_alone_batches) * o.micro_batch * o.seq_len / seconds;
-}
-
-// --estimate: the estimator's table at this world size, DDP (stage 0) for comparison and stages 1-3.
-static void print_estimate(const Options& o, const GPTConfig& cfg, int world, const PrecisionPolicy& policy,
-                           OptimizerConfig::Kind kind) {
-  const int prefetch = o.gathers_prefetched();
-  std::printf("lab04 --estimate | %s | %lld params | %d rank%s | %s | %s | prefetch %d | B=%d T=%d\n",
-              cfg.str().c_str(), static_cast<long long>(gpt2_num_params(cfg)), world, world == 1 ? "" : "s",
-              policy.name().c_str(), o.optimizer.c_str(), prefetch, o.micro_batch, o.seq_len);
-  std::printf("%s", format_memory_table(cfg, {world}, {0, 1, 2, 3}, policy, kind, prefetch, o.micro_batch,
-                                        o.seq_len).c_str());
-  for (int s = 1; s <= 3 && o.memory_cap_mb > 0; ++s) {
-    const int64_t peak = estimate_memory(cfg, world, s, policy, kind, prefetch, o.micro_batch, o.seq_len)
-                             .total_peak_bytes();
-    std::printf("ZeRO-%d on %d rank%s: peak %.1f MiB %s the cap of %.1f MiB\n", s, world, world == 1 ? "" : "s",
-                peak / kMiB, peak <= o.memory_cap_mb * kMiB ? "fits in" : "EXCEEDS", o.memory_cap_mb);
-  }
-}
 
 static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
@@ -114,13 +71,16 @@ static int run(const Options& o, Communicator& comm) {
   const MemoryEstimate est = estimate_memory(cfg, world, o.stage, policy, opt_kind, o.gathers_prefetched(),
                                              o.micro_batch, o.seq_len);
   if (o.estimate) {  // the table only
-    if (rank == 0) print_estimate(o, cfg, world, policy, opt_kind);
+    if (rank == 0) print_estimate(cfg, world, policy, opt_kind, o.optimizer, o.gathers_prefetched(), o.micro_batch, o.seq_len,
+                                   o.memory_cap_mb);
     return 0;
   }
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);  // before the cap: calibration allocates
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   const double loader_alone_tok_s =
-      o.loader_alone_batches > 0 ? time_loader_alone(o, data.loader, comm) : kNotMeasured;  // tokens/s of this rank
+      o.loader_alone_batches > 0
+          ? driver::time_loader_alone(o.data, data.loader, o.loader_alone_batches, o.loader_delay_ms, &comm)
+          : kNotMeasured;  // tokens/s of this rank
 
   RunLogger log("lab04", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
@@ -197,7 +157,7 @@ static int run(const Options& o, Communicator& comm) {
     loop->step = [&](std::vector<MicroBatch>& micro, float lr) {
       return lab04::train_step(*fsdp, micro, lr, o.grad_clip);  // YOUR step (lab04-9)
     };
-    loop->fetch = [&](lab02::ShardLoader& loader, MicroBatch& mb) { return fetch_batch(loader, mb, o.loader_delay_ms); };
+    loop->loader_delay_ms = o.loader_delay_ms;
     loop->before_step = [&](double step_start_ms, double data_end_ms, bool) { probe.begin(step_start_ms, data_end_ms); };
     loop->after_step = [&](double step_ms, double data_wait_ms, bool want_timeline) {
       driver::StepMeasure m;
@@ -226,25 +186,15 @@ static int run(const Options& o, Communicator& comm) {
     // ----------------------------------------------------------------------------------------------
     // Summary (every rank logs its own; rank 0 prints)
     const MemStats mem = Allocator::get(device).stats();
-    nlohmann::json summary = {{"final_loss", s.final_loss},   {"val_loss_start", s.val_loss_start},
-                              {"val_loss_end", s.val_loss_end}, {"tokens_per_s", s.tokens_per_s},
-                              {"mfu", s.mfu},                 {"peak_flops_per_s", peak.flops_per_s},
-                              {"peak_source", peak.source},   {"comm_ms", s.comm_ms},
-                              {"comm_busy_ms", s.comm_busy_ms}, {"data_wait_ms", s.data_wait_ms},
-                              {"compute_ms", s.step_ms - s.data_wait_ms - s.comm_ms}};
+    nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/link.enabled());
+    summary.update({{"data_wait_ms", s.data_wait_ms}, {"compute_ms", s.step_ms - s.data_wait_ms - s.comm_ms}});
     summary.update(memory_summary(between_steps, mem, est, cap_bytes));
     if (o.loader_alone_batches > 0) summary["loader_alone_tokens_per_s"] = loader_alone_tok_s;
-    if (link.enabled()) {
-      summary["comm_modeled_ms"] = s.comm_modeled_ms;
-      summary["simulated"] = true;
-    }
     if (rank == 0) summary["sample"] = s.sample;  // printable ASCII (sample_text)
     log.log_summary(summary);
     if (rank == 0) {
-      std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %d x %.1f GFLOP/s (%s)\n",
-                  s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, world, peak.flops_per_s / 1e9,
-                  peak.source.c_str());
-      std::printf("per step %.1f ms = compute %.1f + data wait %.1f + communication %.1f exposed (the step waited; "
+      driver::print_summary_headline(s, peak, world);
+      std::printf("\nper step %.1f ms = compute %.1f + data wait %.1f + communication %.1f exposed (the step waited; "
                   "CommEvent::wait_ms) | the transport was busy %.1f ms", s.step_ms,
                   s.step_ms - s.data_wait_ms - s.comm_ms, s.data_wait_ms, s.comm_ms, s.comm_busy_ms);
       if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", s.comm_modeled_ms);
@@ -296,7 +246,6 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--loader-alone-batches", o.loader_alone_batches, "before training, time the loader alone for N "
                  "batches with no model (0: skip)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_flag("--quiet", o.quiet, "print only validation and the summary");
   CLI11_PARSE(app, argc, argv);
 
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

@@ -1,15 +1,18 @@
 // memory_report.h — lab 04's memory per rank, measured by the allocator beside the estimator's figures
-// (scalelab/measure/memory_estimator.h, docs/memory.md): the summary record's memory keys and the table
-// rank 0 prints at the end (main.cpp; the same for both tracks). README "Memory per rank".
+// (scalelab/measure/memory_estimator.h, docs/memory.md): the summary record's memory keys, the table
+// rank 0 prints at the end, and --estimate's table (main.cpp; the same for both tracks).
 #pragma once
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
 #include <cstdint>
 #include <cstdio>  // defines: std::printf
+#include <string>
 
 #include "scalelab/core/allocator.h"            // defines: MemStats, MemCategory
-#include "scalelab/measure/memory_estimator.h"  // defines: MemoryEstimate
+#include "scalelab/measure/memory_estimator.h"  // defines: MemoryEstimate, estimate_memory, format_memory_table
+#include "scalelab/model/gpt2.h"                // defines: GPTConfig, gpt2_num_params
+#include "scalelab/model/optim.h"               // defines: OptimizerConfig
 
 namespace scalelab::lab04_driver {
 
@@ -72,6 +75,21 @@ inline void print_memory_table(const MemStats& between_steps, const MemStats& me
   if (cap_bytes > 0)
     std::printf("memory per rank: peak %.1f MiB of the %.1f MiB cap (%.0f %%)\n", mem.total_peak_bytes / kMiB,
                 cap_bytes / kMiB, 100.0 * mem.total_peak_bytes / cap_bytes);
+}
+
+// --estimate: the estimator's table at this world size, DDP (stage 0) for comparison and stages 1-3, and
+// with a cap (MiB, 0: none) whether each stage fits in it.
+inline void print_estimate(const GPTConfig& cfg, int world, const PrecisionPolicy& policy, OptimizerConfig::Kind kind,
+                           const std::string& optimizer, int prefetch, int B, int T, double cap_mb) {
+  std::printf("lab04 --estimate | %s | %lld params | %d rank%s | %s | %s | prefetch %d | B=%d T=%d\n",
+              cfg.str().c_str(), static_cast<long long>(gpt2_num_params(cfg)), world, world == 1 ? "" : "s",
+              policy.name().c_str(), optimizer.c_str(), prefetch, B, T);
+  std::printf("%s", format_memory_table(cfg, {world}, {0, 1, 2, 3}, policy, kind, prefetch, B, T).c_str());
+  for (int s = 1; s <= 3 && cap_mb > 0; ++s) {
+    const int64_t peak = estimate_memory(cfg, world, s, policy, kind, prefetch, B, T).total_peak_bytes();
+    std::printf("ZeRO-%d on %d rank%s: peak %.1f MiB %s the cap of %.1f MiB\n", s, world, world == 1 ? "" : "s",
+                peak / kMiB, peak <= cap_mb * kMiB ? "fits in" : "EXCEEDS", cap_mb);
+  }
 }
 
 }  // namespace scalelab::lab04_driver

@@ -4,7 +4,7 @@
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
 
-#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name
+#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
 
 namespace scalelab::driver {
@@ -22,13 +22,9 @@ void add_schedule_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
 }
 
-void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
+void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
   app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   add_schedule_options(app, o);
   app.add_option("--precision", o.precision,
@@ -41,10 +37,19 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::st
   app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
   app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")
       ->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches of --global-batch sequences")
-      ->capture_default_str();
+  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "print only validation and the summary");
+}
+
+void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
+  add_train_options(app, o, lab);
+  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.get_option("--val-batches")->description("validation batches of --global-batch sequences");
   app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
       ->capture_default_str();
 }
@@ -70,6 +75,21 @@ Device device_from_option(const std::string& name) {
                                     : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
                   "--device cuda: no CUDA device is available to this program");
   return device;
+}
+
+std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B,
+                                                            int T, Device device) {
+  if (name != "auto") return {attention_impl_from_name(name), "--attention " + name};
+  const int64_t cap = Allocator::get(device).capacity_bytes();
+  const int64_t budget = cap > 0 ? cap : device == Device::CUDA ? cuda_device_memory_bytes() : 0;
+  const AttentionImpl impl = choose_attention(cfg, B, T, budget);
+  if (budget == 0) return {impl, "auto: no memory budget to compare with (no --memory-cap-mb)"};
+  constexpr double kMiB = 1 << 20;
+  char why[160];
+  std::snprintf(why, sizeof(why), "auto: the scores, %.1f MiB, are %s a quarter of the %.0f MiB %s",
+                attention_scores_bytes(cfg, B, T) / kMiB, impl == AttentionImpl::Flash ? "over" : "within",
+                budget / kMiB, cap > 0 ? "cap" : "GPU memory");
+  return {impl, why};
 }
 
 LinkModel make_link(const std::string& name, double slowdown) {

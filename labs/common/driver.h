@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>  // defines: std::pair
 #include <vector>
 
 #include "scalelab/measure/calibration.h"  // defines: Peak
@@ -64,10 +65,12 @@ struct DistributedOptions : TrainOptions {
 // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).
 void add_schedule_options(CLI::App& app, TrainOptions& o);
 
-// Labs 03 and 04, in their --help order: --device --model --micro-batch --global-batch --seq-len, the
-// schedule options, --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed
-// --val-every --val-batches --sample-tokens --threads --backend. A lab whose words differ for one of
-// them changes its description after this call (app.get_option("--seed")->description(...)).
+// Every training driver, in this --help order: --device --model --seq-len, the schedule options,
+// --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed --val-every
+// --val-batches --sample-tokens --threads --quiet. A lab whose words differ for one of them changes its
+// description after this call (app.get_option("--seed")->description(...)).
+void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab);
+// Labs 03 and 04: add_train_options and --micro-batch --global-batch --backend.
 void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab);
 // Labs 03 and 04: --link --link-slowdown --timeline-steps.
 void add_link_options(CLI::App& app, DistributedOptions& o);
@@ -77,6 +80,13 @@ void add_link_options(CLI::App& app, DistributedOptions& o);
 
 // --device cpu|cuda as a Device; throws with a hint for another name, or cuda without a usable GPU.
 Device device_from_option(const std::string& name);
+
+// --attention materialized|flash|auto as an AttentionImpl, and why (for the header line and the run record).
+// auto: flash when the materialized scores would take over a quarter of the memory there is: the simulated
+// cap if one is set (Allocator capacity), else the GPU's memory (choose_attention, gpt2.h). On the CPU
+// without a cap: materialized. B, T: the batch the model will see.
+std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B,
+                                                            int T, Device device);
 
 // The simulated link (comm.h LinkModel): a preset, optionally `slowdown` times slower (latencies x F,
 // bandwidth / F; its name gets "/F"). A CPU computes roughly 10^3-10^4 times slower than the GPUs the

@@ -5,6 +5,7 @@
 #include <chrono>     // defines: std::chrono::steady_clock (step timing)
 #include <cmath>      // defines: std::isnan
 #include <cstdio>     // defines: std::printf, std::snprintf
+#include <thread>     // defines: std::this_thread::sleep_for (loader_delay_ms)
 
 #include "scalelab/core/device.h"  // defines: device_synchronize
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
@@ -50,6 +51,28 @@ void check_train_options(const TrainOptions& o) {
                 "--val-every %d", o.val_every);
   SL_CHECK_HINT(o.val_batches > 0, "--val-batches is >= 1", "--val-batches %d", o.val_batches);
   SL_CHECK_HINT(o.sample_tokens >= 0, "--sample-tokens is >= 0 (0: no sample)", "--sample-tokens %d", o.sample_tokens);
+}
+
+// One micro-batch into mb, with delay_ms of sleep inside: the ms of the whole fetch (the data wait).
+static double fetch(lab02::ShardLoader& loader, MicroBatch& mb, double delay_ms) {
+  const auto t0 = Clock::now();
+  const lab02::Batch batch = loader.next();  // blocks only if the prefetch thread is behind
+  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
+  lab02::load_batch(batch, mb.inputs, mb.targets);
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
+                         Communicator* comm) {
+  lab02::ShardLoader loader(data_dir, "train", config);
+  MicroBatch mb{Tensor::empty({config.B, config.T}, DType::I32, Device::CPU, MemCategory::Data),   // (B, T)
+                Tensor::empty({config.B, config.T}, DType::I32, Device::CPU, MemCategory::Data)};  // (B, T)
+  fetch(loader, mb, 0.0);  // warm-up: the first batch also starts the prefetch thread
+  if (comm != nullptr) comm->barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batches; ++i) fetch(loader, mb, delay_ms);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(batches) * config.B * config.T / seconds;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -102,15 +125,7 @@ Summary TrainLoop::run(int64_t start_step) {
     const auto t0 = Clock::now();
     const double t0_ms = Communicator::now_ms();  // the timeline's clock
     double data_wait_ms = 0;
-    for (MicroBatch& mb : micro) {  // this rank's share of the global batch
-      if (fetch) {
-        data_wait_ms += fetch(train_, mb);
-      } else {
-        const lab02::Batch batch = train_.next();  // blocks only if the prefetch thread is behind
-        lab02::load_batch(batch, mb.inputs, mb.targets);
-        data_wait_ms += batch.wait_ms;
-      }
-    }
+    for (MicroBatch& mb : micro) data_wait_ms += fetch(train_, mb, loader_delay_ms);  // this rank's share
     const float lr = schedule.at(static_cast<int>(step_i));
     if (comm_ != nullptr) comm_->clear_events();
     const bool want_timeline = step_i >= 1 && step_i <= o_.timeline_steps;  // step 0 is warm-up
@@ -200,6 +215,30 @@ Summary TrainLoop::run(int64_t start_step) {
   }
   doing_ = "done";
   return s;
+}
+
+nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated) {
+  nlohmann::json r = {{"final_loss", s.final_loss},         {"val_loss_start", s.val_loss_start},
+                      {"val_loss_end", s.val_loss_end},     {"tokens_per_s", s.tokens_per_s},
+                      {"mfu", s.mfu},                       {"peak_flops_per_s", peak.flops_per_s},
+                      {"peak_source", peak.source}};
+  if (comm) {
+    r["comm_ms"] = s.comm_ms;
+    r["comm_busy_ms"] = s.comm_busy_ms;
+  }
+  if (simulated) {
+    r["comm_modeled_ms"] = s.comm_modeled_ms;
+    r["simulated"] = true;
+  }
+  return r;
+}
+
+void print_summary_headline(const Summary& s, const Peak& peak, int num_devices) {
+  char devices[32] = "";
+  if (num_devices > 0) std::snprintf(devices, sizeof(devices), "%d x ", num_devices);
+  std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)",
+              s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, devices, peak.flops_per_s / 1e9,
+              peak.source.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -52,6 +52,13 @@ struct RunData {
 // Throws with a hint for an unknown preset, a missing corpus, or --seq-len above the model's max_seq_len.
 RunData open_data(const TrainOptions& o, int micro_batch, int micro_steps, int dp_rank, int dp_size);
 
+// The loader alone, no model (the lesson: "time the data loader in isolation first"): a fresh loader of
+// this rank with `config`, one warm-up batch (it starts the prefetch thread), then `batches` timed
+// fetches, each with delay_ms of sleep inside (a slow loader). With comm, every rank starts together, as
+// in training. Returns tokens per second of THIS rank (B x T per batch).
+double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
+                         Communicator* comm);
+
 // --steps > 0, --lr > 0, 0 <= --min-lr <= --lr, 0 <= --warmup < --steps, --grad-clip >= 0, --weight-decay >= 0,
 // --optimizer adamw|sgd, --val-every >= 0, --val-batches > 0, --sample-tokens >= 0: otherwise a clear error
 // (scalelab::Error) naming the option and the value, before anything is allocated.
@@ -104,9 +111,9 @@ class TrainLoop {
   // Required: one optimizer step over this rank's micro-batches (micro.size() == spec.micro_steps) at
   // learning rate lr. The lab's concept; the loop times it (device synchronised) and logs it.
   std::function<StepResult(std::vector<MicroBatch>& micro, float lr)> step;
-  // Optional: fetch one micro-batch into mb and return the ms it waited (default: the loader's own
-  // Batch::wait_ms; lab 04 adds --loader-delay-ms).
-  std::function<double(lab02::ShardLoader& loader, MicroBatch& mb)> fetch;
+  // Sleep this long inside every micro-batch's fetch: a slow loader, counted as data wait (lab 04's
+  // --loader-delay-ms, README "Why not 2x?"). The data wait of a step is the whole fetch of its batches.
+  double loader_delay_ms = 0;
   // Optional: just before step(): step_start_ms and data_end_ms on Communicator::now_ms's clock;
   // want_timeline: this step logs a `timeline` record (steps 1..--timeline-steps).
   std::function<void(double step_start_ms, double data_end_ms, bool want_timeline)> before_step;
@@ -152,6 +159,15 @@ class TrainLoop {
   int rank_ = 0, world_ = 1;
   std::string doing_ = "setting up";
 };
+
+// The `summary` record's keys every lab writes: final_loss, val_loss_start, val_loss_end, tokens_per_s,
+// mfu, peak_flops_per_s, peak_source; with `comm` also comm_ms and comm_busy_ms, and with `simulated` (a
+// link model was on) comm_modeled_ms and simulated. The sample is rank 0's to add.
+nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated);
+// Rank 0's first summary lines: "== summary ==", then "val loss a -> b | N tokens/s | MFU x% of
+// [W x ]P GFLOP/s (source)" (W: the number of devices; 0 for one device, which prints no "W x"). No newline
+// at the end: the lab goes on with its own figures.
+void print_summary_headline(const Summary& s, const Peak& peak, int num_devices);
 
 // ---------------------------------------------------------------------------------------------
 // Out of memory
