@@ -4,12 +4,16 @@
 //   logits = ln_f(x) @ wte^T (tied LM head); loss = mean cross-entropy.
 // Precision (precision.h): the matmuls run in the policy's matmul dtype (policy_matmul_forward/backward),
 // every other op in fp32 on unit_weights_f32.
+// A shard of the model (ModelShard: a tensor-parallel slice, a pipeline stage) runs the same code on its
+// local shapes, calling the tensor-parallel points (tensor_parallel.h) where Megatron-LM communicates;
+// their identity is the dense model, bit for bit. docs/design.md "Parallel layouts".
 // Tests: tests/common/model/test_gpt2_fixture.cpp (PyTorch float64 fixture), tests/common/model/test_gpt2.cpp,
-//        tests/common/ops/test_bf16_compute.cpp
+//        tests/common/model/test_model_shard.cpp, tests/common/ops/test_bf16_compute.cpp
 #include "scalelab/model/gpt2.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -49,42 +53,117 @@ std::string GPTConfig::str() const {
   return os.str();
 }
 
-std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg) {
+// ---------------------------------------------------------------------------------------------
+// The shard
+
+void ModelShard::validate(const GPTConfig& cfg) const {
   cfg.validate();
+  const int L = cfg.n_layer, NH = cfg.n_head, C = cfg.n_embd, V = cfg.vocab_size;
+  SL_CHECK_HINT(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tp_rank is 0 .. tp_size-1",
+                "tensor-parallel rank %d of %d", tp_rank, tp_size);
+  SL_CHECK_HINT(NH % tp_size == 0, "the tensor-parallel degree must divide the number of heads (each rank "
+                "computes NH/tp whole heads): pick tp among the divisors of NH",
+                "NH=%d heads not divisible by tp=%d", NH, tp_size);
+  SL_CHECK_HINT((4 * C) % tp_size == 0, "the tensor-parallel degree must divide the MLP width 4C",
+                "4C=%d not divisible by tp=%d", 4 * C, tp_size);
+  SL_CHECK_HINT(V % tp_size == 0, "the vocabulary is split into tp equal row blocks and is never padded "
+                "silently: pick tp dividing V (V=256: 1, 2, 4, 8, ...)",
+                "vocabulary V=%d not divisible by tp=%d", V, tp_size);
+  const int last_l = last(cfg);
+  SL_CHECK_HINT(first_layer >= 0 && first_layer <= last_l && last_l < L,
+                "a shard owns a non-empty range of blocks inside [0, L): more pipeline stages than layers?",
+                "layers %d..%d of a model with L=%d", first_layer, last_l, L);
+  SL_CHECK_HINT(!sequence_parallel || tp_size > 1, "sequence parallelism splits along T within a "
+                "tensor-parallel group: it needs tp > 1", "sequence parallel with tp=%d", tp_size);
+}
+
+bool ModelShard::owns_unit(int unit, const GPTConfig& cfg) const {
+  if (unit == 0) return has_embedding;
+  if (unit == cfg.n_layer + 1) return has_head;
+  return unit - 1 >= first_layer && unit - 1 <= last(cfg);
+}
+
+bool ModelShard::is_dense(const GPTConfig& cfg) const {
+  return tp_size == 1 && first_layer == 0 && last(cfg) == cfg.n_layer - 1 && has_embedding && has_head &&
+         !sequence_parallel;
+}
+
+std::string ModelShard::str() const {
+  std::ostringstream os;
+  os << "tp " << tp_rank << "/" << tp_size << " | layers " << first_layer << "-";
+  if (last_layer < 0) os << "L-1";
+  else os << last_layer;
+  if (has_embedding) os << " | embedding";
+  if (has_head) os << " | head";
+  if (sequence_parallel) os << " | sequence parallel";
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parameter table
+
+std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& shard) {
+  shard.validate(cfg);
   const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
+  const int64_t tp = shard.tp_size;
   std::vector<ParamInfo> t;
   int unit = 0;
   int64_t offset = 0;
-  auto add = [&](const std::string& name, const Shape& shape, bool decay) {
-    const int64_t n = numel_of(shape);
-    t.push_back({name, shape, unit, offset, n, decay});
+  // dense: the dense model's shape; split_dim/blocks: how the shard's slice is cut (ParamInfo).
+  auto add = [&](const std::string& name, const Shape& dense, bool decay, int split_dim = -1, int blocks = 1) {
+    Shape local = dense;
+    if (split_dim >= 0) local[split_dim] /= tp;
+    const int64_t n = numel_of(local);
+    ParamInfo p;
+    p.name = name;
+    p.shape = local;
+    p.unit = unit;
+    p.offset = offset;
+    p.numel = n;
+    p.decay = decay;
+    p.dense_shape = dense;
+    p.split_dim = split_dim;
+    p.split_blocks = blocks;
+    p.tp_replicated = split_dim < 0;
+    t.push_back(p);
     offset += n;
   };
-  auto next_unit = [&] { ++unit; offset = 0; };
-  // unit 0: embeddings
-  add("wte", {V, C}, true);
-  add("wpe", {maxT, C}, true);
-  // units 1..L: blocks
-  for (int64_t l = 0; l < L; ++l) {
-    next_unit();
+  auto start_unit = [&](int u) { unit = u; offset = 0; };
+  // unit 0: embeddings. wte is vocabulary-parallel (rows), wpe replicated.
+  if (shard.has_embedding) {
+    start_unit(0);
+    add("wte", {V, C}, true, /*split_dim=*/0);
+    add("wpe", {maxT, C}, true);
+  }
+  // units 1..L: blocks. Column-parallel c_attn (q | k | v rows of the rank's heads) and c_fc split by
+  // output rows; row-parallel c_proj split by input columns, its bias replicated; layernorms replicated.
+  for (int64_t l = shard.first_layer; l <= shard.last(cfg); ++l) {
+    start_unit(static_cast<int>(1 + l));
     const std::string p = "h." + std::to_string(l) + ".";
     add(p + "ln_1.weight", {C}, false);
     add(p + "ln_1.bias", {C}, false);
-    add(p + "attn.c_attn.weight", {3 * C, C}, true);
-    add(p + "attn.c_attn.bias", {3 * C}, false);
-    add(p + "attn.c_proj.weight", {C, C}, true);
+    add(p + "attn.c_attn.weight", {3 * C, C}, true, 0, /*blocks=*/3);
+    add(p + "attn.c_attn.bias", {3 * C}, false, 0, /*blocks=*/3);
+    add(p + "attn.c_proj.weight", {C, C}, true, 1);
     add(p + "attn.c_proj.bias", {C}, false);
     add(p + "ln_2.weight", {C}, false);
     add(p + "ln_2.bias", {C}, false);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, true);
-    add(p + "mlp.c_fc.bias", {4 * C}, false);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(p + "mlp.c_fc.weight", {4 * C, C}, true, 0);
+    add(p + "mlp.c_fc.bias", {4 * C}, false, 0);
+    add(p + "mlp.c_proj.weight", {C, 4 * C}, true, 1);
     add(p + "mlp.c_proj.bias", {C}, false);
   }
-  // unit L+1: final layernorm
-  next_unit();
-  add("ln_f.weight", {C}, false);
-  add("ln_f.bias", {C}, false);
+  // unit L+1: final layernorm, and on a last stage without the embedding its own copy of wte for the
+  // tied LM head (the first stage owns wte; lab 06 keeps the two copies equal).
+  if (shard.has_head) {
+    start_unit(static_cast<int>(L + 1));
+    add("ln_f.weight", {C}, false);
+    add("ln_f.bias", {C}, false);
+    if (!shard.has_embedding) {
+      add("wte", {V, C}, true, /*split_dim=*/0);
+      t.back().tied_copy = true;
+    }
+  }
   return t;
 }
 
@@ -97,321 +176,54 @@ int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
   return n;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Model
-
-std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg) {
+std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard) {
   std::vector<int64_t> n(cfg.n_layer + 2, 0);
-  for (const ParamInfo& p : gpt2_param_table(cfg)) n[p.unit] += p.numel;
+  for (const ParamInfo& p : gpt2_param_table(cfg, shard)) n[p.unit] += p.numel;
   return n;
 }
 
-// A block's four linear weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj): read by their matmuls
-// and nothing else. (wte is a matmul weight too, the tied LM head, but the encoder reads it in fp32.)
-static bool is_block_matmul_weight(const ParamInfo& p, int L) {
-  return p.unit >= 1 && p.unit <= L && p.shape.size() == 2;
-}
-
-GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed)
-    : GPT2(/*allocate=*/true, cfg, policy, device) {
-  init_weights(seed);
-}
-
-GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device) {
-  return GPT2(/*allocate=*/false, cfg, policy, device);
-}
-
-GPT2::GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device)
-    : cfg_(cfg), policy_(policy), device_(device), table_(gpt2_param_table(cfg)),
-      hooks_(std::make_shared<detail::HookRegistry>()) {
-  SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
-                "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
-                "unsupported precision policy %s: gradients and master weights must be f32",
-                policy.name().c_str());
-  SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
-           "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
-  SL_CHECK_HINT(policy.matmul_dtype == DType::F32 ||
-                    (policy.matmul_dtype == DType::BF16 && policy.param_dtype == DType::BF16),
-                "use --precision bf16-compute (bf16 parameters and bf16 matmul operands)",
-                "unsupported precision policy %s: bf16 matmuls read the bf16 parameters in place, so they need "
-                "bf16 parameters",
-                policy.name().c_str());
-  // Where each parameter's fp32 values sit for the fp32 ops (unit_weights_f32).
-  if (policy.matmul_dtype == DType::BF16) {
-    // Pack each unit's non-matmul parameters; every slot starts on a multiple of 4 floats (16 bytes), since
-    // cuBLASLt's bias epilogue wants a 16-byte aligned bias (common/src/ops/cuda/matmul.cu). A block needs
-    // 13C floats (+ padding); unit 0 (V + maxT) * C: the encoder reads wte and wpe in fp32.
-    std::vector<int64_t> used(num_units(), 0);  // floats of the scratch used per unit
-    for (const ParamInfo& p : table_) {
-      if (is_block_matmul_weight(p, cfg.n_layer)) {
-        f32_offset_.push_back(-1);
-        continue;
-      }
-      const int64_t slot = (used[p.unit] + 3) / 4 * 4;
-      f32_offset_.push_back(slot);
-      used[p.unit] = slot + p.numel;
-    }
-    f32_scratch_numel_ = *std::max_element(used.begin(), used.end());
+// The shard's slice of a dense tensor, as contiguous runs: split_dim 0 cuts rows (of
+// numel / dense_shape[0] elements each), one run per block; split_dim 1 cuts columns of a 2-D tensor,
+// one run per row. fn(dense_offset, local_offset, count) for every run, in local order.
+static void for_each_slice_run(const ParamInfo& p, const ModelShard& shard,
+                               const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const int64_t n_dense = numel_of(p.dense_shape), tp = shard.tp_size, r = shard.tp_rank;
+  if (p.split_dim < 0) {
+    fn(0, 0, n_dense);
+  } else if (p.split_dim == 0) {
+    const int64_t rows = p.dense_shape[0], row = n_dense / rows;
+    const int64_t block_rows = rows / p.split_blocks, chunk_rows = block_rows / tp;
+    for (int64_t b = 0; b < p.split_blocks; ++b)
+      fn((b * block_rows + r * chunk_rows) * row, b * chunk_rows * row, chunk_rows * row);
   } else {
-    for (const ParamInfo& p : table_) f32_offset_.push_back(p.offset);  // the unit's own layout
-  }
-  // The entries forward and backward read, by table index (BlockParams).
-  wte_ = index_of("wte");
-  wpe_ = index_of("wpe");
-  lnf_w_ = index_of("ln_f.weight");
-  lnf_b_ = index_of("ln_f.bias");
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    auto at = [&](const char* n) { return index_of(p + n); };
-    blocks_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
-                       at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
-                       at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"), at("mlp.c_proj.bias")});
-  }
-  params_.resize(num_units());
-  grads_.resize(num_units());
-  if (!allocate) return;
-  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
-  for (int u = 0; u < num_units(); ++u) {
-    params_[u] = Tensor::empty({unit_numel[u]}, policy.param_dtype, device, MemCategory::Params);
-    grads_[u] = Tensor::zeros({unit_numel[u]}, DType::F32, device, MemCategory::Grads);
+    SL_CHECK(p.dense_shape.size() == 2 && p.split_blocks == 1, "%s: a column split needs a 2-D tensor",
+             p.name.c_str());
+    const int64_t rows = p.dense_shape[0], cols = p.dense_shape[1], chunk = cols / tp;
+    for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * chunk, i * chunk, chunk);
   }
 }
 
-int64_t GPT2::num_params() const { return gpt2_num_params(cfg_); }
-
-int GPT2::index_of(const std::string& name) const {
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (table_[i].name == name) return static_cast<int>(i);
-  SL_FAIL("parameter names are listed by gpt2_param_table(); e.g. \"h.0.attn.c_attn.weight\"",
-          "no parameter named '%s'", name.c_str());
+static void check_slice_args(const ParamInfo& p, const Tensor& dense, const Tensor& local) {
+  SL_CHECK(dense.numel() == numel_of(p.dense_shape) && local.numel() == p.numel && dense.dtype() == local.dtype(),
+           "%s: dense %s %s and local %s %s, expected %s and %s of one dtype", p.name.c_str(),
+           shape_str(dense.shape()).c_str(), dtype_name(dense.dtype()), shape_str(local.shape()).c_str(),
+           dtype_name(local.dtype()), shape_str(p.dense_shape).c_str(), shape_str(p.shape).c_str());
 }
 
-const ParamInfo& GPT2::info(const std::string& name) const { return table_[index_of(name)]; }
-
-Tensor GPT2::param_at(int i) const {
-  const ParamInfo& p = table_[i];
-  SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)",
-           p.unit, p.name.c_str());
-  return params_[p.unit].view(p.offset, p.shape);
-}
-
-Tensor GPT2::grad_at(int i) const {
-  const ParamInfo& p = table_[i];
-  SL_CHECK_HINT(grads_[p.unit].defined(),
-                "a sharded model must install a unit's gradient buffer before its backward, e.g. in a "
-                "HookPoint::BeforeBackward hook (lab 04 README \"ZeRO-2\")",
-                "unit %d's gradient buffer (for %s) is not in memory", p.unit, p.name.c_str());
-  return grads_[p.unit].view(p.offset, p.shape);
-}
-
-Tensor GPT2::param(const std::string& name) const { return param_at(index_of(name)); }
-Tensor GPT2::grad(const std::string& name) const { return grad_at(index_of(name)); }
-
-// GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
-// block (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow
-// with depth (Radford et al. 2019, Sec. 2.3); layernorm weight 1; biases 0. Drawn in table order on
-// the CPU from one random stream, one unit at a time.
-void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
-                          const std::function<void(int unit, const Tensor& w)>& sink) {
-  const std::vector<ParamInfo> table = gpt2_param_table(cfg);
-  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
-  Rng rng(seed);
-  const float proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
-  for (int u = 0; u < cfg.n_layer + 2; ++u) {
-    Tensor host = Tensor::empty({unit_numel[u]}, DType::F32, Device::CPU, MemCategory::Workspace);
-    float* w = host.data<float>();
-    for (const ParamInfo& p : table) {
-      if (p.unit != u) continue;
-      float* x = w + p.offset;
-      const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
-      const bool is_bias = p.shape.size() == 1 && !is_ln_weight;
-      const bool is_proj = p.name.find("c_proj.weight") != std::string::npos;
-      for (int64_t i = 0; i < p.numel; ++i) {
-        if (is_ln_weight) x[i] = 1.0f;
-        else if (is_bias) x[i] = 0.0f;
-        else x[i] = (is_proj ? proj_std : 0.02f) * rng.normal();
-      }
-    }
-    sink(u, host);
-  }
-}
-
-void GPT2::init_weights(uint64_t seed) {
-  gpt2_initial_weights(cfg_, seed, [this](int u, const Tensor& host) {
-    SL_CHECK(params_[u].defined(), "init_weights: unit %d has no parameter buffer installed", u);
-    Tensor dst = params_[u].view(0, {host.numel()});
-    if (dst.dtype() == DType::F32 && device_ == Device::CPU) {
-      dst.copy_from(host);
-    } else {
-      Tensor staged = Tensor::empty({host.numel()}, dst.dtype(), Device::CPU, MemCategory::Workspace);
-      cast(staged, host);
-      dst.copy_from(staged);
-    }
+void copy_dense_to_shard(const ParamInfo& p, const ModelShard& shard, const Tensor& dense, Tensor& local) {
+  check_slice_args(p, dense, local);
+  for_each_slice_run(p, shard, [&](int64_t d, int64_t l, int64_t n) {
+    Tensor dst = local.view(l, {n});
+    dst.copy_from(dense.view(d, {n}));
   });
 }
 
-void GPT2::zero_grad() {
-  for (Tensor& g : grads_)
-    if (g.defined()) g.zero_();
-}
-
-void GPT2::free_activations() { acts_ = Activations{}; }
-
-void GPT2::set_attention(AttentionImpl impl) {
-  if (impl == attention_) return;
-  attention_ = impl;
-  free_activations();
-}
-
-const char* attention_impl_name(AttentionImpl impl) {
-  return impl == AttentionImpl::Materialized ? "materialized" : "flash";
-}
-
-AttentionImpl attention_impl_from_name(const std::string& name) {
-  if (name == "materialized") return AttentionImpl::Materialized;
-  if (name == "flash") return AttentionImpl::Flash;
-  SL_FAIL("use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
-          "(B,NH,T) and recomputes the scores in the backward) or auto",
-          "unknown attention implementation '%s'", name.c_str());
-}
-
-int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
-  const int64_t one = static_cast<int64_t>(B) * cfg.n_head * T * T * static_cast<int64_t>(sizeof(float));
-  return (cfg.n_layer + 1) * one;  // L saved att, plus the datt scratch of the backward
-}
-
-AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes) {
-  if (memory_budget_bytes <= 0) return AttentionImpl::Materialized;
-  return attention_scores_bytes(cfg, B, T) > memory_budget_bytes / 4 ? AttentionImpl::Flash
-                                                                       : AttentionImpl::Materialized;
-}
-
-void GPT2::ensure_activations(int B, int T) {
-  if (acts_.B == B && acts_.T == T) return;
-  free_activations();
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head, L = cfg_.n_layer;
-  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
-  Activations& a = acts_;
-  a.B = B;
-  a.T = T;
-  a.encoded = act({B, T, C});
-  for (int64_t l = 0; l < L; ++l) {
-    a.ln1.push_back(act({B, T, C}));
-    a.ln1_mean.push_back(act({B, T}));
-    a.ln1_rstd.push_back(act({B, T}));
-    a.qkv.push_back(act({B, T, 3 * C}));
-    if (attention_ == AttentionImpl::Materialized)
-      a.att.push_back(act({B, NH, T, T}));
-    else
-      a.lse.push_back(act({B, NH, T}));
-    a.atty.push_back(act({B, T, C}));
-    a.attproj.push_back(act({B, T, C}));
-    a.residual2.push_back(act({B, T, C}));
-    a.ln2.push_back(act({B, T, C}));
-    a.ln2_mean.push_back(act({B, T}));
-    a.ln2_rstd.push_back(act({B, T}));
-    a.fch.push_back(act({B, T, 4 * C}));
-    a.fch_gelu.push_back(act({B, T, 4 * C}));
-    a.fcproj.push_back(act({B, T, C}));
-    a.residual3.push_back(act({B, T, C}));
-  }
-  a.lnf = act({B, T, C});
-  a.lnf_mean = act({B, T});
-  a.lnf_rstd = act({B, T});
-  a.logits = act({B, T, V});
-  a.probs = act({B, T, V});
-  a.losses = act({B, T});
-  a.tokens = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
-  a.targets = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
-  // gradient scratch, reused layer after layer
-  a.dresidual = act({B, T, C});
-  a.dln = act({B, T, C});
-  a.datty = act({B, T, C});
-  a.dqkv = act({B, T, 3 * C});
-  a.dfch = act({B, T, 4 * C});
-  a.dfch_gelu = act({B, T, 4 * C});
-  if (attention_ == AttentionImpl::Materialized) a.datt = act({B, NH, T, T});
-  if (policy_.matmul_dtype == DType::BF16) {
-    // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
-    // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
-    // policy's activations plus these. The operand scratch scales with B*T like the gradient scratch above,
-    // so it is counted with it (Activations); the parameter scratch scales with the model and lives for one
-    // unit's pass, like bf16-mixed's fp32 unit copy (Workspace).
-    //   matmul inputs: ln1, atty, ln2, lnf (B,T,C), fch_gelu (B,T,4C)
-    //   matmul douts:  dresidual (B,T,C), dqkv (B,T,3C), dfch (B,T,4C), dlogits (B,T,V)
-    a.matmul_inp_bf16 = Tensor::empty({B * T * 4 * C}, DType::BF16, device_, MemCategory::Activations);
-    a.matmul_dout_bf16 = Tensor::empty({B * T * std::max(4 * C, V)}, DType::BF16, device_, MemCategory::Activations);
-    a.small_params_f32 = Tensor::empty({f32_scratch_numel_}, DType::F32, device_, MemCategory::Workspace);
-  }
-}
-
-Tensor GPT2::unit_weights_f32(int unit) {
-  SL_CHECK_HINT(params_[unit].defined(),
-                "a sharded model must install (gather) a unit's parameters before its forward and backward, "
-                "e.g. in hooks.before_forward / before_backward (lab 04 README \"ZeRO-3\")",
-                "unit %d's parameters are not in memory (no buffer installed)", unit);
-  if (policy_.param_dtype == DType::F32) return params_[unit];
-  if (policy_.matmul_dtype == DType::BF16) {
-    // bf16-compute: only the parameters the fp32 ops read, cast into their slots of the one scratch buffer
-    // (no allocation per pass); the matmul weights stay bf16 (matmul_weight).
-    SL_CHECK(acts_.small_params_f32.defined(), "unit_weights_f32(%d) before ensure_activations", unit);
-    for (size_t i = 0; i < table_.size(); ++i) {
-      const ParamInfo& p = table_[i];
-      if (p.unit != unit || f32_offset_[i] < 0) continue;
-      Tensor dst = acts_.small_params_f32.view(f32_offset_[i], {p.numel});
-      cast(dst, params_[unit].view(p.offset, {p.numel}));
-    }
-    return acts_.small_params_f32;
-  }
-  // Emulated bf16 (bf16-mixed): the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
-  Tensor w = Tensor::empty({params_[unit].numel()}, DType::F32, device_, MemCategory::Workspace);
-  cast(w, params_[unit]);
-  return w;
-}
-
-Tensor GPT2::weight_view(const Tensor& unit_f32, int i) const {
-  const ParamInfo& p = table_[i];
-  const int64_t offset = f32_offset_[i];
-  SL_CHECK(offset >= 0, "%s is read only by its bf16 matmul under %s and has no fp32 copy (use matmul_weight)",
-           p.name.c_str(), policy_.name().c_str());
-  return unit_f32.view(offset, p.shape);
-}
-
-Tensor GPT2::matmul_weight(const Tensor& unit_f32, int i) const {
-  if (policy_.matmul_dtype == DType::F32) return weight_view(unit_f32, i);
-  return param_at(i);  // bf16-compute: the bf16 parameter itself, no copy
-}
-
-// ---------------------------------------------------------------------------------------------
-// The model's matmuls in the policy's precision (c_attn, attn c_proj, c_fc, mlp c_proj, the LM head).
-// bf16-compute rounds the fp32 operands to bf16 (round to nearest even, as torch.autocast does) into
-// scratch and runs the bf16 matmul: each operand moves by at most 2^-8 of itself (half an ulp of 8
-// significant bits), the products and the fp32 sums are then exact up to fp32 rounding (ops.h). Outputs and
-// gradients stay fp32.
-
-void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
-  if (policy_.matmul_dtype == DType::F32) {
-    matmul_forward(out, inp, weight, bias);
-    return;
-  }
-  Tensor inp_bf16 = acts_.matmul_inp_bf16.view(0, inp.shape());
-  cast(inp_bf16, inp);
-  matmul_forward_bf16(out, inp_bf16, weight, bias);
-}
-
-void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
-                                  const Tensor& inp, const Tensor& weight) {
-  if (policy_.matmul_dtype == DType::F32) {
-    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
-    return;
-  }
-  // inp is re-rounded from the saved fp32 activation: the same bits the forward multiplied (rounding is
-  // deterministic), without keeping a bf16 copy of every activation alive until the backward.
-  Tensor dout_bf16 = acts_.matmul_dout_bf16.view(0, dout.shape());
-  cast(dout_bf16, dout);
-  Tensor inp_bf16 = acts_.matmul_inp_bf16.view(0, inp.shape());
-  cast(inp_bf16, inp);
-  matmul_backward_bf16(dinp, dweight, dbias, dout_bf16, inp_bf16, weight);
+void copy_shard_to_dense(const ParamInfo& p, const ModelShard& shard, const Tensor& local, Tensor& dense) {
+  check_slice_args(p, dense, local);
+  for_each_slice_run(p, shard, [&](int64_t d, int64_t l, int64_t n) {
+    Tensor dst = dense.view(d, {n});
+    dst.copy_from(local.view(l, {n}));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,6 +302,465 @@ void GPT2::run_hooks(HookPoint point, int unit) {
   for (const auto& e : snapshot) (*e.fn)(args);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+// A block's four linear weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), and the last stage's copy
+// of wte: read by their matmuls and nothing else. (unit 0's wte is a matmul weight too, the tied LM head,
+// but the encoder reads it in fp32.)
+static bool is_matmul_only_weight(const ParamInfo& p, int L) {
+  return (p.unit >= 1 && p.unit <= L && p.shape.size() == 2) || p.tied_copy;
+}
+
+GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed)
+    : GPT2(/*allocate=*/true, cfg, ModelShard::dense(), policy, device) {
+  init_weights(seed);
+}
+
+GPT2::GPT2(const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device,
+           uint64_t seed)
+    : GPT2(/*allocate=*/true, cfg, shard, policy, device) {
+  init_weights(seed);
+}
+
+GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device) {
+  return GPT2(/*allocate=*/false, cfg, ModelShard::dense(), policy, device);
+}
+
+GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy,
+           Device device)
+    : cfg_(cfg), shard_(shard), policy_(policy), device_(device), table_(gpt2_param_table(cfg, shard)),
+      hooks_(std::make_shared<detail::HookRegistry>()) {
+  SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
+                "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
+                "unsupported precision policy %s: gradients and master weights must be f32",
+                policy.name().c_str());
+  SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
+           "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
+  SL_CHECK_HINT(policy.matmul_dtype == DType::F32 ||
+                    (policy.matmul_dtype == DType::BF16 && policy.param_dtype == DType::BF16),
+                "use --precision bf16-compute (bf16 parameters and bf16 matmul operands)",
+                "unsupported precision policy %s: bf16 matmuls read the bf16 parameters in place, so they need "
+                "bf16 parameters",
+                policy.name().c_str());
+  // Where each parameter's fp32 values sit for the fp32 ops (unit_weights_f32).
+  if (policy.matmul_dtype == DType::BF16) {
+    // Pack each unit's non-matmul parameters; every slot starts on a multiple of 4 floats (16 bytes), since
+    // cuBLASLt's bias epilogue wants a 16-byte aligned bias (common/src/ops/cuda/matmul.cu). A block needs
+    // 13C floats (+ padding); unit 0 (V + maxT) * C: the encoder reads wte and wpe in fp32.
+    std::vector<int64_t> used(num_units(), 0);  // floats of the scratch used per unit
+    for (const ParamInfo& p : table_) {
+      if (is_matmul_only_weight(p, cfg.n_layer)) {
+        f32_offset_.push_back(-1);
+        continue;
+      }
+      const int64_t slot = (used[p.unit] + 3) / 4 * 4;
+      f32_offset_.push_back(slot);
+      used[p.unit] = slot + p.numel;
+    }
+    f32_scratch_numel_ = *std::max_element(used.begin(), used.end());
+  } else {
+    for (const ParamInfo& p : table_) f32_offset_.push_back(p.offset);  // the unit's own layout
+  }
+  // The entries forward and backward read, by table index (BlockParams); -1 where the shard has none.
+  auto find = [&](const std::string& name) {
+    for (size_t i = 0; i < table_.size(); ++i)
+      if (table_[i].name == name) return static_cast<int>(i);
+    return -1;
+  };
+  wte_ = find("wte");  // unit 0's, or the tied copy in unit L+1 (the only wte of such a shard)
+  wpe_ = find("wpe");
+  lnf_w_ = find("ln_f.weight");
+  lnf_b_ = find("ln_f.bias");
+  head_wte_ = shard.has_head ? wte_ : -1;
+  if (!shard.has_embedding) wte_ = -1;  // no embedding to look up in
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    auto at = [&](const char* n) { return find(p + n); };
+    blocks_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
+                       at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
+                       at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"), at("mlp.c_proj.bias")});
+  }
+  params_.resize(num_units());
+  grads_.resize(num_units());
+  if (!allocate) return;
+  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg, shard);
+  for (int u = 0; u < num_units(); ++u) {
+    if (!owns_unit(u)) continue;
+    params_[u] = Tensor::empty({unit_numel[u]}, policy.param_dtype, device, MemCategory::Params);
+    grads_[u] = Tensor::zeros({unit_numel[u]}, DType::F32, device, MemCategory::Grads);
+  }
+}
+
+int64_t GPT2::num_params() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : table_) n += p.numel;
+  return n;
+}
+
+int GPT2::index_of(const std::string& name) const {
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (table_[i].name == name) return static_cast<int>(i);
+  SL_FAIL("parameter names are listed by gpt2_param_table(); e.g. \"h.0.attn.c_attn.weight\"",
+          "no parameter named '%s' in this model (%s)", name.c_str(), shard_.str().c_str());
+}
+
+const ParamInfo& GPT2::info(const std::string& name) const { return table_[index_of(name)]; }
+
+Tensor GPT2::param_at(int i) const {
+  const ParamInfo& p = table_[i];
+  SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)",
+           p.unit, p.name.c_str());
+  return params_[p.unit].view(p.offset, p.shape);
+}
+
+Tensor GPT2::grad_at(int i) const {
+  const ParamInfo& p = table_[i];
+  SL_CHECK_HINT(grads_[p.unit].defined(),
+                "a sharded model must install a unit's gradient buffer before its backward, e.g. in a "
+                "HookPoint::BeforeBackward hook (lab 04 README \"ZeRO-2\")",
+                "unit %d's gradient buffer (for %s) is not in memory", p.unit, p.name.c_str());
+  return grads_[p.unit].view(p.offset, p.shape);
+}
+
+Tensor GPT2::param(const std::string& name) const { return param_at(index_of(name)); }
+Tensor GPT2::grad(const std::string& name) const { return grad_at(index_of(name)); }
+
+TensorParallel& GPT2::tp() const {
+  static TensorParallel identity;  // stateless: the dense model's points
+  if (tp_ != nullptr) return *tp_;
+  SL_CHECK_HINT(shard_.tp_size == 1, "a tensor-parallel shard needs set_tensor_parallel(...) with the points "
+                "of its tp group (lab 05) before its first forward",
+                "tp=%d shard without tensor-parallel points", shard_.tp_size);
+  return identity;
+}
+
+// GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
+// block (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow
+// with depth (Radford et al. 2019, Sec. 2.3); layernorm weight 1; biases 0. Drawn in table order on
+// the CPU from one random stream, one unit at a time.
+void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
+                          const std::function<void(int unit, const Tensor& w)>& sink) {
+  const std::vector<ParamInfo> table = gpt2_param_table(cfg);
+  const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
+  Rng rng(seed);
+  const float proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
+  for (int u = 0; u < cfg.n_layer + 2; ++u) {
+    Tensor host = Tensor::empty({unit_numel[u]}, DType::F32, Device::CPU, MemCategory::Workspace);
+    float* w = host.data<float>();
+    for (const ParamInfo& p : table) {
+      if (p.unit != u) continue;
+      float* x = w + p.offset;
+      const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
+      const bool is_bias = p.shape.size() == 1 && !is_ln_weight;
+      const bool is_proj = p.name.find("c_proj.weight") != std::string::npos;
+      for (int64_t i = 0; i < p.numel; ++i) {
+        if (is_ln_weight) x[i] = 1.0f;
+        else if (is_bias) x[i] = 0.0f;
+        else x[i] = (is_proj ? proj_std : 0.02f) * rng.normal();
+      }
+    }
+    sink(u, host);
+  }
+}
+
+// Writes fp32 host values into a parameter buffer of the policy's dtype on the model's device.
+static void write_params(Tensor& dst, const Tensor& host, Device device) {
+  if (dst.dtype() == DType::F32 && device == Device::CPU) {
+    dst.copy_from(host);
+  } else {
+    Tensor staged = Tensor::empty({host.numel()}, dst.dtype(), Device::CPU, MemCategory::Workspace);
+    cast(staged, host);
+    dst.copy_from(staged);
+  }
+}
+
+void GPT2::init_weights(uint64_t seed) {
+  if (shard_.is_dense(cfg_)) {
+    gpt2_initial_weights(cfg_, seed, [this](int u, const Tensor& host) {
+      SL_CHECK(params_[u].defined(), "init_weights: unit %d has no parameter buffer installed", u);
+      Tensor dst = params_[u].view(0, {host.numel()});
+      write_params(dst, host, device_);
+    });
+    return;
+  }
+  // A shard: the dense model's weights, one dense unit at a time, sliced into the shard's units. The
+  // last stage's copy of wte comes from dense unit 0, which arrives first: kept until unit L+1 is written.
+  const std::vector<ParamInfo> dense = gpt2_param_table(cfg_);
+  Tensor wte_copy;  // (V/tp * C,) fp32 host: the tied copy's slice, while dense unit L+1 is not here yet
+  gpt2_initial_weights(cfg_, seed, [&](int u, const Tensor& dense_unit) {
+    for (const ParamInfo& q : dense) {
+      if (q.unit != u) continue;
+      for (size_t i = 0; i < table_.size(); ++i) {
+        const ParamInfo& p = table_[i];
+        if (p.name != q.name) continue;
+        if (p.tied_copy) {
+          wte_copy = Tensor::empty({p.numel}, DType::F32, Device::CPU, MemCategory::Workspace);
+          copy_dense_to_shard(p, shard_, dense_unit.view(q.offset, {q.numel}), wte_copy);
+        }
+      }
+    }
+    if (!owns_unit(u)) return;
+    SL_CHECK(params_[u].defined(), "init_weights: unit %d has no parameter buffer installed", u);
+    Tensor host = Tensor::empty({params_[u].numel()}, DType::F32, Device::CPU, MemCategory::Workspace);
+    for (const ParamInfo& p : table_) {
+      if (p.unit != u) continue;
+      Tensor dst = host.view(p.offset, {p.numel});
+      if (p.tied_copy) {
+        dst.copy_from(wte_copy);
+        continue;
+      }
+      for (const ParamInfo& q : dense)
+        if (q.name == p.name) copy_dense_to_shard(p, shard_, dense_unit.view(q.offset, {q.numel}), dst);
+    }
+    write_params(params_[u], host, device_);
+  });
+}
+
+void GPT2::zero_grad() {
+  for (Tensor& g : grads_)
+    if (g.defined()) g.zero_();
+}
+
+void GPT2::free_activations() {
+  acts_ = GPT2Activations{};
+  scratch_ = Scratch{};
+}
+
+void GPT2::set_attention(AttentionImpl impl) {
+  if (impl == attention_) return;
+  attention_ = impl;
+  free_activations();
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+  return impl == AttentionImpl::Materialized ? "materialized" : "flash";
+}
+
+AttentionImpl attention_impl_from_name(const std::string& name) {
+  if (name == "materialized") return AttentionImpl::Materialized;
+  if (name == "flash") return AttentionImpl::Flash;
+  SL_FAIL("use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
+          "(B,NH,T) and recomputes the scores in the backward) or auto",
+          "unknown attention implementation '%s'", name.c_str());
+}
+
+int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
+  const int64_t one = static_cast<int64_t>(B) * cfg.n_head * T * T * static_cast<int64_t>(sizeof(float));
+  return (cfg.n_layer + 1) * one;  // L saved att, plus the datt scratch of the backward
+}
+
+AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes) {
+  if (memory_budget_bytes <= 0) return AttentionImpl::Materialized;
+  return attention_scores_bytes(cfg, B, T) > memory_budget_bytes / 4 ? AttentionImpl::Flash
+                                                                       : AttentionImpl::Materialized;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: the sets (caller-owned, or the model's own) and the backward's scratch
+
+const Tensor& GPT2Activations::output() const {
+  SL_CHECK_HINT(!blocks.empty(), "call forward(acts, input, targets) first", "no forward has run on this set");
+  return blocks.back().residual3;
+}
+
+GPT2Activations GPT2::allocate_set(int B, int T) {
+  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, Vl = cfg_.vocab_size / tp;
+  const int64_t Tr = Tl(T);  // the residual stream's length: T/tp with sequence parallelism
+  SL_CHECK_HINT(!shard_.sequence_parallel || T % tp == 0, "with sequence parallelism T is split into tp equal parts",
+                "T=%d not divisible by tp=%lld", T, static_cast<long long>(tp));
+  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
+  GPT2Activations a;
+  a.B_ = B;
+  a.T_ = T;
+  if (shard_.has_embedding) {
+    a.encoded = act({B, Tr, C});
+    a.tokens = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
+  } else {
+    a.input = act({B, Tr, C});
+  }
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
+    BlockActivations b;
+    b.ln1 = act({B, Tr, C});
+    b.ln1_mean = act({B, Tr});
+    b.ln1_rstd = act({B, Tr});
+    b.ln1_full = shard_.sequence_parallel ? act({B, T, C}) : b.ln1;
+    b.qkv = act({B, T, 3 * C / tp});
+    if (attention_ == AttentionImpl::Materialized)
+      b.att = act({B, NHl, T, T});
+    else
+      b.lse = act({B, NHl, T});
+    b.atty = act({B, T, C / tp});
+    b.attproj = act({B, Tr, C});
+    b.residual2 = act({B, Tr, C});
+    b.ln2 = act({B, Tr, C});
+    b.ln2_mean = act({B, Tr});
+    b.ln2_rstd = act({B, Tr});
+    b.ln2_full = shard_.sequence_parallel ? act({B, T, C}) : b.ln2;
+    b.fch = act({B, T, 4 * C / tp});
+    b.fch_gelu = act({B, T, 4 * C / tp});
+    b.fcproj = act({B, Tr, C});
+    b.residual3 = act({B, Tr, C});
+    a.blocks.push_back(std::move(b));
+  }
+  if (shard_.has_head) {
+    a.lnf = act({B, Tr, C});
+    a.lnf_mean = act({B, Tr});
+    a.lnf_rstd = act({B, Tr});
+    a.lnf_full = shard_.sequence_parallel ? act({B, T, C}) : a.lnf;
+    a.head_logits = act({B, T, Vl});
+    a.probs = act({B, T, Vl});
+    a.losses = act({B, T});
+    a.targets = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
+  }
+  return a;
+}
+
+void GPT2::ensure_scratch(int B, int T) {
+  if (scratch_.B == B && scratch_.T == T) return;
+  scratch_ = Scratch{};
+  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, V = cfg_.vocab_size;
+  const int64_t Tr = Tl(T);
+  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
+  Scratch& s = scratch_;
+  s.B = B;
+  s.T = T;
+  // gradient scratch, reused layer after layer
+  s.dresidual = act({B, Tr, C});
+  s.dln = act({B, Tr, C});
+  s.datty = act({B, T, C / tp});
+  s.dqkv = act({B, T, 3 * C / tp});
+  s.dfch = act({B, T, 4 * C / tp});
+  s.dfch_gelu = act({B, T, 4 * C / tp});
+  if (attention_ == AttentionImpl::Materialized) s.datt = act({B, NHl, T, T});
+  if (shard_.sequence_parallel) {
+    s.dln_full = act({B, T, C});
+    s.y_full = act({B, T, C});
+  }
+  if (policy_.matmul_dtype == DType::BF16) {
+    // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
+    // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
+    // policy's activations plus these. The operand scratch scales with B*T like the gradient scratch above,
+    // so it is counted with it (Activations); the parameter scratch scales with the model and lives for one
+    // unit's pass, like bf16-mixed's fp32 unit copy (Workspace).
+    //   matmul inputs: ln1, atty, ln2, lnf (B,T,C), fch_gelu (B,T,4C)
+    //   matmul douts:  dresidual (B,T,C), dqkv (B,T,3C), dfch (B,T,4C), dlogits (B,T,V)
+    s.matmul_inp_bf16 = Tensor::empty({B * T * 4 * C}, DType::BF16, device_, MemCategory::Activations);
+    s.matmul_dout_bf16 = Tensor::empty({B * T * std::max(4 * C, V)}, DType::BF16, device_, MemCategory::Activations);
+    s.small_params_f32 = Tensor::empty({f32_scratch_numel_}, DType::F32, device_, MemCategory::Workspace);
+  }
+}
+
+GPT2Activations GPT2::make_activations(int B, int T) {
+  SL_CHECK(B > 0 && T > 0, "make_activations(B=%d, T=%d): both must be positive", B, T);
+  SL_CHECK_HINT(T <= cfg_.max_seq_len, "use --seq-len <= the model's max_seq_len",
+                "sequence length T=%d exceeds max_seq_len=%d", T, cfg_.max_seq_len);
+  GPT2Activations a = allocate_set(B, T);
+  ensure_scratch(B, T);
+  return a;
+}
+
+void GPT2::ensure_activations(int B, int T) {
+  if (acts_.B_ == B && acts_.T_ == T) return;
+  free_activations();
+  acts_ = allocate_set(B, T);
+  ensure_scratch(B, T);
+}
+
+Tensor GPT2::unit_weights_f32(int unit) {
+  SL_CHECK_HINT(params_[unit].defined(),
+                "a sharded model must install (gather) a unit's parameters before its forward and backward, "
+                "e.g. in a HookPoint::BeforeForward / BeforeBackward hook (lab 04 README \"ZeRO-3\")",
+                "unit %d's parameters are not in memory (no buffer installed)", unit);
+  if (policy_.param_dtype == DType::F32) return params_[unit];
+  if (policy_.matmul_dtype == DType::BF16) {
+    // bf16-compute: only the parameters the fp32 ops read, cast into their slots of the one scratch buffer
+    // (no allocation per pass); the matmul weights stay bf16 (matmul_weight).
+    SL_CHECK(scratch_.small_params_f32.defined(), "unit_weights_f32(%d) before ensure_scratch", unit);
+    for (size_t i = 0; i < table_.size(); ++i) {
+      const ParamInfo& p = table_[i];
+      if (p.unit != unit || f32_offset_[i] < 0) continue;
+      Tensor dst = scratch_.small_params_f32.view(f32_offset_[i], {p.numel});
+      cast(dst, params_[unit].view(p.offset, {p.numel}));
+    }
+    return scratch_.small_params_f32;
+  }
+  // Emulated bf16 (bf16-mixed): the parameters are stored in 16 bits; compute reads an fp32 copy of this unit only.
+  Tensor w = Tensor::empty({params_[unit].numel()}, DType::F32, device_, MemCategory::Workspace);
+  cast(w, params_[unit]);
+  return w;
+}
+
+Tensor GPT2::weight_view(const Tensor& unit_f32, int i) const {
+  const ParamInfo& p = table_[i];
+  const int64_t offset = f32_offset_[i];
+  SL_CHECK(offset >= 0, "%s is read only by its bf16 matmul under %s and has no fp32 copy (use matmul_weight)",
+           p.name.c_str(), policy_.name().c_str());
+  return unit_f32.view(offset, p.shape);
+}
+
+Tensor GPT2::matmul_weight(const Tensor& unit_f32, int i) const {
+  if (policy_.matmul_dtype == DType::F32) return weight_view(unit_f32, i);
+  return param_at(i);  // bf16-compute: the bf16 parameter itself, no copy
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model's matmuls in the policy's precision (c_attn, attn c_proj, c_fc, mlp c_proj, the LM head).
+// bf16-compute rounds the fp32 operands to bf16 (round to nearest even, as torch.autocast does) into
+// scratch and runs the bf16 matmul: each operand moves by at most 2^-8 of itself (half an ulp of 8
+// significant bits), the products and the fp32 sums are then exact up to fp32 rounding (ops.h). Outputs and
+// gradients stay fp32.
+
+void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  if (policy_.matmul_dtype == DType::F32) {
+    matmul_forward(out, inp, weight, bias);
+    return;
+  }
+  Tensor inp_bf16 = scratch_.matmul_inp_bf16.view(0, inp.shape());
+  cast(inp_bf16, inp);
+  matmul_forward_bf16(out, inp_bf16, weight, bias);
+}
+
+void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight) {
+  if (policy_.matmul_dtype == DType::F32) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+    return;
+  }
+  // inp is re-rounded from the saved fp32 activation: the same bits the forward multiplied (rounding is
+  // deterministic), without keeping a bf16 copy of every activation alive until the backward.
+  Tensor dout_bf16 = scratch_.matmul_dout_bf16.view(0, dout.shape());
+  cast(dout_bf16, dout);
+  Tensor inp_bf16 = scratch_.matmul_inp_bf16.view(0, inp.shape());
+  cast(inp_bf16, inp);
+  matmul_backward_bf16(dinp, dweight, dbias, dout_bf16, inp_bf16, weight);
+}
+
+// A row-parallel linear (attn c_proj, mlp c_proj): out = g(inp @ W^T) + bias, the bias added once, after the
+// reduction (Megatron-LM Sec. 3). With one rank the reduction is the identity and the bias goes into the
+// matmul itself (the dense model's arithmetic, bit for bit). With sequence parallelism g is the
+// reduce-scatter along T into out (B,Tl,C); y_full (B,T,C) holds the partial product meanwhile.
+void GPT2::row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  TensorParallel& points = tp();
+  if (shard_.tp_size == 1) {
+    policy_matmul_forward(out, inp, weight, &bias);
+    points.g_forward(out);
+    return;
+  }
+  if (shard_.sequence_parallel) {
+    policy_matmul_forward(scratch_.y_full, inp, weight, nullptr);
+    points.sp_scatter_forward(scratch_.y_full, out);
+  } else {
+    policy_matmul_forward(out, inp, weight, nullptr);
+    points.g_forward(out);
+  }
+  add_bias_(out, bias);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
 float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
   SL_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be (B, T) i32, got %s %s",
            shape_str(tokens.shape()).c_str(), dtype_name(tokens.dtype()));
@@ -497,68 +768,101 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
   SL_CHECK_HINT(T <= cfg_.max_seq_len, "use --seq-len <= the model's max_seq_len",
                 "sequence length T=%d exceeds max_seq_len=%d", T, cfg_.max_seq_len);
   ensure_activations(B, T);
-  Activations& a = acts_;
-  const int L = cfg_.n_layer, NH = cfg_.n_head;
-  a.tokens.copy_from(tokens);
-  have_targets_ = targets != nullptr;
+  return forward(acts_, tokens, targets);
+}
+
+float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targets) {
+  SL_CHECK_HINT(!a.empty(), "make the set with model.make_activations(B, T)", "forward on an empty activation set");
+  const int B = a.B_, T = a.T_, L = cfg_.n_layer, NHl = cfg_.n_head / shard_.tp_size;
+  ensure_scratch(B, T);
+  TensorParallel& points = tp();
+  a.have_targets = targets != nullptr;
+
+  // The stage's input: the embedding of the tokens, or the hidden state the previous stage sent.
+  if (shard_.has_embedding) {
+    SL_CHECK(input.shape() == (Shape{B, T}) && input.dtype() == DType::I32,
+             "a stage with the embedding takes tokens (B=%d, T=%d) i32, got %s %s", B, T,
+             shape_str(input.shape()).c_str(), dtype_name(input.dtype()));
+    a.tokens.copy_from(input);
+  } else {
+    SL_CHECK(input.shape() == a.input.shape() && input.dtype() == DType::F32,
+             "a stage without the embedding takes the hidden state %s f32, got %s %s",
+             shape_str(a.input.shape()).c_str(), shape_str(input.shape()).c_str(), dtype_name(input.dtype()));
+    a.input.copy_from(input);
+  }
   if (targets) {
-    SL_CHECK(targets->shape() == tokens.shape() && targets->dtype() == DType::I32,
-             "targets %s must match tokens %s (i32)", shape_str(targets->shape()).c_str(),
-             shape_str(tokens.shape()).c_str());
+    SL_CHECK_HINT(shard_.has_head, "only the last stage (the one with the head) computes a loss",
+                  "forward with targets on a stage without the head (%s)", shard_.str().c_str());
+    SL_CHECK(targets->shape() == (Shape{B, T}) && targets->dtype() == DType::I32,
+             "targets %s must be (B=%d, T=%d) i32", shape_str(targets->shape()).c_str(), B, T);
     a.targets.copy_from(*targets);
   }
 
-  // embeddings
-  run_hooks(HookPoint::BeforeForward, 0);
-  {
-    Tensor w = unit_weights_f32(0);
-    encoder_forward(a.encoded, a.tokens, weight_view(w, wte_), weight_view(w, wpe_));
+  // embeddings (vocabulary-parallel under tensor parallelism)
+  if (shard_.has_embedding) {
+    run_hooks(HookPoint::BeforeForward, 0);
+    {
+      Tensor w = unit_weights_f32(0);
+      points.embedding_forward(a.encoded, a.tokens, weight_view(w, wte_), weight_view(w, wpe_));
+    }
+    run_hooks(HookPoint::AfterForward, 0);
   }
-  run_hooks(HookPoint::AfterForward, 0);
 
   // transformer blocks
-  Tensor x = a.encoded;  // (B,T,C) the residual stream entering the block
-  for (int l = 0; l < L; ++l) {
+  Tensor x = shard_.has_embedding ? a.encoded : a.input;  // (B,Tl,C) the residual stream entering the block
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
     const int unit = 1 + l;
+    BlockActivations& ba = a.blocks[l - shard_.first_layer];
+    const BlockParams& b = blocks_[l];
     run_hooks(HookPoint::BeforeForward, unit);
     Tensor w = unit_weights_f32(unit);
-    const BlockParams& b = blocks_[l];
     Tensor qkv_b = weight_view(w, b.c_attn_b), proj_b = weight_view(w, b.attn_proj_b);
     Tensor fc_b = weight_view(w, b.c_fc_b), fcproj_b = weight_view(w, b.mlp_proj_b);
-    layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], x, weight_view(w, b.ln_1_w), weight_view(w, b.ln_1_b));
-    policy_matmul_forward(a.qkv[l], a.ln1[l], matmul_weight(w, b.c_attn_w), &qkv_b);
+    // attention: x + c_proj(attention(c_attn(ln_1(x)))), c_attn column-parallel, c_proj row-parallel
+    layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, weight_view(w, b.ln_1_w), weight_view(w, b.ln_1_b));
+    if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln1, ba.ln1_full);
+    else points.f_forward(ba.ln1_full);
+    policy_matmul_forward(ba.qkv, ba.ln1_full, matmul_weight(w, b.c_attn_w), &qkv_b);
     if (attention_ == AttentionImpl::Materialized)
-      attention_forward(a.atty[l], a.att[l], a.qkv[l], NH);
+      attention_forward(ba.atty, ba.att, ba.qkv, NHl);
     else
-      attention_forward_flash(a.atty[l], a.lse[l], a.qkv[l], NH);
-    policy_matmul_forward(a.attproj[l], a.atty[l], matmul_weight(w, b.attn_proj_w), &proj_b);
-    residual_forward(a.residual2[l], x, a.attproj[l]);
-    layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l], weight_view(w, b.ln_2_w),
+      attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
+    row_parallel_forward(ba.attproj, ba.atty, matmul_weight(w, b.attn_proj_w), proj_b);
+    residual_forward(ba.residual2, x, ba.attproj);
+    // MLP: residual2 + c_proj(gelu(c_fc(ln_2(residual2)))), c_fc column-parallel, c_proj row-parallel
+    layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.residual2, weight_view(w, b.ln_2_w),
                       weight_view(w, b.ln_2_b));
-    policy_matmul_forward(a.fch[l], a.ln2[l], matmul_weight(w, b.c_fc_w), &fc_b);
-    gelu_forward(a.fch_gelu[l], a.fch[l]);
-    policy_matmul_forward(a.fcproj[l], a.fch_gelu[l], matmul_weight(w, b.mlp_proj_w), &fcproj_b);
-    residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l]);
-    x = a.residual3[l];
+    if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln2, ba.ln2_full);
+    else points.f_forward(ba.ln2_full);
+    policy_matmul_forward(ba.fch, ba.ln2_full, matmul_weight(w, b.c_fc_w), &fc_b);
+    gelu_forward(ba.fch_gelu, ba.fch);
+    row_parallel_forward(ba.fcproj, ba.fch_gelu, matmul_weight(w, b.mlp_proj_w), fcproj_b);
+    residual_forward(ba.residual3, ba.residual2, ba.fcproj);
+    x = ba.residual3;
     run_hooks(HookPoint::AfterForward, unit);
   }
+  if (!shard_.has_head) return std::numeric_limits<float>::quiet_NaN();  // the output is a.output()
 
-  // final layernorm
+  // final layernorm, then the LM head tied to wte: logits (B,T,V/tp) = lnf (B,T,C) @ wte (V/tp,C)^T, the
+  // head column-parallel over the vocabulary. The dense model's head reads unit 0 after ln_f's hooks (its
+  // hooks keep unit 0 available); a last stage's own copy of wte is part of unit L+1.
+  const bool head_in_unit0 = table_[head_wte_].unit == 0;
   run_hooks(HookPoint::BeforeForward, L + 1);
   {
     Tensor w = unit_weights_f32(L + 1);
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, weight_view(w, lnf_w_), weight_view(w, lnf_b_));
+    if (shard_.sequence_parallel) points.sp_gather_forward(a.lnf, a.lnf_full);
+    else points.f_forward(a.lnf_full);
+    if (!head_in_unit0) policy_matmul_forward(a.head_logits, a.lnf_full, matmul_weight(w, head_wte_), nullptr);
   }
   run_hooks(HookPoint::AfterForward, L + 1);
-
-  // LM head, tied to wte: logits (B,T,V) = lnf (B,T,C) @ wte (V,C)^T
-  {
+  if (head_in_unit0) {
     Tensor w = unit_weights_f32(0);  // bf16-compute reads wte in bf16 and needs none of it (a small cast)
-    policy_matmul_forward(a.logits, a.lnf, matmul_weight(w, wte_), nullptr);
+    policy_matmul_forward(a.head_logits, a.lnf_full, matmul_weight(w, head_wte_), nullptr);
   }
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
-  softmax_crossentropy_forward(a.losses, a.probs, a.logits, a.targets);
+  points.cross_entropy_forward(a.losses, a.probs, a.head_logits, a.targets);
   // mean loss over B*T positions; summed in double on the host
   Tensor host_losses = a.losses;
   if (device_ != Device::CPU) {
@@ -571,88 +875,140 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
   return static_cast<float>(sum / static_cast<double>(B * T));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Backward
+
 void GPT2::backward() {
-  SL_CHECK_HINT(have_targets_ && acts_.B > 0, "call forward(tokens, &targets) before backward()",
+  SL_CHECK_HINT(acts_.have_targets && acts_.B_ > 0, "call forward(tokens, &targets) before backward()",
                 "backward() without a forward pass that had targets");
-  Activations& a = acts_;
-  const int B = a.B, T = a.T, L = cfg_.n_layer, NH = cfg_.n_head;
-  Tensor dlogits = a.logits;  // logits are not needed any more: reuse their memory for dlogits
-  // d(mean loss)/d(loss[b,t]) = 1/(B*T)
-  softmax_crossentropy_backward(dlogits, a.probs, a.targets, 1.0f / static_cast<float>(B * T));
+  backward(acts_, nullptr, nullptr);
+}
 
-  // Unit 0's backward begins here: the tied LM head is unit 0's weight, and ends with the embeddings.
-  run_hooks(HookPoint::BeforeBackward, 0);
-  // LM head backward: writes the first part of dwte (unit 0 is complete only after the encoder)
-  Tensor& dlnf = a.dln;
-  dlnf.zero_();
-  {
-    Tensor w = unit_weights_f32(0);
-    Tensor dwte = grad_at(wte_);
-    policy_matmul_backward(&dlnf, dwte, nullptr, dlogits, a.lnf, matmul_weight(w, wte_));
+// The gradient of a row-parallel linear's input: dinp += d(out) @ W, dW += d(out)^T @ inp, dbias += column
+// sums of d(out). d(out) is g's backward of dout: the identity, or with sequence parallelism the all-gather
+// of dout (B,Tl,C) along T into y_full (B,T,C); the bias gradient is then whole on every rank.
+void GPT2::row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
+                                 const Tensor& weight) {
+  TensorParallel& points = tp();
+  if (shard_.sequence_parallel) {
+    points.sp_scatter_backward(dout, scratch_.y_full);
+    policy_matmul_backward(&dinp, dweight, &dbias, scratch_.y_full, inp, weight);
+  } else {
+    points.g_backward(dout);
+    policy_matmul_backward(&dinp, dweight, &dbias, dout, inp, weight);
   }
+}
 
-  // final layernorm backward: dresidual = d(residual stream leaving the last block)
-  run_hooks(HookPoint::BeforeBackward, L + 1);
-  a.dresidual.zero_();
-  {
-    Tensor w = unit_weights_f32(L + 1);
-    Tensor dw = grad_at(lnf_w_), db = grad_at(lnf_b_);
-    layernorm_backward(a.dresidual, dw, db, dlnf, a.residual3[L - 1], weight_view(w, lnf_w_), a.lnf_mean,
-                       a.lnf_rstd);
+void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input) {
+  SL_CHECK_HINT(!a.empty() && !a.blocks.empty(), "call forward(acts, input, targets) before backward(acts, ...)",
+                "backward on a set no forward has filled");
+  const int B = a.B_, T = a.T_, L = cfg_.n_layer, NHl = cfg_.n_head / shard_.tp_size;
+  ensure_scratch(B, T);
+  TensorParallel& points = tp();
+  Scratch& s = scratch_;
+  const bool sp = shard_.sequence_parallel;
+  // dln_full: the gradient of a column-parallel region's (gathered) input, partial on each rank
+  Tensor& dln_full = sp ? s.dln_full : s.dln;
+
+  if (shard_.has_head) {
+    SL_CHECK_HINT(d_output == nullptr && a.have_targets, "the last stage's backward starts from the loss: "
+                  "forward(acts, input, &targets), then backward(acts, nullptr, ...)",
+                  "backward on the stage with the head needs a forward with targets and no d_output");
+    Tensor dlogits = a.head_logits;  // logits are not needed any more: reuse their memory for dlogits
+    // d(mean loss)/d(loss[b,t]) = 1/(B*T)
+    points.cross_entropy_backward(dlogits, a.probs, a.targets, 1.0f / static_cast<float>(B * T));
+
+    // The LM head's backward writes dwte (unit 0's in the dense model: its backward begins here and ends
+    // with the embeddings; the last stage's own copy is part of unit L+1).
+    const bool head_in_unit0 = table_[head_wte_].unit == 0;
+    if (head_in_unit0) run_hooks(HookPoint::BeforeBackward, 0);
+    else run_hooks(HookPoint::BeforeBackward, L + 1);
+    dln_full.zero_();
+    {
+      Tensor w = unit_weights_f32(table_[head_wte_].unit);
+      Tensor dwte = grad_at(head_wte_);
+      policy_matmul_backward(&dln_full, dwte, nullptr, dlogits, a.lnf_full, matmul_weight(w, head_wte_));
+    }
+    // the head is column-parallel over the vocabulary: dlnf is partial on each rank
+    if (sp) points.sp_gather_backward(dln_full, s.dln);
+    else points.f_backward(s.dln);
+
+    // final layernorm backward: dresidual = d(residual stream leaving the last block)
+    if (head_in_unit0) run_hooks(HookPoint::BeforeBackward, L + 1);
+    s.dresidual.zero_();
+    {
+      Tensor w = unit_weights_f32(L + 1);
+      Tensor dw = grad_at(lnf_w_), db = grad_at(lnf_b_);
+      layernorm_backward(s.dresidual, dw, db, s.dln, a.blocks.back().residual3, weight_view(w, lnf_w_), a.lnf_mean,
+                         a.lnf_rstd);
+    }
+    run_hooks(HookPoint::AfterBackward, L + 1);
+  } else {
+    SL_CHECK_HINT(d_output != nullptr && d_output->shape() == a.output().shape(),
+                  "a stage without the head starts from d(loss)/d(its output), the shape of acts.output()",
+                  "backward on a stage without the head needs d_output %s", shape_str(a.output().shape()).c_str());
+    s.dresidual.copy_from(*d_output);
   }
-  run_hooks(HookPoint::AfterBackward, L + 1);
 
   // blocks, last to first. dresidual enters as d(residual3[l]) and leaves as d(block input).
-  for (int l = L - 1; l >= 0; --l) {
+  for (int l = shard_.last(cfg_); l >= shard_.first_layer; --l) {
     const int unit = 1 + l;
+    BlockActivations& ba = a.blocks[l - shard_.first_layer];
+    const BlockParams& b = blocks_[l];
     run_hooks(HookPoint::BeforeBackward, unit);
     Tensor w = unit_weights_f32(unit);
-    const BlockParams& b = blocks_[l];
     auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
     auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
     auto G = [&](int i) { return grad_at(i); };
-    const Tensor& block_in = l == 0 ? a.encoded : a.residual3[l - 1];
+    const Tensor& block_in = l == shard_.first_layer ? (shard_.has_embedding ? a.encoded : a.input)
+                                                     : a.blocks[l - 1 - shard_.first_layer].residual3;
 
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
     Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
-    a.dfch_gelu.zero_();
-    policy_matmul_backward(&a.dfch_gelu, dfcproj_w, &dfcproj_b, a.dresidual, a.fch_gelu[l], MW(b.mlp_proj_w));
-    a.dfch.zero_();
-    gelu_backward(a.dfch, a.fch[l], a.dfch_gelu);
+    s.dfch_gelu.zero_();
+    row_parallel_backward(s.dfch_gelu, dfcproj_w, dfcproj_b, s.dresidual, ba.fch_gelu, MW(b.mlp_proj_w));
+    s.dfch.zero_();
+    gelu_backward(s.dfch, ba.fch, s.dfch_gelu);
     Tensor dfc_w = G(b.c_fc_w), dfc_b = G(b.c_fc_b);
-    a.dln.zero_();
-    policy_matmul_backward(&a.dln, dfc_w, &dfc_b, a.dfch, a.ln2[l], MW(b.c_fc_w));
+    dln_full.zero_();
+    policy_matmul_backward(&dln_full, dfc_w, &dfc_b, s.dfch, ba.ln2_full, MW(b.c_fc_w));
+    if (sp) points.sp_gather_backward(dln_full, s.dln);  // c_fc is column-parallel: its dinp is partial
+    else points.f_backward(s.dln);
     // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
     Tensor dln2_w = G(b.ln_2_w), dln2_b = G(b.ln_2_b);
-    layernorm_backward(a.dresidual, dln2_w, dln2_b, a.dln, a.residual2[l], W(b.ln_2_w), a.ln2_mean[l],
-                       a.ln2_rstd[l]);
+    layernorm_backward(s.dresidual, dln2_w, dln2_b, s.dln, ba.residual2, W(b.ln_2_w), ba.ln2_mean, ba.ln2_rstd);
 
     // attention branch: residual2 = block_in + c_proj(attention(c_attn(ln_1(block_in))))
     Tensor dproj_w = G(b.attn_proj_w), dproj_b = G(b.attn_proj_b);
-    a.datty.zero_();
-    policy_matmul_backward(&a.datty, dproj_w, &dproj_b, a.dresidual, a.atty[l], MW(b.attn_proj_w));
-    a.dqkv.zero_();
+    s.datty.zero_();
+    row_parallel_backward(s.datty, dproj_w, dproj_b, s.dresidual, ba.atty, MW(b.attn_proj_w));
+    s.dqkv.zero_();
     if (attention_ == AttentionImpl::Materialized)
-      attention_backward(a.dqkv, a.datt, a.datty, a.qkv[l], a.att[l], NH);
+      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
     else
-      attention_backward_flash(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], NH);
+      attention_backward_flash(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl);
     Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
-    a.dln.zero_();
-    policy_matmul_backward(&a.dln, dqkv_w, &dqkv_b, a.dqkv, a.ln1[l], MW(b.c_attn_w));
+    dln_full.zero_();
+    policy_matmul_backward(&dln_full, dqkv_w, &dqkv_b, s.dqkv, ba.ln1_full, MW(b.c_attn_w));
+    if (sp) points.sp_gather_backward(dln_full, s.dln);
+    else points.f_backward(s.dln);
     Tensor dln1_w = G(b.ln_1_w), dln1_b = G(b.ln_1_b);
-    layernorm_backward(a.dresidual, dln1_w, dln1_b, a.dln, block_in, W(b.ln_1_w), a.ln1_mean[l],
-                       a.ln1_rstd[l]);
+    layernorm_backward(s.dresidual, dln1_w, dln1_b, s.dln, block_in, W(b.ln_1_w), ba.ln1_mean, ba.ln1_rstd);
     run_hooks(HookPoint::AfterBackward, unit);
   }
 
-  // embeddings: dwte gets the token rows, dwpe the position rows
-  {
+  if (shard_.has_embedding) {
+    // embeddings: dwte gets the token rows (this rank's vocabulary rows), dwpe the position rows. Unit 0's
+    // backward began with the head in the dense model; on a first stage without the head it begins here.
+    if (!shard_.has_head) run_hooks(HookPoint::BeforeBackward, 0);
     Tensor dwte = grad_at(wte_), dwpe = grad_at(wpe_);
-    encoder_backward(dwte, dwpe, a.dresidual, a.tokens);
+    points.embedding_backward(dwte, dwpe, s.dresidual, a.tokens);
+    run_hooks(HookPoint::AfterBackward, 0);
+  } else {
+    SL_CHECK_HINT(d_input != nullptr, "a stage without the embedding hands d(loss)/d(input) to the previous stage: "
+                  "pass a (B,Tl,C) tensor as d_input", "backward without d_input on a stage without the embedding");
+    d_input->copy_from(s.dresidual);
   }
-  run_hooks(HookPoint::AfterBackward, 0);
-  (void)B;
-  (void)T;
 }
 
 }  // namespace scalelab

@@ -20,6 +20,12 @@ const char* OptimizerConfig::kind_name(Kind kind) { return kind == Kind::AdamW ?
 Optimizer::Optimizer(GPT2& model, const OptimizerConfig& cfg) : model_(model), cfg_(cfg) {
   const Device dev = model.device();
   for (int u = 0; u < model.num_units(); ++u) {
+    if (!model.owns_unit(u)) {  // a pipeline stage: no state for another stage's units
+      m_.emplace_back();
+      v_.emplace_back();
+      master_.emplace_back();
+      continue;
+    }
     const int64_t n = model.unit_params(u).numel();
     if (cfg.kind == OptimizerConfig::Kind::AdamW) {
       m_.push_back(Tensor::zeros({n}, DType::F32, dev, MemCategory::OptimizerState));
@@ -42,6 +48,7 @@ Optimizer::Optimizer(GPT2& model, const OptimizerConfig& cfg) : model_(model), c
 void Optimizer::step(float lr) {
   ++t_;
   for (int u = 0; u < model_.num_units(); ++u) {
+    if (!model_.owns_unit(u)) continue;
     Tensor& params = model_.unit_params(u);
     Tensor weights = master_[u].defined() ? master_[u] : params;  // the fp32 tensor to update
     const Tensor& grads = model_.unit_grads(u);
@@ -69,16 +76,62 @@ float grad_norm(GPT2& model) {
   return static_cast<float>(std::sqrt(sq));
 }
 
-// As torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when < 1.
-float clip_grad_norm(GPT2& model, float max_norm) {
-  const float norm = grad_norm(model);
+// Scales every gradient buffer of the model by clip_grad_norm_'s factor for `norm`.
+static void clip_to(GPT2& model, float norm, float max_norm) {
   SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
                 "gradient norm is %g (not finite)", norm);
   if (max_norm > 0.0f) {
     const float scale = max_norm / (norm + 1e-6f);
     if (scale < 1.0f)
-      for (int u = 0; u < model.num_units(); ++u) scale_(model.unit_grads(u), scale);
+      for (int u = 0; u < model.num_units(); ++u)
+        if (model.unit_grads(u).defined()) scale_(model.unit_grads(u), scale);
   }
+}
+
+// As torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when < 1.
+float clip_grad_norm(GPT2& model, float max_norm) {
+  const float norm = grad_norm(model);
+  clip_to(model, norm, max_norm);
+  return norm;
+}
+
+double grad_sum_squares(GPT2& model) {
+  const bool tp_rank0 = model.shard().tp_rank == 0;
+  double sq = 0.0;
+  for (int u = 0; u < model.num_units(); ++u) {
+    if (!model.owns_unit(u) || !model.unit_grads(u).defined()) continue;
+    // A unit whose every tensor counts is summed whole (the dense model's arithmetic); otherwise tensor
+    // by tensor, leaving out what another rank counts.
+    bool whole = true;
+    for (const ParamInfo& p : model.param_table())
+      if (p.unit == u && (p.tied_copy || (p.tp_replicated && !tp_rank0))) whole = false;
+    if (whole) {
+      sq += sum_squares(model.unit_grads(u));
+      continue;
+    }
+    for (const ParamInfo& p : model.param_table()) {
+      if (p.unit != u || p.tied_copy || (p.tp_replicated && !tp_rank0)) continue;
+      sq += sum_squares(model.unit_grads(u).view(p.offset, {p.numel}));
+    }
+  }
+  return sq;
+}
+
+float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups) {
+  double sq = grad_sum_squares(model);
+  for (Communicator* g : groups) {
+    if (g == nullptr || g->size() == 1) continue;
+    Tensor t = Tensor::empty({1}, DType::F32);  // (1,) f32: the communicator reduces f32
+    t.data<float>()[0] = static_cast<float>(sq);
+    g->all_reduce(t, ReduceOp::Sum, "grad norm");
+    sq = t.data<float>()[0];
+  }
+  return static_cast<float>(std::sqrt(sq));
+}
+
+float clip_grad_norm(GPT2& model, float max_norm, const std::vector<Communicator*>& groups) {
+  const float norm = global_grad_norm(model, groups);
+  clip_to(model, norm, max_norm);
   return norm;
 }
 

@@ -407,6 +407,18 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
            dout.data<float>(), inp.numel());
 }
 
+void add_bias_(Tensor& out, const Tensor& bias) {
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(bias, DType::F32);
+  SL_OPS_NDIM(bias, 1);
+  const int64_t OC = bias.numel();
+  SL_OPS_FITS_INT(OC);
+  SL_CHECK(out.ndim() >= 1 && out.size(-1) == OC, "out has shape %s, expected (..., OC=%lld) to match bias %s",
+           shape_str(out.shape()).c_str(), static_cast<long long>(OC), shape_str(bias.shape()).c_str());
+  run_twin(__func__, {&out, &bias}, SL_TWINS(add_bias), out.data<float>(), bias.data<float>(), out.numel() / OC,
+           static_cast<int>(OC));
+}
+
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(a, DType::F32);

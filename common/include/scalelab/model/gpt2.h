@@ -4,8 +4,10 @@
 // Parameters live in "units": unit 0 = embeddings (wte, wpe), units 1..L = transformer blocks h.0..h.L-1,
 // unit L+1 = final layernorm ln_f. Each unit's parameters are ONE contiguous buffer, described by a
 // parameter table (name, shape, unit, offset). So a lab can shard a unit (FSDP), give it local
-// column/row shapes (tensor parallel) or own only some units (pipeline) without copying the model.
-// The LM head is tied to wte (no separate weight): logits = ln_f(x) @ wte^T.
+// column/row shapes (tensor parallel: ModelShard::tp_size) or own only some units (pipeline: a stage's
+// layers) without copying the model (docs/design.md "Parallel layouts").
+// The LM head is tied to wte (no separate weight): logits = ln_f(x) @ wte^T. A last pipeline stage
+// without the embedding keeps its own copy of wte in unit L+1 (ParamInfo::tied_copy).
 //
 // Hooks run before/after each unit's forward and backward (add_hook: lists, so DDP, FSDP, tensor- and
 // pipeline-parallel code and probes compose on one model). Order in a step:
@@ -26,6 +28,7 @@
 
 #include "scalelab/core/precision.h"
 #include "scalelab/core/tensor.h"
+#include "scalelab/model/tensor_parallel.h"  // defines: TensorParallel (the points; identity for tp = 1)
 
 namespace scalelab {
 
@@ -42,13 +45,45 @@ struct GPTConfig {
   std::string str() const;
 };
 
+// Which part of the model one rank holds (docs/design.md "Parallel layouts"): a tensor-parallel slice of
+// every matrix (tp_rank of tp_size) of the blocks first_layer..last_layer, with or without the embedding
+// (the first pipeline stage) and the final layernorm and LM head (the last). The default is the whole,
+// dense model. Unit ids stay global: a shard simply has no storage, no table entries and no hooks for the
+// units it does not own.
+struct ModelShard {
+  int tp_rank = 0, tp_size = 1;  // tensor parallel: this rank's index and the group's size
+  int first_layer = 0;           // blocks [first_layer, last_layer], 0-based (unit = layer + 1)
+  int last_layer = -1;           // -1: the last block, L-1
+  bool has_embedding = true;     // unit 0 (wte, wpe): the first stage
+  bool has_head = true;          // unit L+1 (ln_f) and the tied LM head: the last stage
+  bool sequence_parallel = false;  // tp > 1: layernorms and the residual stream split along T too
+                                   // (Korthikanti et al. 2022, Sec. 4.2.2)
+  static ModelShard dense() { return {}; }
+  // Throws scalelab::Error, with the numbers and a hint, unless the shard fits cfg: 0 <= tp_rank < tp_size,
+  // NH % tp == 0, 4C % tp == 0, V % tp == 0 (the vocabulary is never padded silently), a non-empty range of
+  // layers inside [0, L), and (sequence parallel) tp > 1.
+  void validate(const GPTConfig& cfg) const;
+  int last(const GPTConfig& cfg) const { return last_layer < 0 ? cfg.n_layer - 1 : last_layer; }
+  bool owns_unit(int unit, const GPTConfig& cfg) const;  // 0..L+1
+  bool is_dense(const GPTConfig& cfg) const;               // the whole model, tp = 1
+  std::string str() const;  // "tp 1/2 | layers 0-3 | embedding | head"
+};
+
 struct ParamInfo {
   std::string name;  // PyTorch-style: "wte", "h.3.attn.c_attn.weight", "ln_f.bias"
-  Shape shape;       // linear weights are (out, in) like torch.nn.Linear
-  int unit;          // 0 = embed, 1..L = blocks, L+1 = ln_f
-  int64_t offset;    // element offset inside the unit's buffer
-  int64_t numel;
-  bool decay;        // weight decay applies (matrices and embeddings, not biases or layernorm)
+  Shape shape;       // the shard's local shape; linear weights are (out, in) like torch.nn.Linear
+  int unit = 0;      // 0 = embed, 1..L = blocks, L+1 = ln_f
+  int64_t offset = 0;  // element offset inside the unit's buffer
+  int64_t numel = 0;
+  bool decay = false;  // weight decay applies (matrices and embeddings, not biases or layernorm)
+  // Where the local tensor comes from in the dense model (copy_dense_to_shard): the dense shape, cut along
+  // split_dim (0 rows, 1 columns; -1: replicated, the whole tensor) into split_blocks equal blocks (3 for
+  // c_attn's q | k | v, else 1), each block into tp_size chunks; the rank holds chunk tp_rank of every block.
+  Shape dense_shape;
+  int split_dim = -1;
+  int split_blocks = 1;
+  bool tp_replicated = true;  // every rank of the tp group holds the same values (split_dim == -1)
+  bool tied_copy = false;     // the last stage's copy of wte for the tied head (the first stage owns wte)
 };
 
 // How the model's causal attention keeps what its backward needs (ops.h). Both compute the same outputs and
@@ -118,12 +153,19 @@ class HookHandle {
   uint64_t id_ = 0;
 };
 
-// Builds the parameter table for a config (no allocation). Used by the model, optimizers, estimators.
-std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg);
-// Total parameter count; with_wpe=false excludes position embeddings (the MFU convention, see lab 01).
+// Builds the parameter table for a config and a shard (no allocation): the shard's local shapes, in
+// unit order. Used by the model, optimizers, estimators.
+std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& shard = ModelShard::dense());
+// Total parameter count of the dense model; with_wpe=false excludes position embeddings (the MFU
+// convention, see lab 01).
 int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe = true);
-// Elements of each unit's parameter buffer, units 0 .. L+1.
-std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg);
+// Elements of each unit's parameter buffer, units 0 .. L+1 (0 for a unit the shard does not own).
+std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard = ModelShard::dense());
+
+// The shard's slice of a dense tensor and back (strided copies; ParamInfo's split): dense (dense_shape)
+// and local (shape) fp32 or bf16, same dtype, any device. For dense checkpoints, evaluation and checks.
+void copy_dense_to_shard(const ParamInfo& p, const ModelShard& shard, const Tensor& dense, Tensor& local);
+void copy_shard_to_dense(const ParamInfo& p, const ModelShard& shard, const Tensor& local, Tensor& dense);
 
 // The initial weights of every unit, one unit at a time: calls sink(unit, w) for unit 0 .. L+1 in
 // order, w a (unit numel,) fp32 CPU tensor (category Workspace) valid during the call. The same
@@ -131,6 +173,50 @@ std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg);
 // each unit and start exactly where a 1-rank model does, without ever holding the whole model.
 void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
                           const std::function<void(int unit, const Tensor& w)>& sink);
+
+class GPT2;
+
+// The activations of one forward pass, owned by the caller (model.make_activations): what the backward of
+// that micro-batch needs. A pipeline keeps one set per micro-batch in flight (GPipe m, 1F1B at most p).
+// All fp32 in category Activations, shapes as in llm.c with the shard's local sizes (Tl = T/tp with
+// sequence parallelism, else T; 3C/tp, 4C/tp, NH/tp, V/tp under tensor parallelism).
+struct BlockActivations {  // one transformer block
+  Tensor ln1, ln1_mean, ln1_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor ln1_full;                 // (B,T,C): the gathered ln1 (sequence parallel; else ln1 itself)
+  Tensor qkv;                      // (B,T,3C/tp)
+  Tensor att;                      // (B,NH/tp,T,T) materialized attention
+  Tensor lse;                      // (B,NH/tp,T) flash attention (att stays empty)
+  Tensor atty;                     // (B,T,C/tp)
+  Tensor attproj, residual2;       // (B,Tl,C)
+  Tensor ln2, ln2_mean, ln2_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor ln2_full;                 // (B,T,C) (sequence parallel; else ln2 itself)
+  Tensor fch, fch_gelu;            // (B,T,4C/tp)
+  Tensor fcproj, residual3;        // (B,Tl,C); residual3 is the block's output
+};
+class GPT2Activations {
+ public:
+  GPT2Activations() = default;
+  int B() const { return B_; }
+  int T() const { return T_; }
+  bool empty() const { return B_ == 0; }
+  // The hidden state leaving the stage (B,Tl,C): the last owned block's output (stages without the head).
+  const Tensor& output() const;
+  const Tensor& logits() const { return head_logits; }  // (B,T,V/tp) after a forward without targets
+
+ private:
+  friend class GPT2;
+  int B_ = 0, T_ = 0;
+  Tensor tokens, targets;          // copies of the inputs (B,T) i32 (targets: the stage with the head)
+  Tensor input;                    // (B,Tl,C) copy of the hidden state entering a stage without the embedding
+  Tensor encoded;                  // (B,Tl,C) the embedding's output
+  std::vector<BlockActivations> blocks;  // the owned blocks, first_layer first
+  Tensor lnf, lnf_mean, lnf_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor lnf_full;                 // (B,T,C) (sequence parallel; else lnf itself)
+  Tensor head_logits;              // (B,T,V/tp) the LM head's output, overwritten by dlogits in backward
+  Tensor probs;                    // (B,T,V/tp) softmax of logits, kept for backward
+  Tensor losses;                   // (B,T)
+  bool have_targets = false;
+};
 
 class GPT2 {
  public:
@@ -140,19 +226,28 @@ class GPT2 {
   // bf16_compute (precision.h); throws for others (e.g. bf16 gradients, bf16 matmuls over fp32 params).
   explicit GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
                 Device device = Device::CPU, uint64_t seed = 0);
+  // A shard of the model (ModelShard; validated): only its units, with the local shapes of its table, and
+  // the dense model's initial weights for `seed`, sliced (copy_dense_to_shard): tp = N starts where tp = 1
+  // does. A tensor-parallel shard (tp > 1) needs set_tensor_parallel before its first forward.
+  GPT2(const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
+       Device device = Device::CPU, uint64_t seed = 0);
   // A model WITHOUT parameter or gradient storage (like PyTorch's meta device before FSDP
   // materializes a module): unit_params(u) and unit_grads(u) are empty tensors until the caller
   // installs buffers of the unit's size (or larger: views use offsets from the table). forward and
   // backward throw, naming the unit, when a unit they reach has no buffer. Used by lab 04.
   static GPT2 without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy = PrecisionPolicy::fp32(),
                               Device device = Device::CPU);
+  GPT2(GPT2&&) = default;
+  GPT2& operator=(GPT2&&) = default;
 
   const GPTConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
+  bool owns_unit(int unit) const { return shard_.owns_unit(unit, cfg_); }
   const PrecisionPolicy& policy() const { return policy_; }
   Device device() const { return device_; }
   const std::vector<ParamInfo>& param_table() const { return table_; }
   int num_units() const { return cfg_.n_layer + 2; }
-  int64_t num_params() const;  // from the table: the same whether or not buffers are installed
+  int64_t num_params() const;  // this shard's, from the table: the same whether or not buffers are installed
 
   // Flat buffer of a unit's parameters (policy.param_dtype) and its gradients (fp32). Assignable: a
   // lab may install its own buffer (a gathered copy) and release it again (assign Tensor()).
@@ -163,8 +258,9 @@ class GPT2 {
   Tensor grad(const std::string& name) const;
   const ParamInfo& info(const std::string& name) const;
 
-  void init_weights(uint64_t seed);  // gpt2_initial_weights into the installed buffers
+  void init_weights(uint64_t seed);  // gpt2_initial_weights (sliced for a shard) into the installed buffers
 
+  // ---- One forward and backward, activations owned by the model (the single-stage labs 01-04)
   // tokens (B,T) i32 on the model's device, T <= max_seq_len. With targets (B,T): computes probs and
   // returns the mean cross-entropy loss (nats); without: computes logits only and returns NaN.
   // Activations are (re)allocated when B or T change (category Activations; under bf16-compute also
@@ -175,7 +271,24 @@ class GPT2 {
   void backward();
   void zero_grad();
 
-  const Tensor& logits() const { return acts_.logits; }  // (B,T,V) after a forward without targets
+  const Tensor& logits() const { return acts_.logits(); }  // (B,T,V) after a forward without targets
+
+  // ---- Caller-owned activations and stage entry / exit (pipelines, several micro-batches in flight)
+  // A set for batches of (B, T), allocated now (category Activations) for the units this shard owns, and
+  // the model's backward scratch for (B, T) if it has none yet.
+  GPT2Activations make_activations(int B, int T);
+  // input: tokens (B,T) i32 on a stage with the embedding, else the hidden state (B,Tl,C) fp32 entering the
+  // stage (copied into the set). targets (B,T) i32 or nullptr on a stage with the head: returns the mean
+  // loss (NaN without targets, or on a stage without the head). The stage's output: acts.output().
+  float forward(GPT2Activations& acts, const Tensor& input, const Tensor* targets);
+  // Gradients of that forward, ADDED to the grad buffers. d_output: nullptr on a stage with the head (it
+  // starts from the loss, which needed targets), else d(loss)/d(acts.output()) (B,Tl,C). d_input: on a
+  // stage without the embedding, receives d(loss)/d(input) (B,Tl,C); nullptr elsewhere.
+  void backward(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
+
+  // The tensor-parallel points (tensor_parallel.h) the blocks, the embedding and the head call; the model
+  // does not own it. nullptr: the identity (only valid for tp = 1). Lab 05 installs its implementation.
+  void set_tensor_parallel(TensorParallel* tp) { tp_ = tp; }
 
   // Adds `fn` at `point` (see HookOrder) and returns the handle that removes it. A hook runs for every unit
   // at its point, in forward and backward alike, also in evaluation and sampling. Hooks added or removed
@@ -183,7 +296,7 @@ class GPT2 {
   [[nodiscard]] HookHandle add_hook(HookPoint point, Hook fn, HookOrder order = HookOrder::Last);
   int num_hooks(HookPoint point) const;  // installed at `point`
 
-  // Frees activations (e.g. before a bigger model is built in the same process).
+  // Frees the model's own activations and its backward scratch (e.g. before a bigger model is built).
   void free_activations();
 
   // Materialized (the default) or Flash; changing it frees the activations (the next forward allocates
@@ -192,34 +305,30 @@ class GPT2 {
   AttentionImpl attention() const { return attention_; }
 
  private:
-  struct Activations {
+  // What one backward needs besides a set, shared by every set of the model (a backward runs one micro-
+  // batch at a time): the gradient scratch, reused layer after layer, and the bf16-compute operand scratch.
+  struct Scratch {
     int B = 0, T = 0;
-    Tensor encoded;                      // (B,T,C)
-    std::vector<Tensor> ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2, ln2_mean,
-        ln2_rstd, fch, fch_gelu, fcproj, residual3;  // per layer, shapes as in llm.c
-    std::vector<Tensor> lse;  // per layer (B,NH,T), Flash attention only (then att and datt stay empty)
-    Tensor lnf, lnf_mean, lnf_rstd;      // (B,T,C), (B,T), (B,T)
-    Tensor logits;                       // (B,T,V), overwritten by dlogits in backward
-    Tensor probs;                        // (B,T,V) softmax of logits, kept for backward
-    Tensor losses;                       // (B,T)
-    Tensor tokens, targets;              // copies of the last inputs (B,T) i32
-    // gradient scratch
-    Tensor dresidual, dbuf_btc, dln, datty, dqkv, dfch, dfch_gelu, datt;
+    Tensor dresidual, dln, datty, dqkv, dfch, dfch_gelu, datt;  // as llm.c, the shard's local sizes
+    Tensor dln_full, y_full;  // (B,T,C) sequence parallel: a gathered gradient, a partial row-parallel output
     // bf16-compute only (empty otherwise), reused by every matmul in turn:
     Tensor matmul_inp_bf16;   // (B*T*4C,) bf16: the matmul's input activation rounded to bf16
     Tensor matmul_dout_bf16;  // (B*T*max(4C,V),) bf16: the matmul's dout rounded to bf16 (backward)
     Tensor small_params_f32;  // (f32_scratch_numel_,) fp32 copies of one unit's non-matmul parameters
   };
-  void ensure_activations(int B, int T);
+  GPT2Activations allocate_set(int B, int T);  // a set's tensors (no scratch)
+  void ensure_scratch(int B, int T);
+  void ensure_activations(int B, int T);  // the model's own set and the scratch, for (B, T)
   // The fp32 weights of a unit that the fp32 ops read, laid out as f32_offset_ says:
   //   fp32:         the parameter buffer itself;
   //   bf16-mixed:   an fp32 copy of the whole bf16 unit, made for this unit's forward/backward (category
   //                 Workspace, freed when the caller drops it; lab 04's memory estimator counts it);
-  //   bf16-compute: acts_.small_params_f32, refilled with this unit's non-matmul parameters (layernorm
+  //   bf16-compute: scratch_.small_params_f32, refilled with this unit's non-matmul parameters (layernorm
   //                 weights, biases, embeddings); the block's matmul weights are read in bf16 in place.
   //                 One buffer for all units: valid until the next call.
   Tensor unit_weights_f32(int unit);
-  GPT2(bool allocate, const GPTConfig& cfg, const PrecisionPolicy& policy, Device device);
+  GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device);
+  int Tl(int T) const { return shard_.sequence_parallel ? T / shard_.tp_size : T; }  // the residual stream's T
   void run_hooks(HookPoint point, int unit);  // every hook at `point`, in order, for `unit`
   // The table entries forward and backward read, resolved from their names once at construction, so the
   // hot loop indexes the table instead of searching it by name.
@@ -227,8 +336,9 @@ class GPT2 {
     int ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
     int ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
   };
-  std::vector<BlockParams> blocks_;  // (L,)
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  std::vector<BlockParams> blocks_;  // (L,): entries of blocks the shard does not own are -1
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not in this shard
+  int head_wte_ = -1;  // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
   int index_of(const std::string& name) const;  // table index; throws on an unknown name
   // fp32 view of table entry `i` inside unit_weights_f32(its unit). Throws for a matmul weight under
   // bf16-compute (it has no fp32 copy; use matmul_weight).
@@ -239,25 +349,34 @@ class GPT2 {
   Tensor param_at(int i) const;  // param() and grad() by table index
   Tensor grad_at(int i) const;
   // The model's matmuls in the policy's precision: fp32 -> matmul_forward / matmul_backward as given;
-  // bf16-compute -> inp (and dout) rounded to bf16 in acts_' scratch, then matmul_*_bf16 with the bf16
+  // bf16-compute -> inp (and dout) rounded to bf16 in scratch_, then matmul_*_bf16 with the bf16
   // weight; out and every gradient fp32 with the ops' `+=` rule.
   void policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
   void policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                               const Tensor& weight);
+  // A row-parallel linear (the two c_proj): the matmul, g (or the sequence-parallel reduce-scatter), then the
+  // bias once; and its backward. See gpt2.cpp.
+  void row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+  void row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
+                             const Tensor& weight);
+
+  TensorParallel& tp() const;  // the installed points, or the identity
 
   GPTConfig cfg_;
+  ModelShard shard_;
   PrecisionPolicy policy_;
   Device device_;
   std::vector<ParamInfo> table_;
   std::vector<Tensor> params_, grads_;  // per unit
   // Per table entry: where its fp32 values sit in unit_weights_f32(unit). The table offset (fp32,
-  // bf16-mixed); under bf16-compute a slot in acts_.small_params_f32, or -1 for a block's matmul weight.
+  // bf16-mixed); under bf16-compute a slot in scratch_.small_params_f32, or -1 for a block's matmul weight.
   std::vector<int64_t> f32_offset_;
-  int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of acts_.small_params_f32 (the largest unit's need)
-  Activations acts_;
+  int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of scratch_.small_params_f32 (the largest unit's need)
+  GPT2Activations acts_;  // the model's own set (forward(tokens, targets) / backward())
+  Scratch scratch_;
   std::shared_ptr<detail::HookRegistry> hooks_;  // shared with the HookHandles (weakly): survives a move
+  TensorParallel* tp_ = nullptr;                 // not owned; nullptr: the identity
   AttentionImpl attention_ = AttentionImpl::Materialized;
-  bool have_targets_ = false;
 };
 
 }  // namespace scalelab

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "scalelab/comm/comm.h"  // defines: Communicator (the groups of a split model's norm)
 #include "scalelab/model/gpt2.h"
 
 namespace scalelab {
@@ -46,6 +47,19 @@ class Optimizer {
 float clip_grad_norm(GPT2& model, float max_norm);
 // Global L2 norm of all gradients.
 float grad_norm(GPT2& model);
+
+// ---- A model split across ranks (ModelShard: tensor and pipeline parallel)
+// The sum of squares of this shard's part of the WHOLE model's gradient, in double: every tensor it owns,
+// except the tp-replicated ones on tp ranks other than 0 (each rank of the group holds the same values:
+// counted once) and the last stage's copy of wte (the first stage counts wte). The dense model: all of it.
+double grad_sum_squares(GPT2& model);
+// The whole model's gradient norm: grad_sum_squares summed over `groups` (the tensor- and the
+// pipeline-parallel group of this rank; nullptr entries are skipped), so every shard clips on the dense
+// model's norm, not on its own part. Collective on every group given. The sums travel as fp32 (the
+// communicator reduces f32): the norm agrees with the dense one to about 1e-7 relative.
+float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups);
+// clip_grad_norm on global_grad_norm: every shard scales by the same factor.
+float clip_grad_norm(GPT2& model, float max_norm, const std::vector<Communicator*>& groups);
 
 // Linear warmup to max_lr over warmup_steps, then cosine decay to min_lr at total_steps
 // (Loshchilov & Hutter 2017, SGDR, without restarts). step counts from 0.

@@ -79,6 +79,11 @@ void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qk
 void gelu_forward(Tensor& out, const Tensor& inp);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp += gelu'(inp) * dout
 
+// out (N,OC) += bias (OC) on every row: a row-parallel linear's bias, added once after its reduction
+// (Megatron-LM, Shoeybi et al. 2019, Sec. 3). out may be (B,T,OC). Its gradient is the column sum of dout,
+// as matmul_backward's dbias computes it.
+void add_bias_(Tensor& out, const Tensor& bias);
+
 // out = a + b (same numel). Backward: da += dout, db += dout.
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b);
 void residual_backward(Tensor& da, Tensor& db, const Tensor& dout);
