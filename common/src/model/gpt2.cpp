@@ -567,48 +567,52 @@ const Tensor& GPT2Activations::output() const {
 
 GPT2Activations GPT2::allocate_set(int B, int T) {
   const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, Vl = cfg_.vocab_size / tp;
-  const int64_t Tr = Tl(T);  // the residual stream's length: T/tp with sequence parallelism
-  SL_CHECK_HINT(!shard_.sequence_parallel || T % tp == 0, "with sequence parallelism T is split into tp equal parts",
-                "T=%d not divisible by tp=%lld", T, static_cast<long long>(tp));
+  const bool sp = shard_.sequence_parallel;
+  SL_CHECK_HINT(!sp || (static_cast<int64_t>(B) * T) % tp == 0,
+                "with sequence parallelism the B*T token rows are split into tp equal blocks",
+                "B*T=%lld not divisible by tp=%lld", static_cast<long long>(B) * T, static_cast<long long>(tp));
+  // The residual stream: (B,T,C), or this rank's (B*T/tp, C) rows of it with sequence parallelism.
+  const Shape stream = sp ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
+  const Shape rows = sp ? Shape{static_cast<int64_t>(B) * T / tp} : Shape{B, T};
   auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
   GPT2Activations a;
   a.B_ = B;
   a.T_ = T;
   if (shard_.has_embedding) {
-    a.encoded = act({B, Tr, C});
+    a.encoded = act(stream);
     a.tokens = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
   } else {
-    a.input = act({B, Tr, C});
+    a.input = act(stream);
   }
   for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
     BlockActivations b;
-    b.ln1 = act({B, Tr, C});
-    b.ln1_mean = act({B, Tr});
-    b.ln1_rstd = act({B, Tr});
-    b.ln1_full = shard_.sequence_parallel ? act({B, T, C}) : b.ln1;
+    b.ln1 = act(stream);
+    b.ln1_mean = act(rows);
+    b.ln1_rstd = act(rows);
+    b.ln1_full = sp ? act({B, T, C}) : b.ln1;
     b.qkv = act({B, T, 3 * C / tp});
     if (attention_ == AttentionImpl::Materialized)
       b.att = act({B, NHl, T, T});
     else
       b.lse = act({B, NHl, T});
     b.atty = act({B, T, C / tp});
-    b.attproj = act({B, Tr, C});
-    b.residual2 = act({B, Tr, C});
-    b.ln2 = act({B, Tr, C});
-    b.ln2_mean = act({B, Tr});
-    b.ln2_rstd = act({B, Tr});
-    b.ln2_full = shard_.sequence_parallel ? act({B, T, C}) : b.ln2;
+    b.attproj = act(stream);
+    b.residual2 = act(stream);
+    b.ln2 = act(stream);
+    b.ln2_mean = act(rows);
+    b.ln2_rstd = act(rows);
+    b.ln2_full = sp ? act({B, T, C}) : b.ln2;
     b.fch = act({B, T, 4 * C / tp});
     b.fch_gelu = act({B, T, 4 * C / tp});
-    b.fcproj = act({B, Tr, C});
-    b.residual3 = act({B, Tr, C});
+    b.fcproj = act(stream);
+    b.residual3 = act(stream);
     a.blocks.push_back(std::move(b));
   }
   if (shard_.has_head) {
-    a.lnf = act({B, Tr, C});
-    a.lnf_mean = act({B, Tr});
-    a.lnf_rstd = act({B, Tr});
-    a.lnf_full = shard_.sequence_parallel ? act({B, T, C}) : a.lnf;
+    a.lnf = act(stream);
+    a.lnf_mean = act(rows);
+    a.lnf_rstd = act(rows);
+    a.lnf_full = sp ? act({B, T, C}) : a.lnf;
     a.head_logits = act({B, T, Vl});
     a.probs = act({B, T, Vl});
     a.losses = act({B, T});
@@ -621,14 +625,14 @@ void GPT2::ensure_scratch(int B, int T) {
   if (scratch_.B == B && scratch_.T == T) return;
   scratch_ = Scratch{};
   const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, V = cfg_.vocab_size;
-  const int64_t Tr = Tl(T);
+  const Shape stream = shard_.sequence_parallel ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
   auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
   Scratch& s = scratch_;
   s.B = B;
   s.T = T;
   // gradient scratch, reused layer after layer
-  s.dresidual = act({B, Tr, C});
-  s.dln = act({B, Tr, C});
+  s.dresidual = act(stream);
+  s.dln = act(stream);
   s.datty = act({B, T, C / tp});
   s.dqkv = act({B, T, 3 * C / tp});
   s.dfch = act({B, T, 4 * C / tp});
@@ -738,24 +742,21 @@ void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, 
 }
 
 // A row-parallel linear (attn c_proj, mlp c_proj): out = g(inp @ W^T) + bias, the bias added once, after the
-// reduction (Megatron-LM Sec. 3). With one rank the reduction is the identity and the bias goes into the
-// matmul itself (the dense model's arithmetic, bit for bit). With sequence parallelism g is the
-// reduce-scatter along T into out (B,Tl,C); y_full (B,T,C) holds the partial product meanwhile.
+// reduction (Megatron-LM Sec. 3), by g itself. With one rank the reduction is the identity and the bias goes
+// into the matmul (the dense model's arithmetic, bit for bit). With sequence parallelism g is the
+// reduce-scatter into out (Nl,C); y_full (B,T,C) holds the partial product meanwhile.
 void GPT2::row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   TensorParallel& points = tp();
   if (shard_.tp_size == 1) {
     policy_matmul_forward(out, inp, weight, &bias);
-    points.g_forward(out);
-    return;
-  }
-  if (shard_.sequence_parallel) {
+    points.g_forward(out, nullptr);  // the bias is in already
+  } else if (shard_.sequence_parallel) {
     policy_matmul_forward(scratch_.y_full, inp, weight, nullptr);
-    points.sp_scatter_forward(scratch_.y_full, out);
+    points.sp_scatter_forward(scratch_.y_full, out, &bias);
   } else {
     policy_matmul_forward(out, inp, weight, nullptr);
-    points.g_forward(out);
+    points.g_forward(out, &bias);
   }
-  add_bias_(out, bias);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -809,7 +810,7 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
   }
 
   // transformer blocks
-  Tensor x = shard_.has_embedding ? a.encoded : a.input;  // (B,Tl,C) the residual stream entering the block
+  Tensor x = shard_.has_embedding ? a.encoded : a.input;  // (stream) the residual stream entering the block
   for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
     const int unit = 1 + l;
     BlockActivations& ba = a.blocks[l - shard_.first_layer];
@@ -886,7 +887,7 @@ void GPT2::backward() {
 
 // The gradient of a row-parallel linear's input: dinp += d(out) @ W, dW += d(out)^T @ inp, dbias += column
 // sums of d(out). d(out) is g's backward of dout: the identity, or with sequence parallelism the all-gather
-// of dout (B,Tl,C) along T into y_full (B,T,C); the bias gradient is then whole on every rank.
+// of dout (Nl,C) into y_full (B,T,C); the bias gradient is then whole on every rank.
 void GPT2::row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
                                  const Tensor& weight) {
   TensorParallel& points = tp();
@@ -1006,7 +1007,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     run_hooks(HookPoint::AfterBackward, 0);
   } else {
     SL_CHECK_HINT(d_input != nullptr, "a stage without the embedding hands d(loss)/d(input) to the previous stage: "
-                  "pass a (B,Tl,C) tensor as d_input", "backward without d_input on a stage without the embedding");
+                  "pass a tensor of acts.output()'s shape as d_input", "backward without d_input on a stage without the embedding");
     d_input->copy_from(s.dresidual);
   }
 }

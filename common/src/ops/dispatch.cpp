@@ -475,6 +475,110 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
 }
 
 // ---------------------------------------------------------------------------------------------
+// The vocabulary split across a tensor-parallel group. logits (N,Vl) or (B,T,Vl); per-row tensors (N).
+
+namespace {
+// The rows of a logits-shaped tensor: (..., Vl) -> N = numel / Vl.
+int64_t vocab_rows(const char* op, const Tensor& logits) {
+  SL_CHECK(logits.dtype() == DType::F32 && logits.ndim() >= 2, "%s: logits must be f32 (N, Vl) or (B, T, Vl), got "
+           "%s %s", op, dtype_name(logits.dtype()), shape_str(logits.shape()).c_str());
+  const int64_t Vl = logits.size(-1);
+  SL_CHECK(Vl > 0 && Vl <= INT_MAX, "%s: Vl = %lld must be in [1, INT_MAX]", op, static_cast<long long>(Vl));
+  return logits.numel() / Vl;
+}
+void check_rows(const char* op, const char* name, const Tensor& t, DType dt, int64_t N) {
+  SL_CHECK(t.dtype() == dt && t.numel() == N, "%s: %s must be %s with %lld elements (one per row), got %s %s", op,
+           name, dtype_name(dt), static_cast<long long>(N), dtype_name(t.dtype()), shape_str(t.shape()).c_str());
+}
+}  // namespace
+
+void encoder_forward_vocab_shard(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor* wpe,
+                                 int64_t vocab_begin) {
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_DTYPE(wte_shard, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_NDIM(tokens, 2);     // (B,T)
+  SL_OPS_NDIM(wte_shard, 2);  // (Vl,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), Vl = wte_shard.size(0), C = wte_shard.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_FITS_INT(Vl);
+  SL_OPS_NUMEL(out, B * T * C);
+  SL_CHECK(vocab_begin >= 0, "vocab_begin %lld must be >= 0", static_cast<long long>(vocab_begin));
+  if (wpe != nullptr)
+    SL_CHECK(wpe->dtype() == DType::F32 && wpe->ndim() == 2 && wpe->size(1) == C && wpe->size(0) >= T,
+             "wpe has shape %s, expected (maxT >= T=%lld, C=%lld) f32", shape_str(wpe->shape()).c_str(),
+             static_cast<long long>(T), static_cast<long long>(C));
+  run_twin(__func__, {&out, &tokens, &wte_shard, wpe}, SL_TWINS(encoder_forward_vocab_shard), out.data<float>(),
+           tokens.data<int32_t>(), wte_shard.data<float>(), wpe != nullptr ? wpe->data<float>() : nullptr, vocab_begin,
+           static_cast<int>(Vl), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+}
+
+void encoder_backward_vocab_shard(Tensor& dwte_shard, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
+                                  int64_t vocab_begin) {
+  SL_OPS_DTYPE(tokens, DType::I32);
+  SL_OPS_DTYPE(dwte_shard, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_NDIM(tokens, 2);      // (B,T)
+  SL_OPS_NDIM(dwte_shard, 2);  // (Vl,C)
+  const int64_t B = tokens.size(0), T = tokens.size(1), Vl = dwte_shard.size(0), C = dwte_shard.size(1);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_OPS_FITS_INT(Vl);
+  SL_OPS_NUMEL(dout, B * T * C);
+  if (dwpe != nullptr)
+    SL_CHECK(dwpe->dtype() == DType::F32 && dwpe->ndim() == 2 && dwpe->size(1) == C && dwpe->size(0) >= T,
+             "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld) f32", shape_str(dwpe->shape()).c_str(),
+             static_cast<long long>(T), static_cast<long long>(C));
+  run_twin(__func__, {&dwte_shard, dwpe, &dout, &tokens}, SL_TWINS(encoder_backward_vocab_shard),
+           dwte_shard.data<float>(), dwpe != nullptr ? dwpe->data<float>() : nullptr, dout.data<float>(),
+           tokens.data<int32_t>(), vocab_begin, static_cast<int>(Vl), static_cast<int>(B), static_cast<int>(T),
+           static_cast<int>(C));
+}
+
+void logits_row_max(Tensor& maxes, const Tensor& logits) {
+  const int64_t N = vocab_rows(__func__, logits);
+  check_rows(__func__, "maxes", maxes, DType::F32, N);
+  run_twin(__func__, {&maxes, &logits}, SL_TWINS(logits_row_max), maxes.data<float>(), logits.data<float>(), N,
+           static_cast<int>(logits.size(-1)));
+}
+
+void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                                       const Tensor& maxes, const Tensor& targets, int64_t vocab_begin) {
+  const int64_t N = vocab_rows(__func__, logits);
+  check_rows(__func__, "sumexp", sumexp, DType::F32, N);
+  check_rows(__func__, "target_logit", target_logit, DType::F32, N);
+  check_rows(__func__, "maxes", maxes, DType::F32, N);
+  check_rows(__func__, "targets", targets, DType::I32, N);
+  run_twin(__func__, {&sumexp, &target_logit, &logits, &maxes, &targets}, SL_TWINS(crossentropy_vocab_shard_partials),
+           sumexp.data<float>(), target_logit.data<float>(), logits.data<float>(), maxes.data<float>(),
+           targets.data<int32_t>(), vocab_begin, N, static_cast<int>(logits.size(-1)));
+}
+
+void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& maxes,
+                                     const Tensor& sumexp, const Tensor& target_logit) {
+  const int64_t N = vocab_rows(__func__, logits);
+  SL_OPS_SHAPE(probs, logits.shape());
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"losses", &losses}, {"maxes", &maxes},
+                                {"sumexp", &sumexp}, {"target_logit", &target_logit}})
+    check_rows(__func__, name, *t, DType::F32, N);
+  run_twin(__func__, {&losses, &probs, &logits, &maxes, &sumexp, &target_logit},
+           SL_TWINS(crossentropy_vocab_shard_finish), losses.data<float>(), probs.data<float>(), logits.data<float>(),
+           maxes.data<float>(), sumexp.data<float>(), target_logit.data<float>(), N, static_cast<int>(logits.size(-1)));
+}
+
+void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                                       int64_t vocab_begin, float dloss) {
+  const int64_t N = vocab_rows(__func__, probs);
+  SL_OPS_SHAPE(dlogits, probs.shape());
+  check_rows(__func__, "targets", targets, DType::I32, N);
+  run_twin(__func__, {&dlogits, &probs, &targets}, SL_TWINS(crossentropy_vocab_shard_backward), dlogits.data<float>(),
+           probs.data<float>(), targets.data<int32_t>(), vocab_begin, dloss, N, static_cast<int>(probs.size(-1)));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer updates, reductions, casts.
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,

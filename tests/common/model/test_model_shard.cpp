@@ -145,7 +145,7 @@ struct CountingPoints : TensorParallel {
   std::map<std::string, int> calls;
   void f_forward(Tensor& x) override { ++calls["f_forward"]; TensorParallel::f_forward(x); }
   void f_backward(Tensor& dx) override { ++calls["f_backward"]; TensorParallel::f_backward(dx); }
-  void g_forward(Tensor& y) override { ++calls["g_forward"]; TensorParallel::g_forward(y); }
+  void g_forward(Tensor& y, const Tensor* bias) override { ++calls["g_forward"]; TensorParallel::g_forward(y, bias); }
   void g_backward(Tensor& dy) override { ++calls["g_backward"]; TensorParallel::g_backward(dy); }
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) override {
     ++calls["embedding_forward"];

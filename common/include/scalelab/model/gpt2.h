@@ -178,20 +178,21 @@ class GPT2;
 
 // The activations of one forward pass, owned by the caller (model.make_activations): what the backward of
 // that micro-batch needs. A pipeline keeps one set per micro-batch in flight (GPipe m, 1F1B at most p).
-// All fp32 in category Activations, shapes as in llm.c with the shard's local sizes (Tl = T/tp with
-// sequence parallelism, else T; 3C/tp, 4C/tp, NH/tp, V/tp under tensor parallelism).
+// All fp32 in category Activations, shapes as in llm.c with the shard's local sizes (3C/tp, 4C/tp, NH/tp,
+// V/tp under tensor parallelism). "Stream" is the residual stream's shape: (B,T,C), or with sequence
+// parallelism this rank's (B*T/tp, C) token rows of it (tensor_parallel.h); "rows" (B,T) or (B*T/tp).
 struct BlockActivations {  // one transformer block
-  Tensor ln1, ln1_mean, ln1_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor ln1, ln1_mean, ln1_rstd;  // stream, rows, rows
   Tensor ln1_full;                 // (B,T,C): the gathered ln1 (sequence parallel; else ln1 itself)
   Tensor qkv;                      // (B,T,3C/tp)
   Tensor att;                      // (B,NH/tp,T,T) materialized attention
   Tensor lse;                      // (B,NH/tp,T) flash attention (att stays empty)
   Tensor atty;                     // (B,T,C/tp)
-  Tensor attproj, residual2;       // (B,Tl,C)
-  Tensor ln2, ln2_mean, ln2_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor attproj, residual2;       // stream
+  Tensor ln2, ln2_mean, ln2_rstd;  // stream, rows, rows
   Tensor ln2_full;                 // (B,T,C) (sequence parallel; else ln2 itself)
   Tensor fch, fch_gelu;            // (B,T,4C/tp)
-  Tensor fcproj, residual3;        // (B,Tl,C); residual3 is the block's output
+  Tensor fcproj, residual3;        // stream; residual3 is the block's output
 };
 class GPT2Activations {
  public:
@@ -199,7 +200,7 @@ class GPT2Activations {
   int B() const { return B_; }
   int T() const { return T_; }
   bool empty() const { return B_ == 0; }
-  // The hidden state leaving the stage (B,Tl,C): the last owned block's output (stages without the head).
+  // The hidden state leaving the stage (stream): the last owned block's output (stages without the head).
   const Tensor& output() const;
   const Tensor& logits() const { return head_logits; }  // (B,T,V/tp) after a forward without targets
 
@@ -207,10 +208,10 @@ class GPT2Activations {
   friend class GPT2;
   int B_ = 0, T_ = 0;
   Tensor tokens, targets;          // copies of the inputs (B,T) i32 (targets: the stage with the head)
-  Tensor input;                    // (B,Tl,C) copy of the hidden state entering a stage without the embedding
-  Tensor encoded;                  // (B,Tl,C) the embedding's output
+  Tensor input;                    // (stream) copy of the hidden state entering a stage without the embedding
+  Tensor encoded;                  // (stream) the embedding's output
   std::vector<BlockActivations> blocks;  // the owned blocks, first_layer first
-  Tensor lnf, lnf_mean, lnf_rstd;  // (B,Tl,C), (B,Tl), (B,Tl)
+  Tensor lnf, lnf_mean, lnf_rstd;  // stream, rows, rows
   Tensor lnf_full;                 // (B,T,C) (sequence parallel; else lnf itself)
   Tensor head_logits;              // (B,T,V/tp) the LM head's output, overwritten by dlogits in backward
   Tensor probs;                    // (B,T,V/tp) softmax of logits, kept for backward
@@ -277,13 +278,13 @@ class GPT2 {
   // A set for batches of (B, T), allocated now (category Activations) for the units this shard owns, and
   // the model's backward scratch for (B, T) if it has none yet.
   GPT2Activations make_activations(int B, int T);
-  // input: tokens (B,T) i32 on a stage with the embedding, else the hidden state (B,Tl,C) fp32 entering the
+  // input: tokens (B,T) i32 on a stage with the embedding, else the hidden state (stream) fp32 entering the
   // stage (copied into the set). targets (B,T) i32 or nullptr on a stage with the head: returns the mean
   // loss (NaN without targets, or on a stage without the head). The stage's output: acts.output().
   float forward(GPT2Activations& acts, const Tensor& input, const Tensor* targets);
   // Gradients of that forward, ADDED to the grad buffers. d_output: nullptr on a stage with the head (it
-  // starts from the loss, which needed targets), else d(loss)/d(acts.output()) (B,Tl,C). d_input: on a
-  // stage without the embedding, receives d(loss)/d(input) (B,Tl,C); nullptr elsewhere.
+  // starts from the loss, which needed targets), else d(loss)/d(acts.output()) (stream). d_input: on a
+  // stage without the embedding, receives d(loss)/d(input) (stream); nullptr elsewhere.
   void backward(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
 
   // The tensor-parallel points (tensor_parallel.h) the blocks, the embedding and the head call; the model
@@ -328,7 +329,6 @@ class GPT2 {
   //                 One buffer for all units: valid until the next call.
   Tensor unit_weights_f32(int unit);
   GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device);
-  int Tl(int T) const { return shard_.sequence_parallel ? T / shard_.tp_size : T; }  // the residual stream's T
   void run_hooks(HookPoint point, int unit);  // every hook at `point`, in order, for `unit`
   // The table entries forward and backward read, resolved from their names once at construction, so the
   // hot loop indexes the table instead of searching it by name.

@@ -95,6 +95,34 @@ void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& l
 // 1/(B*T) for a mean loss. dlogits may alias probs (in place).
 void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss);
 
+// ---- The vocabulary split across a tensor-parallel group (Megatron-LM, Shoeybi et al. 2019, Sec. 3): a
+// rank holds rows [vocab_begin, vocab_begin + Vl) of wte, used by the embedding and by the tied LM head,
+// whose logits it computes for its Vl columns only. These are the local pieces; the collectives between
+// them (which make the results whole) are the caller's: lab 05's vocabulary-parallel embedding and
+// cross-entropy. tokens and targets (B,T) / (N) i32 in [0, V).
+// out (B,T,C) = (token in the rank's rows ? wte_shard[token - vocab_begin] : 0) + wpe[t] (wpe may be nullptr:
+// no position term). wte_shard (Vl,C), wpe (maxT,C).
+void encoder_forward_vocab_shard(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor* wpe,
+                                 int64_t vocab_begin);
+// dwte_shard (Vl,C) += the rows of dout (B,T,C) whose token is in the rank's rows; dwpe (maxT,C) += positions
+// when given.
+void encoder_backward_vocab_shard(Tensor& dwte_shard, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
+                                  int64_t vocab_begin);
+// maxes (N) = the max of each row of logits (N,Vl) (or (B,T,Vl)) over the rank's columns.
+void logits_row_max(Tensor& maxes, const Tensor& logits);
+// With maxes the max over ALL columns: sumexp (N) = sum of exp(logits - maxes) over the rank's columns;
+// target_logit (N) = the target's logit where the target is one of the rank's columns, else 0.
+void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                                       const Tensor& maxes, const Tensor& targets, int64_t vocab_begin);
+// With maxes, sumexp and target_logit over ALL columns: losses (N) = log(sumexp) + maxes - target_logit (the
+// same on every rank) and probs (N,Vl) = exp(logits - maxes) / sumexp, the rank's columns of the softmax.
+void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& maxes,
+                                     const Tensor& sumexp, const Tensor& target_logit);
+// dlogits (N,Vl) = dloss * (probs - onehot(targets - vocab_begin)) on the rank's columns. OVERWRITES dlogits,
+// which may alias probs.
+void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                                       int64_t vocab_begin, float dloss);
+
 // AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Alg. 2) on one fp32 tensor, step t >= 1:
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mhat = m/(1-b1^t);  vhat = v/(1-b2^t)
 //   p -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)

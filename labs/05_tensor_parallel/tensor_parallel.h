@@ -1,0 +1,106 @@
+// tensor_parallel.h — what the learner writes in lab 05 (tensor parallel), declared once for both tracks.
+//   labs/05_tensor_parallel/tensor_parallel.cpp       the learner's file (TODO blocks)   -> lab05_learner
+//   solutions/05_tensor_parallel/tensor_parallel.cpp  the reference (same file, filled)  -> lab05_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab05::learner / ::ref) chosen by
+// SL_TRACK_LAB05, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/05_tensor_parallel/README.md   Graded tests: tests/lab05/ (test_lab05*.cpp)
+//
+// The model (common/include/scalelab/model/gpt2.h) already knows how to be split: built for a ModelShard
+// with tp_size ranks, every rank holds its slice of each matrix (c_attn and c_fc by output rows: NH/tp whole
+// heads and 4C/tp MLP channels; the two c_proj by input columns; wte by vocabulary rows) and runs the block
+// on its slice. Where Megatron-LM must communicate, the model calls the tensor-parallel points of
+// scalelab/model/tensor_parallel.h. This lab implements them over the tensor-parallel group:
+//   f, g                     the conjugate operators around each column -> row parallel pair   TODO lab05-1, -2
+//   embedding                the vocabulary-parallel lookup                                    TODO lab05-3
+//   cross-entropy            the loss over logits split by vocabulary                          TODO lab05-4
+//   sequence parallel        all-gather / reduce-scatter of the token rows instead of f and g  TODO lab05-5
+//   replicated gradients     made whole across the group under sequence parallelism           TODO lab05-6
+//   the training step        one optimizer step of a tensor-parallel shard                     TODO lab05-7
+// (README.md#the-picture shows where each one sits in a block.)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "scalelab/comm/comm.h"              // defines: Communicator
+#include "scalelab/model/batch.h"            // defines: MicroBatch, StepResult
+#include "scalelab/model/gpt2.h"             // defines: GPT2, GPTConfig, ModelShard
+#include "scalelab/model/optim.h"            // defines: Optimizer
+#include "scalelab/model/tensor_parallel.h"  // defines: TensorParallel (the points, and their identity)
+
+#ifndef SL_TRACK_LAB05
+#define SL_TRACK_LAB05 ref
+#endif
+
+namespace scalelab::lab05 {
+inline namespace SL_TRACK_LAB05 {
+
+// Given. The layout of a lab 05 run on `world_size` ranks: tensor-parallel groups of `tp` consecutive
+// ranks (tp fastest: the group sits inside a node), and world_size / tp data-parallel replicas of it.
+// Throws scalelab::Error, with the numbers and a hint, unless tp >= 1 divides world_size and the model
+// (NH, 4C, V) divides by tp (ModelShard::validate) — the same on every rank, before any collective.
+struct Layout {
+  int tp = 1, dp = 1;
+  int tp_rank = 0, dp_rank = 0;
+  bool sequence_parallel = false;
+};
+Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, bool sequence_parallel);
+// The shard this rank's model is built for: tp_rank of tp, every layer, embedding and head.
+ModelShard shard_of(const Layout& layout);
+
+// The tensor-parallel points over one tensor-parallel group (comm: its communicator, tp = comm.size()).
+// Every method is a collective of the group: all its ranks call it at the same point, with tensors of the
+// same shapes. Shapes as in scalelab/model/tensor_parallel.h.
+class MegatronPoints : public TensorParallel {
+ public:
+  MegatronPoints(Communicator& tp_group, bool sequence_parallel);
+  int size() const override;
+  int rank() const override;
+  Communicator& group() { return comm_; }
+
+  // TODO(lab05-1): Megatron's f (Shoeybi et al. 2019, Sec. 3, Fig. 3). README.md#f-and-g
+  void f_forward(Tensor& x) override;
+  void f_backward(Tensor& dx) override;
+  // TODO(lab05-2): Megatron's g, with the row-parallel bias added once. README.md#f-and-g
+  void g_forward(Tensor& y, const Tensor* bias) override;
+  void g_backward(Tensor& dy) override;
+
+  // TODO(lab05-3): the vocabulary-parallel embedding. README.md#the-vocabulary-split
+  void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor& wpe) override;
+  void embedding_backward(Tensor& dwte_shard, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) override;
+
+  // TODO(lab05-4): the vocabulary-parallel cross-entropy. README.md#the-vocabulary-split
+  void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) override;
+  void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) override;
+
+  // TODO(lab05-5): sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2). README.md#sequence-parallel
+  void sp_gather_forward(const Tensor& x_shard, Tensor& x_full) override;
+  void sp_gather_backward(const Tensor& dx_full, Tensor& dx_shard) override;
+  void sp_scatter_forward(const Tensor& y_full, Tensor& y_shard, const Tensor* bias) override;
+  void sp_scatter_backward(const Tensor& dy_shard, Tensor& dy_full) override;
+
+ private:
+  Communicator& comm_;
+  bool sequence_parallel_;
+};
+
+// TODO(lab05-6): under sequence parallelism a replicated parameter whose gradient each rank computed from
+// its own token rows only (the layernorms: ln_1, ln_2, ln_f) holds a partial gradient: make it whole on every
+// rank of the tensor-parallel group. Without sequence parallelism, nothing to do. README.md#sequence-parallel
+void sync_replicated_grads(GPT2& model, MegatronPoints& points);
+
+// TODO(lab05-7): one optimizer step of this rank's shard over its micro-batches (one per micro-step; every
+// rank of a tensor-parallel group sees the same micro-batches): zero the gradients, forward + backward each,
+// the gradients of m micro-steps divided by m, sync_replicated_grads, the data-parallel average across
+// `dp_group` (given: average_over_replicas; nullptr or size 1 for none), clipping on the WHOLE model's norm
+// (global_grad_norm over the tensor-parallel group; grad_clip <= 0: none), the optimizer step. Returns the
+// loss (mean over the micro-batches; the same on every rank of the group) and the norm before clipping.
+// README.md#one-training-step
+StepResult train_step(GPT2& model, Optimizer& optimizer, MegatronPoints& points, Communicator* dp_group,
+                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+
+// Given. Every gradient becomes its average over the data-parallel replicas (one all-reduce per unit).
+void average_over_replicas(GPT2& model, Communicator& dp_group);
+
+}  // namespace SL_TRACK_LAB05
+}  // namespace scalelab::lab05
