@@ -10,12 +10,12 @@
 // heads and 4C/tp MLP channels; the two c_proj by input columns; wte by vocabulary rows) and runs the block
 // on its slice. Where Megatron-LM must communicate, the model calls the tensor-parallel points of
 // scalelab/model/tensor_parallel.h. This lab implements them over the tensor-parallel group:
-//   f, g                     the conjugate operators around each column -> row parallel pair   TODO lab05-1, -2
-//   embedding                the vocabulary-parallel lookup                                    TODO lab05-3
-//   cross-entropy            the loss over logits split by vocabulary                          TODO lab05-4
-//   sequence parallel        all-gather / reduce-scatter of the token rows instead of f and g  TODO lab05-5
-//   replicated gradients     made whole across the group under sequence parallelism           TODO lab05-6
-//   the training step        one optimizer step of a tensor-parallel shard                     TODO lab05-7
+//   f, g                     the conjugate operators around each column -> row parallel pair   TODO lab05-2, -2
+//   embedding                the vocabulary-parallel lookup                                    TODO lab05-4
+//   cross-entropy            the loss over logits split by vocabulary                          TODO lab05-5
+//   sequence parallel        all-gather / reduce-scatter of the token rows instead of f and g  TODO lab05-6
+//   replicated gradients     made whole across the group under sequence parallelism           TODO lab05-7
+//   the training step        one optimizer step of a tensor-parallel shard                     TODO lab05-8
 // (README.md#the-picture shows where each one sits in a block.)
 #pragma once
 
@@ -35,10 +35,11 @@
 namespace scalelab::lab05 {
 inline namespace SL_TRACK_LAB05 {
 
-// Given. The layout of a lab 05 run on `world_size` ranks: tensor-parallel groups of `tp` consecutive
-// ranks (tp fastest: the group sits inside a node), and world_size / tp data-parallel replicas of it.
-// Throws scalelab::Error, with the numbers and a hint, unless tp >= 1 divides world_size and the model
-// (NH, 4C, V) divides by tp (ModelShard::validate) — the same on every rank, before any collective.
+// TODO(lab05-1): the layout of a lab 05 run on `world_size` ranks: tensor-parallel groups of `tp`
+// consecutive ranks (tp fastest: a group sits inside a node), and world_size / tp data-parallel replicas of
+// it. Throws scalelab::Error, with the numbers and a hint, unless 1 <= tp <= world_size, tp divides
+// world_size, sequence parallelism has tp > 1, and the model (NH, 4C, V) divides by tp
+// (ModelShard::validate): the same on every rank, before any collective, so no rank hangs. README.md#the-layout
 struct Layout {
   int tp = 1, dp = 1;
   int tp_rank = 0, dp_rank = 0;
@@ -58,22 +59,22 @@ class MegatronPoints : public TensorParallel {
   int rank() const override;
   Communicator& group() { return comm_; }
 
-  // TODO(lab05-1): Megatron's f (Shoeybi et al. 2019, Sec. 3, Fig. 3). README.md#f-and-g
+  // TODO(lab05-2): Megatron's f (Shoeybi et al. 2019, Sec. 3, Fig. 3). README.md#f-and-g
   void f_forward(Tensor& x) override;
   void f_backward(Tensor& dx) override;
-  // TODO(lab05-2): Megatron's g, with the row-parallel bias added once. README.md#f-and-g
+  // TODO(lab05-3): Megatron's g, with the row-parallel bias added once. README.md#f-and-g
   void g_forward(Tensor& y, const Tensor* bias) override;
   void g_backward(Tensor& dy) override;
 
-  // TODO(lab05-3): the vocabulary-parallel embedding. README.md#the-vocabulary-split
+  // TODO(lab05-4): the vocabulary-parallel embedding. README.md#the-vocabulary-split
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor& wpe) override;
   void embedding_backward(Tensor& dwte_shard, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) override;
 
-  // TODO(lab05-4): the vocabulary-parallel cross-entropy. README.md#the-vocabulary-split
+  // TODO(lab05-5): the vocabulary-parallel cross-entropy. README.md#the-vocabulary-split
   void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) override;
   void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) override;
 
-  // TODO(lab05-5): sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2). README.md#sequence-parallel
+  // TODO(lab05-6): sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2). README.md#sequence-parallel
   void sp_gather_forward(const Tensor& x_shard, Tensor& x_full) override;
   void sp_gather_backward(const Tensor& dx_full, Tensor& dx_shard) override;
   void sp_scatter_forward(const Tensor& y_full, Tensor& y_shard, const Tensor* bias) override;
@@ -84,12 +85,12 @@ class MegatronPoints : public TensorParallel {
   bool sequence_parallel_;
 };
 
-// TODO(lab05-6): under sequence parallelism a replicated parameter whose gradient each rank computed from
+// TODO(lab05-7): under sequence parallelism a replicated parameter whose gradient each rank computed from
 // its own token rows only (the layernorms: ln_1, ln_2, ln_f) holds a partial gradient: make it whole on every
 // rank of the tensor-parallel group. Without sequence parallelism, nothing to do. README.md#sequence-parallel
 void sync_replicated_grads(GPT2& model, MegatronPoints& points);
 
-// TODO(lab05-7): one optimizer step of this rank's shard over its micro-batches (one per micro-step; every
+// TODO(lab05-8): one optimizer step of this rank's shard over its micro-batches (one per micro-step; every
 // rank of a tensor-parallel group sees the same micro-batches): zero the gradients, forward + backward each,
 // the gradients of m micro-steps divided by m, sync_replicated_grads, the data-parallel average across
 // `dp_group` (given: average_over_replicas; nullptr or size 1 for none), clipping on the WHOLE model's norm
