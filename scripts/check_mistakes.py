@@ -139,8 +139,13 @@ def fence_problems(src_root, mistake):
     problems = check_fences.compare_pair(mutated, original, rel + " (mutated)", rel, lab_nn=lab, edited=True)
     if problems:
         return "; ".join(p.message for p in problems) + "".join("\n" + p.diff for p in problems if p.diff)
-    before = {f.fence_id: f.body for f in check_fences.parse(original, rel, lab).fences}
-    after = {f.fence_id: f.body for f in check_fences.parse(mutated, rel, lab).fences}
+    # A TODO may span several fences of one id (a forward and its backward): compare all of an id's bodies.
+    def bodies(text):
+        out = {}
+        for f in check_fences.parse(text, rel, lab).fences:
+            out.setdefault(f.fence_id, []).append(f.body)
+        return out
+    before, after = bodies(original), bodies(mutated)
     changed = sorted(k for k in before if before[k] != after.get(k))
     if changed != [mistake["fence"]]:
         return f"the patch changes the bodies of {changed}, the manifest says {mistake['fence']}"

@@ -9,6 +9,7 @@
 
 #include "grading.h"        // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab05_support.h"  // defines: the shared check bodies, tp_config
+#include "scalelab/core/error.h"  // defines: scalelab::Error, NotImplemented
 
 namespace {
 
@@ -57,14 +58,19 @@ TEST(Lab05Tp4, ActivationMemoryMatchesFormulaFourRanks) {
 // global batch.
 TEST(Lab05Tp4, DataParallelReplicasOfTwoWayGroups) {
   const grading::Check check{"lab05.data_parallel_replicas_of_two_way_groups", 2,
-                             "2 groups of tp = 2 on halves of the global batch: after 2 SGD steps every parameter "
-                             "within 1e-6 of its slice of one process on the whole batch",
+                             "tp fastest (rank r: tp_rank r % 2, dp_rank r / 2); 2 groups of tp = 2 on halves of the "
+                             "global batch: after 2 SGD steps every parameter within 1e-6 of its slice of one process "
+                             "on the whole batch",
                              "README 'One training step': the order of the steps (accumulate, make whole, average "
                              "across replicas, clip on the whole model's norm)"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = tp_config();
     Communicator& w = world();
     const lab05::Layout layout = lab05::make_layout(cfg, w.size(), w.rank(), 2, false);
+    const bool tp_fastest = layout.tp == 2 && layout.dp == 2 && layout.tp_rank == w.rank() % 2 &&
+                            layout.dp_rank == w.rank() / 2;  // a group of consecutive ranks: inside a node
+    EXPECT_TRUE(grading::all_ranks(tp_fastest, on_rank("tp_rank " + std::to_string(layout.tp_rank) + ", dp_rank " +
+                                                       std::to_string(layout.dp_rank) + ": tp must vary fastest")));
     std::unique_ptr<Communicator> tp_group = w.split(layout.dp_rank, layout.tp_rank);
     std::unique_ptr<Communicator> dp_group = w.split(layout.tp_rank, layout.dp_rank);
     lab05::MegatronPoints points(*tp_group, false);
@@ -88,5 +94,36 @@ TEST(Lab05Tp4, DataParallelReplicasOfTwoWayGroups) {
     }
     EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank(bad)));
     record.measured(bad.empty() ? "every parameter of both replicas as one process's after 2 SGD steps" : bad);
+  });
+}
+
+TEST(Lab05Tp4, BadLayoutsFailOnEveryRankFourRanks) {
+  const grading::Check check{"lab05.bad_layouts_fail_on_every_rank_four_ranks", 1,
+                             "make_layout gives tp = 4 on 4 ranks (tp_rank = rank, dp 1) and refuses, on every rank "
+                             "and before any collective, tp = 3 (not dividing 4 ranks), tp = 8 (more than the ranks), "
+                             "NH = 3 heads with tp = 2", "README 'The layout'"};
+  grading::run(check, [](grading::Record& record) {
+    const int n = world().size(), r = world().rank();
+    GPTConfig three_heads = tp_config();  // NH = 3 heads of 16 channels: not divisible by tp = 2
+    three_heads.n_head = 3;
+    three_heads.n_embd = 48;
+    const lab05::Layout good = lab05::make_layout(tp_config(), n, r, n, false);  // a NotImplemented ends it here
+    const bool good_ok = good.tp == n && good.dp == 1 && good.tp_rank == r && good.dp_rank == 0;
+    EXPECT_TRUE(grading::all_ranks(good_ok, on_rank("tp " + std::to_string(good.tp) + " dp " + std::to_string(good.dp) +
+                                                    " tp_rank " + std::to_string(good.tp_rank) + " for tp = " +
+                                                    std::to_string(n))));
+    const GPTConfig thirds{16, 96, 2, 6, 48};  // NH, 4C and V divide by 3: only the ranks do not
+    int refused = 0;
+    for (const auto& [cfg, tp] : {std::pair<GPTConfig, int>{thirds, 3}, {tp_config(), 2 * n}, {three_heads, 2}}) {
+      try {
+        lab05::make_layout(cfg, n, r, tp, false);
+      } catch (const NotImplemented&) {
+        throw;
+      } catch (const Error&) {
+        ++refused;
+      }
+    }
+    EXPECT_TRUE(grading::all_ranks(refused == 3, on_rank(std::to_string(refused) + " of 3 bad layouts refused")));
+    record.measured("the good layout right; %d of 3 bad layouts refused on every rank", refused);
   });
 }
