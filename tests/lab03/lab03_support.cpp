@@ -68,9 +68,10 @@ Comparison compare_tensors(const std::vector<ParamInfo>& table, bool grads, cons
 }  // namespace
 
 std::string gradient_failure(const Comparison& c, int world, int micro_steps) {
-  const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(world, micro_steps));
+  const std::string scaled =
+      test::describe_scale(c.scale, test::data_parallel_factors(world, micro_steps), "the one-process gradient");
   if (c.ok || scaled.empty()) return c.failure;
-  return "every gradient tensor is " + scaled + " of the one-process gradient; the first: " + c.failure;
+  return "every gradient tensor is " + scaled;  // the whole story, and the same on every rank
 }
 
 Comparison compare_gradients(const GPT2& got, const GPT2& want, double rtol) {
@@ -134,10 +135,10 @@ std::string expect_reduced_gradients_match(lab03::SyncMode mode) {
       << "reduced gradients differ from the one-process gradients";
   EXPECT_TRUE(grading::all_ranks(differ.empty(), mode_name + " mode: " + differ))
       << "ranks must hold identical reduced gradients";
-  const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(n, 1));
+  const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(n, 1), "the one-process gradient");
   char buf[320];
   if (!scaled.empty()) {
-    std::snprintf(buf, sizeof(buf), "%s, %d ranks: every reduced gradient is %s of the one-process gradient; %s",
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks: every reduced gradient is %s; %s",
                   mode_name.c_str(), n, scaled.c_str(), differ.empty() ? "identical on every rank" : differ.c_str());
   } else {
     std::snprintf(buf, sizeof(buf), "%s, %d ranks: max |reduced - one-process| / max |one-process| = %.2e (%s); %s",

@@ -66,8 +66,9 @@ struct Comparison {
 Comparison compare_gradients(const GPT2& got, const GPT2& want, double rtol);
 // Per parameter tensor: max |got - want| <= atol.
 Comparison compare_parameters(const GPT2& got, const GPT2& want, double atol);
-// What a failed gradient comparison says first: "every gradient tensor is 2.00x the one-process gradient
-// (summed over the 2 ranks instead of averaged?)" when one factor explains all of them, else c.failure.
+// What a failed gradient comparison says: "every gradient tensor is 2.00x the one-process gradient
+// (summed over the 2 ranks instead of averaged?)" when one factor explains all of them, else c.failure
+// (the first tensor over the bound, its first bad indices and values).
 std::string gradient_failure(const Comparison& c, int world, int micro_steps);
 
 // A fingerprint of every gradient (grads = true) or parameter, bit for bit (FNV-1a 64 over the bytes).

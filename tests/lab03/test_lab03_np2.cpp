@@ -239,10 +239,11 @@ TEST(Lab03Ddp, AccumulationGradsEqualSingleProcess) {
       one_process_gradients(*expected, g);
       const Comparison c = compare_gradients(*model, *expected, kGradRtol);
       const std::string differ = ranks_differing_from_rank0(fingerprint(*model, /*grads=*/true));
-      const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(n, kMicroSteps));
+      const std::string scaled =
+          test::describe_scale(c.scale, test::data_parallel_factors(n, kMicroSteps), "the one-process gradient");
       char buf[320];
       std::snprintf(buf, sizeof(buf), "%s %.2e%s", lab03::sync_mode_name(mode), c.worst,
-                    scaled.empty() ? "" : (": every gradient " + scaled).c_str());
+                    scaled.empty() ? "" : (": every gradient is " + scaled).c_str());
       measured += (measured.empty() ? "" : ", ") + std::string(buf);
       if (!c.ok && ok) failure = std::string(lab03::sync_mode_name(mode)) + " mode: " + gradient_failure(c, n, kMicroSteps);
       ok = ok && c.ok;

@@ -11,15 +11,15 @@ namespace {
 
 constexpr double kFactorRtol = 1e-3;  // a factor "is" a known one within this; also how far from 1 it must be
 
-std::string describe_factor(double k, const std::vector<KnownFactor>& known) {
+std::string describe_factor(double k, const std::vector<KnownFactor>& known, const std::string& what) {
   std::string causes;
   for (const KnownFactor& f : known) {
     if (std::fabs(k - f.factor) <= kFactorRtol * std::fabs(f.factor))
       causes += (causes.empty() ? "" : ", or ") + f.cause;
   }
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2fx the expected value", k);
-  return causes.empty() ? std::string(buf) : std::string(buf) + " (" + causes + "?)";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fx ", k);
+  return buf + what + (causes.empty() ? "" : " (" + causes + "?)");
 }
 
 }  // namespace
@@ -67,13 +67,13 @@ std::vector<KnownFactor> data_parallel_factors(int world, int micro_steps) {
   return out;
 }
 
-std::string describe_scale(const ScaleFit& fit, const std::vector<KnownFactor>& known) {
-  return fit.constant_factor() ? describe_factor(fit.factor(), known) : "";
+std::string describe_scale(const ScaleFit& fit, const std::vector<KnownFactor>& known, const std::string& what) {
+  return fit.constant_factor() ? describe_factor(fit.factor(), known, what) : "";
 }
 
-std::string describe_ratio(double got, double want, const std::vector<KnownFactor>& known) {
+std::string describe_ratio(double got, double want, const std::vector<KnownFactor>& known, const std::string& what) {
   if (want == 0.0 || !std::isfinite(got) || std::fabs(got / want - 1.0) <= kFactorRtol) return "";
-  return describe_factor(got / want, known);
+  return describe_factor(got / want, known, what);
 }
 
 }  // namespace scalelab::test

@@ -42,11 +42,13 @@ struct KnownFactor {
 // are left out (a mistake that changes nothing at this size cannot be named by its factor).
 std::vector<KnownFactor> data_parallel_factors(int world, int micro_steps);
 
-// "2.00x the expected value (summed over the 2 ranks instead of averaged?)": the factor, and every
-// known cause whose factor it is (within 1e-3 relative; several are joined by " or "). "" unless
+// "2.00x <what> (summed over the 2 ranks instead of averaged?)": the factor, and every known cause
+// whose factor it is (within 1e-3 relative; several are joined by ", or "). "" unless
 // fit.constant_factor().
-std::string describe_scale(const ScaleFit& fit, const std::vector<KnownFactor>& known);
+std::string describe_scale(const ScaleFit& fit, const std::vector<KnownFactor>& known,
+                           const std::string& what = "the expected value");
 // The same for one number (a loss, a norm): "" when got equals want within 1e-3 relative or want is 0.
-std::string describe_ratio(double got, double want, const std::vector<KnownFactor>& known);
+std::string describe_ratio(double got, double want, const std::vector<KnownFactor>& known,
+                           const std::string& what = "the expected value");
 
 }  // namespace scalelab::test
