@@ -20,8 +20,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-# memory_<category>_bytes: the bytes held now in one allocator category (not the _peak_ keys, not the totals).
-_MEMORY_KEY = re.compile(r"^memory_(?!current_bytes$|peak_bytes$)(?P<cat>.+?)(?<!_peak)_bytes$")
+# memory_<category>_bytes: the bytes held now in one allocator category (docs/log_schema.md). Not a
+# category: the _peak_ keys and the totals, memory_current_bytes (the sum of the categories),
+# memory_peak_bytes and memory_reserved_bytes (held from the system: in use plus what the caching
+# allocator keeps; stacked as a category it would count every byte twice). memory_by_category checks
+# that its categories add up to memory_current_bytes, so a new total key cannot slip in unnoticed.
+_MEMORY_TOTALS = ("current", "peak", "reserved")
+_MEMORY_KEY = re.compile(r"^memory_(?!(?:" + "|".join(_MEMORY_TOTALS) + r")_bytes$)(?P<cat>.+?)(?<!_peak)_bytes$")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,7 +231,14 @@ def memory_by_category(run: Run) -> pd.DataFrame:
         return pd.DataFrame()
     last = s.sort_values("step").groupby("rank").tail(1).set_index("rank").sort_index()
     cats = {k: m.group("cat") for k in last.columns if (m := _MEMORY_KEY.match(k))}
-    return last[list(cats)].rename(columns=cats).fillna(0).astype("int64")
+    table = last[list(cats)].rename(columns=cats).fillna(0).astype("int64")
+    if "memory_current_bytes" in last.columns:
+        current = last["memory_current_bytes"].fillna(0).astype("int64")
+        if not (table.sum(axis=1) == current).all():
+            raise ValueError(f"{run.run_id}: the categories {sorted(cats.values())} add up to {table.sum(axis=1).tolist()} "
+                             f"bytes, memory_current_bytes says {current.tolist()}: a key that is not an allocator "
+                             "category (docs/log_schema.md) is read as one, or one is missing")
+    return table
 
 
 def scaling(runs: list[Run]) -> pd.DataFrame:

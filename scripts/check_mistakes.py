@@ -29,8 +29,6 @@ Prints one table (mistake, check, result, seconds) and exits 0 only if every mis
 import argparse
 import filecmp
 import glob
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
@@ -44,17 +42,10 @@ MISTAKES_DIR = os.path.join(REPO, "tests", "mistakes")
 TRACK = "reference"
 
 
-def load_grade():
-    """scripts/grade (no .py suffix) as a module: its build, ctest and record functions."""
-    path = os.path.join(REPO, "scripts", "grade")
-    loader = importlib.machinery.SourceFileLoader("sl_grade", path)
-    spec = importlib.util.spec_from_loader("sl_grade", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.join(REPO, "tests", "lint"))
+import lab_docs  # noqa: E402  (tests/lint/lab_docs.py: load_script)
 
-
-grade = load_grade()
+grade = lab_docs.load_script("grade", REPO)  # scripts/grade as a module: its build, ctest and record functions
 check_fences = grade.check_fences  # tests/lint/check_fences.py, as scripts/grade imports it
 
 

@@ -73,6 +73,10 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 
+# ---- the plots' own test: a stacked memory bar is memory_current_bytes, on synthetic records and these runs ----
+"$PY" notebooks/test_scalelab_logs.py --runs-root "$RUNS_ROOT" || die "notebooks/test_scalelab_logs.py failed (above)" \
+  "a memory plot stacks a key that is not an allocator category (notebooks/scalelab_logs.py _MEMORY_TOTALS)"
+
 # ---- execute every notebook ----
 echo "== notebooks: executing notebooks/*.ipynb on $RUNS_ROOT"
 t0=$SECONDS

@@ -4,10 +4,12 @@
 //
 //   bin/sl_calibrate                  # all cores
 //   bin/sl_calibrate --threads 1      # what one rank of a 2-rank run on 2 cores gets
+//   bin/sl_calibrate --threads 1 --recalibrate   # measure again and replace the cache (a busy-machine peak)
 //   bin/sl_calibrate --datasheet      # the GPU datasheet table instead
 #include <CLI/CLI.hpp>  // defines: CLI::App (command line)
 
-#include <cstdio>
+#include <cstdio>  // defines: std::printf, std::remove
+#include <string>
 #include <thread>
 
 #include "scalelab/measure/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
@@ -18,11 +20,14 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   double seconds = 3.0;
   std::string cache_dir = "runs/calibration";
-  bool no_cache = false, datasheet = false;
+  bool no_cache = false, datasheet = false, recalibrate = false;
   app.add_option("--threads", threads, "BLAS/OpenMP threads (default: all cores)")->check(CLI::PositiveNumber);
   app.add_option("--seconds", seconds, "time budget for the timed calls, all shapes together (s)");
   app.add_option("--cache-dir", cache_dir, "where cpu_<threads>t.json is written");
   app.add_flag("--no-cache", no_cache, "measure even if a matching cache file exists, and do not write it");
+  app.add_flag("--recalibrate", recalibrate,
+               "measure again and replace the cache file, even if it matches this machine (do it with nothing "
+               "else running: a peak measured on a busy machine is too low and makes every MFU too high)");
   app.add_flag("--datasheet", datasheet, "print the table of GPU datasheet peaks and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -36,6 +41,8 @@ int main(int argc, char** argv) {
       std::printf("(dense figures; 0 = not in the table)\n");
       return 0;
     }
+    const std::string path = scalelab::calibration_cache_path(cache_dir, threads);
+    if (recalibrate && !no_cache) std::remove(path.c_str());  // load_or_calibrate then measures and writes it
     const scalelab::Calibration c = no_cache ? scalelab::calibrate_gemm(threads, seconds)
                                              : scalelab::load_or_calibrate(threads, cache_dir, seconds);
     std::printf("%s\n%s, %s, %d thread(s)\n\n", c.id.c_str(), c.cpu_model.c_str(), c.blas_build.c_str(), c.threads);
@@ -49,7 +56,7 @@ int main(int argc, char** argv) {
     std::printf("\npeak (best shape)   %10.1f GFLOP/s   <- the MFU denominator of CPU runs\n", c.flops_per_s / 1e9);
     std::printf("median over shapes  %10.1f GFLOP/s\n", c.median_flops_per_s / 1e9);
     std::printf("source: %s\n", c.source.c_str());
-    if (!no_cache) std::printf("cache:  %s\n", scalelab::calibration_cache_path(cache_dir, threads).c_str());
+    if (!no_cache) std::printf("cache:  %s\n", path.c_str());
     return 0;
   } catch (const scalelab::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

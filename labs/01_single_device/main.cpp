@@ -17,7 +17,7 @@
 #include "driver.h"                           // defines: driver::TrainOptions, make_run_record, ... (labs/common)
 #include "scalelab/core/error.h"              // defines: scalelab::Error, NotImplemented
 #include "scalelab/core/threads.h"            // defines: set_num_threads
-#include "scalelab/measure/calibration.h"     // defines: device_peak (the MFU denominator: calibration or datasheet)
+#include "scalelab/measure/calibration.h"     // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
 #include "scalelab/measure/metrics.h"         // defines: RunLogger (JSONL logs)
 #include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
@@ -61,7 +61,7 @@ static int run(const Options& o) {
   oc.weight_decay = o.weight_decay;
   Optimizer optimizer(model, oc);
 
-  const Peak peak = device_peak(device, policy, threads);
+  const Peak peak = driver::run_peak(device, policy, threads, o.calibration);
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);  // YOUR TODO lab01-2
 
   // ------------------------------------------------------------------------------------------------

@@ -12,23 +12,20 @@ inline namespace SL_TRACK_LAB01 {
 StepResult train_step(GPT2& model, Optimizer& optimizer, const Tensor& inputs, const Tensor& targets, float lr,
                       float grad_clip) {
   StepResult r;
-  // TODO(lab01-1) BEGIN  one training step: zero grads, forward, backward, clip, update
-  //   1. model.zero_grad()                        gradients accumulate (+=), so clear them first
-  //   2. r.loss = model.forward(inputs, &targets)  mean cross-entropy of the batch
-  //   3. model.backward()                          fills the gradients of every parameter
-  //   4. r.grad_norm = clip_grad_norm(model, grad_clip)   (optim.h)
-  //   5. optimizer.step(lr)
+  // TODO(lab01-1) BEGIN  one training step on (inputs, targets)
+  //   Done when: every parameter has moved once, by the optimizer, along the clipped gradient of THIS
+  //   batch's mean loss, and r holds that loss and the gradient norm before clipping.
+  //   The idea: README "One training step". Hints, one tier at a time: scripts/hint 01-1
   throw scalelab::NotImplemented("lab01-1 train_step");
   // TODO(lab01-1) END
   return r;
 }
 
 double flops_per_token(const GPTConfig& cfg, int T) {
-  // TODO(lab01-2) BEGIN  FLOPs per token: 6N for the matmuls + 12 L T C for attention
-  //   1. N = gpt2_num_params(cfg, /*with_wpe=*/false)   (gpt2.h): no position embeddings
-  //      L = cfg.n_layer, C = cfg.n_embd (GPTConfig fields, gpt2.h)
-  //   2. matmuls: 2N FLOPs forward + 4N backward per token
-  //   3. attention scores and weighted sum: 2 matmuls of T x C per token and layer, times 3 (fwd+bwd)
+  // TODO(lab01-2) BEGIN  the model's training FLOPs per token
+  //   Done when: it returns the kit's convention for forward + backward FLOPs per token at sequence
+  //   length T (the matmuls of every weight that is a matmul, plus attention's T x T work).
+  //   The idea: README "Counting FLOPs". Hints, one tier at a time: scripts/hint 01-2
   throw scalelab::NotImplemented("lab01-2 flops_per_token");
   // TODO(lab01-2) END
 }
@@ -36,7 +33,7 @@ double flops_per_token(const GPTConfig& cfg, int T) {
 double tokens_per_second(int64_t tokens, double seconds) {
   SL_CHECK(seconds > 0.0, "seconds=%g must be > 0", seconds);
   // TODO(lab01-3) BEGIN  throughput: tokens processed per second of wall time
-  //   1. tokens / seconds (seconds > 0 is checked above)
+  //   The idea: README "Tokens per second and MFU". Hints, one tier at a time: scripts/hint 01-3
   throw scalelab::NotImplemented("lab01-3 tokens_per_second");
   // TODO(lab01-3) END
 }
@@ -44,9 +41,9 @@ double tokens_per_second(int64_t tokens, double seconds) {
 double mfu(double tokens_per_s, double flops_per_token, double peak_flops_per_s, int num_devices) {
   SL_CHECK(peak_flops_per_s > 0.0 && num_devices > 0, "peak_flops_per_s=%g num_devices=%d must be > 0",
            peak_flops_per_s, num_devices);
-  // TODO(lab01-4) BEGIN  MFU: achieved model FLOP/s over the peak of all devices
-  //   1. achieved = tokens_per_s * flops_per_token      (FLOP/s)
-  //   2. divide by peak_flops_per_s * num_devices
+  // TODO(lab01-4) BEGIN  MFU: the fraction of the devices' peak the model's FLOPs use
+  //   Done when: it returns a fraction (0.42, not 42) for num_devices devices of this peak each.
+  //   The idea: README "Tokens per second and MFU". Hints, one tier at a time: scripts/hint 01-4
   throw scalelab::NotImplemented("lab01-4 mfu");
   // TODO(lab01-4) END
 }

@@ -165,10 +165,9 @@ using scalelab::MicroBatch;  // (B, T) inputs and targets (scalelab/model/batch.
 using scalelab::StepResult;  // loss of THIS rank's micro-batches; norm of the synchronised gradient
 
 // TODO(lab03-8): one optimizer step of data-parallel training over this rank's micro-batches (one
-// per micro-step): zero the gradients, forward + backward each micro-batch (only the last one
-// synchronises: sync.set_require_sync), sync.finish(), divide the accumulated gradients by the
-// number of micro-steps, clip to grad_clip (<= 0: no clipping), optimizer.step(lr).
-// README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
+// per micro-step): the update one process makes with the mean loss of the whole global batch, with
+// ONE gradient synchronisation per step (through `sync`), clipped to grad_clip (<= 0: no clipping) by
+// the norm every rank agrees on. README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
 StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const std::vector<MicroBatch>& micro_batches,
                       float lr, float grad_clip);
 

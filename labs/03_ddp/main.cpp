@@ -60,7 +60,7 @@ static int run(const Options& o, Communicator& comm) {
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
   StepTimeline timeline(model);  // after GradSync: its hooks run after GradSync's
 
-  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm, o.calibration);
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);
 
   RunLogger log("lab03", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);

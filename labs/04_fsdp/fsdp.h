@@ -123,16 +123,15 @@ std::string gather_tag(int unit);          // "gather unit 3"
 std::string reduce_scatter_tag(int unit);  // "reduce_scatter unit 3"
 
 // TODO(lab04-2): start the all-gather of unit u's parameters (a ZeRO-3 block whose full_params is
-// empty): allocate full_params (padded,) in the policy's parameter dtype (category Params), copy
-// param_shard into its chunk [begin, begin + shard), and all_gather_async that chunk into the whole
-// buffer (in place, tag gather_tag(u)); keep the handle in units[u].gather. README.md#zero-3.
+// empty). On return a gather is in flight (its handle in units[u].gather, tag gather_tag(u)) that fills
+// units[u].full_params, (padded,) in the policy's parameter dtype (category Params), with every rank's
+// param_shard in that rank's chunk. README.md#zero-3.
 void gather_params_async(FsdpState& s, int unit);
 
-// TODO(lab04-3): the before_forward / before_backward hook of a ZeRO-3 block. Make unit u's parameters
-// usable: start its gather if nobody did (gather_params_async), wait for it, install the view
-// model.unit_params(u) = full_params [0, n). Then prefetch: walk `order` after u and start the gathers of
-// the next s.prefetch blocks that are not kept gathered and not gathered yet, so at most 1 + prefetch
-// blocks are ever gathered at once. README.md#prefetch.
+// TODO(lab04-3): the before_forward / before_backward hook of a ZeRO-3 block. On return
+// model.unit_params(u) is the gathered unit [0, n) (never the padding), and the next s.prefetch blocks of
+// `order` after u (units kept gathered do not count) are gathered or being gathered: at most
+// 1 + prefetch blocks at once, and no block gathered twice. README.md#zero-3, README.md#prefetch.
 void use_params(FsdpState& s, int unit, const std::vector<int>& order);
 
 // TODO(lab04-4): the after_forward / after_backward hook of a ZeRO-3 block: free the gathered copy
@@ -142,35 +141,34 @@ void release_params(FsdpState& s, int unit);
 // =============================================================================================
 // Gradients: each rank receives the averaged shard it owns
 // =============================================================================================
-// TODO(lab04-5): start the reduce-scatter of unit u's full gradient: rs_out = a (shard,) fp32 buffer
-// (category Comm); reduce_scatter_async(full_grads, rs_out, ReduceOp::Avg, reduce_scatter_tag(u)) puts
-// the average over the ranks of chunk r into rank r's rs_out. Keep the handle in units[u].reduce_scatter
-// and append u to s.reduce_scatters_in_flight. README.md#reduce-scatter.
+// TODO(lab04-5): start the reduce-scatter of unit u's full gradient (tag reduce_scatter_tag(u)): when it
+// completes, rank r's units[u].rs_out, a (shard,) fp32 buffer (category Comm), holds the AVERAGE over the
+// ranks of chunk r. Its handle is in units[u].reduce_scatter and u in s.reduce_scatters_in_flight.
+// README.md#reduce-scatter.
 void reduce_scatter_grads_async(FsdpState& s, int unit);
 
-// TODO(lab04-6): wait for unit u's reduce-scatter and keep its result: ZeRO-1 reduces once per step,
-// so grad_shard = rs_out (copy); ZeRO-2/3 reduce every micro-step, so grad_shard += rs_out. Free
-// rs_out; in ZeRO-2/3 also free the full gradient (full_grads and model.unit_grads(u) become empty):
-// that is what makes gradient memory 1/N. Remove u from s.reduce_scatters_in_flight.
-// README.md#reduce-scatter.
+// TODO(lab04-6): wait for unit u's reduce-scatter and keep its result in grad_shard, which then holds
+// the step's averaged gradient so far (ZeRO-1 reduces once per step; ZeRO-2/3 once per micro-step, so
+// their shards accumulate the micro-steps). rs_out is freed, and in ZeRO-2/3 the full gradient too
+// (nothing may refer to it: that is what makes gradient memory 1/N); u leaves
+// s.reduce_scatters_in_flight. README.md#reduce-scatter.
 void finish_reduce_scatter(FsdpState& s, int unit);
 
 // =============================================================================================
 // The update, on this rank's shard only
 // =============================================================================================
-// TODO(lab04-7): the global L2 norm of the gradient, from the shards: every rank sums the squares of
-// its grad_shards (sum_squares), one all_reduce (Sum) of that number, sqrt. If max_norm > 0 and the
-// norm exceeds it, scale every grad_shard by max_norm / (norm + 1e-6) (as torch's clip_grad_norm_).
-// Returns the norm before clipping. README.md#the-update.
+// TODO(lab04-7): the global L2 norm of the WHOLE model's gradient, computed from the shards, the same
+// number on every rank. If max_norm > 0 and the norm exceeds it, every grad_shard is scaled as torch's
+// clip_grad_norm_ scales a gradient (by max_norm / (norm + 1e-6)). Returns the norm before clipping.
+// README.md#the-update.
 float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 
-// TODO(lab04-8): one AdamW (or SGD) update of this rank's shard of every unit, then every rank gets the
-// new parameters. Per unit: the fp32 weights to update are `master` (bf16 policy) or param_shard; the
-// shard's elements [0, owned) cover parts of several parameters of the table, and weight decay applies
-// per parameter (ParamInfo::decay), so update one intersection at a time with adamw_update / sgd_update
-// (t = ++s.optimizer_steps once per call, not per unit). With a master copy, cast it into param_shard.
-// Then, for units kept gathered, all_gather param_shard (a view of full_params' own chunk) into
-// full_params, tag gather_tag(u). ZeRO-3 blocks are gathered when next used. README.md#the-update.
+// TODO(lab04-8): one AdamW (or SGD) update of this rank's shard of every unit: the fp32 weights (`master`
+// under the bf16 policy, else param_shard), every real element with ITS parameter's weight decay
+// (ParamInfo::decay), AdamW's step count advanced once per call. On return the new parameters are where
+// the next forward reads them: param_shard (rounded from master), and for the units kept gathered,
+// full_params on every rank (tag gather_tag(u)). ZeRO-3 blocks are gathered when next used.
+// README.md#the-update.
 void optimizer_step(FsdpState& s, float lr);
 
 // =============================================================================================
@@ -181,12 +179,11 @@ using scalelab::StepResult;  // loss of THIS rank's micro-batches; norm of the a
 
 class FSDP;
 
-// TODO(lab04-9): one optimizer step over this rank's micro-batches (one per micro-step):
-//   zero the gradients (fsdp.zero_grad()); forward + backward each micro-batch; ZeRO-2/3 reduce-scatter
-//   inside backward (the hooks call your functions), so after each backward fsdp.finish_backward()
-//   waits for the last of them; ZeRO-1 instead reduce-scatters every unit once, after the LAST
-//   micro-step (as DDP's no_sync); divide the grad_shards by the number of micro-steps; clip; update.
-// README.md#the-training-step.
+// TODO(lab04-9): one optimizer step over this rank's micro-batches (one per micro-step): the update one
+// process makes with the mean loss of the whole global batch, clipped to grad_clip (<= 0: no clipping).
+// ZeRO-2/3 reduce-scatter inside backward (the hooks call your functions); ZeRO-1 reduces once per step,
+// as DDP's no_sync. The FSDP class below offers what a step needs around the model's forward and
+// backward. Returns this rank's mean loss and the global norm before clipping. README.md#the-training-step.
 StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 
 // =============================================================================================

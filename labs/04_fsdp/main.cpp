@@ -75,7 +75,7 @@ static int run(const Options& o, Communicator& comm) {
                                    o.memory_cap_mb);
     return 0;
   }
-  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm);  // before the cap: calibration allocates
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm, o.calibration);  // before the cap: calibration allocates
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   const double loader_alone_tok_s =
       o.loader_alone_batches > 0

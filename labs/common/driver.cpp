@@ -3,6 +3,7 @@
 
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
+#include <fstream>    // defines: std::ifstream (--calibration)
 
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
@@ -40,6 +41,9 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
   app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
+  app.add_option("--calibration", o.calibration,
+                 "CPU runs: divide MFU by exactly this calibration file (bin/sl_calibrate writes them to "
+                 "runs/calibration/) instead of the cached one; ignored on a GPU");
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
 }
 
@@ -107,10 +111,36 @@ LinkModel make_link(const std::string& name, double slowdown) {
   return link;
 }
 
-Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm) {
-  if (device == Device::CPU && comm.rank() == 0) load_or_calibrate(threads);
+Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const std::string& calibration_file) {
+  if (device != Device::CPU || calibration_file.empty()) return device_peak(device, policy, threads);
+  const std::string hint = "make one for this machine: build/bin/sl_calibrate --threads " + std::to_string(threads) +
+                           " (then --calibration runs/calibration/cpu_" + std::to_string(threads) + "t.json)";
+  std::ifstream in(calibration_file);
+  SL_CHECK_HINT(in.good(), hint, "--calibration %s: cannot read the file", calibration_file.c_str());
+  Calibration c;
+  try {
+    c = Calibration::from_json(nlohmann::json::parse(in));
+  } catch (const nlohmann::json::exception& e) {
+    SL_FAIL(hint, "--calibration %s is not a calibration file: %s", calibration_file.c_str(), e.what());
+  }
+  const bool bf16 = policy.matmul_dtype == DType::BF16;  // as device_peak: bf16-compute's own GEMM
+  const bool file_bf16 = c.id.rfind("cpu-bf16gemm-", 0) == 0;
+  SL_CHECK_HINT(c.threads == threads, hint, "--calibration %s was measured with %d threads; this run uses %d",
+                calibration_file.c_str(), c.threads, threads);
+  SL_CHECK_HINT(c.cpu_model == system_info().cpu_model, hint, "--calibration %s was measured on '%s', this is '%s'",
+                calibration_file.c_str(), c.cpu_model.c_str(), system_info().cpu_model.c_str());
+  SL_CHECK_HINT(file_bf16 == bf16, hint + " (bf16-compute runs: the bf16 matmul's cpu_bf16_<t>t.json)",
+                "--calibration %s times the %s, but this run's matmuls are %s", calibration_file.c_str(),
+                file_bf16 ? "bf16 matmul" : "fp32 sgemm", bf16 ? "bf16 (bf16-compute)" : "fp32");
+  SL_CHECK_HINT(c.flops_per_s > 0, hint, "--calibration %s has no peak", calibration_file.c_str());
+  return {c.flops_per_s, c.source + " (--calibration " + calibration_file + ")", c.id};
+}
+
+Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm,
+                           const std::string& calibration_file) {
+  if (device == Device::CPU && calibration_file.empty() && comm.rank() == 0) load_or_calibrate(threads);
   comm.barrier();
-  return device_peak(device, policy, threads);
+  return run_peak(device, policy, threads, calibration_file);
 }
 
 // Rank 0's string on every rank. Strings travel as one i32 per character, padded with zeros to a fixed

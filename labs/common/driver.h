@@ -50,6 +50,7 @@ struct TrainOptions {
   int sample_tokens = 200;  // bytes of text generated at the end
   int threads = 0;          // CPU threads per rank (0: the default of set_num_threads)
   int timeline_steps = 3;   // steps 1..N log a `timeline` record (0: none; labs 03, 04: --timeline-steps)
+  std::string calibration;  // --calibration FILE: a CPU run's MFU peak is exactly this calibration (run_peak)
   bool quiet = false;
 };
 
@@ -67,7 +68,7 @@ void add_schedule_options(CLI::App& app, TrainOptions& o);
 
 // Every training driver, in this --help order: --device --model --seq-len, the schedule options,
 // --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed --val-every
-// --val-batches --sample-tokens --threads --quiet. A lab whose words differ for one of them changes its
+// --val-batches --sample-tokens --threads --calibration --quiet. A lab whose words differ for one of them changes its
 // description after this call (app.get_option("--seed")->description(...)).
 void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab);
 // Labs 03 and 04: add_train_options and --micro-batch --global-batch --backend.
@@ -95,10 +96,19 @@ std::pair<AttentionImpl, std::string> attention_from_option(const std::string& n
 LinkModel make_link(const std::string& name, double slowdown);
 
 // The denominator of MFU, per device, in FLOP/s (scalelab::device_peak, calibration.h): the datasheet
-// figure for a GPU, the sgemm calibration for the CPU. The CPU calibration is measured by rank 0 first
-// (several ranks calibrating at once would measure each other) and read from the cache by the others.
+// figure for a GPU, the sgemm calibration for the CPU (runs/calibration/cpu_<threads>t.json, measured
+// when missing or provably stale: load_or_calibrate). With `calibration_file` (--calibration FILE) a
+// CPU run divides by exactly that file's peak instead: no quick check, never measured again, refused
+// (scalelab::Error) when it was measured on another CPU model, for another thread count or for the
+// other GEMM (fp32 sgemm vs bf16-compute's bf16 matmul). That is how the graded speed checks make the
+// reference's run and the learner's divide by the same number (tests/perf/perf_compare.h). A GPU run
+// ignores the file: its peak is the datasheet's.
+Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const std::string& calibration_file);
+// run_peak on every rank. Without a file the CPU calibration is measured by rank 0 first (several ranks
+// calibrating at once would measure each other) and read from the cache by the others.
 // Collective (a barrier). Run bin/sl_calibrate --threads N beforehand to skip the measurement.
-Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm);
+Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm,
+                           const std::string& calibration_file);
 
 // The run id on every rank: `requested`, or rank 0's make_run_id() when it is "" (the random suffix
 // differs per call, so rank 0 draws it and broadcasts it). At most 128 characters. Collective.

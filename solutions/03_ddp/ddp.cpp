@@ -27,9 +27,10 @@ void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets);
 // Start identical
 // =============================================================================================
 void broadcast_parameters(GPT2& model, Communicator& comm) {
-  // TODO(lab03-1) BEGIN  every unit's parameters from rank 0
-  //   1. for every unit u in 0 .. model.num_units()-1: model.unit_params(u) is ONE contiguous buffer
-  //   2. comm.broadcast(buffer, /*root=*/0, "params unit " + std::to_string(u))
+  // TODO(lab03-1) BEGIN  every rank starts from rank 0's parameters
+  //   Done when: on every rank every parameter equals rank 0's, bit for bit, with one broadcast per
+  //   unit buffer (root 0, tag "params unit <u>"), issued by every rank in the same order.
+  //   The idea: README "Start identical". Hints, one tier at a time: scripts/hint 03-1
   for (int u = 0; u < model.num_units(); ++u) {
     comm.broadcast(model.unit_params(u), /*root=*/0, "params unit " + std::to_string(u));
   }
@@ -40,10 +41,10 @@ void broadcast_parameters(GPT2& model, Communicator& comm) {
 // Naive: one all-reduce per parameter tensor
 // =============================================================================================
 void all_reduce_grads_naive(GPT2& model, Communicator& comm) {
-  // TODO(lab03-2) BEGIN  one all-reduce per parameter tensor
-  //   1. for every ParamInfo p of model.param_table():
-  //   2.   Tensor g = model.grad(p.name);   a view into the unit's gradient buffer (no copy)
-  //   3.   comm.all_reduce(g, ReduceOp::Avg, /*tag=*/p.name);   sum over the ranks / world size, in place
+  // TODO(lab03-2) BEGIN  naive: every gradient becomes its average over the ranks
+  //   Done when: every gradient tensor holds its average over the ranks, with one blocking all-reduce
+  //   per parameter tensor, in table order, tagged with the tensor's name.
+  //   The idea: README "Naive data parallel: one all-reduce per tensor". Hints, one tier at a time: scripts/hint 03-2
   for (const ParamInfo& p : model.param_table()) {
     Tensor g = model.grad(p.name);
     comm.all_reduce(g, ReduceOp::Avg, /*tag=*/p.name);
@@ -58,15 +59,10 @@ std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double buc
   SL_CHECK_HINT(bucket_mb >= 0.0, "use --bucket-mb 0 for one bucket per tensor (PyTorch's default is 25)",
                 "bucket_mb = %g must be >= 0", bucket_mb);
   std::vector<Bucket> buckets;
-  // TODO(lab03-3) BEGIN  walk the table backwards, whole tensors, close a bucket once it holds >= cap
-  //   0. cap = (int64_t)(bucket_mb * 1048576.0 / sizeof(float))    elements: bucket_mb MiB of fp32
-  //   1. Bucket current; for p in table, from the LAST entry to the first:
-  //   2.   same unit as current.ranges.back()? The table is contiguous inside a unit, so p ends exactly
-  //        where that range starts: grow the range downwards (offset = p.offset, count += p.numel).
-  //        Otherwise (a new unit, or an empty bucket): append GradRange{p.unit, p.offset, p.numel}.
-  //   3.   current.numel += p.numel; current.ready_unit = p.unit (units only decrease on this walk)
-  //   4.   current.numel >= cap: push it to buckets, start a new one
-  //   5. after the loop: push the last bucket if it holds anything
+  // TODO(lab03-3) BEGIN  the bucket layout: which gradients travel together
+  //   Done when: `buckets` follows the rule of README "Buckets: fewer, bigger messages" exactly: walk
+  //   order, whole tensors, when a bucket closes, one range per unit, ready_unit (a pure function).
+  //   Hints, one tier at a time: scripts/hint 03-3
   const int64_t cap = static_cast<int64_t>(bucket_mb * 1048576.0 / sizeof(float));  // elements
   Bucket current;
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
@@ -119,11 +115,10 @@ void unpack_bucket(GPT2& model, const Bucket& bucket, const Tensor& flat) {
 std::string bucket_tag(size_t k) { return "bucket " + std::to_string(k); }
 
 void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state) {
-  // TODO(lab03-4) BEGIN  one all-reduce per bucket
-  //   for every bucket k, in order:
-  //   1. pack_bucket(model, state.buckets[k], state.flat[k])          gradients -> flat buffer
-  //   2. comm.all_reduce(state.flat[k], ReduceOp::Avg, bucket_tag(k))  one message for many tensors
-  //   3. unpack_bucket(model, state.buckets[k], state.flat[k])        averages -> gradients
+  // TODO(lab03-4) BEGIN  bucketed: every gradient averaged, one all-reduce per bucket
+  //   Done when: every gradient holds its average over the ranks, with one blocking all-reduce per
+  //   bucket, in bucket order, tagged bucket_tag(k).
+  //   The idea: README "Buckets: fewer, bigger messages". Hints, one tier at a time: scripts/hint 03-4
   for (size_t k = 0; k < state.buckets.size(); ++k) {
     pack_bucket(model, state.buckets[k], state.flat[k]);
     comm.all_reduce(state.flat[k], ReduceOp::Avg, bucket_tag(k));
@@ -136,15 +131,11 @@ void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& sta
 // Overlap: all-reduce while backward is still running
 // =============================================================================================
 void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, int unit) {
-  // TODO(lab03-5) BEGIN  launch every bucket whose gradients are final, in order, without waiting
-  //   Backward finishes the units in the order L+1, L, ..., 1, 0, so once after_backward(unit) runs,
-  //   every unit >= unit is final: bucket k is ready when buckets[k].ready_unit >= unit. (The tied
-  //   embedding wte is in unit 0: the LM head writes part of its gradient FIRST, but it is final
-  //   only at after_backward(0).)
-  //   1. k = state.pending.size(): the first bucket not launched yet (buckets go out in order)
-  //   2. while k < buckets.size() and buckets[k].ready_unit >= unit:
-  //        pack_bucket(...); state.pending.push_back(comm.all_reduce_async(flat[k], ReduceOp::Avg, bucket_tag(k)))
-  //   Do not wait here: the all-reduce must run while backward goes on to the next units.
+  // TODO(lab03-5) BEGIN  overlap: launch every bucket whose gradients are final, without waiting
+  //   Done when: after the hook for `unit` returns, every bucket whose gradients are all final has been
+  //   launched (in bucket order, asynchronously, tag bucket_tag(k)) and its handle kept; none waited for.
+  //   The idea: README "Overlap: all-reduce while backward is still running".
+  //   Hints, one tier at a time: scripts/hint 03-5
   for (size_t k = state.pending.size(); k < state.buckets.size() && state.buckets[k].ready_unit >= unit; ++k) {
     pack_bucket(model, state.buckets[k], state.flat[k]);
     state.pending.push_back(comm.all_reduce_async(state.flat[k], ReduceOp::Avg, bucket_tag(k)));
@@ -158,8 +149,10 @@ void wait_for_buckets(GPT2& model, BucketState& state) {
                 "and the step's last backward needs sync.set_require_sync(true)",
                 "only %zu of %zu buckets were launched during backward", state.pending.size(),
                 state.buckets.size());
-  // TODO(lab03-6) BEGIN  wait for every launched all-reduce, then copy its result back
-  //   for every k in launch order: state.pending[k]->wait(); unpack_bucket(model, state.buckets[k], state.flat[k])
+  // TODO(lab03-6) BEGIN  overlap: wait for every launched bucket, put the averages back
+  //   Done when: every gradient holds its average over the ranks (the optimizer reads it next).
+  //   The idea: README "Overlap: all-reduce while backward is still running".
+  //   Hints, one tier at a time: scripts/hint 03-6
   for (size_t k = 0; k < state.pending.size(); ++k) {
     state.pending[k]->wait();
     unpack_bucket(model, state.buckets[k], state.flat[k]);
@@ -215,11 +208,11 @@ void GradSync::finish() {
 int micro_steps_per_step(int global_batch, int micro_batch, int world_size) {
   SL_CHECK(global_batch > 0 && micro_batch > 0 && world_size > 0,
            "global_batch=%d micro_batch=%d world_size=%d must all be > 0", global_batch, micro_batch, world_size);
-  // TODO(lab03-7) BEGIN  micro-steps per optimizer step; refuse a global batch that does not divide
-  //   1. one micro-step processes micro_batch sequences on each of world_size ranks
-  //   2. refuse a global batch that is not a multiple of it: SL_CHECK_HINT(condition, hint, fmt, ...)
-  //      (scalelab/core/error.h), the hint naming the multiples just below and above ("use --global-batch 32 or 48")
-  //   3. return global_batch / (micro_batch * world_size)
+  // TODO(lab03-7) BEGIN  micro-steps per optimizer step, or a clear refusal
+  //   Done when: it returns the number of micro-steps for a global batch that splits evenly, and
+  //   otherwise throws scalelab::Error with a hint naming the valid global batches next to it.
+  //   The idea: README "Gradient accumulation: one all-reduce per optimizer step".
+  //   Hints, one tier at a time: scripts/hint 03-7
   const int per_micro_step = micro_batch * world_size;  // sequences, all ranks together
   const int below = global_batch / per_micro_step * per_micro_step, above = below + per_micro_step;
   const std::string hint = "the global batch must be a multiple of micro_batch x world_size = " +
@@ -237,14 +230,12 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const s
                       float lr, float grad_clip) {
   SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   StepResult r;
-  // TODO(lab03-8) BEGIN  m micro-steps, ONE gradient synchronisation, one update
-  //   1. model.zero_grad() once: the m backward passes ADD into the gradients
-  //   2. for micro-step i of m: sync.set_require_sync(i == m - 1)    (no_sync on all but the last)
-  //                             loss += model.forward(inputs, &targets); model.backward()
-  //   3. sync.finish()   every gradient becomes its average over the ranks
-  //   4. each backward added the gradient of its micro-batch's MEAN loss, so the sum is m times the
-  //      gradient of the step's mean loss: scale_(model.unit_grads(u), 1.0f / m) for every unit u
-  //   5. r.loss = the mean of the m losses; r.grad_norm = clip_grad_norm(model, grad_clip); optimizer.step(lr)
+  // TODO(lab03-8) BEGIN  one optimizer step over m micro-batches, ONE gradient synchronisation
+  //   Done when: the update is the one a single process makes on the whole global batch, the ranks
+  //   communicate once per step, r.loss is the mean of this rank's micro-batch losses and r.grad_norm
+  //   the norm of the synchronised gradient before clipping.
+  //   The idea: README "Gradient accumulation: one all-reduce per optimizer step".
+  //   Hints, one tier at a time: scripts/hint 03-8
   const int m = static_cast<int>(micro_batches.size());
   model.zero_grad();
   double loss_sum = 0.0;

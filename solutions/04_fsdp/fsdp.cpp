@@ -60,12 +60,10 @@ ShardLayout shard_layout(int64_t numel, int rank, int world_size) {
            "shard_layout(numel=%lld, rank=%d, world_size=%d): need numel >= 1 and 0 <= rank < world_size",
            static_cast<long long>(numel), rank, world_size);
   ShardLayout l;
-  // TODO(lab04-1) BEGIN  equal chunks of a padded buffer; this rank's chunk and how much of it is real
-  //   1. l.numel = numel;  l.shard = ceil(numel / world_size) in integers: (numel + N - 1) / N
-  //   2. l.padded = world_size * l.shard   (>= numel; the difference is padding)
-  //   3. l.begin = rank * l.shard
-  //   4. l.owned = real elements in [begin, begin + shard): numel - begin, clamped to [0, shard]
-  //      (with 10 elements on 4 ranks: shard 3, padded 12, and rank 3 owns 1 element)
+  // TODO(lab04-1) BEGIN  this rank's chunk of a unit padded to equal chunks
+  //   Done when: every field of ShardLayout (fsdp.h) is set as README "Shards and padding" defines it,
+  //   for any numel >= 1 and any world size (also when this rank owns only padding).
+  //   Hints, one tier at a time: scripts/hint 04-1
   l.numel = numel;
   l.shard = (numel + world_size - 1) / world_size;
   l.padded = l.shard * world_size;
@@ -81,12 +79,10 @@ ShardLayout shard_layout(int64_t numel, int rank, int world_size) {
 void gather_params_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(!us.full_params.defined(), "gather_params_async: unit %d is already gathered", unit);
-  // TODO(lab04-2) BEGIN  allocate the padded buffer, put our shard in our chunk, all-gather in place
-  //   (us = s.units[unit], l = us.layout)
-  //   1. us.full_params = Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params)
-  //   2. Tensor mine = us.full_params.view(l.begin, {l.shard});  mine.copy_from(us.param_shard)
-  //   3. us.gather = s.comm.all_gather_async(mine, us.full_params, gather_tag(unit))
-  //      (all_gather puts rank r's chunk at [r*shard, (r+1)*shard): the whole unit, plus the padding)
+  // TODO(lab04-2) BEGIN  ZeRO-3: start gathering one unit's parameters, asynchronously
+  //   Done when: once us.gather completes, us.full_params (the padded unit, in the parameter dtype,
+  //   category Params) holds every rank's shard in its place; nothing was waited for.
+  //   The idea: README "ZeRO-3". Hints, one tier at a time: scripts/hint 04-2
   const ShardLayout& l = us.layout;
   us.full_params =
       Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params);
@@ -97,13 +93,10 @@ void gather_params_async(FsdpState& s, int unit) {
 }
 
 void use_params(FsdpState& s, int unit, const std::vector<int>& order) {
-  // TODO(lab04-3) BEGIN  wait for this unit, install it, prefetch the next ones
-  //   1. no gather started for it yet (full_params empty)? gather_params_async(s, unit)
-  //   2. units[unit].gather->wait(); units[unit].gather = nullptr
-  //   3. s.model.unit_params(unit) = full_params.view(0, {layout.numel})   the model never sees padding
-  //   4. prefetch: walk `order` from the entry after `unit`; for the next s.prefetch units that are not
-  //      keep_gathered: start gather_params_async for those whose full_params is still empty
-  //      (those already in flight count towards the s.prefetch too)
+  // TODO(lab04-3) BEGIN  before a block computes: its parameters installed, the next ones on the way
+  //   Done when: the model's parameters of `unit` are the gathered ones (never the padding), and the
+  //   gathers of the next s.prefetch blocks of `order` are in flight: never more, never one twice.
+  //   The idea: README "ZeRO-3" and "Prefetch". Hints, one tier at a time: scripts/hint 04-3
   UnitShard& us = s.units.at(unit);
   if (!us.full_params.defined()) gather_params_async(s, unit);
   if (us.gather) {
@@ -123,9 +116,9 @@ void use_params(FsdpState& s, int unit, const std::vector<int>& order) {
 }
 
 void release_params(FsdpState& s, int unit) {
-  // TODO(lab04-4) BEGIN  free the gathered copy: only param_shard stays
-  //   s.model.unit_params(unit) = Tensor();  s.units[unit].full_params = Tensor();
-  //   (a Tensor frees its bytes when the last view of them goes: both must go)
+  // TODO(lab04-4) BEGIN  after a block computed: only the shard stays
+  //   Done when: no Tensor refers to the gathered copy any more, so its bytes are freed.
+  //   The idea: README "ZeRO-3". Hints, one tier at a time: scripts/hint 04-4
   s.model.unit_params(unit) = Tensor();
   s.units.at(unit).full_params = Tensor();
   // TODO(lab04-4) END
@@ -137,10 +130,10 @@ void release_params(FsdpState& s, int unit) {
 void reduce_scatter_grads_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(us.full_grads.defined(), "reduce_scatter_grads_async: unit %d has no full gradient", unit);
-  // TODO(lab04-5) BEGIN  reduce-scatter the padded gradient: rank r receives the AVERAGE of chunk r
-  //   1. us.rs_out = Tensor::empty({us.layout.shard}, DType::F32, s.model.device(), MemCategory::Comm)
-  //   2. us.reduce_scatter = s.comm.reduce_scatter_async(us.full_grads, us.rs_out, ReduceOp::Avg, reduce_scatter_tag(unit))
-  //   3. s.reduce_scatters_in_flight.push_back(unit)
+  // TODO(lab04-5) BEGIN  launch the averaged reduce-scatter of a unit's gradient
+  //   Done when: a reduce-scatter is in flight that leaves in this rank's us.rs_out (fp32, category
+  //   Comm) the average over the ranks of this rank's chunk, and the state knows it is in flight.
+  //   The idea: README "Reduce-scatter". Hints, one tier at a time: scripts/hint 04-5
   us.rs_out = Tensor::empty({us.layout.shard}, DType::F32, s.model.device(), MemCategory::Comm);
   us.reduce_scatter = s.comm.reduce_scatter_async(us.full_grads, us.rs_out, ReduceOp::Avg, reduce_scatter_tag(unit));
   s.reduce_scatters_in_flight.push_back(unit);
@@ -150,13 +143,10 @@ void reduce_scatter_grads_async(FsdpState& s, int unit) {
 void finish_reduce_scatter(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(us.reduce_scatter != nullptr, "finish_reduce_scatter: unit %d has no reduce-scatter in flight", unit);
-  // TODO(lab04-6) BEGIN  wait; keep the shard; ZeRO-2/3 free the full gradient
-  //   1. us.reduce_scatter->wait(); us.reduce_scatter = nullptr
-  //   2. ZeRO-1: us.grad_shard.copy_from(us.rs_out)   (the step's gradients, reduced once)
-  //      ZeRO-2/3: add_(us.grad_shard, us.rs_out)     (one micro-step's share, accumulated)
-  //   3. us.rs_out = Tensor()
-  //   4. ZeRO-2/3: us.full_grads = Tensor(); s.model.unit_grads(unit) = Tensor()
-  //   5. erase `unit` from s.reduce_scatters_in_flight
+  // TODO(lab04-6) BEGIN  finish a reduce-scatter: the shard holds its share, the full gradient goes
+  //   Done when: grad_shard holds the step's averaged gradient so far (ZeRO-1: reduced once per step;
+  //   ZeRO-2/3: once per micro-step), and every buffer this stage no longer needs is freed.
+  //   The idea: README "Reduce-scatter". Hints, one tier at a time: scripts/hint 04-6
   us.reduce_scatter->wait();
   us.reduce_scatter = nullptr;
   if (s.stage == ZeroStage::Zero1) {
@@ -179,10 +169,10 @@ void finish_reduce_scatter(FsdpState& s, int unit) {
 // =============================================================================================
 float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
   float norm = 0.0f;
-  // TODO(lab04-7) BEGIN  global norm from the shards: local sum of squares, all-reduce, sqrt; clip
-  //   1. double local = sum of sum_squares(units[u].grad_shard) over u   (padding is zero: harmless)
-  //   2. Tensor t (1,) fp32 holding local; s.comm.all_reduce(t, ReduceOp::Sum, "grad norm")
-  //   3. norm = sqrt(t.data<float>()[0]);  if max_norm > 0 and max_norm / (norm + 1e-6) < 1: scale_ every grad_shard by it
+  // TODO(lab04-7) BEGIN  the global gradient norm from the shards; clip
+  //   Done when: `norm` is the L2 norm of the WHOLE model's gradient, the same on every rank, and every
+  //   shard was scaled as torch.nn.utils.clip_grad_norm_ scales a gradient when max_norm > 0.
+  //   The idea: README "The update". Hints, one tier at a time: scripts/hint 04-7
   double local = 0.0;
   for (const UnitShard& us : s.units) local += sum_squares(us.grad_shard);
   Tensor t = Tensor::empty({1}, DType::F32);
@@ -202,17 +192,9 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
 
 void optimizer_step(FsdpState& s, float lr) {
   // TODO(lab04-8) BEGIN  update this rank's shard of every unit, then share the new parameters
-  //   1. const int64_t t = ++s.optimizer_steps
-  //   2. for each unit u (const OptimizerConfig& o = s.optimizer; the table: s.model.param_table()):
-  //      weights = us.master if defined, else us.param_shard (fp32)
-  //      for each ParamInfo p of unit u: its elements [p.offset, p.offset + p.numel) of the unit meet
-  //      this shard [begin, begin + owned) in [lo, hi) (skip if empty); in shard coordinates that is
-  //      [lo - begin, hi - begin): views w, g (grad_shard), m, v of that range;
-  //      adamw_update(w, g, m, v, lr, o.beta1, o.beta2, o.eps, p.decay ? o.weight_decay : 0, t)
-  //      or sgd_update(w, g, lr, p.decay ? o.weight_decay : 0)
-  //   3. master defined: cast(us.param_shard, us.master)   (round the new fp32 weights to bf16)
-  //   4. us.keep_gathered: s.comm.all_gather(us.param_shard, us.full_params, gather_tag(u))
-  //      (param_shard is full_params' own chunk: in place)
+  //   Done when: every real element of this rank's shards took one AdamW (or SGD) step with its own
+  //   parameter's weight decay, and every unit kept gathered holds the new parameters on every rank.
+  //   The idea: README "The update". Hints, one tier at a time: scripts/hint 04-8
   const OptimizerConfig& o = s.optimizer;
   const std::vector<ParamInfo>& table = s.model.param_table();
   const int64_t t = ++s.optimizer_steps;
@@ -247,12 +229,9 @@ StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, 
   SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   StepResult r;
   // TODO(lab04-9) BEGIN  m micro-steps, the gradients reduce-scattered, one sharded update
-  //   1. fsdp.zero_grad()
-  //   2. for each micro-batch: loss += model.forward(inputs, &targets); model.backward();
-  //      ZeRO-2/3: fsdp.finish_backward()   (the hooks reduce-scattered during backward)
-  //   3. ZeRO-1: fsdp.reduce_scatter_all()  (once, after the last micro-step)
-  //   4. each backward added the gradient of its micro-batch's MEAN loss: scale_ every grad_shard by 1/m
-  //   5. r.loss = mean of the m losses; r.grad_norm = clip_grad_norm_sharded(s, grad_clip); optimizer_step(s, lr)
+  //   Done when: the update is the one a single process makes on the whole global batch, r.loss is the
+  //   mean of this rank's micro-batch losses and r.grad_norm the global norm before clipping.
+  //   The idea: README "The training step". Hints, one tier at a time: scripts/hint 04-9
   FsdpState& s = fsdp.state();
   GPT2& model = fsdp.model();
   const int m = static_cast<int>(micro_batches.size());

@@ -42,6 +42,13 @@ TEST(GradingSelftest, Skips) {
   grading::run({"lab99.skips", 5, "needs a GPU", "-"}, [](grading::Record&) { GTEST_SKIP() << "no GPU here"; });
 }
 
+TEST(GradingSelftest, SkipsOptional) {
+  grading::run({"lab99.skips_optional", 2, "a timing", "-"}, [](grading::Record& record) {
+    record.optional("time it by hand: planted command");
+    GTEST_SKIP() << "the machine is shared";
+  });
+}
+
 TEST(GradingSelftest, IdDoesNotMatchName) {
   grading::run({"lab99.some_other_name", 1, "-", "-"}, [](grading::Record&) {});
 }
@@ -72,5 +79,28 @@ TEST(GradingSelftest, AllRanksReports) {
     EXPECT_FALSE(combined);
     EXPECT_STREQ(combined.message(), "rank 1: err 0.5");
     EXPECT_TRUE(grading::all_ranks(true));  // a world of one: the identity
+  });
+}
+
+// Ranks that report the same message are named once; different messages are kept apart, each with its ranks.
+TEST(GradingSelftest, AllRanksGroupsIdenticalMessages) {
+  grading::run({"lab99.all_ranks_groups_identical_messages", 1, "-", "-"}, [](grading::Record&) {
+    // 4 ranks that all fail the same way, each having put its own "rank r: " in front (on_rank)
+    grading::set_rank_reducer({0, 4, [](bool) { return false; }, [](const std::string&) {
+                                 return std::vector<std::string>{"rank 0: err 0.5", "rank 1: err 0.5",
+                                                                 "rank 2: err 0.5", "rank 3: err 0.5"};
+                               }});
+    const ::testing::AssertionResult agree = grading::all_ranks(false, "rank 0: err 0.5");
+    grading::set_rank_reducer({0, 4, [](bool) { return false; }, [](const std::string&) {
+                                 return std::vector<std::string>{"a", "", "a", "b"};
+                               }});
+    const ::testing::AssertionResult differ = grading::all_ranks(false, "a");
+    grading::set_rank_reducer({});
+    EXPECT_STREQ(agree.message(), "all 4 ranks: err 0.5");
+    EXPECT_STREQ(differ.message(), "ranks 0, 2: a; rank 3: b");
+    const std::vector<grading::RankGroup> g = grading::group_by_message({"x", "x", "x", "y", "x"});
+    ASSERT_EQ(g.size(), 2u);
+    EXPECT_EQ(g[0].ranks, "ranks 0-2, 4");
+    EXPECT_EQ(g[1].ranks, "rank 3");
   });
 }

@@ -66,6 +66,14 @@ class GradingRecordsTest(unittest.TestCase):
         self.assertEqual(rec["check_status"], "skipped")
         self.assertEqual(rec["check_message"], "no GPU here")
 
+    def test_skipped_optional_carries_the_command(self):
+        rc, rec = record("SkipsOptional")
+        self.assertEqual(rec["check_status"], "skipped")
+        self.assertEqual(rec["check_message"], "the machine is shared")
+        self.assertEqual(rec["check_optional"], "time it by hand: planted command")
+        rc, rec = record("Skips")
+        self.assertNotIn("check_optional", rec)  # a plain skip is not labelled optional
+
     def test_skip_switch(self):
         rc, rec = record("Passes", {"SL_GRADING_SKIP": "needs MPI"})
         self.assertEqual(rec["check_status"], "skipped")
@@ -91,6 +99,10 @@ class GradingRecordsTest(unittest.TestCase):
 
     def test_all_ranks(self):
         rc, rec = record("AllRanksReports")
+        self.assertEqual(rec["check_status"], "passed", rec)
+
+    def test_all_ranks_groups_identical_messages(self):
+        rc, rec = record("AllRanksGroupsIdenticalMessages")
         self.assertEqual(rec["check_status"], "passed", rec)
 
 

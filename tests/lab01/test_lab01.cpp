@@ -16,6 +16,7 @@
 
 #include "fixture.h"            // defines: scalelab::test::Fixture (the PyTorch reference)
 #include "grading.h"            // defines: grading::Check, grading::run, grading::Record
+#include "scale_factor.h"       // defines: test::ScaleFit, describe_scale (a wrong scale, named)
 #include "scalelab/core/error.h"     // defines: scalelab::Error
 #include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
 #include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
@@ -63,10 +64,14 @@ std::string bitwise_difference(const std::string& name, const Tensor& got, const
     max_abs = std::max(max_abs, std::fabs(static_cast<double>(g[i]) - w[i]));
   }
   if (first < 0) return "";
-  char buf[256];
+  test::ScaleFit fit;  // a wrongly scaled gradient (or update) is one factor in every element
+  fit.add(g, w, want.numel());
+  const std::string scaled = test::describe_scale(fit, {});
+  char buf[320];
   std::snprintf(buf, sizeof(buf), "%s: %lld of %lld elements differ; first at [%lld]: %.9g, expected %.9g; "
-                "max abs error %.3g", name.c_str(), static_cast<long long>(count),
-                static_cast<long long>(want.numel()), static_cast<long long>(first), g[first], w[first], max_abs);
+                "max abs error %.3g%s", name.c_str(), static_cast<long long>(count),
+                static_cast<long long>(want.numel()), static_cast<long long>(first), g[first], w[first], max_abs,
+                scaled.empty() ? "" : ("; every element is " + scaled).c_str());
   return buf;
 }
 

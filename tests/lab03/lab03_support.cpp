@@ -30,6 +30,9 @@ Comparison compare_tensors(const std::vector<ParamInfo>& table, bool grads, cons
     double max_abs_want = 0.0, max_err = 0.0;
     for (int64_t i = 0; i < p.numel; ++i) max_abs_want = std::max(max_abs_want, std::fabs(double{hw[i]}));
     const double bound = rtol * max_abs_want + atol;
+    test::ScaleFit fit;
+    fit.add(hg, hw, p.numel);
+    c.scale.add(fit);
     std::string bad;
     int n_bad = 0;
     for (int64_t i = 0; i < p.numel; ++i) {
@@ -54,6 +57,8 @@ Comparison compare_tensors(const std::vector<ParamInfo>& table, bool grads, cons
                     "largest |expected| %.3g): ", grads ? "grad of " : "", p.name.c_str(), n_bad,
                     static_cast<long long>(p.numel), bound, max_err, max_abs_want);
       c.failure = buf + bad;
+      const std::string scaled = test::describe_scale(fit, {});
+      if (!scaled.empty()) c.failure += "; every element is " + scaled;
       c.ok = false;
     }
   }
@@ -61,6 +66,13 @@ Comparison compare_tensors(const std::vector<ParamInfo>& table, bool grads, cons
 }
 
 }  // namespace
+
+std::string gradient_failure(const Comparison& c, int world, int micro_steps) {
+  const std::string scaled =
+      test::describe_scale(c.scale, test::data_parallel_factors(world, micro_steps), "the one-process gradient");
+  if (c.ok || scaled.empty()) return c.failure;
+  return "every gradient tensor is " + scaled;  // the whole story, and the same on every rank
+}
 
 Comparison compare_gradients(const GPT2& got, const GPT2& want, double rtol) {
   return compare_tensors(want.param_table(), /*grads=*/true, got, want, rtol, /*atol=*/0.0);
@@ -118,12 +130,21 @@ std::string expect_reduced_gradients_match(lab03::SyncMode mode) {
   one_process_gradients(*expected, g);
   const Comparison c = compare_gradients(*model, *expected, kGradRtol);
   const std::string differ = ranks_differing_from_rank0(fingerprint(*model, /*grads=*/true));
-  EXPECT_TRUE(grading::all_ranks(c.ok, c.failure)) << "reduced gradients differ from the one-process gradients";
-  EXPECT_TRUE(grading::all_ranks(differ.empty(), differ)) << "ranks must hold identical reduced gradients";
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "%s, %d ranks: max |reduced - one-process| / max |one-process| = %.2e (%s); %s",
-                lab03::sync_mode_name(mode), n, c.worst, c.worst_name.c_str(),
-                differ.empty() ? "identical on every rank" : differ.c_str());
+  const std::string mode_name = lab03::sync_mode_name(mode);
+  EXPECT_TRUE(grading::all_ranks(c.ok, mode_name + " mode: " + gradient_failure(c, n, 1)))
+      << "reduced gradients differ from the one-process gradients";
+  EXPECT_TRUE(grading::all_ranks(differ.empty(), mode_name + " mode: " + differ))
+      << "ranks must hold identical reduced gradients";
+  const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(n, 1), "the one-process gradient");
+  char buf[320];
+  if (!scaled.empty()) {
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks: every reduced gradient is %s; %s",
+                  mode_name.c_str(), n, scaled.c_str(), differ.empty() ? "identical on every rank" : differ.c_str());
+  } else {
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks: max |reduced - one-process| / max |one-process| = %.2e (%s); %s",
+                  mode_name.c_str(), n, c.worst, c.worst_name.c_str(),
+                  differ.empty() ? "identical on every rank" : differ.c_str());
+  }
   return buf;
 }
 
@@ -156,11 +177,15 @@ std::string expect_steps_match(lab03::SyncMode mode, const OptimizerConfig& opt_
       worst_name = cp.worst_name;
     }
     if (ok && !(cg.ok && cp.ok)) {
-      failure = "step " + std::to_string(step + 1) + ": " + (cg.ok ? cp.failure : cg.failure);
+      failure = std::string(lab03::sync_mode_name(mode)) + " mode, step " + std::to_string(step + 1) + ": " +
+                (cg.ok ? cp.failure : gradient_failure(cg, n, micro_steps));
     }
     ok = ok && cg.ok && cp.ok;
     const std::string differ = ranks_differing_from_rank0(fingerprint(*model, /*grads=*/false));
-    if (identical && !differ.empty()) differ_all = "after step " + std::to_string(step + 1) + ": " + differ;
+    if (identical && !differ.empty()) {
+      differ_all = std::string(lab03::sync_mode_name(mode)) + " mode, after step " + std::to_string(step + 1) + ": " +
+                   differ;
+    }
     identical = identical && differ.empty();
   }
   if (grad_clip > 0) {

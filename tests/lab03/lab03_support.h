@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data_parallel.h"      // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
+#include "scale_factor.h"       // defines: test::ScaleFit (a constant-factor mismatch, named)
 #include "ddp.h"                // defines: lab03::MicroBatch, GradSync, SyncMode (the track under test)
 #include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
@@ -57,12 +58,18 @@ struct Comparison {
   bool ok = true;
   double worst = 0.0;      // the largest error found (relative or absolute, see the function)
   std::string worst_name;  // the tensor it is in
-  std::string failure;     // "" when ok: the first tensor over the bound, its first 5 bad indices, values
+  std::string failure;     // "" when ok: the first tensor over the bound, its first 5 bad indices, values,
+                           // and its factor when it is the expected tensor times a constant
+  test::ScaleFit scale;    // got ~ k x want over every tensor compared (a wrong scale is one k everywhere)
 };
 // Per gradient tensor: max |got - want| <= rtol * max |want| (relative to the tensor's largest entry).
 Comparison compare_gradients(const GPT2& got, const GPT2& want, double rtol);
 // Per parameter tensor: max |got - want| <= atol.
 Comparison compare_parameters(const GPT2& got, const GPT2& want, double atol);
+// What a failed gradient comparison says: "every gradient tensor is 2.00x the one-process gradient
+// (summed over the 2 ranks instead of averaged?)" when one factor explains all of them, else c.failure
+// (the first tensor over the bound, its first bad indices and values).
+std::string gradient_failure(const Comparison& c, int world, int micro_steps);
 
 // A fingerprint of every gradient (grads = true) or parameter, bit for bit (FNV-1a 64 over the bytes).
 std::string fingerprint(const GPT2& model, bool grads);

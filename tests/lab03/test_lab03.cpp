@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>  // defines: int64_t
+#include <cstdio>   // defines: std::snprintf
 #include <string>
+#include <utility>  // defines: std::pair
 #include <vector>
 
 #include "ddp.h"             // defines: lab03::make_buckets, micro_steps_per_step
@@ -49,6 +51,30 @@ std::vector<lab03::Bucket> expected_buckets(const std::vector<ParamInfo>& table,
   return out;
 }
 
+// Every boundary of the rule, not one example. A bucket can close exactly when the walk's running size
+// S (from the last tensor up) reaches the cap, so for each S: caps of S - 1, S and S + 1 elements, and
+// the fractional S + 0.5 and S + 0.75 (the cap is floor(bucket_mb * 2^20 / 4): a bucket of S elements
+// closes, one that rounds the cap up or compares bytes does not); every cap that divides the total
+// exactly (each bucket then can fill to the element); the total itself, +-1; and 0. In MiB, exactly
+// representable (an element count / 2^18).
+std::vector<double> boundary_caps_mb(const std::vector<ParamInfo>& table) {
+  std::vector<double> elements = {0.0};
+  int64_t total = 0;
+  for (const ParamInfo& p : table) total += p.numel;
+  int64_t running = 0;
+  for (size_t i = table.size(); i-- > 0;) {
+    running += table[i].numel;
+    for (const double d : {-1.0, 0.0, 0.5, 0.75, 1.0}) elements.push_back(static_cast<double>(running) + d);
+  }
+  for (int64_t k = 1; k <= 64; ++k)
+    if (total % k == 0) elements.push_back(static_cast<double>(total / k));
+  elements.push_back(static_cast<double>(total + 1));
+  std::vector<double> mb;
+  for (const double e : elements)
+    if (e >= 0) mb.push_back(e * 4 / 1048576.0);
+  return mb;
+}
+
 std::string describe(const lab03::Bucket& b) {
   std::string s = "{ready_unit " + std::to_string(b.ready_unit) + ", numel " + std::to_string(b.numel) + ", ranges";
   for (const lab03::GradRange& r : b.ranges) {
@@ -74,42 +100,59 @@ TEST(Lab03Ddp, BucketLayout) {
   const grading::Check check{
       "lab03.bucket_layout", /*points=*/3,
       /*target=*/"make_buckets equals the README's rule (table walked backwards, whole tensors, a bucket closes "
-                 "once it holds >= bucket_mb MiB of fp32, one range per unit, ready_unit = lowest unit) for the "
-                 "tiny model at 0, 48 elements (exactly 3 tensors), 0.0038, 0.01 and 25 MiB, demo at 1 MiB and d12 "
-                 "at 25 MiB; bucket_mb < 0 "
+                 "once it holds >= cap = floor(bucket_mb * 2^20 / 4) elements, one range per unit, ready_unit = "
+                 "lowest unit) at every boundary of the rule on the tiny model and a model of odd sizes (C=9): "
+                 "caps of S-1, S, S+0.5, S+0.75 and S+1 elements for every running size S of the walk, every cap "
+                 "dividing the total exactly, 0 and the total; demo at 1 MiB and d12 at 25 MiB; bucket_mb < 0 "
                  "throws scalelab::Error",
-      /*hint=*/"README 'Buckets': the walk order (the order backward produces gradients), when a bucket closes, "
+      /*hint=*/"README 'Buckets': the walk order (the order backward produces gradients), when exactly a bucket "
+               "closes (the cap is a whole number of elements, rounded down), what happens at the end of the walk, "
                "and why a bucket holding part of unit 0 is ready only after after_backward(0)"};
   grading::run(check, [](grading::Record& record) {
     struct Case {
-      const char* preset;
+      std::string model;
+      GPTConfig cfg;
       double bucket_mb;
     };
-    // 48 elements: ln_f.bias + ln_f.weight + h.1.mlp.c_proj.bias fill the cap exactly (>= closes, > would not)
-    const double exactly_48 = 48.0 * 4 / 1048576.0;
-    const Case cases[] = {{"tiny", 0.0},  {"tiny", exactly_48}, {"tiny", 1000.0 * 4 / 1048576.0}, {"tiny", 0.01},
-                          {"tiny", 25.0}, {"demo", 1.0},        {"d12", 25.0}};
+    // The sizes' boundaries first on two small models (the tiny preset, every tensor a multiple of 16,
+    // and one of odd sizes), then the README's two layouts of real size.
+    const GPTConfig odd{/*max_seq_len=*/15, /*vocab_size=*/64, /*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9};
+    std::vector<Case> cases;
+    for (const auto& [name, cfg] : {std::pair<std::string, GPTConfig>{"tiny", GPTConfig::preset("tiny")},
+                                    std::pair<std::string, GPTConfig>{"C=9", odd}}) {
+      for (const double mb : boundary_caps_mb(gpt2_param_table(cfg))) cases.push_back({name, cfg, mb});
+    }
+    cases.push_back({"demo", GPTConfig::preset("demo"), 1.0});
+    cases.push_back({"d12", GPTConfig::preset("d12"), 25.0});
+    int failures = 0, layouts = 0;
     std::string summary;
     for (const Case& c : cases) {
-      const std::vector<ParamInfo> table = gpt2_param_table(GPTConfig::preset(c.preset));
+      const std::vector<ParamInfo> table = gpt2_param_table(c.cfg);
       const std::vector<lab03::Bucket> got = lab03::make_buckets(table, c.bucket_mb);
       const std::vector<lab03::Bucket> want = expected_buckets(table, c.bucket_mb);
-      const std::string where = std::string(c.preset) + " at " + std::to_string(c.bucket_mb) + " MiB: ";
+      ++layouts;
+      char where[160];
+      std::snprintf(where, sizeof(where), "%s at %.9g MiB (%.2f elements, cap %lld): ", c.model.c_str(), c.bucket_mb,
+                    c.bucket_mb * 1048576.0 / 4, static_cast<long long>(c.bucket_mb * 1048576.0 / 4));
+      std::string problem;
       if (got.size() != want.size()) {
-        ADD_FAILURE() << where << got.size() << " buckets, expected " << want.size() << "; the first expected: "
-                      << describe(want[0]) << (got.empty() ? "" : ", got: " + describe(got[0]));
-        continue;
-      }
-      for (size_t k = 0; k < want.size(); ++k) {
-        if (!same(got[k], want[k])) {
-          ADD_FAILURE() << where << "bucket " << k << " is " << describe(got[k]) << ", expected " << describe(want[k]);
-          break;
+        problem = std::to_string(got.size()) + " buckets, expected " + std::to_string(want.size()) +
+                  "; the first expected: " + describe(want[0]) + (got.empty() ? "" : ", got: " + describe(got[0]));
+      } else {
+        for (size_t k = 0; k < want.size() && problem.empty(); ++k) {
+          if (!same(got[k], want[k])) problem = "bucket " + std::to_string(k) + " is " + describe(got[k]) +
+                                                ", expected " + describe(want[k]);
         }
       }
-      summary += (summary.empty() ? "" : "; ") + std::string(c.preset) + "@" + std::to_string(c.bucket_mb).substr(0, 6) +
-                 " MiB: " + std::to_string(got.size()) + " buckets";
+      if (!problem.empty() && failures++ < 3) ADD_FAILURE() << where << problem;  // the first 3 layouts that differ
+      if (c.model == "demo" || c.model == "d12") {
+        summary += "; " + c.model + " at " + std::to_string(static_cast<int>(c.bucket_mb)) + " MiB: " +
+                   std::to_string(got.size()) + " buckets";
+      }
     }
-    record.measured(summary);
+    if (failures > 3) ADD_FAILURE() << failures << " of " << layouts << " layouts differ in all";
+    record.measured(std::to_string(layouts - failures) + " of " + std::to_string(layouts) + " layouts as the rule says" +
+                    summary);
     EXPECT_THROW(lab03::make_buckets(gpt2_param_table(GPTConfig::preset("tiny")), -1.0), scalelab::Error)
         << "bucket_mb < 0 must be refused";
   });

@@ -18,6 +18,7 @@
 #include "ddp.h"              // defines: lab03::* (the track under test)
 #include "grading.h"          // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab03_support.h"    // defines: world, fresh_comm, reference helpers, comparisons
+#include "scale_factor.h"     // defines: test::describe_scale, describe_ratio, data_parallel_factors
 #include "scalelab/comm/comm.h"    // defines: Communicator, CommEvent, LinkModel
 #include "scalelab/core/error.h"   // defines: scalelab::Error
 #include "scalelab/model/optim.h"   // defines: Optimizer, OptimizerConfig
@@ -238,12 +239,15 @@ TEST(Lab03Ddp, AccumulationGradsEqualSingleProcess) {
       one_process_gradients(*expected, g);
       const Comparison c = compare_gradients(*model, *expected, kGradRtol);
       const std::string differ = ranks_differing_from_rank0(fingerprint(*model, /*grads=*/true));
-      char buf[160];
-      std::snprintf(buf, sizeof(buf), "%s %.2e", lab03::sync_mode_name(mode), c.worst);
+      const std::string scaled =
+          test::describe_scale(c.scale, test::data_parallel_factors(n, kMicroSteps), "the one-process gradient");
+      char buf[320];
+      std::snprintf(buf, sizeof(buf), "%s %.2e%s", lab03::sync_mode_name(mode), c.worst,
+                    scaled.empty() ? "" : (": every gradient is " + scaled).c_str());
       measured += (measured.empty() ? "" : ", ") + std::string(buf);
-      if (!c.ok && ok) failure = std::string(lab03::sync_mode_name(mode)) + ": " + c.failure;
+      if (!c.ok && ok) failure = std::string(lab03::sync_mode_name(mode)) + " mode: " + gradient_failure(c, n, kMicroSteps);
       ok = ok && c.ok;
-      if (!differ.empty() && identical) differ_all = std::string(lab03::sync_mode_name(mode)) + ": " + differ;
+      if (!differ.empty() && identical) differ_all = std::string(lab03::sync_mode_name(mode)) + " mode: " + differ;
       identical = identical && differ.empty();
     }
     record.measured("max |accumulated - one-process| / max |one-process| per mode: %s", measured.c_str());
@@ -410,15 +414,20 @@ TEST(Lab03Ddp, StepReportsLossAndNorm) {
       const double want_norm = one_process_step(*expected, expected_optimizer, g, 0.1f, kGradClip);
 
       const std::string name = lab03::sync_mode_name(mode);
-      char buf[320];
+      const std::vector<test::KnownFactor> factors = test::data_parallel_factors(n, kMicroSteps);
+      char buf[480];
       if (problem.empty() && !(std::fabs(got.loss - want_loss) <= kLossRtol * std::fabs(want_loss))) {
-        std::snprintf(buf, sizeof(buf), "%s: loss %.7g, expected %.7g (the mean of this rank's %d micro-batch losses)",
-                      name.c_str(), got.loss, want_loss, kMicroSteps);
+        const std::string ratio = test::describe_ratio(got.loss, want_loss, factors);
+        std::snprintf(buf, sizeof(buf), "%s mode: loss %.7g, expected %.7g (the mean of this rank's %d micro-batch "
+                      "losses)%s", name.c_str(), got.loss, want_loss, kMicroSteps,
+                      ratio.empty() ? "" : ("; " + ratio).c_str());
         problem = buf;
       }
       if (problem.empty() && !(std::fabs(got.grad_norm - want_norm) <= kNormRtol * want_norm)) {
-        std::snprintf(buf, sizeof(buf), "%s: grad_norm %.7g, expected %.7g (the global gradient's norm before "
-                      "clipping at %g)", name.c_str(), got.grad_norm, want_norm, kGradClip);
+        const std::string ratio = test::describe_ratio(got.grad_norm, want_norm, factors);
+        std::snprintf(buf, sizeof(buf), "%s mode: grad_norm %.7g, expected %.7g (the global gradient's norm before "
+                      "clipping at %g)%s", name.c_str(), got.grad_norm, want_norm, kGradClip,
+                      ratio.empty() ? "" : ("; " + ratio).c_str());
         problem = buf;
       }
       std::snprintf(buf, sizeof(buf), "%s loss %.5f (want %.5f) grad_norm %.5f (want %.5f)", name.c_str(), got.loss,

@@ -39,8 +39,8 @@ TEST(Lab03Perf, ThroughputVsReference) {
                 "tokens/s of your lab03_ddp >= %.2f x the reference's, both run alternately just before on this "
                 "machine: %d ranks x 1 thread, demo model, --mode overlap, --link %s --link-slowdown %s, %d timed "
                 "steps per run, %d pairs of runs "
-                "(median over the timed steps); MFU reported with its peak source. Skipped without a core (GPU) "
-                "per rank or when other processes share the cores",
+                "(median over the timed steps); MFU of both, against one calibration. Optional (skipped, and not in the "
+                "total) without a core (GPU) per rank or when other processes share the cores",
                 kMinFraction, kRanks, kLink, kLinkSlowdown, kSteps - 1, kPairs);
   const grading::Check check{
       "lab03.throughput_vs_reference", /*points=*/2, target,
@@ -49,10 +49,9 @@ TEST(Lab03Perf, ThroughputVsReference) {
       "for only once, at the end, and are the buckets large (not one call per tensor)?"};
   grading::run(check, [&](grading::Record& record) {
     const perf::Machine machine = perf::check_machine(kRanks);
-    if (!machine.fair) GTEST_SKIP() << machine.reason;
-
     perf::CompareSpec spec;
     spec.lab = "lab03";
+    spec.check = "throughput_vs_reference";
     spec.track = grading::track();
     spec.device = machine.device;
     spec.program = "lab03_ddp";
@@ -72,6 +71,12 @@ TEST(Lab03Perf, ThroughputVsReference) {
                  "--quiet"};
     spec.ranks = kRanks;
     spec.pairs = kPairs;
+    if (!machine.fair) {  // too few cores or GPUs for a fair timing: nothing the learner's code can change
+      record.optional(perf::by_hand(spec, /*shared_machine=*/false));
+      GTEST_SKIP() << machine.reason;
+    }
+    const std::string no_corpus = perf::ensure_corpus();
+    if (!no_corpus.empty()) GTEST_SKIP() << no_corpus;
     perf::throughput_check(record, spec, machine, kMinFraction);
   });
 }

@@ -107,6 +107,7 @@ Comparison compare_grad_shards(lab04::FSDP& fsdp, const GPT2& want, double rtol,
     }
     const double err = std::sqrt(err2), norm = std::sqrt(want2);
     const bool fails = !(err <= rtol * norm + atol);  // NaN fails too
+    c.scale.add(g.data(), hw, n);
     const double rel = norm > 0 ? err / norm : err;
     if (rel > c.worst || !std::isfinite(rel)) {
       c.worst = rel;
@@ -235,11 +236,21 @@ std::string expect_grad_shards_match(const GPTConfig& cfg, lab04::ZeroStage stag
   expected->forward(g.inputs, &g.targets);
   expected->backward();
   const Comparison c = compare_grad_shards(*fsdp, *expected, kGradRtol, kGradAtol);
-  EXPECT_TRUE(grading::all_ranks(c.ok, c.failure))
+  const std::string scaled =
+      test::describe_scale(c.scale, test::data_parallel_factors(n, micro_steps), "the one-process gradient");
+  // A constant factor is the whole story, and the same on every rank (so it is reported once); other
+  // mismatches name this rank's first slice over the bound.
+  EXPECT_TRUE(grading::all_ranks(c.ok, stage_short(stage) + ": " +
+                                           (scaled.empty() ? c.failure : "every gradient shard is " + scaled)))
       << stage_short(stage) << ": reduced gradient shards differ from the one-process gradient";
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "%s, %d ranks x %d micro-steps: max ||shard - one-process|| / ||one-process|| = "
-                "%.2e (%s, rank %d)", stage_short(stage).c_str(), n, micro_steps, c.worst, c.worst_name.c_str(), rank);
+  char buf[320];
+  if (!scaled.empty()) {
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks x %d micro-steps: every gradient shard is %s (rank %d)",
+                  stage_short(stage).c_str(), n, micro_steps, scaled.c_str(), rank);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks x %d micro-steps: max ||shard - one-process|| / ||one-process|| = "
+                  "%.2e (%s, rank %d)", stage_short(stage).c_str(), n, micro_steps, c.worst, c.worst_name.c_str(), rank);
+  }
   return buf;
 }
 
@@ -278,16 +289,20 @@ std::string expect_steps_match(const StepsSpec& spec) {
     const double norm_err = std::fabs(double{r.grad_norm} - want.grad_norm) / std::max(1e-30, double{want.grad_norm});
     worst_loss = std::max(worst_loss, loss_err);
     worst_norm = std::max(worst_norm, norm_err);
-    char buf[256];
+    char buf[480];
+    const std::vector<test::KnownFactor> factors = test::data_parallel_factors(n, spec.micro_steps);
+    const std::string where = stage_short(spec.stage) + " " + spec.policy.name() + ", step " + std::to_string(step + 1);
     if (ok && !(loss_err <= spec.loss_rtol)) {
-      std::snprintf(buf, sizeof(buf), "step %d: mean loss over the ranks %.7g, one process %.7g", step + 1, mean_loss,
-                    want.loss);
+      const std::string ratio = test::describe_ratio(mean_loss, want.loss, factors);
+      std::snprintf(buf, sizeof(buf), "%s: mean loss over the ranks %.7g, one process %.7g%s", where.c_str(),
+                    mean_loss, want.loss, ratio.empty() ? "" : ("; " + ratio).c_str());
       failure = buf;
       ok = false;
     }
     if (ok && !(norm_err <= spec.loss_rtol)) {
-      std::snprintf(buf, sizeof(buf), "step %d: gradient norm before clipping %.7g, one process %.7g", step + 1,
-                    r.grad_norm, want.grad_norm);
+      const std::string ratio = test::describe_ratio(r.grad_norm, want.grad_norm, factors);
+      std::snprintf(buf, sizeof(buf), "%s: gradient norm before clipping %.7g, one process %.7g%s", where.c_str(),
+                    r.grad_norm, want.grad_norm, ratio.empty() ? "" : ("; " + ratio).c_str());
       failure = buf;
       ok = false;
     }
@@ -299,12 +314,12 @@ std::string expect_steps_match(const StepsSpec& spec) {
       worst_name = cp.worst_name;
     }
     if (ok && !cp.ok) {
-      failure = "step " + std::to_string(step + 1) + ": " + cp.failure;
+      failure = where + ": " + cp.failure;
       ok = false;
     }
     const std::string kept = kept_units_consistent(*fsdp);
     if (ok && !kept.empty()) {
-      failure = "step " + std::to_string(step + 1) + ": " + kept;
+      failure = where + ": " + kept;
       ok = false;
     }
   }

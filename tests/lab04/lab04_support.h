@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data_parallel.h"       // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
+#include "scale_factor.h"        // defines: test::ScaleFit (a constant-factor mismatch, named)
 #include "fsdp.h"                // defines: lab04::FSDP, ZeroStage, MicroBatch (the track under test)
 #include "scalelab/comm/comm.h"       // defines: Communicator
 #include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig
@@ -79,6 +80,7 @@ struct Comparison {
   double worst = 0.0;      // the largest error found (see each function)
   std::string worst_name = "unit 0";  // "unit 3"
   std::string failure;     // "" when ok: the first slice over the bound, its first 5 bad indices, values
+  test::ScaleFit scale;    // compare_grad_shards: got ~ k x want over every slice (a wrong scale is one k)
 };
 // Per unit u: grad_shard_owned(u) against want.unit_grads(u)[begin, begin + owned) (this rank's slice),
 // || got - want || <= rtol || want || + atol. worst = the largest || got - want || / || want ||.

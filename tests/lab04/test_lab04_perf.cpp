@@ -100,7 +100,8 @@ TEST(Lab04Perf, ThroughputVsReference) {
       "tokens/s of your lab04_fsdp >= %.2f x the reference's, both run alternately just before on this "
       "machine: %d ranks x 1 thread, demo model, --stage %d --prefetch %d --overlap on, --link %s "
       "--link-slowdown %s, %d timed steps per run, %d pairs of runs (median over the timed steps); MFU "
-      "reported with its peak source. Skipped without a core (GPU) per rank or when other processes share the cores",
+      "of both, against one calibration. Optional (skipped, and not in the total) without a core (GPU) per rank or "
+      "when other processes share the cores",
       kMinFraction, kRanks, kStage, kPrefetch, kLink, kLinkSlowdown, kSteps - 1, kPairs);
   const grading::Check check{
       "lab04.throughput_vs_reference", /*points=*/2, target,
@@ -109,16 +110,21 @@ TEST(Lab04Perf, ThroughputVsReference) {
       "unit computes (prefetch), and is each reduce-scatter waited for only when its buffer is needed?"};
   grading::run(check, [&](grading::Record& record) {
     const perf::Machine machine = perf::check_machine(kRanks);
-    if (!machine.fair) GTEST_SKIP() << machine.reason;
-
     perf::CompareSpec spec;
     spec.lab = "lab04";
+    spec.check = "throughput_vs_reference";
     spec.track = grading::track();
     spec.device = machine.device;
     spec.program = "lab04_fsdp";
     spec.args = lab04_args(machine.device, kSteps, /*link=*/true);
     spec.ranks = kRanks;
     spec.pairs = kPairs;
+    if (!machine.fair) {  // too few cores or GPUs for a fair timing: nothing the learner's code can change
+      record.optional(perf::by_hand(spec, /*shared_machine=*/false));
+      GTEST_SKIP() << machine.reason;
+    }
+    const std::string no_corpus = perf::ensure_corpus();
+    if (!no_corpus.empty()) GTEST_SKIP() << no_corpus;
     perf::throughput_check(record, spec, machine, kMinFraction);
   });
 }
@@ -138,6 +144,8 @@ TEST(Lab04Perf, PeakMemoryWithinEstimate) {
   grading::run(check, [&](grading::Record& record) {
     const perf::Paths p = perf::paths();
     if (p.mpiexec.empty()) GTEST_SKIP() << "needs mpiexec to start " << kRanks << " ranks, and this build has no MPI";
+    const std::string no_corpus = perf::ensure_corpus();
+    if (!no_corpus.empty()) GTEST_SKIP() << no_corpus;
 
     // The estimator's bound, computed here from the same configuration (the corpus decides V).
     const std::string data = p.source_dir + "/data/kjv";

@@ -102,11 +102,13 @@ struct Comparison {
   double others_before = 0, others_during = 0;  // cores other processes used: a second idle after the
                                                 // first run (when that run shared its cores), all runs
   int pairs_dropped = 0;                        // pairs left out: a run shared its cores (measured again)
+  std::string calibration_note;                 // CPU: the one peak every run divided by, and where it came from
   std::string unfair;                           // not "": the machine was shared; skip with this reason
                                                 // (then the runs may not have happened: check it first)
 };
 struct CompareSpec {
   std::string lab;                            // "lab03": log directory and run-id prefix
+  std::string check;                          // "throughput_vs_reference": the check id after "labNN."
   std::string device = "cpu";                 // Machine::device: the busy-machine rule applies to CPU runs
   std::string track;                          // "learner" | "reference": which bin/<track>/ is graded
   std::string program;                        // "lab03_ddp"
@@ -120,8 +122,38 @@ struct CompareSpec {
                               // ends a run that hangs, and mpiexec takes its ranks down with it
 };
 // Throws scalelab::NotImplemented when the track's program exits 3 (its first run), scalelab::Error with
-// the output tail when a program fails otherwise.
+// the output tail when a program fails otherwise. CPU runs all get --calibration shared_calibration(t)
+// (t: the --threads of spec.args), so the MFU of the track's runs and of the reference's compare.
+// Runs that do not fit in spec.budget_s leave `unfair` set (the machine was too slow or busy), not an error.
 Comparison compare_with_reference(const CompareSpec& spec);
+
+// ---------------------------------------------------------------------------------------------
+// What the runs need
+
+// "" when <repo>/data/kjv holds train and val shards; otherwise runs scripts/prepare_corpus.sh (output in
+// <build>/perf-runs/prepare_corpus.out; seconds, where the bible-kjv package is installed or installable)
+// and returns "" once the shards exist, else why not and what to run: the reason of a skip the learner
+// can fix (a fresh clone has no data/kjv).
+std::string ensure_corpus();
+
+// The one calibration (MFU peak) of CPU runs with `threads` threads per rank that every run of a check
+// divides by, and a sentence saying which it is. SL_PERF_CALIBRATION=<file> (scripts/grade sets it: one
+// calibration for the whole grade) is used as it is. Otherwise the cache runs/calibration/cpu_<t>t.json is
+// resolved once (load_or_calibrate: measured again only when it is missing, for another CPU model, thread
+// count or BLAS build, or provably stale: a 0.2 s pass ran 1.5x faster than it, which a GEMM's fastest call
+// can only do if the cached peak was measured while other programs held the cores) and frozen in a copy,
+// <build>/perf-runs/calibration_cpu_<t>t.json, so every run reads the same bits.
+struct SharedCalibration {
+  std::string file;  // what --calibration gets
+  std::string note;  // "every run divides by the cached calibration, 118.2 GFLOP/s (...)" / "... measured now: ..."
+};
+SharedCalibration shared_calibration(int threads);
+
+// The command that gives a skipped timing by hand, for grading::Record::optional: with shared_machine,
+// the check itself under SL_PERF_IGNORE_BUSY=1 (its record says "not a grade"); otherwise (too few cores
+// or GPUs for a fair timing) the two programs run one after the other with scripts/run, to compare their
+// tokens/s.
+std::string by_hand(const CompareSpec& spec, bool shared_machine);
 
 // "MFU 8.6 % (track) vs 8.7 % (reference) of 118.2 GFLOP/s per rank: calibrated sgemm, ...": the summary
 // MFU of the last run of each kind with the peak it divides by and that peak's source (run record).

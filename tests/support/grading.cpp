@@ -75,6 +75,12 @@ std::string collect_messages(bool want_skip) {
   return text;
 }
 
+// "rank 3: max err" said by rank 3 -> "max err": the report names the ranks itself.
+std::string without_own_rank(const std::string& message, size_t rank) {
+  const std::string prefix = "rank " + std::to_string(rank) + ": ";
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
@@ -83,6 +89,38 @@ std::string env_or_empty(const char* name) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+std::vector<RankGroup> group_by_message(const std::vector<std::string>& messages) {
+  std::vector<RankGroup> groups;
+  std::vector<std::vector<size_t>> senders;  // senders[i]: the ranks of groups[i]
+  for (size_t r = 0; r < messages.size(); ++r) {
+    if (messages[r].empty()) continue;
+    size_t i = 0;
+    while (i < groups.size() && groups[i].message != messages[r]) ++i;
+    if (i == groups.size()) {
+      groups.push_back({"", messages[r]});
+      senders.emplace_back();
+    }
+    senders[i].push_back(r);
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::vector<size_t>& ranks = senders[i];
+    if (ranks.size() == messages.size() && ranks.size() > 1) {
+      groups[i].ranks = "all " + std::to_string(ranks.size()) + " ranks";
+      continue;
+    }
+    std::string list;  // "2" or "0, 2-3": a run of three or more consecutive ranks is written as a range
+    for (size_t j = 0; j < ranks.size();) {
+      size_t k = j;
+      while (k + 1 < ranks.size() && ranks[k + 1] == ranks[k] + 1) ++k;
+      list += (list.empty() ? "" : ", ") + std::to_string(ranks[j]) +
+              (k == j ? "" : (k == j + 1 ? ", " : "-") + std::to_string(ranks[k]));
+      j = k + 1;
+    }
+    groups[i].ranks = (ranks.size() == 1 ? "rank " : "ranks ") + list;
+  }
+  return groups;
+}
+
 void Record::measured(const std::string& text) { measured_ = text; }
 
 void Record::measured(const char* fmt, ...) {
@@ -162,13 +200,20 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
     const std::vector<std::string> statuses = rr.all_gather(status);
     const std::vector<std::string> messages = rr.all_gather(message);
     std::string combined_status = kPassed;
-    std::string combined_message;
+    std::vector<std::string> reports(statuses.size());  // "failed): <message>" per rank that did not pass
     for (size_t r = 0; r < statuses.size(); ++r) {
       if (severity(statuses[r]) > severity(combined_status)) combined_status = statuses[r];
-      if (statuses[r] != kPassed) {
-        combined_message += (combined_message.empty() ? "" : "\n") + std::string("rank ") + std::to_string(r) +
-                            " (" + statuses[r] + "): " + messages[r];
-      }
+      if (statuses[r] != kPassed) reports[r] = statuses[r] + "): " + messages[r];
+    }
+    // Ranks that agree are reported once, as one rank would be; ranks that differ one group at a time
+    // ("rank 1 (failed): ...", "ranks 0, 2 (not_implemented): ...").
+    const std::vector<RankGroup> groups = group_by_message(reports);
+    std::string combined_message;
+    if (groups.size() == 1 && groups[0].ranks.rfind("all ", 0) == 0) {
+      combined_message = messages[0];
+    } else {
+      for (const RankGroup& g : groups)
+        combined_message += (combined_message.empty() ? "" : "\n") + g.ranks + " (" + g.message;
     }
     if (severity(combined_status) >= severity(kFailed) && severity(status) < severity(kFailed)) {
       ADD_FAILURE() << "another rank failed:\n" << combined_message;  // so this rank's result fails too
@@ -182,6 +227,7 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
   Test::RecordProperty("check_measured", record.measured_text());
   if (!message.empty()) Test::RecordProperty("check_message", message);
   if (!todo.empty()) Test::RecordProperty("check_todo", todo);
+  if (status == kSkipped && !record.optional_text().empty()) Test::RecordProperty("check_optional", record.optional_text());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,11 +246,10 @@ const RankReducer& rank_reducer() { return g_reducer; }
     messages = {mine};
   }
   if (all_ok) return ::testing::AssertionSuccess();
-  std::string report;  // "rank 1: max err 3e-2; rank 3: max err 1e-1"
-  for (size_t r = 0; r < messages.size(); ++r) {
-    if (messages[r].empty()) continue;
-    report += (report.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + messages[r];
-  }
+  for (size_t r = 0; r < messages.size(); ++r) messages[r] = without_own_rank(messages[r], r);
+  std::string report;  // "rank 1: max err 3e-2; ranks 0, 2-3: max err 1e-1", or "all 4 ranks: ..."
+  for (const RankGroup& g : group_by_message(messages))
+    report += (report.empty() ? "" : "; ") + g.ranks + ": " + g.message;
   return ::testing::AssertionFailure() << report;
 }
 

@@ -48,13 +48,22 @@ class Record {
   void measured(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   const std::string& measured_text() const { return measured_; }
 
+  // Call just before a GTEST_SKIP that the learner cannot fix by changing code (the machine is shared,
+  // too few cores or GPUs): the grader labels the skip "optional" and prints `how_to_run_by_hand`, the
+  // command that gives the measurement anyway (recorded as check_optional). A skip without it is one
+  // the learner can fix, and its reason must say how.
+  void optional(const std::string& how_to_run_by_hand) { optional_ = how_to_run_by_hand; }
+  const std::string& optional_text() const { return optional_; }
+
  private:
   std::string measured_;
+  std::string optional_;
 };
 
 // Declares `check`, runs `body` and records the status. Call it once, as the whole TEST body.
 // In a multi-rank test every rank must call it: the statuses of all ranks are combined (the worst
-// wins, failure messages of every rank are reported), so rank 0's record speaks for all ranks.
+// wins; a message every rank agrees on is reported once, as one rank's would be, differing ones with
+// their ranks), so rank 0's record speaks for all ranks.
 // (A rank that throws while the others wait in a collective still leaves them waiting: the check's
 // ctest timeout ends that, and the grader reports it as timed out.)
 void run(const Check& check, const std::function<void(Record&)>& body);
@@ -93,9 +102,20 @@ struct RankReducer {
 void set_rank_reducer(RankReducer reducer);
 const RankReducer& rank_reducer();
 
-// true on every rank iff `local_ok` is true on every rank; otherwise a failure whose message lists
-// "rank r: <message>" for each rank that failed. Collective.
+// true on every rank iff `local_ok` is true on every rank; otherwise a failure whose message says what
+// each failing rank reported, once per distinct message: "all 4 ranks: <message>" when they agree,
+// "rank 1: <a>; ranks 0, 2: <b>" when they differ (a leading "rank r: " a rank put on its own message
+// is dropped: the report names the ranks). Collective.
 ::testing::AssertionResult all_ranks(bool local_ok, const std::string& local_message = "");
+
+// messages[r] is rank r's message ("" = nothing to report): each distinct message once, with the
+// ranks that sent it ("all 4 ranks", "rank 1", "ranks 0, 2-3"), in order of the lowest such rank.
+// How all_ranks and run() report.
+struct RankGroup {
+  std::string ranks;    // "all 4 ranks", "rank 1", "ranks 0, 2-3"
+  std::string message;
+};
+std::vector<RankGroup> group_by_message(const std::vector<std::string>& messages);
 
 // ---------------------------------------------------------------------------------------------
 // Program-level settings, made by graded_main.cpp (tests/grading/) before RUN_ALL_TESTS.

@@ -187,7 +187,11 @@ void RunLogger::log_step(const StepRecord& s) {
     warned_mfu_ = true;
     std::fprintf(stderr,
                  "[scalelab] warning: step %lld logs mfu=%g, outside [0, 1]. mfu is a fraction, not a percentage;\n"
-                 "[scalelab]   a value above 1 means the FLOP count is too high or the peak is too low (wrong device?)\n",
+                 "[scalelab]   above 1, the peak is too low or the FLOP count too high. Most often on a CPU the peak\n"
+                 "[scalelab]   (the run record's peak_source) was calibrated while other programs were running, so\n"
+                 "[scalelab]   it is too low: measure it again with nothing else running,\n"
+                 "[scalelab]   build/bin/sl_calibrate --threads <this run's threads per rank> --recalibrate\n"
+                 "[scalelab]   On a GPU: the peak of another device or precision (run record: peak_source).\n",
                  static_cast<long long>(s.step), s.mfu);
   }
   OrderedJson rec;

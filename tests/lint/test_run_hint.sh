@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# test_run_hint.sh — scripts/run and scripts/hint do what their READMEs promise (ctest scripts.run_and_hint).
+#   tests/lint/test_run_hint.sh <build dir>
+# scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
+# --reset; unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
+# reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="$1"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $1"; exit 1; }
+
+hint() { "$ROOT/scripts/hint" "$@" --build-dir "$tmp"; }
+for want in 1 2 3 3; do
+  out=$(hint 03-5) || fail "scripts/hint 03-5 exited $?"
+  grep -q "^== lab03-5, tier $want of 3" <<<"$out" || fail "the call that should show tier $want printed: $out"
+done
+has() { grep -q "$1" <<<"$2"; }  # not `hint | grep -q`: grep -q closes the pipe early
+has "tier 1 of 3" "$(hint 03-5 --tier 1)" || fail "--tier 1"
+has "lab03-5  tiers 1-3 seen" "$(hint 03)" || fail "the lab's list does not show lab03-5's tiers"
+hint 03-5 --reset >/dev/null && has "tier 1 of 3" "$(hint 03-5)" || fail "--reset did not start over"
+hint 03-99 >/dev/null 2>&1 && fail "an unknown TODO was accepted"
+hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
+echo "scripts/hint: ok"
+
+run() { "$ROOT/scripts/run" "$@"; }
+for bad in "3" "03 --np 0" "01 --np 2" "99" "03 --track mine"; do
+  out=$(run $bad --build-dir "$BUILD" --no-build 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "scripts/run $bad exited $rc, expected 2: $out"
+  grep -q "hint:\|run:" <<<"$out" || fail "scripts/run $bad: no message: $out"
+done
+if command -v mpirun >/dev/null 2>&1 && [[ -x "$BUILD/bin/reference/lab03_ddp" && -d "$ROOT/data/kjv" ]]; then
+  out=$(run 03 --track reference --build-dir "$BUILD" --no-build -- --model tiny --seq-len 16 --micro-batch 2 --steps 2 --quiet \
+        --log-dir "$tmp/runs" --val-batches 1 --sample-tokens 0 2>&1) || fail "scripts/run 03 (reference, 2 ranks) failed: $out"
+  grep -q "mpirun -np 2 --oversubscribe --bind-to none" <<<"$out" || fail "scripts/run 03 did not launch 2 ranks: $out"
+  ls "$tmp"/runs/lab03/*/rank1.jsonl >/dev/null 2>&1 || fail "scripts/run 03: no rank 1 log"
+  echo "scripts/run: ok"
+else
+  echo "scripts/run: bad input ok; the 2-rank run needs mpirun, $BUILD/bin/reference/lab03_ddp and data/kjv"
+fi
