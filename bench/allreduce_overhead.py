@@ -5,10 +5,12 @@ Runs lab00_setup (the all_reduce row of its sweep: the scalelab communicator, bl
 bench_mpi_allreduce (a plain MPI_Allreduce loop, bench/mpi_allreduce_plain.cpp) at each rank count and
 size, REPEATS times each, alternating the two programs so a change in the machine's load hits both, and
 prints the median time per call (us) of each and their ratio. Both programs time the same way: f32 sum
-in place, warm-up calls, then the mean of the timed calls of the slowest rank.
+in place, warm-up calls, then the mean of the timed calls of the slowest rank. Several --bin folders
+(builds before and after a change) are run in turn within each repeat, so the machine's load of the
+moment falls on all of them alike.
 
   bench/allreduce_overhead.py --bin build/bin                      # 8 B, 1 MiB, 64 MiB at 2 and 4 ranks
-  bench/allreduce_overhead.py --bin /tmp/pre --sizes 8 --ranks 2 --repeats 11
+  bench/allreduce_overhead.py --bin build-before/bin --bin build/bin --sizes 8 --ranks 2 --repeats 11
 
 Needs mpirun (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1). Timings on a shared
 machine swing run to run: read the medians, and the load average printed before and after.
@@ -50,7 +52,8 @@ def plain_us(binary, ranks, size, iters, warmup, seconds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True, help="folder with lab00_setup and bench_mpi_allreduce (build/bin)")
+    ap.add_argument("--bin", required=True, action="append",
+                    help="folder with lab00_setup and bench_mpi_allreduce (build/bin); repeat to compare builds")
     ap.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--sizes", nargs="+", default=["8", "1M", "64M"], help="bytes (K, M = powers of 1024)")
     ap.add_argument("--repeats", type=int, default=7, help="runs of each program per rank count and size")
@@ -60,17 +63,20 @@ def main():
     a = ap.parse_args()
 
     print(f"load average before: {os.getloadavg()[0]:.2f}  (cores: {os.cpu_count()})")
-    print(f"{'ranks':>5} {'bytes':>6} {'communicator_us':>16} {'plain_mpi_us':>13} {'ratio':>6}   all runs (us)")
+    print(f"{'ranks':>5} {'bytes':>6} {'communicator_us':>16} {'plain_mpi_us':>13} {'ratio':>6}   bin: all runs (us)")
     with tempfile.TemporaryDirectory() as log_dir:
         for ranks in a.ranks:
             for size in a.sizes:
-                comm, plain = [], []
+                comm = {b: [] for b in a.bin}
+                plain = {b: [] for b in a.bin}
                 for _ in range(a.repeats):
-                    comm.append(lab00_us(a.bin, ranks, size, a.iters, a.warmup, a.seconds_per_size, log_dir))
-                    plain.append(plain_us(a.bin, ranks, size, a.iters, a.warmup, a.seconds_per_size))
-                c, p = statistics.median(comm), statistics.median(plain)
-                print(f"{ranks:>5} {size:>6} {c:>16.1f} {p:>13.1f} {c / p:>6.2f}   comm {comm} plain {plain}",
-                      flush=True)
+                    for b in a.bin:
+                        comm[b].append(lab00_us(b, ranks, size, a.iters, a.warmup, a.seconds_per_size, log_dir))
+                        plain[b].append(plain_us(b, ranks, size, a.iters, a.warmup, a.seconds_per_size))
+                for b in a.bin:
+                    c, p = statistics.median(comm[b]), statistics.median(plain[b])
+                    print(f"{ranks:>5} {size:>6} {c:>16.1f} {p:>13.1f} {c / p:>6.2f}   {b}: comm {comm[b]} "
+                          f"plain {plain[b]}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -491,10 +491,10 @@ class MpiCommunicator : public Communicator {
 
   // Runs a blocking collective on the caller's thread, then records its event, complete: the caller
   // was blocked from issue to end, which is its wait_ms. Errors are thrown from here (the blocking
-  // form would rethrow them from wait() at once anyway).
+  // form would rethrow them from wait() at once anyway). Two clock reads per call, issue and end.
   template <typename F>
   WorkPtr run_here(CommEvent&& e, F& run) {
-    e.start_ms = Communicator::now_ms();
+    e.start_ms = e.issue_ms;  // it starts as it is issued (one clock read less: ~60 ns in a VM)
     std::exception_ptr error;
     try {
       run();

@@ -89,7 +89,9 @@ const char* grid_axis_name(GridAxis axis) {
 int& GridCoords::operator[](GridAxis axis) {
   return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : dp_rank;
 }
-int GridCoords::operator[](GridAxis axis) const { return const_cast<GridCoords&>(*this)[axis]; }
+int GridCoords::operator[](GridAxis axis) const {
+  return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : dp_rank;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The pure layout
