@@ -4,7 +4,8 @@
 Runs lab00_setup (the all_reduce row of its sweep: the scalelab communicator, blocking form) and
 bench_mpi_allreduce (a plain MPI_Allreduce loop, bench/mpi_allreduce_plain.cpp) at each rank count and
 size, REPEATS times each, alternating the two programs so a change in the machine's load hits both, and
-prints the median time per call (us) of each and their ratio. Both programs time the same way: f32 sum
+prints the median time per call (us) of each and their ratio, and the best (fastest) run of each (on a
+machine that other jobs share, the runs fall into a fast and a slow mode: the best shows the fast one). Both programs time the same way: f32 sum
 in place, warm-up calls, then the mean of the timed calls of the slowest rank. Several --bin folders
 (builds before and after a change) are run in turn within each repeat, so the machine's load of the
 moment falls on all of them alike.
@@ -63,7 +64,8 @@ def main():
     a = ap.parse_args()
 
     print(f"load average before: {os.getloadavg()[0]:.2f}  (cores: {os.cpu_count()})")
-    print(f"{'ranks':>5} {'bytes':>6} {'communicator_us':>16} {'plain_mpi_us':>13} {'ratio':>6}   bin: all runs (us)")
+    print(f"{'ranks':>5} {'bytes':>6} {'communicator_us':>16} {'plain_mpi_us':>13} {'ratio':>6} "
+          f"{'best_comm_us':>13} {'best_plain_us':>14} {'ratio':>6}   bin: all runs (us)")
     with tempfile.TemporaryDirectory() as log_dir:
         for ranks in a.ranks:
             for size in a.sizes:
@@ -75,8 +77,9 @@ def main():
                         plain[b].append(plain_us(b, ranks, size, a.iters, a.warmup, a.seconds_per_size))
                 for b in a.bin:
                     c, p = statistics.median(comm[b]), statistics.median(plain[b])
-                    print(f"{ranks:>5} {size:>6} {c:>16.1f} {p:>13.1f} {c / p:>6.2f}   {b}: comm {comm[b]} "
-                          f"plain {plain[b]}", flush=True)
+                    bc, bp = min(comm[b]), min(plain[b])
+                    print(f"{ranks:>5} {size:>6} {c:>16.1f} {p:>13.1f} {c / p:>6.2f} {bc:>13.1f} {bp:>14.1f} "
+                          f"{bc / bp:>6.2f}   {b}: comm {comm[b]} plain {plain[b]}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -71,7 +71,8 @@ struct Topology {
   LinkModel intra;         // link of a group inside one node (default: none)
   LinkModel inter;         // link of a group that spans nodes (default: none)
 
-  // The node of a world rank: world_rank / ranks_per_node (ranks_per_node >= 1).
+  // The node of a world rank: world_rank / ranks_per_node. Throws scalelab::Error when
+  // ranks_per_node < 1 (0 means "keep" only inside set_topology).
   int node_of(int world_rank) const;
   // True when every rank of world_ranks sits on one node (an empty or one-rank group does).
   bool within_one_node(const std::vector<int>& world_ranks) const;

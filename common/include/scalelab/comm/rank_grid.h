@@ -60,15 +60,17 @@ struct GridLayout {
   int world_size() const { return tp_size * pp_size * dp_size; }
   std::vector<GridAxis> axes() const;  // the order, parsed (throws like check)
 
-  GridCoords coords(int rank) const;        // 0 <= rank < world_size()
-  int rank_of(const GridCoords& c) const;   // the inverse
+  // The coordinates of rank (0 <= rank < world_size()), and the inverse. Both throw scalelab::Error
+  // for a rank or a coordinate out of range, or a bad order.
+  GridCoords coords(int rank) const;
+  int rank_of(const GridCoords& c) const;
   // The ranks of `rank`'s group along `axis` (the ranks that differ from it only in that coordinate),
-  // in the group's rank order: by that coordinate, 0 first.
+  // in the group's rank order: by that coordinate, 0 first. Throws like coords().
   std::vector<int> group(GridAxis axis, int rank) const;
   // The embedding group of `rank`: the first and the last pipeline stage with its tp and dp
   // coordinates, first stage first ({rank} alone when pp_size == 1); empty for a rank on neither.
   // They hold the two copies of the tied token embedding / LM head and sum its gradient
-  // (Megatron-LM's embedding group).
+  // (Megatron-LM's embedding group). Throws like coords().
   std::vector<int> embedding_group(int rank) const;
   // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
   std::string describe() const;
@@ -81,8 +83,9 @@ class RankGrid {
  public:
   // Collective over world. Checks the layout first on every rank (GridLayout::check) and makes sure
   // every rank passed the same one (an all_reduce over world), so a bad layout throws scalelab::Error
-  // on every rank before any split and no rank is left waiting. Then splits world, in this order, into
-  // "tp", "pp", "dp" and "embedding".
+  // on every rank before any split and no rank is left waiting: the numbers and a hint when this rank's
+  // layout is bad, "another rank refused its layout" or "the ranks disagree on the layout (tp 2..4, ...)"
+  // otherwise. Then splits world, in this order, into "tp", "pp", "dp" and "embedding".
   RankGrid(Communicator& world, int tp_size, int pp_size, int dp_size, const std::string& order = "tp-dp-pp");
 
   const GridLayout& layout() const { return layout_; }
