@@ -30,30 +30,38 @@ static long long parse_bytes(const std::string& s) {
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, n = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-
   CLI::App app{"A plain MPI_Allreduce loop: time, algbw and busbw per size (the baseline of lab00_setup)"};
   std::vector<std::string> sizes = {"1M", "64M"};
   int iters = 50, warmup = 5;
   double seconds_per_size = 0.2;
+  bool thread_multiple = false;
   app.add_option("--sizes", sizes, "buffer sizes in bytes (K, M, G = powers of 1024)")->delimiter(',')->capture_default_str();
   app.add_option("--iters", iters, "timed calls per size, at most")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed calls per size, at most")->capture_default_str();
   app.add_option("--seconds-per-size", seconds_per_size, "time budget per size that limits the calls of big sizes")
       ->capture_default_str();
+  app.add_flag("--thread-multiple", thread_multiple,
+               "initialize MPI with MPI_THREAD_MULTIPLE, as the communicator's mpi backend must (its communication "
+               "threads call MPI too): the part of the communicator's overhead that is MPI's own locking");
   try {
-    app.parse(argc, argv);
+    app.parse(argc, argv);  // before MPI starts: the flag decides how MPI is initialized
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);  // prints help or the error
+    return app.exit(e);  // prints help or the error (on every rank: MPI has not started)
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (thread_multiple && provided < MPI_THREAD_MULTIPLE) {
+    if (rank == 0) std::fprintf(stderr, "this MPI provides thread level %d, not MPI_THREAD_MULTIPLE\n", provided);
     MPI_Finalize();
-    return rc;
+    return 1;
   }
 
   if (rank == 0) {
-    std::printf("plain MPI_Allreduce (f32 sum, in place), %d ranks; time = mean per call of the slowest rank\n", n);
+    std::printf("plain MPI_Allreduce (f32 sum, in place), %d ranks, %s; time = mean per call of the slowest rank\n", n,
+                thread_multiple ? "MPI_THREAD_MULTIPLE" : "MPI_THREAD_SINGLE");
     std::printf("%12s %11s %6s %6s %11s %11s %11s\n", "bytes", "elements", "warmup", "iters", "time_us", "algbw_GB/s",
                 "busbw_GB/s");
   }

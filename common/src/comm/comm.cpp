@@ -1,5 +1,6 @@
 // comm.cpp — what every communicator backend shares (comm.h, comm_internal.h): make_communicator,
-// bus_factor, reduce_op_name, the communication clock, the event log and the argument checks.
+// bus_factor, reduce_op_name, the communication clock, the group (name, members, topology, link),
+// sendrecv, the event log and the argument checks.
 // Backends: local.cpp (world size 1), mpi.cpp (OpenMPI), nccl.cpp (NCCL).
 // The link model: link_model.cpp. Tests: tests/common/comm/test_comm.cpp, tests/common/comm/test_comm_mpi.cpp
 #include "scalelab/comm/comm.h"
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "comm_internal.h"    // defines: EventLog, make_event, check_*, backend factories
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
@@ -39,10 +41,97 @@ double bus_factor(const std::string& op, int n) {
 }
 
 // The communication clock: steady, in ms, 0 at the first call (make_communicator calls it first).
+namespace {
+using SteadyClock = std::chrono::steady_clock;
+SteadyClock::time_point clock_origin() {
+  static const SteadyClock::time_point origin = SteadyClock::now();
+  return origin;
+}
+double origin_host_ms() {  // the origin on the host's steady clock (its own epoch: boot, on Linux)
+  return std::chrono::duration<double, std::milli>(clock_origin().time_since_epoch()).count();
+}
+}  // namespace
+
 double Communicator::now_ms() {
-  using clock = std::chrono::steady_clock;
-  static const clock::time_point origin = clock::now();
-  return std::chrono::duration<double, std::milli>(clock::now() - origin).count();
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - clock_origin()).count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The group and its link
+
+int Topology::node_of(int world_rank) const {
+  SL_CHECK_HINT(ranks_per_node >= 1, "set Topology::ranks_per_node >= 1 (or 0 in set_topology to keep the launcher's)",
+                "Topology::node_of(%d): ranks_per_node is %d", world_rank, ranks_per_node);
+  return world_rank / ranks_per_node;
+}
+
+bool Topology::within_one_node(const std::vector<int>& world_ranks) const {
+  for (int r : world_ranks) {
+    if (node_of(r) != node_of(world_ranks.front())) return false;
+  }
+  return true;
+}
+
+const LinkModel& Topology::link_for(const std::vector<int>& world_ranks) const {
+  return within_one_node(world_ranks) ? intra : inter;
+}
+
+// The launcher's count of ranks on this node; "4(x2),3" (Slurm's compressed list) gives 4.
+int ranks_per_node_from_env(int world_size) {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                          "SLURM_TASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);  // atoi stops at '('
+  }
+  return std::max(1, world_size);
+}
+
+void Communicator::init_group(const std::string& name, std::vector<int> world_ranks, const Topology& topology) {
+  name_ = name;
+  world_ranks_ = std::move(world_ranks);
+  topology_ = topology;
+  link_ = topology_.link_for(world_ranks_);
+}
+
+void Communicator::set_link_model(const LinkModel& link) {
+  topology_.intra = link;
+  topology_.inter = link;
+  link_ = link;
+}
+
+void Communicator::set_topology(const Topology& topology) {
+  SL_CHECK_HINT(topology.ranks_per_node >= 0,
+                "give the ranks per node (e.g. 4), or 0 to keep the launcher's count",
+                "set_topology on rank %d of %d ('%s'): ranks_per_node %d", rank(), size(), name_.c_str(),
+                topology.ranks_per_node);
+  const int ranks_per_node = topology.ranks_per_node > 0 ? topology.ranks_per_node : topology_.ranks_per_node;
+  topology_ = topology;
+  topology_.ranks_per_node = ranks_per_node;
+  link_ = topology_.link_for(world_ranks_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// sendrecv: a send and a recv posted together, one Work for both.
+namespace {
+class BothWork : public Work {
+ public:
+  BothWork(WorkPtr first, WorkPtr second) : first_(std::move(first)), second_(std::move(second)) {}
+  void wait() override {
+    first_->wait();
+    second_->wait();
+  }
+  bool test() override { return first_->test() && second_->test(); }
+
+ private:
+  WorkPtr first_, second_;
+};
+}  // namespace
+
+WorkPtr Communicator::sendrecv_async(const Tensor& send_buf, int dst, Tensor& recv_buf, int src,
+                                     const std::string& tag) {
+  comm_detail::check_sendrecv(rank(), size(), send_buf, dst, recv_buf, src);
+  WorkPtr sent = send_async(send_buf, dst, tag);  // posted first, as MPI_Sendrecv does
+  WorkPtr received = recv_async(recv_buf, src, tag);
+  return std::make_shared<BothWork>(std::move(sent), std::move(received));
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
@@ -84,6 +173,12 @@ namespace comm_detail {
 uint64_t EventLog::add(const CommEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(event);
+  return first_id_ + events_.size() - 1;
+}
+
+uint64_t EventLog::add(CommEvent&& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(std::move(event));
   return first_id_ + events_.size() - 1;
 }
 
@@ -132,8 +227,9 @@ int latency_hops(const std::string& op, int n) {
           "latency_hops: unknown op '%s'", op.c_str());
 }
 
-CommEvent make_event(const std::string& op, const std::string& tag, int64_t count, DType dtype, int n,
-                     bool async, int peer, const LinkModel& link) {
+CommEvent make_event(const Communicator& comm, const std::string& op, const std::string& tag, int64_t count,
+                     DType dtype, bool async, int peer) {
+  const int n = comm.size();
   CommEvent e;
   e.op = op;
   e.tag = tag;
@@ -142,16 +238,44 @@ CommEvent make_event(const std::string& op, const std::string& tag, int64_t coun
   e.payload_bytes = count * static_cast<int64_t>(dtype_size(dtype));
   e.bus_bytes = bus_bytes(op, e.payload_bytes, n);
   e.issue_ms = Communicator::now_ms();
-  e.modeled_ms = 1e3 * link.seconds(op, e.payload_bytes, n);
+  e.modeled_ms = 1e3 * comm.link_model().seconds(op, e.payload_bytes, n);
   e.simulated = e.modeled_ms > 0.0;
   e.async = async;
   e.peer = peer;
+  e.group = comm.name();
+  e.world_ranks = comm.world_ranks();
   return e;
+}
+
+namespace {
+class FinishedWork : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+}  // namespace
+
+WorkPtr finished_work() {
+  static const WorkPtr done = std::make_shared<FinishedWork>();
+  return done;
 }
 
 void sleep_until_ms(double t_ms) {
   const double wait_ms = t_ms - Communicator::now_ms();
   if (wait_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(wait_ms));
+}
+
+double to_host_clock_ms(double now_ms) { return now_ms + origin_host_ms(); }
+double from_host_clock_ms(double host_ms) { return host_ms - origin_host_ms(); }
+
+double recv_not_before_ms(const MessageHeader& header, double modeled_ms) {
+  return from_host_clock_ms(header.send_start_host_ms) + modeled_ms;
+}
+
+Topology default_topology(int world_size) {
+  Topology t;
+  t.ranks_per_node = ranks_per_node_from_env(world_size);
+  return t;
 }
 
 std::string describe_call(const std::string& op, int64_t count, DType dtype, int rank, int size,
@@ -213,6 +337,30 @@ void check_peer(const char* op, int rank, int size, int peer) {
                 size == 1 ? "a world of one rank has no one to talk to: run under mpirun -np 2 or more"
                           : "the peer is another rank of this communicator: 0 .. size()-1, not rank()",
                 "%s on rank %d of %d: peer %d is not another rank", op, rank, size, peer);
+}
+
+void check_color(int rank, int size, int color) {
+  SL_CHECK_HINT(color >= 0 || color == Communicator::kNoColor,
+                "colors are >= 0 (as in MPI_Comm_split), or Communicator::kNoColor for a rank that joins no group",
+                "split on rank %d of %d: color %d", rank, size, color);
+}
+
+void check_sendrecv(int rank, int size, const Tensor& send_buf, int dst, const Tensor& recv_buf, int src) {
+  check_peer("sendrecv (its send)", rank, size, dst);
+  check_peer("sendrecv (its recv)", rank, size, src);
+  SL_CHECK_HINT(!overlaps(send_buf.raw(), send_buf.nbytes(), recv_buf.raw(), recv_buf.nbytes()),
+                "give the send and the receive two separate buffers (the recv overwrites its buffer while "
+                "the send may still read its own)",
+                "sendrecv on rank %d of %d: the send buffer (%lld %s elements, to rank %d) and the recv buffer "
+                "(%lld %s elements, from rank %d) overlap",
+                rank, size, static_cast<long long>(send_buf.numel()), dtype_name(send_buf.dtype()), dst,
+                static_cast<long long>(recv_buf.numel()), dtype_name(recv_buf.dtype()), src);
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
 void check_count_fits_int(const char* op, int rank, int64_t count) {

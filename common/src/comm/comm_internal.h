@@ -2,7 +2,9 @@
 // common/include/scalelab/comm/comm.h). Implemented in common/src/comm/comm.cpp.
 //   EventLog         the per-communicator record of calls (thread-safe: the caller adds, the
 //                    communication thread stamps start and end)
-//   make_event       fills a CommEvent: payload and bus bytes, issue time, the link model's time
+//   make_event       fills a CommEvent: payload and bus bytes, issue time, the link model's time,
+//                    the group's name and members
+//   MessageHeader    what travels ahead of every point-to-point message: the send's start time
 //   check_*          argument checks shared by every backend; errors name the rank, the op, the sizes
 //   make_*_communicator  the backend factories behind make_communicator()
 // Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (mpi)
@@ -24,6 +26,7 @@ namespace scalelab::comm_detail {
 class EventLog {
  public:
   uint64_t add(const CommEvent& event);                      // returns the event's id
+  uint64_t add(CommEvent&& event);
   void set_start(uint64_t id, double start_ms);
   void set_end(uint64_t id, double end_ms);
   void add_wait(uint64_t id, double wait_ms);  // CommEvent::wait_ms += wait_ms (a Work's wait blocked)
@@ -36,10 +39,11 @@ class EventLog {
   uint64_t first_id_ = 0;  // id of events_[0]; smaller ids were cleared
 };
 
-// A CommEvent for a call issued now: payload_bytes = count * dtype size, bus_bytes and the link
-// model's time from the op name and the communicator size n. start_ms/end_ms are left 0.
-CommEvent make_event(const std::string& op, const std::string& tag, int64_t count, DType dtype, int n,
-                     bool async, int peer, const LinkModel& link);
+// A CommEvent for a call issued now on `comm`: payload_bytes = count * dtype size, bus_bytes and the
+// link model's time from the op name and comm's size and link, group and world_ranks from comm.
+// start_ms/end_ms are left 0.
+CommEvent make_event(const Communicator& comm, const std::string& op, const std::string& tag, int64_t count,
+                     DType dtype, bool async, int peer);
 
 // nccl-tests bus bytes of a call whose CommEvent has payload_bytes (see CommEvent::bus_bytes).
 int64_t bus_bytes(const std::string& op, int64_t payload_bytes, int n);
@@ -47,8 +51,32 @@ int64_t bus_bytes(const std::string& op, int64_t payload_bytes, int n);
 // Latency hops of a call in the ring model (LinkModel: all_reduce 2(n-1), send 1, ...).
 int latency_hops(const std::string& op, int n);
 
+// A Work that is already complete (one object shared by every call that finished before returning).
+WorkPtr finished_work();
+
 // Blocks the calling thread until Communicator::now_ms() >= t_ms.
 void sleep_until_ms(double t_ms);
+
+// ---------------------------------------------------------------------------------------------
+// Honest point-to-point times. A recv completes no earlier than the matching send's START plus the
+// modelled time of the message, so the sender's start must travel with the message: the backends send
+// this header ahead of every payload (same peers, same order). The time is on the host's steady clock
+// (CLOCK_MONOTONIC on Linux), which every process of one machine shares, unlike now_ms(), whose zero
+// is per process. All ranks of a CPU run sit on one host. Across hosts the steady clocks are
+// unrelated: one would need each peer's clock offset (estimated by a ping-pong, Cristian's algorithm,
+// as MPI implementations do for MPI_WTIME_IS_GLOBAL) or clocks synchronised by PTP, and would add
+// the offset here.
+struct MessageHeader {
+  double send_start_host_ms = 0;  // the send's start_ms, on the host clock
+};
+double to_host_clock_ms(double now_ms);     // a now_ms() time on the host clock
+double from_host_clock_ms(double host_ms);  // and back
+// When a recv may complete: the header's send start + the modelled time, as a now_ms() time.
+double recv_not_before_ms(const MessageHeader& header, double modeled_ms);
+
+// The topology a world of world_size ranks starts with: ranks_per_node from the launcher (or all
+// on one node), no links.
+Topology default_topology(int world_size);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks, run by the caller before anything is sent, so a bad call fails on every rank
@@ -58,6 +86,12 @@ void check_reduce_scatter(int rank, int size, const Tensor& in, const Tensor& ou
 void check_all_gather(int rank, int size, const Tensor& in, const Tensor& out);
 void check_root(const char* op, int rank, int size, int root);
 void check_peer(const char* op, int rank, int size, int peer);
+// split's color: >= 0, or Communicator::kNoColor (no group for this rank).
+void check_color(int rank, int size, int color);
+// sendrecv: both peers valid and the two buffers apart (checked before either is posted).
+void check_sendrecv(int rank, int size, const Tensor& send_buf, int dst, const Tensor& recv_buf, int src);
+// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 // MPI and NCCL counts are C ints: at most 2^31 - 1 elements per call.
 void check_count_fits_int(const char* op, int rank, int64_t count);
 

@@ -6,8 +6,9 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
-#include "comm_internal.h"  // defines: EventLog, make_event, check_*
+#include "comm_internal.h"  // defines: EventLog, make_event, finished_work, check_*
 #include "scalelab/comm/comm.h"
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
 
@@ -15,15 +16,11 @@ namespace scalelab::comm_detail {
 
 namespace {
 
-// Work that is already complete.
-class DoneWork : public Work {
- public:
-  void wait() override {}
-  bool test() override { return true; }
-};
-
 class LocalCommunicator : public Communicator {
  public:
+  LocalCommunicator(const std::string& name, const Topology& topology) { init_group(name, {0}, topology); }
+  using Communicator::split;  // the two-argument form
+
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
@@ -64,11 +61,10 @@ class LocalCommunicator : public Communicator {
 
   void barrier() override { record("barrier", "", 0, DType::F32); }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
-    SL_CHECK_HINT(color >= 0, "colors are >= 0 (as in MPI_Comm_split)", "split on rank 0 of 1: color %d", color);
-    auto child = std::make_unique<LocalCommunicator>();
-    child->set_link_model(link_);
-    return child;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    check_color(0, 1, color);
+    if (color == kNoColor) return nullptr;
+    return std::make_unique<LocalCommunicator>(name, topology());
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
@@ -77,27 +73,26 @@ class LocalCommunicator : public Communicator {
     std::exit(exit_code);
   }
 
-  void set_link_model(const LinkModel& link) override { link_ = link; }
-  const LinkModel& link_model() const override { return link_; }
   std::vector<CommEvent> events() const override { return log_.snapshot(); }
   void clear_events() override { log_.clear(); }
 
  private:
   // Records a call that has already completed (issue = start = end).
   WorkPtr record(const std::string& op, const std::string& tag, int64_t count, DType dtype, int peer = -1) {
-    CommEvent e = make_event(op, tag, count, dtype, /*n=*/1, /*async=*/!issuing_blocking_call(), peer, link_);
+    CommEvent e = make_event(*this, op, tag, count, dtype, /*async=*/!issuing_blocking_call(), peer);
     e.start_ms = e.issue_ms;
     e.end_ms = Communicator::now_ms();
-    log_.add(e);
-    return std::make_shared<DoneWork>();
+    log_.add(std::move(e));
+    return finished_work();
   }
 
-  LinkModel link_;
   EventLog log_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>("world", default_topology(/*world_size=*/1));
+}
 
 }  // namespace scalelab::comm_detail

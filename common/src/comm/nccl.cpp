@@ -15,8 +15,13 @@
 //               ncclGroupStart/End, so consecutive sends and recvs are held back and launched together
 //               at the next wait(), collective, barrier or split.
 //   times       start_ms is when the call was enqueued, end_ms when wait()/test() first saw it done (an
-//               upper bound). A link model makes wait() return no earlier than start + modelled.
+//               upper bound). A link model makes wait() return no earlier than start + modelled; a
+//               recv's no earlier than its SEND's start + modelled: the send's start travels in a
+//               header (comm_internal.h MessageHeader), an MPI message on the communicator's MPI twin.
 //               wait_ms is the host time blocked in wait(), 0 if the done event had fired by then.
+//   groups      every NCCL communicator has an MPI twin of the same members in the same order (split
+//               alike: ncclCommSplit and MPI_Comm_split both order by key, then by old rank), which
+//               says the world ranks of the group (NCCL cannot) and carries the sends' headers.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -29,7 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once
+#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader
+#include "mpi_internal.h"      // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/comm/comm.h"
 #include "scalelab/core/cuda_check.h"  // defines: SL_CUDA_CHECK (cuda_runtime.h)
 #include "scalelab/core/error.h"
@@ -78,8 +84,14 @@ void check_on_gpu(const char* op, int rank, const Tensor& t) {
 // One call: its done event and its place in the event log.
 struct Op {
   uint64_t event_id = 0;
-  double not_before_ms = 0;  // start + modelled (link model)
+  double start_ms = 0;       // enqueued (a send's start, which its header carries)
+  double modeled_ms = 0;     // the link model's time
+  double not_before_ms = 0;  // start + modelled (link model); a recv: its send's start + modelled
+  bool is_send = false, is_recv = false;
+  MessageHeader header;      // sends and recvs: the send's start, over MPI (posted at launch)
+  MPI_Request header_request = MPI_REQUEST_NULL;
   cudaEvent_t done = nullptr;
+  int peer = -1;             // sends and recvs: the other rank
   bool launched = false;     // sends/recvs wait in State::pending until launched together
   bool finished = false;
   std::function<void()> launch;  // sends and recvs: the ncclSend / ncclRecv call (it holds its tensor)
@@ -93,6 +105,7 @@ struct Op {
 // What the communicator and its Works share (a Work may outlive its communicator).
 struct State {
   ncclComm_t comm = nullptr;
+  MPI_Comm mpi = MPI_COMM_NULL;   // the MPI twin: the same members in the same order
   int device = 0;
   cudaStream_t stream = nullptr;  // the communication stream
   cudaEvent_t ready = nullptr;    // "the compute stream got this far", recorded before each call
@@ -106,6 +119,9 @@ struct State {
     if (comm) ncclCommDestroy(comm);
     if (ready) cudaEventDestroy(ready);
     if (stream) cudaStreamDestroy(stream);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && mpi != MPI_COMM_NULL) MPI_Comm_free(&mpi);
   }
 
   // The communication stream waits for the work queued so far on the compute stream.
@@ -126,9 +142,19 @@ struct State {
     for (const auto& op : pending) {
       SL_CUDA_CHECK(cudaEventRecord(op->done, stream));
       op->launched = true;
+      // The header, in the order of the payloads (MPI keeps the order between two ranks per tag).
+      if (op->is_send) {
+        op->header.send_start_host_ms = to_host_clock_ms(op->start_ms);
+        SL_MPI_CALL(MPI_Isend(&op->header, sizeof(MessageHeader), MPI_BYTE, op->peer, kHeaderTag, mpi,
+                              &op->header_request));
+      } else if (op->is_recv) {
+        SL_MPI_CALL(MPI_Irecv(&op->header, sizeof(MessageHeader), MPI_BYTE, op->peer, kHeaderTag, mpi,
+                              &op->header_request));
+      }
     }
     pending.clear();
   }
+  static constexpr int kHeaderTag = 1;
 };
 
 class NcclWork : public Work {
@@ -145,11 +171,13 @@ class NcclWork : public Work {
   void wait() override {
     // wait_ms: the host time blocked here, unless the op (and its modelled time) had already finished.
     const double t0_ms = Communicator::now_ms();
-    const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess && t0_ms >= op_->not_before_ms;
+    const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess &&
+                             complete_header(/*block=*/false) && t0_ms >= op_->not_before_ms;
     if (!op_->launched) st_->flush_p2p();
     SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
     SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
     op_->buffers.clear();  // NCCL is done with them: they may go back to the allocator now
+    complete_header(/*block=*/true);
     mark_finished();
     sleep_until_ms(op_->not_before_ms);
     if (!done_before) st_->log.add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
@@ -159,11 +187,25 @@ class NcclWork : public Work {
     const cudaError_t rc = cudaEventQuery(op_->done);
     if (rc == cudaErrorNotReady) return false;
     SL_CUDA_CHECK(rc);
+    if (!complete_header(/*block=*/false)) return false;
     mark_finished();
     return Communicator::now_ms() >= op_->not_before_ms;
   }
 
  private:
+  // Completes the MPI header of a launched send or recv (true at once for collectives, or once done);
+  // a recv then knows when it may complete: its send's start + the modelled time.
+  bool complete_header(bool block) {
+    if (op_->header_request == MPI_REQUEST_NULL) return true;  // none, or completed (MPI resets it)
+    int flag = 1;
+    if (block) {
+      SL_MPI_CALL(MPI_Wait(&op_->header_request, MPI_STATUS_IGNORE));
+    } else {
+      SL_MPI_CALL(MPI_Test(&op_->header_request, &flag, MPI_STATUS_IGNORE));
+    }
+    if (flag && op_->is_recv) op_->not_before_ms = recv_not_before_ms(op_->header, op_->modeled_ms);
+    return flag != 0;
+  }
   void mark_finished() {
     std::lock_guard<std::mutex> lock(st_->mu);
     if (op_->finished) return;
@@ -176,9 +218,14 @@ class NcclWork : public Work {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, const LinkModel& link) : st_(std::make_shared<State>()), link_(link) {
+  // Takes ownership of comm and of its MPI twin mpi (same members, same order): the group `name`
+  // with the topology it inherits.
+  NcclCommunicator(ncclComm_t comm, MPI_Comm mpi, int device, const std::string& name, const Topology& topology)
+      : st_(std::make_shared<State>()) {
     st_->comm = comm;
+    st_->mpi = mpi;
     st_->device = device;
+    init_group(name, mpi_world_ranks(mpi), topology);
     SL_CUDA_CHECK(cudaSetDevice(device));
     // Non-blocking: no implicit sync with the legacy default stream; the events order the two.
     SL_CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
@@ -193,6 +240,8 @@ class NcclCommunicator : public Communicator {
       std::fprintf(stderr, "%s\n", e.what());
     }
   }
+
+  using Communicator::split;  // the two-argument form
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -268,14 +317,16 @@ class NcclCommunicator : public Communicator {
     })->wait();
   }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
-    SL_CHECK_HINT(color >= 0, "colors are >= 0 (as in MPI_Comm_split)", "split on rank %d of %d: color %d",
-                  rank_, size_, color);
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    check_color(rank_, size_, color);
     st_->flush_p2p();
     SL_CUDA_CHECK(cudaSetDevice(st_->device));
+    MPI_Comm child_mpi = MPI_COMM_NULL;  // the twin first: same color and key, so the same members and order
+    SL_MPI_CALL(MPI_Comm_split(st_->mpi, mpi_split_color(color), key, &child_mpi));
     ncclComm_t child = nullptr;
-    SL_NCCL_CHECK(ncclCommSplit(st_->comm, color, key, &child, nullptr));
-    return std::make_unique<NcclCommunicator>(child, st_->device, link_);
+    SL_NCCL_CHECK(ncclCommSplit(st_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
+    if (child == nullptr) return nullptr;  // kNoColor: this rank joins no group
+    return std::make_unique<NcclCommunicator>(child, child_mpi, st_->device, name, topology());
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
@@ -287,18 +338,21 @@ class NcclCommunicator : public Communicator {
     std::_Exit(exit_code);
   }
 
-  void set_link_model(const LinkModel& link) override { link_ = link; }
-  const LinkModel& link_model() const override { return link_; }
   std::vector<CommEvent> events() const override { return st_->log.snapshot(); }
   void clear_events() override { st_->log.clear(); }
 
  private:
   std::shared_ptr<Op> new_op(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer) {
     auto op = std::make_shared<Op>();
-    CommEvent e = make_event(name, tag, count, dtype, size_, /*async=*/!issuing_blocking_call() && name != "barrier",
-                             peer, link_);
+    CommEvent e = make_event(*this, name, tag, count, dtype, /*async=*/!issuing_blocking_call() && name != "barrier",
+                             peer);
     e.start_ms = e.issue_ms;
+    op->start_ms = e.start_ms;
+    op->modeled_ms = e.modeled_ms;
     op->not_before_ms = e.start_ms + e.modeled_ms;
+    op->peer = peer;
+    op->is_send = name == "send";
+    op->is_recv = name == "recv";
     op->event_id = st_->log.add(e);
     SL_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
     return op;
@@ -330,7 +384,6 @@ class NcclCommunicator : public Communicator {
   }
 
   std::shared_ptr<State> st_;
-  LinkModel link_;
   int rank_ = 0;
   int size_ = 1;
   Tensor scratch_;  // (1) f32 on the GPU, for barrier()
@@ -392,7 +445,10 @@ std::unique_ptr<Communicator> make_nccl_communicator() {
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t comm = nullptr;
   SL_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
-  return std::make_unique<NcclCommunicator>(comm, device, LinkModel{});
+  MPI_Comm mpi = MPI_COMM_NULL;  // the MPI twin of the world (group members, headers)
+  SL_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &mpi));
+  SL_MPI_CALL(MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN));
+  return std::make_unique<NcclCommunicator>(comm, mpi, device, "world", default_topology(size));
 }
 
 }  // namespace scalelab::comm_detail

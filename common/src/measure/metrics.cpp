@@ -253,6 +253,8 @@ void RunLogger::log_timeline(int64_t step, const std::vector<CommEvent>& events,
     ev["wait_ms"] = e.wait_ms;
     ev["async"] = e.async;
     ev["simulated"] = e.simulated;
+    ev["group"] = e.group;              // which communicator carried it: "world", "tp", "pp", "dp", ...
+    ev["world_ranks"] = e.world_ranks;  // that group's members (world ranks, in the group's rank order)
     comm_events.push_back(std::move(ev));
   }
   OrderedJson spans = OrderedJson::array();

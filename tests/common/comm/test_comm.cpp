@@ -26,6 +26,7 @@ using scalelab::LinkModel;
 using scalelab::make_communicator;
 using scalelab::ReduceOp;
 using scalelab::Tensor;
+using scalelab::Topology;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 
@@ -187,6 +188,83 @@ TEST(CommLocal, SplitGivesAWorldOfOneWithTheParentsLinkModel) {
   sub->all_reduce(g, ReduceOp::Sum);
   EXPECT_EQ(sub->events().at(0).modeled_ms, 0.0);
   EXPECT_FALSE(sub->events().at(0).simulated);
+}
+
+TEST(CommLocal, GroupsAreNamedAndEventsSayWhichGroupCarriedThem) {
+  auto c = make_communicator("local");
+  EXPECT_EQ(c->name(), "world");
+  EXPECT_EQ(c->world_ranks(), std::vector<int>{0});
+  auto tp = c->split(0, 0, "tp");
+  EXPECT_EQ(tp->name(), "tp");
+  EXPECT_EQ(tp->world_ranks(), std::vector<int>{0});
+  EXPECT_EQ(tp->split(1, 0)->name(), "tp");  // the two-argument form keeps the name
+  EXPECT_EQ(c->split(Communicator::kNoColor, 0, "none"), nullptr);  // joins no group
+  Tensor g = iota(4);
+  tp->all_reduce(g, ReduceOp::Sum);
+  EXPECT_EQ(tp->events().at(0).group, "tp");
+  EXPECT_EQ(tp->events().at(0).world_ranks, std::vector<int>{0});
+  // A negative color other than kNoColor is a mistake, as before.
+  EXPECT_TRUE(contains(error_message([&] { c->split(-2, 0, "bad"); }), "Communicator::kNoColor"));
+}
+
+TEST(CommLocal, SendrecvWithoutAPeerIsRefused) {
+  auto c = make_communicator("local");
+  Tensor a = iota(4), b = iota(4);
+  const std::string msg = error_message([&] { c->sendrecv(a, 0, b, 0, "stage 0"); });
+  EXPECT_TRUE(contains(msg, "sendrecv (its send) on rank 0 of 1: peer 0 is not another rank")) << msg;
+  EXPECT_TRUE(c->events().empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The simulated topology: node = world_rank / ranks_per_node; a group inside one node takes intra.
+TEST(CommTopology, GroupsInsideANodeTakeTheIntraLinkOthersTheInter) {
+  Topology t;
+  t.ranks_per_node = 4;
+  t.intra = LinkModel::preset("nvlink");
+  t.inter = LinkModel::preset("infiniband");
+  EXPECT_EQ(t.node_of(0), 0);
+  EXPECT_EQ(t.node_of(3), 0);
+  EXPECT_EQ(t.node_of(4), 1);
+  EXPECT_TRUE(t.within_one_node({0, 1, 2, 3}));
+  EXPECT_TRUE(t.within_one_node({5, 7}));
+  EXPECT_TRUE(t.within_one_node({6}));
+  EXPECT_FALSE(t.within_one_node({3, 4}));
+  EXPECT_EQ(t.link_for({4, 5}).name, "nvlink");
+  EXPECT_EQ(t.link_for({1, 5}).name, "infiniband");
+  t.ranks_per_node = 0;
+  EXPECT_TRUE(contains(error_message([&] { t.node_of(1); }), "ranks_per_node is 0"));
+}
+
+TEST(CommTopology, RanksPerNodeComeFromTheLauncherElseOneNode) {
+  EXPECT_EQ(scalelab::ranks_per_node_from_env(8), 8);  // started directly: all ranks on one node
+  {
+    ScopedEnv slurm("SLURM_TASKS_PER_NODE", "4(x2)");  // srun: 4 tasks on each of 2 nodes
+    EXPECT_EQ(scalelab::ranks_per_node_from_env(8), 4);
+    ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_SIZE", "2");  // OpenMPI's mpirun comes first
+    EXPECT_EQ(scalelab::ranks_per_node_from_env(8), 2);
+  }
+  ScopedEnv per_node("SLURM_NTASKS_PER_NODE", "3");
+  EXPECT_EQ(scalelab::ranks_per_node_from_env(6), 3);
+}
+
+TEST(CommTopology, SetTopologyChoosesTheLinkSetLinkModelMeansOneLinkForAll) {
+  auto c = make_communicator("local");
+  EXPECT_EQ(c->topology().ranks_per_node, 1);  // a world of one rank
+  Topology t;
+  t.ranks_per_node = 0;  // keep
+  t.intra = LinkModel::preset("nvlink");
+  t.inter = LinkModel::preset("ethernet100");
+  c->set_topology(t);
+  EXPECT_EQ(c->topology().ranks_per_node, 1);
+  EXPECT_EQ(c->link_model().name, "nvlink");  // one rank: inside one node
+  EXPECT_EQ(c->split(0, 0, "child")->topology().inter.name, "ethernet100");  // inherited
+  c->set_link_model(LinkModel::preset("pcie"));
+  EXPECT_EQ(c->link_model().name, "pcie");
+  EXPECT_EQ(c->topology().intra.name, "pcie");
+  EXPECT_EQ(c->topology().inter.name, "pcie");
+  t.ranks_per_node = -1;
+  const std::string msg = error_message([&] { c->set_topology(t); });
+  EXPECT_TRUE(contains(msg, "ranks_per_node -1")) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------

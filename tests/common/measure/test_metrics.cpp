@@ -252,6 +252,8 @@ TEST_F(MetricsTest, TimelineRecordHoldsCommEventsAndComputeSpansOnOneClock) {
   ar.modeled_ms = 3.0;
   ar.async = true;
   ar.simulated = true;
+  ar.group = "dp";
+  ar.world_ranks = {1, 3};
   scalelab::CommEvent pending = ar;
   pending.tag = "bucket 1";
   pending.end_ms = 0;  // not finished when logged
@@ -274,6 +276,8 @@ TEST_F(MetricsTest, TimelineRecordHoldsCommEventsAndComputeSpansOnOneClock) {
   EXPECT_EQ(e["end_ms"], 14.0);
   EXPECT_EQ(e["modeled_ms"], 3.0);
   EXPECT_EQ(e["simulated"], true);
+  EXPECT_EQ(e["group"], "dp");  // which communicator carried it
+  EXPECT_EQ(e["world_ranks"], json::array({1, 3}));
   EXPECT_TRUE(rec["events"][1]["end_ms"].is_null()) << "a call still in flight has no end: null, not 0";
   ASSERT_EQ(rec["compute"].size(), 2u);
   EXPECT_EQ(rec["compute"][1]["name"], "backward");

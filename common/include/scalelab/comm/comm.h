@@ -11,13 +11,18 @@
 // that issued it), so labs and tests can check communication volume, overlap and exposed time.
 // A LinkModel makes a CPU run show what a cluster link would: a call completes no earlier than its
 // alpha-beta modelled time (Hockney; ring collectives as in Thakur, Rabenseifner & Gropp 2005), and
-// its event says simulated.
+// its event says simulated. A Topology says which ranks share a (simulated) node and gives each group
+// the link it would use: the intra-node one when all its members sit on one node, else the inter-node one.
+// Every communicator is a named group ("world", "tp", "pp", "dp", ...) that knows the world ranks of
+// its members; every event records both, so logs and tests can say which group carried what.
+// Layouts of groups for tensor, pipeline and data parallelism: rank_grid.h (RankGrid).
 // Errors: scalelab::Error naming the rank, the operation and the sizes.
 // Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks)
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +58,34 @@ struct LinkModel {
   double seconds(const std::string& op, int64_t payload_bytes, int n) const;
 };
 
+// The simulated cluster: ranks_per_node ranks per node, filled in world-rank order (mpirun's default
+// --map-by slot, Slurm's block distribution), so node = world_rank / ranks_per_node; and two links.
+// A group (communicator) whose world ranks all sit on one node uses `intra`, one that crosses nodes
+// uses `inter`: on a real cluster a tensor-parallel group inside a node rides NVLink, a pipeline
+// group across nodes the network. Communicator::set_topology applies it; split() passes it on and
+// each new group picks its link from its own members.
+//   Topology t;  t.ranks_per_node = 4;  t.intra = LinkModel::preset("nvlink");
+//   t.inter = LinkModel::preset("infiniband");  world.set_topology(t);
+struct Topology {
+  int ranks_per_node = 0;  // ranks per node; 0: keep the communicator's (from ranks_per_node_from_env)
+  LinkModel intra;         // link of a group inside one node (default: none)
+  LinkModel inter;         // link of a group that spans nodes (default: none)
+
+  // The node of a world rank: world_rank / ranks_per_node. Throws scalelab::Error when
+  // ranks_per_node < 1 (0 means "keep" only inside set_topology).
+  int node_of(int world_rank) const;
+  // True when every rank of world_ranks sits on one node (an empty or one-rank group does).
+  bool within_one_node(const std::vector<int>& world_ranks) const;
+  // The link a group of these world ranks uses: intra within one node, else inter.
+  const LinkModel& link_for(const std::vector<int>& world_ranks) const;
+};
+
+// Ranks per node as the launcher announced them: OMPI_COMM_WORLD_LOCAL_SIZE (OpenMPI's mpirun),
+// MPI_LOCALNRANKS (MPICH's Hydra), SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE (srun; "4(x2)" or
+// "4,3" give the first node's 4); else world_size (a program started directly: one node). Simulating
+// several nodes on one machine therefore needs an explicit Topology::ranks_per_node.
+int ranks_per_node_from_env(int world_size);
+
 // One record per call, in issue order (per communicator). Times are ms on the process's
 // communication clock (Communicator::now_ms(); shared by every communicator of the process, so the
 // events of a sub-communicator line up with the world's and with the caller's own now_ms() stamps).
@@ -67,9 +100,11 @@ struct CommEvent {
                              // payload; all_gather (n-1)/n of the TOTAL output = (n-1) payload;
                              // broadcast/send/recv 1 payload; barrier 0; 0 for n == 1
   double issue_ms = 0;       // when the caller issued it
-  double start_ms = 0;       // when the transport started it (the communication thread picked it up)
-  double end_ms = 0;         // when it completed (with a link model: no earlier than start + modelled);
-                             // 0 while pending
+  double start_ms = 0;       // when the transport started it (the communication thread, or the caller's
+                             // thread for a blocking collective run there, picked it up)
+  double end_ms = 0;         // when it completed; 0 while pending. With a link model no earlier than
+                             // start + modelled, and a recv no earlier than the matching SEND's start +
+                             // modelled (the message cannot arrive before it has crossed the link)
   double modeled_ms = 0;     // the link model's time for it (0 without a model)
   double wait_ms = 0;        // exposed time: how long the CALLER was blocked in Work::wait() (or in a
                              // blocking form, barrier, or the destructor of a Work never waited for)
@@ -78,7 +113,9 @@ struct CommEvent {
                              // end_ms - issue_ms that the caller's step actually paid for.
   bool async = false;
   bool simulated = false;    // a link model decided (part of) its duration (modeled_ms > 0)
-  int peer = -1;             // send/recv: the other rank; broadcast: the root
+  int peer = -1;             // send/recv: the other rank; broadcast: the root (ranks of this group)
+  std::string group;         // the communicator's name: "world", "tp", "pp", "dp", "embedding", ...
+  std::vector<int> world_ranks;  // the group's members as world ranks, in the group's rank order
 };
 
 // A pending asynchronous operation (like torch.distributed's Work). wait() blocks until the result is
@@ -100,6 +137,13 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
 
+  // The group this communicator is: its name ("world" for make_communicator's, the third argument of
+  // split for the others) and the world ranks of its members in this communicator's rank order, so
+  // world_ranks()[rank()] is this rank's world rank. Every event carries both (CommEvent::group,
+  // CommEvent::world_ranks).
+  const std::string& name() const { return name_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
   // Asynchronous collectives. Tensors must stay alive and untouched until wait() returns. Every rank
   // passes the same n and dtype (f32, bf16 or i32; bf16 is reduced in fp32 by the mpi backend; Avg of
   // i32 is refused). CPU or CUDA tensors (the mpi backend stages CUDA ones through pinned host memory).
@@ -116,11 +160,24 @@ class Communicator {
   // Point to point: buf (n) to / from rank peer (!= rank()); the recv's n must equal the send's.
   // Messages between two ranks arrive in the order they were sent. In the mpi backend a send or recv
   // does not hold up the calls issued after it, so "send to next, recv from previous" around a ring
-  // does not deadlock.
+  // does not deadlock. With a link model a recv completes no earlier than the matching send's start
+  // plus the modelled time of the message (the sender's start travels with it), a send no earlier
+  // than its own start plus that time.
   virtual WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag = "") = 0;
   virtual WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag = "") = 0;
+  // A paired exchange, like MPI_Sendrecv: send_buf (n) to rank dst and recv_buf (m, the n of src's
+  // matching send) from rank src (dst may equal src), both posted before either is waited for, so two
+  // neighbours exchanging at once never deadlock (a pipeline stage passing activations to the next and
+  // receiving gradients from it). Records two events, a send and a recv, both with `tag`; the Work
+  // waits for both. Both peers are checked before anything is posted; the two buffers must not overlap
+  // (throws scalelab::Error naming the rank, the peers and the sizes).
+  WorkPtr sendrecv_async(const Tensor& send_buf, int dst, Tensor& recv_buf, int src, const std::string& tag = "");
 
-  // Blocking forms: the async call, then wait(). Their events say async = false.
+  // Blocking forms: the async call, then wait(). Their events say async = false. In the mpi backend a
+  // blocking collective issued while nothing else is pending on this communicator runs on the
+  // caller's own thread (no hand-off to the communication thread, whose wake-up costs more than a
+  // small all_reduce itself); otherwise it queues behind the pending calls, so the order of issue is
+  // kept either way (docs/communicator.md "Progress").
   void all_reduce(Tensor& buf, ReduceOp op, const std::string& tag = "") {
     BlockingCall b(*this);
     all_reduce_async(buf, op, tag)->wait();
@@ -145,20 +202,37 @@ class Communicator {
     BlockingCall b(*this);
     recv_async(buf, peer, tag)->wait();
   }
+  void sendrecv(const Tensor& send_buf, int dst, Tensor& recv_buf, int src, const std::string& tag = "") {
+    BlockingCall b(*this);
+    sendrecv_async(send_buf, dst, recv_buf, src, tag)->wait();
+  }
   // Returns when every rank has called it (after this rank's earlier collectives have completed).
   virtual void barrier() = 0;
 
-  // A new communicator of the ranks that pass the same color, ordered by key (then by old rank),
-  // like MPI_Comm_split. color >= 0. Collective: every rank of this communicator must call it. The new
-  // communicator starts with this one's link model and an empty event log.
-  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // A new communicator named `name` of the ranks that pass the same color, ordered by key (then by
+  // old rank), like MPI_Comm_split. color >= 0, or kNoColor for a rank that joins no group: it gets
+  // nullptr (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR). Collective: every rank of this communicator must call
+  // it. The new communicator starts with this one's topology (its link chosen from its own members:
+  // Topology::link_for) and an empty event log. Throws scalelab::Error for a negative color.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // The same, keeping this communicator's name (a copy of the world is still "world").
+  std::unique_ptr<Communicator> split(int color, int key) { return split(color, key, name_); }
+  static constexpr int kNoColor = std::numeric_limits<int>::min();
 
   // Ends the whole job (every rank), so a failing rank does not leave the others waiting forever.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
 
   // Simulated link (default: none). Applies to calls issued after it is set.
-  virtual void set_link_model(const LinkModel& link) = 0;
-  virtual const LinkModel& link_model() const = 0;
+  // set_link_model: one link for every group, this one and those split from it later (its topology
+  // gets intra = inter = link; ranks_per_node is kept).
+  void set_link_model(const LinkModel& link);
+  // The link this group's calls are modelled on (set_link_model's, or the topology's choice).
+  const LinkModel& link_model() const { return link_; }
+  // set_topology: ranks per node and the intra-/inter-node links; this group takes
+  // topology.link_for(world_ranks()). ranks_per_node 0 keeps the current value (the launcher's, see
+  // ranks_per_node_from_env). Throws scalelab::Error for ranks_per_node < 0.
+  void set_topology(const Topology& topology);
+  const Topology& topology() const { return topology_; }
 
   // The event log (calls completed or pending, in issue order) and a way to start afresh per step.
   virtual std::vector<CommEvent> events() const = 0;
@@ -172,6 +246,9 @@ class Communicator {
  protected:
   // True while a blocking form above is issuing its async call: backends record async = !this.
   bool issuing_blocking_call() const { return blocking_call_; }
+  // Each backend's constructor says which group it is: its name, the world ranks of its members in
+  // rank order, and the topology it inherits (whose ranks_per_node is >= 1); the link follows from them.
+  void init_group(const std::string& name, std::vector<int> world_ranks, const Topology& topology);
 
  private:
   struct BlockingCall {  // sets blocking_call_ for the duration of one blocking form's issue
@@ -180,6 +257,11 @@ class Communicator {
     Communicator& comm;
   };
   bool blocking_call_ = false;
+  // The group. Read and written by the caller's thread only (each op keeps its own modelled time).
+  std::string name_ = "world";
+  std::vector<int> world_ranks_;
+  Topology topology_;
+  LinkModel link_;  // topology_.link_for(world_ranks_)
 };
 
 // backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
