@@ -139,7 +139,7 @@ def load_runs(run_dirs) -> list[Run]:
 
 def latest_runs(lab: str, runs_root: str | Path = "../runs", per_config: bool = False, limit: int = 8) -> list[Path]:
     """The most recent run under ``<runs_root>/<lab>``, or with ``per_config`` the most recent run of
-    each configuration (world size, mode, ZeRO stage, precision) that used the same model as the most
+    each configuration (world size, mode, ZeRO stage, precision; tp, link, ranks per node) that used the same model as the most
     recent run, at most ``limit`` of them: a scaling comparison after running the lab at 1, 2, 4 ranks."""
     dirs = find_runs(lab, runs_root)
     if not dirs:
@@ -153,7 +153,8 @@ def latest_runs(lab: str, runs_root: str | Path = "../runs", per_config: bool = 
         if r.config.get("model") != model or r.steps.empty:
             continue
         cfg = r.config
-        chosen[(r.world_size, cfg.get("mode"), cfg.get("stage"), cfg.get("precision"))] = r.path
+        chosen[(r.world_size, cfg.get("mode"), cfg.get("stage"), cfg.get("precision"),  # lab 05 also: the layout
+                 cfg.get("tp"), cfg.get("link"), cfg.get("ranks_per_node"), cfg.get("sequence_parallel"))] = r.path
     return sorted(chosen.values(), key=lambda p: dirs.index(p))[-limit:]
 
 
@@ -425,4 +426,54 @@ def plot_scaling(runs: list[Run], plot_dir=None, name="scaling"):
     ax_eff.axhline(1.0, color="k", ls="--", lw=0.8)
     ax_eff.set(xlabel="ranks", ylabel="efficiency", title="scaling efficiency", xticks=ws, ylim=(0, 1.2))
     ax_tps.legend(fontsize=8)
+    return _save(fig, name, plot_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 05: the link sweep (bench/tp_link_sweep.py writes the runs; the prediction is its alpha-beta
+# arithmetic, passed in as `predict` so the formula lives in one place)
+
+
+def tp_sweep(runs: list[Run], predict=None) -> pd.DataFrame:
+    """One row per finished lab 05 run: tp, ranks, the tp group's link, ranks_per_node, tokens/s,
+    step_ms, waited_ms (exposed communication per step), link_ms (what the simulated link charged per
+    step) and, with predict(link, n, L, B, T, C, micro_steps) -> seconds, predicted_ms."""
+    rows = []
+    for r in runs:
+        cfg = r.config
+        if "tp" not in cfg or r.summaries.empty:
+            continue
+        s = r.summaries[r.summaries["rank"] == 0].iloc[-1] if "rank" in r.summaries else r.summaries.iloc[-1]
+        row = {"run_id": r.run_id, "tp": int(cfg["tp"]), "ranks": r.world_size, "link": cfg.get("link", "none"),
+               "ranks_per_node": int(cfg.get("ranks_per_node", 0)), "tokens_per_s": s.get("tokens_per_s"),
+               "step_ms": s.get("step_ms", math.nan), "waited_ms": s.get("comm_ms", math.nan),
+               "link_ms": s.get("comm_modeled_ms", 0.0)}
+        if predict is not None and "link_alpha_s" in cfg:
+            link = {"alpha": cfg["link_alpha_s"], "base": cfg["link_base_s"],
+                    "bandwidth": cfg["link_bandwidth_bytes_per_s"]}
+            row["predicted_ms"] = 1e3 * predict(link, row["tp"], cfg["n_layer"], cfg["micro_batch"], cfg["T"],
+                                                cfg["n_embd"], cfg["micro_steps"])
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["ranks_per_node", "link", "tp"]) if rows else pd.DataFrame()
+
+
+def plot_tp_sweep(df: pd.DataFrame, plot_dir=None, name="tp_link_sweep"):
+    """Left: tokens/s against tp, one line per link (one group, no data parallelism). Right: what the
+    simulated link charged per step, measured (dots) and predicted by the alpha-beta arithmetic (x)."""
+    if df.empty:
+        return _nothing("no lab 05 runs with a tp in their config (bench/tp_link_sweep.py makes them)")
+    one_group = df[(df["ranks"] == df["tp"]) & (df["ranks_per_node"] == 0)]
+    fig, (ax_tps, ax_link) = plt.subplots(1, 2, figsize=(11, 3.8))
+    base = one_group[one_group["tp"] == 1]
+    for link, g in one_group[one_group["tp"] > 1].groupby("link"):
+        g = pd.concat([base, g]).sort_values("tp")
+        ax_tps.plot(g["tp"], g["tokens_per_s"], "o-", label=link)
+        ax_link.plot(g["tp"], g["link_ms"], "o-", label=f"{link} measured")
+        if "predicted_ms" in g:
+            ax_link.plot(g["tp"], g["predicted_ms"], "kx", ms=8)
+    tps = sorted(one_group["tp"].unique())
+    ax_tps.set(xlabel="tp (ranks in the group)", ylabel="tokens/s", title="throughput per link", xticks=tps)
+    ax_link.set(xlabel="tp", ylabel="ms per step", title="link time per step (x: alpha-beta prediction)", xticks=tps)
+    ax_tps.legend(fontsize=8)
+    ax_link.legend(fontsize=8)
     return _save(fig, name, plot_dir)

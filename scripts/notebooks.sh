@@ -2,7 +2,7 @@
 # notebooks.sh — execute the notebooks (notebooks/*.ipynb) headless, as CI does, and write their plots as PNG.
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
 #   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (lab 01; labs 03 and 04 at 1 and 2
-#                                         ranks with timelines) and point the notebooks at them
+#                                         ranks with timelines; lab 05's quick link sweep) and point the notebooks at them
 # Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab03_ddp, lab04_fsdp),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
@@ -46,7 +46,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sl-notebooks.XXXXXX")"
 if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
-  for prog in lab01_single_device lab03_ddp lab04_fsdp; do
+  for prog in lab01_single_device lab03_ddp lab04_fsdp lab05_tensor_parallel; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -70,6 +70,10 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
       --global-batch 8 --stage 3 --loader-alone-batches 0 > "$tmp/lab04_np$np.out" 2>&1 \
       || { cat "$tmp/lab04_np$np.out"; die "lab 04 run at $np ranks failed"; }
   done
+  # Lab 05: the link sweep's quick form (tp 1 and 2; no link and 100 Gb/s Ethernet; timelines).
+  python3 bench/tp_link_sweep.py --quick --bin "$BIN/lab05_tensor_parallel" --seq-len 64 --micro-batch 4 \
+    --steps 6 --log-dir "$RUNS_ROOT" > "$tmp/lab05_sweep.out" 2>&1 \
+    || { cat "$tmp/lab05_sweep.out"; die "lab 05 sweep (bench/tp_link_sweep.py --quick) failed"; }
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03 and 04 at 1, 2, 4, 8
+# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04 and 05 at 1, 2, 4, 8
 # ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
-# micro-batch per step), ONE table.
+# micro-batch per step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that
+# divides the model's heads, the rest data-parallel replicas), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
-#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04"   --device auto|cpu|cuda
+#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05"   --device auto|cpu|cuda
 #   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
 #   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
-#   (CPU ranks, labs 03 and 04)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
+#   (CPU ranks, labs 03, 04 and 05)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
 #   "mpirun --hostfile FILE", "srun --mpi=pmix")   --timeout-s S (per run; default none)
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
@@ -25,7 +26,7 @@ DATA="data/kjv"
 MODEL=""
 STEPS=20
 OUT=""
-LABS="01 03 04"
+LABS="01 03 04 05"
 MAX_RANKS=""
 OVERSUB_OK=0
 DEVICE="auto"
@@ -78,7 +79,8 @@ for kv in "--steps $STEPS" "--timeout-s $TIMEOUT_S"; do
 done
 (( STEPS >= 2 )) || die "--steps $STEPS: need at least 2 (step 0 is warm-up and not timed)"
 for lab in $LABS; do
-  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 ]] || die "--labs: unknown lab '$lab'" "use any of \"01 03 04\""
+  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 || "$lab" == 05 ]] || die "--labs: unknown lab '$lab'" \
+    "use any of \"01 03 04 05\""
 done
 
 # ---- device, rank counts, threads per rank ----
@@ -144,7 +146,9 @@ GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at eve
 
 # ---- what the runs need ----
 BIN="$BUILD/bin/reference"
-declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp)
+declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel)
+# Lab 05 splits the heads: tp must divide n_head (common/src/model/gpt2.cpp presets).
+declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
 for lab in $LABS; do
   [[ -x "$BIN/${PROG[$lab]}" ]] || die "$BIN/${PROG[$lab]} not found" \
     "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target ${PROG[$lab]}_ref (or pass --build-dir)"
@@ -195,6 +199,8 @@ for lab in $LABS; do
       03) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0) ;;
       04) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --stage "$STAGE"
                  --loader-alone-batches 0) ;;
+      05) tp=$np; while (( tp > 1 && ${HEADS[$MODEL]:-1} % tp != 0 )); do tp=$((tp / 2)); done
+          args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --tp "$tp") ;;
     esac
     if [[ "$lab" != 01 ]]; then
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")

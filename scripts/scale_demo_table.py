@@ -35,7 +35,7 @@ import pandas as pd  # noqa: E402
 
 import scalelab_logs as sl  # noqa: E402  the notebooks' reader: one reader for every plot of the logs
 
-LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP"}
+LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP", "05": "05 tensor parallel"}
 OVERSUBSCRIBED = "oversubscribed: timings not meaningful"
 
 

@@ -158,8 +158,8 @@ void finish_reduce_scatter(FsdpState& s, int unit);
 // The update, on this rank's shard only
 // =============================================================================================
 // TODO(lab04-7): the global L2 norm of the WHOLE model's gradient, computed from the shards, the same
-// number on every rank. If max_norm > 0 and the norm exceeds it, every grad_shard is scaled as torch's
-// clip_grad_norm_ scales a gradient (by max_norm / (norm + 1e-6)). Returns the norm before clipping.
+// number on every rank. If max_norm > 0, every grad_shard is scaled as torch's clip_grad_norm_ scales a
+// gradient: by max_norm / (norm + 1e-6) when that factor is below 1. Returns the norm before clipping.
 // README.md#the-update.
 float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 

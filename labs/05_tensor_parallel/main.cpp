@@ -35,6 +35,8 @@ struct Options : driver::DistributedOptions {
   Options() { sample_tokens = 0; }  // a shard's logits are a slice of the vocabulary: no sample by default
   int tp = 0;                       // ranks per tensor-parallel group (0: all ranks)
   bool sequence_parallel = false;   // split the token rows too (Korthikanti et al. 2022)
+  int ranks_per_node = 0;           // simulated nodes of this many ranks (0: one link for every group)
+  std::string inter_link = "ethernet100";  // with --ranks-per-node: the link of a group that spans nodes
 };
 
 static int run(const Options& o, Communicator& world) {
@@ -45,6 +47,13 @@ static int run(const Options& o, Communicator& world) {
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_link_model(driver::make_link(o.link, o.link_slowdown));
+  if (o.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
+    Topology topo;
+    topo.ranks_per_node = o.ranks_per_node;
+    topo.intra = driver::make_link(o.link, o.link_slowdown);
+    topo.inter = driver::make_link(o.inter_link, o.link_slowdown);
+    world.set_topology(topo);
+  }
   const int tp = o.tp > 0 ? o.tp : n;
   GPTConfig cfg = GPTConfig::preset(o.model);
   const lab05::Layout layout = lab05::make_layout(cfg, n, rank, tp, o.sequence_parallel);  // throws everywhere alike
@@ -52,8 +61,9 @@ static int run(const Options& o, Communicator& world) {
                 "logits: use --sample-tokens 0", "--sample-tokens %d with --tp %d", o.sample_tokens, tp);
   // tp fastest: ranks [g*tp, (g+1)*tp) form tensor-parallel group g; the ranks with the same tp_rank form
   // a data-parallel group (the replicas of one shard).
-  std::unique_ptr<Communicator> tp_group = world.split(/*color=*/layout.dp_rank, /*key=*/layout.tp_rank);
-  std::unique_ptr<Communicator> dp_group = world.split(/*color=*/layout.tp_rank, /*key=*/layout.dp_rank);
+  // Each group takes the link of its members' placement (inside one simulated node or across nodes).
+  std::unique_ptr<Communicator> tp_group = world.split(/*color=*/layout.dp_rank, /*key=*/layout.tp_rank, "tp");
+  std::unique_ptr<Communicator> dp_group = world.split(/*color=*/layout.tp_rank, /*key=*/layout.dp_rank, "dp");
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * layout.dp;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, layout.dp);  // lab 03's rule
   // Every rank of a tensor-parallel group reads the same windows: the data is split across replicas only.
@@ -68,19 +78,24 @@ static int run(const Options& o, Communicator& world) {
   oc.weight_decay = o.weight_decay;
   Optimizer optimizer(model, oc);
 
-  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world);
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world, o.calibration);
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);  // the WHOLE model's FLOPs per token
   RunLogger log("lab05", driver::run_id_all_ranks(world, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);
-  const LinkModel& link = world.link_model();
+  const LinkModel& link = tp_group->link_model();  // the link the tensor-parallel collectives cross
   const nlohmann::json config = {
-      {"model", o.model},         {"n_params", gpt2_num_params(data.cfg)}, {"shard_params", model.num_params()},
+      {"model", o.model},         {"n_layer", data.cfg.n_layer},    {"n_embd", data.cfg.n_embd},
+      {"n_params", gpt2_num_params(data.cfg)}, {"shard_params", model.num_params()},
       {"tp", tp},                 {"dp", layout.dp},                {"sequence_parallel", o.sequence_parallel},
       {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", micro_steps},
       {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
       {"optimizer", o.optimizer}, {"precision", policy.name()},     {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-      {"backend", world.backend()}, {"link", link.name},            {"link_slowdown", o.link_slowdown}};
+      {"backend", world.backend()}, {"link", link.name},            {"link_slowdown", o.link_slowdown},
+      {"ranks_per_node", o.ranks_per_node}, {"dp_link", dp_group->link_model().name},
+      // the tp group's link, for the alpha-beta arithmetic (bench/tp_link_sweep.py, the lab 05 notebook)
+      {"link_alpha_s", link.alpha_s}, {"link_base_s", link.base_s},
+      {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s}};
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", tp}, {"pp", 1}, {"dp", layout.dp}, {"tp_rank", layout.tp_rank},
                              {"dp_rank", layout.dp_rank}};
@@ -104,6 +119,7 @@ static int run(const Options& o, Communicator& world) {
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab05::train_step(model, optimizer, points, dp_group.get(), micro, lr, o.grad_clip);  // YOUR step
   };
+  loop.timeline_comm = tp_group.get();  // the timeline shows the tensor-parallel collectives, layer by layer
   loop.before_step = [&](double, double, bool) {
     tp_group->clear_events();
     dp_group->clear_events();
@@ -132,7 +148,8 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Summary (every rank logs its own; rank 0 prints)
   nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/link.enabled());
-  summary.update({{"memory_peak_bytes", s.memory.total_peak_bytes},
+  summary.update({{"step_ms", s.step_ms},
+                  {"memory_peak_bytes", s.memory.total_peak_bytes},
                   {"memory_activations_peak_bytes", s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)]}});
   log.log_summary(summary);
   if (rank == 0) {
@@ -155,6 +172,12 @@ int main(int argc, char** argv) {
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "split the layernorms and the residual stream across the group too (Korthikanti et al. 2022)");
   driver::add_link_options(app, o);
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "simulate nodes of this many ranks (world-rank order): a group inside one node crosses --link, a "
+                 "group across nodes --inter-link (0: every group crosses --link)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

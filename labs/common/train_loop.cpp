@@ -136,7 +136,8 @@ Summary TrainLoop::run(int64_t start_step) {
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     StepMeasure m = after_step ? after_step(seconds * 1e3, data_wait_ms, want_timeline) : StepMeasure{};
-    if (want_timeline && comm_ != nullptr) log_.log_timeline(step_i, comm_->events(), m.spans);
+    Communicator* shown = timeline_comm != nullptr ? timeline_comm : comm_;
+    if (want_timeline && shown != nullptr) log_.log_timeline(step_i, shown->events(), m.spans);
     const int64_t tokens = static_cast<int64_t>(spec_.global_batch) * o_.seq_len;  // all ranks together
     const double tok_s = tokens_per_second(tokens, seconds);
     const double step_mfu =

@@ -114,6 +114,9 @@ class TrainLoop {
   // Sleep this long inside every micro-batch's fetch: a slow loader, counted as data wait (lab 04's
   // --loader-delay-ms, README "Why not 2x?"). The data wait of a step is the whole fetch of its batches.
   double loader_delay_ms = 0;
+  // The communicator whose events a step's `timeline` record shows (default: the loop's own, `comm`).
+  // Lab 05 points it at the tensor-parallel group, where its collectives are.
+  Communicator* timeline_comm = nullptr;
   // Optional: just before step(): step_start_ms and data_end_ms on Communicator::now_ms's clock;
   // want_timeline: this step logs a `timeline` record (steps 1..--timeline-steps).
   std::function<void(double step_start_ms, double data_end_ms, bool want_timeline)> before_step;

@@ -412,8 +412,9 @@ std::string by_hand(const CompareSpec& spec, bool shared_machine) {
   const Paths p = paths();
   const std::string nn = spec.lab.substr(3);  // "lab03" -> "03"
   if (shared_machine) {
-    return "time it anyway (the record then says 'not a grade'): SL_PERF_IGNORE_BUSY=1 ctest --test-dir " +
-           p.binary_dir + " -R '^" + spec.lab + "\\." + spec.check + "\\." + spec.track + "$' --output-on-failure";
+    return "time it anyway (the record then says 'not a grade'; the table shows the ratio): SL_PERF_IGNORE_BUSY=1 "
+           "scripts/grade " + nn + (spec.track == "reference" ? " --track reference" : "") + " --build-dir " +
+           p.binary_dir;
   }
   std::string args;
   for (const std::string& a : spec.args) args += " " + a;
