@@ -437,7 +437,8 @@ def plot_scaling(runs: list[Run], plot_dir=None, name="scaling"):
 def tp_sweep(runs: list[Run], predict=None) -> pd.DataFrame:
     """One row per finished lab 05 run: tp, ranks, the tp group's link, ranks_per_node, tokens/s,
     step_ms, waited_ms (exposed communication per step), link_ms (what the simulated link charged per
-    step) and, with predict(link, n, L, B, T, C, micro_steps) -> seconds, predicted_ms."""
+    step) and, with predict(run config) -> ms per step (bench/tp_link_sweep.py predicted_run_ms),
+    predicted_ms."""
     rows = []
     for r in runs:
         cfg = r.config
@@ -449,10 +450,7 @@ def tp_sweep(runs: list[Run], predict=None) -> pd.DataFrame:
                "step_ms": s.get("step_ms", math.nan), "waited_ms": s.get("comm_ms", math.nan),
                "link_ms": s.get("comm_modeled_ms", 0.0)}
         if predict is not None and "link_alpha_s" in cfg:
-            link = {"alpha": cfg["link_alpha_s"], "base": cfg["link_base_s"],
-                    "bandwidth": cfg["link_bandwidth_bytes_per_s"]}
-            row["predicted_ms"] = 1e3 * predict(link, row["tp"], cfg["n_layer"], cfg["micro_batch"], cfg["T"],
-                                                cfg["n_embd"], cfg["micro_steps"])
+            row["predicted_ms"] = predict(cfg)
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["ranks_per_node", "link", "tp"]) if rows else pd.DataFrame()
 

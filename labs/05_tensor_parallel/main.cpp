@@ -82,7 +82,9 @@ static int run(const Options& o, Communicator& world) {
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);  // the WHOLE model's FLOPs per token
   RunLogger log("lab05", driver::run_id_all_ranks(world, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);
-  const LinkModel& link = tp_group->link_model();  // the link the tensor-parallel collectives cross
+  const LinkModel& link = tp_group->link_model();
+  int owned_units = 0;
+  for (int u = 0; u < model.num_units(); ++u) owned_units += model.owns_unit(u) ? 1 : 0;  // the link the tensor-parallel collectives cross
   const nlohmann::json config = {
       {"model", o.model},         {"n_layer", data.cfg.n_layer},    {"n_embd", data.cfg.n_embd},
       {"n_params", gpt2_num_params(data.cfg)}, {"shard_params", model.num_params()},
@@ -95,7 +97,11 @@ static int run(const Options& o, Communicator& world) {
       {"ranks_per_node", o.ranks_per_node}, {"dp_link", dp_group->link_model().name},
       // the tp group's link, for the alpha-beta arithmetic (bench/tp_link_sweep.py, the lab 05 notebook)
       {"link_alpha_s", link.alpha_s}, {"link_base_s", link.base_s},
-      {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s}};
+      {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
+      // and the data-parallel group's: one all-reduce per owned unit per step (lab05::average_over_replicas)
+      {"dp_link_alpha_s", dp_group->link_model().alpha_s}, {"dp_link_base_s", dp_group->link_model().base_s},
+      {"dp_link_bandwidth_bytes_per_s", dp_group->link_model().bandwidth_bytes_per_s},
+      {"owned_units", owned_units}};
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", tp}, {"pp", 1}, {"dp", layout.dp}, {"tp_rank", layout.tp_rank},
                              {"dp_rank", layout.dp_rank}};
