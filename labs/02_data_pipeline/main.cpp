@@ -66,6 +66,13 @@ struct LoaderRun {
   double wait_share() const { return s.step_ms > 0 ? s.data_wait_ms / s.step_ms : 0.0; }  // fraction of a step
 };
 
+// A ratio for the table: 3 significant digits up to 100, whole numbers above.
+static std::string ratio_text(double r) {
+  char s[32];
+  std::snprintf(s, sizeof(s), r >= 100 ? "%.0fx" : (r >= 10 ? "%.1fx" : "%.2fx"), r);
+  return s;
+}
+
 static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, data (the kit loader is this track's), the naive loader, peak FLOP/s
@@ -168,9 +175,9 @@ static int run(const Options& o) {
   std::printf("%-6s | %16s | %14s | %9s | %13s | %10s | %18s\n", "loader", "alone tokens/s", "train tokens/s",
               "step ms", "data wait ms", "wait share", "alone / model eats");
   for (const LoaderRun& r : runs) {
-    std::printf("%-6s | %16.0f | %14.0f | %9.2f | %13.3f | %9.1f%% | %17.0fx\n", r.loader.c_str(),
+    std::printf("%-6s | %16.0f | %14.0f | %9.2f | %13.3f | %9.1f%% | %18s\n", r.loader.c_str(),
                 r.alone_tokens_per_s, r.s.tokens_per_s, r.s.step_ms, r.s.data_wait_ms, 100.0 * r.wait_share(),
-                r.alone_tokens_per_s / r.consumption());
+                ratio_text(r.alone_tokens_per_s / r.consumption()).c_str());
   }
   std::printf("the model eats %.0f tokens/s when it never waits (tokens per step / (step - data wait), the %s run)\n",
               runs.front().consumption(), runs.front().loader.c_str());
