@@ -24,7 +24,7 @@
 #include "naive_loader.h"                  // defines: lab02_driver::NaiveTextLoader (the loader compared with)
 #include "scalelab/core/error.h"           // defines: scalelab::Error, NotImplemented
 #include "scalelab/core/threads.h"         // defines: set_num_threads
-#include "scalelab/measure/calibration.h"  // defines: device_peak
+#include "scalelab/measure/calibration.h"  // defines: Peak (the MFU denominator; driver::run_peak)
 #include "scalelab/measure/metrics.h"      // defines: RunLogger, make_run_id
 #include "scalelab/model/gpt2.h"           // defines: GPT2
 #include "scalelab/model/optim.h"          // defines: Optimizer
@@ -98,7 +98,7 @@ static int run(const Options& o) {
   const std::string text_path = o.text.empty() ? o.data + "/kjv.txt" : o.text;
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
-  const Peak peak = device_peak(device, policy, threads);
+  const Peak peak = driver::run_peak(device, policy, threads, o.calibration);  // the MFU denominator
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);
   const std::string run_id = o.run_id.empty() ? make_run_id() : o.run_id;
   std::vector<std::string> loaders;

@@ -25,7 +25,7 @@ hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
 echo "scripts/hint: ok"
 
 run() { "$ROOT/scripts/run" "$@"; }
-for bad in "3" "03 --np 0" "01 --np 2" "99" "03 --track mine"; do
+for bad in "3" "03 --np 0" "01 --np 2" "02 --np 2" "99" "03 --track mine"; do
   out=$(run $bad --build-dir "$BUILD" --no-build 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "scripts/run $bad exited $rc, expected 2: $out"
   grep -q "hint:\|run:" <<<"$out" || fail "scripts/run $bad: no message: $out"
