@@ -4,12 +4,13 @@
 # table row per loader: the loader alone (no model), what the model eats, tokens/s of training and the
 # share of each step spent waiting for data. Measured numbers only: nothing here is asserted.
 #
-#   bench/bench_lab02.sh [--build-dir build] [--repeats 3] [--only tiny|demo|d12|disk]
+#   bench/bench_lab02.sh [--build-dir build] [--repeats 3] [--only tiny|demo|d12|big-batch|disk]
 #
 # Configurations (one line each below): tiny (a model so small that it eats tokens faster than the naive
 # loader makes them: it stands in for a fast GPU), demo, d12 (GPT-2 124M shapes, a few steps: a step takes
-# seconds on a CPU), and disk (only the kit loader, on the demo model, with a simulated 20 ms read per
-# batch, --prefetch off and on). Repeats outermost, so a burst of load from elsewhere slows one repeat of
+# seconds on a CPU), big-batch (the demo model at 64 x 256 = 16,384 tokens per batch, a GPU run's batch
+# size: what the loaders make alone when their cost per batch is spread over that many tokens), and disk
+# (only the kit loader, on the demo model, with a simulated 20 ms read per batch, --prefetch off and on). Repeats outermost, so a burst of load from elsewhere slows one repeat of
 # several configurations rather than every repeat of one; each number is the median over the repeats of
 # the runs' summary records (means over their timed steps, docs/log_schema.md "Lab 02's records").
 # Every run uses 1 BLAS/OpenMP thread: the other core is left to the prefetch thread, and a 1-thread step
@@ -43,6 +44,7 @@ configs=(
   "tiny|--model tiny --seq-len 16 --batch 8 --steps 40"
   "demo|--model demo --seq-len 128 --batch 8 --steps 20"
   "d12|--model d12 --seq-len 256 --batch 4 --steps 4 --naive-alone-batches 50"
+  "big-batch|--model demo --seq-len 256 --batch 64 --steps 2 --loader-alone-batches 1000 --naive-alone-batches 20"
   "disk-off|--model demo --seq-len 128 --batch 8 --steps 20 --loader kit --read-delay-ms 20 --prefetch off --loader-alone-batches 50"
   "disk-on|--model demo --seq-len 128 --batch 8 --steps 20 --loader kit --read-delay-ms 20 --prefetch on --loader-alone-batches 50"
 )
@@ -80,7 +82,7 @@ med = lambda xs: statistics.median(xs)
 lines = ["| config | model | B x T | threads | loader | loader alone tokens/s | model eats tokens/s | alone / eats "
          "| train tokens/s | step ms | data wait ms | wait share | runs |",
          "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-order = ["tiny", "demo", "d12", "disk-off", "disk-on"]  # the configurations' order above
+order = ["tiny", "demo", "d12", "big-batch", "disk-off", "disk-on"]  # the configurations' order above
 for (name, loader, model, B, T, threads), s in sorted(rows.items(), key=lambda kv: (order.index(kv[0][0])
                                                        if kv[0][0] in order else len(order), kv[0][1])):
     alone = med([r["loader_alone_tokens_per_s"] for r in s])

@@ -77,6 +77,8 @@ static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, data (the kit loader is this track's), the naive loader, peak FLOP/s
   driver::check_train_options(o);
+  SL_CHECK_HINT(o.steps >= 2, "step 0 is the warm-up and is not timed: use --steps 2 or more (20 by default)",
+                "--steps %d leaves no timed step to compare the loaders on", o.steps);
   SL_CHECK_HINT(o.loader == "kit" || o.loader == "naive" || o.loader == "both", "use --loader kit, naive or both",
                 "--loader '%s'", o.loader.c_str());
   SL_CHECK_HINT(o.prefetch == "on" || o.prefetch == "off", "use --prefetch on or --prefetch off", "--prefetch '%s'",
