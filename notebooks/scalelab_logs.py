@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +164,23 @@ def latest_runs(lab: str, runs_root: str | Path = "../runs", per_config: bool = 
         chosen[(r.world_size, cfg.get("mode"), cfg.get("stage"), cfg.get("precision"),  # lab 05 also: the layout
                  cfg.get("tp"), cfg.get("link"), cfg.get("ranks_per_node"), cfg.get("sequence_parallel"))] = r.path
     return sorted(chosen.values(), key=lambda p: dirs.index(p))[-limit:]
+
+
+def latest_lab02_runs(runs_root: str | Path = "../runs", limit: int = 8) -> list[Path]:
+    """Lab 02: the most recent finished run of each loader setup (model, B, T, loader, prefetch, read
+    delay) under ``<runs_root>/lab02``, oldest first, at most ``limit``: one experiment's kit and naive
+    runs, and beside them those of other models or of a simulated slow disk (--read-delay-ms) if made."""
+    dirs = find_runs("lab02", runs_root)
+    chosen: dict[tuple, Path] = {}
+    for r in load_runs(dirs):  # oldest first: a later run of the same setup replaces an earlier one
+        cfg = r.config
+        if not r.finished or "loader" not in cfg:
+            continue
+        key = (cfg.get("model"), cfg.get("B"), cfg.get("T"), cfg.get("loader"), cfg.get("prefetch"),
+               cfg.get("read_delay_ms"))
+        chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
+        chosen[key] = r.path
+    return list(chosen.values())[-limit:]
 
 
 def describe(runs: list[Run]) -> pd.DataFrame:
@@ -508,8 +526,8 @@ def plot_starvation(runs: list[Run], plot_dir=None, name="starvation"):
     t = starvation(runs)
     if t.empty:
         return _nothing("no lab 02 summary records (run bin/reference/lab02_data_pipeline)")
-    fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(11, 3.8))
-    labels = [f"{lbl}\n{m}" for lbl, m in zip(t["label"], t["model"])]
+    fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(max(11, 2.2 * len(t)), 4.2))
+    labels = [textwrap.fill(f"{m}: {lbl}", 16) for lbl, m in zip(t["label"], t["model"])]  # long labels wrap
     x = range(len(t))
     ax_rate.bar([i - 0.2 for i in x], t["loader_alone_tokens_per_s"], width=0.4, label="loader alone")
     ax_rate.bar([i + 0.2 for i in x], t["consumption_tokens_per_s"], width=0.4, label="model eats")
@@ -528,13 +546,18 @@ def plot_step_time(runs: list[Run], plot_dir=None, name="step_time"):
     runs = [r for r in runs if not r.steps.empty]
     if not runs:
         return _nothing("no step records")
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.6), sharey=True, squeeze=False)
-    for ax, r in zip(axes[0], runs):
+    ncols = min(3, len(runs))
+    nrows = (len(runs) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.4 * nrows), squeeze=False)
+    for k, r in enumerate(runs):  # each panel its own scale: the models' step times differ by orders
+        ax = axes[k // ncols][k % ncols]
         s = r.steps.sort_values("step")
         compute = s["step_ms"] - s["data_wait_ms"]
         ax.bar(s["step"], compute, color="tab:blue", label="model (forward, backward, optimizer)")
         ax.bar(s["step"], s["data_wait_ms"], bottom=compute, color="tab:red", hatch="//", label="waiting for data")
-        ax.set(xlabel="step", title=r.config_label)
-    axes[0][0].set(ylabel="ms")
+        ax.set(xlabel="step", ylabel="ms", title=f"{r.config.get('model')}: {r.config_label}")
+    for k in range(len(runs), nrows * ncols):
+        axes[k // ncols][k % ncols].axis("off")
     axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
     return _save(fig, name, plot_dir)

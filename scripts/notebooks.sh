@@ -60,9 +60,16 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   echo "== notebooks: short CPU runs into $RUNS_ROOT"
   "$BIN/lab01_single_device" "${common[@]}" --batch 8 --steps 30 > "$tmp/lab01.out" 2>&1 \
     || { cat "$tmp/lab01.out"; die "lab 01 run failed"; }
-  # Lab 02: the kit loader and the naive one, 8 steps each of the demo model (the starvation plots).
-  "$BIN/lab02_data_pipeline" "${common[@]}" --batch 8 --steps 8 --loader-alone-batches 500 \
-    --naive-alone-batches 20 > "$tmp/lab02.out" 2>&1 || { cat "$tmp/lab02.out"; die "lab 02 run failed"; }
+  # Lab 02 (the starvation plots): the kit loader and the naive one under the tiny model, which eats tokens
+  # as fast as the naive loader makes them; then the kit loader under the demo model with a simulated
+  # 50 ms read per batch, prefetch off and on. A few seconds in all.
+  lab02=(--data data/kjv --val-batches 1 --sample-tokens 0 --threads 1 --quiet --log-dir "$RUNS_ROOT")
+  ( "$BIN/lab02_data_pipeline" "${lab02[@]}" --model tiny --seq-len 16 --batch 8 --steps 40 \
+      --loader-alone-batches 500 --naive-alone-batches 20 --run-id starve-tiny &&
+    for pf in off on; do
+      "$BIN/lab02_data_pipeline" "${lab02[@]}" --model demo --seq-len 64 --batch 8 --steps 8 --loader kit \
+        --read-delay-ms 50 --prefetch "$pf" --loader-alone-batches 10 --run-id "disk-$pf" || exit 1
+    done ) > "$tmp/lab02.out" 2>&1 || { cat "$tmp/lab02.out"; die "lab 02 runs failed"; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   for np in 1 2; do
     mpirun --oversubscribe --bind-to none -np "$np" "$BIN/lab03_ddp" "${common[@]}" --steps 20 --micro-batch 4 \
