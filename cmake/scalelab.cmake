@@ -161,8 +161,7 @@ set(SL_SOLUTIONS_DIR ${PROJECT_SOURCE_DIR}/solutions CACHE PATH
 #   labNN_learner  from labs/NN_name/<SOURCES>       compile definition SL_TRACK_LABNN=learner
 #   labNN_ref      from solutions/NN_name/<SOURCES>  compile definition SL_TRACK_LABNN=ref
 #                  (solutions/ = SL_SOLUTIONS_DIR, above)
-# and, with a DRIVER, the lab's program twice: bin/learner/labNN_name and bin/reference/labNN_name,
-# both linked with sl_lab_driver (labs/common/driver.h, the drivers' shared plumbing) where it exists.
+# and, with a DRIVER, the lab's program twice (sl_add_lab_program below).
 # Other labs and programs link labNN_ref (docs/design.md "How the two tracks link").
 function(sl_add_lab NN name)
   cmake_parse_arguments(A "" "DRIVER" "SOURCES;DEPS" ${ARGN})
@@ -171,13 +170,11 @@ function(sl_add_lab NN name)
   foreach(track learner ref)
     if(track STREQUAL "learner")
       set(dir ${lab_dir})
-      set(bin_dir ${CMAKE_BINARY_DIR}/bin/learner)
       if(NOT SL_BUILD_LEARNER)
         continue()
       endif()
     else()
       set(dir ${sol_dir})
-      set(bin_dir ${CMAKE_BINARY_DIR}/bin/reference)
     endif()
     set(lib lab${NN}_${track})
     list(TRANSFORM A_SOURCES PREPEND ${dir}/ OUTPUT_VARIABLE srcs)
@@ -186,32 +183,50 @@ function(sl_add_lab NN name)
     target_compile_definitions(${lib} PUBLIC SL_TRACK_LAB${NN}=${track})
     target_link_libraries(${lib} PUBLIC scalelab_common ${A_DEPS})
     sl_target_defaults(${lib})
-    if(A_DRIVER)
-      set(exe lab${NN}_${name}_${track})
-      add_executable(${exe} ${lab_dir}/${A_DRIVER})
-      target_link_libraries(${exe} PRIVATE ${lib})
-      if(TARGET sl_lab_driver)
-        target_link_libraries(${exe} PRIVATE sl_lab_driver)  # labs/common/driver.h (labs/CMakeLists.txt)
-      endif()
-      if(track STREQUAL "ref")
-        target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="reference")
-      else()
-        target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="learner")
-      endif()
-      set_target_properties(${exe} PROPERTIES OUTPUT_NAME lab${NN}_${name} RUNTIME_OUTPUT_DIRECTORY ${bin_dir})
-      sl_target_defaults(${exe})
-      # `scripts/grade NN` builds graded_labNN_<track>: let it rebuild the lab's program too, so the
-      # program a learner runs next never lags behind the code that was just graded.
-      if(track STREQUAL "ref")
-        set(grade_track reference)
-      else()
-        set(grade_track learner)
-      endif()
-      if(NOT TARGET graded_lab${NN}_${grade_track})
-        add_custom_target(graded_lab${NN}_${grade_track})
-      endif()
-      add_dependencies(graded_lab${NN}_${grade_track} ${exe})
+  endforeach()
+  if(A_DRIVER)
+    sl_add_lab_program(${NN} ${name} DRIVER ${A_DRIVER})
+  endif()
+endfunction()
+
+# sl_add_lab_program(<NN> <name> DRIVER main.cpp [DEPS libs...]): the lab's program twice,
+# bin/learner/labNN_name (linked with labNN_learner and DEPS) and bin/reference/labNN_name (labNN_ref and
+# DEPS), each with the drivers' shared plumbing (labs/common/driver.h, train_loop.h): the library
+# sl_lab_driver_labNN_<track> where one exists (lab 02, whose loader the plumbing itself reads: so each
+# track's program runs that track's loader end to end), sl_lab_driver otherwise (built on lab 02's
+# reference). Called by sl_add_lab with a DRIVER, or on its own once the driver libraries exist
+# (labs/CMakeLists.txt: lab 02's libraries come first).
+function(sl_add_lab_program NN name)
+  cmake_parse_arguments(A "" "DRIVER" "DEPS" ${ARGN})
+  set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${name})
+  foreach(track learner ref)
+    if(NOT TARGET lab${NN}_${track})
+      continue()  # learner track off (SL_BUILD_LEARNER=OFF)
     endif()
+    if(track STREQUAL "ref")
+      set(bin_dir ${CMAKE_BINARY_DIR}/bin/reference)
+      set(grade_track reference)
+    else()
+      set(bin_dir ${CMAKE_BINARY_DIR}/bin/learner)
+      set(grade_track learner)
+    endif()
+    set(exe lab${NN}_${name}_${track})
+    add_executable(${exe} ${lab_dir}/${A_DRIVER})
+    target_link_libraries(${exe} PRIVATE lab${NN}_${track} ${A_DEPS})
+    if(TARGET sl_lab_driver_lab${NN}_${track})
+      target_link_libraries(${exe} PRIVATE sl_lab_driver_lab${NN}_${track})
+    elseif(TARGET sl_lab_driver)
+      target_link_libraries(${exe} PRIVATE sl_lab_driver)  # labs/common/driver.h (labs/CMakeLists.txt)
+    endif()
+    target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="${grade_track}")
+    set_target_properties(${exe} PROPERTIES OUTPUT_NAME lab${NN}_${name} RUNTIME_OUTPUT_DIRECTORY ${bin_dir})
+    sl_target_defaults(${exe})
+    # `scripts/grade NN` builds graded_labNN_<track>: let it rebuild the lab's program too, so the
+    # program a learner runs next never lags behind the code that was just graded.
+    if(NOT TARGET graded_lab${NN}_${grade_track})
+      add_custom_target(graded_lab${NN}_${grade_track})
+    endif()
+    add_dependencies(graded_lab${NN}_${grade_track} ${exe})
   endforeach()
 endfunction()
 

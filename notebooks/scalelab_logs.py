@@ -1,8 +1,8 @@
 """scalelab_logs — read scalelab run logs into pandas DataFrames and draw the notebooks' plots.
 
 A run is a directory ``runs/<lab>/<run_id>/`` holding one ``rank<k>.jsonl`` per rank, one JSON
-object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 03_ddp,
-04_fsdp) call only the functions below, so a plot looks the same in every lab.
+object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 02_data_pipeline,
+03_ddp, 04_fsdp) call only the functions below, so a plot looks the same in every lab.
 
     runs = load_runs(latest_runs("lab03", runs_root="../runs", per_config=True))
     plot_loss(runs)
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +102,13 @@ class Run:
         """The configuration apart from the world size: mode / ZeRO stage / precision, "" if none set."""
         parts = []
         cfg = self.config
+        if "loader" in cfg:  # lab 02: which loader fed the run, and how the kit loader was set
+            loader = str(cfg["loader"])
+            if cfg["loader"] == "kit" and not cfg.get("prefetch", True):
+                loader += ", no prefetch"
+            if cfg.get("read_delay_ms"):
+                loader += f", reads {cfg['read_delay_ms']:g} ms"
+            parts.append(loader)
         if "mode" in cfg:
             parts.append(str(cfg["mode"]))
         if "stage" in cfg:
@@ -156,6 +164,23 @@ def latest_runs(lab: str, runs_root: str | Path = "../runs", per_config: bool = 
         chosen[(r.world_size, cfg.get("mode"), cfg.get("stage"), cfg.get("precision"),  # lab 05 also: the layout
                  cfg.get("tp"), cfg.get("link"), cfg.get("ranks_per_node"), cfg.get("sequence_parallel"))] = r.path
     return sorted(chosen.values(), key=lambda p: dirs.index(p))[-limit:]
+
+
+def latest_lab02_runs(runs_root: str | Path = "../runs", limit: int = 8) -> list[Path]:
+    """Lab 02: the most recent finished run of each loader setup (model, B, T, loader, prefetch, read
+    delay) under ``<runs_root>/lab02``, oldest first, at most ``limit``: one experiment's kit and naive
+    runs, and beside them those of other models or of a simulated slow disk (--read-delay-ms) if made."""
+    dirs = find_runs("lab02", runs_root)
+    chosen: dict[tuple, Path] = {}
+    for r in load_runs(dirs):  # oldest first: a later run of the same setup replaces an earlier one
+        cfg = r.config
+        if not r.finished or "loader" not in cfg:
+            continue
+        key = (cfg.get("model"), cfg.get("B"), cfg.get("T"), cfg.get("loader"), cfg.get("prefetch"),
+               cfg.get("read_delay_ms"))
+        chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
+        chosen[key] = r.path
+    return list(chosen.values())[-limit:]
 
 
 def describe(runs: list[Run]) -> pd.DataFrame:
@@ -221,6 +246,24 @@ def throughput(runs: list[Run]) -> pd.DataFrame:
                 "step_ms": per_step["step_ms"].mean(),
             }
         )
+    return pd.DataFrame(rows)
+
+
+def starvation(runs: list[Run]) -> pd.DataFrame:
+    """Lab 02: per run, the loader alone against what the model eats, and what it cost the steps. From the
+    `summary` record (labs/02_data_pipeline/main.cpp): loader_alone_tokens_per_s, consumption_tokens_per_s
+    (tokens per step / (step_ms - data_wait_ms)), tokens_per_s, step_ms, data_wait_ms, data_wait_share."""
+    keys = ["loader_alone_tokens_per_s", "consumption_tokens_per_s", "tokens_per_s", "step_ms", "data_wait_ms",
+            "data_wait_share"]
+    rows = []
+    for r in runs:
+        if r.summaries.empty or "loader_alone_tokens_per_s" not in r.summaries:
+            continue
+        last = r.summaries.iloc[-1]
+        row = {"label": r.config_label, "model": r.config.get("model"), "run_id": r.run_id}
+        row.update({k: float(last[k]) for k in keys})
+        row["headroom"] = row["loader_alone_tokens_per_s"] / row["consumption_tokens_per_s"]
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -474,4 +517,47 @@ def plot_tp_sweep(df: pd.DataFrame, plot_dir=None, name="tp_link_sweep"):
     ax_link.set(xlabel="tp", ylabel="ms per step", title="link time per step (x: alpha-beta prediction)", xticks=tps)
     ax_tps.legend(fontsize=8)
     ax_link.legend(fontsize=8)
+    return _save(fig, name, plot_dir)
+
+
+def plot_starvation(runs: list[Run], plot_dir=None, name="starvation"):
+    """Lab 02. Left: each loader alone (no model) beside what the model eats, tokens/s on a log scale.
+    Right: the share of each training step spent waiting for data, per loader."""
+    t = starvation(runs)
+    if t.empty:
+        return _nothing("no lab 02 summary records (run bin/reference/lab02_data_pipeline)")
+    fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(max(11, 2.2 * len(t)), 4.2))
+    labels = [textwrap.fill(f"{m}: {lbl}", 16) for lbl, m in zip(t["label"], t["model"])]  # long labels wrap
+    x = range(len(t))
+    ax_rate.bar([i - 0.2 for i in x], t["loader_alone_tokens_per_s"], width=0.4, label="loader alone")
+    ax_rate.bar([i + 0.2 for i in x], t["consumption_tokens_per_s"], width=0.4, label="model eats")
+    ax_rate.set(yscale="log", ylabel="tokens/s", title="the loader alone vs the model's appetite", xticks=list(x))
+    ax_rate.set_xticklabels(labels, fontsize=8)
+    ax_rate.legend(fontsize=8)
+    ax_wait.bar(list(x), 100 * t["data_wait_share"], color="tab:red")
+    ax_wait.set(ylabel="data wait (% of the step)", title="time the model waited for data", xticks=list(x), ylim=(0, 100))
+    ax_wait.set_xticklabels(labels, fontsize=8)
+    return _save(fig, name, plot_dir)
+
+
+def plot_step_time(runs: list[Run], plot_dir=None, name="step_time"):
+    """Lab 02: per step, the time spent waiting for data (hatched) on top of the rest of the step, one panel
+    per run: the naive loader's wait is paid every step, the prefetching loader's is not."""
+    runs = [r for r in runs if not r.steps.empty]
+    if not runs:
+        return _nothing("no step records")
+    ncols = min(3, len(runs))
+    nrows = (len(runs) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.4 * nrows), squeeze=False)
+    for k, r in enumerate(runs):  # each panel its own scale: the models' step times differ by orders
+        ax = axes[k // ncols][k % ncols]
+        s = r.steps.sort_values("step")
+        compute = s["step_ms"] - s["data_wait_ms"]
+        ax.bar(s["step"], compute, color="tab:blue", label="model (forward, backward, optimizer)")
+        ax.bar(s["step"], s["data_wait_ms"], bottom=compute, color="tab:red", hatch="//", label="waiting for data")
+        ax.set(xlabel="step", ylabel="ms", title=f"{r.config.get('model')}: {r.config_label}")
+    for k in range(len(runs), nrows * ncols):
+        axes[k // ncols][k % ncols].axis("off")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
     return _save(fig, name, plot_dir)

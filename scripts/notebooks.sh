@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # notebooks.sh — execute the notebooks (notebooks/*.ipynb) headless, as CI does, and write their plots as PNG.
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
-#   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (lab 01; labs 03 and 04 at 1 and 2
-#                                         ranks with timelines; lab 05's quick link sweep) and point the notebooks at them
-# Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab03_ddp, lab04_fsdp),
+#   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (labs 01 and 02; labs 03 and 04 at
+#                                         1 and 2 ranks with timelines; lab 05's quick link sweep) and point the
+#                                         notebooks at them
+# Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab02_data_pipeline, lab03_ddp,
+#          lab04_fsdp, lab05_tensor_parallel),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
 # once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
@@ -25,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) BUILD="$2"; shift 2 ;;
     --runs-root) RUNS_ROOT="$(realpath -m "$2")"; shift 2 ;;
     --out) OUT="$(realpath -m "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/notebooks.sh --help" ;;
   esac
 done
@@ -46,7 +48,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sl-notebooks.XXXXXX")"
 if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
-  for prog in lab01_single_device lab03_ddp lab04_fsdp lab05_tensor_parallel; do
+  for prog in lab01_single_device lab02_data_pipeline lab03_ddp lab04_fsdp lab05_tensor_parallel; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -58,6 +60,16 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   echo "== notebooks: short CPU runs into $RUNS_ROOT"
   "$BIN/lab01_single_device" "${common[@]}" --batch 8 --steps 30 > "$tmp/lab01.out" 2>&1 \
     || { cat "$tmp/lab01.out"; die "lab 01 run failed"; }
+  # Lab 02 (the starvation plots): the kit loader and the naive one under the tiny model, which eats tokens
+  # as fast as the naive loader makes them; then the kit loader under the demo model with a simulated
+  # 50 ms read per batch, prefetch off and on. A few seconds in all.
+  lab02=(--data data/kjv --val-batches 1 --sample-tokens 0 --threads 1 --quiet --log-dir "$RUNS_ROOT")
+  ( "$BIN/lab02_data_pipeline" "${lab02[@]}" --model tiny --seq-len 16 --batch 8 --steps 40 \
+      --loader-alone-batches 500 --naive-alone-batches 20 --run-id starve-tiny &&
+    for pf in off on; do
+      "$BIN/lab02_data_pipeline" "${lab02[@]}" --model demo --seq-len 64 --batch 8 --steps 8 --loader kit \
+        --read-delay-ms 50 --prefetch "$pf" --loader-alone-batches 10 --run-id "disk-$pf" || exit 1
+    done ) > "$tmp/lab02.out" 2>&1 || { cat "$tmp/lab02.out"; die "lab 02 runs failed"; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   for np in 1 2; do
     mpirun --oversubscribe --bind-to none -np "$np" "$BIN/lab03_ddp" "${common[@]}" --steps 20 --micro-batch 4 \

@@ -2,8 +2,9 @@
 // Declared once for both tracks: labs/02_data_pipeline/shard_loader.cpp (learner, with TODOs) and
 // solutions/02_data_pipeline/shard_loader.cpp (reference) define these functions in namespaces
 // scalelab::lab02::learner and scalelab::lab02::ref. Every other program links the reference.
-// File format and window order: docs/formats.md ("Token shards", "Loader order").
-// Tests: tests/lab02/test_shard_loader.cpp; tool that writes shards: tools/make_shards.cpp
+// File format and window order: docs/formats.md ("Token shards", "Loader order"). Lesson and task:
+// labs/02_data_pipeline/README.md. Tests: tests/lab02/test_lab02.cpp (graded, both tracks) and
+// tests/lab02/test_shard_loader.cpp (the given code); tool that writes shards: tools/make_shards.cpp
 #pragma once
 
 // Which track this translation unit sees. CMake sets it per library (sl_add_lab in cmake/scalelab.cmake);
@@ -16,6 +17,7 @@
 #include <cstdint>             // defines: int32_t, uint64_t
 #include <deque>               // defines: std::deque (prefetch queue)
 #include <exception>           // defines: std::exception_ptr (errors from the prefetch thread)
+#include <functional>          // defines: std::function (LoaderConfig::on_assemble)
 #include <mutex>               // defines: std::mutex
 #include <string>              // defines: std::string
 #include <thread>              // defines: std::thread (prefetch thread)
@@ -96,13 +98,22 @@ std::string decode_bytes(const std::vector<int32_t>& tokens);   // throws if a t
 // same global batches as one rank with B*dp_size windows. Batches per epoch = W / (B*dp_size); the
 // W mod (B*dp_size) windows left at the end of the order (different ones each epoch) are skipped.
 
-// TODO(lab02-1) in the .cpp. The order in which epoch `epoch` visits windows 0..n_windows-1.
-// shuffle == false: 0, 1, ..., n_windows-1 (validation). shuffle == true: a Fisher-Yates shuffle
-// driven by scalelab::Rng(seed + 0xD1B54A32D192ED03 * epoch), a pure function of (seed, epoch).
+// TODO(lab02-1) in the .cpp. The order in which epoch `epoch` visits windows 0..n_windows-1, as
+// (n_windows,) window ids. shuffle == false: 0, 1, ..., n_windows-1 (validation). shuffle == true: the
+// Fisher-Yates shuffle of docs/formats.md "Loader order" rule 3, driven by
+// scalelab::Rng(seed + 0xD1B54A32D192ED03 * epoch) (mod 2^64): a pure function of (seed, epoch), so every
+// rank, and a restarted job, computes the same order without being told it. Throws for n_windows < 0 or
+// epoch < 0. README "The order of an epoch".
 std::vector<int64_t> epoch_window_order(int64_t n_windows, uint64_t seed, int64_t epoch, bool shuffle);
 
-// TODO(lab02-2) in the .cpp. The B window ids that rank dp_rank of dp_size gets for batch
-// batch_in_epoch: row i is order[(batch_in_epoch*B + i)*dp_size + dp_rank], i = 0..B-1.
+// TODO(lab02-2) in the .cpp. The (B,) window ids that rank dp_rank of dp_size gets for batch
+// batch_in_epoch of an epoch whose order is `order` (epoch_window_order): row i is
+// order[(batch_in_epoch*B + i)*dp_size + dp_rank], i = 0..B-1 (PyTorch's DistributedSampler takes the
+// same strided share, indices[rank::num_replicas]). Throws scalelab::Error when the WHOLE global batch
+// [batch_in_epoch*B*dp_size, (batch_in_epoch+1)*B*dp_size) does not fit in the order, on every rank alike
+// (not only when this rank's own rows run out: then one rank would step once more than the others), and
+// for B < 1, dp_size < 1, dp_rank outside [0, dp_size) or batch_in_epoch < 0. README "Ranks: disjoint
+// windows, equal steps".
 std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B,
                                         int dp_rank, int dp_size);
 
@@ -119,6 +130,12 @@ struct LoaderConfig {
   bool prefetch = true;           // a background thread prepares the next batches
   int prefetch_depth = 2;         // batches the thread may prepare ahead (>= 1)
   bool verify_checksums = true;   // hash every shard body once when opening (about 1 GB/s)
+  // Optional: called with (epoch, batch_in_epoch) by whichever thread assembles a batch (the prefetch
+  // thread, or next()'s caller without prefetch), just before it reads the batch's tokens. What it
+  // throws reaches the caller of next() for that batch. For instrumentation and simulations: a slow
+  // disk (sleep in it: lab 02's --read-delay-ms), a failing read (throw: the graded prefetch checks).
+  // Copied with the config; the drivers' validation split drops it (labs/common/driver.cpp).
+  std::function<void(int64_t epoch, int64_t batch_in_epoch)> on_assemble;
 };
 
 // One batch for this rank. inputs and targets are (B, T) int32 token ids, row-major (row b is
@@ -170,7 +187,10 @@ class ShardLoader {
 
   // Call these from the thread that calls next() (the loader is not shared between threads).
   LoaderState state() const;              // position of the next batch next() will return
-  void restore(const LoaderState& state);  // TODO(lab02-3): continue from a saved position
+  // TODO(lab02-3): continue from a saved position, so that the following batches are those the saving
+  // loader would have returned (same seed, epoch, batch). Throws scalelab::Error for a state of another
+  // stream (B, T, dp_size, shuffle or N differ) or a position outside the epoch. README "Resume".
+  void restore(const LoaderState& state);
   void skip_batches(int64_t n);            // move n batches ahead without reading them (n >= 0)
 
   int64_t windows_per_epoch() const { return n_windows_; }  // W = (N - 1) / T
@@ -196,6 +216,10 @@ class ShardLoader {
   void start_prefetch();  // starts the producer thread at the consumer's position (epoch_, batch_)
   void stop_prefetch();   // joins the producer and drops every batch it prepared
   void prefetch_loop(int64_t epoch, int64_t batch_in_epoch);  // the producer's body, from that position
+  // TODO(lab02-4): the consumer's half of the prefetch hand-off: the oldest batch the producer prepared,
+  // removed from queue_ (blocks until there is one); rethrows the producer's error once the queue holds
+  // no batch before it. README "Prefetch: a producer and a consumer".
+  Batch take_prefetched();
 
   LoaderConfig cfg_;
   std::vector<MappedShard> shards_;

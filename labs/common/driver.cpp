@@ -189,6 +189,7 @@ static lab02::LoaderConfig validation_config(const lab02::LoaderConfig& train_co
   lab02::LoaderConfig vc = train_config;
   vc.shuffle = false;
   vc.prefetch = false;
+  vc.on_assemble = nullptr;  // a simulated slow or failing read is the training loader's, not the validation pass's
   return vc;
 }
 

@@ -1,9 +1,10 @@
-// driver.h — plumbing shared by the lab drivers (labs/01_single_device, 03_ddp, 04_fsdp main.cpp): the
-// options they all have, the --device check, the simulated link, the run id and run record, the MFU
-// peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
+// driver.h — plumbing shared by the lab drivers (labs/01_single_device, 02_data_pipeline, 03_ddp, 04_fsdp
+// main.cpp): the options they all have, the --device check, the simulated link, the run id and run record,
+// the MFU peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
 // main.cpp; only code that was the same, line for line, in two or three drivers lives here.
 // Implementation: labs/common/driver.cpp (library sl_lab_driver, linked into every lab program by
-// sl_add_lab in cmake/scalelab.cmake). Tested through the drivers (tests/perf, scripts/scale_demo.sh).
+// sl_add_lab in cmake/scalelab.cmake; lab 02's learner program gets sl_lab_driver_lab02_learner, the same
+// code on the learner's loader). Tested through the drivers (tests/perf, scripts/scale_demo.sh).
 // It lives under labs/, not common/, because the validation pass reads lab 02's ShardLoader.
 #pragma once
 
@@ -21,7 +22,8 @@
 #include "scalelab/measure/metrics.h"      // defines: RunRecord
 #include "scalelab/core/precision.h"    // defines: PrecisionPolicy
 #include "scalelab/core/tensor.h"       // defines: Device, Tensor
-#include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference)
+#include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference;
+                                   //   YOURS in lab 02's learner program, labs/CMakeLists.txt)
 
 namespace scalelab::driver {
 

@@ -62,17 +62,33 @@ static double fetch(lab02::ShardLoader& loader, MicroBatch& mb, double delay_ms)
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// One micro-batch from a FillBatch: the ms of the call (the data wait).
+static double fetch(const FillBatch& fill, MicroBatch& mb) {
+  const auto t0 = Clock::now();
+  fill(mb);
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double time_source_alone(const FillBatch& fill, int B, int T, int batches, Communicator* comm) {
+  MicroBatch mb{Tensor::empty({B, T}, DType::I32, Device::CPU, MemCategory::Data),   // (B, T)
+                Tensor::empty({B, T}, DType::I32, Device::CPU, MemCategory::Data)};  // (B, T)
+  fill(mb);  // warm-up: e.g. the first batch of a prefetching loader waits for its thread's first batch
+  if (comm != nullptr) comm->barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batches; ++i) fill(mb);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(batches) * B * T / seconds;
+}
+
 double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
                          Communicator* comm) {
   lab02::ShardLoader loader(data_dir, "train", config);
-  MicroBatch mb{Tensor::empty({config.B, config.T}, DType::I32, Device::CPU, MemCategory::Data),   // (B, T)
-                Tensor::empty({config.B, config.T}, DType::I32, Device::CPU, MemCategory::Data)};  // (B, T)
-  fetch(loader, mb, 0.0);  // warm-up: the first batch also starts the prefetch thread
-  if (comm != nullptr) comm->barrier();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < batches; ++i) fetch(loader, mb, delay_ms);
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return static_cast<double>(batches) * config.B * config.T / seconds;
+  bool warm = false;  // the warm-up fetch sleeps no delay
+  const FillBatch fill = [&](MicroBatch& mb) {
+    fetch(loader, mb, warm ? delay_ms : 0.0);
+    warm = true;
+  };
+  return time_source_alone(fill, config.B, config.T, batches, comm);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -125,7 +141,8 @@ Summary TrainLoop::run(int64_t start_step) {
     const auto t0 = Clock::now();
     const double t0_ms = Communicator::now_ms();  // the timeline's clock
     double data_wait_ms = 0;
-    for (MicroBatch& mb : micro) data_wait_ms += fetch(train_, mb, loader_delay_ms);  // this rank's share
+    for (MicroBatch& mb : micro)  // this rank's share
+      data_wait_ms += next_batch ? fetch(next_batch, mb) : fetch(train_, mb, loader_delay_ms);
     const float lr = schedule.at(static_cast<int>(step_i));
     if (comm_ != nullptr) comm_->clear_events();
     const bool want_timeline = step_i >= 1 && step_i <= o_.timeline_steps;  // step 0 is warm-up

@@ -31,7 +31,8 @@
 #include "scalelab/model/gpt2.h"            // defines: GPT2, GPTConfig
 #include "scalelab/model/optim.h"           // defines: LRSchedule
 #include "scalelab/core/rng.h"              // defines: Rng
-#include "shard_loader.h"                   // defines: lab02::ShardLoader, LoaderConfig (lab 02's reference)
+#include "shard_loader.h"                   // defines: lab02::ShardLoader, LoaderConfig (lab 02's reference;
+                                            //   YOURS in lab 02's learner program, labs/CMakeLists.txt)
 
 namespace scalelab::driver {
 
@@ -52,10 +53,15 @@ struct RunData {
 // Throws with a hint for an unknown preset, a missing corpus, or --seq-len above the model's max_seq_len.
 RunData open_data(const TrainOptions& o, int micro_batch, int micro_steps, int dp_rank, int dp_size);
 
-// The loader alone, no model (the lesson: "time the data loader in isolation first"): a fresh loader of
-// this rank with `config`, one warm-up batch (it starts the prefetch thread), then `batches` timed
-// fetches, each with delay_ms of sleep inside (a slow loader). With comm, every rank starts together, as
-// in training. Returns tokens per second of THIS rank (B x T per batch).
+// One micro-batch from a source of batches: fills mb.inputs and mb.targets, (B, T) i32 each, on their device.
+using FillBatch = std::function<void(MicroBatch& mb)>;
+
+// A source of batches alone, no model (the lesson: "time the data loader in isolation first"): one
+// warm-up fill (it may start a prefetch thread), then `batches` timed fills of (B, T) CPU tensors. With
+// comm, every rank starts together, as in training. Returns tokens per second of THIS rank (B x T per fill).
+double time_source_alone(const FillBatch& fill, int B, int T, int batches, Communicator* comm);
+// The same for a fresh loader of this rank with `config`, each fetch with delay_ms of sleep inside (a
+// slow loader, TrainLoop::loader_delay_ms).
 double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
                          Communicator* comm);
 
@@ -117,6 +123,10 @@ class TrainLoop {
   // The communicator whose events a step's `timeline` record shows (default: the loop's own, `comm`).
   // Lab 05 points it at the tensor-parallel group, where its collectives are.
   Communicator* timeline_comm = nullptr;
+  // Optional: where the training batches come from instead of `train` (lab 02 compares its loader with a
+  // naive one). The loop times each call as data wait, like a fetch from `train`; loader_delay_ms is not
+  // added. Validation still reads `val`.
+  FillBatch next_batch;
   // Optional: just before step(): step_start_ms and data_end_ms on Communicator::now_ms's clock;
   // want_timeline: this step logs a `timeline` record (steps 1..--timeline-steps).
   std::function<void(double step_start_ms, double data_end_ms, bool want_timeline)> before_step;

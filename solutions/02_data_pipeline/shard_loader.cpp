@@ -1,7 +1,8 @@
 // shard_loader.cpp — lab 02: shard files, the byte tokenizer and the ShardLoader (shard_loader.h).
 // Two copies, identical outside the TODO(lab02-N) fences: labs/02_data_pipeline/ (learner, stubs)
 // and solutions/02_data_pipeline/ (reference). Everything outside the fences is shared, real code.
-// Format and order rules: docs/formats.md   Tests: tests/lab02/test_shard_loader.cpp
+// Format and order rules: docs/formats.md   Lesson: labs/02_data_pipeline/README.md
+// Tests: tests/lab02/test_lab02.cpp (graded, both tracks), tests/lab02/test_shard_loader.cpp (the given code)
 #include "shard_loader.h"
 
 #include <fcntl.h>     // defines: open, O_RDONLY
@@ -282,9 +283,11 @@ std::vector<int64_t> epoch_window_order(int64_t n_windows, uint64_t seed, int64_
   SL_CHECK(n_windows >= 0 && epoch >= 0, "n_windows=%lld epoch=%lld must be >= 0", static_cast<long long>(n_windows),
            static_cast<long long>(epoch));
   // TODO(lab02-1) BEGIN  the order in which epoch `epoch` visits windows 0..n_windows-1
-  //   1. start from the identity 0, 1, ..., n_windows-1 (std::iota); without shuffle, that is the order
-  //   2. seed a generator from (seed, epoch) only: scalelab::Rng rng(seed + 0xD1B54A32D192ED03 * epoch)
-  //   3. Fisher-Yates: for i = n_windows-1 down to 1, swap order[i] with order[j], j = rng.next_u64() % (i+1)
+  //   Must: return each window id exactly once; without shuffle the stream order; with shuffle EXACTLY the
+  //   permutation of docs/formats.md "Loader order" rule 3 (the graded check compares every entry), from a
+  //   generator that depends on (seed, epoch) and nothing else: no state survives between calls.
+  //   README "The order of an epoch"; hints, a tier at a time: scripts/hint 02-1
+  //   (labs/02_data_pipeline/hints.md).
   std::vector<int64_t> order(static_cast<size_t>(n_windows));
   std::iota(order.begin(), order.end(), int64_t{0});
   if (shuffle) {
@@ -308,18 +311,21 @@ std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64
            "B=%d dp_rank=%d dp_size=%d batch_in_epoch=%lld: need B >= 1, 0 <= dp_rank < dp_size", B, dp_rank,
            dp_size, static_cast<long long>(batch_in_epoch));
   // TODO(lab02-2) BEGIN  the B windows of rank dp_rank for batch batch_in_epoch
-  //   1. global batch b is the B*dp_size consecutive entries of order starting at b*B*dp_size
-  //   2. within it, rank r takes every dp_size-th entry starting at r: row i <- order[(b*B + i)*dp_size + r]
-  //   3. check the index is inside order (SL_CHECK with the values) before reading it
+  //   Must: rank r's row i is its strided share of global batch b (shard_loader.h); ranks never share a
+  //   window; and every rank refuses the same batch indices: refuse b when the WHOLE global batch does not
+  //   fit in the order, with an error that says which batch and how many the epoch has.
+  //   README "Ranks: disjoint windows, equal steps"; hints: scripts/hint 02-2.
+  const int64_t global = static_cast<int64_t>(B) * dp_size;  // windows per global batch, all ranks
+  // The whole global batch must fit, not only this rank's rows: otherwise rank 0 could serve a batch
+  // from the tail that rank dp_size-1 cannot, and the ranks would no longer step together.
+  SL_CHECK_HINT((batch_in_epoch + 1) * global <= static_cast<int64_t>(order.size()),
+                "batch_in_epoch must be < batches_per_epoch() = W / (B*dp_size)",
+                "batch %lld needs order entries [%lld, %lld) but the epoch has %zu windows (%lld whole global "
+                "batches of B*dp_size=%d*%d)", static_cast<long long>(batch_in_epoch),
+                static_cast<long long>(batch_in_epoch * global), static_cast<long long>((batch_in_epoch + 1) * global),
+                order.size(), static_cast<long long>(static_cast<int64_t>(order.size()) / global), B, dp_size);
   std::vector<int64_t> ids(static_cast<size_t>(B));  // (B,) window ids
-  for (int i = 0; i < B; ++i) {
-    const int64_t k = (batch_in_epoch * B + i) * dp_size + dp_rank;  // position in this epoch's order
-    SL_CHECK_HINT(k < static_cast<int64_t>(order.size()), "batch_in_epoch must be < batches_per_epoch()",
-                  "batch %lld row %d of rank %d/%d needs order[%lld] but the epoch has %zu windows",
-                  static_cast<long long>(batch_in_epoch), i, dp_rank, dp_size, static_cast<long long>(k),
-                  order.size());
-    ids[i] = order[k];
-  }
+  for (int i = 0; i < B; ++i) ids[i] = order[(batch_in_epoch * B + i) * dp_size + dp_rank];  // strided share
   return ids;
   // TODO(lab02-2) END
 }
@@ -460,6 +466,7 @@ Batch ShardLoader::make_batch(int64_t epoch, int64_t batch_in_epoch) {
                   "epoch_window_order returned %zu entries for %lld windows", order_.size(),
                   static_cast<long long>(n_windows_));
   }
+  if (cfg_.on_assemble) cfg_.on_assemble(epoch, batch_in_epoch);  // a simulated slow or failing read
   Batch batch;
   batch.B = B;
   batch.T = T;
@@ -485,27 +492,38 @@ Batch ShardLoader::make_batch(int64_t epoch, int64_t batch_in_epoch) {
 
 Batch ShardLoader::next() {
   const auto t0 = std::chrono::steady_clock::now();
-  Batch batch;
-  if (!cfg_.prefetch) {
-    batch = make_batch(epoch_, batch_);  // the caller waits for the whole assembly
-  } else {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !queue_.empty() || worker_error_; });
-    if (queue_.empty()) std::rethrow_exception(worker_error_);  // the producer failed; so does every next()
-    batch = std::move(queue_.front());
-    queue_.pop_front();
-    cv_.notify_all();  // room in the queue: the producer may build the next batch
-  }
-  SL_CHECK(batch.epoch == epoch_ && batch.batch_in_epoch == batch_,
-           "internal: got batch (%lld, %lld), expected (%lld, %lld)", static_cast<long long>(batch.epoch),
-           static_cast<long long>(batch.batch_in_epoch), static_cast<long long>(epoch_),
-           static_cast<long long>(batch_));
+  // Without prefetch the caller waits for the whole assembly; with it, only for what is not ready yet.
+  Batch batch = cfg_.prefetch ? take_prefetched() : make_batch(epoch_, batch_);
+  SL_CHECK_HINT(batch.epoch == epoch_ && batch.batch_in_epoch == batch_,
+                "prefetched batches must be taken oldest first (README 'Prefetch'), and after restore() none "
+                "prepared for the old position may remain (README 'Resume')",
+                "next() got batch (epoch %lld, batch %lld) but the loader's position is (epoch %lld, batch %lld)",
+                static_cast<long long>(batch.epoch), static_cast<long long>(batch.batch_in_epoch),
+                static_cast<long long>(epoch_), static_cast<long long>(batch_));
   if (++batch_ == n_batches_) {  // epoch done: batch 0 of the next one
     batch_ = 0;
     ++epoch_;
   }
   batch.wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return batch;
+}
+
+// The consumer's half of the hand-off; the producer's half is prefetch_loop below. Both halves touch
+// queue_, worker_error_ and stop_ only with mu_ held, and each tells the other through cv_.
+Batch ShardLoader::take_prefetched() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // TODO(lab02-4) BEGIN  take the oldest prepared batch and give its slot back to the producer
+  //   Must: sleep (no busy loop) until the queue holds a batch or the producer has failed; return the
+  //   OLDEST batch, removed from the queue; a producer error is rethrown only when no batch is queued
+  //   before it; and the producer, asleep while the queue is full, must learn that a slot is free.
+  //   README "Prefetch: a producer and a consumer"; hints: scripts/hint 02-4.
+  cv_.wait(lock, [&] { return !queue_.empty() || worker_error_ != nullptr; });
+  if (queue_.empty()) std::rethrow_exception(worker_error_);  // the producer failed; so does every next()
+  Batch batch = std::move(queue_.front());
+  queue_.pop_front();
+  cv_.notify_all();  // a free slot: the producer may build the next batch
+  return batch;
+  // TODO(lab02-4) END
 }
 
 void ShardLoader::start_prefetch() {
@@ -526,6 +544,9 @@ void ShardLoader::stop_prefetch() {
   stop_ = false;
 }
 
+// The producer's half of the hand-off (the consumer's half: take_prefetched). It sleeps on cv_ while
+// the queue is full, builds the next batch outside the lock, appends it and wakes the consumer; an error
+// ends the thread and is kept in worker_error_ for next() to rethrow.
 void ShardLoader::prefetch_loop(int64_t epoch, int64_t batch_in_epoch) {
   while (true) {
     {
@@ -579,9 +600,10 @@ void ShardLoader::restore(const LoaderState& s) {
            "position epoch=%lld batch=%lld outside [0, %lld batches per epoch)", static_cast<long long>(s.epoch),
            static_cast<long long>(s.batch_in_epoch), static_cast<long long>(n_batches_));
   // TODO(lab02-3) BEGIN  continue from the saved position
-  //   1. the prefetch thread has already built batches for the OLD position: stop it, drop them
-  //   2. take the seed and the position (epoch_, batch_) from s; the cached order_ may be another seed's
-  //   3. with cfg_.prefetch, start the thread again from the new position
+  //   Must: the next batch next() returns is (s.epoch, s.batch_in_epoch) of the order of s.seed, exactly
+  //   as the saving loader would have returned it: nothing this loader prepared or cached for its old
+  //   position or seed may survive, and with cfg_.prefetch the producer runs again, from the new position.
+  //   README "Resume"; hints: scripts/hint 02-3.
   stop_prefetch();
   cfg_.seed = s.seed;  // the order is a pure function of (seed, epoch): nothing else to restore
   epoch_ = s.epoch;

@@ -4,6 +4,7 @@
 # scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
 # --reset; unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
 # reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it.
+# scripts/grade refuses a lab without graded checks with the reason.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$1"
@@ -24,8 +25,17 @@ hint 03-99 >/dev/null 2>&1 && fail "an unknown TODO was accepted"
 hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
 echo "scripts/hint: ok"
 
+# scripts/grade on a lab it cannot grade says why (never the build tool's "unknown target"), exit 2.
+for case in "07|there is no lab 07" "00|lab 00 has no graded checks"; do
+  out=$("$ROOT/scripts/grade" "${case%%|*}" --build-dir "$BUILD" 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "scripts/grade ${case%%|*} exited $rc, expected 2: $out"
+  grep -q "nothing to grade: ${case#*|}" <<<"$out" || fail "scripts/grade ${case%%|*} did not say why: $out"
+  grep -q "unknown target" <<<"$out" && fail "scripts/grade ${case%%|*} printed the build tool's error: $out"
+done
+echo "scripts/grade: nothing to grade, said so"
+
 run() { "$ROOT/scripts/run" "$@"; }
-for bad in "3" "03 --np 0" "01 --np 2" "99" "03 --track mine"; do
+for bad in "3" "03 --np 0" "01 --np 2" "02 --np 2" "99" "03 --track mine"; do
   out=$(run $bad --build-dir "$BUILD" --no-build 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "scripts/run $bad exited $rc, expected 2: $out"
   grep -q "hint:\|run:" <<<"$out" || fail "scripts/run $bad: no message: $out"
