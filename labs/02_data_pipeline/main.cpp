@@ -107,8 +107,9 @@ static int run(const Options& o) {
   if (o.loader != "naive") loaders.push_back("kit");
   if (o.loader != "kit") loaders.push_back("naive");
 
-  std::printf("lab02 | %s | B=%d T=%d | %s | %d threads | kit loader: prefetch %s (depth %d), read delay %g ms | "
+  std::printf("lab02 | %s | B=%d T=%d | %s | %d thread%s | kit loader: prefetch %s (depth %d), read delay %g ms | "
               "naive loader: %s\n", data.cfg.str().c_str(), o.batch, o.seq_len, policy.name().c_str(), threads,
+              threads == 1 ? "" : "s",
               o.prefetch.c_str(), o.prefetch_depth, o.read_delay_ms, text_path.c_str());
 
   std::vector<LoaderRun> runs;
@@ -172,8 +173,9 @@ static int run(const Options& o) {
 
   // ------------------------------------------------------------------------------------------------
   // The table: each loader alone against what the model eats, and what it cost the training steps
-  std::printf("\n== the starvation experiment: %s, B=%d x T=%d, %d threads, %lld timed steps each ==\n",
-              o.model.c_str(), o.batch, o.seq_len, threads, static_cast<long long>(runs.front().s.timed_steps));
+  std::printf("\n== the starvation experiment: %s, B=%d x T=%d, %d thread%s, %lld timed steps each ==\n",
+              o.model.c_str(), o.batch, o.seq_len, threads, threads == 1 ? "" : "s",
+              static_cast<long long>(runs.front().s.timed_steps));
   std::printf("%-6s | %16s | %14s | %9s | %13s | %10s | %18s\n", "loader", "alone tokens/s", "train tokens/s",
               "step ms", "data wait ms", "wait share", "alone / model eats");
   for (const LoaderRun& r : runs) {
