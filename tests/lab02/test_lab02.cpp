@@ -390,7 +390,9 @@ TEST(Lab02DataPipeline, ResumeDropsPrefetchedBatches) {
       }
     });
     ASSERT_TRUE(finished) << "next() or restore() did not return within " << kDeadlineS << " s with prefetch on: "
-                          << "is the prefetch thread running again after restore(), from the new position?";
+                          << "is the prefetch thread running again after restore(), from the new position? "
+                          << "(If lab02.prefetch_on_off_identical fails too, fix take_prefetched first: a consumer "
+                          << "that never notifies the producer after taking a batch stalls it here as well.)";
     EXPECT_TRUE(problem->empty()) << *problem;
     record.measured(problem->empty() ? "6 batches after each of 4 restores equal the uninterrupted run" : *problem);
   });
@@ -503,7 +505,9 @@ TEST(Lab02DataPipeline, PrefetchErrorsReachNext) {
       }
     });
     ASSERT_TRUE(finished) << "next() did not return within " << kDeadlineS << " s after the prefetch thread failed: "
-                          << "does next() wait only for a batch that will never come?";
+                          << "does next() wait only for a batch that will never come? (If "
+                          << "lab02.prefetch_on_off_identical fails too, fix take_prefetched first: a consumer that "
+                          << "never notifies the producer after taking a batch stalls every prefetching loader.)";
     EXPECT_TRUE(problem->empty()) << *problem;
     record.measured(problem->empty() ? "batches 0, 1, 2, then the read error twice" : *problem);
   });
