@@ -304,8 +304,10 @@ endfunction()
 #   graded_labNN_<track>        a target that builds every graded program of the lab for that track
 #   labNN.<name>.checks_listed  a ctest that fails when a TEST of the program is missing from CHECKS
 #                               (it would never be graded) or CHECKS names a TEST that does not exist.
+# ENVIRONMENT VAR=value ... adds to every check's environment (lab 06: SL_COMM_WAIT_TIMEOUT_S, so a
+# deadlocked schedule fails with what each rank waited for well before the ctest TIMEOUT).
 function(sl_add_graded_test NN name)
-  cmake_parse_arguments(A "" "TIMEOUT;NP" "SOURCES;CHECKS;DEPS" ${ARGN})
+  cmake_parse_arguments(A "" "TIMEOUT;NP" "SOURCES;CHECKS;DEPS;ENVIRONMENT" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)  # seconds per check; a check that hangs fails after this
   endif()
@@ -340,7 +342,7 @@ function(sl_add_graded_test NN name)
 
     set(grades_dir ${CMAKE_BINARY_DIR}/grades/${track})
     file(MAKE_DIRECTORY ${grades_dir})
-    set(env "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    set(env "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${A_ENVIRONMENT})
     set(labels "lab${NN};graded;cpu;${track}")
     set(launcher "")
     set(postflags "")

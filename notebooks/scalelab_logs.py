@@ -2,7 +2,8 @@
 
 A run is a directory ``runs/<lab>/<run_id>/`` holding one ``rank<k>.jsonl`` per rank, one JSON
 object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 02_data_pipeline,
-03_ddp, 04_fsdp) call only the functions below, so a plot looks the same in every lab.
+03_ddp, 04_fsdp, 05_tensor_parallel, 06_pipeline_parallel) call only the functions below, so a plot looks
+the same in every lab. Tests: notebooks/test_scalelab_logs.py.
 
     runs = load_runs(latest_runs("lab03", runs_root="../runs", per_config=True))
     plot_loss(runs)
@@ -113,6 +114,9 @@ class Run:
             parts.append(str(cfg["mode"]))
         if "stage" in cfg:
             parts.append(f"ZeRO-{cfg['stage']}")
+        if "schedule" in cfg:  # lab 06: the pipeline's schedule, chunks per rank and micro-batches per step
+            v = int(cfg.get("chunks", 1))
+            parts.append(f"{cfg['schedule']}{f' v {v}' if v > 1 else ''}, m {cfg.get('micro_batches')}")
         precision = cfg.get("precision", self.info.get("precision"))
         if precision and precision != "fp32":
             parts.append(str(precision))
@@ -560,4 +564,235 @@ def plot_step_time(runs: list[Run], plot_dir=None, name="step_time"):
         axes[k // ncols][k % ncols].axis("off")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
+    return _save(fig, name, plot_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 06: the pipeline (bench/pp_bubble_sweep.py writes the runs). A step's compute spans are named by
+# lab06::to_string: "F3" (forward of micro-batch 3, chunk 0), "B3.1" (backward, chunk 1); one more span,
+# "step", covers the step's window from the barrier every stage leaves together to the one after its last
+# action (labs/06_pipeline_parallel/main.cpp).
+
+_ACTION = re.compile(r"^(?P<kind>[FB])(?P<mb>\d+)(?:\.(?P<chunk>\d+))?$")
+
+
+def parse_action(name: str) -> tuple[str, int, int] | None:
+    """("F", 3, 0) for "F3", ("B", 3, 1) for "B3.1"; None for any other span name ("step", ...)."""
+    m = _ACTION.match(name)
+    return (m.group("kind"), int(m.group("mb")), int(m.group("chunk") or 0)) if m else None
+
+
+def bubble_formula(p: int, m, v: int = 1):
+    """(p - 1) / (v m + p - 1): the bubble's share of a step when every micro-batch takes the same time on
+    every stage (Narayanan et al. 2021, Sec. 2.2; GPipe and 1F1B: v = 1). The same as lab06::bubble_formula,
+    which every lab 06 run logs as config.bubble_formula (test_scalelab_logs.py checks they agree). m may
+    be an array (a curve)."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def _pp_layout(cfg: dict) -> tuple:
+    return (cfg.get("model"), cfg.get("pp"), cfg.get("schedule"), cfg.get("chunks", 1), cfg.get("micro_batches"),
+            cfg.get("uniform_compute_ms", 0), cfg.get("link", "none"), cfg.get("micro_batch"), cfg.get("T"))
+
+
+def latest_lab06_runs(runs_root: str | Path = "../runs", limit: int = 64) -> list[Path]:
+    """Lab 06: the most recent finished run of each layout (model, p, schedule, v, m, uniform compute, link,
+    micro-batch, T) under ``<runs_root>/lab06``, oldest first, at most ``limit``: one sweep's runs
+    (bench/pp_bubble_sweep.py), a later sweep's replacing an earlier one's."""
+    chosen: dict[tuple, Path] = {}
+    for r in load_runs(find_runs("lab06", runs_root)):  # oldest first
+        if not r.finished or "schedule" not in r.config:
+            continue
+        key = _pp_layout(r.config)
+        chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
+        chosen[key] = r.path
+    return list(chosen.values())[-limit:]
+
+
+def pipeline_timeline(run: Run, step: int | None = None) -> pd.DataFrame:
+    """One row per forward or backward of one step (default: the last step with a timeline record), every
+    stage: stage, name ("F3.1"), kind ("F" or "B"), micro_batch, chunk, start_ms, end_ms. Times are ms since
+    the stage's "step" span began: every stage leaves the barrier at the step's start together, so the
+    stages line up although each rank has its own clock. attrs: step, window_ms {stage: the step span's
+    length}. Empty when the run has no timeline (lab 06: --timeline-steps N logs steps 1..N)."""
+    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    if not tl:
+        return pd.DataFrame()
+    if step is None:
+        step = max(r["step"] for r in tl)
+    rows, window = [], {}
+    for rec in (r for r in tl if r["step"] == step):
+        spans = rec["compute"]
+        frame = next(c for c in spans if c["name"] == "step")
+        t0 = frame["start_ms"]
+        window[int(rec["rank"])] = frame["end_ms"] - t0
+        for c in spans:
+            action = parse_action(c["name"])
+            if action is None:
+                continue
+            kind, mb, chunk = action
+            rows.append({"stage": int(rec["rank"]), "name": c["name"], "kind": kind, "micro_batch": mb,
+                         "chunk": chunk, "start_ms": c["start_ms"] - t0, "end_ms": c["end_ms"] - t0})
+    df = pd.DataFrame(rows, columns=["stage", "name", "kind", "micro_batch", "chunk", "start_ms", "end_ms"])
+    df.attrs["step"] = step
+    df.attrs["window_ms"] = window
+    return df
+
+
+def pp_bubble(runs: list[Run]) -> pd.DataFrame:
+    """One row per finished lab 06 run: run_id, model, p, schedule, v, m, uniform_compute_ms, link, bubble
+    (the step records' measured `bubble`, the median over the timed steps, step 0 left out, and over the
+    stages), bubble_formula (logged), tokens_per_s and step_ms (rank 0's summary), act_peak_bytes (the
+    largest memory_activations_peak_bytes over the stages' summaries)."""
+    rows = []
+    for r in runs:
+        cfg, s = r.config, r.steps
+        if "schedule" not in cfg or not r.finished or s.empty or "bubble" not in s:
+            continue
+        timed = s[s["step"] > s["step"].min()]
+        timed = timed if not timed.empty else s
+        summ = r.summaries.sort_values("rank")
+        first = summ.iloc[0]
+        rows.append({"run_id": r.run_id, "model": cfg.get("model"), "p": r.world_size, "schedule": cfg["schedule"],
+                     "v": int(cfg.get("chunks", 1)), "m": int(cfg["micro_batches"]),
+                     "uniform_compute_ms": float(cfg.get("uniform_compute_ms", 0)), "link": cfg.get("link", "none"),
+                     "bubble": float(timed["bubble"].median()), "bubble_formula": float(cfg["bubble_formula"]),
+                     "tokens_per_s": first.get("tokens_per_s"), "step_ms": first.get("step_ms", math.nan),
+                     "act_peak_bytes": summ["memory_activations_peak_bytes"].max()
+                     if "memory_activations_peak_bytes" in summ else math.nan})
+    if not rows:
+        return pd.DataFrame()
+    order = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
+    df = pd.DataFrame(rows)
+    return df.sort_values(by=["p", "schedule", "m"], key=lambda c: c.map(order) if c.name == "schedule" else c,
+                          ignore_index=True)
+
+
+def pp_activation_peaks(runs: list[Run]) -> pd.DataFrame:
+    """One row per stage of each finished lab 06 run: run_id, p, schedule, v, m, stage, act_peak_bytes (the
+    stage's summary memory_activations_peak_bytes: the allocator's peak of category activations)."""
+    rows = []
+    for r in runs:
+        cfg = r.config
+        if "schedule" not in cfg or not r.finished or "memory_activations_peak_bytes" not in r.summaries:
+            continue
+        for _, s in r.summaries.sort_values("rank").iterrows():
+            rows.append({"run_id": r.run_id, "p": r.world_size, "schedule": cfg["schedule"],
+                         "v": int(cfg.get("chunks", 1)), "m": int(cfg["micro_batches"]), "stage": int(s["rank"]),
+                         "act_peak_bytes": int(s["memory_activations_peak_bytes"])})
+    return pd.DataFrame(rows)
+
+
+_PP_COLORS = {"F": plt.cm.Blues, "B": plt.cm.Greens}  # forward / backward; a lighter shade per later chunk
+
+
+def _pp_color(kind: str, chunk: int, v: int):
+    return _PP_COLORS[kind](0.85 - (0.45 * chunk / (v - 1) if v > 1 else 0.0))
+
+
+def plot_pipeline_timelines(runs: list[Run], step: int | None = None, plot_dir=None, name="pipeline_timeline"):
+    """The textbook pipeline picture of one step, one panel per run (runs with a timeline only): stages on
+    the y axis (stage 0 on top), ms since the step began on the x axis (the stages aligned on their "step"
+    span), one box per forward (blue) or backward (green) labelled with its micro-batch, a lighter shade for
+    a later chunk; the grey frame is each stage's step window, the white inside it the bubble."""
+    runs = [r for r in runs if not pipeline_timeline(r, step).empty]
+    if not runs:
+        return _nothing("no lab 06 run with a timeline (bench/pp_bubble_sweep.py logs one at --timeline-m; or "
+                        "--timeline-steps 1)")
+    p_max = max(r.world_size for r in runs)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.6 + (0.45 * p_max + 0.5) * len(runs)), sharex=True,
+                             squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        df = pipeline_timeline(r, step)
+        p, v = r.world_size, int(r.config.get("chunks", 1))
+        for stage, length in df.attrs["window_ms"].items():
+            ax.barh(stage, length, left=0, height=0.9, color="none", edgecolor="0.6", linewidth=0.8)
+        for _, c in df.iterrows():
+            width = c["end_ms"] - c["start_ms"]
+            ax.barh(c["stage"], width, left=c["start_ms"], height=0.8, color=_pp_color(c["kind"], c["chunk"], v),
+                    edgecolor="white", linewidth=0.5)
+            ax.text(c["start_ms"] + width / 2, c["stage"], str(c["micro_batch"]), ha="center", va="center",
+                    fontsize=7, color="white" if c["chunk"] == 0 else "black", clip_on=True)
+        s = r.steps
+        measured = s[s["step"] == df.attrs["step"]]["bubble"].median() if "bubble" in s else math.nan
+        ax.set_yticks(range(p))
+        ax.set_yticklabels([f"stage {k}" for k in range(p)], fontsize=8)
+        ax.set_ylim(p - 0.5, -0.5)  # stage 0 on top, as in the README's picture
+        ax.set_title(f"{r.config.get('schedule')}" + (f", v = {v}" if v > 1 else "") +
+                     f", p = {p}, m = {r.config.get('micro_batches')}: step {df.attrs['step']}, bubble "
+                     f"{measured:.2f} (formula {r.config.get('bubble_formula', math.nan):.2f})", fontsize=9)
+    axes[-1, 0].set_xlabel("ms since the step began (every stage leaves a barrier together)")
+    from matplotlib.patches import Patch
+    v_max = max(int(r.config.get("chunks", 1)) for r in runs)
+    handles = [Patch(color=_pp_color(k, c, v_max), label=f"{'forward' if k == 'F' else 'backward'}"
+                     + (f", chunk {c}" if v_max > 1 else "")) for k in "FB" for c in range(v_max)]
+    handles.append(Patch(facecolor="none", edgecolor="0.6", label="step window (white: bubble)"))
+    axes[0, 0].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def plot_bubble_vs_m(df: pd.DataFrame, plot_dir=None, name="bubble_vs_m"):
+    """One panel per p: the measured bubble against m for each schedule (dots, from pp_bubble) beside the
+    formula's curve (p - 1)/(v m + p - 1) for v = 1 (GPipe and 1F1B) and each interleaved v (dashed)."""
+    if df.empty:
+        return _nothing("no finished lab 06 runs (bench/pp_bubble_sweep.py makes them)")
+    ps = sorted(df["p"].unique())
+    fig, axes = plt.subplots(1, len(ps), figsize=(5.5 * len(ps), 3.8), squeeze=False, sharey=True)
+    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple"}
+    for ax, p in zip(axes[0], ps):
+        d = df[df["p"] == p]
+        ms = sorted(d["m"].unique())
+        curve_m = [ms[0] + (ms[-1] - ms[0]) * i / 200 for i in range(201)]
+        for v in sorted(d["v"].unique()):
+            ax.plot(curve_m, [bubble_formula(p, m, v) for m in curve_m], "--", color="k" if v == 1 else "tab:purple",
+                    lw=0.9, label=f"formula, v = {v}" + (" (GPipe, 1F1B)" if v == 1 else ""))
+        for (schedule, v), g in d.groupby(["schedule", "v"], sort=False):
+            g = g.sort_values("m")
+            ax.plot(g["m"], g["bubble"], "o-", color=colors.get(schedule), ms=5, lw=1,
+                    label=f"{schedule}" + (f", v = {v}" if v > 1 else "") + " (measured)")
+        ax.set(xscale="log", xlabel="m (micro-batches per step)", title=f"p = {p} stages", ylim=(0, 1))
+        ax.set_xticks(ms)
+        ax.set_xticklabels([str(m) for m in ms])
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
+    axes[0, 0].set_ylabel("bubble (share of the step)")
+    return _save(fig, name, plot_dir)
+
+
+def plot_pp_memory(peaks: pd.DataFrame, p: int | None = None, m: int | None = None, plot_dir=None,
+                   name="pp_activation_memory"):
+    """Peak activation memory (from pp_activation_peaks), GPipe against 1F1B (and interleaved where run).
+    Left: per stage, at p stages and m micro-batches (default: the largest p, and the largest m that GPipe
+    and 1F1B both ran at it). Right: stage 0's peak against m: GPipe's grows with m, 1F1B's stops at p."""
+    if peaks.empty:
+        return _nothing("no finished lab 06 runs with memory_activations_peak_bytes")
+    p = p or int(peaks["p"].max())
+    d = peaks[peaks["p"] == p]
+    both = set(d[d["schedule"] == "gpipe"]["m"]) & set(d[d["schedule"] == "1f1b"]["m"])
+    m = m or (max(both) if both else int(d["m"].max()))
+    at = d[d["m"] == m]
+    if at.empty:
+        return _nothing(f"no lab 06 run at p = {p}, m = {m}")
+    fig, (ax_stage, ax_m) = plt.subplots(1, 2, figsize=(11, 3.8))
+    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple"}
+    groups = list(at.groupby(["schedule", "v"], sort=False))
+    width = 0.8 / len(groups)
+    for i, ((schedule, v), g) in enumerate(groups):
+        g = g.sort_values("stage")
+        ax_stage.bar(g["stage"] + (i - (len(groups) - 1) / 2) * width, g["act_peak_bytes"] / 2**20, width=width,
+                     color=colors.get(schedule), label=schedule + (f", v = {v}" if v > 1 else ""))
+    ax_stage.set(xlabel="stage", ylabel="peak activations (MiB)", xticks=range(p),
+                 title=f"peak activation memory per stage, p = {p}, m = {m}")
+    ax_stage.legend(fontsize=8)
+    for (schedule, v), g in d[d["stage"] == 0].groupby(["schedule", "v"], sort=False):
+        g = g.sort_values("m")
+        ax_m.plot(g["m"], g["act_peak_bytes"] / 2**20, "o-", color=colors.get(schedule),
+                  label=schedule + (f", v = {v}" if v > 1 else ""))
+    ax_m.set(xlabel="m (micro-batches per step)", ylabel="peak activations (MiB)", xscale="log", ylim=(0, None),
+             title=f"stage 0's peak against m, p = {p}")
+    ms = sorted(d["m"].unique())
+    ax_m.set_xticks(ms)
+    ax_m.set_xticklabels([str(x) for x in ms])
+    ax_m.minorticks_off()
+    ax_m.legend(fontsize=8)
     return _save(fig, name, plot_dir)

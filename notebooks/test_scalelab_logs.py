@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""test_scalelab_logs.py — the notebooks' memory plots stack what the allocator holds, nothing more.
+"""test_scalelab_logs.py — the notebooks' memory plots stack what the allocator holds, nothing more; lab 06's
+readers align the stages, parse the spans and take the bubble as the notebook says.
 
   .venv-notebooks/bin/python notebooks/test_scalelab_logs.py [--runs-root DIR]
 
@@ -10,6 +11,13 @@ was stacked as one more category, and every bar showed about twice the memory he
 synthetic records shaped like a CUDA run's (reserved > current) and, with --runs-root, on every run
 found there (scripts/notebooks.sh --make-logs passes its fresh runs). Needs pandas and matplotlib:
 scripts/notebooks.sh runs it in .venv-notebooks; the ctest notebooks.memory_stack skips without them.
+
+Lab 06 (PipelineLogsTest): on synthetic records of a 2-stage pipeline whose ranks have different clocks,
+pipeline_timeline puts every stage's spans on the time since its "step" span began; parse_action reads
+"F3", "B3.1"; pp_bubble takes the median over the timed steps (step 0 left out) and the stages;
+latest_lab06_runs keeps the newest finished run of each layout; the timeline plot draws one box per span.
+With --runs-root, on every lab 06 run there: bubble_formula agrees with the logged one, and each timeline
+holds the step's `ran` actions in order, m x v forwards and backwards per stage, inside the step's window.
 """
 import json
 import os
@@ -102,7 +110,7 @@ class MemoryStackTest(unittest.TestCase):
         if not RUNS_ROOT:
             self.skipTest("no --runs-root given")
         checked = 0
-        for lab in ("lab01", "lab03", "lab04"):
+        for lab in ("lab01", "lab03", "lab04", "lab06"):
             for d in self.sl.find_runs(lab, RUNS_ROOT):
                 run = self.sl.read_run(d)
                 if run.steps.empty or "memory_current_bytes" not in run.steps.columns:
@@ -111,6 +119,130 @@ class MemoryStackTest(unittest.TestCase):
                 checked += 1
         if checked == 0:
             self.skipTest(f"no run with memory records under {RUNS_ROOT}")
+
+
+def pp_run(root, run_id, schedule="gpipe", m=2, v=1, spans=None, finished=True, bubbles=None):
+    """A synthetic lab 06 run of 2 stages: rank k's clock is offset by 1000 * (k + 1) ms, its timeline of step 1
+    holds `spans` ({rank: [(name, start, end)]}, ms since the step began) and a "step" span of 10 ms."""
+    spans = spans or {0: [("F0", 0, 1), ("F1", 1, 2), ("B0", 5, 7), ("B1", 7, 9)],
+                      1: [("F0", 1, 2), ("F1", 2, 3), ("B0", 3, 5), ("B1", 5, 7)]}
+    bubbles = bubbles or {0: [0.9, 0.4, 0.3], 1: [0.9, 0.5, 0.45]}  # steps 0, 1, 2; step 0 is warm-up
+    d = os.path.join(root, "lab06", run_id)
+    os.makedirs(d)
+    cfg = {"model": "demo", "pp": 2, "schedule": schedule, "chunks": v, "micro_batches": m, "micro_batch": 2,
+           "T": 32, "uniform_compute_ms": 1.0, "link": "none", "bubble_formula": 1 / (v * m + 1)}
+    for rank in range(2):
+        t0 = 1000.0 * (rank + 1)
+        with open(os.path.join(d, f"rank{rank}.jsonl"), "w") as f:
+            out = lambda rec: f.write(json.dumps(dict(rec, rank=rank)) + "\n")  # noqa: E731
+            out({"type": "run", "run_id": run_id, "world_size": 2, "config": cfg})
+            for s, b in enumerate(bubbles[rank]):
+                if s == 1:
+                    out({"type": "timeline", "step": 1, "events": [],
+                         "compute": [{"name": n, "start_ms": t0 + a, "end_ms": t0 + e} for n, a, e in spans[rank]]
+                         + [{"name": "step", "start_ms": t0, "end_ms": t0 + 10.0}]})
+                out({"type": "step", "step": s, "loss": 3.0, "tokens": 128, "step_ms": 10.0, "mfu": 0.1,
+                     "bubble": b, "bubble_formula": cfg["bubble_formula"], "compute_ms": 6.0, "pipeline_ms": 10.0,
+                     "ran": " ".join(n for n, _, _ in spans[rank])})
+            if finished or rank == 0:
+                out({"type": "summary", "tokens_per_s": 12800.0, "step_ms": 10.0,
+                     "memory_activations_peak_bytes": (2 - rank) << 20})
+    return d
+
+
+class PipelineLogsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402  the module under test
+        cls.sl = scalelab_logs
+
+    def test_parse_action_reads_micro_batch_and_chunk(self):
+        self.assertEqual(self.sl.parse_action("F3"), ("F", 3, 0))
+        self.assertEqual(self.sl.parse_action("B12.1"), ("B", 12, 1))
+        for other in ("step", "F", "X1", "F1.", "forward"):
+            self.assertIsNone(self.sl.parse_action(other), other)
+
+    def test_bubble_formula_is_narayanans(self):
+        self.assertAlmostEqual(self.sl.bubble_formula(4, 4), 3 / 7)       # README: GPipe and 1F1B, p 4, m 4
+        self.assertAlmostEqual(self.sl.bubble_formula(4, 4, 2), 3 / 11)   # interleaved, v 2
+        self.assertAlmostEqual(self.sl.bubble_formula(2, 1), 0.5)
+        self.assertEqual(self.sl.bubble_formula(1, 8), 0.0)               # one stage: no bubble
+
+    def test_timeline_aligns_stages_on_their_step_span(self):
+        with tempfile.TemporaryDirectory() as root:
+            spans = {0: [("F0", 0, 1), ("F0.1", 2, 2.5), ("B0.1", 6, 7), ("B0", 8, 9)],
+                     1: [("F0", 1, 2), ("F0.1", 2.5, 3), ("B0.1", 3, 4), ("B0", 4, 6)]}
+            run = self.sl.read_run(pp_run(root, "tl", schedule="interleaved", m=1, v=2, spans=spans))
+            tl = self.sl.pipeline_timeline(run)
+            self.assertEqual(tl.attrs["step"], 1)
+            self.assertEqual(tl.attrs["window_ms"], {0: 10.0, 1: 10.0})
+            self.assertNotIn("step", set(tl["name"]))
+            got = {(r.stage, r.name): (r.kind, r.micro_batch, r.chunk, r.start_ms, r.end_ms) for r in tl.itertuples()}
+            self.assertEqual(got[(1, "F0")], ("F", 0, 0, 1.0, 2.0))  # 5001 ms on rank 1's clock: 1 ms into its step
+            self.assertEqual(got[(0, "B0.1")], ("B", 0, 1, 6.0, 7.0))
+            self.assertEqual(len(tl), 8)
+
+    def test_bubble_is_the_median_of_the_timed_steps_and_stages(self):
+        with tempfile.TemporaryDirectory() as root:
+            run = self.sl.read_run(pp_run(root, "b"))
+            df = self.sl.pp_bubble([run])
+            self.assertEqual(len(df), 1)
+            row = df.iloc[0]
+            self.assertAlmostEqual(row["bubble"], 0.425)  # median of 0.4, 0.3, 0.5, 0.45: step 0's 0.9 left out
+            self.assertAlmostEqual(row["bubble_formula"], 1 / 3)
+            self.assertEqual((row["p"], row["schedule"], row["v"], row["m"]), (2, "gpipe", 1, 2))
+            self.assertEqual(row["act_peak_bytes"], 2 << 20)
+            peaks = self.sl.pp_activation_peaks([run])
+            self.assertEqual(peaks.sort_values("stage")["act_peak_bytes"].tolist(), [2 << 20, 1 << 20])
+
+    def test_latest_runs_keep_the_newest_finished_run_of_each_layout(self):
+        with tempfile.TemporaryDirectory() as root:
+            made = [pp_run(root, "old-m2"), pp_run(root, "m4", m=4), pp_run(root, "new-m2"),
+                    pp_run(root, "died-m8", m=8, finished=False)]
+            for age, d in enumerate(made):  # oldest first, whatever the file system's clock resolution
+                for f in os.listdir(d):
+                    os.utime(os.path.join(d, f), (1e9 + age, 1e9 + age))
+            got = [os.path.basename(p) for p in self.sl.latest_lab06_runs(root)]
+            self.assertEqual(got, ["m4", "new-m2"])
+
+    def test_timeline_plot_draws_one_box_per_span(self):
+        import matplotlib.pyplot as plt
+        with tempfile.TemporaryDirectory() as root:
+            run = self.sl.read_run(pp_run(root, "plot"))
+            fig = self.sl.plot_pipeline_timelines([run])
+            ax = fig.axes[0]
+            self.assertEqual(len(ax.patches), 2 + 8)  # a window frame per stage and a box per span
+            self.assertEqual(sorted(t.get_text() for t in ax.texts), ["0"] * 4 + ["1"] * 4)  # micro-batches
+            plt.close(fig)
+            for fig in (self.sl.plot_bubble_vs_m(self.sl.pp_bubble([run])),
+                        self.sl.plot_pp_memory(self.sl.pp_activation_peaks([run]))):
+                self.assertIsNotNone(fig)
+                plt.close(fig)
+
+    def test_real_lab06_runs(self):
+        if not RUNS_ROOT:
+            self.skipTest("no --runs-root given")
+        checked = 0
+        for d in self.sl.find_runs("lab06", RUNS_ROOT):
+            run = self.sl.read_run(d)
+            cfg = run.config
+            p, m, v = run.world_size, int(cfg["micro_batches"]), int(cfg.get("chunks", 1))
+            self.assertAlmostEqual(self.sl.bubble_formula(p, m, v), cfg["bubble_formula"], places=12, msg=run.run_id)
+            tl = self.sl.pipeline_timeline(run)
+            if tl.empty:
+                continue
+            step = run.steps[run.steps["step"] == tl.attrs["step"]].set_index("rank")
+            for stage, g in tl.groupby("stage"):
+                g = g.sort_values("start_ms")
+                self.assertEqual(" ".join(g["name"]), step.loc[stage, "ran"], f"{run.run_id} stage {stage}")
+                self.assertEqual(sorted(g["kind"].value_counts().tolist()), [m * v, m * v])
+                self.assertGreaterEqual(g["start_ms"].min(), 0.0)
+                self.assertLessEqual(g["end_ms"].max(), tl.attrs["window_ms"][stage] + 1e-6)
+            checked += 1
+        if checked == 0:
+            self.skipTest(f"no lab 06 run with a timeline under {RUNS_ROOT}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 # notebooks.sh — execute the notebooks (notebooks/*.ipynb) headless, as CI does, and write their plots as PNG.
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
 #   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (labs 01 and 02; labs 03 and 04 at
-#                                         1 and 2 ranks with timelines; lab 05's quick link sweep) and point the
-#                                         notebooks at them
+#                                         1 and 2 ranks with timelines; lab 05's quick link sweep; lab 06's bubble
+#                                         sweep at 2 stages) and point the notebooks at them
 # Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab02_data_pipeline, lab03_ddp,
-#          lab04_fsdp, lab05_tensor_parallel),
+#          lab04_fsdp, lab05_tensor_parallel, lab06_pipeline_parallel),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
 # once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
@@ -48,7 +48,8 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sl-notebooks.XXXXXX")"
 if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
-  for prog in lab01_single_device lab02_data_pipeline lab03_ddp lab04_fsdp lab05_tensor_parallel; do
+  for prog in lab01_single_device lab02_data_pipeline lab03_ddp lab04_fsdp lab05_tensor_parallel \
+              lab06_pipeline_parallel; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -86,6 +87,16 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   python3 bench/tp_link_sweep.py --quick --bin "$BIN/lab05_tensor_parallel" --seq-len 64 --micro-batch 4 \
     --steps 6 --log-dir "$RUNS_ROOT" > "$tmp/lab05_sweep.out" 2>&1 \
     || { cat "$tmp/lab05_sweep.out"; die "lab 05 sweep (bench/tp_link_sweep.py --quick) failed"; }
+  # Lab 06: the bubble sweep at 2 stages (GPipe, 1F1B, interleaved x m 2, 4; uniform compute 5 ms; a timeline
+  # at m 4): 6 runs. They read the CPU peak the runs above cached (1 thread) instead of each re-checking it
+  # with a quick sgemm pass, which was 2/3 of a run's 5 s on 2 loaded cores (notebook 06 shows no MFU).
+  t6=$SECONDS
+  cal=(); [[ -f runs/calibration/cpu_1t.json ]] && cal=(--calibration runs/calibration/cpu_1t.json)
+  python3 bench/pp_bubble_sweep.py --bin "$BIN/lab06_pipeline_parallel" --ranks 2 --micro-batches 2 4 \
+    --uniform-compute-ms 5 --steps 3 --timeline-m 4 "${cal[@]}" --timeout-s 120 --log-dir "$RUNS_ROOT" \
+    > "$tmp/lab06_sweep.out" 2>&1 \
+    || { cat "$tmp/lab06_sweep.out"; die "lab 06 sweep (bench/pp_bubble_sweep.py) failed"; }
+  echo "   lab 06 runs made in $((SECONDS - t6)) s"
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 

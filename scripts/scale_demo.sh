@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04 and 05 at 1, 2, 4, 8
+# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04, 05 and 06 at 1, 2, 4, 8
 # ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
 # micro-batch per step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that
-# divides the model's heads, the rest data-parallel replicas), ONE table.
+# divides the model's heads, the rest data-parallel replicas; lab 06: a 1F1B pipeline of one stage per rank,
+# the global batch as micro-batches of --micro-batch, skipped above the model's layer count), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
-#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05"   --device auto|cpu|cuda
+#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05 06"   --device auto|cpu|cuda
 #   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
 #   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
-#   (CPU ranks, labs 03, 04 and 05)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
+#   (CPU ranks, labs 03-06)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
 #   "mpirun --hostfile FILE", "srun --mpi=pmix")   --timeout-s S (per run; default none)
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
@@ -26,7 +27,7 @@ DATA="data/kjv"
 MODEL=""
 STEPS=20
 OUT=""
-LABS="01 03 04 05"
+LABS="01 03 04 05 06"
 MAX_RANKS=""
 OVERSUB_OK=0
 DEVICE="auto"
@@ -79,8 +80,8 @@ for kv in "--steps $STEPS" "--timeout-s $TIMEOUT_S"; do
 done
 (( STEPS >= 2 )) || die "--steps $STEPS: need at least 2 (step 0 is warm-up and not timed)"
 for lab in $LABS; do
-  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 || "$lab" == 05 ]] || die "--labs: unknown lab '$lab'" \
-    "use any of \"01 03 04 05\""
+  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 || "$lab" == 05 || "$lab" == 06 ]] || die "--labs: unknown lab '$lab'" \
+    "use any of \"01 03 04 05 06\""
 done
 
 # ---- device, rank counts, threads per rank ----
@@ -146,9 +147,12 @@ GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at eve
 
 # ---- what the runs need ----
 BIN="$BUILD/bin/reference"
-declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel)
-# Lab 05 splits the heads: tp must divide n_head (common/src/model/gpt2.cpp presets).
+declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel
+                 [06]=lab06_pipeline_parallel)
+# Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages
+# (common/src/model/gpt2.cpp presets).
 declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
+declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48)
 for lab in $LABS; do
   [[ -x "$BIN/${PROG[$lab]}" ]] || die "$BIN/${PROG[$lab]} not found" \
     "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target ${PROG[$lab]}_ref (or pass --build-dir)"
@@ -201,6 +205,10 @@ for lab in $LABS; do
                  --loader-alone-batches 0) ;;
       05) tp=$np; while (( tp > 1 && ${HEADS[$MODEL]:-1} % tp != 0 )); do tp=$((tp / 2)); done
           args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --tp "$tp") ;;
+      # Lab 06: np stages, 1F1B; the global batch as m = GLOBAL_BATCH / MICRO_BATCH micro-batches, every one
+      # through every stage (its bubble (np - 1)/(m + np - 1) is in the row's note).
+      06) args+=(--micro-batch "$MICRO_BATCH" --micro-batches $((GLOBAL_BATCH / MICRO_BATCH)) --schedule 1f1b
+                 --timeline-steps 0) ;;
     esac
     if [[ "$lab" != 01 ]]; then
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
@@ -209,6 +217,13 @@ for lab in $LABS; do
     oversub=0
     [[ "$DEVICE" == cpu ]] && (( np * THREADS > cores )) && oversub=1
     output="$OUT/lab${lab}_np$np.out"
+    if [[ "$lab" == 06 ]] && (( np > ${LAYERS[$MODEL]:-np} )); then  # every stage holds at least one layer
+      echo "skipped: model $MODEL has ${LAYERS[$MODEL]} layers, a pipeline at most ${LAYERS[$MODEL]} stages" > "$output"
+      printf '   lab 06 at %d ranks: skipped (model %s has %d layers)\n' "$np" "$MODEL" "${LAYERS[$MODEL]}"
+      printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" skipped \
+        "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
+      continue
+    fi
     wrap=(); (( TIMEOUT_S > 0 )) && wrap=(timeout "$TIMEOUT_S")
     t0=$SECONDS
     status=ok

@@ -14,6 +14,9 @@ Columns (per run; "per rank" values are the largest over its ranks):
   mem/rank        memory_peak_bytes: the peak of the total of all allocator categories (not a sum of peaks)
   exposed comm    comm_ms / step_ms over the timed steps: the part of the step spent waiting for communication
   efficiency      tokens/s at N ranks / (N x tokens/s of the same lab at 1 rank); 1.0 is linear scaling
+  note            oversubscribed, a simulated link, a failed run; lab 06: its schedule, m and measured bubble
+                  beside the formula (a stage idle in a receive also counts as exposed comm), or "skipped:"
+                  for more stages than the model has layers
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ import pandas as pd  # noqa: E402
 
 import scalelab_logs as sl  # noqa: E402  the notebooks' reader: one reader for every plot of the logs
 
-LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP", "05": "05 tensor parallel"}
+LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP", "05": "05 tensor parallel",
+             "06": "06 pipeline parallel"}
 OVERSUBSCRIBED = "oversubscribed: timings not meaningful"
 
 
@@ -73,6 +77,15 @@ def last_of_rank0(frame: pd.DataFrame, key: str) -> float:
     return float(v.iloc[-1]) if not v.empty else math.nan
 
 
+def pipeline_note(run: sl.Run) -> str:
+    """Lab 06: the schedule, m, and the measured bubble (median over the timed steps and stages) beside the
+    formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
+    cfg, s = run.config, timed_steps(run)
+    bubble = float(s["bubble"].median()) if not s.empty and "bubble" in s else math.nan
+    return (f"{cfg.get('schedule')}, m = {cfg.get('micro_batches')}: bubble {fmt(bubble, '.2f')} (formula "
+            f"{fmt(cfg.get('bubble_formula', math.nan), '.2f')})")
+
+
 def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     rows, peaks = [], []  # peaks: distinct "value FLOP/s per rank: source" strings, footnoted [1], [2], ...
     for lab, group in manifest.groupby("lab", sort=True):
@@ -90,6 +103,11 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                    "exposed_comm_share": math.nan, "efficiency": math.nan, "final_loss": math.nan,
                    "val_loss_end": math.nan, "note": ""}
             run = runs.get(n)
+            if m.status == "skipped":  # scale_demo.sh wrote why into the output file (lab 06: more ranks than layers)
+                out = Path(m.output)
+                row["note"] = out.read_text(encoding="utf-8").strip() if out.is_file() else "skipped"
+                rows.append(row)
+                continue
             if m.status != "ok" or run is None:
                 row["note"] = f"FAILED: see {Path(m.output).name}"
                 rows.append(row)
@@ -108,8 +126,11 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             row["val_loss_end"] = last_of_rank0(run.summaries, "val_loss_end")
             if lab == "01" and run.config.get("B") is not None:  # no accumulation: one micro-batch per step
                 row["note"] = f"batch {run.config['B']} per step (one device)"
+            if lab == "06" and n > 1:  # a pipeline's exposed comm holds its bubble: the stages' idle time
+                row["note"] = pipeline_note(run)
             if run.info.get("simulated") or run.config.get("link", "none") != "none":
-                row["note"] = f"simulated link {run.config.get('link')}"
+                link = f"simulated link {run.config.get('link')}"
+                row["note"] = f"{row['note']}; {link}" if row["note"] else link
             if int(m.oversubscribed):
                 row["note"] = f"{row['note']}; {OVERSUBSCRIBED}" if row["note"] else OVERSUBSCRIBED
             rows.append(row)

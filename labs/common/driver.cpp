@@ -199,14 +199,19 @@ ValidationSplit::ValidationSplit(const std::string& data_dir, const lab02::Loade
       start(loader.state()),
       n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader.batches_per_epoch())))) {}
 
-float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y) {
+float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
+               const std::function<float(const Tensor& tokens, const Tensor& targets)>& loss_of) {
   val.loader.restore(val.start);
   double sum = 0.0;
   for (int i = 0; i < val.n_batches; ++i) {
     lab02::load_batch(val.loader.next(), x, y);
-    sum += model.forward(x, &y);
+    sum += loss_of(x, y);
   }
   return static_cast<float>(sum / val.n_batches);
+}
+
+float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y) {
+  return evaluate(val, x, y, [&](const Tensor& tokens, const Tensor& targets) { return model.forward(tokens, &targets); });
 }
 
 float evaluate_all_ranks(GPT2& model, Communicator& comm, ValidationSplit& val, Tensor& x, Tensor& y) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the run record's config)
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>  // defines: std::pair
 #include <vector>
@@ -141,6 +142,9 @@ struct ValidationSplit {
 // Mean loss (nats per token) over the split's n_batches on this rank, read into x and y (inputs and
 // targets, (B, T) i32). Forward only: the gradients are not touched.
 float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y);
+// The same with another loss of one batch (tokens, targets) than model.forward: lab 06's pipeline.
+float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
+               const std::function<float(const Tensor& tokens, const Tensor& targets)>& loss_of);
 // The same, averaged over the ranks: each rank evaluates its own windows (dp_rank), together they cover
 // the windows one rank evaluating all of them would. Collective: every rank must call it (a ZeRO-3
 // forward all-gathers each block).

@@ -106,6 +106,7 @@ TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* 
 }
 
 float TrainLoop::evaluate_now(Tensor& x, Tensor& y) {
+  if (forward_loss) return evaluate(val_, x, y, forward_loss);  // the same on every rank already
   return comm_ != nullptr ? evaluate_all_ranks(model_, *comm_, val_, x, y) : evaluate(model_, val_, x, y);
 }
 

@@ -127,6 +127,9 @@ class TrainLoop {
   // naive one). The loop times each call as data wait, like a fetch from `train`; loader_delay_ms is not
   // added. Validation still reads `val`.
   FillBatch next_batch;
+  // Optional: the loss of one validation batch (tokens, targets: (B, T) i32), the same on every rank, instead
+  // of model.forward(tokens, &targets): lab 06's pipeline runs it through every stage.
+  std::function<float(const Tensor& tokens, const Tensor& targets)> forward_loss;
   // Optional: just before step(): step_start_ms and data_end_ms on Communicator::now_ms's clock;
   // want_timeline: this step logs a `timeline` record (steps 1..--timeline-steps).
   std::function<void(double step_start_ms, double data_end_ms, bool want_timeline)> before_step;

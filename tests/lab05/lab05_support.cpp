@@ -49,30 +49,6 @@ Tensor columns(const Tensor& t, int64_t c0, int64_t n) {
   return out;
 }
 
-// max |got - want| <= rtol * max |want| + atol; "" or the first differing index and both values.
-std::string compare(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol,
-                    double* worst = nullptr) {
-  if (got.numel() != want.numel())
-    return name + ": " + std::to_string(got.numel()) + " elements, expected " + std::to_string(want.numel());
-  double scale = 0, err = 0;
-  int64_t first = -1;
-  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::fabs(static_cast<double>(want.data<float>()[i])));
-  const double bound = rtol * scale + atol;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]);
-    err = std::max(err, d);
-    if (d > bound && first < 0) first = i;
-  }
-  if (worst != nullptr) *worst = std::max(*worst, scale > 0 ? err / scale : err);
-  if (first < 0) return "";
-  char buf[256];
-  const double ratio = want.data<float>()[first] != 0 ? got.data<float>()[first] / want.data<float>()[first] : 0;
-  std::snprintf(buf, sizeof(buf), "%s[%lld] = %.7g, expected %.7g (%.3gx; max |error| %.3g > bound %.3g)",
-                name.c_str(), static_cast<long long>(first), got.data<float>()[first], want.data<float>()[first],
-                ratio, err, bound);
-  return buf;
-}
-
 // Rows [r0, r0 + n) of a tensor with `row` elements per row, copied into a (n * row,) tensor.
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n, int64_t row) {
   Tensor out = Tensor::empty({n * row}, DType::F32);
@@ -83,19 +59,6 @@ Tensor rows_of(const Tensor& t, int64_t r0, int64_t n, int64_t row) {
 std::string on_rank_if(const std::string& s) { return s.empty() ? s : on_rank(s); }
 
 }  // namespace
-
-std::string compare_with_dense_slices(const GPT2& shard, const GPT2& dense, bool grads, double rtol, double atol,
-                                      double* worst) {
-  for (const ParamInfo& p : shard.param_table()) {
-    const Tensor got = grads ? shard.grad(p.name) : shard.param(p.name);
-    const Tensor full = grads ? dense.grad(p.name) : dense.param(p.name);
-    Tensor want = Tensor::empty(p.shape, DType::F32);
-    copy_dense_to_shard(p, shard.shard(), full, want);
-    const std::string bad = compare((grads ? "d" : "") + p.name, got, want, rtol, atol, worst);
-    if (!bad.empty()) return bad;
-  }
-  return "";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Check bodies
@@ -158,12 +121,12 @@ std::string expect_embedding_matches_dense(bool sp) {
   Tensor out = sp ? Tensor::empty({rows, C}, DType::F32) : Tensor::empty({B, T, C}, DType::F32);
   points.embedding_forward(out, g.inputs, wte_shard, wpe);
   const int64_t first = sp ? r * rows : 0;
-  std::string bad = compare("out", out, rows_of(want, first, rows, C), 0, 0);
+  std::string bad = compare_tensors("out", out, rows_of(want, first, rows, C), 0, 0);
   Tensor dwte_shard = Tensor::zeros({Vl, C}, DType::F32), dwpe_got = Tensor::zeros({cfg.max_seq_len, C}, DType::F32);
   const Tensor my_dout = sp ? rows_of(dout, first, rows, C).view(0, {rows, C}) : dout;
   points.embedding_backward(dwte_shard, dwpe_got, my_dout, g.inputs);
-  if (bad.empty()) bad = compare("dwte (this rank's rows)", dwte_shard, rows_of(dwte, static_cast<int64_t>(r) * Vl, Vl, C), 0, 0);
-  if (bad.empty()) bad = compare("dwpe", dwpe_got, dwpe, 0, 0);
+  if (bad.empty()) bad = compare_tensors("dwte (this rank's rows)", dwte_shard, rows_of(dwte, static_cast<int64_t>(r) * Vl, Vl, C), 0, 0);
+  if (bad.empty()) bad = compare_tensors("dwpe", dwpe_got, dwpe, 0, 0);
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   return bad.empty() ? std::string("out, dwte and dwpe equal the dense embedding's bit for bit") +
                            (sp ? " (each rank's token rows)" : "")
@@ -191,9 +154,9 @@ std::string expect_cross_entropy_matches_dense() {
   points.cross_entropy_backward(my_dlogits, my_probs, targets, 1.0f / N);
   double worst = 0;
   constexpr double kRtol = 1e-6;  // an exp-sum over V in tp parts instead of one: fp32 rounding
-  std::string bad = compare("losses", my_losses, losses, kRtol, 0, &worst);
-  if (bad.empty()) bad = compare("probs (this rank's columns)", my_probs, columns(probs, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
-  if (bad.empty()) bad = compare("dlogits (this rank's columns)", my_dlogits, columns(dlogits, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
+  std::string bad = compare_tensors("losses", my_losses, losses, kRtol, 0, &worst);
+  if (bad.empty()) bad = compare_tensors("probs (this rank's columns)", my_probs, columns(probs, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
+  if (bad.empty()) bad = compare_tensors("dlogits (this rank's columns)", my_dlogits, columns(dlogits, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   char buf[128];
   std::snprintf(buf, sizeof(buf), "losses, probs and dlogits within %.2g of the dense cross-entropy's (relative)", worst);

@@ -30,11 +30,6 @@ struct TpSetup {
 };
 TpSetup make_tp_model(const GPTConfig& cfg, bool sequence_parallel);
 
-// Per gradient (grads = true) or parameter tensor of a shard: max |got - want's slice| <= rtol * max |want's
-// slice| (+ atol). "" when all pass, else the first tensor over the bound with its first differing
-// index and both values. worst receives the largest relative error seen.
-std::string compare_with_dense_slices(const GPT2& shard, const GPT2& dense, bool grads, double rtol, double atol,
-                                      double* worst);
 
 // Sums of B*T terms in another order (per rank, then across the group) than the dense model's: rounding.
 // Measured relative to each tensor's largest entry on tp_config: at most 6e-7 (tp 2 and 4, with and

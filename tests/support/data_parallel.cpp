@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>  // defines: ::testing::Environment
 
+#include <algorithm>  // defines: std::max
+#include <cmath>      // defines: std::fabs
+#include <cstdio>     // defines: std::snprintf
+
 #include "grading.h"        // defines: grading::rank_reducer, set_rank_reducer
 #include "rank_reducer.h"   // defines: test::make_rank_reducer
 #include "scalelab/core/rng.h"   // defines: Rng
@@ -95,6 +99,46 @@ OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const G
   r.grad_norm = clip_grad_norm(model, grad_clip);
   optimizer.step(lr);
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparisons
+
+// max |got - want| <= rtol * max |want| + atol; "" or the first differing index and both values.
+std::string compare_tensors(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol,
+                            double* worst) {
+  if (got.numel() != want.numel())
+    return name + ": " + std::to_string(got.numel()) + " elements, expected " + std::to_string(want.numel());
+  double scale = 0, err = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::fabs(static_cast<double>(want.data<float>()[i])));
+  const double bound = rtol * scale + atol;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]);
+    err = std::max(err, d);
+    if (d > bound && first < 0) first = i;
+  }
+  if (worst != nullptr) *worst = std::max(*worst, scale > 0 ? err / scale : err);
+  if (first < 0) return "";
+  char buf[256];
+  const double ratio = want.data<float>()[first] != 0 ? got.data<float>()[first] / want.data<float>()[first] : 0;
+  std::snprintf(buf, sizeof(buf), "%s[%lld] = %.7g, expected %.7g (%.3gx; max |error| %.3g > bound %.3g)",
+                name.c_str(), static_cast<long long>(first), got.data<float>()[first], want.data<float>()[first],
+                ratio, err, bound);
+  return buf;
+}
+
+std::string compare_with_dense_slices(const GPT2& shard, const GPT2& dense, bool grads, double rtol, double atol,
+                                      double* worst) {
+  for (const ParamInfo& p : shard.param_table()) {
+    const Tensor got = grads ? shard.grad(p.name) : shard.param(p.name);
+    const Tensor full = grads ? dense.grad(p.name) : dense.param(p.name);
+    Tensor want = Tensor::empty(p.shape, DType::F32);
+    copy_dense_to_shard(p, shard.shard(), full, want);
+    const std::string bad = compare_tensors((grads ? "d" : "") + p.name, got, want, rtol, atol, worst);
+    if (!bad.empty()) return bad;
+  }
+  return "";
 }
 
 }  // namespace scalelab::dp_test

@@ -85,4 +85,19 @@ struct OneProcessStep {
 };
 OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip);
 
+// ---------------------------------------------------------------------------------------------
+// Comparisons
+
+// max |got - want| <= rtol * max |want| + atol: "" when it holds, else the first differing index with both
+// values, the ratio, the max error and the bound. worst (may be null) receives the largest error relative
+// to max |want| seen. got and want: fp32 CPU tensors of the same numel.
+std::string compare_tensors(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol,
+                            double* worst = nullptr);
+// Per gradient (grads = true) or parameter tensor of a shard (ModelShard: a tensor-parallel slice, a
+// pipeline stage, whose tied copy of wte is compared with the dense wte): max |got - want's slice| <=
+// rtol * max |want's slice| (+ atol). "" when all pass, else the first tensor over the bound with its
+// first differing index and both values. worst receives the largest relative error seen.
+std::string compare_with_dense_slices(const GPT2& shard, const GPT2& dense, bool grads, double rtol, double atol,
+                                      double* worst);
+
 }  // namespace scalelab::dp_test

@@ -1,0 +1,233 @@
+// pipeline_parallel.h — what the learner writes in lab 06 (pipeline parallel), declared once for both tracks.
+//   labs/06_pipeline_parallel/pipeline_parallel.cpp       the learner's file (TODO blocks)   -> lab06_learner
+//   solutions/06_pipeline_parallel/pipeline_parallel.cpp  the reference (same file, filled)  -> lab06_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab06::learner / ::ref) chosen by
+// SL_TRACK_LAB06, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/06_pipeline_parallel/README.md   Graded tests: tests/lab06/ (test_lab06*.cpp)
+//
+// The model (common/include/scalelab/model/gpt2.h) already knows how to be cut across layers: built for a
+// ModelShard with first_layer..last_layer, has_embedding and has_head, it holds only those units (the last
+// stage keeps its own copy of wte for the tied head), its forward(acts, input, targets) takes tokens or the
+// hidden state (B, T, C) entering the stage and leaves the hidden state leaving it in acts.output(), its
+// backward(acts, d_output, d_input) takes the gradient of that output and returns the gradient of the input,
+// and the activation sets belong to the caller. This lab puts the stages on ranks and runs them:
+//   partition          which layers each stage (and each of its chunks) owns                    TODO lab06-1
+//   exchange           activations to the next stage, gradients to the previous one              TODO lab06-2
+//   GPipe              all m forwards, then all m backwards (Huang et al. 2019)                  TODO lab06-3
+//   1F1B               warm-up forwards, one forward one backward, cool-down backwards           TODO lab06-4
+//   interleaved 1F1B   v model chunks per rank (Narayanan et al. 2021, Sec. 2.2.2)               TODO lab06-5
+//   the executor       one rank's schedule, run: recv, forward, send; recv, backward, send      TODO lab06-6
+//   tied embedding     the first and the last stage's copies of wte kept equal                   TODO lab06-7
+//   the training step  one optimizer step of a pipeline                                          TODO lab06-8
+// (README.md#the-picture draws each schedule as a stage x time grid.)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scalelab/comm/comm.h"        // defines: Communicator, WorkPtr
+#include "scalelab/measure/metrics.h"  // defines: TimeSpan
+#include "scalelab/model/batch.h"      // defines: MicroBatch, StepResult
+#include "scalelab/model/gpt2.h"       // defines: GPT2, GPT2Activations, GPTConfig, ModelShard
+#include "scalelab/model/optim.h"      // defines: Optimizer
+
+#ifndef SL_TRACK_LAB06
+#define SL_TRACK_LAB06 ref
+#endif
+
+namespace scalelab::lab06 {
+inline namespace SL_TRACK_LAB06 {
+
+// ---------------------------------------------------------------------------------------------
+// The layout
+
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+const char* schedule_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved"
+// "gpipe", "1f1b" or "interleaved"; throws scalelab::Error naming the accepted values otherwise.
+ScheduleKind schedule_from_name(const std::string& name);
+
+// A pipeline of p stages, one per rank of the pipeline group. Each rank holds v model chunks (v = 1 except
+// for the interleaved schedule): chunk c of stage s is VIRTUAL stage c * p + s of the p * v, so the layers
+// go round the ranks v times (Narayanan et al. 2021, Fig. 4). One optimizer step runs m micro-batches.
+struct PipelineLayout {
+  int p = 1;      // stages: ranks of the pipeline group
+  int v = 1;      // model chunks per rank
+  int m = 1;      // micro-batches per optimizer step
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int stage = 0;  // this rank's stage, 0 .. p-1 (its rank in the pipeline group)
+};
+
+// TODO(lab06-1): the layout of a lab 06 run on p ranks, or a clear error (scalelab::Error with the numbers
+// and what to change) thrown alike on every rank before any communication, unless: p >= 1; m >= 1; v >= 1;
+// v > 1 only with the interleaved schedule, which needs p >= 2, m a multiple of p (its micro-batches go
+// round the ranks in groups of p) and L divisible by p * v (every chunk the same number of layers); and
+// p <= L (every stage at least one layer). README.md#the-partition
+PipelineLayout make_layout(const GPTConfig& cfg, int p, int stage, ScheduleKind schedule, int m, int v);
+// TODO(lab06-1): the shard of chunk `chunk` of this rank (layout.stage): virtual stage c * p + s of n = p * v
+// takes a contiguous, balanced run of layers, in order: L / n each, and one more for each of the first
+// L % n virtual stages. Virtual stage 0 has the embedding, virtual stage n - 1 the final layernorm and the
+// LM head. README.md#the-partition
+ModelShard chunk_shard(const GPTConfig& cfg, const PipelineLayout& layout, int chunk);
+
+// ---------------------------------------------------------------------------------------------
+// Schedules: what one stage runs in one optimizer step, in order
+
+// One forward or backward of one micro-batch (0 .. m-1) on one of this rank's chunks (0 .. v-1).
+struct Action {
+  enum Kind : char { Forward = 'F', Backward = 'B' };
+  Kind kind = Forward;
+  int micro_batch = 0;
+  int chunk = 0;
+  bool operator==(const Action& o) const {
+    return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk;
+  }
+};
+// "F3" (chunk 0) or "F3.1" (chunk 1); a list: "F0 F1 B0 F2 B1 B2".
+std::string to_string(const Action& a);
+std::string to_string(const std::vector<Action>& actions);
+
+// TODO(lab06-3): GPipe (Huang et al. 2019, arXiv:1811.06965): the forwards of micro-batches 0 .. m-1, then
+// their backwards, on stage `stage` of p. README.md#gpipe
+std::vector<Action> gpipe_schedule(int p, int m, int stage);
+// TODO(lab06-4): 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2): a warm-up of
+// forwards, a steady phase alternating one forward and one backward, a cool-down of backwards. The same
+// work as GPipe, in an order that holds fewer micro-batches' activations at once. README.md#1f1b
+std::vector<Action> one_f_one_b_schedule(int p, int m, int stage);
+// TODO(lab06-5): interleaved 1F1B (same paper, Sec. 2.2.2) with v chunks per rank; m a multiple of p.
+// README.md#interleaved-1f1b
+std::vector<Action> interleaved_schedule(int p, int m, int v, int stage);
+// Given: the schedule of this rank for a layout (one of the three above).
+std::vector<Action> schedule_for(const PipelineLayout& layout);
+// Given: the bubble's share of the step when every micro-batch takes the same time on every stage
+// (Narayanan et al. 2021, Sec. 2.2; REFERENCES.md "Pipelines"): the bubble is (p - 1) / v of one
+// micro-batch's time per stage against m micro-batches of work, so (p - 1) / (v * m + p - 1) of the step
+// (GPipe and 1F1B: v = 1).
+double bubble_formula(const PipelineLayout& layout);
+
+// ---------------------------------------------------------------------------------------------
+// Given: one rank's part of the pipeline as the executor sees it
+
+// The chunks this rank holds (v models, chunk 0 first), and a record of what ran. forward and backward run
+// the chunk's model (GPT2::forward / backward with caller-owned activations) and record the Action and its
+// time span, so the tests and the timeline see the order a stage really ran. With a uniform compute time
+// (set_uniform_compute), each one then sleeps until its start plus that time: every micro-batch takes the
+// same time on every stage, whatever the model, the cores or the other ranks on them do, which is what
+// the bubble formula assumes (README.md#measuring-the-bubble).
+class Stage {
+ public:
+  // chunks: this rank's models, one per chunk (not owned; they outlive the stage).
+  Stage(std::vector<GPT2*> chunks, const PipelineLayout& layout);
+  const PipelineLayout& layout() const { return layout_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  GPT2& chunk(int c);  // throws for c outside 0 .. v-1
+
+  // model(c).forward(acts, input, targets), recorded as Action{Forward, micro_batch, c}. Returns its loss
+  // (NaN unless the chunk has the head and targets were given).
+  float forward(int c, int micro_batch, GPT2Activations& acts, const Tensor& input, const Tensor* targets);
+  // model(c).backward(acts, d_output, d_input), recorded as Action{Backward, micro_batch, c}.
+  void backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
+
+  // Every forward of a chunk takes at least forward_ms, every backward backward_ms (ms; 0: as long as the
+  // compute takes). Throws for negative values.
+  void set_uniform_compute(double forward_ms, double backward_ms);
+  // Since the last clear(): the actions in the order they ran, their spans (names "F3.1", on
+  // Communicator::now_ms's clock) and the total time inside them (ms).
+  const std::vector<Action>& ran() const { return ran_; }
+  const std::vector<TimeSpan>& spans() const { return spans_; }
+  double compute_ms() const { return compute_ms_; }
+  void clear();
+
+ private:
+  void record(const Action& a, double start_ms, double minimum_ms);
+  std::vector<GPT2*> chunks_;
+  PipelineLayout layout_;
+  double forward_ms_ = 0, backward_ms_ = 0;
+  std::vector<Action> ran_;
+  std::vector<TimeSpan> spans_;
+  double compute_ms_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The exchange between neighbouring stages
+
+// Activations travel to the next virtual stage, gradients to the previous one, over the pipeline group.
+// They use two channels: the group itself for activations and a duplicate of it (made here: collective
+// over the group) for gradients, so a rank that both sends activations to and receives gradients from a
+// neighbour (every rank with p = 2, interleaved) never matches one kind of message with the other (both
+// are (B, T, C) fp32). A recv blocks; a send is asynchronous (the sender goes on computing) and completes
+// at wait_sends() at the latest. Every message carries a tag naming it ("activation mb 3 chunk 0"), which
+// the event log shows and a timed-out wait reports.
+class StageExchange {
+ public:
+  // pp_group: the pipeline group (rank = stage, size = p); the layout says v. Collective over pp_group.
+  StageExchange(Communicator& pp_group, const PipelineLayout& layout);
+  Communicator& group() { return activations_; }          // the activations' channel (the pipeline group)
+  Communicator& gradient_channel() { return *gradients_; }  // the gradients' one
+  const PipelineLayout& layout() const { return layout_; }
+
+  // TODO(lab06-2): where chunk `chunk` of this rank sits in the pipeline. README.md#the-exchange
+  bool is_first(int chunk) const;  // virtual stage 0: its input is the tokens
+  bool is_last(int chunk) const;   // the last virtual stage: it computes the loss
+  // TODO(lab06-2): the four messages of micro-batch `micro_batch` at chunk `chunk` of this rank, each with its
+  // neighbour in the virtual pipeline (a rank and a chunk). x, dy: (B, T, C) fp32, filled (blocking);
+  // y, dx: (B, T, C) fp32, sent (asynchronous: post_send). README.md#the-exchange
+  void recv_activation(Tensor& x, int micro_batch, int chunk);        // from the previous virtual stage
+  void send_activation(const Tensor& y, int micro_batch, int chunk);  // to the next
+  void recv_gradient(Tensor& dy, int micro_batch, int chunk);         // from the next
+  void send_gradient(const Tensor& dx, int micro_batch, int chunk);   // to the previous
+
+  // Given. The tag of a message: "activation mb 3 chunk 0" (kind, micro-batch, the SENDER's chunk).
+  static std::string tag(const char* kind, int micro_batch, int chunk);
+  // Given. Sends a copy of t (category Workspace, so the activation set t belongs to may be freed at once)
+  // to rank `peer` of `channel`, asynchronously; the copy and the pending send are kept until wait_sends().
+  void post_send(Communicator& channel, const Tensor& t, int peer, const std::string& tag);
+  // Given. Waits for every send posted since the last call and frees their copies.
+  void wait_sends();
+
+ private:
+  Communicator& activations_;
+  std::unique_ptr<Communicator> gradients_;
+  PipelineLayout layout_;
+  std::vector<std::pair<Tensor, WorkPtr>> sends_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Running a schedule, and the training step
+
+// TODO(lab06-6): runs `actions` (this rank's schedule) over the micro-batches (m of them, each (B, T) i32
+// inputs and targets; every stage sees the same ones, only the first and the last use them) through
+// `stage` and `exchange`. A forward makes an activation set for its micro-batch and chunk
+// (GPT2::make_activations), takes its input from the tokens or the previous stage, and sends its output on
+// (unless the chunk is the last); a backward takes the gradient of that output from the next stage (the
+// last chunk starts from its loss), frees the set, and sends the gradient of its input back (unless the
+// chunk is the first). Each micro-batch's loss is its mean over B*T tokens; the gradients ADD up (the
+// caller zeroes them and divides by m). Returns the sum of the m losses on a rank whose last chunk is the
+// last virtual stage, 0 elsewhere. All sends have completed when it returns. README.md#the-executor
+float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Action>& actions,
+                   const std::vector<MicroBatch>& micro_batches);
+
+// TODO(lab06-7): the tied embedding. The first virtual stage's wte (unit 0, "wte") and the last one's copy
+// for the LM head (unit L+1, "wte") are one parameter of the dense model: its gradient is the sum of the
+// two, and both copies must hold that sum so their optimizer steps keep them equal. `embedding`: the
+// group of the first and the last stage (nullptr on a rank that is neither; with p = 1 the one model
+// owns wte once and there is nothing to do). README.md#the-tied-embedding
+void sync_tied_embedding(Stage& stage, Communicator* embedding);
+
+// TODO(lab06-8): one optimizer step of the pipeline: zero every chunk's gradients, run this rank's schedule
+// (schedule_for) over the m micro-batches, the gradients divided by m (the mean over the global batch),
+// the tied embedding synced, clipping on the WHOLE model's norm (every chunk of every stage, wte counted
+// once: grad_sum_squares, summed over the chunks, then over the pipeline group; grad_clip <= 0: none; the
+// scale as clip_grad_norm's: grad_clip / (norm + 1e-6) when below 1), then every chunk's optimizer step
+// (optimizers[c] for chunk c). Returns the loss (the mean over the micro-batches) and the norm before
+// clipping, the same on every rank of the pipeline (the last stage's loss, broadcast). README.md#one-training-step
+StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embedding,
+                      std::vector<std::unique_ptr<Optimizer>>& optimizers,
+                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+
+// Given. The loss of one batch (tokens, targets: (B, T) i32) through the whole pipeline, forward only (no
+// activation kept, nothing recorded), the same on every rank: validation and evaluation.
+float forward_loss(Stage& stage, StageExchange& exchange, const Tensor& tokens, const Tensor& targets);
+
+}  // namespace SL_TRACK_LAB06
+}  // namespace scalelab::lab06
