@@ -7,9 +7,12 @@
 //   - --sl_expect_checks=Suite.A,Suite.B: instead of running, checks that the program's TESTs are
 //     exactly the CHECKS listed in CMake, so a check cannot be written and then never graded;
 //   - under mpiexec, a communicator of its own (make_communicator("auto")) behind the rank-collective
-//     helpers (grading::all_ranks, grading::run's combined status): tests/support/rank_reducer.h.
+//     helpers (grading::all_ranks, grading::run's combined status): tests/support/rank_reducer.h;
+//   - a check failed after a communicator wait timed out (comm.h comm_wait_timed_out): ends at once,
+//     without MPI_Finalize, which would wait for a peer stuck where the timeout cannot free it.
 // The API a graded test uses: tests/support/grading.h. The record format: docs/grading.md.
 #include <cstdio>
+#include <cstdlib>  // defines: std::_Exit
 #include <memory>
 #include <set>
 #include <sstream>
@@ -116,6 +119,20 @@ int main(int argc, char** argv) {
     listeners.Append(new FailuresOnlyPrinter(rank));
   }
   const int rc = RUN_ALL_TESTS();
+  // A deadlock that a wait timeout reported: a peer may still be inside a collective MPI cannot cancel
+  // (comm.h set_wait_timeout), and then this rank's MPI_Finalize (or a communicator's destructor)
+  // waits for it forever. The JSON record is written by now: end here, without MPI_Finalize, which
+  // makes mpirun end the stuck ranks too (measured with a peer stuck in an all_reduce: the job ended
+  // 3 s after the timeout; with a normal exit it hung in MPI_Finalize). Only after a
+  // failure: a check that provokes a timeout on purpose and passes exits normally (cancelled sends and
+  // recvs alone do not hold up MPI_Finalize), since mpirun fails any rank that skips it.
+  if (rc != 0 && scalelab::comm_wait_timed_out()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "[scalelab] rank %d: a communicator wait timed out; exiting now (code %d) without "
+                 "MPI_Finalize, which could wait forever for a stuck peer\n", rank, rc);
+    std::fflush(stderr);
+    std::_Exit(rc);
+  }
   // The communicator ends before MPI does (MPI_Finalize runs at exit).
   grading::set_rank_reducer({});
   reducer_comm.reset();

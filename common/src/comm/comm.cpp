@@ -6,7 +6,9 @@
 #include "scalelab/comm/comm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -110,6 +112,74 @@ void Communicator::set_topology(const Topology& topology) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The wait timeout (comm.h set_wait_timeout): the value here, the waits in each backend.
+
+void Communicator::set_wait_timeout(double seconds) {
+  SL_CHECK_HINT(std::isfinite(seconds) && seconds >= 0.0, "give seconds >= 0 (0 waits forever)",
+                "set_wait_timeout on rank %d of %d ('%s'): %g seconds", rank(), size(), name_.c_str(), seconds);
+  wait_timeout_s_ = seconds;
+}
+
+double wait_timeout_from_env() {
+  const char* v = std::getenv("SL_COMM_WAIT_TIMEOUT_S");
+  if (v == nullptr || *v == '\0') return 0.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(v, &end);
+  const bool number = end != v && *end == '\0';  // the whole value, nothing after it ("2s" is refused)
+  SL_CHECK_HINT(number && std::isfinite(seconds) && seconds >= 0.0,
+                "seconds as a plain number, e.g. SL_COMM_WAIT_TIMEOUT_S=30 or 2.5 (0 or unset: wait forever)",
+                "SL_COMM_WAIT_TIMEOUT_S='%s' is not a number of seconds >= 0", v);
+  return seconds;
+}
+
+namespace {
+std::atomic<bool> g_wait_timed_out{false};  // comm_wait_timed_out()
+}  // namespace
+
+bool comm_wait_timed_out() { return g_wait_timed_out.load(); }
+
+namespace comm_detail {
+void note_wait_timed_out() { g_wait_timed_out.store(true); }
+
+std::string describe_rank(const Communicator& comm) {
+  const int r = comm.rank();
+  const int world_rank = r < static_cast<int>(comm.world_ranks().size()) ? comm.world_ranks()[r] : r;
+  return "rank " + std::to_string(r) + " of group '" + comm.name() + "' (world rank " + std::to_string(world_rank) +
+         ")";
+}
+
+std::string describe_wait(const Communicator& comm, const std::string& op, int peer, const std::string& tag) {
+  std::string s = op;
+  if (peer >= 0 && peer < static_cast<int>(comm.world_ranks().size())) {
+    const char* dir = op == "send" ? " to rank " : op == "recv" ? " from rank " : " from root ";
+    s += dir + std::to_string(peer) + " (world rank " + std::to_string(comm.world_ranks()[peer]) + ")";
+  }
+  if (!tag.empty()) s += ", tag '" + tag + "'";
+  return s;
+}
+
+const char* wait_timeout_reason(const std::string& waited_for) {
+  if (waited_for.rfind("recv", 0) == 0) {
+    return "it never arrived (a deadlock: every rank waits for a message nobody sends, or a send is missing)";
+  }
+  if (waited_for.rfind("send", 0) == 0) {
+    return "the peer never received it (a deadlock: the peer waits for something else first, or its recv is "
+           "missing)";
+  }
+  return "it did not complete (a rank of the group has not called it: it waits for something else first, or "
+         "calls the collectives in another order)";
+}
+
+std::string wait_timeout_hint(double timeout_s) {
+  return detail::format("match every rank's message: each recv needs the peer's send, issued in the same order "
+                        "(the tags say which); a slow but correct step needs a longer timeout (this one %g s: "
+                        "set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S; 0 waits forever). This communicator takes "
+                        "no new calls: destroy it",
+                        timeout_s);
+}
+}  // namespace comm_detail
+
+// ---------------------------------------------------------------------------------------------
 // sendrecv: a send and a recv posted together, one Work for both.
 namespace {
 class BothWork : public Work {
@@ -139,16 +209,22 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
   const int launched = comm_detail::launcher_world_size();
   std::string chosen = backend;
   if (backend == "auto") chosen = launched > 1 ? "mpi" : "local";
+  // Read before any backend starts: a bad value fails on every rank alike, before MPI_Init.
+  const double wait_timeout_s = wait_timeout_from_env();
+  auto with_timeout = [wait_timeout_s](std::unique_ptr<Communicator> c) {
+    c->set_wait_timeout(wait_timeout_s);
+    return c;
+  };
 
   if (chosen == "local") {
     SL_CHECK_HINT(launched <= 1,
                   "use --backend mpi (or auto) under mpirun: with 'local' every rank would train alone",
                   "backend 'local' has world size 1, but the launcher started %d ranks", launched);
-    return comm_detail::make_local_communicator();
+    return with_timeout(comm_detail::make_local_communicator());
   }
   if (chosen == "mpi") {
 #ifdef SL_WITH_MPI
-    return comm_detail::make_mpi_communicator();
+    return with_timeout(comm_detail::make_mpi_communicator());
 #else
     SL_FAIL("apt-get install libopenmpi-dev openmpi-bin, then reconfigure (cmake prints 'MPI on')",
             "backend 'mpi' requested (launcher world size %d) but this build has no MPI", launched);
@@ -156,7 +232,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
   }
   if (chosen == "nccl") {
 #ifdef SL_WITH_NCCL
-    return comm_detail::make_nccl_communicator();
+    return with_timeout(comm_detail::make_nccl_communicator());
 #else
     SL_FAIL("the nccl backend needs CUDA, NCCL (nccl.h, libnccl) and MPI at configure time; on a CPU "
             "machine use --backend mpi",

@@ -58,6 +58,21 @@ WorkPtr finished_work();
 void sleep_until_ms(double t_ms);
 
 // ---------------------------------------------------------------------------------------------
+// Wait timeouts (comm.h set_wait_timeout): the words every backend's message uses.
+//   "<describe_rank> waited 2.0 s for <describe_wait>: <wait_timeout_reason>. Still pending ..."
+// Sets the flag comm_wait_timed_out() reads (comm.h); every backend calls it when a wait times out.
+void note_wait_timed_out();
+// "rank 1 of group 'pp' (world rank 1)"
+std::string describe_rank(const Communicator& comm);
+// "recv from rank 0 (world rank 0), tag 'activation mb 3'", "send to rank 1 (world rank 3)",
+// "broadcast from root 0 (world rank 0)", "all_reduce, tag 'bucket 3'" (peer -1: none).
+std::string describe_wait(const Communicator& comm, const std::string& op, int peer, const std::string& tag);
+// What a timeout of that wait most likely means: "it never arrived (a deadlock: ...)".
+const char* wait_timeout_reason(const std::string& waited_for);
+// The hint line of a timeout's error (what to compare, how to lengthen the timeout).
+std::string wait_timeout_hint(double timeout_s);
+
+// ---------------------------------------------------------------------------------------------
 // Honest point-to-point times. A recv completes no earlier than the matching send's START plus the
 // modelled time of the message, so the sender's start must travel with the message: the backends send
 // this header ahead of every payload (same peers, same order). The time is on the host's steady clock

@@ -1,7 +1,8 @@
 // local.cpp — the `local` communicator: a world of one rank (comm.h). Collectives over one rank
 // are copies (or nothing), so single-device programs use the same code as multi-rank ones. Calls are
 // recorded like in the other backends; they finish before the call returns. A link model has no
-// effect here (LinkModel::seconds is 0 for n == 1). Tests: tests/common/comm/test_comm.cpp
+// effect here (LinkModel::seconds is 0 for n == 1), nor does a wait timeout (nothing waits).
+// Tests: tests/common/comm/test_comm.cpp
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -64,7 +65,9 @@ class LocalCommunicator : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     check_color(0, 1, color);
     if (color == kNoColor) return nullptr;
-    return std::make_unique<LocalCommunicator>(name, topology());
+    auto child = std::make_unique<LocalCommunicator>(name, topology());
+    child->set_wait_timeout(wait_timeout());  // kept, though nothing here ever waits (comm.h)
+    return child;
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {

@@ -22,6 +22,14 @@
 // mode an async op on CPU tensors computes into a private copy and writes its output tensor only when
 // ITS Work is waited for (or destroyed): a forgotten wait() leaves stale bytes that a check sees.
 //
+// Wait timeout (comm.h set_wait_timeout). A Work's wait gives up after the op's timeout and throws an
+// error naming this rank, the group, the op, its peer and tag, and the other ops still pending here
+// (PendingOps), so a deadlocked pipeline schedule explains itself on every rank. The op is abandoned,
+// the communicator refuses new calls, and its destructor tells the communication thread to cancel
+// the posted sends and recvs (MPI_Cancel, then MPI_Request_free for what MPI cannot cancel) instead
+// of finishing them. A collective the thread is already inside cannot be cancelled (MPI has no way):
+// the caller's wait still throws, but the destructor then waits for that thread (it says so on stderr).
+//
 // Tests: tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks). NCCL twin: common/src/comm/nccl.cpp
 #include <mpi.h>
 
@@ -32,6 +40,7 @@
 #include <cstdlib>  // defines: std::getenv
 #include <cstring>
 #include <deque>
+#include <map>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -193,6 +202,37 @@ struct Delivery {
   bool delivered = false;
 };
 
+// What a communicator shares with its Ops (a Work may outlive its communicator): the ops handed to the
+// communication thread and not finished yet, listed by a wait timeout's message, and whether a wait
+// has timed out.
+struct PendingOps {
+  std::atomic<bool> timed_out{false};
+
+  uint64_t add(std::string what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_.emplace(next_, std::move(what));
+    return next_++;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_.erase(id);
+  }
+  // "send to rank 0 (world rank 0), tag 'x'; recv from ..." in issue order, without op `id`; "" if none.
+  std::string others(uint64_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string list;
+    for (const auto& [other, what] : ops_) {
+      if (other != id) list += (list.empty() ? "" : "; ") + what;
+    }
+    return list;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::string> ops_;  // issue number -> what it waits for (Op::waited_for)
+  uint64_t next_ = 0;
+};
+
 // One call on its way through the communication thread, shared with the Work that waits for it.
 struct Op {
   std::string what;       // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
@@ -218,11 +258,20 @@ struct Op {
   // Delivery at wait: the output, written by the Work's wait() (or destructor); null otherwise.
   std::shared_ptr<Delivery> delivery;
 
+  // The wait timeout (set by submit()): its limit and the words of its message.
+  double timeout_s = 0;    // the communicator's wait timeout when the op was issued, seconds; 0: forever
+  std::string who;         // "rank 1 of group 'pp' (world rank 1)"
+  std::string waited_for;  // "recv from rank 0 (world rank 0), tag 'activation mb 3'"
+  std::shared_ptr<PendingOps> pending;  // the communicator's list, where this op is entry pending_id
+  uint64_t pending_id = 0;
+  bool leaked = false;     // the thread freed requests MPI could not cancel: the op is kept for good
+
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
   bool error_seen = false;
+  bool abandoned = false;  // a wait timed out: nobody waits again, nothing is delivered, error stays
 };
 
 class MpiWork : public Work {
@@ -230,9 +279,21 @@ class MpiWork : public Work {
   explicit MpiWork(std::shared_ptr<Op> op) : op_(std::move(op)) {}
   ~MpiWork() override {
     // The tensors must stay untouched until the op is done, so an unfinished Work waits (and that
-    // wait is the caller's too: it counts in wait_ms).
+    // wait is the caller's too: it counts in wait_ms). Not after a timeout: an abandoned op is never
+    // waited for again, nor an unfinished one after another wait of its communicator timed out (that
+    // error listed it; waiting could hang the unwinding of a deadlocked step).
     std::unique_lock<std::mutex> lock(op_->mu);
-    block_until_done(lock);
+    if (op_->abandoned) return;
+    if (!op_->done && op_->pending && op_->pending->timed_out) {
+      op_->abandoned = true;
+      return;
+    }
+    try {
+      block_until_done(lock);
+    } catch (const std::exception& e) {  // the timeout: a destructor must not throw
+      std::fprintf(stderr, "[scalelab] an operation nobody waited for timed out:\n%s\n", e.what());
+      return;
+    }
     if (op_->delivery && !op_->error) op_->delivery->deliver();
     if (op_->error && !op_->error_seen) {
       try {
@@ -244,6 +305,7 @@ class MpiWork : public Work {
   }
   void wait() override {
     std::unique_lock<std::mutex> lock(op_->mu);
+    if (op_->abandoned) std::rethrow_exception(op_->error);  // its timeout, again, at once
     block_until_done(lock);
     if (op_->error) {
       op_->error_seen = true;
@@ -258,12 +320,40 @@ class MpiWork : public Work {
 
  private:
   // Blocks until the communication thread has finished the op; the time blocked goes to the event's
-  // wait_ms. An op already done adds nothing: its communication was hidden from this caller.
+  // wait_ms. An op already done adds nothing: its communication was hidden from this caller. With a
+  // timeout, throws once it has waited that long (time_out).
   void block_until_done(std::unique_lock<std::mutex>& lock) {
     if (op_->done) return;
     const double t0_ms = Communicator::now_ms();
-    op_->cv.wait(lock, [&] { return op_->done; });
-    if (op_->log) op_->log->add_wait(op_->event_id, Communicator::now_ms() - t0_ms);
+    auto finished = [&] { return op_->done; };
+    bool done = true;
+    if (op_->timeout_s > 0) {  // (capped at ~30 years, so the deadline cannot overflow the clock)
+      done = op_->cv.wait_for(lock, std::chrono::duration<double>(std::min(op_->timeout_s, 1e9)), finished);
+    } else {
+      op_->cv.wait(lock, finished);
+    }
+    const double waited_ms = Communicator::now_ms() - t0_ms;
+    if (op_->log) op_->log->add_wait(op_->event_id, waited_ms);
+    if (!done) time_out(waited_ms);
+  }
+
+  // The op waited past its timeout (op_->mu held): abandon it, tell the communicator (it refuses new
+  // calls; its destructor cancels instead of finishing) and the process (comm_wait_timed_out), throw.
+  [[noreturn]] void time_out(double waited_ms) {
+    op_->abandoned = true;
+    op_->error_seen = true;
+    if (op_->pending) op_->pending->timed_out = true;
+    note_wait_timed_out();
+    const std::string others = op_->pending ? op_->pending->others(op_->pending_id) : std::string();
+    try {
+      SL_FAIL(wait_timeout_hint(op_->timeout_s), "%s waited %.1f s for %s: %s. %s", op_->who.c_str(),
+              waited_ms / 1e3, op_->waited_for.c_str(), wait_timeout_reason(op_->waited_for),
+              others.empty() ? "Nothing else is pending on this communicator"
+                             : ("Still pending on this communicator: " + others).c_str());
+    } catch (const Error&) {
+      op_->error = std::current_exception();
+    }
+    std::rethrow_exception(op_->error);
   }
 
   std::shared_ptr<Op> op_;
@@ -283,15 +373,30 @@ class MpiCommunicator : public Communicator {
     // Errors come back as return codes (SL_MPI_CALL turns them into exceptions naming the call)
     // instead of MPI's default of killing the job without a word about what we were doing.
     SL_MPI_CALL(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    who_ = describe_rank(*this);
     thread_ = std::thread([this] { thread_main(); });
   }
 
   ~MpiCommunicator() override {
+    std::string stuck_in;
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
       stop_ = true;  // the thread finishes what was issued, then ends
+      // After a timeout it cancels instead: the abandoned ops will never complete. With a timeout set,
+      // sends and recvs still in flight (their Works outlive this communicator) get that long.
+      abandon_ = pending_ops_->timed_out.load();
+      if (wait_timeout() > 0) stop_deadline_ms_ = Communicator::now_ms() + 1e3 * wait_timeout();
+      if (abandon_) stuck_in = running_;
     }
     queue_cv_.notify_all();
+    if (!stuck_in.empty()) {
+      std::fprintf(stderr,
+                   "[scalelab] %s: a wait on this communicator timed out, and its communication thread is "
+                   "inside %s, an MPI collective that cannot be cancelled; the destructor waits for it (only "
+                   "the job's own timeout ends a rank stuck here)\n",
+                   who_.c_str(), stuck_in.c_str());
+      std::fflush(stderr);
+    }
     thread_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -419,15 +524,19 @@ class MpiCommunicator : public Communicator {
     check_color(rank_, size_, color);
     // MPI_Comm_split is a collective on comm_: it runs on the communication thread, in order with
     // the calls issued before it (two threads must never run collectives on one communicator at once).
-    MPI_Comm child = MPI_COMM_NULL;
+    check_not_timed_out("split");
+    // The thread writes the child: shared, so a wait that times out leaves it nothing dead to write to.
+    auto child = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     auto o = std::make_shared<Op>();
-    o->what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ", '" + name +
-              "') on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    o->waited_for = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ", '" + name + "')";
+    o->what = o->waited_for + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
     o->event_id = kNoEvent;
-    o->run = [this, color, key, &child] { SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, &child)); };
+    o->run = [this, color, key, child] { SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, child.get())); };
     submit(o)->wait();
-    if (child == MPI_COMM_NULL) return nullptr;  // kNoColor: this rank joins no group
-    return std::make_unique<MpiCommunicator>(child, name, topology());
+    if (*child == MPI_COMM_NULL) return nullptr;  // kNoColor: this rank joins no group
+    auto sub = std::make_unique<MpiCommunicator>(*child, name, topology());
+    sub->set_wait_timeout(wait_timeout());  // a child starts with its parent's timeout (comm.h)
+    return sub;
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
@@ -495,14 +604,24 @@ class MpiCommunicator : public Communicator {
   // --- issuing (caller thread) -------------------------------------------------------------
   // The event of a call issued now (blocking forms and barrier say async = false).
   CommEvent event(const char* name, const std::string& tag, int64_t count, DType dtype, int peer) const {
+    check_not_timed_out(name);
     const bool async = !issuing_blocking_call() && std::strcmp(name, "barrier") != 0;
     return make_event(*this, name, tag, count, dtype, async, peer);
+  }
+
+  // After a wait timed out, the abandoned sends and recvs are still posted and would match the next
+  // messages out of order: the communicator takes no new calls.
+  void check_not_timed_out(const char* op) const {
+    SL_CHECK_HINT(!pending_ops_->timed_out, "destroy it (its destructor cancels its sends and recvs) and make a "
+                  "new one: make_communicator, or split() of a communicator that did not time out",
+                  "%s on %s: a wait on this communicator timed out, it takes no new calls", op, who_.c_str());
   }
 
   // An op for the communication thread, its event in the log from now on (pending: end_ms 0).
   std::shared_ptr<Op> new_op(CommEvent&& e) {
     auto o = std::make_shared<Op>();
     o->what = describe_call(e.op, e.count, e.dtype, rank_, size_, e.tag);
+    o->waited_for = describe_wait(*this, e.op, e.peer, e.tag);
     o->modeled_ms = e.modeled_ms;
     o->event_id = log_->add(std::move(e));
     o->log = log_;
@@ -562,8 +681,12 @@ class MpiCommunicator : public Communicator {
     return finished_work();
   }
 
-  // Hands the op to the communication thread.
+  // Hands the op to the communication thread, with this communicator's wait timeout.
   WorkPtr submit(const std::shared_ptr<Op>& o) {
+    o->timeout_s = wait_timeout();
+    o->who = who_;
+    o->pending = pending_ops_;
+    o->pending_id = pending_ops_->add(o->waited_for);
     pending_.fetch_add(1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
@@ -578,6 +701,8 @@ class MpiCommunicator : public Communicator {
     std::vector<std::shared_ptr<Op>> in_flight;  // posted sends and recvs, not yet completed
     for (;;) {
       std::shared_ptr<Op> op;
+      std::deque<std::shared_ptr<Op>> abandoned;  // told to stop after a timeout: every queued op
+      bool abandon = false, out_of_time = false;
       {
         std::unique_lock<std::mutex> lock(queue_mu_);
         auto ready = [&] { return stop_ || !queue_.empty(); };
@@ -586,16 +711,88 @@ class MpiCommunicator : public Communicator {
         } else {
           queue_cv_.wait_for(lock, kPollInterval, ready);  // come back to poll the transfers
         }
-        if (!queue_.empty()) {
+        if (stop_ && abandon_) {
+          abandon = true;
+          abandoned.swap(queue_);
+        } else if (!queue_.empty()) {
           op = queue_.front();
           queue_.pop_front();
         } else if (stop_ && in_flight.empty()) {
           return;
+        } else if (stop_ && stop_deadline_ms_ > 0 && Communicator::now_ms() >= stop_deadline_ms_) {
+          out_of_time = true;
         }
+      }
+      if (abandon) {
+        const std::string why = "not done when its communicator was destroyed after a wait on it timed out";
+        for (const std::shared_ptr<Op>& o : abandoned) finish(o, cancelled(*o, why));
+        cancel(in_flight, why);
+        return;
+      }
+      if (out_of_time) {  // no wait timed out, but Works that outlive the communicator never complete
+        std::string list;
+        for (const std::shared_ptr<Op>& o : in_flight) list += (list.empty() ? "" : "; ") + o->waited_for;
+        std::fprintf(stderr,
+                     "[scalelab] %s: destroyed with sends/recvs that did not complete within the wait timeout "
+                     "(%g s): cancelled: %s\n",
+                     who_.c_str(), wait_timeout(), list.c_str());
+        note_wait_timed_out();
+        cancel(in_flight, "not done within the wait timeout after its communicator was destroyed");
+        return;
       }
       if (op) start(op, in_flight);
       poll(in_flight);
     }
+  }
+
+  // The error of an op that is given up: "[scalelab] recv from rank 0 (world rank 0) on rank 1 of ...".
+  std::exception_ptr cancelled(const Op& op, const std::string& why) const {
+    return std::make_exception_ptr(Error("[scalelab] " + op.waited_for + " on " + who_ + " was cancelled: " + why +
+                                         "\n[scalelab]   during " + op.what));
+  }
+
+  // Gives up the posted sends and recvs, so that nothing waits for them: MPI_Cancel every request, give
+  // MPI a moment to complete the cancellations (a recv's completes at once; OpenMPI cannot cancel a
+  // send already under way, which then completes only if the peer receives it), free what is left
+  // (MPI_Request_free) and keep those ops alive for good, since MPI may still read or write their
+  // buffers. Each op then finishes with an error. Return codes are ignored: this is a way out.
+  void cancel(std::vector<std::shared_ptr<Op>>& in_flight, const std::string& why) {
+    for (const std::shared_ptr<Op>& op : in_flight) {
+      for (MPI_Request& r : op->requests) {
+        if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+      }
+    }
+    const double until_ms = Communicator::now_ms() + kCancelGraceMs;
+    for (bool all_done = false; !all_done && Communicator::now_ms() < until_ms;) {
+      all_done = true;
+      for (const std::shared_ptr<Op>& op : in_flight) {
+        for (MPI_Request& r : op->requests) {
+          int flag = 0;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);  // sets r to null once done
+          if (r != MPI_REQUEST_NULL) all_done = false;
+        }
+      }
+      if (!all_done) std::this_thread::sleep_for(kPollInterval);
+    }
+    for (const std::shared_ptr<Op>& op : in_flight) {
+      for (MPI_Request& r : op->requests) {
+        if (r == MPI_REQUEST_NULL) continue;
+        MPI_Request_free(&r);
+        op->leaked = true;
+      }
+      if (op->leaked) keep_forever(op);
+      finish(op, cancelled(*op, why));
+    }
+    in_flight.clear();
+  }
+
+  // An op whose requests were freed unfinished: its header and staged or delivered bytes stay valid
+  // until the process ends (deliberately never freed; a few per timeout, and a timeout ends the run).
+  static void keep_forever(const std::shared_ptr<Op>& op) {
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::shared_ptr<Op>>();
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(op);
   }
 
   // Runs a collective to its end, or posts a send or recv into in_flight.
@@ -612,7 +809,9 @@ class MpiCommunicator : public Communicator {
         in_flight.push_back(op);
         return;
       }
+      set_running(op->waited_for);
       op->run();
+      set_running("");
       // The link model's remaining time (if any), keeping the sends and recvs moving meanwhile.
       for (double left_ms = op->not_before_ms - Communicator::now_ms(); left_ms > 0;
            left_ms = op->not_before_ms - Communicator::now_ms()) {
@@ -622,8 +821,15 @@ class MpiCommunicator : public Communicator {
       }
       finish(op, nullptr);
     } catch (const std::exception& e) {
+      set_running("");
       finish(op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op->what)));
     }
+  }
+
+  // The collective the thread is inside ("" between them), for the destructor's note after a timeout.
+  void set_running(const std::string& what) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    running_ = what;
   }
 
   // Completes the sends and recvs whose transfer is done and whose modelled time has passed (a recv's:
@@ -657,20 +863,25 @@ class MpiCommunicator : public Communicator {
     if (op->event_id != kNoEvent) log_->set_end(op->event_id, Communicator::now_ms());
     // Done with MPI for this op: a blocking call issued after this may run on the caller's thread.
     pending_.fetch_sub(1, std::memory_order_release);
+    if (op->pending) op->pending->remove(op->pending_id);
     // The closures hold the op's tensors: drop them BEFORE the caller wakes, so a caller that drops its
-    // own references after wait() frees the bytes at once (the allocator's counts are exact).
-    op->run = nullptr;
-    op->post = nullptr;
-    op->complete = nullptr;
+    // own references after wait() frees the bytes at once (the allocator's counts are exact). Not for an
+    // op whose requests were freed unfinished (cancel): MPI may still use those bytes.
+    if (!op->leaked) {
+      op->run = nullptr;
+      op->post = nullptr;
+      op->complete = nullptr;
+    }
     {
       std::lock_guard<std::mutex> lock(op->mu);
       op->done = true;
-      op->error = error;
+      if (!op->abandoned) op->error = error;  // an abandoned op keeps its timeout error
     }
     op->cv.notify_all();
   }
 
   static constexpr std::chrono::microseconds kPollInterval{50};  // while sends/recvs are in flight
+  static constexpr double kCancelGraceMs = 100;  // how long cancel() lets MPI complete cancellations
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -681,6 +892,11 @@ class MpiCommunicator : public Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Op>> queue_;  // issued, not yet started
   std::atomic<int> pending_{0};  // ops handed to the thread and not finished (queued, running or in flight)
+  std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
+  std::string who_;     // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
+  std::string running_;           // the collective the thread is inside, or "" (queue_mu_)
+  bool abandon_ = false;          // stop after a wait timed out: cancel, do not finish (queue_mu_)
+  double stop_deadline_ms_ = 0;   // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
   bool stop_ = false;
   bool deliver_at_wait_ = false;  // SL_COMM_DELIVER_AT_WAIT (file comment)
   std::thread thread_;  // the communication thread, started by the constructor's body

@@ -22,19 +22,28 @@
 //   groups      every NCCL communicator has an MPI twin of the same members in the same order (split
 //               alike: ncclCommSplit and MPI_Comm_split both order by key, then by old rank), which
 //               says the world ranks of the group (NCCL cannot) and carries the sends' headers.
+//   timeout     with a wait timeout (comm.h set_wait_timeout) wait() polls the done event
+//               (cudaEventQuery) and the MPI header (MPI_Test) against the deadline instead of blocking,
+//               and throws naming the rank, group, op, peer and tag (not the other pending ops: nothing
+//               here lists them). After that the communicator takes no new calls and its destructor
+//               aborts NCCL (ncclCommAbort, which ends the kernels that wait for a peer) instead of
+//               synchronising, and cancels the unfinished headers (MPI_Cancel). Untested: one GPU here.
 #include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader
+#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader, describe_wait
 #include "mpi_internal.h"      // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/comm/comm.h"
 #include "scalelab/core/cuda_check.h"  // defines: SL_CUDA_CHECK (cuda_runtime.h)
@@ -100,6 +109,11 @@ struct Op {
   // block to the caching allocator (allocator.cpp), which hands it at once to the next default-stream
   // kernel while NCCL's stream still uses it; cudaFree used to synchronise the device and hide that.
   std::vector<Tensor> buffers;
+  // The wait timeout (comm.h set_wait_timeout), taken when the op was issued.
+  double timeout_s = 0;      // seconds; 0: wait forever
+  std::string waited_for;    // "recv from rank 0 (world rank 0), tag 'activation'"
+  bool abandoned = false;    // its wait timed out: never waited for again
+  std::exception_ptr error;  // that timeout, rethrown by a second wait()
 };
 
 // What the communicator and its Works share (a Work may outlive its communicator).
@@ -112,9 +126,16 @@ struct State {
   EventLog log;
   std::mutex mu;                  // pending and the Ops' flags
   std::vector<std::shared_ptr<Op>> pending;  // sends/recvs not yet launched
+  std::string who;                // "rank 1 of group 'pp' (world rank 1)", for timeouts' messages
+  std::atomic<bool> timed_out{false};  // a wait timed out: no new calls; abort NCCL at the end
 
   ~State() {
     cudaSetDevice(device);
+    // After a timeout the stream may hold a kernel that waits for a peer forever: abort first.
+    if (timed_out && comm) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
     if (stream) cudaStreamSynchronize(stream);
     if (comm) ncclCommDestroy(comm);
     if (ready) cudaEventDestroy(ready);
@@ -161,21 +182,47 @@ class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<State> st, std::shared_ptr<Op> op) : st_(std::move(st)), op_(std::move(op)) {}
   ~NcclWork() override {
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[scalelab] an NCCL operation nobody waited for failed:\n%s\n", e.what());
+    // Not after a timeout (this op's, or another's on this communicator while this one is unfinished):
+    // waiting could hang; the communicator's destructor aborts NCCL instead.
+    if (op_->abandoned || (st_->timed_out && !op_->finished)) {
+      abandon();
+    } else {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[scalelab] an NCCL operation nobody waited for failed:\n%s\n", e.what());
+        if (op_->abandoned) abandon();
+      }
     }
     cudaEventDestroy(op_->done);
   }
   void wait() override {
+    if (op_->abandoned) std::rethrow_exception(op_->error);  // its timeout, again, at once
     // wait_ms: the host time blocked here, unless the op (and its modelled time) had already finished.
     const double t0_ms = Communicator::now_ms();
     const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess &&
                              complete_header(/*block=*/false) && t0_ms >= op_->not_before_ms;
     if (!op_->launched) st_->flush_p2p();
-    SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
-    SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
+    if (op_->timeout_s > 0) {
+      // Poll against the deadline; the compute stream waits for the event only once it has fired, so
+      // a timed-out op leaves no later kernel waiting behind it.
+      const double deadline_ms = t0_ms + 1e3 * op_->timeout_s;
+      for (;;) {
+        const cudaError_t rc = cudaEventQuery(op_->done);
+        if (rc == cudaSuccess) break;
+        if (rc != cudaErrorNotReady) SL_CUDA_CHECK(rc);
+        if (Communicator::now_ms() >= deadline_ms) time_out(Communicator::now_ms() - t0_ms);
+        std::this_thread::sleep_for(kPollInterval);
+      }
+      while (!complete_header(/*block=*/false)) {
+        if (Communicator::now_ms() >= deadline_ms) time_out(Communicator::now_ms() - t0_ms);
+        std::this_thread::sleep_for(kPollInterval);
+      }
+      SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
+    } else {
+      SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
+      SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
+    }
     op_->buffers.clear();  // NCCL is done with them: they may go back to the allocator now
     complete_header(/*block=*/true);
     mark_finished();
@@ -212,6 +259,39 @@ class NcclWork : public Work {
     op_->finished = true;
     st_->log.set_end(op_->event_id, std::max(Communicator::now_ms(), op_->not_before_ms));
   }
+  // The wait ran past the op's timeout: abandon it (its buffers stay held: NCCL may still use them),
+  // mark the communicator, throw (comm_internal.h: the words every backend uses).
+  [[noreturn]] void time_out(double waited_ms) {
+    op_->abandoned = true;
+    st_->timed_out = true;
+    note_wait_timed_out();
+    st_->log.add_wait(op_->event_id, waited_ms);
+    try {
+      SL_FAIL(wait_timeout_hint(op_->timeout_s), "%s waited %.1f s for %s: %s", st_->who.c_str(), waited_ms / 1e3,
+              op_->waited_for.c_str(), wait_timeout_reason(op_->waited_for));
+    } catch (const Error&) {
+      op_->error = std::current_exception();
+    }
+    std::rethrow_exception(op_->error);
+  }
+  // An unfinished op is given up: its header's request is cancelled (MPI_Cancel, a moment for it, then
+  // MPI_Request_free), and the op is kept for good: NCCL may still write its tensors (Op::buffers; back
+  // in the caching allocator they would be handed to the next kernel) until ncclCommAbort, and MPI
+  // op->header if it could not cancel that.
+  void abandon() {
+    if (op_->header_request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&op_->header_request);
+      for (int i = 0; i < 100 && op_->header_request != MPI_REQUEST_NULL; ++i) {  // ~100 ms at most
+        int flag = 0;
+        MPI_Test(&op_->header_request, &flag, MPI_STATUS_IGNORE);
+        if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (op_->header_request != MPI_REQUEST_NULL) MPI_Request_free(&op_->header_request);
+    }
+    static auto* kept = new std::vector<std::shared_ptr<Op>>();  // never freed, deliberately
+    kept->push_back(op_);
+  }
+  static constexpr std::chrono::microseconds kPollInterval{50};  // polling a wait with a timeout
   std::shared_ptr<State> st_;
   std::shared_ptr<Op> op_;
 };
@@ -232,8 +312,10 @@ class NcclCommunicator : public Communicator {
     SL_CUDA_CHECK(cudaEventCreateWithFlags(&st_->ready, cudaEventDisableTiming));
     SL_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
     SL_NCCL_CHECK(ncclCommCount(comm, &size_));
+    st_->who = describe_rank(*this);
   }
   ~NcclCommunicator() override {
+    if (st_->timed_out) return;  // nothing new is launched after a timeout (~State aborts NCCL)
     try {
       st_->flush_p2p();
     } catch (const std::exception& e) {
@@ -319,6 +401,7 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     check_color(rank_, size_, color);
+    check_not_timed_out("split");
     st_->flush_p2p();
     SL_CUDA_CHECK(cudaSetDevice(st_->device));
     MPI_Comm child_mpi = MPI_COMM_NULL;  // the twin first: same color and key, so the same members and order
@@ -326,7 +409,9 @@ class NcclCommunicator : public Communicator {
     ncclComm_t child = nullptr;
     SL_NCCL_CHECK(ncclCommSplit(st_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
     if (child == nullptr) return nullptr;  // kNoColor: this rank joins no group
-    return std::make_unique<NcclCommunicator>(child, child_mpi, st_->device, name, topology());
+    auto sub = std::make_unique<NcclCommunicator>(child, child_mpi, st_->device, name, topology());
+    sub->set_wait_timeout(wait_timeout());  // a child starts with its parent's timeout (comm.h)
+    return sub;
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
@@ -343,7 +428,10 @@ class NcclCommunicator : public Communicator {
 
  private:
   std::shared_ptr<Op> new_op(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer) {
+    check_not_timed_out(name);
     auto op = std::make_shared<Op>();
+    op->timeout_s = wait_timeout();
+    op->waited_for = describe_wait(*this, name, peer, tag);
     CommEvent e = make_event(*this, name, tag, count, dtype, /*async=*/!issuing_blocking_call() && name != "barrier",
                              peer);
     e.start_ms = e.issue_ms;
@@ -356,6 +444,13 @@ class NcclCommunicator : public Communicator {
     op->event_id = st_->log.add(e);
     SL_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
     return op;
+  }
+
+  // After a wait timed out, a new call would queue behind the stuck one: refused.
+  void check_not_timed_out(const std::string& op) const {
+    SL_CHECK_HINT(!st_->timed_out, "destroy it (its destructor aborts NCCL) and make a new one",
+                  "%s on %s: a wait on this communicator timed out, it takes no new calls", op.c_str(),
+                  st_->who.c_str());
   }
 
   template <typename F>

@@ -4,10 +4,12 @@
 // tests/common/comm/test_comm_mpi.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.h"     // defines: error_message, contains
@@ -213,6 +215,46 @@ TEST(CommLocal, SendrecvWithoutAPeerIsRefused) {
   const std::string msg = error_message([&] { c->sendrecv(a, 0, b, 0, "stage 0"); });
   EXPECT_TRUE(contains(msg, "sendrecv (its send) on rank 0 of 1: peer 0 is not another rank")) << msg;
   EXPECT_TRUE(c->events().empty());
+}
+
+// The wait timeout (comm.h set_wait_timeout): SL_COMM_WAIT_TIMEOUT_S is seconds as a plain number, 0
+// or unset is "wait forever", anything else is refused naming the value; make_communicator applies it
+// and split() passes it on. (Timeouts firing: tests/common/comm/test_comm_mpi.cpp, CommMpi.WaitTimeout*.)
+TEST(CommLocal, WaitTimeoutComesFromTheEnvironmentAndBadValuesAreRefused) {
+  unsetenv("SL_COMM_WAIT_TIMEOUT_S");
+  EXPECT_EQ(scalelab::wait_timeout_from_env(), 0.0);
+  EXPECT_EQ(make_communicator("local")->wait_timeout(), 0.0);  // the default: wait forever
+  for (const auto& [value, seconds] : std::vector<std::pair<const char*, double>>{
+           {"", 0.0}, {"0", 0.0}, {"30", 30.0}, {"2.5", 2.5}, {"1e-3", 1e-3}}) {
+    ScopedEnv env("SL_COMM_WAIT_TIMEOUT_S", value);
+    EXPECT_EQ(scalelab::wait_timeout_from_env(), seconds) << "'" << value << "'";
+  }
+  for (const char* bad : {"-1", "2s", "two", "inf", "nan", " ", "1 2"}) {
+    ScopedEnv env("SL_COMM_WAIT_TIMEOUT_S", bad);
+    const std::string msg = error_message([] { scalelab::wait_timeout_from_env(); });
+    EXPECT_TRUE(contains(msg, "SL_COMM_WAIT_TIMEOUT_S='" + std::string(bad) + "' is not a number of seconds")) << msg;
+    EXPECT_TRUE(contains(msg, "hint: seconds as a plain number")) << msg;
+    // make_communicator refuses too, before any backend starts
+    EXPECT_TRUE(contains(error_message([] { make_communicator("local"); }), "SL_COMM_WAIT_TIMEOUT_S")) << bad;
+  }
+  {
+    ScopedEnv env("SL_COMM_WAIT_TIMEOUT_S", "1.5");
+    auto c = make_communicator("local");
+    EXPECT_EQ(c->wait_timeout(), 1.5);
+    EXPECT_EQ(c->split(0, 0, "pp")->wait_timeout(), 1.5);  // children inherit
+    c->set_wait_timeout(0.25);
+    EXPECT_EQ(c->split(0, 0)->wait_timeout(), 0.25);
+    // The local backend never waits: calls complete as before.
+    Tensor g = iota(4);
+    c->all_reduce(g, ReduceOp::Sum);
+    EXPECT_EQ(g.data<float>()[3], 3.0f);
+  }
+  auto c = make_communicator("local");
+  EXPECT_TRUE(contains(error_message([&] { c->set_wait_timeout(-1.0); }), "-1 seconds"));
+  EXPECT_TRUE(contains(error_message([&] { c->set_wait_timeout(std::nan("")); }), "hint: give seconds >= 0"));
+  c->set_wait_timeout(0.0);
+  EXPECT_EQ(c->wait_timeout(), 0.0);
+  EXPECT_FALSE(scalelab::comm_wait_timed_out());  // nothing timed out in this process
 }
 
 // ---------------------------------------------------------------------------------------------

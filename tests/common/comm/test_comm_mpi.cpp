@@ -854,5 +854,134 @@ TEST(CommMpi, SmallBlockingAllReduceCostsLittleMoreThanPlainMpi) {
   }
 }
 
+// --- the wait timeout (comm.h set_wait_timeout) -------------------------------------------------
+// A deadlocked pipeline schedule: ranks 0 and 1 each recv from the other first (each would send
+// after its recv), so nobody sends. With a 1 s timeout each rank's wait throws within 3 s, naming this
+// rank and its peer in the group and the world, the tag it waited for and the other recv still
+// pending; the abandoned op rethrows at once, the communicator refuses new calls, its destructor
+// cancels the posted recvs and returns at once, and a fresh communicator works. The pair's ranks are in
+// reverse order (group rank 0 is world rank 1), so a message that mixed the two up would show.
+TEST(CommMpi, WaitTimeoutNamesWhatEachRankWaitedFor) {
+  Communicator& w = test::world();
+  const int r = w.rank();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kTimeoutS = 1.0;
+  constexpr double kMostS = 3.0;      // the wait throws by then (the timeout + a slow, busy machine)
+  constexpr double kDestroyMostS = 1.0;  // the destructor cancels instead of waiting: well under this
+  std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, /*key=*/-r, "pp");
+  if (pair) {
+    pair->set_wait_timeout(kTimeoutS);
+    EXPECT_EQ(pair->wait_timeout(), kTimeoutS);
+    const int me = pair->rank(), peer = 1 - me;
+    const std::string peer_is = "rank " + std::to_string(peer) + " (world rank " + std::to_string(1 - r) + ")";
+    Tensor grad = Tensor::zeros({4}), act = Tensor::zeros({1000});
+    WorkPtr other = pair->recv_async(grad, peer, "gradient mb 2 chunk 0");  // pending, never waited for
+    WorkPtr v = pair->recv_async(act, peer, "activation mb 3 chunk 0");
+    const double t0_ms = wall_ms();
+    const std::string msg = scalelab::test::error_message([&] { v->wait(); });
+    const double waited_s = (wall_ms() - t0_ms) / 1e3;
+    EXPECT_GE(waited_s, kTimeoutS * 0.99);
+    EXPECT_LE(waited_s, kMostS);
+    using scalelab::test::contains;
+    EXPECT_TRUE(contains(msg, "rank " + std::to_string(me) + " of group 'pp' (world rank " + std::to_string(r) +
+                                  ") waited ")) << msg;
+    EXPECT_TRUE(contains(msg, " s for recv from " + peer_is + ", tag 'activation mb 3 chunk 0': it never arrived"))
+        << msg;
+    EXPECT_TRUE(contains(msg, "Still pending on this communicator: recv from " + peer_is +
+                                  ", tag 'gradient mb 2 chunk 0'")) << msg;
+    EXPECT_TRUE(contains(msg, "hint: match every rank's message")) << msg;
+    EXPECT_TRUE(scalelab::comm_wait_timed_out());
+    // Abandoned: a second wait rethrows at once; the communicator takes no new calls.
+    const double again_ms = wall_ms();
+    EXPECT_EQ(scalelab::test::error_message([&] { v->wait(); }), msg);
+    EXPECT_LT(wall_ms() - again_ms, 100.0);
+    EXPECT_TRUE(contains(scalelab::test::error_message([&] { pair->barrier(); }), "it takes no new calls"));
+    const double destroy_ms = wall_ms();
+    v.reset();
+    other.reset();  // unfinished, but its communicator timed out: no second wait
+    pair.reset();   // cancels both posted recvs
+    const double destroyed_s = (wall_ms() - destroy_ms) / 1e3;
+    EXPECT_LE(destroyed_s, kDestroyMostS);
+    std::printf("[  INFO    ] rank %d: the wait threw after %.2f s (timeout %.1f s); Works and communicator "
+                "destroyed in %.3f s\n", r, waited_s, kTimeoutS, destroyed_s);
+  }
+  std::unique_ptr<Communicator> fresh = scalelab::make_communicator();  // every rank, ranks 2.. too
+  check_all_reduce(*fresh, 1000, DType::F32);
+  check_ring(*fresh, 100);
+}
+
+// A Work destroyed unwaited waits at most the timeout, then prints the error instead of throwing.
+TEST(CommMpi, WaitTimeoutBoundsTheDestructorOfAnUnwaitedWork) {
+  Communicator& w = test::world();
+  const int r = w.rank();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kTimeoutS = 0.3;
+  std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, r, "pp");
+  if (pair) {
+    pair->set_wait_timeout(kTimeoutS);
+    Tensor buf = Tensor::zeros({8});
+    const double t0_ms = wall_ms();
+    { WorkPtr v = pair->recv_async(buf, 1 - r, "never sent"); }  // the destructor waits, gives up, prints
+    const double s = (wall_ms() - t0_ms) / 1e3;
+    EXPECT_GE(s, kTimeoutS * 0.99);
+    EXPECT_LE(s, kTimeoutS + 2.0);
+    EXPECT_TRUE(scalelab::comm_wait_timed_out());
+    pair.reset();
+  }
+  w.barrier();
+}
+
+// With a timeout set, messages that match complete as before (no false positive): blocking sends of
+// eager and rendezvous sizes, a sendrecv, an async all_reduce, and a recv that waits 300 ms for a
+// late send under a 2 s timeout. A split starts with its parent's timeout.
+TEST(CommMpi, WaitTimeoutLetsMatchedMessagesThrough) {
+  Communicator& w = test::world();
+  const int r = w.rank();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kTimeoutS = 2.0;
+  constexpr double kSenderLateMs = 300.0;
+  std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, r, "pp");
+  if (pair) {
+    pair->set_wait_timeout(kTimeoutS);
+    EXPECT_EQ(pair->split(0, r)->wait_timeout(), kTimeoutS);  // inherited
+    const int peer = 1 - r;
+    for (int64_t n : {int64_t{1}, int64_t{1000003}}) {  // eager and rendezvous
+      Tensor out = ranked(n, r), in = Tensor::zeros({n});
+      if (r == 0) {
+        pair->send(out, 1, "activation");
+        pair->recv(in, 1, "gradient");
+      } else {
+        pair->recv(in, 0, "activation");
+        pair->send(out, 0, "gradient");
+      }
+      expect_values(in, [&](int64_t i) { return 100.0 * peer + i; }, "recv n=" + std::to_string(n));
+      Tensor back = Tensor::zeros({n});
+      pair->sendrecv(out, peer, back, peer, "exchange");
+      expect_values(back, [&](int64_t i) { return 100.0 * peer + i; }, "sendrecv n=" + std::to_string(n));
+    }
+    Tensor sum = ranked(1000, r);
+    pair->all_reduce_async(sum, ReduceOp::Sum, "bucket 0")->wait();
+    expect_values(sum, [](int64_t i) { return 100.0 + 2.0 * i; }, "all_reduce");
+    // The late send: rank 1 waits about 300 ms, well inside its 2 s.
+    pair->barrier();
+    Tensor buf = r == 0 ? ranked(1024, 0) : Tensor::zeros({1024});
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kSenderLateMs));
+      pair->send(buf, 1, "late activation");
+    } else {
+      WorkPtr v = pair->recv_async(buf, 0, "late activation");
+      EXPECT_NO_THROW(v->wait());
+      expect_values(buf, [](int64_t i) { return static_cast<double>(i); }, "late recv");
+      const CommEvent e = pair->events().back();
+      EXPECT_GE(e.wait_ms, kSenderLateMs * 0.8) << "the recv waited for the late send";
+      EXPECT_LT(e.wait_ms, 1e3 * kTimeoutS);
+      std::printf("[  INFO    ] the late recv waited %.0f ms (sender %.0f ms late, timeout %.1f s)\n", e.wait_ms,
+                  kSenderLateMs, kTimeoutS);
+    }
+    pair->barrier();
+  }
+  w.barrier();
+}
+
 }  // namespace
 

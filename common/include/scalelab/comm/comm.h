@@ -17,6 +17,8 @@
 // its members; every event records both, so logs and tests can say which group carried what.
 // Layouts of groups for tensor, pipeline and data parallelism: rank_grid.h (RankGrid).
 // Errors: scalelab::Error naming the rank, the operation and the sizes.
+// A wait timeout (set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S) turns a wait that never ends into one of
+// those errors: a deadlocked schedule says what each rank waited for instead of hanging.
 // Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks)
 #pragma once
 
@@ -122,6 +124,9 @@ struct CommEvent {
 // in the output tensor and rethrows the operation's error, if any; test() polls (true once finished,
 // successfully or not). Destroying an unfinished Work waits for it. The time wait() (or that
 // destructor) blocks is added to the op's CommEvent::wait_ms; test() never adds any.
+// With a wait timeout (Communicator::set_wait_timeout) wait() throws scalelab::Error once it has
+// waited that long, and the op is abandoned: a second wait() rethrows that error at once, the
+// destructor does not wait again, and the output tensor is never written by it.
 class Work {
  public:
   virtual ~Work() = default;
@@ -222,6 +227,30 @@ class Communicator {
   // Ends the whole job (every rank), so a failing rank does not leave the others waiting forever.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
 
+  // Wait timeout, seconds (0: wait forever, the default; SL_COMM_WAIT_TIMEOUT_S sets another default
+  // for every communicator the process makes, wait_timeout_from_env). Why: a deadlocked schedule (a
+  // pipeline whose recv has no matching send) becomes an error naming what each rank waited for,
+  // instead of a job that hangs until the cluster's limit kills it without a word.
+  // Applies to the ops issued after it is set: their Work::wait(), the blocking forms (send, recv,
+  // sendrecv, and collectives that queue behind pending calls), and the destructor of a Work never
+  // waited for (which prints the error instead of throwing it). split() children start with this
+  // communicator's timeout. Throws scalelab::Error for a negative or non-finite value.
+  // mpi backend: the error names this rank in the group and its world rank, the group, the op, the
+  // peer (group and world rank) of a send or recv, its tag, how long it waited, and every other op
+  // still pending on this communicator (op, peer, tag). After a timeout the communicator refuses new
+  // calls (its message order is lost): destroy it, which cancels its posted sends and recvs
+  // (MPI_Cancel) and returns; a Work still held fails. Not covered: a blocking collective run on the
+  // caller's thread (nothing pending before it) and a collective the communication thread is already
+  // inside: MPI cannot cancel a collective, so the wait throws but that thread stays in MPI_Allreduce
+  // (or the like), and the destructor waits for it; only the job's own timeout (ctest's, mpirun's
+  // --timeout, Slurm's) ends a rank stuck there.
+  // local backend: every call completes before it returns, so the timeout never fires.
+  // nccl backend: wait() polls the op's CUDA event (and its MPI header) against the deadline; the error
+  // names the rank, group, op, peer and tag, but not the other pending ops; after a timeout the
+  // communicator's destructor aborts the NCCL communicator (ncclCommAbort) instead of waiting for it.
+  void set_wait_timeout(double seconds);
+  double wait_timeout() const { return wait_timeout_s_; }
+
   // Simulated link (default: none). Applies to calls issued after it is set.
   // set_link_model: one link for every group, this one and those split from it later (its topology
   // gets intra = inter = link; ranks_per_node is kept).
@@ -262,7 +291,19 @@ class Communicator {
   std::vector<int> world_ranks_;
   Topology topology_;
   LinkModel link_;  // topology_.link_for(world_ranks_)
+  double wait_timeout_s_ = 0.0;  // seconds; 0 = wait forever (set_wait_timeout)
 };
+
+// SL_COMM_WAIT_TIMEOUT_S as a wait timeout in seconds: unset, empty or "0" give 0 (wait forever); a
+// positive number ("30", "2.5") gives that. make_communicator applies it to the communicator it makes
+// (split() children inherit it). Anything else ("-1", "2s", "inf") throws scalelab::Error naming the
+// value, before any backend (or MPI) starts, so every rank refuses alike.
+double wait_timeout_from_env();
+
+// True once any wait of any communicator in this process has timed out (a process-wide flag, never
+// reset). A program's main() reads it to end without MPI_Finalize, which could wait for peers that are
+// still stuck: tests/grading/graded_main.cpp.
+bool comm_wait_timed_out();
 
 // backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE or SLURM_STEP_NUM_TASKS > 1; else local), "local",
