@@ -40,6 +40,7 @@ struct Options : driver::DistributedOptions {
   int micro_batches = 4;             // m: micro-batches per optimizer step
   int chunks = 1;                    // v: model chunks per rank (interleaved)
   double uniform_compute_ms = 0;     // every stage's forward of a micro-batch takes this long, its backward twice
+  double wait_timeout_s = 300;       // a message waited for longer than this ends the run with what every rank waited for
 };
 
 static int run(const Options& o, Communicator& world) {
@@ -50,6 +51,7 @@ static int run(const Options& o, Communicator& world) {
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_link_model(driver::make_link(o.link, o.link_slowdown));  // every stage boundary crosses --link
+  world.set_wait_timeout(o.wait_timeout_s);  // the groups split from world inherit both
   SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches, "a pipeline's global "
                 "batch is --micro-batch x --micro-batches: leave --global-batch out", "--global-batch %d with "
                 "--micro-batch %d x --micro-batches %d", o.global_batch, o.micro_batch, o.micro_batches);
@@ -188,6 +190,10 @@ int main(int argc, char** argv) {
   app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
                  "every stage's forward of a micro-batch takes at least this long, its backward twice as long (0: as "
                  "the compute takes); the bubble formula's assumption")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--wait-timeout-s", o.wait_timeout_s,
+                 "a receive that waits longer than this fails, naming the peer and the message it waited for (a "
+                 "schedule that deadlocks); 0: wait for ever")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);

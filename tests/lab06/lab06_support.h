@@ -53,7 +53,7 @@ std::vector<Action> expected_schedule(ScheduleKind kind, int p, int m, int v, in
 
 // The sums of m micro-batches' gradients in another order than one forward of the global batch: rounding.
 // Measured relative to each tensor's largest entry on pp_config (p 2 and 4, every schedule): at most
-// 3e-7, so the bound leaves a factor above 30. A wrong factor (a missing 1/m, a gradient lost at a stage
+// 8.3e-7, so the bound leaves a factor above 10. A wrong factor (a missing 1/m, a gradient lost at a stage
 // boundary, the tied embedding's other half missing) is order 1.
 constexpr double kGradRtol = 1e-5;
 
