@@ -123,7 +123,8 @@ static int run(const Options& o, Communicator& world) {
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab06::forward_loss(stage, exchange, x, y); };
   loop.timeline_comm = &exchange.group();  // the timeline shows the activations crossing each stage boundary
-  double start_ms = 0;
+  double start_ms = 0, bubble_sum = 0;
+  int steps_seen = 0, overruns = 0;
   loop.before_step = [&](double, double, bool) {
     exchange.group().clear_events();
     exchange.gradient_channel().clear_events();
@@ -143,7 +144,10 @@ static int run(const Options& o, Communicator& world) {
     m.comm_busy_ms = a.busy_ms + g.busy_ms;
     m.comm_modeled_ms = a.modeled_ms + g.modeled_ms;
     m.simulated = a.simulated || g.simulated;
-    m.extra = {{"bubble", 1.0 - stage.compute_ms() / window_ms}, {"bubble_formula", formula},
+    const double bubble = 1.0 - stage.compute_ms() / window_ms;
+    if (steps_seen++ > 0) bubble_sum += bubble;  // step 0 is the warm-up, not timed
+    overruns += stage.overruns();
+    m.extra = {{"bubble", bubble}, {"bubble_formula", formula}, {"uniform_overruns", stage.overruns()},
                {"compute_ms", stage.compute_ms()}, {"pipeline_ms", window_ms},
                {"p2p_calls", a.calls + g.calls}, {"p2p_payload_bytes", a.payload_bytes + g.payload_bytes},
                {"ran", lab06::to_string(stage.ran())}};
@@ -167,14 +171,30 @@ static int run(const Options& o, Communicator& world) {
   summary.update({{"step_ms", s.step_ms}, {"bubble_formula", formula},
                   {"memory_peak_bytes", s.memory.total_peak_bytes},
                   {"memory_activations_peak_bytes", s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)]}});
+  const double bubble_mean = steps_seen > 1 ? bubble_sum / (steps_seen - 1) : 0.0;
+  const int64_t act_peak = s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)];
+  summary.update({{"bubble", bubble_mean}, {"uniform_overruns", overruns}});
   log.log_summary(summary);
+  // Every stage's bubble and activation peak, for rank 0 to print: one slot per stage, summed.
+  Tensor per_stage = Tensor::zeros({3 * p}, DType::F32);
+  per_stage.data<float>()[3 * rank] = static_cast<float>(bubble_mean);
+  per_stage.data<float>()[3 * rank + 1] = static_cast<float>(act_peak / 1048576.0);
+  per_stage.data<float>()[3 * rank + 2] = static_cast<float>(overruns);
+  world.all_reduce(per_stage, ReduceOp::Sum, "summary per stage");
   if (rank == 0) {
     driver::print_summary_headline(s, peak, p);
     std::printf("\nstage 0 waited %.1f ms per step for messages (bubble and transfers)", s.comm_ms);
     if (link.enabled()) std::printf(", the simulated link charged %.1f ms", s.comm_modeled_ms);
-    std::printf(" | bubble formula %.3f | peak memory of stage 0: %.1f MiB (activations %.1f)\n", formula,
-                s.memory.total_peak_bytes / 1048576.0,
-                s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)] / 1048576.0);
+    std::printf("\nbubble per stage (mean of the timed steps):");
+    for (int t = 0; t < p; ++t) std::printf(" %.3f", per_stage.data<float>()[3 * t]);
+    std::printf(" | formula %.3f\npeak activations per stage:", formula);
+    for (int t = 0; t < p; ++t) std::printf(" %.1f", per_stage.data<float>()[3 * t + 1]);
+    std::printf(" MiB | peak memory of stage 0: %.1f MiB\n", s.memory.total_peak_bytes / 1048576.0);
+    int over = 0;
+    for (int t = 0; t < p; ++t) over += static_cast<int>(per_stage.data<float>()[3 * t + 2]);
+    if (over > 0)
+      std::printf("warning: %d forwards and backwards took longer than --uniform-compute-ms (the compute alone did): "
+                  "the bubble is then not the formula's; raise it, or use a smaller --micro-batch / --seq-len\n", over);
   }
   return 0;
 }

@@ -150,6 +150,7 @@ void Stage::set_uniform_compute(double forward_ms, double backward_ms) {
 void Stage::record(const Action& a, double start_ms, double minimum_ms) {
   const double left_ms = start_ms + minimum_ms - Communicator::now_ms();
   if (left_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(left_ms));
+  else if (minimum_ms > 0) ++overruns_;  // the compute alone took longer than the uniform time
   const double end_ms = Communicator::now_ms();
   ran_.push_back(a);
   spans_.push_back({to_string(a), start_ms, end_ms});
@@ -160,6 +161,7 @@ void Stage::clear() {
   ran_.clear();
   spans_.clear();
   compute_ms_ = 0;
+  overruns_ = 0;
 }
 
 // =============================================================================================

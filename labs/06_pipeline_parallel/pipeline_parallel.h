@@ -131,11 +131,13 @@ class Stage {
   // Every forward of a chunk takes at least forward_ms, every backward backward_ms (ms; 0: as long as the
   // compute takes). Throws for negative values.
   void set_uniform_compute(double forward_ms, double backward_ms);
-  // Since the last clear(): the actions in the order they ran, their spans (names "F3.1", on
-  // Communicator::now_ms's clock) and the total time inside them (ms).
+  // Since the last clear() (the caller's: the driver and the checks clear before each step): the actions
+  // in the order they ran, their spans (names "F3.1", on Communicator::now_ms's clock), the total time
+  // inside them (ms), and how many took longer than the uniform time (their compute alone did: raise it).
   const std::vector<Action>& ran() const { return ran_; }
   const std::vector<TimeSpan>& spans() const { return spans_; }
   double compute_ms() const { return compute_ms_; }
+  int overruns() const { return overruns_; }
   void clear();
 
  private:
@@ -146,6 +148,7 @@ class Stage {
   std::vector<Action> ran_;
   std::vector<TimeSpan> spans_;
   double compute_ms_ = 0;
+  int overruns_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 // lab06_support.cpp — what lab 06's graded checks share (lab06_support.h).
 #include "lab06_support.h"
 
+#include <gtest/gtest.h>  // defines: GTEST_SKIP, EXPECT_TRUE
+
 #include <algorithm>  // defines: std::sort, std::max
 #include <cmath>      // defines: std::fabs
 #include <cstdio>     // defines: std::snprintf
 #include <map>
 
-#include "grading.h"                  // defines: grading::all_ranks
+#include "cpu_sample.h"               // defines: test::sample_cpu, other_cores, load_1min
+#include "grading.h"                  // defines: grading::all_ranks, rank_reducer
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/error.h"      // defines: scalelab::Error, NotImplemented
 
@@ -200,9 +203,10 @@ std::string expect_activation_memory(const std::vector<ScheduleCase>& cases) {
   return measured + " (allocator = schedule, exactly)";
 }
 
-std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases) {
+std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, grading::Record& record) {
   const GPTConfig cfg = pp_config();
-  std::string measured;
+  std::string measured, failed;
+  double others_max = 0;  // cores other processes kept busy during a case's steps, the most on any rank
   for (const BubbleCase& bc : cases) {
     const ScheduleCase& sc = bc.schedule;
     const double forward_ms = bc.forward_ms;
@@ -212,6 +216,8 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases) 
     const GlobalBatch g = random_global_batch(kDataSeed, sc.m * kMicroBatch, kT, cfg.vocab_size);
     const std::vector<MicroBatch> micro = micro_batches_of(g, sc.m);
     std::vector<double> bubbles;  // no warm-up step: the first step's allocations hide under the uniform time
+    pl.world->barrier();
+    const test::CpuSample cpu0 = test::sample_cpu();
     for (int i = 0; i < 3; ++i) {
       pl.stage->clear();
       pl.world->barrier();  // every stage starts together: its wait for the first input is bubble
@@ -221,16 +227,40 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases) 
       const double window = Communicator::now_ms() - t0;
       bubbles.push_back(1.0 - pl.stage->compute_ms() / window);
     }
+    const test::CpuSample cpu1 = test::sample_cpu();
+    // The CPU time of every rank of this job is ours, not others': subtract the other ranks' too.
+    Tensor own = Tensor::empty({2}, DType::F32);
+    own.data<float>()[0] = static_cast<float>(cpu1.own_s - cpu0.own_s);
+    pl.world->all_reduce(own, ReduceOp::Sum, "ranks' cpu seconds");
+    Tensor others = Tensor::empty({1}, DType::F32);
+    others.data<float>()[0] = static_cast<float>(
+        test::other_cores(cpu0, cpu1, own.data<float>()[0] - static_cast<float>(cpu1.own_s - cpu0.own_s)));
+    pl.world->all_reduce(others, ReduceOp::Max, "others' cores");
+    others_max = std::max(others_max, static_cast<double>(others.data<float>()[0]));
     std::sort(bubbles.begin(), bubbles.end());
     const double got = bubbles[1], want = lab06::bubble_formula(pl.layout);
     char buf[200];
     std::snprintf(buf, sizeof(buf), "%s, F %.0f ms: bubble %.3f, formula %.3f", case_name(sc, p).c_str(), forward_ms,
                   got, want);
-    const bool ok = std::fabs(got - want) <= 0.1 * want;
-    EXPECT_TRUE(grading::all_ranks(ok, on_rank(std::string(buf) + " (more than 10 % apart)")));
+    if (std::fabs(got - want) > 0.1 * want) failed += (failed.empty() ? "" : "; ") + std::string(buf);
     measured += (measured.empty() ? "" : "; ") + std::string(buf) + " (stage " + std::to_string(pl.layout.stage) + ")";
   }
-  return measured;
+  char busy[200];
+  std::snprintf(busy, sizeof(busy), "; other processes used %.2f cores meanwhile (load %.1f)", others_max,
+                test::load_1min());
+  const bool all_ok = grading::rank_reducer().all_and(failed.empty());
+  // Every message's latency lands on the step, and on a machine whose cores others keep busy a woken rank
+  // waits for a core: then a miss measured the neighbours, not the schedule. Not a grade either way.
+  if (!all_ok && others_max > kMaxOtherCores) {
+    record.optional("scripts/grade 06 again when nothing else runs (the bubble needs idle cores)");
+    [&] {  // GTEST_SKIP returns from a void function; the test is marked skipped
+      GTEST_SKIP() << "the machine is shared: other processes used " << others_max << " cores while the bubble "
+                   << "was measured (more than " << kMaxOtherCores << "), so message latencies were theirs: " << measured;
+    }();
+    return measured + busy;
+  }
+  EXPECT_TRUE(grading::all_ranks(failed.empty(), on_rank_if(failed.empty() ? failed : failed + " (more than 10 % apart)")));
+  return measured + busy;
 }
 
 std::string expect_bad_layouts_refused() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data_parallel.h"           // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
+#include "grading.h"                 // defines: grading::Record
 #include "pipeline_parallel.h"       // defines: lab06::* (the track under test)
 #include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/comm/rank_grid.h" // defines: RankGrid
@@ -82,7 +83,10 @@ struct BubbleCase {
   ScheduleCase schedule;
   double forward_ms;
 };
-std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases);
+// On a miss while other processes kept more than kMaxOtherCores busy (tests/support/cpu_sample.h), the check
+// is skipped as optional instead (the grader says so and how to measure it again), never passed.
+constexpr double kMaxOtherCores = 0.25;
+std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, grading::Record& record);
 // make_layout refuses the bad layouts of this rank count on every rank (and accepts a good one).
 std::string expect_bad_layouts_refused();
 

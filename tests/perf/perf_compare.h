@@ -13,9 +13,15 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
 
-#include "grading.h"  // defines: grading::Record
+#include "cpu_sample.h"  // defines: CpuSample, sample_cpu, other_cores, load_1min (tests/support)
+#include "grading.h"     // defines: grading::Record
 
 namespace scalelab::perf_test {
+
+using test::CpuSample;
+using test::load_1min;
+using test::other_cores;
+using test::sample_cpu;
 
 // Where the programs are and how to launch them (compile definitions from tests/labNN/CMakeLists.txt).
 struct Paths {
@@ -38,22 +44,11 @@ struct Machine {
   double load_1min = 0;        // /proc/loadavg, to read the noise of a measurement by
 };
 Machine check_machine(int ranks);
-double load_1min();  // /proc/loadavg's first field; 0 when unreadable
-
-// Other processes' share of this process's cores (CPU runs): /proc/stat's busy time of the cores in the
-// affinity mask minus the CPU time of this process and its finished children (the runs), per wall second.
-// A timing is fair only if the ranks had a core each: cores - others >= ranks - kMaxShortfallCores.
-// (The 1-minute load average says the same more slowly, and counts our own previous runs.)
+// A timing is fair only if the ranks had a core each: cores - others >= ranks - kMaxShortfallCores
+// (sample_cpu / other_cores, tests/support/cpu_sample.h).
 constexpr double kMaxShortfallCores = 0.25;  // cores: what others may take of the ranks' share
 constexpr int kExtraPairs = 2;               // pairs measured again when a run shared its cores, before skipping
 constexpr double kRetryWindowS = 40;         // s: no pair is measured again once the runs have taken this long
-struct CpuSample {
-  double t_s = 0;     // s, wall clock
-  double busy_s = 0;  // s, busy time summed over the cores of the affinity mask
-  double own_s = 0;   // s, CPU time of this process + its waited-for children
-};
-CpuSample sample_cpu();
-double other_cores(const CpuSample& a, const CpuSample& b);  // cores others kept busy between a and b
 // "" when fair, else the skip reason ("the machine is shared: other processes used 1.62 of its 2 cores ...").
 std::string busy_reason(double others, int cores, int ranks, const std::string& when);
 

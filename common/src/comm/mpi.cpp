@@ -390,12 +390,18 @@ class MpiCommunicator : public Communicator {
     }
     queue_cv_.notify_all();
     if (!stuck_in.empty()) {
+      // The collective cannot be cancelled, and it cannot return either: a rank it waits for has given up
+      // (that is why the wait timed out). Joining would hang this rank for ever, so the thread is left
+      // inside the MPI call and the communicator's MPI_Comm is not freed; the process must end soon after
+      // (a graded check's program exits without MPI_Finalize after a timeout, tests/grading/graded_main.cpp;
+      // a lab program aborts the job on the error, run_on_all_ranks).
       std::fprintf(stderr,
                    "[scalelab] %s: a wait on this communicator timed out, and its communication thread is "
-                   "inside %s, an MPI collective that cannot be cancelled; the destructor waits for it (only "
-                   "the job's own timeout ends a rank stuck here)\n",
+                   "inside %s, an MPI collective that cannot be cancelled: left there (end the process)\n",
                    who_.c_str(), stuck_in.c_str());
       std::fflush(stderr);
+      thread_.detach();
+      return;
     }
     thread_.join();
     int finalized = 0;
@@ -643,7 +649,10 @@ class MpiCommunicator : public Communicator {
     CommEvent e = event(name, tag, count, dtype, peer);
     // pending_ only grows on this (the caller's) thread; 0 means the thread finished everything, MPI
     // calls included (acquire pairs with finish()'s release).
-    if (!e.async && pending_.load(std::memory_order_acquire) == 0) {
+    // With a wait timeout (wait_timeout() > 0) every call goes to the thread instead, so that the caller's
+    // wait can give up: a blocking MPI call on the caller's thread could not (a deadlocked schedule whose
+    // other ranks have stopped would leave this one inside MPI_Allreduce for ever).
+    if (!e.async && pending_.load(std::memory_order_acquire) == 0 && wait_timeout() <= 0) {
       WorkPtr w = run_here(std::move(e), run);
       if (delivery) delivery->deliver();  // a blocking call is its own wait
       return w;
