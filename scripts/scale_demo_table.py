@@ -82,8 +82,13 @@ def pipeline_note(run: sl.Run) -> str:
     formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
     cfg, s = run.config, timed_steps(run)
     bubble = float(s["bubble"].median()) if not s.empty and "bubble" in s else math.nan
-    return (f"{cfg.get('schedule')}, m = {cfg.get('micro_batches')}: bubble {fmt(bubble, '.2f')} (formula "
-            f"{fmt(cfg.get('bubble_formula', math.nan), '.2f')})")
+    # Without uniform compute the idle share is the bubble plus every message and the optimizer step: far
+    # above the formula when a stage's compute is as short as a message (the tiny model).
+    uniform = float(cfg.get("uniform_compute_ms") or 0) > 0
+    what = "bubble" if uniform else "idle share"
+    assumes = "" if uniform else ", which assumes compute >> messages"
+    return (f"{cfg.get('schedule')}, m = {cfg.get('micro_batches')}: {what} {fmt(bubble, '.2f')} (formula "
+            f"{fmt(cfg.get('bubble_formula', math.nan), '.2f')}{assumes})")
 
 
 def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
