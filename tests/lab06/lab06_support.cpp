@@ -206,6 +206,7 @@ std::string expect_activation_memory(const std::vector<ScheduleCase>& cases) {
 std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, grading::Record& record) {
   const GPTConfig cfg = pp_config();
   std::string measured, failed;
+  double worst_miss = 0;  // the largest |measured - formula| / formula of a case
   double others_max = 0;  // cores other processes kept busy during a case's steps, the most on any rank
   for (const BubbleCase& bc : cases) {
     const ScheduleCase& sc = bc.schedule;
@@ -242,6 +243,7 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, 
     char buf[200];
     std::snprintf(buf, sizeof(buf), "%s, F %.0f ms: bubble %.3f, formula %.3f", case_name(sc, p).c_str(), forward_ms,
                   got, want);
+    worst_miss = std::max(worst_miss, std::fabs(got - want) / want);
     if (std::fabs(got - want) > 0.1 * want) failed += (failed.empty() ? "" : "; ") + std::string(buf);
     measured += (measured.empty() ? "" : "; ") + std::string(buf) + " (stage " + std::to_string(pl.layout.stage) + ")";
   }
@@ -249,9 +251,11 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, 
   std::snprintf(busy, sizeof(busy), "; other processes used %.2f cores meanwhile (load %.1f)", others_max,
                 test::load_1min());
   const bool all_ok = grading::rank_reducer().all_and(failed.empty());
+  const bool small_misses = grading::rank_reducer().all_and(worst_miss <= kBusyMissBound);
   // Every message's latency lands on the step, and on a machine whose cores others keep busy a woken rank
-  // waits for a core: then a miss measured the neighbours, not the schedule. Not a grade either way.
-  if (!all_ok && others_max > kMaxOtherCores) {
+  // waits for a core: then a small miss measured the neighbours, not the schedule. Not a grade either way.
+  // A schedule that waits where it need not misses by far more (one micro-batch at a time: +156 %).
+  if (!all_ok && others_max > kMaxOtherCores && small_misses) {
     record.optional("scripts/grade 06 again when nothing else runs (the bubble needs idle cores)");
     [&] {  // GTEST_SKIP returns from a void function; the test is marked skipped
       GTEST_SKIP() << "the machine is shared: other processes used " << others_max << " cores while the bubble "

@@ -83,9 +83,12 @@ struct BubbleCase {
   ScheduleCase schedule;
   double forward_ms;
 };
-// On a miss while other processes kept more than kMaxOtherCores busy (tests/support/cpu_sample.h), the check
-// is skipped as optional instead (the grader says so and how to measure it again), never passed.
-constexpr double kMaxOtherCores = 0.25;
+// On a miss of at most kBusyMissBound (relative) while other processes kept more than kMaxOtherCores busy
+// (tests/support/cpu_sample.h), the check is skipped as optional instead (the grader says so and how to
+// measure it again), never passed. Misses measured on a busy machine with a correct schedule: +12 to +17 %;
+// planted wrong schedules (one micro-batch at a time, 1F1B without warm-up): +156 % and +77 %.
+constexpr double kMaxOtherCores = 0.1;  // measured: 0.15 cores of others moved a correct 1F1B to +18 %
+constexpr double kBusyMissBound = 0.5;
 std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, grading::Record& record);
 // make_layout refuses the bad layouts of this rank count on every rank (and accepts a good one).
 std::string expect_bad_layouts_refused();
