@@ -128,23 +128,31 @@ GPT2& Stage::chunk(int c) {
 }
 
 float Stage::forward(int c, int micro_batch, GPT2Activations& acts, const Tensor& input, const Tensor* targets) {
-  const double t0 = Communicator::now_ms();
+  const double t0 = Communicator::now_ms(), w0 = inside_wait_ms();
   const float loss = chunk(c).forward(acts, input, targets);
-  record({Action::Forward, micro_batch, c}, t0, forward_ms_);
+  record({Action::Forward, micro_batch, c}, t0, forward_ms_ > 0 ? forward_ms_ + inside_wait_ms() - w0 : 0.0);
   return loss;
 }
 
 void Stage::backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input) {
-  const double t0 = Communicator::now_ms();
+  const double t0 = Communicator::now_ms(), w0 = inside_wait_ms();
   chunk(c).backward(acts, d_output, d_input);
-  record({Action::Backward, micro_batch, c}, t0, backward_ms_);
+  record({Action::Backward, micro_batch, c}, t0, backward_ms_ > 0 ? backward_ms_ + inside_wait_ms() - w0 : 0.0);
 }
 
-void Stage::set_uniform_compute(double forward_ms, double backward_ms) {
+void Stage::set_uniform_compute(double forward_ms, double backward_ms, Communicator* inside) {
   SL_CHECK_HINT(forward_ms >= 0 && backward_ms >= 0, "give times >= 0 ms (0: as long as the compute takes)",
                 "uniform compute %.3f ms forward, %.3f ms backward", forward_ms, backward_ms);
   forward_ms_ = forward_ms;
   backward_ms_ = backward_ms;
+  inside_ = inside;
+}
+
+double Stage::inside_wait_ms() const {
+  if (inside_ == nullptr || (forward_ms_ <= 0 && backward_ms_ <= 0)) return 0.0;
+  double ms = 0.0;
+  for (const CommEvent& e : inside_->events()) ms += e.wait_ms;
+  return ms;
 }
 
 void Stage::record(const Action& a, double start_ms, double minimum_ms) {

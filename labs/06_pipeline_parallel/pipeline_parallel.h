@@ -129,8 +129,11 @@ class Stage {
   void backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
 
   // Every forward of a chunk takes at least forward_ms, every backward backward_ms (ms; 0: as long as the
-  // compute takes). Throws for negative values.
-  void set_uniform_compute(double forward_ms, double backward_ms);
+  // compute takes). Throws for negative values. `inside` (optional; lab 07 passes its tensor-parallel
+  // group): a communicator whose collectives run INSIDE a chunk's forward and backward; the time they kept
+  // the chunk waiting (their events' wait_ms) is communication, so it is added to the uniform time instead
+  // of being absorbed by it. It must outlive the stage; its events are read, never cleared, here.
+  void set_uniform_compute(double forward_ms, double backward_ms, Communicator* inside = nullptr);
   // Since the last clear() (the caller's: the driver and the checks clear before each step): the actions
   // in the order they ran, their spans (names "F3.1", on Communicator::now_ms's clock), the total time
   // inside them (ms), and how many took longer than the uniform time (their compute alone did: raise it).
@@ -142,9 +145,11 @@ class Stage {
 
  private:
   void record(const Action& a, double start_ms, double minimum_ms);
+  double inside_wait_ms() const;  // the wait_ms of inside_'s events so far (0 without it)
   std::vector<GPT2*> chunks_;
   PipelineLayout layout_;
   double forward_ms_ = 0, backward_ms_ = 0;
+  Communicator* inside_ = nullptr;
   std::vector<Action> ran_;
   std::vector<TimeSpan> spans_;
   double compute_ms_ = 0;

@@ -1,0 +1,241 @@
+// main.cpp — lab 07: GPT-2 trained 3D-parallel on tp x pp x dp ranks: every pipeline stage (lab 06) split
+// across a tensor-parallel group (lab 05), the whole model replicated dp times (lab 03). Tokens/s, MFU, the
+// bubble, and what each group (tp, pp, dp, embedding) carried and cost per step, optionally on a simulated
+// cluster (--ranks-per-node, --link inside a node, --inter-link across). The driver is shared by both
+// tracks: it calls the functions of parallel_3d.h, which come from your labs/07_parallel_3d/parallel_3d.cpp
+// (bin/learner/lab07_parallel_3d) or from the reference solutions/07_parallel_3d/parallel_3d.cpp
+// (bin/reference/lab07_parallel_3d). The loop around the step is labs/common/train_loop.h.
+// Lesson: labs/07_parallel_3d/README.md.
+//
+//   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --pp 2 --micro-batches 4 --steps 20
+//   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --pp 2 --order pp-dp-tp --ranks-per-node 4
+//          --link nvlink --inter-link infiniband --uniform-compute-ms 40 --steps 5   (tp across the nodes)
+//   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
+//    mpirun --oversubscribe --bind-to none; or scripts/run 07 ...)
+#include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (log records)
+
+#include <cstdio>  // defines: std::printf, std::snprintf
+#include <string>
+#include <vector>
+
+#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
+#include "scalelab/comm/comm.h"        // defines: Communicator, Topology, run_on_all_ranks
+#include "scalelab/core/threads.h"     // defines: set_num_threads
+#include "scalelab/measure/metrics.h"  // defines: RunLogger
+#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
+#include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
+
+using namespace scalelab;
+
+// The options labs 03-06 share (labs/common/driver.h) and lab 07's own.
+struct Options : driver::DistributedOptions {
+  Options() { sample_tokens = 0; }  // a rank holds a slice of some layers: no sample
+  int tp = 1, pp = 1, dp = 0;        // dp 0: the ranks / (tp x pp)
+  std::string order = "tp-dp-pp";    // the grid's axes, fastest-varying first
+  int ranks_per_node = 0;            // a simulated cluster: node = rank / this (0: one node)
+  std::string inter_link = "infiniband";
+  bool placement_rule = false;       // refuse a tp group that crosses a node
+  std::string schedule = "1f1b";
+  int micro_batches = 4;             // m, per replica and step
+  int chunks = 1;                    // v (interleaved)
+  double uniform_compute_ms = 0;     // a stage's forward of one micro-batch takes this long (backward twice)
+  double wait_timeout_s = 300;
+};
+
+// What one group carried and cost in one step (events of its communicators).
+static nlohmann::json group_measure(const std::vector<Communicator*>& comms, double now) {
+  double wait = 0;
+  driver::CommStats total;
+  for (Communicator* c : comms) {
+    if (c == nullptr) continue;
+    const std::vector<CommEvent> events = c->events();
+    const driver::CommStats s = driver::comm_stats(events, now);
+    for (const CommEvent& e : events) wait += e.wait_ms;
+    total.payload_bytes += s.payload_bytes;
+    total.calls += s.calls;
+    total.modeled_ms += s.modeled_ms;
+    total.busy_ms += s.busy_ms;
+  }
+  return {{"wait_ms", wait}, {"busy_ms", total.busy_ms}, {"modeled_ms", total.modeled_ms},
+          {"payload_bytes", total.payload_bytes}, {"calls", total.calls}};
+}
+
+static int run(const Options& o, Communicator& world) {
+  const int rank = world.rank(), n = world.size();
+  // ------------------------------------------------------------------------------------------------
+  // Setup: the topology, the layout (checked on every rank before any collective), the rank's part
+  driver::check_train_options(o);
+  const Device device = driver::device_from_option(o.device);
+  const int threads = set_num_threads(o.threads);
+  world.set_wait_timeout(o.wait_timeout_s);
+  world.set_link_model(driver::make_link(o.link, o.link_slowdown));
+  if (o.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
+    Topology topo;
+    topo.ranks_per_node = o.ranks_per_node;
+    topo.intra = driver::make_link(o.link, o.link_slowdown);
+    topo.inter = driver::make_link(o.inter_link, o.link_slowdown);
+    world.set_topology(topo);  // before the splits: each group takes the link of its members' placement
+  }
+  lab07::Grid grid{o.tp, o.pp, o.dp, o.order};
+  if (grid.dp == 0 && o.tp > 0 && o.pp > 0) grid.dp = n / (o.tp * o.pp) > 0 ? n / (o.tp * o.pp) : 1;
+  GPTConfig cfg = GPTConfig::preset(o.model);
+  const lab07::Layout layout = lab07::make_layout(cfg, grid, n, rank, lab06::schedule_from_name(o.schedule),
+                                                  o.micro_batches, o.chunks, o.ranks_per_node, o.placement_rule);
+  SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches * grid.dp,
+                "the global batch is --micro-batch x --micro-batches x dp: leave --global-batch out",
+                "--global-batch %d with --micro-batch %d x --micro-batches %d x dp %d", o.global_batch, o.micro_batch,
+                o.micro_batches, grid.dp);
+  // Every rank of one replica (its stages and tp ranks) reads the same windows; the replicas disjoint ones.
+  driver::RunData data = driver::open_data(o, o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  OptimizerConfig oc;
+  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
+  oc.weight_decay = o.weight_decay;
+  std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed);
+  lab07::Groups& g = part->groups;
+  const int v = layout.pipeline.v;
+  part->stage->set_uniform_compute(o.uniform_compute_ms / v, 2 * o.uniform_compute_ms / v, g.tp.get());
+
+  const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world, o.calibration);
+  const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);  // the WHOLE model's FLOPs per token
+  RunLogger log("lab07", driver::run_id_all_ranks(world, o.run_id), rank, o.log_dir);
+  log.set_memory_device(device);
+  const int global_batch = o.micro_batch * o.micro_batches * grid.dp;
+  const double formula = lab06::bubble_formula(layout.pipeline);
+  auto link_of = [](Communicator* c) { return c == nullptr ? std::string("-") : c->link_model().name; };
+  const nlohmann::json config = {
+      {"model", o.model},          {"n_layer", data.cfg.n_layer},   {"n_embd", data.cfg.n_embd},
+      {"n_params", gpt2_num_params(data.cfg)}, {"tp", grid.tp},     {"pp", grid.pp},
+      {"dp", grid.dp},             {"order", grid.order},           {"ranks_per_node", o.ranks_per_node},
+      {"placement_rule", o.placement_rule}, {"schedule", o.schedule}, {"micro_batches", o.micro_batches},
+      {"micro_steps", o.micro_batches}, {"chunks", v},              {"micro_batch", o.micro_batch},
+      {"global_batch", global_batch}, {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula},
+      {"T", o.seq_len},            {"steps", o.steps},              {"lr", o.lr},
+      {"optimizer", o.optimizer},  {"precision", policy.name()},    {"seed", o.seed},
+      {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
+      {"backend", world.backend()}, {"link", o.link},               {"inter_link", o.inter_link},
+      {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())}, {"pp_link", link_of(g.pp.get())},
+      {"dp_link", link_of(g.dp.get())}, {"embedding_link", link_of(g.embedding.get())}};
+  RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
+  run_rec.extra["layout"] = {{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
+                             {"tp_rank", layout.coords.tp_rank}, {"pp_rank", layout.coords.pp_rank},
+                             {"dp_rank", layout.coords.dp_rank}, {"tp_group", g.tp->world_ranks()},
+                             {"pp_group", g.pp->world_ranks()}, {"dp_group", g.dp->world_ranks()},
+                             {"embedding_group", g.embedding ? nlohmann::json(g.embedding->world_ranks()) : nullptr},
+                             {"stage_layers", part->models.front()->shard().str()}};
+  const bool simulated = world.link_model().enabled() || o.ranks_per_node > 0;
+  if (simulated) run_rec.extra["simulated"] = true;
+  log.log_run(run_rec);
+  if (rank == 0) {
+    std::printf("lab07 | %s | %lld params | %d ranks = %s | %s, m = %d, v = %d | %d threads\n", data.cfg.str().c_str(),
+                static_cast<long long>(gpt2_num_params(data.cfg)), n, grid.describe().c_str(), o.schedule.c_str(),
+                o.micro_batches, v, threads);
+    std::printf("global batch %d = micro-batch %d x %d micro-batches x %d replicas | T=%d | %s | bubble formula %.3f\n"
+                "rank 0: %s | links: tp %s, pp %s, dp %s, embedding %s\nlogs: %s (one file per rank)\n",
+                global_batch, o.micro_batch, o.micro_batches, grid.dp, o.seq_len, policy.name().c_str(), formula,
+                part->models.front()->shard().str().c_str(), link_of(g.tp.get()).c_str(), link_of(g.pp.get()).c_str(),
+                link_of(g.dp.get()).c_str(), link_of(g.embedding.get()).c_str(), log.path().c_str());
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Training: the loop of labs/common around lab 07's step
+  driver::TrainLoop loop(o, {"lab07", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
+                         *data.train, *data.val, log, peak, flops_tok, device);
+  loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab07::train_step(*part, micro, lr, o.grad_clip); };
+  loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
+  loop.timeline_comm = g.tp.get();
+  std::vector<Communicator*> all = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
+                                    g.embedding.get()};
+  double start_ms = 0;
+  loop.before_step = [&](double, double, bool) {
+    for (Communicator* c : all)
+      if (c != nullptr) c->clear_events();
+    part->stage->clear();
+    world.barrier();  // every rank starts the step together: the idle time until its first action is bubble
+    start_ms = Communicator::now_ms();
+  };
+  loop.after_step = [&](double, double, bool want_timeline) {
+    world.barrier();
+    const double now = Communicator::now_ms(), window_ms = now - start_ms;
+    const nlohmann::json per_group = {{"tp", group_measure({g.tp.get()}, now)},
+                                      {"pp", group_measure({g.pp.get(), &part->exchange->gradient_channel()}, now)},
+                                      {"dp", group_measure({g.dp.get()}, now)},
+                                      {"embedding", group_measure({g.embedding.get()}, now)}};
+    driver::StepMeasure m;
+    m.comm_ms = 0;
+    for (const auto& [name, gm] : per_group.items()) {
+      m.comm_ms += gm["wait_ms"].get<double>();
+      m.comm_busy_ms += gm["busy_ms"].get<double>();
+      m.comm_modeled_ms += gm["modeled_ms"].get<double>();
+    }
+    m.simulated = simulated;
+    m.extra = {{"bubble", 1.0 - part->stage->compute_ms() / window_ms}, {"bubble_formula", formula},
+               {"compute_ms", part->stage->compute_ms()}, {"pipeline_ms", window_ms},
+               {"uniform_overruns", part->stage->overruns()}, {"groups", per_group}};
+    if (want_timeline) {
+      m.spans = part->stage->spans();
+      m.spans.push_back({"step", start_ms, now});
+    }
+    return m;
+  };
+  loop.progress = [](const driver::StepMeasure& m, double) {
+    const nlohmann::json& gr = m.extra["groups"];
+    char s[160];
+    std::snprintf(s, sizeof(s), "waits tp %.1f pp %.1f dp %.1f emb %.1f ms | bubble %.3f",
+                  gr["tp"]["wait_ms"].get<double>(), gr["pp"]["wait_ms"].get<double>(),
+                  gr["dp"]["wait_ms"].get<double>(), gr["embedding"]["wait_ms"].get<double>(),
+                  m.extra.value("bubble", 0.0));
+    return std::string(s);
+  };
+  const driver::Summary s = loop.run();
+
+  // ------------------------------------------------------------------------------------------------
+  // Summary (every rank logs its own; rank 0 prints)
+  nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, simulated);
+  summary.update({{"step_ms", s.step_ms}, {"bubble_formula", formula},
+                  {"memory_peak_bytes", s.memory.total_peak_bytes}});
+  log.log_summary(summary);
+  if (rank == 0) {
+    driver::print_summary_headline(s, peak, n);
+    std::printf("\nrank 0 waited %.1f ms per step for communication (all groups, bubble included)", s.comm_ms);
+    if (simulated) std::printf("; the simulated links charged %.1f ms", s.comm_modeled_ms);
+    std::printf("\nper group and step: the step records' \"groups\" (%s)\n", log.path().c_str());
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"lab 07: 3D-parallel GPT-2 (mpirun -np N, N = tp x pp x dp); loss, tokens/s, MFU, per-group comm"};
+  Options o;
+  driver::add_distributed_options(app, o, "lab07");
+  app.add_option("--tp", o.tp, "tensor-parallel group size (divides the heads, 4C and the vocabulary)")
+      ->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
+  app.add_option("--order", o.order, "the grid's axes, fastest-varying first: tp-dp-pp puts tp inside a node")
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "simulate nodes of this many ranks (node = rank / N): groups inside one node get --link, groups "
+                 "across nodes --inter-link (0: one node)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-link", o.inter_link, "the simulated link between nodes (with --ranks-per-node)")
+      ->capture_default_str();
+  app.add_flag("--placement-rule", o.placement_rule,
+               "refuse a layout whose tensor-parallel groups cross a node (the lesson's rule: TP inside a node)");
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches, "m: micro-batches per replica and optimizer step")
+      ->capture_default_str();
+  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
+  app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
+                 "a stage's forward of a micro-batch takes at least this long plus its tensor-parallel waits, its "
+                 "backward twice as long (0: as the compute takes)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--wait-timeout-s", o.wait_timeout_s,
+                 "a message or collective waited for longer than this fails, naming what it waited for; 0: for ever")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  driver::add_link_options(app, o);
+  CLI11_PARSE(app, argc, argv);
+  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+}

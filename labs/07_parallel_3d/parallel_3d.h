@@ -1,0 +1,153 @@
+// parallel_3d.h — what the learner writes in lab 07 (3D parallelism), declared once for both tracks.
+//   labs/07_parallel_3d/parallel_3d.cpp       the learner's file (TODO blocks)   -> lab07_learner
+//   solutions/07_parallel_3d/parallel_3d.cpp  the reference (same file, filled)  -> lab07_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab07::learner / ::ref) chosen by
+// SL_TRACK_LAB07, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/07_parallel_3d/README.md   Graded tests: tests/lab07/ (test_lab07*.cpp)
+//
+// Tensor, pipeline and data parallelism at once (Narayanan et al. 2021, arXiv:2104.04473, Sec. 3: "PTD-P"):
+// the world's ranks form a grid tp x pp x dp. Each pipeline stage is split across a tensor-parallel group
+// (lab 05's points), the stages run lab 06's schedules, and the whole tp x pp model is replicated dp times
+// with gradients averaged across the replicas (lab 03). Labs 05 and 06 are linked from their REFERENCE
+// (solutions/), so a gap there does not block this lab. What you write:
+//   coordinates          a rank's (tp, pp, dp) from its rank and the order of the axes         TODO lab07-1
+//   group members        the ranks of its tp, pp, dp and embedding groups                      TODO lab07-2
+//   the layout           the grid checked (sizes, the model, the placement rule)               TODO lab07-3
+//   the communicators    the four groups, split from the world                                TODO lab07-4
+//   data parallel        every gradient averaged across the replicas                           TODO lab07-5
+//   the training step    lab 06's schedule over lab 05's stages, then dp, tied wte, clipping   TODO lab07-6
+// (README.md#the-picture draws the 2 x 2 x 2 grid.)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipeline_parallel.h"        // defines: lab06::PipelineLayout, Stage, StageExchange, ScheduleKind (lab 06's reference)
+#include "scalelab/comm/comm.h"       // defines: Communicator
+#include "scalelab/comm/rank_grid.h"  // defines: GridAxis, GridCoords (the types; the arithmetic is yours here)
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/model/batch.h"     // defines: MicroBatch, StepResult
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig, ModelShard
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
+#include "tensor_parallel.h"          // defines: lab05::MegatronPoints (lab 05's reference)
+
+#ifndef SL_TRACK_LAB07
+#define SL_TRACK_LAB07 ref
+#endif
+
+namespace scalelab::lab07 {
+inline namespace SL_TRACK_LAB07 {
+
+// ---------------------------------------------------------------------------------------------
+// The grid, as pure arithmetic (no communicator: tests and tables can use it for any world size)
+
+// The sizes of the three axes and their order: the axes listed from FASTEST- to SLOWEST-varying, joined by
+// '-' ("tp-dp-pp": consecutive ranks differ in tp_rank first; Megatron-LM's RankGenerator orders the same
+// way, megatron/core/parallel_state.py). README.md#coordinates
+struct Grid {
+  int tp = 1, pp = 1, dp = 1;
+  std::string order = "tp-dp-pp";
+  int size(GridAxis axis) const;  // tp, pp or dp
+  int world_size() const { return tp * pp * dp; }
+  std::string describe() const;   // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
+};
+
+// Given. The order parsed, fastest axis first: "tp-dp-pp" -> {TP, DP, PP}. Throws scalelab::Error naming the
+// order, with a hint, unless it is a permutation of tp, pp and dp.
+std::vector<GridAxis> parse_order(const std::string& order);
+
+// TODO(lab07-1): the coordinates of `rank` (0 <= rank < g.world_size()) and the inverse: the digits of a
+// mixed-radix number whose digits are the axes in g.order, the first one the least significant.
+// README.md#coordinates
+GridCoords coords_of(const Grid& g, int rank);
+int rank_of(const Grid& g, const GridCoords& c);
+
+// TODO(lab07-2): the world ranks of `rank`'s group along `axis` (the ranks whose other two coordinates equal
+// its own), ordered by the coordinate along `axis` (0 first). And its embedding group: the first and the
+// last pipeline stage with its tp and dp coordinates, first stage first; {rank} alone when pp == 1; empty for
+// a rank on a middle stage. README.md#the-groups
+std::vector<int> group_members(const Grid& g, GridAxis axis, int rank);
+std::vector<int> embedding_members(const Grid& g, int rank);
+
+// ---------------------------------------------------------------------------------------------
+// The layout of one rank
+
+struct Layout {
+  Grid grid;
+  GridCoords coords;               // this rank's
+  int ranks_per_node = 0;          // the (simulated) node size: node = world rank / ranks_per_node; 0: one node
+  lab06::PipelineLayout pipeline;  // p = grid.pp, v, m, schedule; stage = coords.pp_rank
+};
+
+// TODO(lab07-3): the layout of `rank` of `world_size`, or a clear error (scalelab::Error, the numbers and what
+// to change) thrown alike on every rank before any communication, unless: the order parses; every size >= 1
+// and tp x pp x dp == world_size; the model splits by tp (ModelShard::validate: NH, 4C and V divisible)
+// and by pp (lab06::make_layout: every stage at least one layer, the schedule's own rules); and, when
+// `placement_rule` is asked for with ranks_per_node > 0, every tensor-parallel group sits inside one node.
+// README.md#the-layout
+Layout make_layout(const GPTConfig& cfg, const Grid& grid, int world_size, int rank, lab06::ScheduleKind schedule,
+                   int m, int v, int ranks_per_node, bool placement_rule);
+
+// Given. The shard of chunk `chunk` of this rank: lab 06's layers of its virtual stage, lab 05's slice
+// tp_rank of tp of each of them (no sequence parallelism in this lab).
+ModelShard chunk_shard(const GPTConfig& cfg, const Layout& layout, int chunk);
+
+// ---------------------------------------------------------------------------------------------
+// The communicators
+
+// This rank's four groups. tp, pp, dp: never null (a group of one rank where the axis has size 1);
+// embedding: null on a middle stage. Each is a Communicator named after its group ("tp", "pp", "dp",
+// "embedding"), its rank the coordinate along its axis (tp->rank() == coords.tp_rank; the embedding group:
+// first stage 0, last stage 1).
+struct Groups {
+  std::unique_ptr<Communicator> tp, pp, dp, embedding;
+};
+// TODO(lab07-4): the groups of layout's rank, split from `world` (whose rank is the grid rank). Collective:
+// every rank of world calls it, with the same layout sizes. The links follow world's topology (set it
+// before). README.md#the-groups
+Groups make_groups(Communicator& world, const Layout& layout);
+
+// ---------------------------------------------------------------------------------------------
+// Everything one rank holds (given), and the step
+
+// One rank of a 3D-parallel run: its layout and groups, lab 05's points over its tp group, its v chunks
+// (each a GPT2 built for chunk_shard, the dense model's slices, with the points installed), an optimizer
+// per chunk, and lab 06's Stage and StageExchange over its pp group.
+struct Rank3D {
+  Layout layout;
+  Groups groups;
+  std::unique_ptr<lab05::MegatronPoints> points;
+  std::vector<std::unique_ptr<GPT2>> models;
+  std::vector<std::unique_ptr<Optimizer>> optimizers;
+  std::unique_ptr<lab06::Stage> stage;
+  std::unique_ptr<lab06::StageExchange> exchange;
+};
+// Given. Builds this rank's part: make_groups (collective over world), the chunks, the stage and the
+// exchange (collective over the pp group).
+std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, const Layout& layout,
+                                   const OptimizerConfig& optimizer, const PrecisionPolicy& policy, Device device,
+                                   uint64_t seed);
+
+// TODO(lab07-5): every gradient of every chunk of this rank becomes its average over the data-parallel
+// replicas (`dp`: this rank's dp group; size 1: nothing to do). README.md#data-parallel-on-top
+void average_over_dp(lab06::Stage& stage, Communicator& dp);
+
+// TODO(lab07-6): one optimizer step of the 3D-parallel model over this replica's m micro-batches (each
+// (B, T) i32 inputs and targets; every rank of one replica, all its stages and tensor-parallel ranks, gets
+// the same ones): zero every chunk's gradients, lab 06's schedule (lab06::run_schedule with
+// lab06::schedule_for) over lab 05's tensor-parallel stages, the gradients divided by m, the tied embedding
+// synced (lab06::sync_tied_embedding over the embedding group), the average over the replicas
+// (average_over_dp), clipping on the WHOLE model's norm (grad_sum_squares of every chunk, summed over the
+// tp and the pp group; grad_clip <= 0: none; the scale as clip_grad_norm's), every chunk's optimizer step.
+// Returns the loss of the global batch (the mean over the micro-batches and the replicas) and the norm
+// before clipping, the same on every rank. README.md#one-training-step
+StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+
+// Given. The loss (nats per token) of one batch (tokens, targets: (B, T) i32) through this replica's
+// pipeline, forward only (lab06::forward_loss), averaged over the replicas (each passes its own batch): the
+// same on every rank. Collective over the replica and the dp group.
+float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets);
+
+}  // namespace SL_TRACK_LAB07
+}  // namespace scalelab::lab07

@@ -1,0 +1,439 @@
+// lab07_support.cpp — what lab 07's graded checks share (lab07_support.h).
+#include "lab07_support.h"
+
+#include <gtest/gtest.h>  // defines: EXPECT_TRUE
+
+#include <algorithm>  // defines: std::max
+#include <cmath>      // defines: std::fabs
+#include <cstdio>     // defines: std::snprintf
+#include <cstring>    // defines: std::strlen
+
+#include "grading.h"                  // defines: grading::all_ranks
+#include "scalelab/core/error.h"      // defines: scalelab::Error, NotImplemented
+
+namespace scalelab::lab07_test {
+
+GPTConfig grid_config() { return GPTConfig{16, 64, 4, 2, 16}; }
+
+const std::vector<std::string>& all_orders() {
+  static const std::vector<std::string> orders = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
+  return orders;
+}
+
+namespace {
+
+std::string on_rank_if(const std::string& s) { return s.empty() ? s : on_rank(s); }
+
+std::string list(const std::vector<int>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+// The axes of an order, fastest first, by name: "tp-dp-pp" -> "tp", "dp", "pp" (the test's own parse).
+std::vector<std::string> axis_names(const std::string& order) {
+  return {order.substr(0, 2), order.substr(3, 2), order.substr(6, 2)};
+}
+
+int size_of(const lab07::Grid& g, const std::string& axis) { return axis == "tp" ? g.tp : axis == "pp" ? g.pp : g.dp; }
+
+int stride_of(const lab07::Grid& g, const std::string& axis) {
+  int stride = 1;
+  for (const std::string& a : axis_names(g.order)) {
+    if (a == axis) return stride;
+    stride *= size_of(g, a);
+  }
+  return 0;
+}
+
+// The group along `axis` of rank r: r + (i - c) stride, i = 0 .. size - 1.
+std::vector<int> strided_group(const lab07::Grid& g, const std::string& axis, int r) {
+  const int stride = stride_of(g, axis), size = size_of(g, axis), c = (r / stride) % size;
+  std::vector<int> out;
+  for (int i = 0; i < size; ++i) out.push_back(r + (i - c) * stride);
+  return out;
+}
+
+}  // namespace
+
+std::vector<TableRow> expected_table(const lab07::Grid& g) {
+  std::vector<TableRow> rows;
+  for (int r = 0; r < g.world_size(); ++r) {
+    TableRow row;
+    row.coords.tp_rank = (r / stride_of(g, "tp")) % g.tp;
+    row.coords.pp_rank = (r / stride_of(g, "pp")) % g.pp;
+    row.coords.dp_rank = (r / stride_of(g, "dp")) % g.dp;
+    row.tp = strided_group(g, "tp", r);
+    row.pp = strided_group(g, "pp", r);
+    row.dp = strided_group(g, "dp", r);
+    if (row.coords.pp_rank == 0 || row.coords.pp_rank == g.pp - 1) {
+      row.embedding.push_back(row.pp.front());                  // the first stage of my pipeline
+      if (g.pp > 1) row.embedding.push_back(row.pp.back());     // and the last
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string case_name(const Case& c) {
+  std::string s = c.grid.describe() + " " + lab06::schedule_name(c.schedule) + " m " + std::to_string(c.m);
+  return c.v > 1 ? s + " v " + std::to_string(c.v) : s;
+}
+
+Run3D make_run(const GPTConfig& cfg, const Case& c, OptimizerConfig::Kind optimizer) {
+  Run3D run;
+  run.world = fresh_comm();
+  run.layout = lab07::make_layout(cfg, c.grid, run.world->size(), run.world->rank(), c.schedule, c.m, c.v, 0, false);
+  OptimizerConfig oc;
+  oc.kind = optimizer;
+  run.rank = lab07::build_rank(*run.world, cfg, run.layout, oc, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
+  return run;
+}
+
+std::vector<MicroBatch> replica_micro_batches(const GlobalBatch& g, int d, int m) {
+  std::vector<MicroBatch> out;
+  for (int i = 0; i < m; ++i) {
+    const GlobalBatch rows = batch_rows(g, (static_cast<int64_t>(d) * m + i) * kMicroBatch, kMicroBatch);
+    out.push_back({rows.inputs, rows.targets});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grid
+
+std::string expect_grid_arithmetic(const std::vector<lab07::Grid>& grids) {
+  std::string bad;
+  int checked = 0;
+  for (const lab07::Grid& sizes : grids) {
+    for (const std::string& order : all_orders()) {
+      lab07::Grid g = sizes;
+      g.order = order;
+      const std::vector<TableRow> table = expected_table(g);
+      for (int r = 0; r < g.world_size() && bad.empty(); ++r) {
+        const TableRow& want = table[r];
+        const GridCoords got = lab07::coords_of(g, r);
+        char buf[256];
+        if (!(got == want.coords)) {
+          std::snprintf(buf, sizeof(buf), "%s: coords_of(%d) = (tp %d, pp %d, dp %d), the table's (tp %d, pp %d, dp %d)",
+                        g.describe().c_str(), r, got.tp_rank, got.pp_rank, got.dp_rank, want.coords.tp_rank,
+                        want.coords.pp_rank, want.coords.dp_rank);
+          bad = buf;
+        } else if (lab07::rank_of(g, want.coords) != r) {
+          std::snprintf(buf, sizeof(buf), "%s: rank_of(tp %d, pp %d, dp %d) = %d, the table's %d", g.describe().c_str(),
+                        want.coords.tp_rank, want.coords.pp_rank, want.coords.dp_rank,
+                        lab07::rank_of(g, want.coords), r);
+          bad = buf;
+        }
+        const std::pair<GridAxis, const std::vector<int>*> groups[] = {
+            {GridAxis::TP, &want.tp}, {GridAxis::PP, &want.pp}, {GridAxis::DP, &want.dp}};
+        for (const auto& [axis, members] : groups) {
+          const std::vector<int> got_members = lab07::group_members(g, axis, r);
+          if (bad.empty() && got_members != *members)
+            bad = g.describe() + ": group_members(" + grid_axis_name(axis) + ", " + std::to_string(r) + ") = " +
+                  list(got_members) + ", the table's " + list(*members);
+        }
+        const std::vector<int> got_emb = lab07::embedding_members(g, r);
+        if (bad.empty() && got_emb != want.embedding)
+          bad = g.describe() + ": embedding_members(" + std::to_string(r) + ") = " + list(got_emb) + ", the table's " +
+                list(want.embedding);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
+  return std::to_string(checked) + " (grid, order, rank) rows: coordinates, inverse, tp/pp/dp and embedding members";
+}
+
+std::string expect_groups_from_splits(const lab07::Grid& sizes, int ranks_per_node) {
+  const GPTConfig cfg = grid_config();
+  std::string bad;
+  int links_inside = 0, links_across = 0;
+  for (const std::string& order : all_orders()) {
+    lab07::Grid g = sizes;
+    g.order = order;
+    std::unique_ptr<Communicator> world = fresh_comm();
+    Topology t;
+    t.ranks_per_node = ranks_per_node;
+    t.intra = LinkModel::preset("nvlink");
+    t.inter = LinkModel::preset("infiniband");
+    if (ranks_per_node > 0) world->set_topology(t);
+    const int me = world->rank();
+    const lab07::Layout layout =
+        lab07::make_layout(cfg, g, world->size(), me, ScheduleKind::OneFOneB, 2, 1, ranks_per_node, false);
+    lab07::Groups groups = lab07::make_groups(*world, layout);
+    const TableRow want = expected_table(g)[me];
+    struct Expect {
+      const char* name;
+      Communicator* comm;
+      const std::vector<int>* members;
+      int rank;
+    };
+    const int emb_rank = want.coords.pp_rank == 0 ? 0 : 1;
+    const std::vector<Expect> expects = {{"tp", groups.tp.get(), &want.tp, want.coords.tp_rank},
+                                         {"pp", groups.pp.get(), &want.pp, want.coords.pp_rank},
+                                         {"dp", groups.dp.get(), &want.dp, want.coords.dp_rank},
+                                         {"embedding", groups.embedding.get(), &want.embedding, emb_rank}};
+    for (const Expect& e : expects) {
+      std::string problem;
+      if (e.members->empty()) {
+        if (e.comm != nullptr) problem = "a middle stage got an embedding group " + list(e.comm->world_ranks());
+      } else if (e.comm == nullptr) {
+        problem = "no group, the table's " + list(*e.members);
+      } else if (e.comm->world_ranks() != *e.members) {
+        problem = "members " + list(e.comm->world_ranks()) + ", the table's " + list(*e.members);
+      } else if (e.comm->rank() != e.rank) {
+        problem = "rank " + std::to_string(e.comm->rank()) + " in it, the table's " + std::to_string(e.rank);
+      } else if (e.comm->name() != e.name) {
+        problem = "named '" + e.comm->name() + "'";
+      } else if (ranks_per_node > 0) {
+        bool inside = true;
+        for (int r : *e.members) inside = inside && r / ranks_per_node == e.members->front() / ranks_per_node;
+        (inside ? links_inside : links_across) += 1;
+        const std::string want_link = inside ? "nvlink" : "infiniband";
+        if (e.comm->link_model().name != want_link)
+          problem = "link " + e.comm->link_model().name + ", its members " + std::string(inside ? "share" : "span") +
+                    " nodes: " + want_link;
+      }
+      if (bad.empty() && !problem.empty())
+        bad = g.describe() + ", rank " + std::to_string(me) + ", " + e.name + " group: " + problem;
+    }
+    // Every member of each group agrees on who is in it: gather every member's world rank.
+    for (const Expect& e : expects) {
+      if (e.comm == nullptr || e.comm->world_ranks() != *e.members) continue;
+      const int n = e.comm->size();
+      Tensor mine = Tensor::empty({1}, DType::I32), all = Tensor::empty({n}, DType::I32);
+      mine.data<int32_t>()[0] = dp_test::world().rank();
+      e.comm->all_gather(mine, all, std::string(e.name) + ": who is here");
+      for (int i = 0; i < n; ++i)
+        if (bad.empty() && all.data<int32_t>()[i] != (*e.members)[i])
+          bad = g.describe() + ", " + e.name + " group of rank " + std::to_string(me) + ": member " +
+                std::to_string(i) + " is world rank " + std::to_string(all.data<int32_t>()[i]) + ", the table's " +
+                std::to_string((*e.members)[i]);
+    }
+  }
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
+  std::string measured = sizes.describe() + " in all 6 orders: 4 groups of every rank as the table, members agree";
+  if (ranks_per_node > 0)
+    measured += "; " + std::to_string(ranks_per_node) + " ranks per node: rank 0's groups " +
+                std::to_string(links_inside) + " inside a node (nvlink), " + std::to_string(links_across) +
+                " across (infiniband)";
+  return measured;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step against the dense model
+
+std::string expect_gradients_match_dense(const std::vector<Case>& cases) {
+  const GPTConfig cfg = grid_config();
+  std::string measured;
+  double worst_all = 0;
+  for (const Case& c : cases) {
+    Run3D run = make_run(cfg, c);
+    const int dp = c.grid.dp, d = run.layout.coords.dp_rank;
+    const GlobalBatch g = random_global_batch(kDataSeed + c.m, dp * c.m * kMicroBatch, kT, cfg.vocab_size);
+    std::unique_ptr<GPT2> dense = make_model(cfg);
+    const float want_loss = one_process_gradients(*dense, g);
+    const StepResult r = lab07::train_step(*run.rank, replica_micro_batches(g, d, c.m), 0.0f, 0.0f);  // lr 0
+    std::string bad;
+    double worst = 0;
+    for (int k = 0; k < c.v && bad.empty(); ++k) {
+      GPT2& chunk = run.rank->stage->chunk(k);
+      bad = compare_with_dense_slices(chunk, *dense, /*grads=*/true, kGradRtol, 0.0, &worst);
+      if (!bad.empty()) bad = "chunk " + std::to_string(k) + " (" + chunk.shard().str() + "): " + bad;
+    }
+    if (bad.empty() && std::fabs(r.loss - want_loss) > 2e-6 * std::fabs(want_loss)) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "the step's loss %.7g, the dense model's %.7g (the global batch's mean)", r.loss,
+                    want_loss);
+      bad = buf;
+    }
+    EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad.empty() ? bad : case_name(c) + ": " + bad)));
+    worst_all = std::max(worst_all, worst);
+    measured += (measured.empty() ? "" : ", ") + case_name(c);
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "; worst gradient error %.2g of its tensor's scale (bound %.0e)", worst_all, kGradRtol);
+  return measured + buf;
+}
+
+std::string expect_steps_match_dense(const Case& c, OptimizerConfig::Kind optimizer, int steps, float lr,
+                                     float grad_clip) {
+  const GPTConfig cfg = grid_config();
+  Run3D run = make_run(cfg, c, optimizer);
+  std::unique_ptr<GPT2> dense = make_model(cfg);
+  OptimizerConfig oc;
+  oc.kind = optimizer;
+  Optimizer dense_opt(*dense, oc);
+  const int dp = c.grid.dp, d = run.layout.coords.dp_rank;
+  std::string bad;
+  double worst_loss = 0, worst_param = 0;
+  float first = 0, last = 0;
+  int clipped = 0;
+  for (int step = 0; step < steps; ++step) {  // every step on every rank: one that stopped early would hang the others
+    const GlobalBatch g = random_global_batch(kDataSeed + 30 + step, dp * c.m * kMicroBatch, kT, cfg.vocab_size);
+    const StepResult r = lab07::train_step(*run.rank, replica_micro_batches(g, d, c.m), lr, grad_clip);
+    const OneProcessStep want = one_process_train_step(*dense, dense_opt, g, lr, grad_clip);
+    if (step == 0) first = want.loss;
+    last = want.loss;
+    clipped += grad_clip > 0 && want.grad_norm > grad_clip ? 1 : 0;
+    const double rel = std::fabs(r.loss - want.loss) / std::fabs(want.loss);
+    worst_loss = std::max(worst_loss, rel);
+    if (bad.empty() && (rel > 1e-5 || std::fabs(r.grad_norm - want.grad_norm) > 1e-5 * want.grad_norm)) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf), "step %d: loss %.7g norm %.7g, the dense model's loss %.7g norm %.7g", step,
+                    r.loss, r.grad_norm, want.loss, want.grad_norm);
+      bad = buf;
+    }
+  }
+  // SGD: every parameter too. Not after AdamW: it divides each gradient by its own running size, so an entry
+  // whose gradient is rounding noise moves by lr either way (measured: 3e-6 apart on a bias after 5 steps).
+  for (int k = 0; k < c.v && bad.empty() && optimizer == OptimizerConfig::Kind::SGD; ++k)
+    bad = compare_with_dense_slices(run.rank->stage->chunk(k), *dense, /*grads=*/false, 1e-5, 0, &worst_param);
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad.empty() ? bad : case_name(c) + ": " + bad)));
+  char buf[240];
+  std::snprintf(buf, sizeof(buf), "%s, %d %s steps (%d clipped): loss %.4f -> %.4f, worst loss difference %.2g",
+                case_name(c).c_str(), steps, optimizer == OptimizerConfig::Kind::SGD ? "SGD" : "AdamW", clipped, first,
+                last, worst_loss);
+  if (optimizer == OptimizerConfig::Kind::SGD)
+    std::snprintf(buf + std::strlen(buf), sizeof(buf) - std::strlen(buf), ", parameters %.2g", worst_param);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What each group carries
+
+namespace {
+
+int64_t tensor_bytes(Communicator* c) {
+  if (c == nullptr) return 0;
+  int64_t bytes = 0;
+  for (const CommEvent& e : c->events())
+    if (e.count > kScalarElements) bytes += e.payload_bytes;
+  return bytes;
+}
+
+}  // namespace
+
+std::string expect_group_bytes(const std::vector<Case>& cases) {
+  const GPTConfig cfg = grid_config();
+  const int64_t B = kMicroBatch, T = kT, C = cfg.n_embd, V = cfg.vocab_size;
+  const int64_t btc = B * T * C * 4, n_rows = B * T;  // bytes of one (B, T, C) fp32 activation; rows
+  std::string measured, bad;
+  for (const Case& c : cases) {
+    Run3D run = make_run(cfg, c);
+    lab07::Rank3D& r = *run.rank;
+    const GlobalBatch g = random_global_batch(kDataSeed, c.grid.dp * c.m * kMicroBatch, kT, cfg.vocab_size);
+    const std::vector<MicroBatch> micro = replica_micro_batches(g, run.layout.coords.dp_rank, c.m);
+    lab07::train_step(r, micro, 0.0f, 0.0f);  // the first step: lazy allocations; then count the second
+    std::vector<Communicator*> comms = {r.groups.tp.get(), r.groups.pp.get(), &r.exchange->gradient_channel(),
+                                        r.groups.dp.get(), r.groups.embedding.get()};
+    for (Communicator* comm : comms)
+      if (comm != nullptr) comm->clear_events();
+    lab07::train_step(r, micro, 0.0f, 0.0f);
+
+    // What the layout must move, per step, from this rank's shards (README "What each group carries").
+    int64_t want_tp = 0, want_pp = 0, want_dp = 0, want_emb = 0;
+    const int p = c.grid.pp, s = run.layout.coords.pp_rank;
+    for (int k = 0; k < c.v; ++k) {
+      GPT2& chunk = r.stage->chunk(k);
+      const ModelShard& sh = chunk.shard();
+      const int layers = sh.last(cfg) - sh.first_layer + 1;
+      const bool first = k == 0 && s == 0, last = k == c.v - 1 && s == p - 1;  // of the virtual pipeline
+      if (c.grid.tp > 1) {
+        // per micro-batch: each block's g forward (attention, MLP) and f backward (their inputs), the
+        // embedding's sum, the head's f backward and the cross-entropy's max and two sums over the rows
+        const int64_t per_mb = layers * 4 * btc + (sh.has_embedding ? btc : 0) + (sh.has_head ? btc + 3 * n_rows * 4 : 0);
+        want_tp += c.m * per_mb;
+      }
+      // per micro-batch: an activation sent and a gradient received unless last; the reverse unless first
+      want_pp += c.m * 2 * btc * ((last ? 0 : 1) + (first ? 0 : 1));
+      if (c.grid.dp > 1)
+        for (int u = 0; u < chunk.num_units(); ++u)
+          if (chunk.owns_unit(u)) want_dp += chunk.unit_grads(u).numel() * 4;
+    }
+    if (p > 1 && (s == 0 || s == p - 1)) want_emb = V / c.grid.tp * C * 4;  // this rank's rows of wte's gradient
+    const int64_t got_tp = tensor_bytes(r.groups.tp.get());
+    const int64_t got_pp = tensor_bytes(r.groups.pp.get()) + tensor_bytes(&r.exchange->gradient_channel());
+    const int64_t got_dp = tensor_bytes(r.groups.dp.get()), got_emb = tensor_bytes(r.groups.embedding.get());
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "tp %lld, pp %lld, dp %lld, embedding %lld bytes; the layout's tp %lld, pp %lld, "
+                  "dp %lld, embedding %lld", static_cast<long long>(got_tp), static_cast<long long>(got_pp),
+                  static_cast<long long>(got_dp), static_cast<long long>(got_emb), static_cast<long long>(want_tp),
+                  static_cast<long long>(want_pp), static_cast<long long>(want_dp), static_cast<long long>(want_emb));
+    if (bad.empty() && (got_tp != want_tp || got_pp != want_pp || got_dp != want_dp || got_emb != want_emb))
+      bad = case_name(c) + ", rank " + std::to_string(run.world->rank()) + ": " + buf;
+    if (run.world->rank() == 0) measured += (measured.empty() ? "" : "; ") + case_name(c) + " rank 0: " + buf;
+  }
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
+  return measured;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad layouts
+
+std::string expect_bad_layouts_refused() {
+  const int n = world().size(), me = world().rank();
+  const GPTConfig cfg = grid_config();  // NH 2, L 4
+  struct Bad {
+    const char* what;
+    lab07::Grid grid;
+    ScheduleKind schedule;
+    int m, v, ranks_per_node;
+    bool rule;
+    const char* must_say;  // a number or word the message must contain
+  };
+  const int half = n / 2;
+  const std::vector<Bad> bad = {
+      {"tp x pp x dp above the ranks", {2, 2, n / 2, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "ranks"},
+      {"tp x pp x dp below the ranks", {1, 1, half, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "ranks"},
+      {"tp not dividing the heads", {n, 1, 1, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "2"},
+      {"not a permutation", {2, half, 1, "tp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "tp-pp"},
+      {"a size of 0", {0, 2, half, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "0"},
+      {"more stages than layers", {1, n, 1, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "layer"},
+      {"interleaved with m not a multiple of pp", {2, 2, half / 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 3, 2, 0,
+       false, "3"},
+      {"a tp group across nodes under the rule", {2, 2, half / 2, "pp-dp-tp"}, ScheduleKind::OneFOneB, 2, 1, half,
+       true, "node"},
+  };
+  // The good ones: the rule kept (tp first, tp dividing the node), and the same placement without the rule.
+  const std::vector<Bad> good = {
+      {"the lesson's placement under the rule", {2, 2, half / 2, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, half, true, ""},
+      {"tp across nodes without the rule", {2, 2, half / 2, "pp-dp-tp"}, ScheduleKind::OneFOneB, 2, 1, half, false, ""},
+  };
+  std::string missed, unclear, refused_good;
+  int refused = 0, cases = 0;
+  for (const Bad& b : bad) {
+    if (std::string(b.what) == "more stages than layers" && n <= cfg.n_layer) continue;  // needs n > L
+    ++cases;
+    try {
+      lab07::make_layout(cfg, b.grid, n, me, b.schedule, b.m, b.v, b.ranks_per_node, b.rule);
+      missed += (missed.empty() ? "" : ", ") + std::string(b.what);
+    } catch (const NotImplemented&) {
+      throw;
+    } catch (const Error& e) {
+      ++refused;
+      if (std::string(e.what()).find(b.must_say) == std::string::npos)
+        unclear += (unclear.empty() ? "" : "; ") + std::string(b.what) + " (no '" + b.must_say + "' in: " + e.what() + ")";
+    }
+  }
+  for (const Bad& b : good) {
+    try {
+      const lab07::Layout l = lab07::make_layout(cfg, b.grid, n, me, b.schedule, b.m, b.v, b.ranks_per_node, b.rule);
+      const TableRow want = expected_table(b.grid)[me];
+      if (!(l.coords == want.coords) || l.pipeline.stage != want.coords.pp_rank || l.pipeline.p != b.grid.pp)
+        refused_good += (refused_good.empty() ? "" : ", ") + std::string(b.what) + ": wrong coordinates or stage";
+    } catch (const NotImplemented&) {
+      throw;
+    } catch (const Error& e) {
+      refused_good += (refused_good.empty() ? "" : ", ") + std::string(b.what) + " (" + e.what() + ")";
+    }
+  }
+  EXPECT_TRUE(grading::all_ranks(missed.empty(), on_rank_if(missed.empty() ? missed : "accepted: " + missed)));
+  EXPECT_TRUE(grading::all_ranks(refused_good.empty(), on_rank_if(refused_good.empty() ? "" : "refused: " + refused_good)));
+  EXPECT_TRUE(grading::all_ranks(unclear.empty(), on_rank_if(unclear.empty() ? "" : "unclear: " + unclear)));
+  return std::to_string(refused) + " of " + std::to_string(cases) + " bad layouts refused on every rank, naming the "
+         "numbers; the 2 good ones accepted";
+}
+
+}  // namespace scalelab::lab07_test
