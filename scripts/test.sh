@@ -47,7 +47,7 @@ echo "== grader: reference track must score 100 % on every graded lab"
 scripts/grade all --track reference --build-dir "$build_dir"
 
 echo "== grader: the untouched learner track must report 'not implemented' and exit non-zero"
-for lab in 01 02 03 04 05 06; do
+for lab in 01 02 03 04 05 06 07; do
   out=$(scripts/grade "$lab" --track learner --build-dir "$build_dir" 2>&1) && {
     echo "$out"; echo "FAIL: grading the untouched learner track of lab $lab exited 0"; exit 1; }
   echo "$out"
