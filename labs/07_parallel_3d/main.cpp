@@ -22,6 +22,7 @@
 #include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
 #include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, Topology, run_on_all_ranks
+#include "scalelab/core/allocator.h"   // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
 #include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
@@ -42,6 +43,7 @@ struct Options : driver::DistributedOptions {
   int chunks = 1;                    // v (interleaved)
   double uniform_compute_ms = 0;     // a stage's forward of one micro-batch takes this long (backward twice)
   double wait_timeout_s = 300;
+  double memory_cap_mb = 0;          // simulated device memory per rank (0: no cap)
 };
 
 // What one group carried and cost in one step (events of its communicators).
@@ -93,6 +95,9 @@ static int run(const Options& o, Communicator& world) {
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
+  // The simulated device memory of this rank: from here on an allocation beyond it throws OutOfMemory (a
+  // layout whose shards, optimizer state or in-flight activations do not fit ends with a report).
+  if (o.memory_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.memory_cap_mb * 1048576.0));
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed);
   lab07::Groups& g = part->groups;
   const int v = layout.pipeline.v;
@@ -117,7 +122,8 @@ static int run(const Options& o, Communicator& world) {
       {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
       {"backend", world.backend()}, {"link", o.link},               {"inter_link", o.inter_link},
       {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())}, {"pp_link", link_of(g.pp.get())},
-      {"dp_link", link_of(g.dp.get())}, {"embedding_link", link_of(g.embedding.get())}};
+      {"dp_link", link_of(g.dp.get())}, {"embedding_link", link_of(g.embedding.get())},
+      {"memory_cap_mb", o.memory_cap_mb}};
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
                              {"tp_rank", layout.coords.tp_rank}, {"pp_rank", layout.coords.pp_rank},
@@ -174,9 +180,16 @@ static int run(const Options& o, Communicator& world) {
     m.extra = {{"bubble", 1.0 - part->stage->compute_ms() / window_ms}, {"bubble_formula", formula},
                {"compute_ms", part->stage->compute_ms()}, {"pipeline_ms", window_ms},
                {"uniform_overruns", part->stage->overruns()}, {"groups", per_group}};
-    if (want_timeline) {
+    if (want_timeline) {  // the stage's spans, and every group's calls but tp's (the timeline record has those)
       m.spans = part->stage->spans();
       m.spans.push_back({"step", start_ms, now});
+      nlohmann::json calls = nlohmann::json::array();
+      for (Communicator* c : {g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(), g.embedding.get()})
+        if (c != nullptr)
+          for (const CommEvent& e : c->events())
+            calls.push_back({{"group", e.group}, {"op", e.op}, {"tag", e.tag}, {"start_ms", e.start_ms},
+                             {"end_ms", e.end_ms}, {"wait_ms", e.wait_ms}, {"payload_bytes", e.payload_bytes}});
+      m.extra["group_calls"] = calls;
     }
     return m;
   };
@@ -235,6 +248,9 @@ int main(int argc, char** argv) {
   app.add_option("--wait-timeout-s", o.wait_timeout_s,
                  "a message or collective waited for longer than this fails, naming what it waited for; 0: for ever")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--memory-cap-mb", o.memory_cap_mb, "simulated device memory per rank, MiB (0: no cap); beyond it "
+                 "an allocation fails with an out-of-memory report")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""bench/placement_3d.py — lab 07 on a simulated cluster: the placement rule measured, and a layout search.
+
+  bench/placement_3d.py [--bin build/bin/reference/lab07_parallel_3d] [--out runs/placement_3d]
+                        [--placement] [--search] [--quick] [--slowdown 300] [--compute-ms 100] ...
+
+Both parts run the lab 07 program on 8 CPU ranks (mpirun --oversubscribe) as 2 simulated nodes of 4 ranks:
+groups inside a node get --intra (nvlink), groups across nodes --inter (infiniband). A 2-core machine cannot
+time 8 ranks' compute, so every stage's compute is UNIFORM (--uniform-compute-ms: the time a device would
+take; the real compute must fit inside it, and every row says how often it did not) and every link is the
+alpha-beta model of docs/communicator.md, both slowed by the same factor (--slowdown) so that the simulated
+times dominate the real MPI latency of this machine (0.3-2 ms a message). What is measured is therefore the
+schedule: who waits for whom, over which link, and the bubble, with real messages and real dependencies.
+
+  --placement  the 2 x 2 x 2 grid (1F1B, m 4) in each of the 6 orders of the axes: step time, tokens/s, the
+               exposed wait per group, and the link time the alpha-beta model charged per group (with the tp
+               group's charge computed here by hand from its calls and bytes, to check the arithmetic).
+  --search     every (tp, pp, dp, m) of 8 ranks the model allows (tp | heads, pp <= layers), the global batch
+               fixed: ranked by tokens/s; each stage's uniform compute scaled by its share of the work
+               (compute-ms x 32 / (tp pp dp m)), so that the device count, not the layout, sets the work.
+Writes <out>/placement.md, <out>/search.md and <out>/results.json; prints the tables.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORDERS = ["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp"]
+# The presets of common/src/comm/link_model.cpp (docs/communicator.md "The simulated link"): base, alpha, B.
+PRESETS = {"nvlink": (8.4e-6, 3.4e-6, 370e9), "pcie": (8.4e-6, 5.7e-6, 25e9),
+           "ethernet100": (8.4e-6, 14e-6, 12e9), "infiniband": (8.4e-6, 14e-6, 46e9)}
+
+
+def run_one(a, tp, pp, dp, m, order, compute_ms, run_id):
+    micro_batch = a.global_batch // (dp * m)
+    cmd = ["mpirun", "-np", str(tp * pp * dp), "--oversubscribe", "--bind-to", "none", a.bin,
+           "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--order", order, "--micro-batches", str(m),
+           "--micro-batch", str(micro_batch), "--seq-len", str(a.seq_len), "--model", a.model,
+           "--ranks-per-node", str(a.ranks_per_node), "--link", a.intra, "--inter-link", a.inter,
+           "--link-slowdown", str(a.slowdown), "--uniform-compute-ms", f"{compute_ms:.3f}",
+           "--steps", str(a.steps), "--warmup", "1", "--val-every", "0", "--val-batches", "1", "--timeline-steps", "0",
+           "--log-dir", a.log_dir, "--run-id", run_id, "--wait-timeout-s", "120", "--quiet"]
+    if a.calibration:
+        cmd += ["--calibration", a.calibration]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        tail = (p.stdout + p.stderr).strip().splitlines()[-6:]
+        return {"ok": False, "why": " / ".join(tail), "wall_s": wall}
+    return dict(read_run(os.path.join(a.log_dir, "lab07", run_id)), ok=True, wall_s=wall)
+
+
+def read_run(run_dir):
+    """Per rank: the timed steps' (step >= 1) medians; then the worst rank's step and each group's mean wait."""
+    ranks = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "rank*.jsonl"))):
+        steps, summary, config = [], {}, {}
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("type") == "step" and r["step"] >= 1:
+                    steps.append(r)
+                elif r.get("type") == "summary":
+                    summary = r
+                elif r.get("type") == "run":
+                    config = r.get("config", {})
+        ranks.append((steps, summary, config))
+    out = {"step_ms": max(statistics.median(s["step_ms"] for s in st) for st, _, _ in ranks),
+           "tokens_per_s": ranks[0][1].get("tokens_per_s", 0.0),
+           "overruns": sum(s.get("uniform_overruns", 0) for st, _, _ in ranks for s in st),
+           "memory_peak_mib": max(sm.get("memory_peak_bytes", 0) for _, sm, _ in ranks) / 2**20,
+           "bubble_formula": ranks[0][1].get("bubble_formula", 0.0),
+           "links": {g: ranks[0][2].get(g + "_link", "") for g in ("tp", "pp", "dp", "embedding")}}
+    for g in ("tp", "pp", "dp", "embedding"):
+        for key in ("wait_ms", "modeled_ms", "calls", "payload_bytes"):
+            # the mean over ranks of each rank's median over its timed steps
+            vals = [statistics.median(s["groups"][g][key] for s in st) for st, _, _ in ranks]
+            out[f"{g}_{key}"] = sum(vals) / len(vals)
+    return out
+
+
+def tp_by_hand(r, tp, slowdown):
+    """The alpha-beta charge of the tp group, computed here: every call is an all_reduce of n = tp ranks:
+    base + 2 (n - 1) alpha + 2 (n - 1) / n S / B, S its bytes; latencies x slowdown, bandwidth / slowdown."""
+    if tp == 1:
+        return 0.0
+    base, alpha, bw = PRESETS[r["links"]["tp"].split("/")[0]]
+    n = tp
+    latency = r["tp_calls"] * (base + 2 * (n - 1) * alpha)
+    return 1e3 * slowdown * (latency + 2 * (n - 1) / n * r["tp_payload_bytes"] / bw)
+
+
+def fmt_row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def placement(a):
+    rows, results = [], []
+    for order in ORDERS:
+        r = run_one(a, 2, 2, 2, a.m, order, a.compute_ms, f"placement-{order}-{int(time.time())}")
+        results.append(dict(r, order=order))
+        if not r["ok"]:
+            rows.append(fmt_row([order, "failed: " + r["why"]] + [""] * 9))
+            continue
+        print(f"  {order}: step {r['step_ms']:.0f} ms, {r['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+        rows.append(fmt_row([
+            f"`{order}`", f"{r['links']['tp']} / {r['links']['pp']} / {r['links']['dp']}",
+            f"{r['step_ms']:.0f}", f"{r['tokens_per_s']:.0f}",
+            f"{r['tp_wait_ms']:.0f} ({r['tp_modeled_ms']:.0f}; {tp_by_hand(r, 2, a.slowdown):.0f})",
+            f"{r['pp_wait_ms']:.0f} ({r['pp_modeled_ms']:.0f})", f"{r['dp_wait_ms']:.0f} ({r['dp_modeled_ms']:.0f})",
+            f"{r['embedding_wait_ms']:.0f} ({r['embedding_modeled_ms']:.0f})", str(r["overruns"])]))
+    head = ("| order | link of tp / pp / dp | step ms | tokens/s | tp wait (charged; by hand) ms | pp wait (charged) "
+            "| dp wait (charged) | embedding wait (charged) | overruns |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    text = head + "\n" + "\n".join(rows)
+    return text, results
+
+
+def search(a):
+    layouts = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8):
+            if a.ranks % (tp * pp) or a.heads % tp or pp > a.layers:
+                continue
+            dp = a.ranks // (tp * pp)
+            for m in (1, 2, 4, 8):
+                if a.global_batch % (dp * m) == 0:
+                    layouts.append((tp, pp, dp, m))
+    if a.quick:
+        layouts = [l for l in layouts if l[3] in (1, 4)]
+    results = []
+    for i, (tp, pp, dp, m) in enumerate(layouts):
+        f_ms = a.compute_ms * 32.0 / (tp * pp * dp * m)  # the 2x2x2 m 4 stage's F, scaled by the work
+        r = run_one(a, tp, pp, dp, m, "tp-dp-pp", f_ms, f"search-{tp}-{pp}-{dp}-{m}-{int(time.time())}")
+        r.update(tp=tp, pp=pp, dp=dp, m=m, compute_ms=f_ms)
+        results.append(r)
+        print(f"  [{i + 1}/{len(layouts)}] tp {tp} pp {pp} dp {dp} m {m}: "
+              + (f"{r['tokens_per_s']:.0f} tokens/s" if r["ok"] else "failed"), file=sys.stderr)
+    ok = sorted([r for r in results if r["ok"]], key=lambda r: -r["tokens_per_s"])
+    rows = []
+    for rank, r in enumerate(ok, 1):
+        rows.append(fmt_row([str(rank), f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]),
+                             str(a.global_batch // (r["dp"] * r["m"])), f"{r['compute_ms']:.0f}",
+                             f"{r['tokens_per_s']:.0f}", f"{r['step_ms']:.0f}", f"{r['bubble_formula']:.3f}",
+                             f"{r['tp_wait_ms']:.0f}", f"{r['pp_wait_ms']:.0f}", f"{r['dp_wait_ms']:.0f}",
+                             f"{r['memory_peak_mib']:.1f}", str(r["overruns"])]))
+    for r in results:
+        if not r["ok"]:
+            rows.append(fmt_row(["-", f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]), "", "", "failed: " + r["why"]]
+                                + [""] * 7))
+    head = ("| rank | tp x pp x dp | m | micro-batch | F ms | tokens/s | step ms | bubble formula | tp wait ms | "
+            "pp wait ms | dp wait ms | peak MiB per rank | overruns |\n"
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    return head + "\n" + "\n".join(rows), results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(REPO, "build/bin/reference/lab07_parallel_3d"))
+    ap.add_argument("--out", default=os.path.join(REPO, "runs/placement_3d"))
+    ap.add_argument("--log-dir", default=None, help="the runs' logs (default <out>/logs)")
+    ap.add_argument("--placement", action="store_true", help="the 6 orders of the 2 x 2 x 2 grid")
+    ap.add_argument("--search", action="store_true", help="every (tp, pp, dp, m) of 8 ranks")
+    ap.add_argument("--quick", action="store_true", help="search only m 1 and 4")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--ranks-per-node", type=int, default=4)
+    ap.add_argument("--intra", default="nvlink")
+    ap.add_argument("--inter", default="infiniband")
+    ap.add_argument("--slowdown", type=float, default=300.0, help="links and compute both this many times slower")
+    ap.add_argument("--compute-ms", type=float, default=100.0,
+                    help="uniform forward of one micro-batch on one stage of the 2x2x2 m 4 layout (backward: twice)")
+    ap.add_argument("--m", type=int, default=4, help="micro-batches of the placement runs")
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--heads", type=int, default=4, help="the model's heads (tp must divide them)")
+    ap.add_argument("--layers", type=int, default=4, help="the model's layers (pp at most)")
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is not timed)")
+    ap.add_argument("--calibration", default=os.path.join(REPO, "runs/calibration/cpu_1t.json"),
+                    help="the MFU peak file (skips the sgemm check of every run; '' to measure)")
+    a = ap.parse_args()
+    if not (a.placement or a.search):
+        a.placement = a.search = True
+    if a.calibration and not os.path.exists(a.calibration):
+        a.calibration = ""
+    a.log_dir = a.log_dir or os.path.join(a.out, "logs")
+    os.makedirs(a.out, exist_ok=True)
+    setup = (f"{a.ranks} ranks as {a.ranks // a.ranks_per_node} nodes x {a.ranks_per_node}; links {a.intra} inside "
+             f"a node, {a.inter} across, both x{a.slowdown:g} slower; model {a.model}, global batch {a.global_batch} x "
+             f"T {a.seq_len}; uniform compute F = {a.compute_ms:g} ms forward (2F backward) per micro-batch per stage "
+             f"of the 2x2x2 m {a.m} layout; {a.steps - 1} timed steps per run (medians; the slowest rank's step)")
+    results = {"setup": setup}
+    if a.placement:
+        print("placement (2 x 2 x 2, 1F1B, m %d): %s" % (a.m, setup), file=sys.stderr)
+        text, results["placement"] = placement(a)
+        with open(os.path.join(a.out, "placement.md"), "w") as f:
+            f.write(setup + "\n\n" + text + "\n")
+        print(text)
+    if a.search:
+        print("layout search: " + setup, file=sys.stderr)
+        text, results["search"] = search(a)
+        with open(os.path.join(a.out, "search.md"), "w") as f:
+            f.write(setup + "\n\n" + text + "\n")
+        print(text)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
