@@ -31,12 +31,10 @@
 using namespace scalelab;
 
 // The options labs 03-05 share (labs/common/driver.h) and lab 05's own.
-struct Options : driver::DistributedOptions {
+struct Options : driver::DistributedOptions, driver::ClusterOptions {
   Options() { sample_tokens = 0; }  // a shard's logits are a slice of the vocabulary: no sample by default
   int tp = 0;                       // ranks per tensor-parallel group (0: all ranks)
   bool sequence_parallel = false;   // split the token rows too (Korthikanti et al. 2022)
-  int ranks_per_node = 0;           // simulated nodes of this many ranks (0: one link for every group)
-  std::string inter_link = "ethernet100";  // with --ranks-per-node: the link of a group that spans nodes
 };
 
 static int run(const Options& o, Communicator& world) {
@@ -46,14 +44,7 @@ static int run(const Options& o, Communicator& world) {
   driver::check_train_options(o);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
-  world.set_link_model(driver::make_link(o.link, o.link_slowdown));
-  if (o.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
-    Topology topo;
-    topo.ranks_per_node = o.ranks_per_node;
-    topo.intra = driver::make_link(o.link, o.link_slowdown);
-    topo.inter = driver::make_link(o.inter_link, o.link_slowdown);
-    world.set_topology(topo);
-  }
+  driver::set_links(world, o, o);  // --link, or a simulated cluster (--ranks-per-node, --inter-link)
   const int tp = o.tp > 0 ? o.tp : n;
   GPTConfig cfg = GPTConfig::preset(o.model);
   const lab05::Layout layout = lab05::make_layout(cfg, n, rank, tp, o.sequence_parallel);  // throws everywhere alike
@@ -178,12 +169,7 @@ int main(int argc, char** argv) {
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "split the layernorms and the residual stream across the group too (Korthikanti et al. 2022)");
   driver::add_link_options(app, o);
-  app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "simulate nodes of this many ranks (world-rank order): a group inside one node crosses --link, a "
-                 "group across nodes --inter-link (0: every group crosses --link)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
-      ->capture_default_str();
+  driver::add_cluster_options(app, o);
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -33,14 +33,9 @@
 
 using namespace scalelab;
 
-// The options labs 03-06 share (labs/common/driver.h) and lab 06's own.
-struct Options : driver::DistributedOptions {
+// The options labs 03-06 share and the pipeline's (labs/common/driver.h).
+struct Options : driver::DistributedOptions, driver::PipelineOptions {
   Options() { sample_tokens = 0; }  // a stage holds only some layers: no sample by default
-  std::string schedule = "1f1b";
-  int micro_batches = 4;             // m: micro-batches per optimizer step
-  int chunks = 1;                    // v: model chunks per rank (interleaved)
-  double uniform_compute_ms = 0;     // every stage's forward of a micro-batch takes this long, its backward twice
-  double wait_timeout_s = 300;       // a message waited for longer than this ends the run with what every rank waited for
 };
 
 static int run(const Options& o, Communicator& world) {
@@ -203,18 +198,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 06: pipeline-parallel GPT-2 on N ranks (mpirun -np N: N stages); loss, tokens/s, MFU, bubble"};
   Options o;
   driver::add_distributed_options(app, o, "lab06");
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
-  app.add_option("--micro-batches", o.micro_batches, "m: micro-batches per optimizer step (each --micro-batch sequences)")
-      ->capture_default_str();
-  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
-  app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
-                 "every stage's forward of a micro-batch takes at least this long, its backward twice as long (0: as "
-                 "the compute takes); the bubble formula's assumption")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--wait-timeout-s", o.wait_timeout_s,
-                 "a receive that waits longer than this fails, naming the peer and the message it waited for (a "
-                 "schedule that deadlocks); 0: wait for ever")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  driver::add_pipeline_options(app, o);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

@@ -30,20 +30,16 @@
 
 using namespace scalelab;
 
-// The options labs 03-06 share (labs/common/driver.h) and lab 07's own.
-struct Options : driver::DistributedOptions {
-  Options() { sample_tokens = 0; }  // a rank holds a slice of some layers: no sample
-  int tp = 1, pp = 1, dp = 0;        // dp 0: the ranks / (tp x pp)
-  std::string order = "tp-dp-pp";    // the grid's axes, fastest-varying first
-  int ranks_per_node = 0;            // a simulated cluster: node = rank / this (0: one node)
-  std::string inter_link = "infiniband";
-  bool placement_rule = false;       // refuse a tp group that crosses a node
-  std::string schedule = "1f1b";
-  int micro_batches = 4;             // m, per replica and step
-  int chunks = 1;                    // v (interleaved)
-  double uniform_compute_ms = 0;     // a stage's forward of one micro-batch takes this long (backward twice)
-  double wait_timeout_s = 300;
-  double memory_cap_mb = 0;          // simulated device memory per rank (0: no cap)
+// The options labs 03-07 share, the simulated cluster's and the pipeline's (labs/common/driver.h), and lab 07's.
+struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions {
+  Options() {
+    sample_tokens = 0;         // a rank holds a slice of some layers: no sample
+    inter_link = "infiniband";
+  }
+  int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x pp)
+  std::string order = "tp-dp-pp";  // the grid's axes, fastest-varying first
+  bool placement_rule = false;     // refuse a tp group that crosses a node
+  double memory_cap_mb = 0;        // simulated device memory per rank (0: no cap)
 };
 
 // What one group carried and cost in one step (events of its communicators).
@@ -72,14 +68,7 @@ static int run(const Options& o, Communicator& world) {
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_wait_timeout(o.wait_timeout_s);
-  world.set_link_model(driver::make_link(o.link, o.link_slowdown));
-  if (o.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
-    Topology topo;
-    topo.ranks_per_node = o.ranks_per_node;
-    topo.intra = driver::make_link(o.link, o.link_slowdown);
-    topo.inter = driver::make_link(o.inter_link, o.link_slowdown);
-    world.set_topology(topo);  // before the splits: each group takes the link of its members' placement
-  }
+  driver::set_links(world, o, o);  // before the splits: each group takes the link of its members' placement
   lab07::Grid grid{o.tp, o.pp, o.dp, o.order};
   if (grid.dp == 0 && o.tp > 0 && o.pp > 0) grid.dp = n / (o.tp * o.pp) > 0 ? n / (o.tp * o.pp) : 1;
   GPTConfig cfg = GPTConfig::preset(o.model);
@@ -229,25 +218,13 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
   app.add_option("--order", o.order, "the grid's axes, fastest-varying first: tp-dp-pp puts tp inside a node")
       ->capture_default_str();
-  app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "simulate nodes of this many ranks (node = rank / N): groups inside one node get --link, groups "
-                 "across nodes --inter-link (0: one node)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--inter-link", o.inter_link, "the simulated link between nodes (with --ranks-per-node)")
-      ->capture_default_str();
   app.add_flag("--placement-rule", o.placement_rule,
                "refuse a layout whose tensor-parallel groups cross a node (the lesson's rule: TP inside a node)");
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
-  app.add_option("--micro-batches", o.micro_batches, "m: micro-batches per replica and optimizer step")
-      ->capture_default_str();
-  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
-  app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
-                 "a stage's forward of a micro-batch takes at least this long plus its tensor-parallel waits, its "
-                 "backward twice as long (0: as the compute takes)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--wait-timeout-s", o.wait_timeout_s,
-                 "a message or collective waited for longer than this fails, naming what it waited for; 0: for ever")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  driver::add_cluster_options(app, o);
+  driver::add_pipeline_options(app, o);
+  app.get_option("--uniform-compute-ms")
+      ->description("a stage's forward of a micro-batch takes at least this long plus its tensor-parallel waits, its "
+                    "backward twice as long (0: as the compute takes)");
   app.add_option("--memory-cap-mb", o.memory_cap_mb, "simulated device memory per rank, MiB (0: no cap); beyond it "
                  "an allocation fails with an out-of-memory report")->capture_default_str()
       ->check(CLI::NonNegativeNumber);

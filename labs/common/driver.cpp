@@ -66,8 +66,43 @@ void add_link_options(CLI::App& app, DistributedOptions& o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
+void add_cluster_options(CLI::App& app, ClusterOptions& o) {
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "simulate nodes of this many ranks (world-rank order): a group inside one node crosses --link, a "
+                 "group across nodes --inter-link (0: every group crosses --link)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
+      ->capture_default_str();
+}
+
+void add_pipeline_options(CLI::App& app, PipelineOptions& o) {
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches, "m: micro-batches per optimizer step (each --micro-batch sequences)")
+      ->capture_default_str();
+  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
+  app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
+                 "every stage's forward of a micro-batch takes at least this long, its backward twice as long (0: as "
+                 "the compute takes); the bubble formula's assumption")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--wait-timeout-s", o.wait_timeout_s,
+                 "a receive or collective that waits longer than this fails, naming the peer and the message it waited "
+                 "for (a schedule that deadlocks); 0: wait for ever")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Setup
+
+void set_links(Communicator& world, const DistributedOptions& o, const ClusterOptions& cluster) {
+  world.set_link_model(make_link(o.link, o.link_slowdown));
+  if (cluster.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
+    Topology topo;
+    topo.ranks_per_node = cluster.ranks_per_node;
+    topo.intra = make_link(o.link, o.link_slowdown);
+    topo.inter = make_link(cluster.inter_link, o.link_slowdown);
+    world.set_topology(topo);
+  }
+}
 
 Device device_from_option(const std::string& name) {
   SL_CHECK_HINT(name == "cpu" || name == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",

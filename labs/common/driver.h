@@ -66,6 +66,20 @@ struct DistributedOptions : TrainOptions {
   double link_slowdown = 1.0;     // the simulated link made this many times slower
 };
 
+// Labs 05 and 07: a simulated cluster of nodes (docs/communicator.md "Groups and the simulated topology").
+struct ClusterOptions {
+  int ranks_per_node = 0;                  // simulated nodes of this many ranks (0: one link for every group)
+  std::string inter_link = "ethernet100";  // with ranks_per_node: the link of a group that spans nodes
+};
+// Labs 06 and 07: the pipeline's schedule and its measurement.
+struct PipelineOptions {
+  std::string schedule = "1f1b";
+  int micro_batches = 4;           // m: micro-batches per optimizer step (per replica)
+  int chunks = 1;                  // v: model chunks per rank (interleaved)
+  double uniform_compute_ms = 0;   // every stage's forward of a micro-batch takes this long, its backward twice
+  double wait_timeout_s = 300;     // a wait longer than this ends the run with what every rank waited for
+};
+
 // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).
 void add_schedule_options(CLI::App& app, TrainOptions& o);
 
@@ -78,6 +92,10 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab);
 void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab);
 // Labs 03 and 04: --link --link-slowdown --timeline-steps.
 void add_link_options(CLI::App& app, DistributedOptions& o);
+// Labs 05 and 07: --ranks-per-node --inter-link.
+void add_cluster_options(CLI::App& app, ClusterOptions& o);
+// Labs 06 and 07: --schedule --micro-batches --chunks --uniform-compute-ms --wait-timeout-s.
+void add_pipeline_options(CLI::App& app, PipelineOptions& o);
 
 // ---------------------------------------------------------------------------------------------
 // Setup
@@ -97,6 +115,11 @@ std::pair<AttentionImpl, std::string> attention_from_option(const std::string& n
 // presets belong to; slowing the link down too puts a CPU run in the regime a GPU cluster is in, where
 // the all-reduce takes about as long as the backward pass (labs/03_ddp/README.md "Measured").
 LinkModel make_link(const std::string& name, double slowdown);
+
+// The links of world's groups, set before any split: --link for every group, or with --ranks-per-node a
+// simulated cluster (Topology): --link inside a node, --inter-link across nodes, both --link-slowdown
+// times slower. Each group split later takes the link of its members' placement.
+void set_links(Communicator& world, const DistributedOptions& o, const ClusterOptions& cluster);
 
 // The denominator of MFU, per device, in FLOP/s (scalelab::device_peak, calibration.h): the datasheet
 // figure for a GPU, the sgemm calibration for the CPU (runs/calibration/cpu_<threads>t.json, measured
