@@ -2,8 +2,8 @@
 
 A run is a directory ``runs/<lab>/<run_id>/`` holding one ``rank<k>.jsonl`` per rank, one JSON
 object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 02_data_pipeline,
-03_ddp, 04_fsdp, 05_tensor_parallel, 06_pipeline_parallel) call only the functions below, so a plot looks
-the same in every lab. Tests: notebooks/test_scalelab_logs.py.
+03_ddp, 04_fsdp, 05_tensor_parallel, 06_pipeline_parallel, 07_parallel_3d) call only the functions below, so
+a plot looks the same in every lab. Tests: notebooks/test_scalelab_logs.py.
 
     runs = load_runs(latest_runs("lab03", runs_root="../runs", per_config=True))
     plot_loss(runs)
@@ -74,6 +74,7 @@ class Run:
     evals: pd.DataFrame  # `eval` records of all ranks
     summaries: pd.DataFrame  # `summary` records (one per rank that finished)
     timelines: list[dict] = field(default_factory=list)  # `timeline` records, all ranks
+    rank_infos: list[dict] = field(default_factory=list)  # every rank's `run` record (its last), by rank
 
     @property
     def run_id(self) -> str:
@@ -110,6 +111,8 @@ class Run:
             if cfg.get("read_delay_ms"):
                 loader += f", reads {cfg['read_delay_ms']:g} ms"
             parts.append(loader)
+        if "order" in cfg:  # lab 07: the 3D grid and its order, fastest axis first
+            parts.append(f"tp {cfg.get('tp')} x pp {cfg.get('pp')} x dp {cfg.get('dp')} ({cfg['order']})")
         if "mode" in cfg:
             parts.append(str(cfg["mode"]))
         if "stage" in cfg:
@@ -134,8 +137,10 @@ def read_run(run_dir: str | Path) -> Run:
     if not run_records:
         raise ValueError(f"{run_dir}: no `run` record in any rank*.jsonl (is this a scalelab run directory?)")
     info = [r for r in run_records if r.get("rank", 0) == run_records[0].get("rank", 0)][-1]
+    last_of_rank = {r.get("rank", 0): r for r in run_records}  # sorted by rank; a resumed run's last record wins
     frame = lambda t: pd.DataFrame(by_type.get(t, []))  # noqa: E731
-    return Run(run_dir, info, frame("step"), frame("eval"), frame("summary"), by_type.get("timeline", []))
+    return Run(run_dir, info, frame("step"), frame("eval"), frame("summary"), by_type.get("timeline", []),
+               list(last_of_rank.values()))
 
 
 def load_runs(run_dirs) -> list[Run]:
@@ -795,4 +800,299 @@ def plot_pp_memory(peaks: pd.DataFrame, p: int | None = None, m: int | None = No
     ax_m.set_xticklabels([str(x) for x in ms])
     ax_m.minorticks_off()
     ax_m.legend(fontsize=8)
+    return _save(fig, name, plot_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 07: 3D parallelism (labs/07_parallel_3d/main.cpp; docs/log_schema.md "Lab 07's records"). Every rank's
+# `run` record holds its `layout`: coordinates (tp_rank, pp_rank, dp_rank), its groups' world ranks and
+# stage_layers; its config the simulated cluster (ranks_per_node: node = rank / it) and each group's link.
+# A step record holds `groups` (per group: wait_ms, modeled_ms, calls, payload_bytes) and, on timeline steps,
+# `group_calls` (the pp, "pp gradients", dp and embedding groups' calls); the `timeline` record the tp
+# group's calls (`events`) and the stage's spans (`compute`, plus "step").
+
+GROUPS_3D = ("tp", "pp", "dp", "embedding")
+GROUP_COLORS = {"tp": "tab:red", "pp": "tab:blue", "dp": "tab:green", "embedding": "tab:purple"}
+
+
+def _grid_layout(cfg: dict) -> tuple:
+    return (cfg.get("model"), cfg.get("tp"), cfg.get("pp"), cfg.get("dp"), cfg.get("order"), cfg.get("schedule"),
+            cfg.get("chunks", 1), cfg.get("micro_batches"), cfg.get("micro_batch"), cfg.get("T"),
+            cfg.get("ranks_per_node", 0), cfg.get("link", "none"), cfg.get("inter_link"), cfg.get("link_slowdown"),
+            cfg.get("uniform_compute_ms", 0))
+
+
+def latest_lab07_runs(runs_root: str | Path = "../runs", limit: int = 16) -> list[Path]:
+    """Lab 07: the most recent finished run of each layout (model, tp, pp, dp, order, schedule, v, m, micro-batch,
+    T, cluster, links, uniform compute) under ``<runs_root>/lab07``, oldest first, at most ``limit``."""
+    chosen: dict[tuple, Path] = {}
+    for r in load_runs(find_runs("lab07", runs_root)):  # oldest first
+        if not r.finished or "order" not in r.config:
+            continue
+        key = _grid_layout(r.config)
+        chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
+        chosen[key] = r.path
+    return list(chosen.values())[-limit:]
+
+
+def order_comparison(runs: list[Run]) -> list[Run]:
+    """The runs that differ from the most recent one in the order of the axes only (the same grid, model,
+    schedule, cluster and links), one per order, the most recent one of each; the most recent run alone if
+    no other order was run with its layout."""
+    if not runs:
+        return []
+    without_order = lambda r: _grid_layout(r.config)[:4] + _grid_layout(r.config)[5:]  # noqa: E731
+    want = without_order(runs[-1])
+    by_order: dict[str, Run] = {}
+    for r in runs:  # oldest first: a later run of an order replaces an earlier one
+        if "order" in r.config and without_order(r) == want:
+            by_order[r.config["order"]] = r
+    return list(by_order.values())
+
+
+def _stage_text(shard: str) -> str:
+    """"layers 0-1, embedding" from a ModelShard::str() such as "tp 0/2 | layers 0-1 | embedding"."""
+    return ", ".join(p.strip() for p in shard.split("|") if p.strip() and not re.match(r"^tp \d+/\d+$", p.strip()))
+
+
+def grid_3d(run: Run) -> pd.DataFrame:
+    """One row per rank, from every rank's `run` record: rank, node (rank // config.ranks_per_node; 0 for all
+    ranks without a simulated cluster), tp_rank, pp_rank, dp_rank, the groups' world ranks (tp_group, pp_group,
+    dp_group, embedding_group: None on a middle stage), stage (stage_layers without its tp part), and the link
+    each group took (tp_link, ...; "-" for none). Read, never computed: the grid is what the program built."""
+    rows = []
+    for rec in run.rank_infos:
+        lay, cfg = rec.get("layout") or {}, rec.get("config", {})
+        if "tp_rank" not in lay:
+            continue
+        rank, per_node = int(rec.get("rank", 0)), int(cfg.get("ranks_per_node") or 0)
+        row = {"rank": rank, "node": rank // per_node if per_node > 0 else 0}
+        row.update({k: int(lay[k]) for k in ("tp_rank", "pp_rank", "dp_rank")})
+        row.update({f"{g}_group": lay.get(f"{g}_group") for g in GROUPS_3D})
+        row["stage"] = _stage_text(str(lay.get("stage_layers", "")))
+        row.update({f"{g}_link": cfg.get(f"{g}_link", "-") for g in GROUPS_3D})
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values("rank", ignore_index=True) if rows else pd.DataFrame()
+
+
+def _node_color(node: int):
+    return plt.cm.Pastel2(node % 8)
+
+
+def plot_grid_3d(runs: list[Run], plot_dir=None, name="grid_3d"):
+    """Where every rank sits, one row of two panels per run (lab 07 runs only). Left, by coordinates: a row per
+    pipeline stage (stage 0 on top, its layers beside it), a block per replica (dp), a cell per tp slice, each
+    cell named by its rank and filled with its node's colour; each tp group framed, solid when its ranks share
+    a node, dashed red when it crosses nodes. Right, by node: the nodes as the launcher fills them (consecutive
+    ranks), each rank with its coordinates."""
+    grids = [(r, grid_3d(r)) for r in runs]
+    grids = [(r, g) for r, g in grids if not g.empty]
+    if not grids:
+        return _nothing("no lab 07 run with a `layout` in its run records")
+    from matplotlib.patches import Patch, Rectangle
+    tall = max(int(g["pp_rank"].max()) + 1 for _, g in grids)
+    fig, axes = plt.subplots(len(grids), 2, figsize=(13, (1.0 * tall + 1.4) * len(grids)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.15, 1]})
+    for (r, g), (ax, ax_node) in zip(grids, axes):
+        tp, pp, dp = (int(g[f"{a}_rank"].max()) + 1 for a in ("tp", "pp", "dp"))
+        node_of = dict(zip(g["rank"], g["node"]))
+        x_of = lambda t, d: d * (tp + 0.5) + t  # noqa: E731  a gap between the replicas' blocks
+        for row in g.itertuples():
+            x, y = x_of(row.tp_rank, row.dp_rank), row.pp_rank
+            ax.add_patch(Rectangle((x, y - 0.4), 0.96, 0.8, facecolor=_node_color(row.node), edgecolor="0.5", lw=0.6))
+            ax.text(x + 0.48, y, f"r{row.rank}\ntp {row.tp_rank}", ha="center", va="center", fontsize=8)
+        seen = set()
+        for row in g.itertuples():  # frame each tp group once, around its members' cells
+            members = tuple(row.tp_group or [row.rank])
+            if members in seen:
+                continue
+            seen.add(members)
+            cells = g[g["rank"].isin(members)]
+            x0 = min(x_of(c.tp_rank, c.dp_rank) for c in cells.itertuples())
+            x1 = max(x_of(c.tp_rank, c.dp_rank) for c in cells.itertuples()) + 0.96
+            across = len({node_of[m] for m in members}) > 1
+            ax.add_patch(Rectangle((x0 - 0.05, row.pp_rank - 0.46), x1 - x0 + 0.1, 0.92, facecolor="none",
+                                   edgecolor="tab:red" if across else "k", lw=1.6 if across else 1.0,
+                                   ls="--" if across else "-"))
+        for d in range(dp):
+            ax.text(x_of((tp - 1) / 2, d) + 0.48, -0.62, f"replica dp {d}", ha="center", va="bottom", fontsize=8)
+        stage_names = {int(s.pp_rank): s.stage for s in g[g["tp_rank"] == 0].itertuples()}
+        ax.set_yticks(range(pp))
+        ax.set_yticklabels([f"stage {s}\n{stage_names.get(s, '')}" for s in range(pp)], fontsize=8)
+        ax.set(xlim=(-0.2, x_of(tp - 1, dp - 1) + 1.2), ylim=(pp - 0.5, -0.9), xticks=[])
+        for side in ("top", "right", "bottom"):
+            ax.spines[side].set_visible(False)
+        first = g.iloc[0]
+        ax.set_title(f"{r.config.get('order')}: tp {tp} x pp {pp} x dp {dp} by coordinates; links of rank 0: tp "
+                     f"{first['tp_link']}, pp {first['pp_link']}, dp {first['dp_link']}", fontsize=9)
+        # By node: consecutive ranks, as mpirun --map-by slot and Slurm's block distribution fill nodes.
+        nodes = sorted(g["node"].unique())
+        per_node = int(g.groupby("node").size().max())
+        for row in g.itertuples():
+            slot = int((g[g["node"] == row.node]["rank"] < row.rank).sum())
+            x, y = slot, nodes.index(row.node)
+            ax_node.add_patch(Rectangle((x, y - 0.4), 0.96, 0.8, facecolor=_node_color(row.node), edgecolor="0.5",
+                                        lw=0.6))
+            ax_node.text(x + 0.48, y, f"r{row.rank}\ntp {row.tp_rank}\nstage {row.pp_rank}\ndp {row.dp_rank}",
+                         ha="center", va="center", fontsize=7)
+        for y in range(len(nodes)):
+            ax_node.add_patch(Rectangle((-0.08, y - 0.47), per_node + 0.12, 0.94, facecolor="none", edgecolor="k",
+                                        lw=1.2))
+        ax_node.set_yticks(range(len(nodes)))
+        ax_node.set_yticklabels([f"node {n}" for n in nodes], fontsize=8)
+        ax_node.set(xlim=(-0.2, per_node + 0.2), ylim=(len(nodes) - 0.5, -0.6), xticks=[])
+        for side in ("top", "right", "bottom"):
+            ax_node.spines[side].set_visible(False)
+        ax_node.set_title(f"by node ({per_node} ranks a node)", fontsize=9)
+        handles = [Patch(facecolor=_node_color(n), edgecolor="0.5", label=f"node {n}") for n in nodes]
+        handles += [Patch(facecolor="none", edgecolor="k", label="tp group inside a node"),
+                    Patch(facecolor="none", edgecolor="tab:red", ls="--", label="tp group across nodes")]
+        ax_node.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def timeline_3d(run: Run, step: int | None = None) -> pd.DataFrame:
+    """One row per compute span and per call of every group in one step (default: the last step with a
+    timeline record), every rank: rank, lane ("compute", "tp", "pp", "dp", "embedding"), group (the
+    communicator's name: "pp gradients" is the pp lane's second channel), name ("F3", "all_reduce g forward",
+    "send"), start_ms, end_ms, wait_ms, payload_bytes. The compute spans and the tp calls come from the
+    `timeline` record, the other groups' calls from the step record's `group_calls`. Times are ms since the
+    rank's "step" span began: every rank leaves a barrier at the step's start together, so the ranks line up
+    although each has its own clock. attrs: step, window_ms {rank: the step span's length}."""
+    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    cols = ["rank", "lane", "group", "name", "start_ms", "end_ms", "wait_ms", "payload_bytes"]
+    if not tl:
+        return pd.DataFrame(columns=cols)
+    if step is None:
+        step = max(r["step"] for r in tl)
+    steps = run.steps
+    rows, window = [], {}
+    for rec in (r for r in tl if r["step"] == step):
+        rank = int(rec["rank"])
+        frame = next(c for c in rec["compute"] if c["name"] == "step")
+        t0 = frame["start_ms"]
+        window[rank] = frame["end_ms"] - t0
+        for c in rec["compute"]:
+            if c["name"] != "step":
+                rows.append([rank, "compute", "", c["name"], c["start_ms"] - t0, c["end_ms"] - t0, 0.0, 0])
+        calls = list(rec.get("events", []))
+        if not steps.empty and "group_calls" in steps:
+            mine = steps[(steps["rank"] == rank) & (steps["step"] == step)]["group_calls"]
+            calls += [c for c in (mine.iloc[-1] if not mine.empty and isinstance(mine.iloc[-1], list) else [])]
+        for e in calls:
+            group = str(e.get("group", "tp"))
+            end = e["end_ms"] if e.get("end_ms") is not None else frame["end_ms"]
+            rows.append([rank, group.split()[0], group, f"{e['op']} {e.get('tag', '')}".strip(), e["start_ms"] - t0,
+                         end - t0, float(e.get("wait_ms") or 0.0), int(e.get("payload_bytes") or 0)])
+    df = pd.DataFrame(rows, columns=cols)
+    df.attrs["step"] = step
+    df.attrs["window_ms"] = window
+    return df
+
+
+def plot_timeline_3d(run: Run, step: int | None = None, plot_dir=None, name="timeline_3d"):
+    """One step of a lab 07 run: per rank (rank 0 on top, labelled with its coordinates) a compute lane (each
+    forward light grey, each backward dark grey, labelled with its micro-batch) and under it one thin lane per
+    group (tp red, pp blue, dp green, embedding purple), a bar per call from its start to its end; the grey
+    frame is the rank's step window. Aligned on the ranks' "step" spans."""
+    df = timeline_3d(run, step)
+    if df.empty:
+        return _nothing(f"no lab 07 timeline in {run.run_id} (--timeline-steps N logs steps 1..N)")
+    g = grid_3d(run).set_index("rank")
+    ranks = sorted(df.attrs["window_ms"])
+    lanes = [x for x in GROUPS_3D]
+    block = 1.3 + 0.28 * len(lanes)  # a rank's height: its compute lane, then its group lanes
+    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.62 * block * len(ranks)))
+    ticks, labels = [], []
+    for i, rank in enumerate(ranks):
+        top = i * block
+        ax.add_patch(plt.Rectangle((0, top - 0.1), df.attrs["window_ms"][rank], block - 0.2, facecolor="none",
+                                   edgecolor="0.7", lw=0.8))
+        d = df[df["rank"] == rank]
+        for c in d[d["lane"] == "compute"].itertuples():
+            action = parse_action(c.name)
+            kind, mb = (action[0], action[1]) if action else ("F", "")
+            ax.barh(top + 0.45, c.end_ms - c.start_ms, left=c.start_ms, height=0.8,
+                    color="0.78" if kind == "F" else "0.5", edgecolor="white", lw=0.5)
+            ax.text((c.start_ms + c.end_ms) / 2, top + 0.45, str(mb), ha="center", va="center", fontsize=6,
+                    color="black" if kind == "F" else "white", clip_on=True)
+        ticks.append(top + 0.45)
+        coords = g.loc[rank] if rank in g.index else None
+        labels.append(f"rank {rank}" + (f": tp {coords.tp_rank}, stage {coords.pp_rank}, dp {coords.dp_rank}"
+                                        if coords is not None else ""))
+        for k, lane in enumerate(lanes):
+            y = top + 1.05 + 0.28 * k
+            calls = d[d["lane"] == lane]
+            ax.barh([y] * len(calls), calls["end_ms"] - calls["start_ms"], left=calls["start_ms"], height=0.22,
+                    color=GROUP_COLORS[lane], alpha=0.85, lw=0)
+            ticks.append(y)
+            labels.append(lane if coords is None else f"{lane} ({coords[f'{lane}_link']})")
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(block * len(ranks), -0.3)
+    ax.set_xlim(0, max(df.attrs["window_ms"].values()) * 1.01)
+    ax.set_xlabel("ms since the step began (every rank leaves a barrier together)")
+    s = run.steps
+    step_ms = s[s["step"] == df.attrs["step"]]["step_ms"].max() if not s.empty else math.nan
+    ax.set_title(f"{run.config.get('order')}: tp {run.config.get('tp')} x pp {run.config.get('pp')} x dp "
+                 f"{run.config.get('dp')}, {run.config.get('schedule')} m {run.config.get('micro_batches')}: step "
+                 f"{df.attrs['step']} ({step_ms:.0f} ms)", fontsize=9)
+    from matplotlib.patches import Patch
+    handles = [Patch(color="0.78", label="forward (micro-batch)"), Patch(color="0.5", label="backward")]
+    handles += [Patch(color=GROUP_COLORS[x], label=f"{x} call") for x in lanes]
+    handles.append(Patch(facecolor="none", edgecolor="0.7", label="step window"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def group_costs(runs: list[Run]) -> pd.DataFrame:
+    """One row per lab 07 run and group: run_id, order, group, link (the group's links over the ranks, "-"
+    where a rank has none, joined by " + " when they differ), wait_ms (exposed: how long the rank was blocked
+    in the group's calls), modeled_ms (what the link model charged for them), calls, payload_bytes: per step,
+    the mean over the ranks of each rank's median over its timed steps (step 0 left out), as
+    bench/placement_3d.py takes them."""
+    rows = []
+    for r in runs:
+        s = r.steps
+        if "order" not in r.config or s.empty or "groups" not in s:
+            continue
+        timed = s[s["step"] > s["step"].min()]
+        timed = timed if not timed.empty else s
+        grid = grid_3d(r)
+        for grp in GROUPS_3D:
+            per_rank = {k: [] for k in ("wait_ms", "modeled_ms", "calls", "payload_bytes")}
+            for _, mine in timed.groupby("rank"):
+                for k in per_rank:
+                    per_rank[k].append(float(pd.Series([gr[grp][k] for gr in mine["groups"]]).median()))
+            links = sorted(set(grid[f"{grp}_link"])) if not grid.empty else ["?"]
+            row = {"run_id": r.run_id, "order": r.config["order"], "group": grp, "link": " + ".join(links)}
+            row.update({k: sum(v) / len(v) for k, v in per_rank.items()})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_group_costs(df: pd.DataFrame, plot_dir=None, name="group_costs"):
+    """One small panel per group: for each order (run), the group's exposed wait per step (solid) beside what
+    the link model charged for its calls (hatched), the group's link under the order's name."""
+    if df.empty:
+        return _nothing("no lab 07 step records with `groups`")
+    groups = [x for x in GROUPS_3D if x in set(df["group"])]
+    run_ids = list(dict.fromkeys(df["run_id"]))  # a bar pair per run, named by its order
+    orders = df.drop_duplicates("run_id").set_index("run_id")["order"].reindex(run_ids).tolist()
+    fig, axes = plt.subplots(1, len(groups), figsize=(2.2 + 1.4 * len(run_ids) * len(groups), 3.6), squeeze=False)
+    for ax, grp in zip(axes[0], groups):
+        d = df[df["group"] == grp].set_index("run_id").reindex(run_ids)
+        x = range(len(run_ids))
+        ax.bar([i - 0.2 for i in x], d["wait_ms"], width=0.4, color=GROUP_COLORS[grp], label="exposed wait")
+        ax.bar([i + 0.2 for i in x], d["modeled_ms"], width=0.4, color="white", edgecolor=GROUP_COLORS[grp],
+               hatch="///", label="link charge")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{o}\n{lnk}" for o, lnk in zip(orders, d["link"])], fontsize=7)
+        calls = d["calls"].max()
+        ax.set_title(f"{grp}: {calls:.0f} call{'' if round(calls) == 1 else 's'}, "
+                     f"{d['payload_bytes'].max() / 2**20:.2f} MiB a step", fontsize=9)
+        top = max(d["wait_ms"].max(), d["modeled_ms"].max())
+        ax.set_ylim(0, 1.3 * top if top > 0 else 1.0)  # room for the legend above the bars
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    axes[0][0].set_ylabel("ms per step (mean over ranks)")
     return _save(fig, name, plot_dir)

@@ -18,6 +18,14 @@ pipeline_timeline puts every stage's spans on the time since its "step" span beg
 latest_lab06_runs keeps the newest finished run of each layout; the timeline plot draws one box per span.
 With --runs-root, on every lab 06 run there: bubble_formula agrees with the logged one, and each timeline
 holds the step's `ran` actions in order, m x v forwards and backwards per stage, inside the step's window.
+
+Lab 07 (Grid3dLogsTest): on synthetic records of a 2 x 2 x 1 grid on 2 simulated nodes of 2, in two orders,
+with different clocks per rank: grid_3d reads every rank's layout and node, a tp group across nodes gets the
+dashed frame, timeline_3d aligns the ranks on their "step" span and puts "pp gradients" in the pp lane,
+group_costs takes the median over the timed steps then the mean over ranks, order_comparison keeps one run
+per order of one layout. With --runs-root, on every lab 07 run there: the grid holds every coordinate once,
+every rank is in its groups and their members agree, a group crossing nodes took --inter-link, and each
+timeline holds exactly the calls the step record's `groups` counted, inside the step's window.
 """
 import json
 import os
@@ -243,6 +251,171 @@ class PipelineLogsTest(unittest.TestCase):
             checked += 1
         if checked == 0:
             self.skipTest(f"no lab 06 run with a timeline under {RUNS_ROOT}")
+
+
+def coords_3d(rank, sizes, order):
+    """{"tp": .., "pp": .., "dp": ..} of a rank: the digits of its number, the order's first axis fastest."""
+    out = {}
+    for axis in order.split("-"):
+        out[axis] = rank % sizes[axis]
+        rank //= sizes[axis]
+    return out
+
+
+def grid_run(root, run_id, order="tp-pp-dp", per_node=2, groups_of_step=None):
+    """A synthetic lab 07 run of tp 2 x pp 2 x dp 1 on 4 ranks (`per_node` a node): rank k's clock is offset by
+    1000 * (k + 1) ms; step 1 has a timeline (F0 on [0, 2] ms, a tp all-reduce on [1, 1.5], a 10 ms step span)
+    and group_calls (a pp send on [2, 3], a "pp gradients" recv on [4, 6], an embedding all-reduce on [8, 9])."""
+    sizes = {"tp": 2, "pp": 2, "dp": 1}
+    groups_of_step = groups_of_step or (lambda rank, s: {g: {"wait_ms": 10.0 * s + rank, "modeled_ms": 1.0 * s,
+                                                             "calls": 3, "payload_bytes": 64, "busy_ms": 1.0}
+                                                         for g in ("tp", "pp", "dp", "embedding")})
+    ranks = range(4)
+    coords = {r: coords_3d(r, sizes, order) for r in ranks}
+    members = lambda r, axis: sorted(q for q in ranks if all(coords[q][a] == coords[r][a]  # noqa: E731
+                                                              for a in sizes if a != axis))
+    node = lambda r: r // per_node  # noqa: E731
+    link = lambda ms: "nvlink/300" if len({node(q) for q in ms}) == 1 else "infiniband/300"  # noqa: E731
+    d = os.path.join(root, "lab07", run_id)
+    os.makedirs(d)
+    for rank in ranks:
+        c, t0 = coords[rank], 1000.0 * (rank + 1)
+        cfg = {"model": "demo", "tp": 2, "pp": 2, "dp": 1, "order": order, "schedule": "1f1b", "chunks": 1,
+               "micro_batches": 1, "micro_batch": 2, "T": 16, "ranks_per_node": per_node, "link": "nvlink",
+               "inter_link": "infiniband", "link_slowdown": 300.0, "uniform_compute_ms": 1.0, "bubble_formula": 0.5,
+               "tp_link": link(members(rank, "tp")), "pp_link": link(members(rank, "pp")), "dp_link": "nvlink/300",
+               "embedding_link": link(members(rank, "pp"))}
+        layout = {"tp_rank": c["tp"], "pp_rank": c["pp"], "dp_rank": c["dp"], "tp_group": members(rank, "tp"),
+                  "pp_group": members(rank, "pp"), "dp_group": [rank], "embedding_group": members(rank, "pp"),
+                  "stage_layers": f"tp {c['tp']}/2 | layers {2 * c['pp']}-{2 * c['pp'] + 1} | "
+                                  + ("embedding" if c["pp"] == 0 else "head")}
+        with open(os.path.join(d, f"rank{rank}.jsonl"), "w") as f:
+            out = lambda rec: f.write(json.dumps(dict(rec, rank=rank)) + "\n")  # noqa: E731
+            out({"type": "run", "run_id": run_id, "world_size": 4, "config": cfg, "layout": layout})
+            for s in range(3):
+                rec = {"type": "step", "step": s, "loss": 3.0, "tokens": 64, "step_ms": 10.0, "bubble": 0.5,
+                       "groups": groups_of_step(rank, s)}
+                if s == 1:
+                    out({"type": "timeline", "step": 1, "compute": [
+                        {"name": "F0", "start_ms": t0, "end_ms": t0 + 2}, {"name": "step", "start_ms": t0,
+                                                                            "end_ms": t0 + 10}],
+                         "events": [{"op": "all_reduce", "tag": "g forward", "group": "tp", "issue_ms": t0 + 1,
+                                     "start_ms": t0 + 1, "end_ms": t0 + 1.5, "wait_ms": 0.5, "payload_bytes": 64}]})
+                    rec["group_calls"] = [
+                        {"group": "pp", "op": "send", "tag": "", "start_ms": t0 + 2, "end_ms": t0 + 3, "wait_ms": 0.1,
+                         "payload_bytes": 64},
+                        {"group": "pp gradients", "op": "recv", "tag": "", "start_ms": t0 + 4, "end_ms": t0 + 6,
+                         "wait_ms": 2.0, "payload_bytes": 64},
+                        {"group": "embedding", "op": "all_reduce", "tag": "", "start_ms": t0 + 8, "end_ms": t0 + 9,
+                         "wait_ms": 1.0, "payload_bytes": 64}]
+                out(rec)
+            out({"type": "summary", "tokens_per_s": 640.0, "step_ms": 10.0})
+    return d
+
+
+class Grid3dLogsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402  the module under test
+        cls.sl = scalelab_logs
+
+    def test_grid_is_read_from_every_ranks_run_record(self):
+        with tempfile.TemporaryDirectory() as root:
+            g = self.sl.grid_3d(self.sl.read_run(grid_run(root, "g", order="pp-tp-dp")))
+            self.assertEqual(g["rank"].tolist(), [0, 1, 2, 3])
+            self.assertEqual(g["node"].tolist(), [0, 0, 1, 1])
+            self.assertEqual(list(zip(g["tp_rank"], g["pp_rank"])), [(0, 0), (0, 1), (1, 0), (1, 1)])  # pp fastest
+            self.assertEqual(g["tp_group"].tolist(), [[0, 2], [1, 3], [0, 2], [1, 3]])
+            self.assertEqual(g.loc[1, "stage"], "layers 2-3, head")
+            self.assertEqual(set(g["tp_link"]), {"infiniband/300"})
+
+    def test_grid_plot_frames_a_tp_group_across_nodes_dashed(self):
+        import matplotlib.pyplot as plt
+        with tempfile.TemporaryDirectory() as root:
+            inside = self.sl.read_run(grid_run(root, "in", order="tp-pp-dp"))
+            across = self.sl.read_run(grid_run(root, "across", order="pp-tp-dp"))
+            fig = self.sl.plot_grid_3d([inside, across])
+            dashed = lambda ax: [p for p in ax.patches if p.get_linestyle() == "--"]  # noqa: E731
+            self.assertEqual(len(dashed(fig.axes[0])), 0)  # tp-pp-dp: both tp groups inside a node
+            self.assertEqual(len(dashed(fig.axes[2])), 2)  # pp-tp-dp: both across
+            plt.close(fig)
+
+    def test_timeline_aligns_ranks_on_their_step_span(self):
+        with tempfile.TemporaryDirectory() as root:
+            tl = self.sl.timeline_3d(self.sl.read_run(grid_run(root, "t")))
+            self.assertEqual(tl.attrs["step"], 1)
+            self.assertEqual(tl.attrs["window_ms"], {0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0})
+            for rank, d in tl.groupby("rank"):  # every rank's clock differs; the frame is its own step span
+                got = {(r.lane, r.group): (r.start_ms, r.end_ms) for r in d.itertuples()}
+                self.assertEqual(got, {("compute", ""): (0.0, 2.0), ("tp", "tp"): (1.0, 1.5), ("pp", "pp"): (2.0, 3.0),
+                                       ("pp", "pp gradients"): (4.0, 6.0), ("embedding", "embedding"): (8.0, 9.0)},
+                                 f"rank {rank}")
+            fig = self.sl.plot_timeline_3d(self.sl.read_run(grid_run(root, "t2")))
+            self.assertIsNotNone(fig)
+
+    def test_group_costs_are_the_median_of_timed_steps_then_the_mean_over_ranks(self):
+        with tempfile.TemporaryDirectory() as root:
+            df = self.sl.group_costs([self.sl.read_run(grid_run(root, "c"))]).set_index("group")
+            # rank k's wait: 10 s + k at steps 1, 2 (step 0 left out): median 15 + k; mean over 4 ranks 16.5
+            self.assertAlmostEqual(df.loc["tp", "wait_ms"], 16.5)
+            self.assertAlmostEqual(df.loc["dp", "modeled_ms"], 1.5)
+            self.assertEqual(df.loc["tp", "link"], "nvlink/300")  # tp-pp-dp, 2 a node: tp {0, 1}, {2, 3} inside,
+            self.assertEqual(df.loc["pp", "link"], "infiniband/300")  # pp {0, 2}, {1, 3} across
+            fig = self.sl.plot_group_costs(df.reset_index())
+            self.assertIsNotNone(fig)
+
+    def test_order_comparison_keeps_the_latest_run_of_each_order_of_one_layout(self):
+        with tempfile.TemporaryDirectory() as root:
+            made = [grid_run(root, "a-tp", order="tp-pp-dp"), grid_run(root, "b-pp", order="pp-tp-dp"),
+                    grid_run(root, "c-tp", order="tp-pp-dp"), grid_run(root, "d-other", order="pp-tp-dp", per_node=4)]
+            for age, d in enumerate(made):
+                for f in os.listdir(d):
+                    os.utime(os.path.join(d, f), (1e9 + age, 1e9 + age))
+            runs = self.sl.load_runs(self.sl.latest_lab07_runs(root))
+            self.assertEqual([r.run_id for r in runs], ["b-pp", "c-tp", "d-other"])
+            self.assertEqual([r.run_id for r in self.sl.order_comparison(runs[:2])], ["b-pp", "c-tp"])
+            self.assertEqual([r.run_id for r in self.sl.order_comparison(runs)], ["d-other"])  # 4 a node: another layout
+
+    def test_real_lab07_runs(self):
+        if not RUNS_ROOT:
+            self.skipTest("no --runs-root given")
+        checked = 0
+        for d in self.sl.find_runs("lab07", RUNS_ROOT):
+            run = self.sl.read_run(d)
+            cfg, g = run.config, self.sl.grid_3d(run)
+            sizes = {"tp": cfg["tp"], "pp": cfg["pp"], "dp": cfg["dp"]}
+            self.assertEqual(len(g), run.world_size, run.run_id)
+            self.assertEqual(len(set(zip(g["tp_rank"], g["pp_rank"], g["dp_rank"]))), run.world_size, run.run_id)
+            by_rank = g.set_index("rank")
+            for row in g.itertuples():
+                for axis in ("tp", "pp", "dp"):
+                    members = getattr(row, f"{axis}_group")
+                    self.assertIn(row.rank, members, f"{run.run_id} rank {row.rank} {axis}")
+                    self.assertEqual(len(members), sizes[axis], f"{run.run_id} rank {row.rank} {axis}")
+                    for m in members:  # every member lists the same members, and differs only along the axis
+                        self.assertEqual(by_rank.loc[m, f"{axis}_group"], members, f"{run.run_id} {axis} {members}")
+                        for other in ("tp", "pp", "dp"):
+                            if other != axis:
+                                self.assertEqual(by_rank.loc[m, f"{other}_rank"], getattr(row, f"{other}_rank"))
+                    if cfg.get("ranks_per_node") and sizes[axis] > 1:
+                        across = len({by_rank.loc[m, "node"] for m in members}) > 1
+                        want = cfg["inter_link"] if across else cfg["link"]
+                        self.assertEqual(getattr(row, f"{axis}_link").split("/")[0], want, f"{run.run_id} {axis}")
+            tl = self.sl.timeline_3d(run)
+            if tl.empty:
+                continue
+            step = run.steps[run.steps["step"] == tl.attrs["step"]].set_index("rank")
+            for rank, mine in tl.groupby("rank"):
+                for grp in self.sl.GROUPS_3D:
+                    self.assertEqual(int((mine["lane"] == grp).sum()), step.loc[rank, "groups"][grp]["calls"],
+                                     f"{run.run_id} rank {rank} {grp}: the timeline's calls are the step's")
+                self.assertGreaterEqual(mine["start_ms"].min(), 0.0, f"{run.run_id} rank {rank}")
+                self.assertLessEqual(mine["end_ms"].max(), tl.attrs["window_ms"][rank] + 1e-6, f"{run.run_id} {rank}")
+            checked += 1
+        if checked == 0:
+            self.skipTest(f"no lab 07 run with a timeline under {RUNS_ROOT}")
 
 
 if __name__ == "__main__":

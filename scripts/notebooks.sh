@@ -3,9 +3,10 @@
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
 #   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (labs 01 and 02; labs 03 and 04 at
 #                                         1 and 2 ranks with timelines; lab 05's quick link sweep; lab 06's bubble
-#                                         sweep at 2 stages) and point the notebooks at them
+#                                         sweep at 2 stages; lab 07's 2 x 2 x 2 grid in two orders at 8 ranks)
+#                                         and point the notebooks at them
 # Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab02_data_pipeline, lab03_ddp,
-#          lab04_fsdp, lab05_tensor_parallel, lab06_pipeline_parallel),
+#          lab04_fsdp, lab05_tensor_parallel, lab06_pipeline_parallel, lab07_parallel_3d),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
 # once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
@@ -49,7 +50,7 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
   for prog in lab01_single_device lab02_data_pipeline lab03_ddp lab04_fsdp lab05_tensor_parallel \
-              lab06_pipeline_parallel; do
+              lab06_pipeline_parallel lab07_parallel_3d; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -97,6 +98,21 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
     > "$tmp/lab06_sweep.out" 2>&1 \
     || { cat "$tmp/lab06_sweep.out"; die "lab 06 sweep (bench/pp_bubble_sweep.py) failed"; }
   echo "   lab 06 runs made in $((SECONDS - t6)) s"
+  # Lab 07: tp 2 x pp 2 x dp 2 on 8 ranks as 2 simulated nodes of 4 (NVLink inside a node, InfiniBand across,
+  # both 300x slower; uniform compute 20 ms a forward), 1F1B m 4, timelines of steps 1 and 2, in two orders:
+  # tp-dp-pp keeps every tp group inside a node, pp-dp-tp puts every one across the nodes (notebook 07 draws
+  # both). The same cached 1-thread peak as lab 06. Both runs: 16-17 s here (2 cores, nothing else running).
+  t7=$SECONDS
+  lab07=(--data data/kjv --model demo --tp 2 --pp 2 --ranks-per-node 4 --link nvlink --inter-link infiniband
+         --link-slowdown 300 --uniform-compute-ms 20 --micro-batch 2 --seq-len 64 --micro-batches 4 --steps 3
+         --warmup 1 --val-every 0 --val-batches 1 --timeline-steps 2 --threads 1 --wait-timeout-s 120 --quiet
+         "${cal[@]}" --log-dir "$RUNS_ROOT")
+  for order in tp-dp-pp pp-dp-tp; do
+    mpirun --oversubscribe --bind-to none -np 8 "$BIN/lab07_parallel_3d" "${lab07[@]}" --order "$order" \
+      --run-id "grid-$order" > "$tmp/lab07_$order.out" 2>&1 \
+      || { cat "$tmp/lab07_$order.out"; die "lab 07 run (order $order, 8 ranks) failed"; }
+  done
+  echo "   lab 07 runs made in $((SECONDS - t7)) s"
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04, 05 and 06 at 1, 2, 4, 8
-# ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
+# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04, 05, 06 and 07 at 1, 2,
+# 4, 8 ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
 # micro-batch per step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that
 # divides the model's heads, the rest data-parallel replicas; lab 06: a 1F1B pipeline of one stage per rank,
-# the global batch as micro-batches of --micro-batch, skipped above the model's layer count), ONE table.
+# the global batch as micro-batches of --micro-batch, skipped above the model's layer count; lab 07: from 4
+# ranks, tp 2 x pp 2 x dp N/4, 1F1B over each replica's share of the global batch), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
-#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05 06"   --device auto|cpu|cuda
+#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05 06 07"   --device auto|cpu|cuda
 #   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
 #   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
-#   (CPU ranks, labs 03-06)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
+#   (CPU ranks, labs 03-07)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
 #   "mpirun --hostfile FILE", "srun --mpi=pmix")   --timeout-s S (per run; default none)
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
@@ -27,7 +28,7 @@ DATA="data/kjv"
 MODEL=""
 STEPS=20
 OUT=""
-LABS="01 03 04 05 06"
+LABS="01 03 04 05 06 07"
 MAX_RANKS=""
 OVERSUB_OK=0
 DEVICE="auto"
@@ -68,7 +69,7 @@ while [[ $# -gt 0 ]]; do
     --link-slowdown) LINK_SLOWDOWN="$2"; shift 2 ;;
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -80,8 +81,7 @@ for kv in "--steps $STEPS" "--timeout-s $TIMEOUT_S"; do
 done
 (( STEPS >= 2 )) || die "--steps $STEPS: need at least 2 (step 0 is warm-up and not timed)"
 for lab in $LABS; do
-  [[ "$lab" == 01 || "$lab" == 03 || "$lab" == 04 || "$lab" == 05 || "$lab" == 06 ]] || die "--labs: unknown lab '$lab'" \
-    "use any of \"01 03 04 05 06\""
+  [[ "$lab" =~ ^0[134567]$ ]] || die "--labs: unknown lab '$lab'" "use any of \"01 03 04 05 06 07\""
 done
 
 # ---- device, rank counts, threads per rank ----
@@ -148,8 +148,8 @@ GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at eve
 # ---- what the runs need ----
 BIN="$BUILD/bin/reference"
 declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel
-                 [06]=lab06_pipeline_parallel)
-# Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages
+                 [06]=lab06_pipeline_parallel [07]=lab07_parallel_3d)
+# Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages; lab 07 both
 # (common/src/model/gpt2.cpp presets).
 declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
 declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48)
@@ -209,6 +209,12 @@ for lab in $LABS; do
       # through every stage (its bubble (np - 1)/(m + np - 1) is in the row's note).
       06) args+=(--micro-batch "$MICRO_BATCH" --micro-batches $((GLOBAL_BATCH / MICRO_BATCH)) --schedule 1f1b
                  --timeline-steps 0) ;;
+      # Lab 07: tp 2 x pp 2 x dp np/4 (order tp-dp-pp, tp fastest); each replica's 1F1B pipeline takes its
+      # share of the global batch, m = GLOBAL_BATCH / MICRO_BATCH / dp micro-batches (from 4 ranks; below, a
+      # skip line). np and GLOBAL_BATCH / MICRO_BATCH are powers of two >= 4 here, so m is whole.
+      07) dp3=$(( np / 4 > 0 ? np / 4 : 1 ))
+          args+=(--micro-batch "$MICRO_BATCH" --tp 2 --pp 2 --dp "$dp3" --order tp-dp-pp --schedule 1f1b
+                 --micro-batches $(( GLOBAL_BATCH / MICRO_BATCH / dp3 )) --timeline-steps 0) ;;
     esac
     if [[ "$lab" != 01 ]]; then
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
@@ -220,6 +226,22 @@ for lab in $LABS; do
     if [[ "$lab" == 06 ]] && (( np > ${LAYERS[$MODEL]:-np} )); then  # every stage holds at least one layer
       echo "skipped: model $MODEL has ${LAYERS[$MODEL]} layers, a pipeline at most ${LAYERS[$MODEL]} stages" > "$output"
       printf '   lab 06 at %d ranks: skipped (model %s has %d layers)\n' "$np" "$MODEL" "${LAYERS[$MODEL]}"
+      printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" skipped \
+        "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
+      continue
+    fi
+    skip7="" why7=""  # lab 07's skip: the line printed, and the table's note (in the output file)
+    if [[ "$lab" == 07 ]]; then  # tp 2 x pp 2: 4 ranks, an even number of heads, a layer per stage
+      if (( np < 4 )); then skip7="3D needs 4 ranks"; why7="3D needs 4 ranks (tp 2 x pp 2 x dp 1)"
+      elif (( ${HEADS[$MODEL]:-2} % 2 != 0 )); then
+        skip7="model $MODEL has ${HEADS[$MODEL]} heads"; why7="model $MODEL has ${HEADS[$MODEL]} heads: tp 2 does not divide them"
+      elif (( ${LAYERS[$MODEL]:-2} < 2 )); then
+        skip7="model $MODEL has 1 layer"; why7="model $MODEL has 1 layer: pp 2 needs 2"
+      fi
+    fi
+    if [[ -n "$skip7" ]]; then
+      echo "skipped: $why7" > "$output"
+      printf '   lab 07 at %d rank%s: skipped (%s)\n' "$np" "$([[ $np == 1 ]] || echo s)" "$skip7"
       printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" skipped \
         "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
       continue

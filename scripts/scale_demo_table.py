@@ -13,10 +13,12 @@ Columns (per run; "per rank" values are the largest over its ranks):
   MFU             mean of the logged per-step mfu; the peak it divides by is the run record's peak_source
   mem/rank        memory_peak_bytes: the peak of the total of all allocator categories (not a sum of peaks)
   exposed comm    comm_ms / step_ms over the timed steps: the part of the step spent waiting for communication
-  efficiency      tokens/s at N ranks / (N x tokens/s of the same lab at 1 rank); 1.0 is linear scaling
+  efficiency      tokens/s at N ranks / (N x tokens/s of the same lab at 1 rank); 1.0 is linear scaling (lab 07
+                  has no 1-rank run: "-")
   note            oversubscribed, a simulated link, a failed run; lab 06: its schedule, m and measured bubble
                   beside the formula (a stage idle in a receive also counts as exposed comm), or "skipped:"
-                  for more stages than the model has layers
+                  for more stages than the model has layers; lab 07: its grid (tp x pp x dp, order), then as
+                  lab 06's, or "skipped:" below 4 ranks
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import pandas as pd  # noqa: E402
 import scalelab_logs as sl  # noqa: E402  the notebooks' reader: one reader for every plot of the logs
 
 LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP", "05": "05 tensor parallel",
-             "06": "06 pipeline parallel"}
+             "06": "06 pipeline parallel", "07": "07 3D (tp x pp x dp)"}
 OVERSUBSCRIBED = "oversubscribed: timings not meaningful"
 
 
@@ -108,7 +110,8 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                    "exposed_comm_share": math.nan, "efficiency": math.nan, "final_loss": math.nan,
                    "val_loss_end": math.nan, "note": ""}
             run = runs.get(n)
-            if m.status == "skipped":  # scale_demo.sh wrote why into the output file (lab 06: more ranks than layers)
+            if m.status == "skipped":  # scale_demo.sh wrote why into the output file (lab 06: more ranks than
+                # layers; lab 07: fewer than 4 ranks)
                 out = Path(m.output)
                 row["note"] = out.read_text(encoding="utf-8").strip() if out.is_file() else "skipped"
                 rows.append(row)
@@ -133,6 +136,10 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 row["note"] = f"batch {run.config['B']} per step (one device)"
             if lab == "06" and n > 1:  # a pipeline's exposed comm holds its bubble: the stages' idle time
                 row["note"] = pipeline_note(run)
+            if lab == "07":  # the grid, then its pipelines' bubble (the waits of all four groups are exposed comm)
+                cfg = run.config
+                row["note"] = (f"tp {cfg.get('tp')} x pp {cfg.get('pp')} x dp {cfg.get('dp')} ({cfg.get('order')}), "
+                               + pipeline_note(run))
             if run.info.get("simulated") or run.config.get("link", "none") != "none":
                 link = f"simulated link {run.config.get('link')}"
                 row["note"] = f"{row['note']}; {link}" if row["note"] else link
