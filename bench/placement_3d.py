@@ -7,9 +7,9 @@
 Both parts run the lab 07 program on 8 CPU ranks (mpirun --oversubscribe) as 2 simulated nodes of 4 ranks:
 groups inside a node get --intra (nvlink), groups across nodes --inter (infiniband). A 2-core machine cannot
 time 8 ranks' compute, so every stage's compute is UNIFORM (--uniform-compute-ms: the time a device would
-take; the real compute must fit inside it, and every row says how often it did not) and every link is the
-alpha-beta model of docs/communicator.md, both slowed by the same factor (--slowdown) so that the simulated
-times dominate the real MPI latency of this machine (0.3-2 ms a message). What is measured is therefore the
+take; the real compute must fit inside it, and every row says how often it did not) and both links are the
+alpha-beta models of docs/communicator.md slowed by one factor (--slowdown), so that the simulated times
+dominate the real MPI latency of this machine (0.3-2 ms a message). What is measured is therefore the
 schedule: who waits for whom, over which link, and the bubble, with real messages and real dependencies.
 
   --placement  the 2 x 2 x 2 grid (1F1B, m 4) in each of the 6 orders of the axes: step time, tokens/s, the
@@ -162,25 +162,27 @@ def search(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(REPO, "build/bin/reference/lab07_parallel_3d"))
-    ap.add_argument("--out", default=os.path.join(REPO, "runs/placement_3d"))
+    ap.add_argument("--bin", default=os.path.join(REPO, "build/bin/reference/lab07_parallel_3d"),
+                    help="the lab 07 program (default: the reference)")
+    ap.add_argument("--out", default=os.path.join(REPO, "runs/placement_3d"),
+                    help="where placement.md, search.md and results.json go")
     ap.add_argument("--log-dir", default=None, help="the runs' logs (default <out>/logs)")
     ap.add_argument("--placement", action="store_true", help="the 6 orders of the 2 x 2 x 2 grid")
     ap.add_argument("--search", action="store_true", help="every (tp, pp, dp, m) of 8 ranks")
     ap.add_argument("--quick", action="store_true", help="search only m 1 and 4")
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--ranks-per-node", type=int, default=4)
-    ap.add_argument("--intra", default="nvlink")
-    ap.add_argument("--inter", default="infiniband")
-    ap.add_argument("--slowdown", type=float, default=300.0, help="links and compute both this many times slower")
+    ap.add_argument("--ranks", type=int, default=8, help="ranks of the search (the placement runs use 8)")
+    ap.add_argument("--ranks-per-node", type=int, default=4, help="simulated node size")
+    ap.add_argument("--intra", default="nvlink", help="the link inside a node (a --link preset)")
+    ap.add_argument("--inter", default="infiniband", help="the link across nodes (a --link preset)")
+    ap.add_argument("--slowdown", type=float, default=300.0, help="both links this many times slower (latencies x, bandwidths /); compute is --compute-ms")
     ap.add_argument("--compute-ms", type=float, default=100.0,
                     help="uniform forward of one micro-batch on one stage of the 2x2x2 m 4 layout (backward: twice)")
     ap.add_argument("--m", type=int, default=4, help="micro-batches of the placement runs")
-    ap.add_argument("--model", default="demo")
+    ap.add_argument("--model", default="demo", help="the model preset (--heads and --layers must match it)")
     ap.add_argument("--heads", type=int, default=4, help="the model's heads (tp must divide them)")
     ap.add_argument("--layers", type=int, default=4, help="the model's layers (pp at most)")
-    ap.add_argument("--global-batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step, all replicas")
+    ap.add_argument("--seq-len", type=int, default=64, help="T")
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is not timed)")
     ap.add_argument("--calibration", default=os.path.join(REPO, "runs/calibration/cpu_1t.json"),
                     help="the MFU peak file (skips the sgemm check of every run; '' to measure)")

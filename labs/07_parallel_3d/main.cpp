@@ -40,6 +40,7 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   std::string order = "tp-dp-pp";  // the grid's axes, fastest-varying first
   bool placement_rule = false;     // refuse a tp group that crosses a node
   double memory_cap_mb = 0;        // simulated device memory per rank (0: no cap)
+  bool zero1 = false;              // shard the optimizer state across the dp group (ZeRO-1)
 };
 
 // What one group carried and cost in one step (events of its communicators).
@@ -87,7 +88,8 @@ static int run(const Options& o, Communicator& world) {
   // The simulated device memory of this rank: from here on an allocation beyond it throws OutOfMemory (a
   // layout whose shards, optimizer state or in-flight activations do not fit ends with a report).
   if (o.memory_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.memory_cap_mb * 1048576.0));
-  std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed);
+  std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed,
+                                                                       o.zero1);
   lab07::Groups& g = part->groups;
   const int v = layout.pipeline.v;
   part->stage->set_uniform_compute(o.uniform_compute_ms / v, 2 * o.uniform_compute_ms / v, g.tp.get());
@@ -112,7 +114,7 @@ static int run(const Options& o, Communicator& world) {
       {"backend", world.backend()}, {"link", o.link},               {"inter_link", o.inter_link},
       {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())}, {"pp_link", link_of(g.pp.get())},
       {"dp_link", link_of(g.dp.get())}, {"embedding_link", link_of(g.embedding.get())},
-      {"memory_cap_mb", o.memory_cap_mb}};
+      {"memory_cap_mb", o.memory_cap_mb}, {"zero1", o.zero1}};
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
                              {"tp_rank", layout.coords.tp_rank}, {"pp_rank", layout.coords.pp_rank},
@@ -124,9 +126,9 @@ static int run(const Options& o, Communicator& world) {
   if (simulated) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
   if (rank == 0) {
-    std::printf("lab07 | %s | %lld params | %d ranks = %s | %s, m = %d, v = %d | %d threads\n", data.cfg.str().c_str(),
-                static_cast<long long>(gpt2_num_params(data.cfg)), n, grid.describe().c_str(), o.schedule.c_str(),
-                o.micro_batches, v, threads);
+    std::printf("lab07 | %s | %lld params | %d ranks = %s%s | %s, m = %d, v = %d | %d threads\n",
+                data.cfg.str().c_str(), static_cast<long long>(gpt2_num_params(data.cfg)), n, grid.describe().c_str(),
+                o.zero1 ? " + ZeRO-1" : "", o.schedule.c_str(), o.micro_batches, v, threads);
     std::printf("global batch %d = micro-batch %d x %d micro-batches x %d replicas | T=%d | %s | bubble formula %.3f\n"
                 "rank 0: %s | links: tp %s, pp %s, dp %s, embedding %s\nlogs: %s (one file per rank)\n",
                 global_batch, o.micro_batch, o.micro_batches, grid.dp, o.seq_len, policy.name().c_str(), formula,
@@ -218,6 +220,7 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
   app.add_option("--order", o.order, "the grid's axes, fastest-varying first: tp-dp-pp puts tp inside a node")
       ->capture_default_str();
+  app.add_flag("--zero1", o.zero1, "shard the optimizer state across the data-parallel group (ZeRO-1, lab 04)");
   app.add_flag("--placement-rule", o.placement_rule,
                "refuse a layout whose tensor-parallel groups cross a node (the lesson's rule: TP inside a node)");
   driver::add_cluster_options(app, o);

@@ -6,12 +6,12 @@
 // (labs/07_parallel_3d/parallel_3d.cpp and solutions/07_parallel_3d/parallel_3d.cpp).
 #include "parallel_3d.h"
 
-#include <algorithm>  // defines: std::find, std::count
+#include <algorithm>  // defines: std::count, std::max, std::min
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <string>     // defines: std::to_string
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/ops/ops.h"     // defines: scale_, cast, sum_squares
 
 namespace scalelab::lab07 {
 inline namespace SL_TRACK_LAB07 {
@@ -125,9 +125,50 @@ Groups make_groups(Communicator& world, const Layout& layout) {
   return g;
 }
 
+namespace {
+
+// Lab 04's ZeRO-1 state of one chunk on this rank of the dp group, built around the chunk's own buffers as
+// lab04::FSDP builds it around a dense model: per owned unit, its parameters and gradients moved into
+// buffers padded to dp equal shards (the model's unit buffers become views of their first n elements),
+// this rank's shard of each a view, and the optimizer state (AdamW's m and v; the fp32 master copy under
+// a 16-bit policy) of that shard only. A unit the chunk does not own gets an empty layout.
+std::unique_ptr<lab04::FsdpState> make_zero1_state(GPT2& model, Communicator& dp, const OptimizerConfig& oc) {
+  auto s = std::make_unique<lab04::FsdpState>(
+      lab04::FsdpState{model, dp, lab04::ZeroStage::Zero1, oc, /*prefetch=*/0, /*optimizer_steps=*/0, {}, {}});
+  s->units.resize(model.num_units());
+  const Device device = model.device();
+  for (int u = 0; u < model.num_units(); ++u) {
+    lab04::UnitShard& us = s->units[u];
+    if (!model.owns_unit(u)) {
+      us.keep_gathered = false;  // nothing to gather, update or reduce
+      continue;
+    }
+    us.layout = lab04::shard_layout(model.unit_params(u).numel(), dp.rank(), dp.size());
+    const lab04::ShardLayout& l = us.layout;
+    us.full_params = Tensor::zeros({l.padded}, model.unit_params(u).dtype(), device, MemCategory::Params);
+    us.full_params.view(0, {l.numel}).copy_from(model.unit_params(u));  // padding stays 0
+    model.unit_params(u) = us.full_params.view(0, {l.numel});           // the chunk's own buffer is freed
+    us.param_shard = us.full_params.view(l.begin, {l.shard});
+    us.full_grads = Tensor::zeros({l.padded}, DType::F32, device, MemCategory::Grads);
+    model.unit_grads(u) = us.full_grads.view(0, {l.numel});
+    us.grad_shard = us.full_grads.view(l.begin, {l.shard});
+    if (oc.kind == OptimizerConfig::Kind::AdamW) {
+      us.m = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      us.v = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+    }
+    if (model.policy().has_master_copy()) {
+      us.master = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      cast(us.master, us.param_shard);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, const Layout& layout,
                                    const OptimizerConfig& optimizer, const PrecisionPolicy& policy, Device device,
-                                   uint64_t seed) {
+                                   uint64_t seed, bool zero1) {
   auto r = std::make_unique<Rank3D>();
   r->layout = layout;
   r->groups = make_groups(world, layout);  // YOUR groups
@@ -140,13 +181,27 @@ std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, co
   std::vector<GPT2*> chunks;
   for (int c = 0; c < layout.pipeline.v; ++c) {
     r->models.push_back(std::make_unique<GPT2>(cfg, chunk_shard(cfg, layout, c), policy, device, seed));
-    if (layout.grid.tp > 1) r->models.back()->set_tensor_parallel(r->points.get());  // lab 05's points (tp 1: none)
-    r->optimizers.push_back(std::make_unique<Optimizer>(*r->models.back(), optimizer));
-    chunks.push_back(r->models.back().get());
+    GPT2& model = *r->models.back();
+    if (layout.grid.tp > 1) model.set_tensor_parallel(r->points.get());  // lab 05's points (tp 1: none)
+    if (zero1) r->zero1.push_back(make_zero1_state(model, *r->groups.dp, optimizer));
+    else r->optimizers.push_back(std::make_unique<Optimizer>(model, optimizer));
+    chunks.push_back(&model);
   }
   r->stage = std::make_unique<lab06::Stage>(chunks, layout.pipeline);
   r->exchange = std::make_unique<lab06::StageExchange>(*r->groups.pp, layout.pipeline);
   return r;
+}
+
+double zero1_sum_squares(const lab04::FsdpState& s) {
+  const bool tp_rank0 = s.model.shard().tp_rank == 0;
+  double sq = 0.0;
+  for (const ParamInfo& p : s.model.param_table()) {
+    if (p.tied_copy || (p.tp_replicated && !tp_rank0)) continue;  // counted by another rank
+    const lab04::ShardLayout& l = s.units.at(p.unit).layout;
+    const int64_t lo = std::max(p.offset, l.begin), hi = std::min(p.offset + p.numel, l.begin + l.owned);
+    if (lo < hi) sq += sum_squares(s.units[p.unit].grad_shard.view(lo - l.begin, {hi - lo}));
+  }
+  return sq;
 }
 
 // =============================================================================================
@@ -166,11 +221,26 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp) {
 StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
   StepResult result;
   // TODO(lab07-6) BEGIN  the schedule over tp stages, 1/m, tied wte, dp average, the whole model's norm, step
-  //   Labs 05 and 06 each wrote a step for one kind of split; this one composes them and adds the replicas.
+  //   Labs 05 and 06 each wrote a step for one kind of split; this one composes them and adds the replicas:
+  //   with r.zero1 not empty the replicas shard the update (zero1_update) instead of averaging the gradients.
   //   Which groups does the norm sum over, and which not? Which loss is the global batch's? README.md#one-training-step
   throw scalelab::NotImplemented("lab07-6 train_step");
   // TODO(lab07-6) END
   return result;
+}
+
+// =============================================================================================
+// ZeRO-1 across the replicas
+// =============================================================================================
+float zero1_update(Rank3D& r, float lr, float grad_clip) {
+  float norm = 0.0f;
+  // TODO(lab07-7) BEGIN  reduce-scatter over dp, the norm from the shards, clip them, lab 04's sharded step
+  //   Lab 04's ZeRO-1, with lab 04's functions, on every chunk's state: the gradients reduce-scattered over the
+  //   replicas, the norm from the shards (which groups hold disjoint parts of it now?), the shards clipped, the
+  //   sharded update. README.md#zero-1-across-the-replicas
+  throw scalelab::NotImplemented("lab07-7 zero1_update");
+  // TODO(lab07-7) END
+  return norm;
 }
 
 float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets) {

@@ -8,14 +8,16 @@
 // Tensor, pipeline and data parallelism at once (Narayanan et al. 2021, arXiv:2104.04473, Sec. 3: "PTD-P"):
 // the world's ranks form a grid tp x pp x dp. Each pipeline stage is split across a tensor-parallel group
 // (lab 05's points), the stages run lab 06's schedules, and the whole tp x pp model is replicated dp times
-// with gradients averaged across the replicas (lab 03). Labs 05 and 06 are linked from their REFERENCE
-// (solutions/), so a gap there does not block this lab. What you write:
+// with gradients averaged across the replicas (lab 03), or their optimizer state sharded across them
+// (ZeRO-1, lab 04). Labs 04, 05 and 06 are linked from their REFERENCE (solutions/), so a gap there does not
+// block this lab. What you write:
 //   coordinates          a rank's (tp, pp, dp) from its rank and the order of the axes         TODO lab07-1
 //   group members        the ranks of its tp, pp, dp and embedding groups                      TODO lab07-2
 //   the layout           the grid checked (sizes, the model, the placement rule)               TODO lab07-3
 //   the communicators    the four groups, split from the world                                TODO lab07-4
 //   data parallel        every gradient averaged across the replicas                           TODO lab07-5
 //   the training step    lab 06's schedule over lab 05's stages, then dp, tied wte, clipping   TODO lab07-6
+//   ZeRO-1 (optional)    the replicas shard the optimizer state instead (lab 04's functions)   TODO lab07-7
 // (README.md#the-picture draws the 2 x 2 x 2 grid.)
 #pragma once
 
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp.h"                     // defines: lab04::FsdpState, reduce_scatter_grads_async, optimizer_step (lab 04's reference)
 #include "pipeline_parallel.h"        // defines: lab06::PipelineLayout, Stage, StageExchange, ScheduleKind (lab 06's reference)
 #include "scalelab/comm/comm.h"       // defines: Communicator
 #include "scalelab/comm/rank_grid.h"  // defines: GridAxis, GridCoords (the types; the arithmetic is yours here)
@@ -112,22 +115,31 @@ Groups make_groups(Communicator& world, const Layout& layout);
 // Everything one rank holds (given), and the step
 
 // One rank of a 3D-parallel run: its layout and groups, lab 05's points over its tp group, its v chunks
-// (each a GPT2 built for chunk_shard, the dense model's slices, with the points installed), an optimizer
-// per chunk, and lab 06's Stage and StageExchange over its pp group.
+// (each a GPT2 built for chunk_shard, the dense model's slices, with the points installed), and lab 06's
+// Stage and StageExchange over its pp group. Then either an optimizer per chunk (plain data parallel) or,
+// with ZeRO-1, per chunk lab 04's state of ONE rank of the dp group: each unit's parameters and gradients in
+// a buffer padded to dp equal shards (the model's unit buffers are views of it), and the optimizer state
+// of this rank's shard only.
 struct Rank3D {
   Layout layout;
   Groups groups;
   std::unique_ptr<lab05::MegatronPoints> points;
   std::vector<std::unique_ptr<GPT2>> models;
-  std::vector<std::unique_ptr<Optimizer>> optimizers;
+  std::vector<std::unique_ptr<Optimizer>> optimizers;  // plain data parallel (empty with ZeRO-1)
+  std::vector<std::unique_ptr<lab04::FsdpState>> zero1;  // ZeRO-1: one per chunk (empty without)
   std::unique_ptr<lab06::Stage> stage;
   std::unique_ptr<lab06::StageExchange> exchange;
 };
 // Given. Builds this rank's part: make_groups (collective over world), the chunks, the stage and the
-// exchange (collective over the pp group).
+// exchange (collective over the pp group), and the optimizers or (zero1) the ZeRO-1 states over the dp group.
 std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, const Layout& layout,
                                    const OptimizerConfig& optimizer, const PrecisionPolicy& policy, Device device,
-                                   uint64_t seed);
+                                   uint64_t seed, bool zero1 = false);
+// Given. The sum of squares of this rank's part of the WHOLE model's gradient, read from ZeRO-1 shards: the
+// elements of each unit's grad_shard that are real parameters (ShardLayout::owned), except the
+// tp-replicated ones on tp ranks other than 0 and the last stage's copy of wte (grad_sum_squares' rules;
+// the dp ranks' shards are disjoint, so they add up too).
+double zero1_sum_squares(const lab04::FsdpState& s);
 
 // TODO(lab07-5): every gradient of every chunk of this rank becomes its average over the data-parallel
 // replicas (`dp`: this rank's dp group; size 1: nothing to do). README.md#data-parallel-on-top
@@ -139,10 +151,19 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp);
 // lab06::schedule_for) over lab 05's tensor-parallel stages, the gradients divided by m, the tied embedding
 // synced (lab06::sync_tied_embedding over the embedding group), the average over the replicas
 // (average_over_dp), clipping on the WHOLE model's norm (grad_sum_squares of every chunk, summed over the
-// tp and the pp group; grad_clip <= 0: none; the scale as clip_grad_norm's), every chunk's optimizer step.
+// tp and the pp group; grad_clip <= 0: none; the scale as clip_grad_norm's), every chunk's optimizer step;
+// with ZeRO-1 (r.zero1 not empty) zero1_update instead of the average, the norm, the clip and the step.
 // Returns the loss of the global batch (the mean over the micro-batches and the replicas) and the norm
 // before clipping, the same on every rank. README.md#one-training-step
 StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+
+// TODO(lab07-7): ZeRO-1 (Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 5.1) across the dp group, after the
+// tied embedding is synced: every owned unit of every chunk reduce-scattered (averaged) over dp with lab 04's
+// functions (each replica keeps the shard it owns), the whole model's norm from the shards (zero1_sum_squares,
+// summed over dp, tp and pp), the shards clipped (grad_clip <= 0: none; clip_grad_norm's scale), and lab 04's
+// optimizer_step on each chunk (it also all-gathers the new parameters over dp). Returns the norm before
+// clipping, the same on every rank. README.md#zero-1-across-the-replicas
+float zero1_update(Rank3D& r, float lr, float grad_clip);
 
 // Given. The loss (nats per token) of one batch (tokens, targets: (B, T) i32) through this replica's
 // pipeline, forward only (lab06::forward_loss), averaged over the replicas (each passes its own batch): the

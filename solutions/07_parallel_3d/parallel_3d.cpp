@@ -6,12 +6,12 @@
 // (labs/07_parallel_3d/parallel_3d.cpp and solutions/07_parallel_3d/parallel_3d.cpp).
 #include "parallel_3d.h"
 
-#include <algorithm>  // defines: std::find, std::count
+#include <algorithm>  // defines: std::count, std::max, std::min
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <string>     // defines: std::to_string
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/ops/ops.h"     // defines: scale_, cast, sum_squares
 
 namespace scalelab::lab07 {
 inline namespace SL_TRACK_LAB07 {
@@ -174,9 +174,50 @@ Groups make_groups(Communicator& world, const Layout& layout) {
   return g;
 }
 
+namespace {
+
+// Lab 04's ZeRO-1 state of one chunk on this rank of the dp group, built around the chunk's own buffers as
+// lab04::FSDP builds it around a dense model: per owned unit, its parameters and gradients moved into
+// buffers padded to dp equal shards (the model's unit buffers become views of their first n elements),
+// this rank's shard of each a view, and the optimizer state (AdamW's m and v; the fp32 master copy under
+// a 16-bit policy) of that shard only. A unit the chunk does not own gets an empty layout.
+std::unique_ptr<lab04::FsdpState> make_zero1_state(GPT2& model, Communicator& dp, const OptimizerConfig& oc) {
+  auto s = std::make_unique<lab04::FsdpState>(
+      lab04::FsdpState{model, dp, lab04::ZeroStage::Zero1, oc, /*prefetch=*/0, /*optimizer_steps=*/0, {}, {}});
+  s->units.resize(model.num_units());
+  const Device device = model.device();
+  for (int u = 0; u < model.num_units(); ++u) {
+    lab04::UnitShard& us = s->units[u];
+    if (!model.owns_unit(u)) {
+      us.keep_gathered = false;  // nothing to gather, update or reduce
+      continue;
+    }
+    us.layout = lab04::shard_layout(model.unit_params(u).numel(), dp.rank(), dp.size());
+    const lab04::ShardLayout& l = us.layout;
+    us.full_params = Tensor::zeros({l.padded}, model.unit_params(u).dtype(), device, MemCategory::Params);
+    us.full_params.view(0, {l.numel}).copy_from(model.unit_params(u));  // padding stays 0
+    model.unit_params(u) = us.full_params.view(0, {l.numel});           // the chunk's own buffer is freed
+    us.param_shard = us.full_params.view(l.begin, {l.shard});
+    us.full_grads = Tensor::zeros({l.padded}, DType::F32, device, MemCategory::Grads);
+    model.unit_grads(u) = us.full_grads.view(0, {l.numel});
+    us.grad_shard = us.full_grads.view(l.begin, {l.shard});
+    if (oc.kind == OptimizerConfig::Kind::AdamW) {
+      us.m = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      us.v = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+    }
+    if (model.policy().has_master_copy()) {
+      us.master = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      cast(us.master, us.param_shard);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, const Layout& layout,
                                    const OptimizerConfig& optimizer, const PrecisionPolicy& policy, Device device,
-                                   uint64_t seed) {
+                                   uint64_t seed, bool zero1) {
   auto r = std::make_unique<Rank3D>();
   r->layout = layout;
   r->groups = make_groups(world, layout);  // YOUR groups
@@ -189,13 +230,27 @@ std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, co
   std::vector<GPT2*> chunks;
   for (int c = 0; c < layout.pipeline.v; ++c) {
     r->models.push_back(std::make_unique<GPT2>(cfg, chunk_shard(cfg, layout, c), policy, device, seed));
-    if (layout.grid.tp > 1) r->models.back()->set_tensor_parallel(r->points.get());  // lab 05's points (tp 1: none)
-    r->optimizers.push_back(std::make_unique<Optimizer>(*r->models.back(), optimizer));
-    chunks.push_back(r->models.back().get());
+    GPT2& model = *r->models.back();
+    if (layout.grid.tp > 1) model.set_tensor_parallel(r->points.get());  // lab 05's points (tp 1: none)
+    if (zero1) r->zero1.push_back(make_zero1_state(model, *r->groups.dp, optimizer));
+    else r->optimizers.push_back(std::make_unique<Optimizer>(model, optimizer));
+    chunks.push_back(&model);
   }
   r->stage = std::make_unique<lab06::Stage>(chunks, layout.pipeline);
   r->exchange = std::make_unique<lab06::StageExchange>(*r->groups.pp, layout.pipeline);
   return r;
+}
+
+double zero1_sum_squares(const lab04::FsdpState& s) {
+  const bool tp_rank0 = s.model.shard().tp_rank == 0;
+  double sq = 0.0;
+  for (const ParamInfo& p : s.model.param_table()) {
+    if (p.tied_copy || (p.tp_replicated && !tp_rank0)) continue;  // counted by another rank
+    const lab04::ShardLayout& l = s.units.at(p.unit).layout;
+    const int64_t lo = std::max(p.offset, l.begin), hi = std::min(p.offset + p.numel, l.begin + l.owned);
+    if (lo < hi) sq += sum_squares(s.units[p.unit].grad_shard.view(lo - l.begin, {hi - lo}));
+  }
+  return sq;
 }
 
 // =============================================================================================
@@ -231,35 +286,77 @@ StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, f
       if (model.owns_unit(u)) scale_(model.unit_grads(u), 1.0f / static_cast<float>(m));
   }
   lab06::sync_tied_embedding(stage, r.groups.embedding.get());
-  average_over_dp(stage, *r.groups.dp);
 
-  // The whole model's norm: this rank's chunks, then its tp group (the slices), then its pp group (the
-  // stages). Not the dp group: after the average every replica holds the same gradients.
-  Tensor sq = Tensor::empty({1}, DType::F32);  // (1,) f32: the communicator reduces f32
-  double local = 0.0;
-  for (int c = 0; c < stage.num_chunks(); ++c) local += grad_sum_squares(stage.chunk(c));
-  sq.data<float>()[0] = static_cast<float>(local);
-  if (r.groups.tp->size() > 1) r.groups.tp->all_reduce(sq, ReduceOp::Sum, "grad norm (tp)");
-  Tensor both = Tensor::empty({2}, DType::F32);  // (sum of squares, loss): one all-reduce over the stages
-  both.data<float>()[0] = sq.data<float>()[0];
-  both.data<float>()[1] = r.exchange->is_last(pl.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;
-  if (r.groups.pp->size() > 1) r.groups.pp->all_reduce(both, ReduceOp::Sum, "grad norm and loss (pp)");
-  Tensor loss = both.view(1, {1});  // this replica's loss; the global batch's is the mean over the replicas
+  // The loss of the global batch: the last stage's mean over m (0 on the other stages) summed over the
+  // stages, then the mean over the replicas, each of which saw its own part of the batch.
+  Tensor loss = Tensor::empty({1}, DType::F32);  // (1,) f32: the communicator reduces f32
+  loss.data<float>()[0] = r.exchange->is_last(pl.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;
+  if (r.groups.pp->size() > 1) r.groups.pp->all_reduce(loss, ReduceOp::Sum, "loss (pp)");
   if (r.groups.dp->size() > 1) r.groups.dp->all_reduce(loss, ReduceOp::Avg, "loss (dp)");
-  result.grad_norm = std::sqrt(both.data<float>()[0]);
-  result.loss = both.data<float>()[1];
-  SL_CHECK_HINT(std::isfinite(result.grad_norm), "lower the learning rate, or look for a bad batch",
-                "gradient norm is %g (not finite)", result.grad_norm);
-  const float scale = grad_clip / (result.grad_norm + 1e-6f);
-  for (int c = 0; c < stage.num_chunks(); ++c) {
-    GPT2& model = stage.chunk(c);
-    if (grad_clip > 0.0f && scale < 1.0f)
-      for (int u = 0; u < model.num_units(); ++u)
-        if (model.owns_unit(u)) scale_(model.unit_grads(u), scale);
-    r.optimizers.at(c)->step(lr);
+  result.loss = loss.data<float>()[0];
+
+  if (!r.zero1.empty()) {
+    result.grad_norm = zero1_update(r, lr, grad_clip);  // the replicas shard the update instead
+  } else {
+    average_over_dp(stage, *r.groups.dp);
+    // The whole model's norm: this rank's chunks, then its tp group (the slices), then its pp group (the
+    // stages). Not the dp group: after the average every replica holds the same gradients.
+    Tensor sq = Tensor::empty({1}, DType::F32);
+    double local = 0.0;
+    for (int c = 0; c < stage.num_chunks(); ++c) local += grad_sum_squares(stage.chunk(c));
+    sq.data<float>()[0] = static_cast<float>(local);
+    if (r.groups.tp->size() > 1) r.groups.tp->all_reduce(sq, ReduceOp::Sum, "grad norm (tp)");
+    if (r.groups.pp->size() > 1) r.groups.pp->all_reduce(sq, ReduceOp::Sum, "grad norm (pp)");
+    result.grad_norm = std::sqrt(sq.data<float>()[0]);
+    SL_CHECK_HINT(std::isfinite(result.grad_norm), "lower the learning rate, or look for a bad batch",
+                  "gradient norm is %g (not finite)", result.grad_norm);
+    const float scale = grad_clip / (result.grad_norm + 1e-6f);
+    for (int c = 0; c < stage.num_chunks(); ++c) {
+      GPT2& model = stage.chunk(c);
+      if (grad_clip > 0.0f && scale < 1.0f)
+        for (int u = 0; u < model.num_units(); ++u)
+          if (model.owns_unit(u)) scale_(model.unit_grads(u), scale);
+      r.optimizers.at(c)->step(lr);
+    }
   }
   // TODO(lab07-6) END
   return result;
+}
+
+// =============================================================================================
+// ZeRO-1 across the replicas
+// =============================================================================================
+float zero1_update(Rank3D& r, float lr, float grad_clip) {
+  float norm = 0.0f;
+  // TODO(lab07-7) BEGIN  reduce-scatter over dp, the norm from the shards, clip them, lab 04's sharded step
+  // 1. Every owned unit's gradient averaged over the replicas, each keeping only its shard: launch them
+  //    all, then finish them all (lab 04's ZeRO-1 reduces once per step, after the last micro-batch).
+  for (auto& s : r.zero1)
+    for (int u = 0; u < s->num_units(); ++u)
+      if (s->units[u].layout.numel > 0) lab04::reduce_scatter_grads_async(*s, u);
+  for (auto& s : r.zero1)
+    for (int u = 0; u < s->num_units(); ++u)
+      if (s->units[u].layout.numel > 0) lab04::finish_reduce_scatter(*s, u);
+  // 2. The whole model's norm: the dp shards are disjoint parts of it, the tp slices and the stages too.
+  double local = 0.0;
+  for (const auto& s : r.zero1) local += zero1_sum_squares(*s);
+  Tensor sq = Tensor::empty({1}, DType::F32);
+  sq.data<float>()[0] = static_cast<float>(local);
+  for (Communicator* g : {r.groups.dp.get(), r.groups.tp.get(), r.groups.pp.get()})
+    if (g->size() > 1) g->all_reduce(sq, ReduceOp::Sum, "grad norm (" + g->name() + ")");
+  norm = std::sqrt(sq.data<float>()[0]);
+  SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
+                "gradient norm is %g (not finite)", norm);
+  // 3. Clip the shards, then lab 04's update of each chunk's shard (it all-gathers the new parameters).
+  const float scale = grad_clip / (norm + 1e-6f);
+  for (auto& s : r.zero1) {
+    if (grad_clip > 0.0f && scale < 1.0f)
+      for (lab04::UnitShard& us : s->units)
+        if (us.layout.numel > 0) scale_(us.grad_shard, scale);
+    lab04::optimizer_step(*s, lr);
+  }
+  // TODO(lab07-7) END
+  return norm;
 }
 
 float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets) {

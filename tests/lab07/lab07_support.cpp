@@ -9,6 +9,7 @@
 #include <cstring>    // defines: std::strlen
 
 #include "grading.h"                  // defines: grading::all_ranks
+#include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/error.h"      // defines: scalelab::Error, NotImplemented
 
 namespace scalelab::lab07_test {
@@ -77,7 +78,8 @@ std::vector<TableRow> expected_table(const lab07::Grid& g) {
 
 std::string case_name(const Case& c) {
   std::string s = c.grid.describe() + " " + lab06::schedule_name(c.schedule) + " m " + std::to_string(c.m);
-  return c.v > 1 ? s + " v " + std::to_string(c.v) : s;
+  if (c.v > 1) s += " v " + std::to_string(c.v);
+  return c.zero1 ? s + " ZeRO-1" : s;
 }
 
 Run3D make_run(const GPTConfig& cfg, const Case& c, OptimizerConfig::Kind optimizer) {
@@ -86,7 +88,8 @@ Run3D make_run(const GPTConfig& cfg, const Case& c, OptimizerConfig::Kind optimi
   run.layout = lab07::make_layout(cfg, c.grid, run.world->size(), run.world->rank(), c.schedule, c.m, c.v, 0, false);
   OptimizerConfig oc;
   oc.kind = optimizer;
-  run.rank = lab07::build_rank(*run.world, cfg, run.layout, oc, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
+  run.rank = lab07::build_rank(*run.world, cfg, run.layout, oc, PrecisionPolicy::fp32(), Device::CPU, kModelSeed,
+                               c.zero1);
   return run;
 }
 
@@ -367,6 +370,50 @@ std::string expect_group_bytes(const std::vector<Case>& cases) {
   }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   return measured;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-1
+
+std::string expect_zero1_state_sharded(const Case& c) {
+  const GPTConfig cfg = grid_config();
+  Allocator& a = Allocator::get(Device::CPU);
+  const int os = static_cast<int>(MemCategory::OptimizerState);
+  const int64_t before = a.stats().current_bytes[os];
+  Run3D run = make_run(cfg, c, OptimizerConfig::Kind::AdamW);
+  lab07::Rank3D& r = *run.rank;
+  const int dp = c.grid.dp, d = run.layout.coords.dp_rank;
+  const GlobalBatch g = random_global_batch(kDataSeed, dp * c.m * kMicroBatch, kT, cfg.vocab_size);
+  const std::vector<MicroBatch> micro = replica_micro_batches(g, d, c.m);
+  lab07::train_step(r, micro, 1e-2f, 1.0f);
+  r.groups.dp->clear_events();
+  lab07::train_step(r, micro, 1e-2f, 1.0f);
+  const int64_t got_state = a.stats().current_bytes[os] - before;
+  // What ZeRO-1 keeps (the padded layout of lab 04: shard = ceil(n / dp)), computed here from the chunks.
+  int64_t want_state = 0, full_state = 0, want_dp = 0;
+  for (int k = 0; k < c.v; ++k) {
+    GPT2& chunk = r.stage->chunk(k);
+    for (int u = 0; u < chunk.num_units(); ++u) {
+      if (!chunk.owns_unit(u)) continue;
+      const int64_t n = chunk.unit_params(u).numel(), shard = (n + dp - 1) / dp;
+      want_state += 2 * shard * 4;  // AdamW's m and v, fp32
+      full_state += 2 * n * 4;
+      want_dp += dp * shard * 4 + shard * 4;  // the reduce-scatter's padded input, the all-gather's chunk
+    }
+  }
+  const int64_t got_dp = tensor_bytes(r.groups.dp.get());
+  std::string other_ops;  // ZeRO-1's dp traffic is reduce-scatters and all-gathers; an all-reduce is plain dp
+  for (const CommEvent& e : r.groups.dp->events())
+    if (e.count > kScalarElements && e.op != "reduce_scatter" && e.op != "all_gather") other_ops += " " + e.op;
+  char buf[320];
+  std::snprintf(buf, sizeof(buf), "rank %d: optimizer state %lld bytes (ZeRO-1 of dp %d: %lld; unsharded %lld), dp "
+                "group %lld bytes a step (%lld)", run.world->rank(), static_cast<long long>(got_state), dp,
+                static_cast<long long>(want_state), static_cast<long long>(full_state),
+                static_cast<long long>(got_dp), static_cast<long long>(want_dp));
+  const bool ok = got_state == want_state && got_dp == want_dp && other_ops.empty();
+  EXPECT_TRUE(grading::all_ranks(ok, on_rank_if(ok ? "" : case_name(c) + ": " + buf +
+                                                     (other_ops.empty() ? "" : "; the dp group also did" + other_ops))));
+  return case_name(c) + ": " + buf;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ struct Case {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int m = 2;
   int v = 1;
+  bool zero1 = false;  // ZeRO-1 across the dp group (lab07::zero1_update) instead of the plain average
 };
 Run3D make_run(const GPTConfig& cfg, const Case& c, OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::SGD);
 std::string case_name(const Case& c);
@@ -88,6 +89,11 @@ std::string expect_steps_match_dense(const Case& c, OptimizerConfig::Kind optimi
 // must move (README "What each group carries").
 constexpr int64_t kScalarElements = 4;
 std::string expect_group_bytes(const std::vector<Case>& cases);
+// ZeRO-1 (c.zero1, AdamW): the optimizer state this rank holds after building its part and one step is
+// exactly AdamW's m and v of its dp shard of every owned unit (the allocator, category OptimizerState), and
+// the dp group carried, per step, one reduce-scatter of every padded unit gradient and one all-gather of
+// every shard of parameters, nothing else of tensor size.
+std::string expect_zero1_state_sharded(const Case& c);
 // make_layout refuses the bad layouts of this rank count on every rank, and accepts the good ones.
 std::string expect_bad_layouts_refused();
 

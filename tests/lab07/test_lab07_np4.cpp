@@ -16,6 +16,8 @@ namespace grading = scalelab::grading;
 const Case kTpPp{{2, 2, 1, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1};
 const Case kTpDp{{2, 1, 2, "tp-dp-pp"}, ScheduleKind::GPipe, 2, 1};
 const Case kPpDp{{1, 2, 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 2, 2};
+const Case kTpDpZero1{{2, 1, 2, "tp-dp-pp"}, ScheduleKind::GPipe, 2, 1, true};
+const Case kPpDpZero1{{1, 2, 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 2, 2, true};
 
 }  // namespace
 
@@ -80,4 +82,27 @@ TEST(Lab07Step4, GroupBytesFourRanks) {
                              "groups' event logs equal what the layout must move, group by group",
                              "README 'What each group carries'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_group_bytes({kTpPp, kTpDp, kPpDp})); });
+}
+
+TEST(Lab07Step4, Zero1StepsMatchDenseFourRanks) {
+  const grading::Check check{"lab07.zero1_steps_match_dense_four_ranks", 3,
+                             "ZeRO-1 across dp: 3 SGD steps with clipping at 0.5 of tp2 x dp2 (loss, norm and every "
+                             "parameter) and 4 AdamW steps of pp2 x dp2 interleaved v 2 (loss and norm) within 1e-5 "
+                             "of the dense model's",
+                             "README 'ZeRO-1 across the replicas'"};
+  grading::run(check, [](grading::Record& record) {
+    record.measured(expect_steps_match_dense(kTpDpZero1, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f) + "; " +
+                    expect_steps_match_dense(kPpDpZero1, OptimizerConfig::Kind::AdamW, 4, 1e-2f, 1.0f));
+  });
+}
+
+TEST(Lab07Step4, Zero1StateIsShardedFourRanks) {
+  const grading::Check check{"lab07.zero1_state_is_sharded_four_ranks", 2,
+                             "ZeRO-1 with AdamW, tp2 x dp2 and pp2 x dp2 (v 2): the allocator's optimizer state is "
+                             "exactly m and v of this rank's dp shard of every unit, and the dp group carries one "
+                             "reduce-scatter of each padded gradient and one all-gather of each shard a step",
+                             "README 'ZeRO-1 across the replicas'"};
+  grading::run(check, [](grading::Record& record) {
+    record.measured(expect_zero1_state_sharded(kTpDpZero1) + "; " + expect_zero1_state_sharded(kPpDpZero1));
+  });
 }
