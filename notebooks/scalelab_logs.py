@@ -604,11 +604,17 @@ def latest_lab06_runs(runs_root: str | Path = "../runs", limit: int = 64) -> lis
     """Lab 06: the most recent finished run of each layout (model, p, schedule, v, m, uniform compute, link,
     micro-batch, T) under ``<runs_root>/lab06``, oldest first, at most ``limit``: one sweep's runs
     (bench/pp_bubble_sweep.py), a later sweep's replacing an earlier one's."""
+    return _latest_by_layout("lab06", runs_root, limit, "schedule", _pp_layout)
+
+
+def _latest_by_layout(lab: str, runs_root: str | Path, limit: int, needed: str, layout_key) -> list[Path]:
+    """The most recent finished run of ``lab`` per ``layout_key(config)`` among runs whose config has
+    ``needed``, oldest first, at most ``limit``."""
     chosen: dict[tuple, Path] = {}
-    for r in load_runs(find_runs("lab06", runs_root)):  # oldest first
-        if not r.finished or "schedule" not in r.config:
+    for r in load_runs(find_runs(lab, runs_root)):  # oldest first
+        if not r.finished or needed not in r.config:
             continue
-        key = _pp_layout(r.config)
+        key = layout_key(r.config)
         chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
         chosen[key] = r.path
     return list(chosen.values())[-limit:]
@@ -825,14 +831,7 @@ def _grid_layout(cfg: dict) -> tuple:
 def latest_lab07_runs(runs_root: str | Path = "../runs", limit: int = 16) -> list[Path]:
     """Lab 07: the most recent finished run of each layout (model, tp, pp, dp, order, schedule, v, m, micro-batch,
     T, cluster, links, uniform compute) under ``<runs_root>/lab07``, oldest first, at most ``limit``."""
-    chosen: dict[tuple, Path] = {}
-    for r in load_runs(find_runs("lab07", runs_root)):  # oldest first
-        if not r.finished or "order" not in r.config:
-            continue
-        key = _grid_layout(r.config)
-        chosen.pop(key, None)  # re-inserted last: the order is that of the latest runs
-        chosen[key] = r.path
-    return list(chosen.values())[-limit:]
+    return _latest_by_layout("lab07", runs_root, limit, "order", _grid_layout)
 
 
 def order_comparison(runs: list[Run]) -> list[Run]:

@@ -6,7 +6,7 @@
 // (labs/07_parallel_3d/parallel_3d.cpp and solutions/07_parallel_3d/parallel_3d.cpp).
 #include "parallel_3d.h"
 
-#include <algorithm>  // defines: std::count, std::max, std::min
+#include <algorithm>  // defines: std::max, std::min
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <string>     // defines: std::to_string
 
@@ -24,26 +24,9 @@ std::string Grid::describe() const {
 }
 
 std::vector<GridAxis> parse_order(const std::string& order) {
-  std::vector<GridAxis> axes;
-  size_t begin = 0;
-  for (;;) {
-    const size_t end = order.find('-', begin);
-    const std::string name = order.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    bool known = false;
-    for (GridAxis a : {GridAxis::TP, GridAxis::PP, GridAxis::DP}) {
-      if (name != grid_axis_name(a)) continue;
-      known = std::count(axes.begin(), axes.end(), a) == 0;
-      axes.push_back(a);
-    }
-    SL_CHECK_HINT(known && axes.size() <= 3, "list tp, pp and dp once each, fastest-varying first, joined by '-': "
-                  "tp-dp-pp (the lesson's placement), tp-pp-dp, dp-tp-pp, ...", "--order '%s' is not a permutation "
-                  "of tp, pp and dp", order.c_str());
-    if (end == std::string::npos) break;
-    begin = end + 1;
-  }
-  SL_CHECK_HINT(axes.size() == 3, "name all three axes: tp-dp-pp, tp-pp-dp, ...",
-                "--order '%s' is not a permutation of tp, pp and dp", order.c_str());
-  return axes;
+  GridLayout probe;  // common's parser; its error names the order and lists good ones
+  probe.order = order;
+  return probe.axes();
 }
 
 // =============================================================================================
