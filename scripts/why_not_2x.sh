@@ -109,7 +109,7 @@ run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <ou
   local launcher=()
   (( ranks > 1 )) && launcher=(mpirun --oversubscribe --bind-to none -np "$ranks")
   echo "== $id: ${launcher[*]} $exe ${*}" | sed "s|$out|<out>|g"
-  if ! timeout 600 "${launcher[@]}" "$exe" "${common[@]}" --run-id "$id" "$@" > "$out/$id.out" 2>&1; then
+  if ! timeout 600 "${launcher[@]}" "$exe" "${common[@]}" "${cal[@]}" --run-id "$id" "$@" > "$out/$id.out" 2>&1; then
     echo "run $id failed; its output ($out/$id.out) ends:" >&2
     tail -20 "$out/$id.out" >&2
     exit 1
@@ -118,7 +118,9 @@ run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <ou
 }
 
 t_start=$(date +%s)
+cal=()  # the first run checks (or measures) the 1-thread peak; the others divide by the same file, unchecked
 run single 1 --micro-batch "$single_b" --seq-len "$seq_len" --steps "$steps"
+[[ -f runs/calibration/cpu_1t.json ]] && cal=(--calibration runs/calibration/cpu_1t.json)
 run multi "$np" --micro-batch "$micro_batch" --seq-len "$seq_len" --steps "$steps" "${multi_extra[@]}"
 sweep_dirs=()
 for b in $sweep; do
