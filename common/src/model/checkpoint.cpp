@@ -24,7 +24,7 @@
 #include <signal.h>     // defines: kill (is a process alive?)
 #include <sys/stat.h>   // defines: fstat
 #include <unistd.h>     // defines: write, pread, fsync, close, getpid
-#include <zlib.h>       // defines: crc32
+#include <zlib.h>       // defines: crc32, adler32
 
 #include <algorithm>
 #include <cerrno>
@@ -194,7 +194,28 @@ void write_all(int fd, const std::string& path, const uint8_t* data, size_t n) {
   }
 }
 
+// The end of an atomic write: make the bytes of `tmp` durable before a name points at them (without this
+// fsync a power loss after the rename can leave a file of the right name full of zeros), close it, then
+// rename it over `path` (POSIX rename is atomic on one filesystem).
+void publish(Fd& f, const std::string& tmp, const std::string& path) {
+  SL_CHECK_HINT(::fsync(f.fd) == 0, "check free disk space (df -h)", "fsync of %s failed: %s", tmp.c_str(),
+                std::strerror(errno));
+  const int fd = f.fd;
+  f.fd = -1;
+  SL_CHECK_HINT(::close(fd) == 0, "check free disk space (df -h)", "close of %s failed: %s", tmp.c_str(),
+                std::strerror(errno));
+  SL_CHECK_HINT(::rename(tmp.c_str(), path.c_str()) == 0, "check write permission on the directory",
+                "rename %s -> %s failed: %s", tmp.c_str(), path.c_str(), std::strerror(errno));
+}
+
+// Persists a directory entry (a rename inside it). Best effort: some filesystems refuse fsync on directories.
+void fsync_dir(const fs::path& dir) {
+  Fd d(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.fd >= 0) ::fsync(d.fd);
+}
+
 }  // namespace
+
 
 // =============================================================================================
 // CheckpointWriter
@@ -288,24 +309,48 @@ void CheckpointWriter::commit(const std::string& path) const {
     footer.insert(footer.end(), kEndMagic, kEndMagic + sizeof(kEndMagic));
     write_all(f.fd, tmp, footer.data(), footer.size());
 
-    // 3. Make the bytes durable before the name points at them: without this fsync a power loss
-    //    after the rename can leave a file of the right name full of zeros.
-    SL_CHECK_HINT(::fsync(f.fd) == 0, "check free disk space (df -h)", "fsync of %s failed: %s", tmp.c_str(),
-                  std::strerror(errno));
-    const int fd = f.fd;
-    f.fd = -1;
-    SL_CHECK_HINT(::close(fd) == 0, "check free disk space (df -h)", "close of %s failed: %s", tmp.c_str(),
-                  std::strerror(errno));
-
-    // 4. Atomically replace the old file (POSIX rename), then persist the directory entry.
-    SL_CHECK_HINT(::rename(tmp.c_str(), path.c_str()) == 0, "check write permission on the directory",
-                  "rename %s -> %s failed: %s", tmp.c_str(), path.c_str(), std::strerror(errno));
+    publish(f, tmp, path);  // 3 and 4: fsync, close, rename
   } catch (...) {
     ::unlink(tmp.c_str());  // never leave our own partial file behind when we are still alive
     throw;
   }
-  Fd dir(::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.fd >= 0) ::fsync(dir.fd);  // best effort: some filesystems refuse fsync on directories
+  fsync_dir(parent);
+}
+
+void write_file_atomic(const std::string& path, const void* data, size_t nbytes) {
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  SL_CHECK_HINT(f.fd >= 0, "check that the directory is writable", "cannot create temporary file %s: %s", tmp.c_str(),
+                std::strerror(errno));
+  try {
+    write_all(f.fd, tmp, static_cast<const uint8_t*>(data), nbytes);
+    publish(f, tmp, path);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_dir(parent);
+}
+
+uint32_t file_checksum(const std::string& path) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  SL_CHECK_HINT(f.fd >= 0, "check the path", "cannot open %s: %s", path.c_str(), std::strerror(errno));
+  struct stat st {};
+  SL_CHECK(::fstat(f.fd, &st) == 0, "fstat of %s failed: %s", path.c_str(), std::strerror(errno));
+  uint64_t n = static_cast<uint64_t>(st.st_size), offset = 0;
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(n, 1), kIoChunkBytes)));
+  uLong sum = ::adler32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
+    pread_exact(f.fd, path, buf.data(), chunk, offset);
+    sum = ::adler32(sum, buf.data(), static_cast<uInt>(chunk));
+    offset += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(sum);
 }
 
 // =============================================================================================

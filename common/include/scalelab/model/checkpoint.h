@@ -96,6 +96,19 @@ class CheckpointReader {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Files around checkpoints (lab 08's manifests and completion markers, its shard checksums)
+
+// Writes nbytes of data to `path` as commit() does: a temporary file, fsync, rename, directory fsync, so
+// `path` holds either its old content or all of the new. Creates the parent directory. Throws
+// scalelab::Error (no permission, disk full) after removing the temporary file.
+void write_file_atomic(const std::string& path, const void* data, size_t nbytes);
+// Adler-32 (zlib's adler32) of the whole file at `path`, streamed: a manifest's checksum of a file. Not CRC-32:
+// a file that ends with the CRC-32 of what precedes it (as a checkpoint file does, plus a fixed end magic)
+// has the same whole-file CRC-32 as every other such file (the CRC's residue), so it could not tell two
+// intact shards apart. Throws scalelab::Error if the file cannot be read.
+uint32_t file_checksum(const std::string& path);
+
+// ---------------------------------------------------------------------------------------------
 // Checkpoint directories: files named ckpt_<step>.bin (step without padding, e.g. ckpt_1200.bin).
 
 std::string checkpoint_path(const std::string& dir, int64_t step);  // "<dir>/ckpt_<step>.bin"

@@ -1,0 +1,76 @@
+// resilience.cpp — lab 08: checkpoints a sharded job can restart from (resilience.h). Each rank writes its
+// shard, rank 0 writes the manifest and then the completion marker; a checkpoint is loaded only when its
+// marker, its manifest and every shard it lists are there and intact; retention never deletes the newest
+// complete one. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
+// Only the code between TODO(lab08-N) BEGIN/END is yours to write; the rest is shared by both tracks
+// (labs/08_resilience/resilience.cpp and solutions/08_resilience/resilience.cpp).
+#include "resilience.h"
+
+#include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
+#include <fstream>     // defines: std::ifstream
+#include <sstream>     // defines: std::ostringstream
+
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/model/checkpoint.h"  // defines: file_checksum
+
+namespace fs = std::filesystem;
+
+namespace scalelab::lab08 {
+inline namespace SL_TRACK_LAB08 {
+
+// =============================================================================================
+// Saving
+// =============================================================================================
+std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
+                            bool zero1) {
+  const std::string dir = step_dir(root, st.step);
+  // TODO(lab08-1) BEGIN  shards, then (rank 0) the manifest, then the marker; nobody returns before it
+  //   What must be on disk before the marker may say "complete", and who can know it? Write your shard, learn
+  //   everyone's, then let one rank describe the checkpoint and mark it, in an order in which a crash at any
+  //   moment leaves either a complete checkpoint or one that checkpoint_problem refuses. README.md#a-sharded-checkpoint
+  throw scalelab::NotImplemented("lab08-1 save_checkpoint");
+  // TODO(lab08-1) END
+  return dir;
+}
+
+// =============================================================================================
+// Is it complete?
+// =============================================================================================
+std::string checkpoint_problem(const std::string& dir) {
+  // TODO(lab08-2) BEGIN  the marker, the manifest, then every shard's presence, size and checksum
+  //   Trust nothing a crash could have left half-done: is the marker there, does the manifest parse, and does
+  //   every shard it lists exist with exactly the size and checksum it lists? Name the file in the answer.
+  //   README.md#is-it-complete
+  throw scalelab::NotImplemented("lab08-2 checkpoint_problem");
+  // TODO(lab08-2) END
+}
+
+// =============================================================================================
+// Which one to load
+// =============================================================================================
+CheckpointChoice newest_complete_checkpoint(const std::string& root) {
+  CheckpointChoice choice;
+  // TODO(lab08-3) BEGIN  newest first; the first complete one wins, each newer one is reported
+  //   Newest first; say why each one you pass over cannot be loaded. README.md#which-one-to-load
+  throw scalelab::NotImplemented("lab08-3 newest_complete_checkpoint");
+  // TODO(lab08-3) END
+  return choice;
+}
+
+// =============================================================================================
+// Retention
+// =============================================================================================
+std::vector<std::string> retain_checkpoints(const std::string& root, int keep_last) {
+  SL_CHECK_HINT(keep_last >= 1, "keep at least the newest complete checkpoint: --keep-last 1 or more",
+                "keep_last is %d", keep_last);
+  std::vector<std::string> deleted;
+  // TODO(lab08-4) BEGIN  count only complete ones; keep what is newer than the newest complete one
+  //   Which directories can never be loaded, which may still be in the middle of being written, and which
+  //   one must survive whatever keep_last says? README.md#retention
+  throw scalelab::NotImplemented("lab08-4 retain_checkpoints");
+  // TODO(lab08-4) END
+  return deleted;
+}
+
+}  // namespace SL_TRACK_LAB08
+}  // namespace scalelab::lab08

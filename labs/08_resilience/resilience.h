@@ -1,0 +1,69 @@
+// resilience.h — what the learner writes in lab 08 (resilience), declared once for both tracks.
+//   labs/08_resilience/resilience.cpp       the learner's file (TODO blocks)   -> lab08_learner
+//   solutions/08_resilience/resilience.cpp  the reference (same file, filled)  -> lab08_ref
+// The two tracks live in distinct inline namespaces (scalelab::lab08::learner / ::ref) chosen by
+// SL_TRACK_LAB08, which CMake sets per library; code that includes this header without it gets ref.
+// Lesson: labs/08_resilience/README.md   Graded tests: tests/lab08/ (test_lab08*.cpp)
+//
+// Over thousands of GPUs and weeks, failures are routine (Llama 3: 466 interruptions in 54 days,
+// Dubey et al. 2024, Sec. 3.3.4): a job survives them only if it checkpoints often and restarts on its
+// own from the newest checkpoint that is complete. A checkpoint of a sharded model is many files written
+// by many ranks; any of them can be missing, short or damaged when a rank dies mid-write. What you write:
+//   saving               every rank's shard, then the manifest, then the marker: in that order   TODO lab08-1
+//   is it complete?      the marker, the manifest, every shard's size and checksum               TODO lab08-2
+//   which one to load    the newest complete checkpoint, saying why each newer one was skipped   TODO lab08-3
+//   which ones to delete keep the last k complete ones; never the newest complete one            TODO lab08-4
+// The shard files, the layout's description and the loading are given (shard_state.h); the supervisor that
+// restarts a failed job is scripts/supervise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel_3d.h"        // defines: lab07::Rank3D (lab 07's reference)
+#include "scalelab/comm/comm.h"  // defines: Communicator
+#include "shard_state.h"        // defines: ShardInfo, ResumeState, write_shard, write_checkpoint_file, ... (given)
+
+#ifndef SL_TRACK_LAB08
+#define SL_TRACK_LAB08 ref
+#endif
+
+namespace scalelab::lab08 {
+inline namespace SL_TRACK_LAB08 {
+
+// TODO(lab08-1): the checkpoint of step `st.step` under root, collective over world (every rank calls it
+// with its own part r and state st), in this order: every rank writes its shard into step_dir(root, step)
+// (write_shard); rank 0 learns every rank's entry (gather_shard_infos) — only then are all shards on disk;
+// rank 0 writes the manifest (kManifestName: describe_layout(r, zero1, world size) plus "step" and
+// "shards", the entries in rank order, via write_checkpoint_file), and only after it the completion
+// marker (kMarkerName, any short text, via write_checkpoint_file); no rank returns before the marker is
+// written. Returns step_dir(root, step). README.md#a-sharded-checkpoint
+std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
+                            bool zero1);
+
+// TODO(lab08-2): "" if the checkpoint in `dir` is complete, else one line saying what is wrong and naming
+// the file: the marker missing; the manifest missing or not JSON (or without "step" and "shards"); a shard
+// the manifest lists missing, of another size than listed ("size"), or of another checksum ("checksum", via
+// file_checksum). Reads the files only; never throws for a damaged checkpoint. README.md#is-it-complete
+std::string checkpoint_problem(const std::string& dir);
+
+// What to load, and what was passed over on the way.
+struct CheckpointChoice {
+  std::string dir;                   // the newest complete checkpoint; "" when there is none
+  int64_t step = -1;                 // its step; -1 when there is none
+  std::vector<std::string> skipped;  // one line per newer checkpoint passed over: "<dir>: <its problem>"
+};
+// TODO(lab08-3): the newest complete checkpoint under root (list_step_dirs, checkpoint_problem), every newer
+// incomplete one in `skipped` with its problem, newest first. A root that does not exist: no checkpoint.
+// README.md#which-one-to-load
+CheckpointChoice newest_complete_checkpoint(const std::string& root);
+
+// TODO(lab08-4): retention: keeps the `keep_last` newest COMPLETE checkpoints under root and every
+// directory newer than the newest complete one (it may be a checkpoint still being written); deletes the
+// other step directories (older complete ones, and incomplete ones that can never be loaded). keep_last >= 1
+// (else scalelab::Error). Returns the directories deleted, newest first. README.md#retention
+std::vector<std::string> retain_checkpoints(const std::string& root, int keep_last);
+
+}  // namespace SL_TRACK_LAB08
+}  // namespace scalelab::lab08

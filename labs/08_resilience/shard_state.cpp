@@ -1,0 +1,287 @@
+// shard_state.cpp — lab 08's given plumbing (shard_state.h): a rank's state as named tensors, its shard file,
+// the layout's description, and the file log. One copy for both tracks (library lab08_given).
+#include "shard_state.h"
+
+#include <algorithm>   // defines: std::sort
+#include <chrono>      // defines: std::chrono::system_clock
+#include <cstdio>      // defines: std::snprintf
+#include <filesystem>  // defines: std::filesystem::directory_iterator
+#include <fstream>     // defines: std::ifstream
+#include <regex>       // defines: std::regex_match
+#include <thread>      // defines: std::this_thread::sleep_for
+
+#include "scalelab/core/error.h"       // defines: SL_CHECK, SL_CHECK_HINT
+#include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
+
+namespace fs = std::filesystem;
+
+namespace scalelab::lab08 {
+
+// =============================================================================================
+// Names and places
+// =============================================================================================
+std::string step_dir(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return (fs::path(root) / name).string();
+}
+
+int64_t step_of_dir(const std::string& dir) {
+  static const std::regex form("step_([0-9]{1,18})");
+  std::smatch m;
+  const std::string name = fs::path(dir).filename().string();
+  return std::regex_match(name, m, form) ? std::stoll(m[1].str()) : -1;
+}
+
+std::vector<std::string> list_step_dirs(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec))
+    if (e.is_directory(ec) && step_of_dir(e.path().string()) >= 0)
+      found.emplace_back(step_of_dir(e.path().string()), e.path().string());
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(dir);
+  return dirs;
+}
+
+std::string shard_file_name(int rank) { return "rank_" + std::to_string(rank) + ".bin"; }
+
+// =============================================================================================
+// What a rank holds
+// =============================================================================================
+std::vector<StateTensor> rank_state(lab07::Rank3D& r) {
+  std::vector<StateTensor> out;
+  auto add = [&](int c, const char* what, int u, Tensor& t) {
+    if (t.defined()) out.push_back({"c" + std::to_string(c) + "/" + what + "/" + std::to_string(u), &t});
+  };
+  for (int c = 0; c < static_cast<int>(r.models.size()); ++c) {
+    GPT2& model = *r.models[c];
+    for (int u = 0; u < model.num_units(); ++u) {
+      if (!model.owns_unit(u)) continue;
+      add(c, "params", u, model.unit_params(u));
+      if (!r.zero1.empty()) {  // ZeRO-1: this rank's shard of the optimizer state
+        lab04::UnitShard& s = r.zero1[c]->units[u];
+        add(c, "adam_m", u, s.m);
+        add(c, "adam_v", u, s.v);
+        add(c, "master", u, s.master);
+      } else {
+        Optimizer& opt = *r.optimizers[c];
+        add(c, "adam_m", u, opt.m()[u]);
+        add(c, "adam_v", u, opt.v()[u]);
+        add(c, "master", u, opt.master()[u]);
+      }
+    }
+  }
+  return out;
+}
+
+static nlohmann::json coords_json(const GridCoords& c) {
+  return {{"tp_rank", c.tp_rank}, {"pp_rank", c.pp_rank}, {"dp_rank", c.dp_rank}};
+}
+
+nlohmann::json ShardInfo::to_json() const {
+  return {{"rank", rank}, {"coords", coords_json(coords)}, {"file", file}, {"bytes", bytes}, {"adler32", checksum}};
+}
+
+ShardInfo ShardInfo::from_json(const nlohmann::json& j) {
+  ShardInfo s;
+  try {
+    s.rank = j.at("rank").get<int>();
+    s.coords.tp_rank = j.at("coords").at("tp_rank").get<int>();
+    s.coords.pp_rank = j.at("coords").at("pp_rank").get<int>();
+    s.coords.dp_rank = j.at("coords").at("dp_rank").get<int>();
+    s.file = j.at("file").get<std::string>();
+    s.bytes = j.at("bytes").get<uint64_t>();
+    s.checksum = j.at("adler32").get<uint32_t>();
+  } catch (const nlohmann::json::exception& e) {
+    SL_FAIL("a manifest's shard entry has rank, coords, file, bytes and adler32 (ShardInfo::to_json)",
+            "bad shard entry %s: %s", j.dump().c_str(), e.what());
+  }
+  return s;
+}
+
+static Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::CPU, MemCategory::Workspace);
+  h.copy_from(t);
+  return h;
+}
+
+static std::vector<int64_t> optimizer_steps(const lab07::Rank3D& r) {
+  std::vector<int64_t> t;
+  if (!r.zero1.empty())
+    for (const auto& z : r.zero1) t.push_back(z->optimizer_steps);
+  else
+    for (const auto& o : r.optimizers) t.push_back(o->step_count());
+  return t;
+}
+
+static nlohmann::json shard_meta(lab07::Rank3D& r, int world_rank, const ResumeState& st) {
+  const GPTConfig& c = r.models.front()->config();
+  return {{"world_rank", world_rank},
+          {"coords", coords_json(r.layout.coords)},
+          {"grid", r.layout.grid.describe()},
+          {"chunks", r.models.size()},
+          {"zero1", !r.zero1.empty()},
+          {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size}}},
+          {"step", st.step},
+          {"optimizer_steps", optimizer_steps(r)}};
+}
+
+// Milliseconds of the system clock: comparable between the processes of one machine, unlike now_ms().
+static double wall_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+static std::vector<FileEvent>& log_storage() {
+  static std::vector<FileEvent> log;
+  return log;
+}
+
+static double g_write_delay_ms = 0;
+void set_write_delay_ms(double ms) { g_write_delay_ms = ms; }
+static void simulated_disk_delay() {
+  if (g_write_delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g_write_delay_ms));
+}
+
+ShardInfo write_shard(const std::string& dir, lab07::Rank3D& r, int world_rank, const ResumeState& st) {
+  simulated_disk_delay();
+  CheckpointWriter w;
+  w.add_json("meta", shard_meta(r, world_rank, st));
+  std::vector<Tensor> staged;  // host copies (a GPU model is staged through the host); alive until commit
+  for (const StateTensor& s : rank_state(r)) {
+    staged.push_back(s.tensor->device() == Device::CPU ? *s.tensor : host_copy(*s.tensor));
+    w.add(s.name, staged.back().raw(), staged.back().nbytes());
+  }
+  w.add_copy("loader", st.loader.data(), st.loader.size());
+  w.add_copy("rng", st.rng.data(), sizeof(st.rng));
+  ShardInfo info;
+  info.rank = world_rank;
+  info.coords = r.layout.coords;
+  info.file = shard_file_name(world_rank);
+  const std::string path = (fs::path(dir) / info.file).string();
+  w.commit(path);  // durable under its final name on return
+  info.bytes = static_cast<uint64_t>(fs::file_size(path));
+  info.checksum = file_checksum(path);
+  log_storage().push_back({path, wall_ms()});
+  return info;
+}
+
+ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Rank3D& r) {
+  const std::string path = (fs::path(dir) / info.file).string();
+  CheckpointReader reader(path);  // every section's CRC is checked before anything is copied
+  const nlohmann::json meta = reader.json("meta");
+  const nlohmann::json want = shard_meta(r, info.rank, ResumeState{});
+  for (const char* key : {"coords", "grid", "chunks", "zero1", "model"})
+    SL_CHECK_HINT(meta.at(key) == want.at(key),
+                  "load at the layout the checkpoint was written with (its manifest.json says which); loading at "
+                  "another layout is resharding (README.md#what-remains)",
+                  "%s was written by a rank with %s = %s; this rank has %s", path.c_str(), key,
+                  meta.at(key).dump().c_str(), want.at(key).dump().c_str());
+  const std::vector<StateTensor> state = rank_state(r);
+  for (const StateTensor& s : state)  // sizes first: a mismatch must leave r unchanged
+    SL_CHECK_HINT(reader.has(s.name) && reader.size_bytes(s.name) == s.tensor->nbytes(),
+                  "load with the --model, --precision and --optimizer the checkpoint was written with",
+                  "%s: section %s is missing or of another size", path.c_str(), s.name.c_str());
+  for (const StateTensor& s : state) {
+    if (s.tensor->device() == Device::CPU) {
+      reader.read(s.name, s.tensor->raw(), s.tensor->nbytes());
+    } else {
+      Tensor h = Tensor::empty(s.tensor->shape(), s.tensor->dtype(), Device::CPU, MemCategory::Workspace);
+      reader.read(s.name, h.raw(), h.nbytes());
+      s.tensor->copy_from(h);
+    }
+  }
+  ResumeState st;
+  st.step = meta.at("step").get<int64_t>();
+  st.loader = reader.bytes("loader");
+  reader.read("rng", st.rng.data(), sizeof(st.rng));
+  st.optimizer_steps = meta.at("optimizer_steps").get<std::vector<int64_t>>();
+  for (size_t c = 0; c < st.optimizer_steps.size(); ++c) {
+    if (!r.zero1.empty()) r.zero1[c]->optimizer_steps = st.optimizer_steps[c];
+    else r.optimizers[c]->set_step_count(st.optimizer_steps[c]);
+  }
+  return st;
+}
+
+ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1) {
+  ResumeState st;
+  std::string problem;
+  try {
+    std::ifstream in(fs::path(dir) / kManifestName);
+    SL_CHECK(static_cast<bool>(in), "cannot open %s", (fs::path(dir) / kManifestName).c_str());
+    const nlohmann::json manifest = nlohmann::json::parse(in);
+    const nlohmann::json want = describe_layout(r, zero1, world.size());
+    for (const char* key : {"world_size", "layout", "model"})
+      SL_CHECK_HINT(manifest.at(key) == want.at(key),
+                    "restart with the layout the checkpoint was written with; loading it at another one is "
+                    "resharding (README.md#what-remains)",
+                    "%s: the checkpoint's %s is %s, this run's %s", dir.c_str(), key, manifest.at(key).dump().c_str(),
+                    want.at(key).dump().c_str());
+    const nlohmann::json& shards = manifest.at("shards");
+    SL_CHECK(static_cast<int>(shards.size()) == world.size(), "%s lists %zu shards for %d ranks", dir.c_str(),
+             shards.size(), world.size());
+    st = read_shard(dir, ShardInfo::from_json(shards.at(world.rank())), r);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  Tensor failed = Tensor::empty({1}, DType::F32, Device::CPU, MemCategory::Workspace);
+  failed.data<float>()[0] = problem.empty() ? 0.0f : 1.0f;
+  world.all_reduce(failed, ReduceOp::Max, "checkpoint loaded?");
+  if (failed.data<float>()[0] == 0.0f) return st;
+  SL_FAIL("the message of the rank that failed is above; fix that, or start without --resume",
+          "loading %s failed on at least one rank%s%s", dir.c_str(), problem.empty() ? "" : "; this rank: ",
+          problem.c_str());
+}
+
+std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& mine) {
+  constexpr int kInts = 7;  // rank, tp, pp, dp, bytes (low, high 32 bits), checksum
+  Tensor in = Tensor::empty({kInts}, DType::I32, Device::CPU, MemCategory::Workspace);
+  Tensor out = Tensor::empty({kInts * world.size()}, DType::I32, Device::CPU, MemCategory::Workspace);
+  int32_t* p = in.data<int32_t>();
+  p[0] = mine.rank;
+  p[1] = mine.coords.tp_rank;
+  p[2] = mine.coords.pp_rank;
+  p[3] = mine.coords.dp_rank;
+  p[4] = static_cast<int32_t>(static_cast<uint32_t>(mine.bytes & 0xffffffffu));
+  p[5] = static_cast<int32_t>(static_cast<uint32_t>(mine.bytes >> 32));
+  p[6] = static_cast<int32_t>(mine.checksum);
+  world.all_gather(in, out, "checkpoint shard entries");
+  std::vector<ShardInfo> all(world.size());
+  const int32_t* q = out.data<int32_t>();
+  for (int i = 0; i < world.size(); ++i, q += kInts) {
+    all[i].rank = q[0];
+    all[i].coords = {q[1], q[2], q[3]};
+    all[i].file = shard_file_name(q[0]);
+    all[i].bytes = static_cast<uint64_t>(static_cast<uint32_t>(q[4])) | (static_cast<uint64_t>(static_cast<uint32_t>(q[5])) << 32);
+    all[i].checksum = static_cast<uint32_t>(q[6]);
+  }
+  return all;
+}
+
+nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size) {
+  const lab07::Grid& g = r.layout.grid;
+  const lab06::PipelineLayout& p = r.layout.pipeline;
+  const GPTConfig& c = r.models.front()->config();
+  return {{"format", 1},
+          {"world_size", world_size},
+          {"layout", {{"tp", g.tp}, {"pp", g.pp}, {"dp", g.dp}, {"order", g.order}, {"zero1", zero1},
+                      {"schedule", lab06::schedule_name(p.schedule)}, {"micro_batches", p.m}, {"chunks", p.v}}},
+          {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size},
+                     {"max_seq_len", c.max_seq_len}}}};
+}
+
+// =============================================================================================
+// The file log
+// =============================================================================================
+void write_checkpoint_file(const std::string& path, const std::string& text) {
+  simulated_disk_delay();
+  write_file_atomic(path, text.data(), text.size());
+  log_storage().push_back({path, wall_ms()});
+}
+
+const std::vector<FileEvent>& file_log() { return log_storage(); }
+void clear_file_log() { log_storage().clear(); }
+
+}  // namespace scalelab::lab08

@@ -1,0 +1,109 @@
+// shard_state.h — lab 08's given plumbing, one copy shared by both tracks (library lab08_given): what one
+// rank of a 3D-parallel run holds, as named tensors; its shard file written and read back; the names and
+// places of a checkpoint's files; and a log of every file a checkpoint wrote, in order, for the checks.
+// The protocol around these files (the manifest, the completion marker, which checkpoint may be loaded,
+// which may be deleted) is yours: resilience.h. Lesson: labs/08_resilience/README.md.
+//
+// A checkpoint of step s under a root directory (README.md#a-sharded-checkpoint):
+//   <root>/step_00000012/rank_0.bin ... rank_<N-1>.bin   one shard per rank (checkpoint.h's file format)
+//   <root>/step_00000012/manifest.json                   the layout, the step, every shard's size and checksum
+//   <root>/step_00000012/COMPLETE                        the completion marker, written last
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>  // defines: nlohmann::json
+
+#include "parallel_3d.h"              // defines: lab07::Rank3D, Grid, Layout (lab 07's reference)
+#include "scalelab/comm/comm.h"       // defines: Communicator
+#include "scalelab/comm/rank_grid.h"  // defines: GridCoords
+
+namespace scalelab::lab08 {
+
+// ---------------------------------------------------------------------------------------------
+// Names and places
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kMarkerName = "COMPLETE";
+
+// "<root>/step_00000012" (8 digits, so names sort by step).
+std::string step_dir(const std::string& root, int64_t step);
+// The step of a directory named "…/step_<digits>", or -1 when the name has another form.
+int64_t step_of_dir(const std::string& dir);
+// Every "step_<digits>" directory in root, the highest step first; empty when root does not exist.
+std::vector<std::string> list_step_dirs(const std::string& root);
+// "rank_3.bin": the shard file of world rank `rank`, relative to its step directory.
+std::string shard_file_name(int rank);
+
+// ---------------------------------------------------------------------------------------------
+// What a rank holds, and its shard file
+
+// A tensor of a rank's training state and its name in the shard file: "c0/params/3" (chunk 0, unit 3),
+// "c0/adam_m/3", "c0/adam_v/3", "c0/master/3". Units without storage on this rank are not listed. With
+// ZeRO-1 the optimizer tensors are this rank's shard of them (lab 04's UnitShard).
+struct StateTensor {
+  std::string name;
+  Tensor* tensor = nullptr;
+};
+std::vector<StateTensor> rank_state(lab07::Rank3D& r);
+
+// What a run needs besides the tensors to go on exactly where it stopped.
+struct ResumeState {
+  int64_t step = 0;                       // optimizer steps completed
+  std::vector<uint8_t> loader;            // lab02::LoaderState::to_bytes() of this rank's loader
+  std::array<uint64_t, 4> rng{};          // the driver's sampling RNG (Rng::state())
+  std::vector<int64_t> optimizer_steps;   // per chunk (AdamW's t); filled by write_shard / read_shard
+};
+
+// One rank's entry in a manifest.
+struct ShardInfo {
+  int rank = 0;                 // world rank that wrote it
+  GridCoords coords;            // its (tp, pp, dp) coordinates
+  std::string file;             // shard_file_name(rank)
+  uint64_t bytes = 0;           // size of the file as written
+  uint32_t checksum = 0;        // Adler-32 of the whole file as written (file_checksum)
+  nlohmann::json to_json() const;
+  static ShardInfo from_json(const nlohmann::json& j);  // throws scalelab::Error on a missing key
+};
+
+// Writes this rank's shard <dir>/rank_<world_rank>.bin atomically and durably (CheckpointWriter::commit:
+// on return the bytes are on disk under their final name), and returns its entry for the manifest. Collective
+// over nothing; logged in file_log(). Throws scalelab::Error (disk full, no permission).
+ShardInfo write_shard(const std::string& dir, lab07::Rank3D& r, int world_rank, const ResumeState& st);
+// Reads the shard of `info` in dir into r and returns its ResumeState. Throws scalelab::Error, with r
+// unchanged, if the file is damaged or was written by a rank of another layout (other coordinates, other
+// shapes): loading at another layout is resharding (README.md#what-remains). The caller checks the manifest.
+ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Rank3D& r);
+
+// Loads the checkpoint in dir (one checkpoint_problem found complete) into every rank's r: the manifest's
+// layout must be this run's, then each rank reads its own shard (read_shard). Collective over world: when
+// any rank fails, every rank throws scalelab::Error with that rank's reason, so none is left waiting.
+ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1);
+
+// Every rank's ShardInfo, in rank order, on every rank. Collective over world.
+std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& mine);
+
+// What the manifest says of the run besides its shards (given; your manifest adds "step" and "shards"):
+// {"format": 1, "world_size", "layout": {tp, pp, dp, order, zero1, schedule, micro_batches, chunks},
+//  "model": {n_layer, n_head, n_embd, vocab_size, max_seq_len}}.
+nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size);
+
+// ---------------------------------------------------------------------------------------------
+// The file log (for the checks: which file of a checkpoint was written when)
+struct FileEvent {
+  std::string path;    // what was written
+  double wall_ms = 0;  // the system clock (ms since 1970) when it was complete on disk: comparable across the
+                       // processes of one machine
+};
+// Writes text to path atomically (write_file_atomic) and logs it. Use it for the manifest and the marker.
+void write_checkpoint_file(const std::string& path, const std::string& text);
+// A slow disk, simulated: write_shard and write_checkpoint_file of this process sleep this long before
+// writing (0: none). The checks use it to make one rank late.
+void set_write_delay_ms(double ms);
+// What write_shard and write_checkpoint_file wrote in this process, in order; clear_file_log() empties it.
+const std::vector<FileEvent>& file_log();
+void clear_file_log();
+
+}  // namespace scalelab::lab08

@@ -1,0 +1,130 @@
+// resilience.cpp — lab 08: checkpoints a sharded job can restart from (resilience.h). Each rank writes its
+// shard, rank 0 writes the manifest and then the completion marker; a checkpoint is loaded only when its
+// marker, its manifest and every shard it lists are there and intact; retention never deletes the newest
+// complete one. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
+// Only the code between TODO(lab08-N) BEGIN/END is yours to write; the rest is shared by both tracks
+// (labs/08_resilience/resilience.cpp and solutions/08_resilience/resilience.cpp).
+#include "resilience.h"
+
+#include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
+#include <fstream>     // defines: std::ifstream
+#include <sstream>     // defines: std::ostringstream
+
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/model/checkpoint.h"  // defines: file_checksum
+
+namespace fs = std::filesystem;
+
+namespace scalelab::lab08 {
+inline namespace SL_TRACK_LAB08 {
+
+// =============================================================================================
+// Saving
+// =============================================================================================
+std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
+                            bool zero1) {
+  const std::string dir = step_dir(root, st.step);
+  // TODO(lab08-1) BEGIN  shards, then (rank 0) the manifest, then the marker; nobody returns before it
+  const ShardInfo mine = write_shard(dir, r, world.rank(), st);
+  const std::vector<ShardInfo> all = gather_shard_infos(world, mine);  // after it, every shard is on disk
+  if (world.rank() == 0) {
+    nlohmann::json manifest = describe_layout(r, zero1, world.size());
+    manifest["step"] = st.step;
+    manifest["shards"] = nlohmann::json::array();
+    for (const ShardInfo& s : all) manifest["shards"].push_back(s.to_json());
+    write_checkpoint_file((fs::path(dir) / kManifestName).string(), manifest.dump(1));
+    write_checkpoint_file((fs::path(dir) / kMarkerName).string(), "step " + std::to_string(st.step) + "\n");
+  }
+  world.barrier();  // the checkpoint is complete for every rank when save_checkpoint returns
+  // TODO(lab08-1) END
+  return dir;
+}
+
+// =============================================================================================
+// Is it complete?
+// =============================================================================================
+std::string checkpoint_problem(const std::string& dir) {
+  // TODO(lab08-2) BEGIN  the marker, the manifest, then every shard's presence, size and checksum
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::exists(d / kMarkerName, ec)) return "no completion marker " + (d / kMarkerName).string();
+  std::ifstream in(d / kManifestName);
+  if (!in) return "no manifest " + (d / kManifestName).string();
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(in);
+    manifest.at("step");
+    manifest.at("shards").at(0);
+  } catch (const nlohmann::json::exception& e) {
+    return "manifest " + (d / kManifestName).string() + " is not a manifest: " + e.what();
+  }
+  for (const nlohmann::json& entry : manifest["shards"]) {
+    ShardInfo s;
+    try {
+      s = ShardInfo::from_json(entry);
+    } catch (const Error& e) {
+      return "manifest " + (d / kManifestName).string() + ": " + e.what();
+    }
+    const fs::path file = d / s.file;
+    if (!fs::exists(file, ec)) return "shard " + file.string() + " is missing";
+    const uint64_t bytes = fs::file_size(file, ec);
+    if (bytes != s.bytes)
+      return "shard " + file.string() + " has size " + std::to_string(bytes) + " bytes, the manifest says " +
+             std::to_string(s.bytes) + " (truncated?)";
+    const uint32_t sum = file_checksum(file.string());
+    if (sum != s.checksum) {
+      std::ostringstream m;
+      m << "shard " << file.string() << " fails its checksum: Adler-32 " << std::hex << sum << ", the manifest says "
+        << s.checksum;
+      return m.str();
+    }
+  }
+  return "";
+  // TODO(lab08-2) END
+}
+
+// =============================================================================================
+// Which one to load
+// =============================================================================================
+CheckpointChoice newest_complete_checkpoint(const std::string& root) {
+  CheckpointChoice choice;
+  // TODO(lab08-3) BEGIN  newest first; the first complete one wins, each newer one is reported
+  for (const std::string& dir : list_step_dirs(root)) {
+    const std::string problem = checkpoint_problem(dir);
+    if (problem.empty()) {
+      choice.dir = dir;
+      choice.step = step_of_dir(dir);
+      break;
+    }
+    choice.skipped.push_back(dir + ": " + problem);
+  }
+  // TODO(lab08-3) END
+  return choice;
+}
+
+// =============================================================================================
+// Retention
+// =============================================================================================
+std::vector<std::string> retain_checkpoints(const std::string& root, int keep_last) {
+  SL_CHECK_HINT(keep_last >= 1, "keep at least the newest complete checkpoint: --keep-last 1 or more",
+                "keep_last is %d", keep_last);
+  std::vector<std::string> deleted;
+  // TODO(lab08-4) BEGIN  count only complete ones; keep what is newer than the newest complete one
+  int complete_seen = 0;
+  for (const std::string& dir : list_step_dirs(root)) {  // newest first
+    const bool complete = checkpoint_problem(dir).empty();
+    if (complete_seen == 0 && !complete) continue;  // newer than every complete one: maybe being written
+    if (complete && complete_seen < keep_last) {
+      ++complete_seen;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    deleted.push_back(dir);
+  }
+  // TODO(lab08-4) END
+  return deleted;
+}
+
+}  // namespace SL_TRACK_LAB08
+}  // namespace scalelab::lab08
