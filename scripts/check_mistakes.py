@@ -2,7 +2,7 @@
 """scripts/check_mistakes.py — every planted mistake must fail the graded check it targets.
 
   scripts/check_mistakes.py [--build-dir build-mistakes] [--lab NN]... [--only ID]... [--jobs N]
-                            [--list] [--lint] [--all-checks] [--no-baseline] [--verbose]
+                            [--list] [--lint] [--all-checks] [--no-baseline] [--like BUILD] [--verbose]
 
 A planted mistake (docs/grading.md "Planted mistakes") is a small patch of a reference file's TODO
 blocks, tests/mistakes/labNN/<id>.patch, described in tests/mistakes/labNN/manifest.json with the ONE
@@ -11,7 +11,8 @@ graded check it must trip. For each selected mistake this script
      and applies the patch with `patch -p1 --fuzz=0` (a patch that does not apply exactly fails loudly);
   2. insists the patch changed only the body of the TODO fence it names (tests/lint/check_fences.py);
   3. rebuilds incrementally only the graded program that holds the check (the build's reference track
-     compiles from the copy: -DSL_SOLUTIONS_DIR=<copy>, -DSL_BUILD_LEARNER=OFF, CPU only);
+     compiles from the copy: -DSL_SOLUTIONS_DIR=<copy>, -DSL_BUILD_LEARNER=OFF; CPU only, or with
+     --like BUILD that build's CUDA/oneDNN/-march settings, so that ccache serves every other object);
   4. runs only that check through ctest (`ctest -R '^labNN.<check>.reference$'`) and reads its record as
      scripts/grade does (its functions are imported, not copied): status failed = caught; a crash or a
      timeout of the check counts as caught too and is reported as such; passed = NOT CAUGHT; a record
@@ -155,18 +156,44 @@ def fence_problems(src_root, mistake):
 # ---------------------------------------------------------------------------------------------
 # Build and run
 
-def configure(build, src_root):
-    """Configures the mistakes' build once: CPU only, tests on, learner track off, reference from the copy."""
+# The settings --like copies from another build: the ones that change how common/ compiles, so that with
+# ccache (CMake SL_CCACHE) the mistakes' build takes every object but the patched track's from the cache.
+LIKE_KEYS = ("SL_WITH_CUDA", "CMAKE_CUDA_ARCHITECTURES", "SL_WITH_DNNL", "SL_NATIVE", "SL_WITH_MPI")
+
+
+def like_settings(like):
+    """-D arguments repeating `like`'s CMakeCache.txt values of LIKE_KEYS; CPU only without --like."""
+    if not like:
+        return ["-DSL_WITH_CUDA=OFF"]
+    cache = os.path.join(like, "CMakeCache.txt")
+    if not os.path.exists(cache):
+        sys.exit(f"check_mistakes: --like {like}: no CMakeCache.txt there (configure that build first)")
+    args = []
+    with open(cache) as f:
+        for line in f:
+            m = re.match(r"([A-Za-z_]+):[A-Z]+=(.*)$", line.rstrip("\n"))
+            if m and m.group(1) in LIKE_KEYS:
+                args.append(f"-D{m.group(1)}={m.group(2)}")
+    return args
+
+
+def configure(build, src_root, like):
+    """Configures the mistakes' build once: tests on, learner track off, reference from the copy; CPU only, or
+    with --like the compile settings of another build (its objects then come from ccache)."""
     solutions = os.path.join(src_root, "solutions")
+    settings = like_settings(like)
     cache = os.path.join(build, "CMakeCache.txt")
     if os.path.exists(cache):
         with open(cache) as f:
-            if f"SL_SOLUTIONS_DIR:PATH={solutions}\n" in f.read():
-                return
-    print(f"== configuring {build} (CPU, reference track from {solutions})", flush=True)
+            text = f.read()
+        if f"SL_SOLUTIONS_DIR:PATH={solutions}\n" in text and all(
+                re.search(rf"^{re.escape(a[2:].split('=')[0])}:[A-Z]+={re.escape(a.split('=', 1)[1])}$", text, re.M)
+                for a in settings):
+            return
+    print(f"== configuring {build} (reference track from {solutions}; {' '.join(settings)})", flush=True)
     rc, out = grade.run(["cmake", "-S", REPO, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                         "-DSL_WITH_CUDA=OFF", "-DSL_BUILD_TESTS=ON", "-DSL_BUILD_LEARNER=OFF",
-                         f"-DSL_SOLUTIONS_DIR={solutions}"])
+                         "-DSL_BUILD_TESTS=ON", "-DSL_BUILD_LEARNER=OFF", f"-DSL_SOLUTIONS_DIR={solutions}"]
+                        + settings)
     if rc != 0:
         print(grade.tail(out, 60))
         sys.exit(f"check_mistakes: configuring {build} failed (the output is above)")
@@ -262,6 +289,9 @@ def main():
     ap.add_argument("--all-checks", action="store_true", help="also run the lab's other checks on each mistake")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the checks on the unpatched copy")
     ap.add_argument("--verbose", action="store_true", help="show ctest's output")
+    ap.add_argument("--like", metavar="BUILD",
+                    help="compile with that build's settings (CUDA, oneDNN, -march): with ccache its objects are "
+                         "reused (scripts/test.sh passes its own build); default: CPU only")
     args = ap.parse_args()
     for nn in args.lab or []:
         if not re.fullmatch(r"\d\d", nn):
@@ -300,7 +330,7 @@ def main():
         print(f"\n{len(mistakes) - bad} of {len(mistakes)} patches apply and stay inside their TODO fence")
         return 1 if bad else 0
 
-    configure(build, src_root)
+    configure(build, src_root, args.like)
     # Build every graded program of the selected labs first: ctest lists a test's command only once
     # its program exists, and the command names the program (the target) a mistake must rebuild.
     labs = sorted({m["lab"] for m in mistakes})

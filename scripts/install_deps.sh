@@ -16,6 +16,8 @@ if [[ "${1:-}" != "--demo" ]]; then
   # pkgconf: CMake's find modules (FindMPI, FindOpenCL) ask pkg-config first when it is there; listed so
   # that a fresh machine configures the way a used one does.
   pkgs+=(libgtest-dev libopenmpi-dev openmpi-bin python3-venv pkgconf)
+  # ccache: the planted mistakes' second build takes the main build's objects from it (CMake SL_CCACHE).
+  pkgs+=(ccache)
   # oneDNN: the CPU bf16-compute matmuls on its native bf16 GEMM (CMake SL_WITH_DNNL, AUTO by default;
   # README "Dependencies" says why it is in the default set). Debian's dnnl-config.cmake requires OpenCL
   # (its GPU runtime), whose development files are only a Recommends of libdnnl-dev: ocl-icd-opencl-dev.

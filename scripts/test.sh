@@ -47,7 +47,7 @@ echo "== grader: reference track must score 100 % on every graded lab"
 scripts/grade all --track reference --build-dir "$build_dir"
 
 echo "== grader: the untouched learner track must report 'not implemented' and exit non-zero"
-for lab in 01 02 03 04 05 06 07; do
+for lab in 01 02 03 04 05 06 07 08; do
   out=$(scripts/grade "$lab" --track learner --build-dir "$build_dir" 2>&1) && {
     echo "$out"; echo "FAIL: grading the untouched learner track of lab $lab exited 0"; exit 1; }
   echo "$out"
@@ -58,6 +58,6 @@ scripts/notebooks.sh --make-logs --build-dir "$build_dir"  # notebooks run headl
 # mistake of every graded check must fail its check (--cover: 78 of the 136, to keep CI under 30 minutes on
 # 2 cores; all of them: scripts/check_mistakes.py without --cover).
 scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --lint
-scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --jobs "$jobs" --cover
+scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --jobs "$jobs" --cover --like "$build_dir"
 scripts/scale_demo.sh --build-dir "$build_dir" --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok --timeout-s 120 --out "$build_dir/scale_demo" && test -s "$build_dir/scale_demo/scale_table.md" || { echo "FAIL: scripts/scale_demo.sh (tiny scaling table, README 'Instructor: the scaling demonstration')"; exit 1; }  # ~20 s
 echo "== all tests passed"

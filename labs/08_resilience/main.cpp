@@ -49,6 +49,7 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   int fail_at_step = -1;           // the fault: rank fail_rank stops when step fail_at_step is about to run
   int fail_rank = 0;
   std::string fail_mode = "kill";  // kill (SIGKILL) | hang (sleeps forever: a silent rank)
+  bool fail_in_checkpoint = false; // the fault strikes in the checkpoint of step fail_at_step, after its shard
   std::string heartbeat_dir;       // one line per step and rank here (scripts/supervise watches it)
 };
 
@@ -126,7 +127,7 @@ static int run(const Options& o, Communicator& world) {
       {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
       {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
       {"resume", o.resume}, {"start_step", start_step}, {"attempt", attempt()}, {"fail_at_step", o.fail_at_step},
-      {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode}};
+      {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint}};
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak));
   if (rank == 0)
     std::printf("lab08 | %s | %d ranks = %s%s | checkpoints every %d steps in %s | attempt %d\n",
@@ -144,14 +145,16 @@ static int run(const Options& o, Communicator& world) {
     std::filesystem::create_directories(o.heartbeat_dir);
     beats.open(o.heartbeat_dir + "/rank_" + std::to_string(rank) + ".beats", std::ios::app);
   }
+  auto inject_fault = [&](const char* where) {
+    std::printf("rank %d: injected fault (%s) %s %lld\n", rank, o.fail_mode.c_str(), where,
+                static_cast<long long>(o.fail_at_step));
+    std::fflush(stdout);
+    if (o.fail_mode == "kill") raise(SIGKILL);
+    for (;;) sleep(60);  // hang: alive but silent; the others wait in their next collective
+  };
+  const bool fault_here = rank == o.fail_rank && attempt() == 0;
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
-    if (step_i == o.fail_at_step && rank == o.fail_rank && attempt() == 0) {
-      std::printf("rank %d: injected fault (%s) at step %lld\n", rank, o.fail_mode.c_str(),
-                  static_cast<long long>(step_i));
-      std::fflush(stdout);
-      if (o.fail_mode == "kill") raise(SIGKILL);
-      for (;;) sleep(60);  // hang: alive but silent; the others wait in the step's first collective
-    }
+    if (fault_here && !o.fail_in_checkpoint && step_i == o.fail_at_step) inject_fault("at step");
     return lab07::train_step(*part, micro, lr, o.grad_clip);
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
@@ -171,6 +174,10 @@ static int run(const Options& o, Communicator& world) {
       st.step = next_step;
       st.loader = data.train->state().to_bytes();
       st.rng = loop.sample_rng.state();
+      if (fault_here && o.fail_in_checkpoint && next_step == o.fail_at_step) {  // a rank lost mid-checkpoint:
+        lab08::write_shard(lab08::step_dir(o.checkpoint_dir, next_step), *part, rank, st);  // its shard is written,
+        inject_fault("in the checkpoint of step");  // then it is gone before the manifest and the marker
+      }
       const double t0 = wall_ms();
       const std::string dir = lab08::save_checkpoint(world, o.checkpoint_dir, *part, st, o.zero1);
       if (rank == 0) {
@@ -211,6 +218,8 @@ int main(int argc, char** argv) {
                  "only on the first attempt, SL_RESTART unset or 0)")->capture_default_str();
   app.add_option("--fail-rank", o.fail_rank, "the rank that fails")->capture_default_str();
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL) or hang (alive, silent)")->capture_default_str();
+  app.add_flag("--fail-in-checkpoint", o.fail_in_checkpoint, "the fault strikes while the checkpoint of step "
+               "--fail-at-step is written: after this rank's shard, before the manifest and the marker");
   app.add_option("--heartbeat-dir", o.heartbeat_dir, "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
                  "which scripts/supervise sets)");
   driver::add_link_options(app, o);

@@ -217,14 +217,16 @@ TEST(Lab08Restart, KilledRankRestartsBitExact) {
 
 TEST(Lab08Restart, HungRankRestarts) {
   const grading::Check check{"lab08.hung_rank_restarts", 3,
-                             "2 ranks, 9 steps, a checkpoint every 3; rank 1 hangs at step 5: the supervisor sees no "
-                             "heartbeat for 4 s, ends the job, restarts once; 1-3 steps repeated, the final "
+                             "2 ranks, 9 steps, a checkpoint every 3; rank 1 hangs while the checkpoint of step 6 is "
+                             "written (its shard on disk, no manifest, no marker): the supervisor sees no heartbeat "
+                             "for 4 s, ends the job, restarts once from step 3 (1-3 steps repeated), the final "
                              "checkpoint equal to an uninterrupted run's",
-                             "README 'Automatic restart'"};
+                             "README 'Automatic restart' and 'Which one to load'"};
   grading::run(check, [](grading::Record& record) {
     std::string problem;
     const nlohmann::json rep =
-        faulted_run("hang", "--fail-at-step 5 --fail-rank 1 --fail-mode hang --wait-timeout-s 120", 4, problem);
+        faulted_run("hang", "--fail-at-step 6 --fail-rank 1 --fail-mode hang --fail-in-checkpoint --wait-timeout-s 120",
+                    4, problem);
     ASSERT_TRUE(problem.empty()) << problem;
     const std::string ended = rep["attempts"][0].value("ended", "");
     EXPECT_NE(ended.find("silent"), std::string::npos) << "attempt 0 should end for silence, it ended: " << ended;
