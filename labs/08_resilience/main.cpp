@@ -3,12 +3,17 @@
 // --resume latest goes on from the newest complete checkpoint (YOUR newest_complete_checkpoint), bit for bit
 // at the same layout; old checkpoints are deleted by YOUR retain_checkpoints. A fault can be injected
 // (--fail-at-step, --fail-rank, --fail-mode kill|hang), and every rank leaves a heartbeat per step for
-// scripts/supervise, which restarts the job when a rank dies or falls silent. The loop around the step is
-// labs/common/train_loop.h; the step is lab 07's reference. Lesson: labs/08_resilience/README.md.
+// scripts/supervise, which restarts the job when a rank dies or falls silent. Every step's loss goes to YOUR
+// decide_rollback: on a spike every rank rolls back to the newest complete checkpoint and skips the spike's
+// data windows (--poison-at-step provokes one). At the end YOUR find_stragglers names the slow ranks
+// (--slow-rank provokes one). The loop around the step is labs/common/train_loop.h; the step is lab 07's
+// reference. Lesson: labs/08_resilience/README.md.
 //
 //   mpirun -np 2 build/bin/reference/lab08_resilience --checkpoint-dir runs/ckpt --checkpoint-every 5 --steps 20
 //   scripts/supervise --heartbeat-timeout-s 30 -- mpirun -np 2 build/bin/reference/lab08_resilience
 //       --checkpoint-dir runs/ckpt --checkpoint-every 5 --steps 20 --resume latest --fail-at-step 12 --fail-rank 1
+//   mpirun -np 2 build/bin/reference/lab08_resilience --checkpoint-dir runs/ckpt --steps 40 --poison-at-step 30
+//   mpirun -np 4 build/bin/reference/lab08_resilience --uniform-compute-ms 20 --slow-rank 2 --slow-factor 2
 //   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
 //    mpirun --oversubscribe --bind-to none; or scripts/run 08 ...)
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
@@ -22,7 +27,9 @@
 #include <cstdlib>     // defines: std::getenv
 #include <filesystem>  // defines: std::filesystem::create_directories
 #include <fstream>     // defines: std::ofstream
+#include <algorithm>  // defines: std::fill
 #include <string>
+#include <utility>    // defines: std::pair
 #include <vector>
 
 #include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
@@ -51,6 +58,21 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   std::string fail_mode = "kill";  // kill (SIGKILL) | hang (sleeps forever: a silent rank)
   bool fail_in_checkpoint = false; // the fault strikes in the checkpoint of step fail_at_step, after its shard
   std::string heartbeat_dir;       // one line per step and rank here (scripts/supervise watches it)
+  lab08::SpikeConfig spike;        // the rollback decision's window, history and z threshold
+  int max_rollbacks = 3;
+  int poison_at_step = -1;         // rank poison_rank's windows of this step: every target byte 0
+  int poison_rank = 0;
+  std::string skip_list;           // a skip list to honour from the start (default: <checkpoint-dir>/skip_list.json)
+  int slow_rank = -1;              // this rank's uniform compute is slow_factor times the others'
+  double slow_factor = 1.0;
+  int straggler_window = 20;       // steps the straggler report looks at (the last ones)
+  double straggler_threshold = 1.25;
+};
+
+// Thrown out of the training loop by a step whose rollback decision said so (the same step on every rank).
+struct Rollback {
+  int64_t step;
+  std::string reason;
 };
 
 // The restart count scripts/supervise exports (0 for the first attempt or without a supervisor): the fault
@@ -73,6 +95,8 @@ static int run(const Options& o, Communicator& world) {
                 "--resume latest reads the checkpoints of --checkpoint-dir, which is not set");
   SL_CHECK_HINT(o.fail_mode == "kill" || o.fail_mode == "hang", "--fail-mode kill or hang", "--fail-mode %s",
                 o.fail_mode.c_str());
+  SL_CHECK_HINT(o.slow_rank < 0 || o.uniform_compute_ms > 0, "add --uniform-compute-ms 20 (the others' compute time)",
+                "--slow-rank slows a rank's uniform compute time, which is off");
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_wait_timeout(o.wait_timeout_s);
@@ -93,7 +117,7 @@ static int run(const Options& o, Communicator& world) {
   // Resume: rank 0 chooses (YOUR newest_complete_checkpoint), every rank loads the same step
   int64_t start_step = 0;
   Rng sample_rng(o.seed ^ 0x5eed);
-  if (o.resume == "latest") {
+  auto load_newest = [&]() -> bool {  // collective; false when there is no complete checkpoint
     Tensor step = Tensor::zeros({1}, DType::I32, Device::CPU, MemCategory::Workspace);
     if (rank == 0) {
       const lab08::CheckpointChoice c = lab08::newest_complete_checkpoint(o.checkpoint_dir);
@@ -102,17 +126,21 @@ static int run(const Options& o, Communicator& world) {
     }
     world.broadcast(step, 0, "resume step");
     const int64_t s = step.data<int32_t>()[0];
-    if (s < 0) {
-      if (rank == 0) std::printf("no complete checkpoint in %s: starting at step 0\n", o.checkpoint_dir.c_str());
-    } else {
-      const lab08::ResumeState st = lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1);
-      data.train->restore(lab02::LoaderState::from_bytes(st.loader));
-      sample_rng.set_state(st.rng);
-      start_step = st.step;
-      if (rank == 0) std::printf("resumed from %s at step %lld\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
-                                 static_cast<long long>(start_step));
-    }
-  }
+    if (s < 0) return false;
+    const double t0 = wall_ms();
+    const lab08::ResumeState st = lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1);
+    data.train->restore(lab02::LoaderState::from_bytes(st.loader));
+    sample_rng.set_state(st.rng);
+    start_step = st.step;
+    if (rank == 0) std::printf("loaded %s (step %lld) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
+                               static_cast<long long>(start_step), wall_ms() - t0);
+    return true;
+  };
+  if (o.resume == "latest" && !load_newest() && rank == 0)
+    std::printf("no complete checkpoint in %s: starting at step 0\n", o.checkpoint_dir.c_str());
+  const std::string skip_path = !o.skip_list.empty() ? o.skip_list
+                                : o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/skip_list.json";
+  lab08::SkipList skip = skip_path.empty() ? lab08::SkipList{} : lab08::SkipList::load(skip_path);
 
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world, o.calibration);
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);
@@ -127,7 +155,11 @@ static int run(const Options& o, Communicator& world) {
       {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
       {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
       {"resume", o.resume}, {"start_step", start_step}, {"attempt", attempt()}, {"fail_at_step", o.fail_at_step},
-      {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint}};
+      {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint},
+      {"spike_window", o.spike.window}, {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
+      {"poison_at_step", o.poison_at_step}, {"poison_rank", o.poison_rank}, {"skip_list", skip_path},
+      {"skipped_windows", skip.positions().size()}, {"uniform_compute_ms", o.uniform_compute_ms},
+      {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor}};
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak));
   if (rank == 0)
     std::printf("lab08 | %s | %d ranks = %s%s | checkpoints every %d steps in %s | attempt %d\n",
@@ -135,11 +167,22 @@ static int run(const Options& o, Communicator& world) {
                 o.checkpoint_dir.empty() ? "(none)" : o.checkpoint_dir.c_str(), attempt());
 
   // ------------------------------------------------------------------------------------------------
-  // Training: lab 07's step; the fault, the heartbeat and the checkpoints around it
+  // Training: lab 07's step; around it the faults, the heartbeat, the rollback decision, the timings and the
+  // checkpoints
   driver::TrainLoop loop(o, {"lab08", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
                          *data.train, *data.val, log, peak, flops_tok, device);
   loop.sample_rng = sample_rng;
-  int64_t step_i = start_step;  // the step about to run
+  lab07::Groups& g = part->groups;
+  const double compute_f = o.uniform_compute_ms * (rank == o.slow_rank ? o.slow_factor : 1.0);
+  part->stage->set_uniform_compute(compute_f, 2 * compute_f);  // 0: as the compute takes
+  const std::vector<Communicator*> comms = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
+                                            g.embedding.get()};
+  int64_t step_i = start_step;                        // the step about to run
+  std::vector<std::pair<int64_t, float>> history;     // (step, loss) of the accepted steps
+  std::vector<lab08::SkipList::Position> step_windows; // the loader positions this step read
+  lab08::RankTimes times;                              // this rank's compute and wait per step
+  times.rank = rank;
+  bool poisoned = false;
   std::ofstream beats;
   if (!o.heartbeat_dir.empty()) {
     std::filesystem::create_directories(o.heartbeat_dir);
@@ -153,19 +196,50 @@ static int run(const Options& o, Communicator& world) {
     for (;;) sleep(60);  // hang: alive but silent; the others wait in their next collective
   };
   const bool fault_here = rank == o.fail_rank && attempt() == 0;
+  loop.next_batch = [&](MicroBatch& mb) {  // the loader, minus the skip list's windows
+    lab02::Batch b = data.train->next();
+    while (skip.contains(b.epoch, b.batch_in_epoch)) b = data.train->next();
+    step_windows.push_back({b.epoch, b.batch_in_epoch});
+    if (step_i == o.poison_at_step && rank == o.poison_rank && !poisoned) {  // this rank's windows of the step:
+      std::fill(b.targets.begin(), b.targets.end(), 0);                        // garbage (NUL bytes, a bad shard)
+      if (static_cast<int>(step_windows.size()) == o.micro_batches) poisoned = true;  // once: not after a rollback
+    }
+    lab02::load_batch(b, mb.inputs, mb.targets);
+  };
+  loop.before_step = [&](double, double, bool) {
+    for (Communicator* c : comms)
+      if (c != nullptr) c->clear_events();
+    part->stage->clear();
+  };
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     if (fault_here && !o.fail_in_checkpoint && step_i == o.fail_at_step) inject_fault("at step");
-    return lab07::train_step(*part, micro, lr, o.grad_clip);
+    const StepResult r = lab07::train_step(*part, micro, lr, o.grad_clip);
+    std::vector<float> losses;
+    for (const auto& [step, loss] : history) losses.push_back(loss);
+    const lab08::SpikeDecision d = lab08::decide_rollback(world, losses, r.loss, r.grad_norm, o.spike);  // YOURS
+    if (d.rollback) throw Rollback{step_i, d.reason};
+    history.emplace_back(step_i, r.loss);
+    return r;
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.after_step = [&](double step_ms, double, bool) {
+    double wait = 0;
+    for (Communicator* c : comms)
+      if (c != nullptr)
+        for (const CommEvent& e : c->events()) wait += e.wait_ms;
+    times.compute_ms.push_back(part->stage->compute_ms());
+    times.wait_ms.push_back(wait);
     if (beats.is_open()) {  // the heartbeat: one line per step, flushed (its mtime is what the supervisor watches)
       beats << nlohmann::json{{"attempt", attempt()}, {"step", step_i}, {"step_ms", step_ms}, {"wall_ms", wall_ms()}}
                    .dump()
             << std::endl;
     }
+    step_windows.clear();
     ++step_i;
-    return driver::StepMeasure{};
+    driver::StepMeasure m;
+    m.comm_ms = wait;
+    m.extra = {{"compute_ms", times.compute_ms.back()}, {"wait_ms", wait}};
+    return m;
   };
   if (!o.checkpoint_dir.empty()) {
     loop.checkpoint_every = o.checkpoint_every;
@@ -187,11 +261,58 @@ static int run(const Options& o, Communicator& world) {
       }
     };
   }
-  const driver::Summary s = loop.run(start_step);
-  log.log_summary(driver::summary_record(s, peak, /*comm=*/false, /*simulated=*/false));
+  // A spike: every rank rolls back to the newest complete checkpoint, skips the spike step's windows, goes on.
+  driver::Summary s;
+  for (int rollbacks = 0;; ++rollbacks) {
+    try {
+      s = loop.run(start_step);
+      break;
+    } catch (const Rollback& rb) {
+      SL_CHECK_HINT(rollbacks < o.max_rollbacks, "lower the learning rate, or look at the data the skip list names",
+                    "step %lld: %s; that is rollback %d (--max-rollbacks %d)", static_cast<long long>(rb.step),
+                    rb.reason.c_str(), rollbacks + 1, o.max_rollbacks);
+      SL_CHECK_HINT(!o.checkpoint_dir.empty(), "give --checkpoint-dir: a rollback needs a checkpoint",
+                    "step %lld: %s, and there is no checkpoint to roll back to", static_cast<long long>(rb.step),
+                    rb.reason.c_str());
+      for (const lab08::SkipList::Position& p : step_windows) skip.add(p);  // the same positions on every rank
+      if (rank == 0) skip.save(skip_path);
+      SL_CHECK_HINT(load_newest(), "checkpoint more often (--checkpoint-every)",
+                    "step %lld: %s, and no complete checkpoint in %s", static_cast<long long>(rb.step),
+                    rb.reason.c_str(), o.checkpoint_dir.c_str());
+      loop.sample_rng = sample_rng;
+      while (!history.empty() && history.back().first >= start_step) history.pop_back();
+      log.log("rollback", {{"step", rb.step}, {"reason", rb.reason}, {"to_step", start_step},
+                           {"skipped_windows", step_windows.size()}, {"skip_list", skip_path}});
+      if (rank == 0)
+        std::printf("rollback at step %lld (%s): back to step %lld, skipping its %zu windows (%s)\n",
+                    static_cast<long long>(rb.step), rb.reason.c_str(), static_cast<long long>(start_step),
+                    step_windows.size(), skip_path.c_str());
+      step_windows.clear();
+      step_i = start_step;
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Summary: the straggler report (YOUR find_stragglers) over the last steps of every rank
+  // (nothing ran when the run resumed at its last step: on every rank alike)
+  const std::vector<lab08::RankTimes> all =
+      times.compute_ms.empty() ? std::vector<lab08::RankTimes>{} : lab08::gather_rank_times(world, times, o.straggler_window);
+  const std::vector<lab08::Straggler> slow = all.empty() ? std::vector<lab08::Straggler>{}
+                                                         : lab08::find_stragglers(all, o.straggler_threshold);
+  nlohmann::json stragglers = nlohmann::json::array();
+  for (const lab08::Straggler& x : slow)
+    stragglers.push_back({{"rank", x.rank}, {"compute_ms", x.compute_ms}, {"typical_compute_ms", x.typical_compute_ms},
+                          {"ratio", x.ratio}, {"others_wait_ms", x.others_wait_ms}});
+  nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/false);
+  summary["stragglers"] = stragglers;
+  log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
-    std::printf("\n");
+    std::printf("\nstragglers over the last %zu steps:%s\n", all.empty() ? 0 : all.front().compute_ms.size(),
+                slow.empty() ? " none" : "");
+    for (const lab08::Straggler& x : slow)
+      std::printf("  rank %d computes %.1f ms a step, %.2fx the typical %.1f ms; the others wait %.1f ms a step for it\n",
+                  x.rank, x.compute_ms, x.ratio, x.typical_compute_ms, x.others_wait_ms);
   }
   return 0;
 }
@@ -222,6 +343,27 @@ int main(int argc, char** argv) {
                "--fail-at-step is written: after this rank's shard, before the manifest and the marker");
   app.add_option("--heartbeat-dir", o.heartbeat_dir, "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
                  "which scripts/supervise sets)");
+  app.add_option("--spike-window", o.spike.window, "losses the z-score's mean and std are taken over")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--spike-min-history", o.spike.min_history, "accepted losses before the z-score applies")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--spike-z", o.spike.z_threshold, "a loss this many standard deviations above the mean is a spike")
+      ->capture_default_str();
+  app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")->capture_default_str();
+  app.add_option("--poison-at-step", o.poison_at_step, "the windows --poison-rank reads for this step have every "
+                 "target byte 0 (a corrupted shard; -1: none; once: the rolled-back run does not see them)")
+      ->capture_default_str();
+  app.add_option("--poison-rank", o.poison_rank, "the rank that reads the poisoned window")->capture_default_str();
+  app.add_option("--skip-list", o.skip_list, "windows to skip from the start, {\"skip\": [[epoch, batch], ...]} "
+                 "(default: <checkpoint-dir>/skip_list.json, where rollbacks add theirs)");
+  app.add_option("--slow-rank", o.slow_rank, "this rank computes --slow-factor times longer (a straggler; needs "
+                 "--uniform-compute-ms)")->capture_default_str();
+  app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--straggler-threshold", o.straggler_threshold, "a rank whose median compute exceeds this times "
+                 "the typical rank's is a straggler")->capture_default_str();
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

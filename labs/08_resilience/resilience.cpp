@@ -1,11 +1,15 @@
 // resilience.cpp — lab 08: checkpoints a sharded job can restart from (resilience.h). Each rank writes its
 // shard, rank 0 writes the manifest and then the completion marker; a checkpoint is loaded only when its
 // marker, its manifest and every shard it lists are there and intact; retention never deletes the newest
-// complete one. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
+// complete one. A loss spike is decided by all ranks together; a straggler is named from compute and wait
+// times. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
 // Only the code between TODO(lab08-N) BEGIN/END is yours to write; the rest is shared by both tracks
 // (labs/08_resilience/resilience.cpp and solutions/08_resilience/resilience.cpp).
 #include "resilience.h"
 
+#include <algorithm>   // defines: std::sort, std::min
+#include <cmath>       // defines: std::isfinite, std::sqrt
+#include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
 #include <fstream>     // defines: std::ifstream
 #include <sstream>     // defines: std::ostringstream
@@ -70,6 +74,35 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
   throw scalelab::NotImplemented("lab08-4 retain_checkpoints");
   // TODO(lab08-4) END
   return deleted;
+}
+
+// =============================================================================================
+// Loss spikes
+// =============================================================================================
+SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
+                              const SpikeConfig& c) {
+  SpikeDecision d;
+  // TODO(lab08-5) BEGIN  this rank's verdict (finite? z-score?), then everyone's: any rank's spike is all ranks'
+  //   A NaN cannot be compared with anything: test it first. A spike is a loss far above what the recent steps
+  //   make likely. And a rank that rolls back alone leaves the others in a collective it never joins: what
+  //   must every rank agree on, and how do they learn it? README.md#loss-spikes-roll-back-and-skip
+  throw scalelab::NotImplemented("lab08-5 decide_rollback");
+  // TODO(lab08-5) END
+  return d;
+}
+
+// =============================================================================================
+// Stragglers
+// =============================================================================================
+std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold) {
+  std::vector<Straggler> slow;
+  // TODO(lab08-6) BEGIN  medians per rank, the median of the medians, the ranks above threshold x it
+  //   Every rank of a synchronous job takes the same time per step: the straggler is the one that computes
+  //   longest, while the others wait for it. What is a typical rank, and what statistic ignores one bad step?
+  //   README.md#stragglers
+  throw scalelab::NotImplemented("lab08-6 find_stragglers");
+  // TODO(lab08-6) END
+  return slow;
 }
 
 }  // namespace SL_TRACK_LAB08

@@ -13,6 +13,8 @@
 //   is it complete?      the marker, the manifest, every shard's size and checksum               TODO lab08-2
 //   which one to load    the newest complete checkpoint, saying why each newer one was skipped   TODO lab08-3
 //   which ones to delete keep the last k complete ones; never the newest complete one            TODO lab08-4
+//   roll back?           a loss spike or a NaN, decided by all ranks together                    TODO lab08-5
+//   who is slow?         the straggler of a window of steps, from compute and wait times         TODO lab08-6
 // The shard files, the layout's description and the loading are given (shard_state.h); the supervisor that
 // restarts a failed job is scripts/supervise.
 #pragma once
@@ -64,6 +66,36 @@ CheckpointChoice newest_complete_checkpoint(const std::string& root);
 // other step directories (older complete ones, and incomplete ones that can never be loaded). keep_last >= 1
 // (else scalelab::Error). Returns the directories deleted, newest first. README.md#retention
 std::vector<std::string> retain_checkpoints(const std::string& root, int keep_last);
+
+// ---------------------------------------------------------------------------------------------
+// Loss spikes (README.md#loss-spikes-roll-back-and-skip)
+
+struct SpikeConfig {
+  int window = 16;           // the z-score's statistics: the last `window` accepted losses
+  int min_history = 8;       // fewer accepted losses than this: only the finiteness test
+  double z_threshold = 6.0;  // z = (loss - mean) / std above this is a spike (one-sided: a loss that rises)
+};
+struct SpikeDecision {
+  bool rollback = false;
+  std::string reason;  // why (on every rank when any rank saw it): "loss nan", "grad norm inf", "z = 9.3 ..."
+};
+// TODO(lab08-5): the rollback decision of one step, taken by all ranks together (collective over world): this
+// rank's verdict on (loss, grad_norm) given `history`, the losses of the steps accepted so far (oldest first):
+// a loss or a norm that is not finite is a spike; else, with at least c.min_history losses, the z-score of
+// loss against the mean and the population standard deviation of the last c.window of them (std 0: no
+// z-score) above c.z_threshold is one. Then every rank rolls back if ANY rank saw a spike; `reason` is the
+// lowest such rank's, prefixed "rank <r>: ". README.md#loss-spikes-roll-back-and-skip
+SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
+                              const SpikeConfig& c);
+
+// ---------------------------------------------------------------------------------------------
+// Stragglers (README.md#stragglers; RankTimes and Straggler: shard_state.h)
+
+// TODO(lab08-6): the stragglers of a window: every rank whose median compute time per step exceeds
+// `threshold` times the median of all ranks' medians (threshold 1.25: 25 % slower), slowest first, with
+// what the others waited. Medians, not means: one slow step (a checkpoint, a page fault) is not a
+// straggler. An empty list when no rank is slow. README.md#stragglers
+std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold);
 
 }  // namespace SL_TRACK_LAB08
 }  // namespace scalelab::lab08

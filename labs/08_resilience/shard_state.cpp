@@ -4,6 +4,7 @@
 
 #include <algorithm>   // defines: std::sort
 #include <chrono>      // defines: std::chrono::system_clock
+#include <cstring>     // defines: std::memcpy
 #include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::directory_iterator
 #include <fstream>     // defines: std::ifstream
@@ -260,6 +261,16 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
   return all;
 }
 
+std::string broadcast_text(Communicator& world, const std::string& text, int root) {
+  constexpr int kInts = 256;  // 1024 bytes, the last one a NUL
+  Tensor buf = Tensor::zeros({kInts}, DType::I32, Device::CPU, MemCategory::Workspace);
+  char* bytes = reinterpret_cast<char*>(buf.data<int32_t>());
+  if (world.rank() == root) std::memcpy(bytes, text.data(), std::min<size_t>(text.size(), kInts * 4 - 1));
+  world.broadcast(buf, root, "text");
+  bytes[kInts * 4 - 1] = '\0';
+  return std::string(bytes);
+}
+
 nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size) {
   const lab07::Grid& g = r.layout.grid;
   const lab06::PipelineLayout& p = r.layout.pipeline;
@@ -270,6 +281,63 @@ nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_siz
                       {"schedule", lab06::schedule_name(p.schedule)}, {"micro_batches", p.m}, {"chunks", p.v}}},
           {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size},
                      {"max_seq_len", c.max_seq_len}}}};
+}
+
+// =============================================================================================
+// The skip list
+// =============================================================================================
+bool SkipList::contains(int64_t epoch, int64_t batch_in_epoch) const {
+  for (const Position& p : positions_)
+    if (p.epoch == epoch && p.batch_in_epoch == batch_in_epoch) return true;
+  return false;
+}
+
+void SkipList::add(const Position& p) {
+  if (!contains(p.epoch, p.batch_in_epoch)) positions_.push_back(p);
+}
+
+void SkipList::save(const std::string& path) const {
+  nlohmann::json j = {{"skip", nlohmann::json::array()}};
+  for (const Position& p : positions_) j["skip"].push_back({p.epoch, p.batch_in_epoch});
+  const std::string text = j.dump() + "\n";
+  write_file_atomic(path, text.data(), text.size());
+}
+
+SkipList SkipList::load(const std::string& path) {
+  SkipList list;
+  std::ifstream in(path);
+  if (!in) return list;
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(in);  // named: a range-for over parse(in).at(...) would dangle
+    for (const nlohmann::json& p : doc.at("skip")) list.add({p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    SL_FAIL("a skip list is {\"skip\": [[epoch, batch_in_epoch], ...]}; fix or delete the file", "%s: %s", path.c_str(),
+            e.what());
+  }
+  return list;
+}
+
+// =============================================================================================
+// Per-rank timings
+// =============================================================================================
+std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window) {
+  const int n = std::min<int>(window, static_cast<int>(mine.compute_ms.size()));
+  const size_t first = mine.compute_ms.size() - static_cast<size_t>(n);
+  Tensor in = Tensor::empty({2 * n}, DType::F32, Device::CPU, MemCategory::Workspace);
+  Tensor out = Tensor::empty({2 * n * world.size()}, DType::F32, Device::CPU, MemCategory::Workspace);
+  for (int i = 0; i < n; ++i) {
+    in.data<float>()[i] = static_cast<float>(mine.compute_ms[first + i]);
+    in.data<float>()[n + i] = static_cast<float>(mine.wait_ms[first + i]);
+  }
+  world.all_gather(in, out, "rank times");
+  std::vector<RankTimes> all(world.size());
+  for (int r = 0; r < world.size(); ++r) {
+    all[r].rank = r;
+    const float* p = out.data<float>() + 2 * n * r;
+    all[r].compute_ms.assign(p, p + n);
+    all[r].wait_ms.assign(p + n, p + 2 * n);
+  }
+  return all;
 }
 
 // =============================================================================================

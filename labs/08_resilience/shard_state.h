@@ -90,6 +90,52 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
 //  "model": {n_layer, n_head, n_embd, vocab_size, max_seq_len}}.
 nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size);
 
+// `text` of rank `root` on every rank (at most 1023 bytes; longer is cut). Collective over world.
+std::string broadcast_text(Communicator& world, const std::string& text, int root);
+
+// ---------------------------------------------------------------------------------------------
+// The data windows a rollback skips (README.md#loss-spikes-roll-back-and-skip)
+
+// Batches by their loader position (lab02::Batch's epoch and batch_in_epoch): every data-parallel rank reads
+// its own windows of batch i, so skipping position i on every rank skips the whole global batch of a step.
+class SkipList {
+ public:
+  struct Position {
+    int64_t epoch = 0, batch_in_epoch = 0;
+    bool operator==(const Position& o) const { return epoch == o.epoch && batch_in_epoch == o.batch_in_epoch; }
+  };
+  bool contains(int64_t epoch, int64_t batch_in_epoch) const;
+  void add(const Position& p);  // no duplicates
+  const std::vector<Position>& positions() const { return positions_; }
+  // {"skip": [[epoch, batch_in_epoch], ...]} to path, atomically; load() of a missing file is an empty list,
+  // of a damaged one a scalelab::Error naming it.
+  void save(const std::string& path) const;
+  static SkipList load(const std::string& path);
+
+ private:
+  std::vector<Position> positions_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-rank timings (README.md#stragglers)
+
+// One rank's timings over a window of steps: time in its own compute, time waiting in collectives.
+struct RankTimes {
+  int rank = 0;
+  std::vector<double> compute_ms;  // per step
+  std::vector<double> wait_ms;     // per step, the same steps
+};
+struct Straggler {
+  int rank = 0;
+  double compute_ms = 0;         // its median compute time per step
+  double typical_compute_ms = 0; // the median of every rank's median
+  double ratio = 0;              // compute_ms / typical_compute_ms
+  double others_wait_ms = 0;     // the mean over the OTHER ranks of their median wait per step
+};
+// Every rank's RankTimes window (`mine` on this rank; each has the last `window` steps, or fewer when fewer
+// ran, the same count on every rank), in rank order, on every rank. Collective over world.
+std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window);
+
 // ---------------------------------------------------------------------------------------------
 // The file log (for the checks: which file of a checkpoint was written when)
 struct FileEvent {

@@ -1,11 +1,15 @@
 // resilience.cpp — lab 08: checkpoints a sharded job can restart from (resilience.h). Each rank writes its
 // shard, rank 0 writes the manifest and then the completion marker; a checkpoint is loaded only when its
 // marker, its manifest and every shard it lists are there and intact; retention never deletes the newest
-// complete one. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
+// complete one. A loss spike is decided by all ranks together; a straggler is named from compute and wait
+// times. Declared in labs/08_resilience/resilience.h; the lesson is labs/08_resilience/README.md.
 // Only the code between TODO(lab08-N) BEGIN/END is yours to write; the rest is shared by both tracks
 // (labs/08_resilience/resilience.cpp and solutions/08_resilience/resilience.cpp).
 #include "resilience.h"
 
+#include <algorithm>   // defines: std::sort, std::min
+#include <cmath>       // defines: std::isfinite, std::sqrt
+#include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
 #include <fstream>     // defines: std::ifstream
 #include <sstream>     // defines: std::ostringstream
@@ -124,6 +128,77 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
   }
   // TODO(lab08-4) END
   return deleted;
+}
+
+// =============================================================================================
+// Loss spikes
+// =============================================================================================
+SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
+                              const SpikeConfig& c) {
+  SpikeDecision d;
+  // TODO(lab08-5) BEGIN  this rank's verdict (finite? z-score?), then everyone's: any rank's spike is all ranks'
+  char why[160] = "";
+  if (!std::isfinite(loss)) {
+    std::snprintf(why, sizeof(why), "loss %g", loss);
+  } else if (!std::isfinite(grad_norm)) {
+    std::snprintf(why, sizeof(why), "grad norm %g", grad_norm);
+  } else if (static_cast<int>(history.size()) >= c.min_history) {
+    const size_t n = std::min(history.size(), static_cast<size_t>(c.window));
+    double mean = 0, var = 0;
+    for (size_t i = history.size() - n; i < history.size(); ++i) mean += history[i];
+    mean /= static_cast<double>(n);
+    for (size_t i = history.size() - n; i < history.size(); ++i) var += (history[i] - mean) * (history[i] - mean);
+    const double std = std::sqrt(var / static_cast<double>(n));
+    const double z = std > 0 ? (loss - mean) / std : 0.0;
+    if (z > c.z_threshold)
+      std::snprintf(why, sizeof(why), "loss %.4f is z = %.1f above the mean %.4f (std %.4f) of the last %zu steps",
+                    loss, z, mean, std, n);
+  }
+  // Everyone's decision: the lowest rank with a spike, found by a max over (size - rank), tells its reason.
+  Tensor flag = Tensor::empty({1}, DType::F32, Device::CPU, MemCategory::Workspace);
+  flag.data<float>()[0] = why[0] != '\0' ? static_cast<float>(world.size() - world.rank()) : 0.0f;
+  world.all_reduce(flag, ReduceOp::Max, "spike?");
+  const int winner = flag.data<float>()[0] > 0 ? world.size() - static_cast<int>(flag.data<float>()[0]) : -1;
+  if (winner >= 0) {
+    d.rollback = true;
+    d.reason = "rank " + std::to_string(winner) + ": " + broadcast_text(world, why, winner);
+  }
+  // TODO(lab08-5) END
+  return d;
+}
+
+// =============================================================================================
+// Stragglers
+// =============================================================================================
+std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold) {
+  std::vector<Straggler> slow;
+  // TODO(lab08-6) BEGIN  medians per rank, the median of the medians, the ranks above threshold x it
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  };
+  std::vector<double> compute, wait;
+  for (const RankTimes& r : ranks) {
+    compute.push_back(median(r.compute_ms));
+    wait.push_back(median(r.wait_ms));
+  }
+  const double typical = median(compute);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (typical <= 0 || compute[i] <= threshold * typical) continue;
+    Straggler s;
+    s.rank = ranks[i].rank;
+    s.compute_ms = compute[i];
+    s.typical_compute_ms = typical;
+    s.ratio = compute[i] / typical;
+    for (size_t j = 0; j < ranks.size(); ++j)
+      if (j != i) s.others_wait_ms += wait[j] / static_cast<double>(ranks.size() - 1);
+    slow.push_back(s);
+  }
+  std::sort(slow.begin(), slow.end(), [](const Straggler& a, const Straggler& b) { return a.ratio > b.ratio; });
+  // TODO(lab08-6) END
+  return slow;
 }
 
 }  // namespace SL_TRACK_LAB08

@@ -91,22 +91,22 @@ void rethrow_not_implemented(const Ran& r) {
 
 constexpr int kSteps = 9, kEvery = 3;
 
-// mpirun -np 2 <the track's lab08_resilience> on the tiny model, checkpoints every kEvery steps into ckpt.
-std::string job(const std::string& ckpt, const std::string& extra) {
+// mpirun -np 2 <the track's lab08_resilience> on the tiny model, `steps` steps, a checkpoint every `every` into ckpt.
+std::string job(const std::string& ckpt, const std::string& extra, int steps = kSteps, int every = kEvery) {
   const std::string src = env_or("SL_SOURCE_DIR", ".");
   const std::string track = SL_GRADED_TRACK;
   const std::string program = env_or("SL_BINARY_DIR", ".") + "/bin/" + track + "/lab08_resilience";
   return env_or("SL_MPIEXEC", "mpirun") + " -np 2 --oversubscribe --bind-to none " + program +
-         " --model tiny --seq-len 16 --micro-batch 2 --micro-batches 2 --steps " + std::to_string(kSteps) +
-         " --checkpoint-every " + std::to_string(kEvery) + " --keep-last 2 --val-every 0 --val-batches 1 --quiet" +
+         " --model tiny --seq-len 16 --micro-batch 2 --micro-batches 2 --steps " + std::to_string(steps) +
+         " --checkpoint-every " + std::to_string(every) + " --keep-last 2 --val-every 0 --val-batches 1 --quiet" +
          " --data " + src + "/data/kjv --log-dir " + ckpt + "/logs --checkpoint-dir " + ckpt + " " + extra;
 }
 
-// "" when every section of every rank's shard of the final checkpoint is the same in both roots.
-std::string compare_final(const std::string& a, const std::string& b) {
+// "" when every section of every rank's shard of the final checkpoint (step `steps`) is the same in both roots.
+std::string compare_final(const std::string& a, const std::string& b, int steps = kSteps) {
   for (int r = 0; r < 2; ++r) {
-    const std::string fa = (fs::path(lab08::step_dir(a, kSteps)) / lab08::shard_file_name(r)).string();
-    const std::string fb = (fs::path(lab08::step_dir(b, kSteps)) / lab08::shard_file_name(r)).string();
+    const std::string fa = (fs::path(lab08::step_dir(a, steps)) / lab08::shard_file_name(r)).string();
+    const std::string fb = (fs::path(lab08::step_dir(b, steps)) / lab08::shard_file_name(r)).string();
     if (!fs::exists(fa) || !fs::exists(fb)) return "no final checkpoint " + (fs::exists(fa) ? fb : fa);
     const CheckpointReader ra(fa), rb(fb);
     if (ra.names() != rb.names()) return fa + " and " + fb + " hold different sections";
@@ -231,5 +231,95 @@ TEST(Lab08Restart, HungRankRestarts) {
     const std::string ended = rep["attempts"][0].value("ended", "");
     EXPECT_NE(ended.find("silent"), std::string::npos) << "attempt 0 should end for silence, it ended: " << ended;
     record.measured("attempt 0: %s; %d steps repeated", ended.c_str(), rep.value("steps_repeated", -1));
+  });
+}
+
+TEST(Lab08Straggler, StragglerStatistic) {
+  const grading::Check check{"lab08.straggler_statistic", 3,
+                             "find_stragglers on 6 windows made here: a rank 2x slower named (the others' wait "
+                             "beside it), the ranks that waited for it not; none when all are within 10 %; one slow "
+                             "step of 8 is not a straggler (medians); two slow ranks slowest first; 5 ranks, even "
+                             "step counts; threshold respected",
+                             "README 'Stragglers'"};
+  grading::run(check, [](grading::Record& record) {
+    // Rank r's window: `compute` ms per step (one step replaced by `outlier` when > 0), `wait` ms per step.
+    auto window = [](int rank, double compute, double wait, int steps, double outlier = 0) {
+      lab08::RankTimes t;
+      t.rank = rank;
+      for (int i = 0; i < steps; ++i) {
+        t.compute_ms.push_back(i == 3 && outlier > 0 ? outlier : compute + 0.1 * (i % 3));
+        t.wait_ms.push_back(wait);
+      }
+      return t;
+    };
+    auto names = [](const std::vector<lab08::Straggler>& v) {
+      std::string s;
+      for (const lab08::Straggler& x : v) s += (s.empty() ? "" : ",") + std::to_string(x.rank);
+      return s;
+    };
+    // Rank 1 computes 20 ms, the others 10 and wait 10 for it: only rank 1.
+    std::vector<lab08::Straggler> got = lab08::find_stragglers(
+        {window(0, 10, 10, 7), window(1, 20, 0.2, 7), window(2, 10, 10, 7), window(3, 10, 10, 7)}, 1.25);
+    EXPECT_EQ(names(got), "1") << "rank 1 computes twice as long; ranks 0, 2, 3 only wait for it";
+    if (got.size() == 1) {
+      EXPECT_NEAR(got[0].ratio, 2.0, 0.05) << "ratio = its median compute / the median of the medians";
+      EXPECT_NEAR(got[0].others_wait_ms, 10.0, 1e-9) << "others_wait_ms: the mean of the other ranks' median waits";
+      EXPECT_NEAR(got[0].typical_compute_ms, 10.1, 0.05);
+    }
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 1, 6), window(1, 10.9, 0, 6), window(2, 10, 1, 6)}, 1.25)), "")
+        << "every rank within 10 %: no straggler";
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 1, 8, 100), window(1, 10, 1, 8), window(2, 10, 1, 8)}, 1.25)),
+              "")
+        << "one step of 100 ms among 8 of 10 ms (a checkpoint, a page fault) is not a straggler";
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 9, 8), window(1, 15, 4, 8), window(2, 19, 0, 8),
+                                            window(3, 10, 9, 8), window(4, 10, 9, 8)},
+                                           1.25)),
+              "2,1")
+        << "two slow ranks (19 and 15 ms against 10), slowest first";
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 5, 4), window(1, 12, 3, 4), window(2, 10, 5, 4)}, 1.25)), "")
+        << "12 ms against 10 is under the threshold 1.25";
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 5, 4), window(1, 12, 3, 4), window(2, 10, 5, 4)}, 1.1)), "1")
+        << "... and over the threshold 1.1";
+    record.measured("6 windows judged");
+  });
+}
+
+TEST(Lab08Rollback, PoisonedWindowRollsBack) {
+  const grading::Check check{"lab08.poisoned_window_rolls_back", 4,
+                             "2 ranks, 112 steps, a checkpoint every 10; rank 1's windows of step 105 are garbage "
+                             "(every target byte 0): both ranks roll back to step 100 and skip those 2 windows; the "
+                             "final checkpoint equals that of a run that skipped them from the start (--skip-list)",
+                             "README 'Loss spikes: roll back and skip'"};
+  grading::run(check, [](grading::Record& record) {
+    constexpr int kLong = 112, kEveryLong = 10;
+    const std::string spiked = fresh_dir("spiked"), clean = fresh_dir("clean");
+    const std::string spike = " --spike-window 8 --spike-min-history 8 --spike-z 6";
+    const Ran a = run_command(job(spiked, "--poison-at-step 105 --poison-rank 1" + spike, kLong, kEveryLong));
+    rethrow_not_implemented(a);
+    ASSERT_EQ(a.status, 0) << "the run with the poisoned windows failed:\n" << a.output;
+    ASSERT_NE(a.output.find("rollback at step 105"), std::string::npos)
+        << "no rollback at step 105 (the loss there is far above the last 8):\n" << a.output;
+    ASSERT_NE(a.output.find("back to step 100"), std::string::npos) << "the rollback should go back to step 100:\n"
+                                                                     << a.output;
+    int ranks_rolled_back = 0;  // every rank's log has its own rollback record
+    for (const auto& e : fs::recursive_directory_iterator(spiked + "/logs")) {
+      if (e.path().extension() != ".jsonl") continue;
+      std::ifstream in(e.path());
+      for (std::string line; std::getline(in, line);)
+        if (line.find("\"rollback\"") != std::string::npos && line.find("\"to_step\":100") != std::string::npos)
+          ++ranks_rolled_back;
+    }
+    EXPECT_EQ(ranks_rolled_back, 2) << "both ranks log one rollback record (type rollback, to_step 100)";
+    const lab08::SkipList skipped = lab08::SkipList::load(spiked + "/skip_list.json");
+    ASSERT_EQ(skipped.positions().size(), 2u) << "the skip list should hold the 2 windows of step 105";
+    fs::copy_file(spiked + "/skip_list.json", clean + "/skip_these.json");
+    const Ran b = run_command(job(clean, "--skip-list " + clean + "/skip_these.json" + spike, kLong, kEveryLong));
+    ASSERT_EQ(b.status, 0) << "the run that skips them from the start failed:\n" << b.output;
+    EXPECT_EQ(b.output.find("rollback"), std::string::npos) << "the clean run rolled back:\n" << b.output;
+    const std::string diff = compare_final(spiked, clean, kLong);
+    ASSERT_TRUE(diff.empty()) << diff;
+    record.measured("rolled back 105 -> 100 on both ranks, 2 windows skipped, final state identical to the clean run's");
+    fs::remove_all(spiked);
+    fs::remove_all(clean);
   });
 }

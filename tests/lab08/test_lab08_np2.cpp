@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>  // defines: stat (modification times in nanoseconds)
 
+#include <cctype>   // defines: std::tolower
 #include <cstring>  // defines: std::memcmp
+#include <limits>   // defines: std::numeric_limits
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -273,5 +275,64 @@ TEST(Lab08Load, PartialCheckpointsSkippedTwoRanks) {
     ASSERT_TRUE(grading::all_ranks(same, "step 2 loaded is not the state saved at step 2"));
     record.measured("%d cases judged", cases);
     if (w.rank() == 0) fs::remove_all(root);
+  });
+}
+
+TEST(Lab08Spike, RollbackDecidedTogetherTwoRanks) {
+  const grading::Check check{"lab08.rollback_decided_together_two_ranks", 3,
+                             "decide_rollback on 2 ranks, 10 cases: a NaN loss or an infinite norm on ONE rank, a "
+                             "loss z > 6 above the last `window` losses, rolls BOTH ranks back with the lowest such "
+                             "rank's reason ('rank r: ...'); z 4, a loss below the mean, too little history, a "
+                             "constant history, or a spike only when the older losses outside the window are "
+                             "counted, does not",
+                             "README 'Loss spikes: roll back and skip'"};
+  grading::run(check, [](grading::Record& record) {
+    auto w = dp_test::fresh_comm();
+    const int r = w->rank();
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    std::vector<float> calm;  // mean 3.0, population std 0.01 exactly: 3.01 and 2.99 alternating
+    for (int i = 0; i < 10; ++i) calm.push_back(i % 2 == 0 ? 3.01f : 2.99f);
+    std::vector<float> drifted(10, 5.0f);  // older losses far above: counted, they would hide the spike
+    drifted.insert(drifted.end(), calm.begin(), calm.end());
+    lab08::SpikeConfig c;
+    c.window = 10;
+    c.min_history = 8;
+    c.z_threshold = 6.0;
+    struct Case {
+      const char* what;
+      std::vector<float> history;
+      float loss[2], norm[2];
+      bool rollback;
+      int reason_rank;  // -1: none
+      const char* word;
+    };
+    const std::vector<Case> cases = {
+        {"calm", calm, {3.005f, 3.0f}, {1, 1}, false, -1, ""},
+        {"NaN loss on rank 1", calm, {3.0f, nan}, {1, 1}, true, 1, "nan"},
+        {"infinite norm on rank 0", calm, {3.0f, 3.0f}, {inf, 1}, true, 0, "inf"},
+        {"z 8 on rank 1", calm, {3.0f, 3.08f}, {1, 1}, true, 1, ""},
+        {"z 8 on both ranks", calm, {3.08f, 3.08f}, {1, 1}, true, 0, ""},
+        {"z 4", calm, {3.04f, 3.04f}, {1, 1}, false, -1, ""},
+        {"far below the mean", calm, {2.5f, 2.5f}, {1, 1}, false, -1, ""},
+        {"5 losses of history", std::vector<float>(calm.begin(), calm.begin() + 5), {9.0f, 9.0f}, {1, 1}, false, -1, ""},
+        {"a constant history", std::vector<float>(10, 3.0f), {3.001f, 3.001f}, {1, 1}, false, -1, ""},
+        {"older losses outside the window", drifted, {3.08f, 3.0f}, {1, 1}, true, 0, ""},
+    };
+    std::string problem;
+    for (const Case& k : cases) {
+      const lab08::SpikeDecision d = lab08::decide_rollback(*w, k.history, k.loss[r], k.norm[r], c);
+      std::string bad;
+      if (d.rollback != k.rollback) bad = std::string("rollback ") + (d.rollback ? "true" : "false");
+      else if (k.reason_rank >= 0 && d.reason.rfind("rank " + std::to_string(k.reason_rank) + ": ", 0) != 0)
+        bad = "reason \"" + d.reason + "\" should start with \"rank " + std::to_string(k.reason_rank) + ": \"";
+      else if (*k.word != '\0') {
+        std::string lower = d.reason;
+        for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (lower.find(k.word) == std::string::npos) bad = "reason \"" + d.reason + "\" should say " + k.word;
+      }
+      if (!bad.empty() && problem.empty()) problem = std::string(k.what) + ": " + bad + " (rank " + std::to_string(r) + ")";
+    }
+    ASSERT_TRUE(grading::all_ranks(problem.empty(), problem));
+    record.measured("%zu cases decided alike on both ranks", cases.size());
   });
 }
