@@ -2,7 +2,8 @@
 """scripts/check_mistakes.py — every planted mistake must fail the graded check it targets.
 
   scripts/check_mistakes.py [--build-dir build-mistakes] [--lab NN]... [--only ID]... [--jobs N]
-                            [--list] [--lint] [--all-checks] [--no-baseline] [--like BUILD] [--verbose]
+                            [--list] [--lint] [--all-checks] [--no-baseline] [--baseline-from BUILD]
+                            [--like BUILD] [--verbose]
 
 A planted mistake (docs/grading.md "Planted mistakes") is a small patch of a reference file's TODO
 blocks, tests/mistakes/labNN/<id>.patch, described in tests/mistakes/labNN/manifest.json with the ONE
@@ -19,7 +20,9 @@ graded check it must trip. For each selected mistake this script
      of another check, or not_implemented / skipped = wrong check;
   5. restores the copy.
 Before the first mistake it runs the selected checks once on the unpatched copy (the baseline): a check
-that already fails there could not tell a mistake from a broken build, so the run stops.
+that already fails there could not tell a mistake from a broken build, so the run stops. With
+--baseline-from BUILD, a check whose reference record in BUILD says passed and is newer than every source
+is not run again (scripts/test.sh: the grader has just run them all on the same sources).
 Prints one table (mistake, check, result, seconds) and exits 0 only if every mistake was caught.
 
   --lint        only steps 1, 2 and 5 for every mistake (no build; a few seconds)
@@ -260,6 +263,37 @@ def print_table(rows):
 
 # ---------------------------------------------------------------------------------------------
 
+def newest_source_mtime():
+    """The newest modification time of a file the reference track's checks are built from."""
+    newest = 0.0
+    for top in ("common", "labs", "solutions", "tests", "cmake", "CMakeLists.txt"):
+        path = os.path.join(REPO, top)
+        if os.path.isfile(path):
+            newest = max(newest, os.path.getmtime(path))
+        for dirpath, _, files in os.walk(path):
+            for name in files:
+                newest = max(newest, os.path.getmtime(os.path.join(dirpath, name)))
+    return newest
+
+
+def baseline_from_records(other_build, baseline):
+    """--baseline-from BUILD: the checks of `baseline` that BUILD's reference records (scripts/grade NN --track
+    reference, run there after the last change to any source) show passed need no baseline run here: the copy
+    is solutions/ itself until a patch is applied. Returns the checks still to run."""
+    others = {t["name"]: t for t in grade.list_tests(other_build)}
+    newest = newest_source_mtime()
+    left = []
+    for t in baseline:
+        o = others.get(t["name"])
+        path = grade.record_path(o) if o else None
+        fresh = path is not None and os.path.exists(path) and os.path.getmtime(path) > newest
+        if not fresh or grade.grade_test(o, None).get("check_status") != "passed":
+            left.append(t)
+    print(f"== baseline: {len(baseline) - len(left)} of {len(baseline)} checks passed in {other_build}'s reference "
+          f"records, newer than every source", flush=True)
+    return left
+
+
 def covering(mistakes):
     """The first mistake of every (lab, check): each graded check that has mistakes is still proven by one
     it catches, at about 60 % of the cost of all of them (CI's 30 minutes on 2 cores; scripts/test.sh).
@@ -289,6 +323,9 @@ def main():
     ap.add_argument("--all-checks", action="store_true", help="also run the lab's other checks on each mistake")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the checks on the unpatched copy")
     ap.add_argument("--verbose", action="store_true", help="show ctest's output")
+    ap.add_argument("--baseline-from", metavar="BUILD",
+                    help="take the baseline of the checks that BUILD's reference records show passed, when they are "
+                         "newer than every source (scripts/test.sh: scripts/grade all --track reference just ran)")
     ap.add_argument("--like", metavar="BUILD",
                     help="compile with that build's settings (CUDA, oneDNN, -march): with ccache its objects are "
                          "reused (scripts/test.sh passes its own build); default: CPU only")
@@ -359,7 +396,9 @@ def main():
         baseline = [t for lab in sorted(lab_tests) for t in lab_tests[lab]]
     else:
         baseline = list({m["test"]["name"]: m["test"] for m in mistakes}.values())
-    if not args.no_baseline:
+    if args.baseline_from and not args.no_baseline:
+        baseline = baseline_from_records(args.baseline_from, baseline)
+    if not args.no_baseline and baseline:
         print(f"== baseline: {len(baseline)} checks on the unpatched reference", flush=True)
         t0 = time.monotonic()
         results = run_checks(build, baseline, args.jobs, args.verbose)

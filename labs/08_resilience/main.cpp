@@ -214,10 +214,12 @@ static int run(const Options& o, Communicator& world) {
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     if (fault_here && !o.fail_in_checkpoint && step_i == o.fail_at_step) inject_fault("at step");
     const StepResult r = lab07::train_step(*part, micro, lr, o.grad_clip);
-    std::vector<float> losses;
-    for (const auto& [step, loss] : history) losses.push_back(loss);
-    const lab08::SpikeDecision d = lab08::decide_rollback(world, losses, r.loss, r.grad_norm, o.spike);  // YOURS
-    if (d.rollback) throw Rollback{step_i, d.reason};
+    if (o.spike.z_threshold > 0) {  // --spike-z 0: no rollback decision
+      std::vector<float> losses;
+      for (const auto& [step, loss] : history) losses.push_back(loss);
+      const lab08::SpikeDecision d = lab08::decide_rollback(world, losses, r.loss, r.grad_norm, o.spike);  // YOURS
+      if (d.rollback) throw Rollback{step_i, d.reason};
+    }
     history.emplace_back(step_i, r.loss);
     return r;
   };
@@ -295,8 +297,9 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Summary: the straggler report (YOUR find_stragglers) over the last steps of every rank
   // (nothing ran when the run resumed at its last step: on every rank alike)
+  const bool report = o.straggler_window > 0 && !times.compute_ms.empty();  // --straggler-window 0: none
   const std::vector<lab08::RankTimes> all =
-      times.compute_ms.empty() ? std::vector<lab08::RankTimes>{} : lab08::gather_rank_times(world, times, o.straggler_window);
+      report ? lab08::gather_rank_times(world, times, o.straggler_window) : std::vector<lab08::RankTimes>{};
   const std::vector<lab08::Straggler> slow = all.empty() ? std::vector<lab08::Straggler>{}
                                                          : lab08::find_stragglers(all, o.straggler_threshold);
   nlohmann::json stragglers = nlohmann::json::array();
@@ -308,8 +311,9 @@ static int run(const Options& o, Communicator& world) {
   log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
-    std::printf("\nstragglers over the last %zu steps:%s\n", all.empty() ? 0 : all.front().compute_ms.size(),
-                slow.empty() ? " none" : "");
+    if (report)
+      std::printf("\nstragglers over the last %zu steps:%s", all.front().compute_ms.size(), slow.empty() ? " none" : "");
+    std::printf("\n");
     for (const lab08::Straggler& x : slow)
       std::printf("  rank %d computes %.1f ms a step, %.2fx the typical %.1f ms; the others wait %.1f ms a step for it\n",
                   x.rank, x.compute_ms, x.ratio, x.typical_compute_ms, x.others_wait_ms);
@@ -347,8 +351,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--spike-min-history", o.spike.min_history, "accepted losses before the z-score applies")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--spike-z", o.spike.z_threshold, "a loss this many standard deviations above the mean is a spike")
-      ->capture_default_str();
+  app.add_option("--spike-z", o.spike.z_threshold, "a loss this many standard deviations above the mean is a spike "
+                 "(0: no rollback decision)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")->capture_default_str();
   app.add_option("--poison-at-step", o.poison_at_step, "the windows --poison-rank reads for this step have every "
                  "target byte 0 (a corrupted shard; -1: none; once: the rolled-back run does not see them)")
@@ -360,8 +364,8 @@ int main(int argc, char** argv) {
                  "--uniform-compute-ms)")->capture_default_str();
   app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones; 0: no report)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--straggler-threshold", o.straggler_threshold, "a rank whose median compute exceeds this times "
                  "the typical rank's is a straggler")->capture_default_str();
   driver::add_link_options(app, o);
