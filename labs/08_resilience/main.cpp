@@ -19,20 +19,13 @@
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include <signal.h>  // defines: raise, SIGKILL
-#include <unistd.h>  // defines: sleep
-
-#include <chrono>      // defines: std::chrono::system_clock
-#include <cstdio>      // defines: std::printf
-#include <cstdlib>     // defines: std::getenv
-#include <filesystem>  // defines: std::filesystem::create_directories
-#include <fstream>     // defines: std::ofstream
-#include <algorithm>  // defines: std::fill
+#include <cstdio>   // defines: std::printf
 #include <string>
-#include <utility>    // defines: std::pair
+#include <utility>  // defines: std::pair
 #include <vector>
 
 #include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
+#include "faults.h"                    // defines: lab08::Faults, Heartbeat, add_fault_options (given)
 #include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
 #include "resilience.h"                // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
@@ -43,8 +36,9 @@
 #include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
+using lab08::wall_ms;
 
-struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions {
+struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions, lab08::FaultOptions {
   Options() { sample_tokens = 0; }
   int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x pp)
   std::string order = "tp-dp-pp";
@@ -53,19 +47,10 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   int checkpoint_every = 10;
   int keep_last = 3;
   std::string resume = "none";     // none | latest
-  int fail_at_step = -1;           // the fault: rank fail_rank stops when step fail_at_step is about to run
-  int fail_rank = 0;
-  std::string fail_mode = "kill";  // kill (SIGKILL) | hang (sleeps forever: a silent rank)
-  bool fail_in_checkpoint = false; // the fault strikes in the checkpoint of step fail_at_step, after its shard
-  std::string heartbeat_dir;       // one line per step and rank here (scripts/supervise watches it)
-  lab08::SpikeConfig spike;        // the rollback decision's window, history and z threshold
+  lab08::SpikeConfig spike;        // the rollback decision's window, history and z threshold (0: off)
   int max_rollbacks = 3;
-  int poison_at_step = -1;         // rank poison_rank's windows of this step: every target byte 0
-  int poison_rank = 0;
   std::string skip_list;           // a skip list to honour from the start (default: <checkpoint-dir>/skip_list.json)
-  int slow_rank = -1;              // this rank's uniform compute is slow_factor times the others'
-  double slow_factor = 1.0;
-  int straggler_window = 20;       // steps the straggler report looks at (the last ones)
+  int straggler_window = 20;       // steps the straggler report looks at (the last ones; 0: no report)
   double straggler_threshold = 1.25;
 };
 
@@ -75,28 +60,16 @@ struct Rollback {
   std::string reason;
 };
 
-// The restart count scripts/supervise exports (0 for the first attempt or without a supervisor): the fault
-// is injected only on the first attempt, so the restarted job gets past it.
-static int attempt() {
-  const char* a = std::getenv("SL_RESTART");
-  return a == nullptr ? 0 : std::atoi(a);
-}
-
-static double wall_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 static int run(const Options& o, Communicator& world) {
   const int rank = world.rank(), n = world.size();
   driver::check_train_options(o);
-  SL_CHECK_HINT(o.resume == "none" || o.resume == "latest", "--resume none or --resume latest",
-                "--resume %s", o.resume.c_str());
+  SL_CHECK_HINT(o.resume == "none" || o.resume == "latest", "--resume none or --resume latest", "--resume %s",
+                o.resume.c_str());
   SL_CHECK_HINT(o.resume == "none" || !o.checkpoint_dir.empty(), "add --checkpoint-dir DIR",
                 "--resume latest reads the checkpoints of --checkpoint-dir, which is not set");
-  SL_CHECK_HINT(o.fail_mode == "kill" || o.fail_mode == "hang", "--fail-mode kill or hang", "--fail-mode %s",
-                o.fail_mode.c_str());
   SL_CHECK_HINT(o.slow_rank < 0 || o.uniform_compute_ms > 0, "add --uniform-compute-ms 20 (the others' compute time)",
                 "--slow-rank slows a rank's uniform compute time, which is off");
+  lab08::Faults faults(o, rank, o.seed);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_wait_timeout(o.wait_timeout_s);
@@ -154,9 +127,10 @@ static int run(const Options& o, Communicator& world) {
       {"lr", o.lr}, {"optimizer", o.optimizer}, {"precision", policy.name()}, {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
       {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
-      {"resume", o.resume}, {"start_step", start_step}, {"attempt", attempt()}, {"fail_at_step", o.fail_at_step},
-      {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint},
-      {"spike_window", o.spike.window}, {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
+      {"resume", o.resume}, {"start_step", start_step}, {"attempt", lab08::attempt()},
+      {"fail_at_step", o.fail_at_step}, {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode},
+      {"fail_in_checkpoint", o.fail_in_checkpoint}, {"fail_mtbf_s", o.fail_mtbf_s}, {"spike_window", o.spike.window},
+      {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
       {"poison_at_step", o.poison_at_step}, {"poison_rank", o.poison_rank}, {"skip_list", skip_path},
       {"skipped_windows", skip.positions().size()}, {"uniform_compute_ms", o.uniform_compute_ms},
       {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor}};
@@ -164,7 +138,7 @@ static int run(const Options& o, Communicator& world) {
   if (rank == 0)
     std::printf("lab08 | %s | %d ranks = %s%s | checkpoints every %d steps in %s | attempt %d\n",
                 data.cfg.str().c_str(), n, grid.describe().c_str(), o.zero1 ? " + ZeRO-1" : "", o.checkpoint_every,
-                o.checkpoint_dir.empty() ? "(none)" : o.checkpoint_dir.c_str(), attempt());
+                o.checkpoint_dir.empty() ? "(none)" : o.checkpoint_dir.c_str(), lab08::attempt());
 
   // ------------------------------------------------------------------------------------------------
   // Training: lab 07's step; around it the faults, the heartbeat, the rollback decision, the timings and the
@@ -173,37 +147,21 @@ static int run(const Options& o, Communicator& world) {
                          *data.train, *data.val, log, peak, flops_tok, device);
   loop.sample_rng = sample_rng;
   lab07::Groups& g = part->groups;
-  const double compute_f = o.uniform_compute_ms * (rank == o.slow_rank ? o.slow_factor : 1.0);
+  const double compute_f = o.uniform_compute_ms * faults.compute_factor();
   part->stage->set_uniform_compute(compute_f, 2 * compute_f);  // 0: as the compute takes
   const std::vector<Communicator*> comms = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
                                             g.embedding.get()};
-  int64_t step_i = start_step;                        // the step about to run
-  std::vector<std::pair<int64_t, float>> history;     // (step, loss) of the accepted steps
-  std::vector<lab08::SkipList::Position> step_windows; // the loader positions this step read
-  lab08::RankTimes times;                              // this rank's compute and wait per step
+  int64_t step_i = start_step;                          // the step about to run
+  std::vector<std::pair<int64_t, float>> history;       // (step, loss) of the accepted steps
+  std::vector<lab08::SkipList::Position> step_windows;  // the loader positions this step read
+  lab08::RankTimes times;                               // this rank's compute and wait per step
   times.rank = rank;
-  bool poisoned = false;
-  std::ofstream beats;
-  if (!o.heartbeat_dir.empty()) {
-    std::filesystem::create_directories(o.heartbeat_dir);
-    beats.open(o.heartbeat_dir + "/rank_" + std::to_string(rank) + ".beats", std::ios::app);
-  }
-  auto inject_fault = [&](const char* where) {
-    std::printf("rank %d: injected fault (%s) %s %lld\n", rank, o.fail_mode.c_str(), where,
-                static_cast<long long>(o.fail_at_step));
-    std::fflush(stdout);
-    if (o.fail_mode == "kill") raise(SIGKILL);
-    for (;;) sleep(60);  // hang: alive but silent; the others wait in their next collective
-  };
-  const bool fault_here = rank == o.fail_rank && attempt() == 0;
+  lab08::Heartbeat heartbeat(o.heartbeat_dir, rank);
   loop.next_batch = [&](MicroBatch& mb) {  // the loader, minus the skip list's windows
     lab02::Batch b = data.train->next();
     while (skip.contains(b.epoch, b.batch_in_epoch)) b = data.train->next();
     step_windows.push_back({b.epoch, b.batch_in_epoch});
-    if (step_i == o.poison_at_step && rank == o.poison_rank && !poisoned) {  // this rank's windows of the step:
-      std::fill(b.targets.begin(), b.targets.end(), 0);                        // garbage (NUL bytes, a bad shard)
-      if (static_cast<int>(step_windows.size()) == o.micro_batches) poisoned = true;  // once: not after a rollback
-    }
+    faults.poison(b, step_i, o.micro_batches);
     lab02::load_batch(b, mb.inputs, mb.targets);
   };
   loop.before_step = [&](double, double, bool) {
@@ -212,7 +170,7 @@ static int run(const Options& o, Communicator& world) {
     part->stage->clear();
   };
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
-    if (fault_here && !o.fail_in_checkpoint && step_i == o.fail_at_step) inject_fault("at step");
+    faults.before_step(step_i);
     const StepResult r = lab07::train_step(*part, micro, lr, o.grad_clip);
     if (o.spike.z_threshold > 0) {  // --spike-z 0: no rollback decision
       std::vector<float> losses;
@@ -231,11 +189,7 @@ static int run(const Options& o, Communicator& world) {
         for (const CommEvent& e : c->events()) wait += e.wait_ms;
     times.compute_ms.push_back(part->stage->compute_ms());
     times.wait_ms.push_back(wait);
-    if (beats.is_open()) {  // the heartbeat: one line per step, flushed (its mtime is what the supervisor watches)
-      beats << nlohmann::json{{"attempt", attempt()}, {"step", step_i}, {"step_ms", step_ms}, {"wall_ms", wall_ms()}}
-                   .dump()
-            << std::endl;
-    }
+    heartbeat.beat(step_i, step_ms);
     step_windows.clear();
     ++step_i;
     driver::StepMeasure m;
@@ -250,14 +204,14 @@ static int run(const Options& o, Communicator& world) {
       st.step = next_step;
       st.loader = data.train->state().to_bytes();
       st.rng = loop.sample_rng.state();
-      if (fault_here && o.fail_in_checkpoint && next_step == o.fail_at_step) {  // a rank lost mid-checkpoint:
-        lab08::write_shard(lab08::step_dir(o.checkpoint_dir, next_step), *part, rank, st);  // its shard is written,
-        inject_fault("in the checkpoint of step");  // then it is gone before the manifest and the marker
+      if (faults.in_checkpoint(next_step)) {  // a rank lost mid-checkpoint: its shard is written, then it is
+        lab08::write_shard(lab08::step_dir(o.checkpoint_dir, next_step), *part, rank, st);  // gone before the
+        faults.strike("in the checkpoint of step", next_step);                              // manifest and marker
       }
       const double t0 = wall_ms();
-      const std::string dir = lab08::save_checkpoint(world, o.checkpoint_dir, *part, st, o.zero1);
+      const std::string dir = lab08::save_checkpoint(world, o.checkpoint_dir, *part, st, o.zero1);  // YOURS
       if (rank == 0) {
-        const std::vector<std::string> deleted = lab08::retain_checkpoints(o.checkpoint_dir, o.keep_last);
+        const std::vector<std::string> deleted = lab08::retain_checkpoints(o.checkpoint_dir, o.keep_last);  // YOURS
         std::printf("checkpoint %s in %.0f ms%s\n", dir.c_str(), wall_ms() - t0,
                     deleted.empty() ? "" : (" (deleted " + std::to_string(deleted.size()) + " older)").c_str());
       }
@@ -324,7 +278,6 @@ static int run(const Options& o, Communicator& world) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 08: 3D-parallel GPT-2 with sharded checkpoints, resume and fault injection (mpirun -np N)"};
   Options o;
-  if (const char* hb = std::getenv("SL_HEARTBEAT_DIR")) o.heartbeat_dir = hb;  // scripts/supervise sets it
   driver::add_distributed_options(app, o, "lab08");
   app.add_option("--tp", o.tp, "tensor-parallel group size")->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str();
@@ -339,14 +292,7 @@ int main(int argc, char** argv) {
   app.add_option("--keep-last", o.keep_last, "complete checkpoints kept (retention)")->capture_default_str();
   app.add_option("--resume", o.resume, "none, or latest: the newest complete checkpoint in --checkpoint-dir")
       ->capture_default_str();
-  app.add_option("--fail-at-step", o.fail_at_step, "inject a fault when this step is about to run (-1: none; "
-                 "only on the first attempt, SL_RESTART unset or 0)")->capture_default_str();
-  app.add_option("--fail-rank", o.fail_rank, "the rank that fails")->capture_default_str();
-  app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL) or hang (alive, silent)")->capture_default_str();
-  app.add_flag("--fail-in-checkpoint", o.fail_in_checkpoint, "the fault strikes while the checkpoint of step "
-               "--fail-at-step is written: after this rank's shard, before the manifest and the marker");
-  app.add_option("--heartbeat-dir", o.heartbeat_dir, "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
-                 "which scripts/supervise sets)");
+  lab08::add_fault_options(app, o);
   app.add_option("--spike-window", o.spike.window, "losses the z-score's mean and std are taken over")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--spike-min-history", o.spike.min_history, "accepted losses before the z-score applies")
@@ -354,16 +300,8 @@ int main(int argc, char** argv) {
   app.add_option("--spike-z", o.spike.z_threshold, "a loss this many standard deviations above the mean is a spike "
                  "(0: no rollback decision)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")->capture_default_str();
-  app.add_option("--poison-at-step", o.poison_at_step, "the windows --poison-rank reads for this step have every "
-                 "target byte 0 (a corrupted shard; -1: none; once: the rolled-back run does not see them)")
-      ->capture_default_str();
-  app.add_option("--poison-rank", o.poison_rank, "the rank that reads the poisoned window")->capture_default_str();
   app.add_option("--skip-list", o.skip_list, "windows to skip from the start, {\"skip\": [[epoch, batch], ...]} "
                  "(default: <checkpoint-dir>/skip_list.json, where rollbacks add theirs)");
-  app.add_option("--slow-rank", o.slow_rank, "this rank computes --slow-factor times longer (a straggler; needs "
-                 "--uniform-compute-ms)")->capture_default_str();
-  app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")->capture_default_str()
-      ->check(CLI::PositiveNumber);
   app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones; 0: no report)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--straggler-threshold", o.straggler_threshold, "a rank whose median compute exceeds this times "
