@@ -219,7 +219,8 @@ static int run(const Options& o, Communicator& world) {
   }
   // A spike: every rank rolls back to the newest complete checkpoint, skips the spike step's windows, goes on.
   driver::Summary s;
-  for (int rollbacks = 0;; ++rollbacks) {
+  int rollbacks = 0;
+  for (;; ++rollbacks) {
     try {
       s = loop.run(start_step);
       break;
@@ -265,6 +266,9 @@ static int run(const Options& o, Communicator& world) {
   log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
+    if (rollbacks > 0)
+      std::printf("\n(after %d rollback(s): the summary covers steps %lld to %d, the run since the last one)", rollbacks,
+                  static_cast<long long>(start_step), o.steps);
     if (report)
       std::printf("\nstragglers over the last %zu steps:%s", all.front().compute_ms.size(), slow.empty() ? " none" : "");
     std::printf("\n");

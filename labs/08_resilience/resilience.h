@@ -36,7 +36,8 @@ inline namespace SL_TRACK_LAB08 {
 
 // TODO(lab08-1): the checkpoint of step `st.step` under root, collective over world (every rank calls it
 // with its own part r and state st), in this order: every rank writes its shard into step_dir(root, step)
-// (write_shard); rank 0 learns every rank's entry (gather_shard_infos) — only then are all shards on disk;
+// (write_shard); every rank learns every rank's entry (gather_shard_infos), rank 0 uses them — when the gather
+// returns, all shards are on disk;
 // rank 0 writes the manifest (kManifestName: describe_layout(r, zero1, world size) plus "step" and
 // "shards", the entries in rank order, via write_checkpoint_file), and only after it the completion
 // marker (kMarkerName, any short text, via write_checkpoint_file); no rank returns before the marker is
@@ -77,14 +78,16 @@ struct SpikeConfig {
 };
 struct SpikeDecision {
   bool rollback = false;
-  std::string reason;  // why (on every rank when any rank saw it): "loss nan", "grad norm inf", "z = 9.3 ..."
+  std::string reason;  // why, the same on every rank: "rank 1: loss nan", "rank 0: grad norm inf", "rank 0: loss
+                       // 5.1650 is z = 23.2 above the mean 3.1649 (std 0.0864) of the last 8 steps"
 };
 // TODO(lab08-5): the rollback decision of one step, taken by all ranks together (collective over world): this
 // rank's verdict on (loss, grad_norm) given `history`, the losses of the steps accepted so far (oldest first):
 // a loss or a norm that is not finite is a spike; else, with at least c.min_history losses, the z-score of
 // loss against the mean and the population standard deviation of the last c.window of them (std 0: no
 // z-score) above c.z_threshold is one. Then every rank rolls back if ANY rank saw a spike; `reason` is the
-// lowest such rank's, prefixed "rank <r>: ". README.md#loss-spikes-roll-back-and-skip
+// lowest such rank's, prefixed "rank <r>: " (world's all_reduce has Sum, Avg and Max; broadcast_text sends a
+// rank's text to all). README.md#loss-spikes-roll-back-and-skip
 SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
                               const SpikeConfig& c);
 
@@ -94,7 +97,8 @@ SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& his
 // TODO(lab08-6): the stragglers of a window: every rank whose median compute time per step exceeds
 // `threshold` times the median of all ranks' medians (threshold 1.25: 25 % slower), slowest first, with
 // what the others waited. Medians, not means: one slow step (a checkpoint, a page fault) is not a
-// straggler. An empty list when no rank is slow. README.md#stragglers
+// straggler; the median of an even count is the mean of the two middle values. An empty list when no rank is
+// slow. README.md#stragglers
 std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold);
 
 }  // namespace SL_TRACK_LAB08
