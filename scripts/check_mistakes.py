@@ -164,39 +164,41 @@ def fence_problems(src_root, mistake):
 LIKE_KEYS = ("SL_WITH_CUDA", "CMAKE_CUDA_ARCHITECTURES", "SL_WITH_DNNL", "SL_NATIVE", "SL_WITH_MPI")
 
 
+def cache_values(build):
+    """{name: value} of build's CMakeCache.txt ({} when it has none)."""
+    values = {}
+    path = os.path.join(build, "CMakeCache.txt")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                m = re.match(r"([A-Za-z_]+):[A-Z]+=(.*)$", line.rstrip("\n"))
+                if m:
+                    values[m.group(1)] = m.group(2)
+    return values
+
+
 def like_settings(like):
-    """-D arguments repeating `like`'s CMakeCache.txt values of LIKE_KEYS; CPU only without --like."""
+    """{name: value} of `like`'s cache for LIKE_KEYS; CPU only without --like."""
     if not like:
-        return ["-DSL_WITH_CUDA=OFF"]
-    cache = os.path.join(like, "CMakeCache.txt")
-    if not os.path.exists(cache):
+        return {"SL_WITH_CUDA": "OFF"}
+    values = cache_values(like)
+    if not values:
         sys.exit(f"check_mistakes: --like {like}: no CMakeCache.txt there (configure that build first)")
-    args = []
-    with open(cache) as f:
-        for line in f:
-            m = re.match(r"([A-Za-z_]+):[A-Z]+=(.*)$", line.rstrip("\n"))
-            if m and m.group(1) in LIKE_KEYS:
-                args.append(f"-D{m.group(1)}={m.group(2)}")
-    return args
+    return {k: v for k, v in values.items() if k in LIKE_KEYS}
 
 
 def configure(build, src_root, like):
     """Configures the mistakes' build once: tests on, learner track off, reference from the copy; CPU only, or
     with --like the compile settings of another build (its objects then come from ccache)."""
     solutions = os.path.join(src_root, "solutions")
-    settings = like_settings(like)
-    cache = os.path.join(build, "CMakeCache.txt")
-    if os.path.exists(cache):
-        with open(cache) as f:
-            text = f.read()
-        if f"SL_SOLUTIONS_DIR:PATH={solutions}\n" in text and all(
-                re.search(rf"^{re.escape(a[2:].split('=')[0])}:[A-Z]+={re.escape(a.split('=', 1)[1])}$", text, re.M)
-                for a in settings):
-            return
-    print(f"== configuring {build} (reference track from {solutions}; {' '.join(settings)})", flush=True)
+    settings = dict(like_settings(like), SL_SOLUTIONS_DIR=solutions)
+    have = cache_values(build)
+    if all(have.get(k) == v for k, v in settings.items()):
+        return
+    args = [f"-D{k}={v}" for k, v in settings.items()]
+    print(f"== configuring {build} ({' '.join(args)})", flush=True)
     rc, out = grade.run(["cmake", "-S", REPO, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                         "-DSL_BUILD_TESTS=ON", "-DSL_BUILD_LEARNER=OFF", f"-DSL_SOLUTIONS_DIR={solutions}"]
-                        + settings)
+                         "-DSL_BUILD_TESTS=ON", "-DSL_BUILD_LEARNER=OFF"] + args)
     if rc != 0:
         print(grade.tail(out, 60))
         sys.exit(f"check_mistakes: configuring {build} failed (the output is above)")

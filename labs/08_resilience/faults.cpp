@@ -5,7 +5,6 @@
 #include <unistd.h>  // defines: sleep
 
 #include <algorithm>   // defines: std::fill
-#include <chrono>      // defines: std::chrono::system_clock
 #include <cmath>       // defines: std::log
 #include <cstdio>      // defines: std::printf
 #include <cstdlib>     // defines: std::getenv, std::atoi
@@ -20,10 +19,6 @@ namespace scalelab::lab08 {
 int attempt() {
   const char* a = std::getenv("SL_RESTART");
   return a == nullptr ? 0 : std::atoi(a);
-}
-
-double wall_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 void add_fault_options(CLI::App& app, FaultOptions& o) {

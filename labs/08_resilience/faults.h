@@ -12,13 +12,12 @@
 
 #include "scalelab/core/rng.h"  // defines: Rng
 #include "shard_loader.h"       // defines: lab02::Batch (lab 02's reference)
+#include "shard_state.h"        // defines: wall_ms
 
 namespace scalelab::lab08 {
 
 // The restart count scripts/supervise exports as SL_RESTART (0 for the first attempt or without a supervisor).
 int attempt();
-// Milliseconds on the system clock: comparable between the processes of one machine.
-double wall_ms();
 
 struct FaultOptions {
   int fail_at_step = -1;           // rank fail_rank fails when step fail_at_step is about to run (-1: never)

@@ -19,9 +19,9 @@
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include <cstdio>   // defines: std::printf
+#include <algorithm>  // defines: std::max
+#include <cstdio>     // defines: std::printf
 #include <string>
-#include <utility>  // defines: std::pair
 #include <vector>
 
 #include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
@@ -152,7 +152,8 @@ static int run(const Options& o, Communicator& world) {
   const std::vector<Communicator*> comms = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
                                             g.embedding.get()};
   int64_t step_i = start_step;                          // the step about to run
-  std::vector<std::pair<int64_t, float>> history;       // (step, loss) of the accepted steps
+  const int64_t first_step = start_step;
+  std::vector<float> history;                           // the losses of the accepted steps first_step, first_step + 1, ...
   std::vector<lab08::SkipList::Position> step_windows;  // the loader positions this step read
   lab08::RankTimes times;                               // this rank's compute and wait per step
   times.rank = rank;
@@ -173,12 +174,10 @@ static int run(const Options& o, Communicator& world) {
     faults.before_step(step_i);
     const StepResult r = lab07::train_step(*part, micro, lr, o.grad_clip);
     if (o.spike.z_threshold > 0) {  // --spike-z 0: no rollback decision
-      std::vector<float> losses;
-      for (const auto& [step, loss] : history) losses.push_back(loss);
-      const lab08::SpikeDecision d = lab08::decide_rollback(world, losses, r.loss, r.grad_norm, o.spike);  // YOURS
+      const lab08::SpikeDecision d = lab08::decide_rollback(world, history, r.loss, r.grad_norm, o.spike);  // YOURS
       if (d.rollback) throw Rollback{step_i, d.reason};
     }
-    history.emplace_back(step_i, r.loss);
+    history.push_back(r.loss);
     return r;
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
@@ -237,7 +236,7 @@ static int run(const Options& o, Communicator& world) {
                     "step %lld: %s, and no complete checkpoint in %s", static_cast<long long>(rb.step),
                     rb.reason.c_str(), o.checkpoint_dir.c_str());
       loop.sample_rng = sample_rng;
-      while (!history.empty() && history.back().first >= start_step) history.pop_back();
+      history.resize(static_cast<size_t>(std::max<int64_t>(0, start_step - first_step)));  // the steps kept
       log.log("rollback", {{"step", rb.step}, {"reason", rb.reason}, {"to_step", start_step},
                            {"skipped_windows", step_windows.size()}, {"skip_list", skip_path}});
       if (rank == 0)

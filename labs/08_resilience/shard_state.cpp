@@ -130,8 +130,7 @@ static nlohmann::json shard_meta(lab07::Rank3D& r, int world_rank, const ResumeS
           {"optimizer_steps", optimizer_steps(r)}};
 }
 
-// Milliseconds of the system clock: comparable between the processes of one machine, unlike now_ms().
-static double wall_ms() {
+double wall_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 

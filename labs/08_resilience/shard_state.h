@@ -23,6 +23,9 @@
 
 namespace scalelab::lab08 {
 
+// Milliseconds on the system clock: comparable between the processes of one machine (unlike now_ms()).
+double wall_ms();
+
 // ---------------------------------------------------------------------------------------------
 // Names and places
 inline constexpr const char* kManifestName = "manifest.json";

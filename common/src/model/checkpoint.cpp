@@ -168,17 +168,23 @@ void pread_exact(int fd, const std::string& path, void* dst, size_t n, uint64_t 
   }
 }
 
-// CRC-32 of n bytes of the file starting at offset, streamed through a bounded buffer.
-uint32_t crc32_of_file_range(int fd, const std::string& path, uint64_t offset, uint64_t n) {
+// Streams n bytes of the file starting at offset through a bounded buffer: fn(data, bytes) per chunk.
+template <class Fn>
+void for_each_file_chunk(int fd, const std::string& path, uint64_t offset, uint64_t n, Fn fn) {
   std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(n, kIoChunkBytes)));
-  uint32_t crc = crc32_of(nullptr, 0);
   while (n > 0) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
     pread_exact(fd, path, buf.data(), chunk, offset);
-    crc = crc32_update(crc, buf.data(), chunk);
+    fn(buf.data(), chunk);
     offset += chunk;
     n -= chunk;
   }
+}
+
+// CRC-32 of n bytes of the file starting at offset.
+uint32_t crc32_of_file_range(int fd, const std::string& path, uint64_t offset, uint64_t n) {
+  uint32_t crc = crc32_of(nullptr, 0);
+  for_each_file_chunk(fd, path, offset, n, [&](const uint8_t* d, size_t k) { crc = crc32_update(crc, d, k); });
   return crc;
 }
 
@@ -215,7 +221,6 @@ void fsync_dir(const fs::path& dir) {
 }
 
 }  // namespace
-
 
 // =============================================================================================
 // CheckpointWriter
@@ -340,16 +345,9 @@ uint32_t file_checksum(const std::string& path) {
   SL_CHECK_HINT(f.fd >= 0, "check the path", "cannot open %s: %s", path.c_str(), std::strerror(errno));
   struct stat st {};
   SL_CHECK(::fstat(f.fd, &st) == 0, "fstat of %s failed: %s", path.c_str(), std::strerror(errno));
-  uint64_t n = static_cast<uint64_t>(st.st_size), offset = 0;
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(n, 1), kIoChunkBytes)));
   uLong sum = ::adler32(0L, Z_NULL, 0);
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
-    pread_exact(f.fd, path, buf.data(), chunk, offset);
-    sum = ::adler32(sum, buf.data(), static_cast<uInt>(chunk));
-    offset += chunk;
-    n -= chunk;
-  }
+  for_each_file_chunk(f.fd, path, 0, static_cast<uint64_t>(st.st_size),
+                      [&](const uint8_t* d, size_t k) { sum = ::adler32(sum, d, static_cast<uInt>(k)); });
   return static_cast<uint32_t>(sum);
 }
 
