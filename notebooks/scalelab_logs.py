@@ -75,6 +75,7 @@ class Run:
     summaries: pd.DataFrame  # `summary` records (one per rank that finished)
     timelines: list[dict] = field(default_factory=list)  # `timeline` records, all ranks
     rank_infos: list[dict] = field(default_factory=list)  # every rank's `run` record (its last), by rank
+    rollbacks: pd.DataFrame = field(default_factory=pd.DataFrame)  # lab 08's `rollback` records, all ranks
 
     @property
     def run_id(self) -> str:
@@ -140,7 +141,7 @@ def read_run(run_dir: str | Path) -> Run:
     last_of_rank = {r.get("rank", 0): r for r in run_records}  # sorted by rank; a resumed run's last record wins
     frame = lambda t: pd.DataFrame(by_type.get(t, []))  # noqa: E731
     return Run(run_dir, info, frame("step"), frame("eval"), frame("summary"), by_type.get("timeline", []),
-               list(last_of_rank.values()))
+               list(last_of_rank.values()), frame("rollback"))
 
 
 def load_runs(run_dirs) -> list[Run]:
@@ -1094,4 +1095,65 @@ def plot_group_costs(df: pd.DataFrame, plot_dir=None, name="group_costs"):
         ax.set_ylim(0, 1.3 * top if top > 0 else 1.0)  # room for the legend above the bars
         ax.legend(fontsize=7, loc="upper left", ncol=2)
     axes[0][0].set_ylabel("ms per step (mean over ranks)")
+    return _save(fig, name, plot_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 08: a loss spike rolled back (labs/08_resilience/README.md, "Loss spikes: roll back and skip")
+
+
+def latest_lab08_spike_runs(runs_root: str | Path = "../runs", limit: int = 1) -> list[Path]:
+    """The most recent finished lab 08 runs that rolled back at least once (a `rollback` record)."""
+    chosen = [r.path for r in load_runs(find_runs("lab08", runs_root)) if r.finished and not r.rollbacks.empty]
+    return chosen[-limit:]
+
+
+def rollback_passes(run: Run) -> pd.DataFrame:
+    """Rank 0's step records in the order they were logged, with ``pass``: 0 until the first rollback, 1
+    after it, ... (a rollback logs the same steps again from its ``to_step``), and ``kept``: whether the
+    step's result survived (False for the steps a later rollback undid)."""
+    s = run.steps
+    if s.empty:
+        return s
+    s = s[s["rank"] == s["rank"].min()].reset_index(drop=True).copy()
+    s["pass"] = (s["step"].diff() <= 0).cumsum()
+    last_pass_of_step = s.groupby("step")["pass"].transform("max")
+    s["kept"] = s["pass"] == last_pass_of_step
+    return s
+
+
+def plot_rollback(run: Run, zoom: int = 15, plot_dir=None, name="rollback"):
+    """The loss of a run with rollbacks: the whole run (left) and the steps around the first rollback
+    (right). The steps a rollback undid are grey, the spike (the rollback record's loss, never a step
+    record) a red cross, the step rolled back to a dotted line; the kept steps are blue."""
+    p = rollback_passes(run)
+    if p.empty or run.rollbacks.empty:
+        return _nothing("no lab 08 run with a rollback")
+    rb = run.rollbacks[run.rollbacks["rank"] == run.rollbacks["rank"].min()]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    first = rb.iloc[0]
+    for ax, lo, hi in ((axes[0], p["step"].min(), p["step"].max()),
+                       (axes[1], first["to_step"] - zoom, first["step"] + zoom)):
+        w = p[(p["step"] >= lo) & (p["step"] <= hi)]
+        for k, part in w.groupby("pass"):
+            undone = part[~part["kept"]]
+            kept = part[part["kept"]]
+            ax.plot(kept["step"], kept["loss"], "-", color="tab:blue", lw=1.2,
+                    label="accepted steps" if k == 0 else None)
+            if not undone.empty:
+                ax.plot(undone["step"], undone["loss"], "-", color="grey", lw=2.5, alpha=0.6,
+                        label="steps the rollback undid" if k == 0 else None)
+        for i, (_, r) in enumerate(rb.iterrows()):
+            if not lo <= r["step"] <= hi:
+                continue
+            spike = r.get("loss")
+            if pd.notna(spike) and math.isfinite(float(spike)):
+                ax.plot([r["step"]], [spike], "x", color="tab:red", ms=10, mew=2,
+                        label="spike (rolled back)" if i == 0 else None)
+            ax.axvline(r["to_step"], color="tab:red", ls=":", lw=1,
+                       label="rolled back to (checkpoint)" if i == 0 else None)
+        ax.set(xlabel="optimizer step", ylabel="loss (nats/token)")
+    axes[0].set_title(f"{run.label}: the whole run")
+    axes[1].set_title(f"around the rollback at step {int(first['step'])}")
+    axes[1].legend(fontsize=8)
     return _save(fig, name, plot_dir)

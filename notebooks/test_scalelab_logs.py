@@ -418,6 +418,50 @@ class Grid3dLogsTest(unittest.TestCase):
             self.skipTest(f"no lab 07 run with a timeline under {RUNS_ROOT}")
 
 
+class RollbackLogsTest(unittest.TestCase):
+    """Lab 08: a run that rolled back at step 7 to step 5 logs steps 0-6, a rollback record, then 5-9 again."""
+
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402
+        cls.sl = scalelab_logs
+
+    def write_spike_run(self, root):
+        d = os.path.join(root, "lab08", "spike")
+        os.makedirs(d)
+        for rank in range(2):
+            with open(os.path.join(d, f"rank{rank}.jsonl"), "w") as f:
+                f.write(json.dumps({"type": "run", "rank": rank, "run_id": "spike", "world_size": 2,
+                                    "config": {"model": "tiny"}}) + "\n")
+                for s in list(range(7)) + [None] + list(range(5, 10)):
+                    if s is None:
+                        f.write(json.dumps({"type": "rollback", "rank": rank, "step": 7, "loss": 9.0, "to_step": 5,
+                                            "reason": "rank 0: loss 9.0", "skipped_windows": 2}) + "\n")
+                    else:
+                        f.write(json.dumps({"type": "step", "rank": rank, "step": s, "loss": 5.0 - 0.1 * s,
+                                            "tokens": 64}) + "\n")
+                f.write(json.dumps({"type": "summary", "rank": rank}) + "\n")
+        return d
+
+    def test_passes_and_undone_steps(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.write_spike_run(root)
+            self.assertEqual(len(self.sl.latest_lab08_spike_runs(root)), 1)
+            run = self.sl.read_run(self.sl.latest_lab08_spike_runs(root)[0])
+            p = self.sl.rollback_passes(run)
+            self.assertEqual(list(p["pass"]), [0] * 7 + [1] * 5)
+            undone = p[~p["kept"]]
+            self.assertEqual(list(undone["step"]), [5, 6], "the first pass's steps 5 and 6 were run again")
+            self.assertEqual(sorted(p[p["kept"]]["step"]), list(range(10)), "every step kept once")
+            fig = self.sl.plot_rollback(run)
+            self.assertIsNotNone(fig)
+            spikes = [ln for ln in fig.axes[0].lines if ln.get_marker() == "x"]
+            self.assertEqual(len(spikes), 1, "the spike's loss, from the rollback record, is marked")
+            self.assertEqual(list(spikes[0].get_ydata()), [9.0])
+
+
 if __name__ == "__main__":
     if "--runs-root" in sys.argv:
         i = sys.argv.index("--runs-root")

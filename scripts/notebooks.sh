@@ -3,10 +3,11 @@
 #   scripts/notebooks.sh                  the notebooks on your own runs (runs/lab01, runs/lab03, ...)
 #   scripts/notebooks.sh --make-logs      first make short CPU runs in a temp dir (labs 01 and 02; labs 03 and 04 at
 #                                         1 and 2 ranks with timelines; lab 05's quick link sweep; lab 06's bubble
-#                                         sweep at 2 stages; lab 07's 2 x 2 x 2 grid in two orders at 8 ranks)
+#                                         sweep at 2 stages; lab 07's 2 x 2 x 2 grid in two orders at 8 ranks;
+#                                         lab 08's poisoned run, rolled back)
 #                                         and point the notebooks at them
 # Options: --build-dir DIR (default build; holds bin/reference/lab01_single_device, lab02_data_pipeline, lab03_ddp,
-#          lab04_fsdp, lab05_tensor_parallel, lab06_pipeline_parallel, lab07_parallel_3d),
+#          lab04_fsdp, lab05_tensor_parallel, lab06_pipeline_parallel, lab07_parallel_3d, lab08_resilience),
 #          --runs-root DIR (the logs to read; default runs), --out DIR (executed notebooks + plots; default a temp dir).
 # The Python packages are pinned in notebooks/requirements.txt and installed into .venv-notebooks/ (made
 # once, reinstalled when that file changes). Fails when a notebook is committed with outputs or a cell raises.
@@ -50,7 +51,7 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   t0=$SECONDS
   BIN="$BUILD/bin/reference"
   for prog in lab01_single_device lab02_data_pipeline lab03_ddp lab04_fsdp lab05_tensor_parallel \
-              lab06_pipeline_parallel lab07_parallel_3d; do
+              lab06_pipeline_parallel lab07_parallel_3d lab08_resilience; do
     [[ -x "$BIN/$prog" ]] || die "$BIN/$prog not found" "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD (or pass --build-dir)"
   done
   [[ -f data/kjv/val_000000.bin ]] || scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -113,6 +114,16 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
       || { cat "$tmp/lab07_$order.out"; die "lab 07 run (order $order, 8 ranks) failed"; }
   done
   echo "   lab 07 runs made in $((SECONDS - t7)) s"
+  # Lab 08: a loss spike rolled back. Tiny model, 2 ranks, 60 steps, a checkpoint every 10; rank 1's windows of
+  # step 45 have every target byte 0: the run rolls back to step 40 and skips them (notebook 08 plots it).
+  t8=$SECONDS
+  mpirun --oversubscribe --bind-to none -np 2 "$BIN/lab08_resilience" --data data/kjv --model tiny --seq-len 32 \
+    --micro-batch 4 --micro-batches 2 --steps 60 --checkpoint-dir "$tmp/lab08_ckpt" --checkpoint-every 10 \
+    --poison-at-step 45 --poison-rank 1 --spike-window 8 --val-every 0 --val-batches 1 --threads 1 \
+    --straggler-window 0 --quiet "${cal[@]}" --log-dir "$RUNS_ROOT" --run-id spike > "$tmp/lab08.out" 2>&1 \
+    || { cat "$tmp/lab08.out"; die "lab 08 run (a poisoned window) failed"; }
+  grep -q "rollback at step 45" "$tmp/lab08.out" || { cat "$tmp/lab08.out"; die "lab 08's poisoned run did not roll back"; }
+  echo "   lab 08 run made in $((SECONDS - t8)) s"
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 

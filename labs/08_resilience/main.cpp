@@ -27,6 +27,7 @@
 #include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
 #include "faults.h"                    // defines: lab08::Faults, Heartbeat, add_fault_options (given)
 #include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
+#include "reshard.h"                   // defines: lab08::rebase_loader_state (given)
 #include "resilience.h"                // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
 #include "scalelab/core/error.h"       // defines: SL_CHECK_HINT
@@ -47,6 +48,7 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   int checkpoint_every = 10;
   int keep_last = 3;
   std::string resume = "none";     // none | latest
+  bool reshard = false;            // --resume may load a checkpoint of another layout
   lab08::SpikeConfig spike;        // the rollback decision's window, history and z threshold (0: off)
   int max_rollbacks = 3;
   std::string skip_list;           // a skip list to honour from the start (default: <checkpoint-dir>/skip_list.json)
@@ -58,6 +60,7 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
 struct Rollback {
   int64_t step;
   std::string reason;
+  float loss;  // the step's loss (not logged as a step: the step is not accepted)
 };
 
 static int run(const Options& o, Communicator& world) {
@@ -101,12 +104,13 @@ static int run(const Options& o, Communicator& world) {
     const int64_t s = step.data<int32_t>()[0];
     if (s < 0) return false;
     const double t0 = wall_ms();
-    const lab08::ResumeState st = lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1);
-    data.train->restore(lab02::LoaderState::from_bytes(st.loader));
+    const lab08::ResumeState st =
+        lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1, o.reshard);
+    data.train->restore(lab08::rebase_loader_state(lab02::LoaderState::from_bytes(st.loader), data.train->config()));
     sample_rng.set_state(st.rng);
     start_step = st.step;
-    if (rank == 0) std::printf("loaded %s (step %lld) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
-                               static_cast<long long>(start_step), wall_ms() - t0);
+    if (rank == 0) std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
+                               static_cast<long long>(start_step), st.resharded ? ", resharded" : "", wall_ms() - t0);
     return true;
   };
   if (o.resume == "latest" && !load_newest() && rank == 0)
@@ -127,7 +131,7 @@ static int run(const Options& o, Communicator& world) {
       {"lr", o.lr}, {"optimizer", o.optimizer}, {"precision", policy.name()}, {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
       {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
-      {"resume", o.resume}, {"start_step", start_step}, {"attempt", lab08::attempt()},
+      {"resume", o.resume}, {"reshard", o.reshard}, {"start_step", start_step}, {"attempt", lab08::attempt()},
       {"fail_at_step", o.fail_at_step}, {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode},
       {"fail_in_checkpoint", o.fail_in_checkpoint}, {"fail_mtbf_s", o.fail_mtbf_s}, {"spike_window", o.spike.window},
       {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
@@ -175,7 +179,7 @@ static int run(const Options& o, Communicator& world) {
     const StepResult r = lab07::train_step(*part, micro, lr, o.grad_clip);
     if (o.spike.z_threshold > 0) {  // --spike-z 0: no rollback decision
       const lab08::SpikeDecision d = lab08::decide_rollback(world, history, r.loss, r.grad_norm, o.spike);  // YOURS
-      if (d.rollback) throw Rollback{step_i, d.reason};
+      if (d.rollback) throw Rollback{step_i, d.reason, r.loss};
     }
     history.push_back(r.loss);
     return r;
@@ -237,7 +241,7 @@ static int run(const Options& o, Communicator& world) {
                     rb.reason.c_str(), o.checkpoint_dir.c_str());
       loop.sample_rng = sample_rng;
       history.resize(static_cast<size_t>(std::max<int64_t>(0, start_step - first_step)));  // the steps kept
-      log.log("rollback", {{"step", rb.step}, {"reason", rb.reason}, {"to_step", start_step},
+      log.log("rollback", {{"step", rb.step}, {"loss", rb.loss}, {"reason", rb.reason}, {"to_step", start_step},
                            {"skipped_windows", step_windows.size()}, {"skip_list", skip_path}});
       if (rank == 0)
         std::printf("rollback at step %lld (%s): back to step %lld, skipping its %zu windows (%s)\n",
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
   app.add_option("--keep-last", o.keep_last, "complete checkpoints kept (retention)")->capture_default_str();
   app.add_option("--resume", o.resume, "none, or latest: the newest complete checkpoint in --checkpoint-dir")
       ->capture_default_str();
+  app.add_flag("--reshard", o.reshard, "--resume may load a checkpoint written at another layout (the same model)");
   lab08::add_fault_options(app, o);
   app.add_option("--spike-window", o.spike.window, "losses the z-score's mean and std are taken over")
       ->capture_default_str()->check(CLI::PositiveNumber);

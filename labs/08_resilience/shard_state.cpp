@@ -12,6 +12,7 @@
 #include <thread>      // defines: std::this_thread::sleep_for
 
 #include "scalelab/core/error.h"       // defines: SL_CHECK, SL_CHECK_HINT
+#include "reshard.h"                    // defines: load_resharded
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
 
 namespace fs = std::filesystem;
@@ -55,7 +56,7 @@ std::string shard_file_name(int rank) { return "rank_" + std::to_string(rank) + 
 std::vector<StateTensor> rank_state(lab07::Rank3D& r) {
   std::vector<StateTensor> out;
   auto add = [&](int c, const char* what, int u, Tensor& t) {
-    if (t.defined()) out.push_back({"c" + std::to_string(c) + "/" + what + "/" + std::to_string(u), &t});
+    if (t.defined()) out.push_back({"c" + std::to_string(c) + "/" + what + "/" + std::to_string(u), &t, c, u, what});
   };
   for (int c = 0; c < static_cast<int>(r.models.size()); ++c) {
     GPT2& model = *r.models[c];
@@ -176,7 +177,7 @@ ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Ran
   for (const char* key : {"coords", "grid", "chunks", "zero1", "model"})
     SL_CHECK_HINT(meta.at(key) == want.at(key),
                   "load at the layout the checkpoint was written with (its manifest.json says which); loading at "
-                  "another layout is resharding (README.md#what-remains)",
+                  "another layout is resharding (load_checkpoint with reshard, README.md#resharding)",
                   "%s was written by a rank with %s = %s; this rank has %s", path.c_str(), key,
                   meta.at(key).dump().c_str(), want.at(key).dump().c_str());
   const std::vector<StateTensor> state = rank_state(r);
@@ -205,7 +206,7 @@ ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Ran
   return st;
 }
 
-ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1) {
+ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1, bool reshard) {
   ResumeState st;
   std::string problem;
   try {
@@ -213,16 +214,25 @@ ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::
     SL_CHECK(static_cast<bool>(in), "cannot open %s", (fs::path(dir) / kManifestName).c_str());
     const nlohmann::json manifest = nlohmann::json::parse(in);
     const nlohmann::json want = describe_layout(r, zero1, world.size());
-    for (const char* key : {"world_size", "layout", "model"})
-      SL_CHECK_HINT(manifest.at(key) == want.at(key),
-                    "restart with the layout the checkpoint was written with; loading it at another one is "
-                    "resharding (README.md#what-remains)",
-                    "%s: the checkpoint's %s is %s, this run's %s", dir.c_str(), key, manifest.at(key).dump().c_str(),
-                    want.at(key).dump().c_str());
-    const nlohmann::json& shards = manifest.at("shards");
-    SL_CHECK(static_cast<int>(shards.size()) == world.size(), "%s lists %zu shards for %d ranks", dir.c_str(),
-             shards.size(), world.size());
-    st = read_shard(dir, ShardInfo::from_json(shards.at(world.rank())), r);
+    SL_CHECK_HINT(manifest.at("model") == want.at("model"),
+                  "restart with the --model the checkpoint was written with (its manifest.json's \"model\")",
+                  "%s: the checkpoint's model is %s, this run's %s", dir.c_str(), manifest.at("model").dump().c_str(),
+                  want.at("model").dump().c_str());
+    const bool same = manifest.at("world_size") == want.at("world_size") && manifest.at("layout") == want.at("layout");
+    if (same) {
+      const nlohmann::json& shards = manifest.at("shards");
+      SL_CHECK(static_cast<int>(shards.size()) == world.size(), "%s lists %zu shards for %d ranks", dir.c_str(),
+               shards.size(), world.size());
+      st = read_shard(dir, ShardInfo::from_json(shards.at(world.rank())), r);
+    } else {
+      SL_CHECK_HINT(reshard,
+                    "restart with the layout the checkpoint was written with, or add --reshard to load it at this "
+                    "one (README.md#resharding: the same loss to a bound, not the same bits)",
+                    "%s: the checkpoint's %d ranks have the layout %s, this run's %d ranks %s", dir.c_str(),
+                    manifest.at("world_size").get<int>(), manifest.at("layout").dump().c_str(), world.size(),
+                    want.at("layout").dump().c_str());
+      st = load_resharded(dir, manifest, r);
+    }
   } catch (const std::exception& e) {
     problem = e.what();
   }
@@ -274,12 +284,15 @@ nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_siz
   const lab07::Grid& g = r.layout.grid;
   const lab06::PipelineLayout& p = r.layout.pipeline;
   const GPTConfig& c = r.models.front()->config();
+  nlohmann::json dense = nlohmann::json::object();
+  for (const ParamInfo& p : gpt2_param_table(c)) dense[p.name] = p.dense_shape;
   return {{"format", 1},
           {"world_size", world_size},
           {"layout", {{"tp", g.tp}, {"pp", g.pp}, {"dp", g.dp}, {"order", g.order}, {"zero1", zero1},
                       {"schedule", lab06::schedule_name(p.schedule)}, {"micro_batches", p.m}, {"chunks", p.v}}},
           {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size},
-                     {"max_seq_len", c.max_seq_len}}}};
+                     {"max_seq_len", c.max_seq_len}}},
+          {"dense_shapes", dense}};
 }
 
 // =============================================================================================

@@ -49,6 +49,8 @@ std::string shard_file_name(int rank);
 struct StateTensor {
   std::string name;
   Tensor* tensor = nullptr;
+  int chunk = 0, unit = 0;  // the parts of the name
+  std::string kind;         // "params", "adam_m", "adam_v" or "master"
 };
 std::vector<StateTensor> rank_state(lab07::Rank3D& r);
 
@@ -58,6 +60,8 @@ struct ResumeState {
   std::vector<uint8_t> loader;            // lab02::LoaderState::to_bytes() of this rank's loader
   std::array<uint64_t, 4> rng{};          // the driver's sampling RNG (Rng::state())
   std::vector<int64_t> optimizer_steps;   // per chunk (AdamW's t); filled by write_shard / read_shard
+  bool resharded = false;                 // load_checkpoint read another layout's shards (the loader
+                                          // state is then the old rank 0's: rebase_loader_state)
 };
 
 // One rank's entry in a manifest.
@@ -77,20 +81,27 @@ struct ShardInfo {
 ShardInfo write_shard(const std::string& dir, lab07::Rank3D& r, int world_rank, const ResumeState& st);
 // Reads the shard of `info` in dir into r and returns its ResumeState. Throws scalelab::Error, with r
 // unchanged, if the file is damaged or was written by a rank of another layout (other coordinates, other
-// shapes): loading at another layout is resharding (README.md#what-remains). The caller checks the manifest.
+// shapes): loading at another layout is resharding (reshard.h). The caller checks the manifest.
 ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Rank3D& r);
 
-// Loads the checkpoint in dir (one checkpoint_problem found complete) into every rank's r: the manifest's
-// layout must be this run's, then each rank reads its own shard (read_shard). Collective over world: when
-// any rank fails, every rank throws scalelab::Error with that rank's reason, so none is left waiting.
-ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1);
+// Loads the checkpoint in dir (one checkpoint_problem found complete) into every rank's r. At the layout it
+// was written with, each rank reads its own shard (read_shard): the run goes on bit for bit. At another
+// layout (world size, tp, pp, dp, order, ZeRO-1, schedule, micro-batches or chunks differ) it is refused
+// with a hint, unless `reshard`: then every rank assembles its new part from the old shards
+// (reshard.h, load_resharded) and ResumeState::resharded is set. The model must be the checkpoint's in
+// both cases. Collective over world: when any rank fails, every rank throws scalelab::Error with that
+// rank's reason, so none is left waiting.
+ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::Rank3D& r, bool zero1,
+                            bool reshard = false);
 
 // Every rank's ShardInfo, in rank order, on every rank. Collective over world.
 std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& mine);
 
 // What the manifest says of the run besides its shards (given; your manifest adds "step" and "shards"):
 // {"format": 1, "world_size", "layout": {tp, pp, dp, order, zero1, schedule, micro_batches, chunks},
-//  "model": {n_layer, n_head, n_embd, vocab_size, max_seq_len}}.
+//  "model": {n_layer, n_head, n_embd, vocab_size, max_seq_len},
+//  "dense_shapes": {"wte": [V, C], "h.0.ln_1.weight": [C], ...}}: the dense model's tensors, which the
+// shards hold slices of. The vocabulary is never padded (ModelShard::validate), so V is the true size.
 nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size);
 
 // `text` of rank `root` on every rank (at most 1023 bytes; longer is cut). Collective over world.

@@ -1,13 +1,17 @@
 // test_lab08.cpp — lab 08's graded checks that run in one process: retention on checkpoint directories made
-// here, and the automatic restart, end to end: this program runs the track's lab 08 program under mpirun
-// (2 ranks), once uninterrupted and once under scripts/supervise with a fault injected (a rank killed, a rank
-// hung), and compares the final checkpoints byte for byte. Lesson: labs/08_resilience/README.md ("The checks").
+// here, and end to end: this program runs the track's lab 08 program under mpirun, once uninterrupted and
+// once under scripts/supervise with a fault injected (a rank killed, a rank hung), and compares the final
+// checkpoints byte for byte; the same for a poisoned window rolled back; and a checkpoint of 4 ranks loaded
+// by 2 of another layout, whose losses are compared. Lesson: labs/08_resilience/README.md ("The checks").
 #include <gtest/gtest.h>
 
-#include <cstdio>   // defines: popen, pclose
-#include <cstdlib>  // defines: std::getenv
+#include <algorithm>  // defines: std::max
+#include <cmath>      // defines: std::abs
+#include <cstdio>     // defines: popen, pclose
+#include <cstdlib>    // defines: std::getenv
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,28 +84,56 @@ Ran run_command(const std::string& cmd) {
   return r;
 }
 
-// A learner's TODO that throws shows in the program's output: the check then reports not implemented.
+// A learner's TODO that throws shows in the program's output: the check then reports not implemented, naming
+// the program's place of the throw ("lab08-5 decide_rollback (labs/08_resilience/resilience.cpp:130)").
 void rethrow_not_implemented(const Ran& r) {
   const std::string mark = "[scalelab] not implemented: ";
   const size_t at = r.output.find(mark);
   if (at == std::string::npos) return;
-  const size_t end = r.output.find_first_of("(\n", at + mark.size()) - 1;  // "lab08-5 decide_rollback (file:line)"
-  throw NotImplemented(r.output.substr(at + mark.size(), end - at - mark.size()));
+  const size_t open = r.output.find_first_of("(\n", at + mark.size());
+  const std::string todo = r.output.substr(at + mark.size(), open - 1 - at - mark.size());
+  const size_t close = r.output.find(')', open);
+  const std::string where = open != std::string::npos && r.output[open] == '(' && close != std::string::npos
+                                ? r.output.substr(open + 1, close - open - 1) : "";
+  const size_t colon = where.rfind(':');
+  if (colon == std::string::npos) throw NotImplemented(todo);
+  throw NotImplemented(todo, ("/" + where.substr(0, colon)).c_str(), std::atoi(where.c_str() + colon + 1));
 }
 
 constexpr int kSteps = 9, kEvery = 3;
 // The restart checks need lab08-1 to lab08-4 only: no rollback decision, no straggler report.
 const std::string kRestartOnly = "--spike-z 0 --straggler-window 0";
 
-// mpirun -np 2 <the track's lab08_resilience> on the tiny model, `steps` steps, a checkpoint every `every` into ckpt.
-std::string job(const std::string& ckpt, const std::string& extra, int steps = kSteps, int every = kEvery) {
+// mpirun -np <ranks> <the track's lab08_resilience> on the tiny model, `steps` steps, a checkpoint every `every`
+// into ckpt, its logs in ckpt/logs. `layout`: the grid and the micro-batch size.
+std::string job_at(int ranks, const std::string& layout, const std::string& ckpt, const std::string& extra, int steps,
+                   int every) {
   const std::string src = env_or("SL_SOURCE_DIR", ".");
   const std::string track = SL_GRADED_TRACK;
   const std::string program = env_or("SL_BINARY_DIR", ".") + "/bin/" + track + "/lab08_resilience";
-  return env_or("SL_MPIEXEC", "mpirun") + " -np 2 --oversubscribe --bind-to none " + program +
-         " --model tiny --seq-len 16 --micro-batch 2 --micro-batches 2 --steps " + std::to_string(steps) +
+  return env_or("SL_MPIEXEC", "mpirun") + " -np " + std::to_string(ranks) + " --oversubscribe --bind-to none " +
+         program + " --model tiny --seq-len 16 --micro-batches 2 " + layout + " --steps " + std::to_string(steps) +
          " --checkpoint-every " + std::to_string(every) + " --keep-last 2 --val-every 0 --val-batches 1 --quiet" +
          " --data " + src + "/data/kjv --log-dir " + ckpt + "/logs --checkpoint-dir " + ckpt + " " + extra;
+}
+// The restart and rollback checks: 2 ranks of plain data parallelism.
+std::string job(const std::string& ckpt, const std::string& extra, int steps = kSteps, int every = kEvery) {
+  return job_at(2, "--micro-batch 2", ckpt, extra, steps, every);
+}
+
+// Rank 0's step losses of the runs logged under log_root, by step.
+std::map<int64_t, double> step_losses(const std::string& log_root) {
+  std::map<int64_t, double> loss;
+  for (const auto& e : fs::recursive_directory_iterator(log_root)) {
+    if (e.path().filename() != "rank0.jsonl") continue;
+    std::ifstream in(e.path());
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json rec = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (rec.is_object() && rec.value("type", "") == "step" && rec["loss"].is_number())
+        loss[rec["step"].get<int64_t>()] = rec["loss"].get<double>();
+    }
+  }
+  return loss;
 }
 
 // "" when every section of every rank's shard of the final checkpoint (step `steps`) is the same in both roots.
@@ -323,5 +355,53 @@ TEST(Lab08Rollback, PoisonedWindowRollsBack) {
     record.measured("rolled back 105 -> 100 on both ranks, 2 windows skipped, final state identical to the clean run's");
     fs::remove_all(spiked);
     fs::remove_all(clean);
+  });
+}
+
+TEST(Lab08Reshard, ReshardedContinuesWithinBound) {
+  const grading::Check check{"lab08.resharded_continues_within_bound", 4,
+                             "4 ranks (dp 2 x tp 2, micro-batch 2) train 4 steps and checkpoint; the checkpoint is "
+                             "loaded by 2 ranks of pp 2 (micro-batch 4: the same global batches) with --reshard "
+                             "(without it: refused, naming --reshard), and steps 4-7 have the losses of the 4 ranks "
+                             "going on at their own layout to 1e-4 nats",
+                             "README 'Resharding'"};
+  grading::run(check, [](grading::Record& record) {
+    constexpr int kFirst = 4, kLast = 8;   // checkpoint after step 4; go on to 8
+    constexpr double kBound = 1e-4;        // nats per step (README 'Resharding': measured 0 at the log's float32)
+    const std::string first = fresh_dir("reshard_first"), same = fresh_dir("reshard_same"),
+                      other = fresh_dir("reshard_other");
+    const std::string dp2tp2 = "--tp 2 --micro-batch 2", pp2 = "--pp 2 --micro-batch 4";
+    const std::string quiet = " --spike-z 0 --straggler-window 0";
+    const Ran a = run_command(job_at(4, dp2tp2, first, quiet, kFirst, kFirst));
+    rethrow_not_implemented(a);
+    ASSERT_EQ(a.status, 0) << "4 ranks, dp 2 x tp 2, failed:\n" << a.output;
+    const std::string ckpt = lab08::step_dir(first, kFirst);
+    ASSERT_TRUE(lab08::checkpoint_problem(ckpt).empty()) << lab08::checkpoint_problem(ckpt);
+    for (const std::string& to : {same, other}) fs::copy(ckpt, lab08::step_dir(to, kFirst), fs::copy_options::recursive);
+
+    const std::string resume = quiet + " --resume latest";
+    const Ran refused = run_command(job_at(2, pp2, other, resume, kLast, kLast));
+    EXPECT_NE(refused.status, 0) << "a checkpoint of another layout was loaded without --reshard:\n" << refused.output;
+    EXPECT_NE(refused.output.find("--reshard"), std::string::npos)
+        << "the refusal should name --reshard:\n" << refused.output;
+    fs::remove_all(other + "/logs");
+    const Ran b = run_command(job_at(4, dp2tp2, same, resume, kLast, kLast));
+    ASSERT_EQ(b.status, 0) << "going on at dp 2 x tp 2 failed:\n" << b.output;
+    const Ran c = run_command(job_at(2, pp2, other, resume + " --reshard", kLast, kLast));
+    ASSERT_EQ(c.status, 0) << "resharding to pp 2 failed:\n" << c.output;
+    EXPECT_NE(c.output.find("resharded"), std::string::npos) << "the pp 2 run should say it resharded:\n" << c.output;
+
+    const std::map<int64_t, double> want = step_losses(same + "/logs"), got = step_losses(other + "/logs");
+    double worst = 0;
+    for (int64_t step = kFirst; step < kLast; ++step) {
+      ASSERT_TRUE(want.count(step) && got.count(step)) << "no loss of step " << step << " in both runs' logs";
+      const double gap = std::abs(got.at(step) - want.at(step));
+      worst = std::max(worst, gap);
+      EXPECT_LE(gap, kBound) << "step " << step << ": loss " << got.at(step) << " after resharding, "
+                             << want.at(step) << " at the checkpoint's own layout";
+    }
+    record.measured("steps %d-%d: the largest loss gap %.1e nats (bound %.0e)", kFirst, kLast - 1, worst, kBound);
+    if (!::testing::Test::HasFailure())
+      for (const std::string& d : {first, same, other}) fs::remove_all(d);
   });
 }
