@@ -1135,14 +1135,11 @@ def plot_rollback(run: Run, zoom: int = 15, plot_dir=None, name="rollback"):
     for ax, lo, hi in ((axes[0], p["step"].min(), p["step"].max()),
                        (axes[1], first["to_step"] - zoom, first["step"] + zoom)):
         w = p[(p["step"] >= lo) & (p["step"] <= hi)]
-        for k, part in w.groupby("pass"):
-            undone = part[~part["kept"]]
-            kept = part[part["kept"]]
-            ax.plot(kept["step"], kept["loss"], "-", color="tab:blue", lw=1.2,
-                    label="accepted steps" if k == 0 else None)
-            if not undone.empty:
-                ax.plot(undone["step"], undone["loss"], "-", color="grey", lw=2.5, alpha=0.6,
-                        label="steps the rollback undid" if k == 0 else None)
+        kept = w[w["kept"]].sort_values("step")  # one run of each step: a single curve across the rollback
+        ax.plot(kept["step"], kept["loss"], "-", color="tab:blue", lw=1.2, zorder=3, label="accepted steps")
+        for i, (_, undone) in enumerate(w[~w["kept"]].groupby("pass")):
+            ax.plot(undone["step"], undone["loss"], "-", color="grey", lw=4, alpha=0.5, zorder=2,
+                    label="steps the rollback undid (run again)" if i == 0 else None)
         for i, (_, r) in enumerate(rb.iterrows()):
             if not lo <= r["step"] <= hi:
                 continue

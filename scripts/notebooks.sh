@@ -117,7 +117,7 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
   # Lab 08: a loss spike rolled back. Tiny model, 2 ranks, 60 steps, a checkpoint every 10; rank 1's windows of
   # step 45 have every target byte 0: the run rolls back to step 40 and skips them (notebook 08 plots it).
   t8=$SECONDS
-  mpirun --oversubscribe --bind-to none -np 2 "$BIN/lab08_resilience" --data data/kjv --model tiny --seq-len 32 \
+  mpirun --oversubscribe --bind-to none -np 2 "$BIN/lab08_resilience" --data data/kjv --model tiny --seq-len 16 \
     --micro-batch 4 --micro-batches 2 --steps 60 --checkpoint-dir "$tmp/lab08_ckpt" --checkpoint-every 10 \
     --poison-at-step 45 --poison-rank 1 --spike-window 8 --val-every 0 --val-batches 1 --threads 1 \
     --straggler-window 0 --quiet "${cal[@]}" --log-dir "$RUNS_ROOT" --run-id spike > "$tmp/lab08.out" 2>&1 \

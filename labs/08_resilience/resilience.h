@@ -38,7 +38,7 @@ inline namespace SL_TRACK_LAB08 {
 // with its own part r and state st), in this order: every rank writes its shard into step_dir(root, step)
 // (write_shard); every rank learns every rank's entry (gather_shard_infos), rank 0 uses them — when the gather
 // returns, all shards are on disk;
-// rank 0 writes the manifest (kManifestName: describe_layout(r, zero1, world size) plus "step" and
+// rank 0 writes the manifest (kManifestName: describe_layout(r, zero1, world size, &st) plus "step" and
 // "shards", the entries in rank order, via write_checkpoint_file), and only after it the completion
 // marker (kMarkerName, any short text, via write_checkpoint_file); no rank returns before the marker is
 // written. Returns step_dir(root, step). README.md#a-sharded-checkpoint

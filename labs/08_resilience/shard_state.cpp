@@ -11,8 +11,8 @@
 #include <regex>       // defines: std::regex_match
 #include <thread>      // defines: std::this_thread::sleep_for
 
-#include "scalelab/core/error.h"       // defines: SL_CHECK, SL_CHECK_HINT
-#include "reshard.h"                    // defines: load_resharded
+#include "reshard.h"                    // defines: load_resharded; lab02::LoaderState
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
 
 namespace fs = std::filesystem;
@@ -280,19 +280,39 @@ std::string broadcast_text(Communicator& world, const std::string& text, int roo
   return std::string(bytes);
 }
 
-nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size) {
+static nlohmann::json describe_resume(const lab07::Rank3D& r, const ResumeState& st) {
+  nlohmann::json loader;
+  try {
+    const lab02::LoaderState l = lab02::LoaderState::from_bytes(st.loader);
+    loader = {{"epoch", l.epoch}, {"batch_in_epoch", l.batch_in_epoch}, {"B", l.B}, {"dp_size", l.dp_size},
+              {"seed", l.seed}};
+  } catch (const Error&) {  // not a LoaderState record (a test's stand-in): the bytes as they are
+    std::string hex;
+    for (uint8_t x : st.loader) {
+      char b[3];
+      std::snprintf(b, sizeof(b), "%02x", x);
+      hex += b;
+    }
+    loader = {{"bytes_hex", hex}};
+  }
+  return {{"loader", loader}, {"rng", st.rng}, {"optimizer_steps", optimizer_steps(r)}};
+}
+
+nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size, const ResumeState* st) {
   const lab07::Grid& g = r.layout.grid;
   const lab06::PipelineLayout& p = r.layout.pipeline;
   const GPTConfig& c = r.models.front()->config();
   nlohmann::json dense = nlohmann::json::object();
   for (const ParamInfo& p : gpt2_param_table(c)) dense[p.name] = p.dense_shape;
-  return {{"format", 1},
+  nlohmann::json d = {{"format", 1},
           {"world_size", world_size},
           {"layout", {{"tp", g.tp}, {"pp", g.pp}, {"dp", g.dp}, {"order", g.order}, {"zero1", zero1},
                       {"schedule", lab06::schedule_name(p.schedule)}, {"micro_batches", p.m}, {"chunks", p.v}}},
           {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size},
                      {"max_seq_len", c.max_seq_len}}},
           {"dense_shapes", dense}};
+  if (st != nullptr) d["resume"] = describe_resume(r, *st);
+  return d;
 }
 
 // =============================================================================================

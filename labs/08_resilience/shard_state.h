@@ -102,7 +102,12 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
 //  "model": {n_layer, n_head, n_embd, vocab_size, max_seq_len},
 //  "dense_shapes": {"wte": [V, C], "h.0.ln_1.weight": [C], ...}}: the dense model's tensors, which the
 // shards hold slices of. The vocabulary is never padded (ModelShard::validate), so V is the true size.
-nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size);
+// With `st` (rank 0's, when it writes the manifest) also where the run stands, for a reader of the manifest:
+//  "resume": {"loader": {epoch, batch_in_epoch, B, dp_size, seed} (lab02::LoaderState; the 64 bytes as hex
+//  when they are not one), "rng": [4 words], "optimizer_steps": [AdamW's t per chunk]}. The learning rate is
+// a function of the step and the run's options (TrainLoop), so the step is the scheduler's whole state.
+// Every shard holds its own rank's copy of the same; a load reads those.
+nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_size, const ResumeState* st = nullptr);
 
 // `text` of rank `root` on every rank (at most 1023 bytes; longer is cut). Collective over world.
 std::string broadcast_text(Communicator& world, const std::string& text, int root);

@@ -32,7 +32,7 @@ std::string save_checkpoint(Communicator& world, const std::string& root, lab07:
   const ShardInfo mine = write_shard(dir, r, world.rank(), st);
   const std::vector<ShardInfo> all = gather_shard_infos(world, mine);  // after it, every shard is on disk
   if (world.rank() == 0) {
-    nlohmann::json manifest = describe_layout(r, zero1, world.size());
+    nlohmann::json manifest = describe_layout(r, zero1, world.size(), &st);
     manifest["step"] = st.step;
     manifest["shards"] = nlohmann::json::array();
     for (const ShardInfo& s : all) manifest["shards"].push_back(s.to_json());

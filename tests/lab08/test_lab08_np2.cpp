@@ -95,7 +95,8 @@ std::string manifest_problems(const std::string& dir, const Job& run, int64_t st
   } catch (const std::exception& e) {
     return std::string("manifest.json is not JSON: ") + e.what();
   }
-  const nlohmann::json want = lab08::describe_layout(*run.rank, false, run.world->size());
+  const lab08::ResumeState st = state_at(run);
+  const nlohmann::json want = lab08::describe_layout(*run.rank, false, run.world->size(), &st);
   for (const auto& [key, value] : want.items())
     if (!m.contains(key) || m[key] != value) return "manifest \"" + key + "\" should be " + value.dump();
   if (m.value("step", int64_t{-1}) != step) return "manifest \"step\" should be " + std::to_string(step);
