@@ -3,11 +3,13 @@
 // (calibration.h): the sgemm calibration for the same thread count on the CPU, the datasheet's dense
 // figure at the run's precision on a known GPU (none borrowed for an unknown one: MFU "n/a").
 // Prints measured numbers only; nothing here is asserted (absolute speed never decides a unit test).
-// Also splits the step into forward / backward / optimizer so a missed target says where time goes.
+// Also splits the step into forward / backward / optimizer so a missed target says where time goes, and with
+// --breakdown each phase into its ops (op_profile.h: every ops.h call timed; "other" is the phase's time
+// outside them).
 // bench/bench_pytorch.py runs this program beside the same model in PyTorch (reads its --jsonl records).
 //
 //   build/bin/bench_lab01 [--device cpu|cuda] [--precision fp32|bf16|bf16-compute] [--attention materialized|flash] [--threads N] [--steps 5]
-//                         [--configs demo:8x128,d12:4x256] [--jsonl FILE]
+//                         [--configs demo:8x128,d12:4x256] [--jsonl FILE] [--breakdown]
 #include <CLI/CLI.hpp>        // defines: CLI::App
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (the --jsonl records)
 
@@ -23,6 +25,7 @@
 #include "scalelab/core/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
 #include "scalelab/core/error.h"
 #include "scalelab/model/gpt2.h"
+#include "scalelab/ops/op_profile.h"   // defines: op_profile_enable, op_profile_phase, op_profile_table
 #include "scalelab/ops/ops.h"          // defines: cpu::bf16_matmul_backend
 #include "scalelab/model/optim.h"
 #include "scalelab/core/precision.h"    // defines: PrecisionPolicy
@@ -40,6 +43,38 @@ static double ms_since(Clock::time_point t0) {
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+static double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+// The op profile of `steps` timed steps, per phase: each op's calls and ms per step, then "other" (the phase's
+// mean time minus its ops), with its share of the phase and of the step. Printed, and returned for --jsonl.
+static nlohmann::json print_breakdown(int steps, const std::vector<std::pair<std::string, double>>& phase_ms) {
+  const std::vector<OpTime> table = op_profile_table();
+  double step_ms = 0;
+  for (const auto& [phase, ms] : phase_ms) step_ms += ms;
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("  %-10s %-34s %8s %9s %8s %7s\n", "phase", "op", "calls", "ms/step", "% phase", "% step");
+  auto row = [&](const std::string& phase, const std::string& op, double calls, double ms, double phase_total) {
+    std::printf("  %-10s %-34s %8.0f %9.2f %7.1f%% %6.1f%%\n", phase.c_str(), op.c_str(), calls, ms,
+                100.0 * ms / phase_total, 100.0 * ms / step_ms);
+    out.push_back({{"phase", phase}, {"op", op}, {"calls_per_step", calls}, {"ms_per_step", ms}});
+  };
+  for (const auto& [phase, total] : phase_ms) {
+    double in_ops = 0;
+    for (const OpTime& t : table) {
+      if (t.phase != phase) continue;
+      row(phase, t.op, static_cast<double>(t.calls) / steps, t.ms / steps, total);
+      in_ops += t.ms / steps;
+    }
+    row(phase, "other (outside the ops)", 0, total - in_ops, total);
+  }
+  std::printf("\n");
+  return out;
 }
 
 struct BenchCase {
@@ -71,6 +106,7 @@ int main(int argc, char** argv) {
   int threads = 0, steps = 5;
   std::string spec = "demo:8x128,demo:16x256,d12:4x256";
   std::string device_name = "cpu", precision = "fp32", attention = "materialized", jsonl;
+  bool breakdown = false;
   app.add_option("--device", device_name, "cpu or cuda (a build with the CUDA backend and a GPU)")
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", precision,
@@ -86,6 +122,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--configs", spec, "cases model:BxT, comma-separated")->capture_default_str();
   app.add_option("--jsonl", jsonl, "also append one JSON record per case to this file (bench_pytorch.py reads it)");
+  app.add_flag("--breakdown", breakdown, "also time every op of the timed steps (on a GPU: each op synchronized) "
+               "and print each phase's ops with their share");
   CLI11_PARSE(app, argc, argv);
   try {
     const Device device = device_name == "cuda" ? Device::CUDA : Device::CPU;
@@ -135,16 +173,20 @@ int main(int argc, char** argv) {
       // is the device's, not the launch queue's (the syncs cost microseconds against steps of milliseconds).
       std::vector<double> fwd, bwd, upd, total;
       for (int s = 0; s <= steps; ++s) {  // s == 0 is the warm-up step (allocations, caches): not kept
+        if (s == 1 && breakdown) op_profile_enable(true);
         device_synchronize(device);
+        op_profile_phase("forward");
         const auto t0 = Clock::now();
         model.zero_grad();
         model.forward(x, &y);
         device_synchronize(device);
         const double f = ms_since(t0);
+        op_profile_phase("backward");
         const auto t1 = Clock::now();
         model.backward();
         device_synchronize(device);
         const double b = ms_since(t1);
+        op_profile_phase("optimizer");
         const auto t2 = Clock::now();
         clip_grad_norm(model, 1.0f);
         opt.step(1e-4f);
@@ -164,6 +206,11 @@ int main(int argc, char** argv) {
       if (peak.flops_per_s > 0) std::snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100.0 * m);
       std::printf("%-6s %4d %5d %9.2fM | %9.1f %9.1f %9.1f %9.1f | %10.0f %7s\n", c.model.c_str(), c.B, c.T,
                   model.num_params() / 1e6, median(fwd), median(bwd), median(upd), step_ms, tok_s, mfu_text);
+      nlohmann::json ops;
+      if (breakdown) {
+        op_profile_enable(false);
+        ops = print_breakdown(steps, {{"forward", mean(fwd)}, {"backward", mean(bwd)}, {"optimizer", mean(upd)}});
+      }
       std::fflush(stdout);
       if (records.is_open()) {
         nlohmann::json r = {{"impl", "ours"},          {"device", device_name},        {"precision", precision},
@@ -174,12 +221,14 @@ int main(int argc, char** argv) {
                             {"peak_source", peak.source}, {"threads", threads},
                             {"attention", attention}};
         if (peak.flops_per_s > 0) r["mfu"] = m;  // a fraction in [0, 1]; absent when the peak is unknown
+        if (breakdown) r["breakdown"] = ops;      // means of the timed steps (the phases above are medians)
         records << r.dump() << "\n";
         records.flush();
       }
     }
-    std::printf("\n(medians of %d steps; MFU = tokens/s x flops_per_token / peak, PaLM App. B convention; "
-                "see labs/01_single_device/README.md)\n", steps);
+    std::printf("\n(medians of %d steps%s; MFU = tokens/s x flops_per_token / peak, PaLM App. B convention; "
+                "see labs/01_single_device/README.md)\n", steps,
+                breakdown ? ", the breakdowns their means, with every op timed" : "");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

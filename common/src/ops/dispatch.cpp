@@ -5,12 +5,16 @@
 // tensors, scalelab::cpu::<op> (common/src/ops/cpu/) otherwise, both declared once in scalelab/ops/twins.h.
 // In a build without the CUDA backend, CUDA tensors throw with a hint.
 // Tests: tests/common/ops/test_ops_cpu.cpp, tests/common/ops/test_ops_cuda.cpp
+#include <chrono>  // defines: std::chrono::steady_clock (the op profile)
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/device.h"     // defines: device_synchronize
+#include "scalelab/core/error.h"      // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/ops/op_profile.h"  // defines: op_profile_enabled, op_profile_add
 #include "scalelab/ops/ops.h"     // defines: the scalelab:: ops implemented here
 #include "scalelab/ops/twins.h"   // defines: their cpu:: and cuda:: twins (the cuda:: ones exist with CUDA only)
 
@@ -100,10 +104,41 @@ template <class T>
 struct NonDeduced {  // the CUDA twin's type is taken from the CPU twin's, so nullptr fits it too
   using type = T;
 };
+// While the op profile is on (op_profile.h), times the op it encloses: from its construction to its
+// destruction, after the twin returned (a GPU op after a device synchronize). Only the outermost op of a
+// thread counts, should one op ever call another.
+class OpTimer {
+ public:
+  OpTimer(const char* op, Device device) : op_(op), device_(device), outer_(depth()++ == 0) {
+    if (outer_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    --depth();
+    if (!outer_) return;
+    if (device_ == Device::CUDA) device_synchronize(device_);
+    op_profile_add(op_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+  const char* op_;
+  Device device_;
+  bool outer_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 template <class R, class... P, class... A>
 R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, R (*cpu_twin)(P...),
            typename NonDeduced<R (*)(P...)>::type cuda_twin, A&&... args) {
-  if (device_of(op, tensors) == Device::CUDA) {
+  const Device device = device_of(op, tensors);
+  std::optional<OpTimer> timer;  // the profile's entry for this call, written when it goes out of scope
+  if (op_profile_enabled()) timer.emplace(op, device);
+  if (device == Device::CUDA) {
     SL_CHECK_HINT(cuda_twin != nullptr, kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", op);
     return cuda_twin(std::forward<A>(args)...);
   }

@@ -4,7 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "scalelab/ops/ops.h"  // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/ops.h"       // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/vec_math.h"  // defines: exp_vectorizable
 
 namespace scalelab::cpu {
 
@@ -13,9 +14,10 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;              // the cubic coefficient of the approximation
 
 // 0.5 (1 + tanh(u)) written as the logistic sigmoid of 2u: 1 / (1 + exp(-2u)), the same number
-// (tanh(u) = 2 sigmoid(2u) - 1). We use it because glibc's expf is 4-6x faster than its tanhf, which
-// on the 2-core machines made GELU a visible slice of a training step. exp(-2u) -> inf gives 0, exp -> 0 gives 1.
-inline float half_one_plus_tanh(float u) { return 1.0f / (1.0f + std::exp(-2.0f * u)); }
+// (tanh(u) = 2 sigmoid(2u) - 1), with an e^x the loops below vectorize (vec_math.h): a call to glibc's
+// tanhf or expf per element kept each loop scalar, and GELU took a sixth of the demo model's step
+// (bench_lab01 --breakdown). For |u| > 43 the clamped exp gives 1 or about 1e-38 instead of 0: x times it is 0.
+inline float half_one_plus_tanh(float u) { return 1.0f / (1.0f + exp_vectorizable(-2.0f * u)); }
 }  // namespace
 
 // out (n) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), x = inp (n).

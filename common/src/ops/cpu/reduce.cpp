@@ -17,15 +17,22 @@ constexpr int64_t kSumChunk = 4096;  // elements per partial sum in sum_squares
 
 // sum_i x[i]^2 over x (n), accumulated in double. The sum is split into fixed chunks of kSumChunk
 // elements whose partial sums are added in chunk order, so the result (and hence gradient clipping)
-// is bit-identical for any number of threads.
+// is bit-identical for any number of threads. Inside a chunk, 8 interleaved partial sums (element i goes
+// to lane i mod 8; then the lanes in order): a fixed order still, and one vector add per 8 elements where a
+// single running sum made every addition wait for the one before.
 double sum_squares(const float* x, int64_t n) {
   const int64_t num_chunks = (n + kSumChunk - 1) / kSumChunk;
   std::vector<double> partial(static_cast<size_t>(num_chunks), 0.0);
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t chunk = 0; chunk < num_chunks; chunk++) {
     const int64_t i0 = chunk * kSumChunk, i1 = std::min(n, i0 + kSumChunk);
+    double lane[8] = {};
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8)
+      for (int j = 0; j < 8; j++) lane[j] += static_cast<double>(x[i + j]) * x[i + j];
     double acc = 0.0;
-    for (int64_t i = i0; i < i1; i++) acc += static_cast<double>(x[i]) * x[i];
+    for (int j = 0; j < 8; j++) acc += lane[j];
+    for (; i < i1; i++) acc += static_cast<double>(x[i]) * x[i];
     partial[chunk] = acc;
   }
   double total = 0.0;
