@@ -58,7 +58,7 @@ class OldLayout {
         const int64_t numel = gpt2_unit_numel(cfg_, shard)[u];
         if (!flat.defined()) flat = Tensor::zeros({numel}, like, Device::CPU, MemCategory::Workspace);
         const lab04::ShardLayout piece = pieces ? lab04::shard_layout(numel, r.coords.dp_rank, grid_.dp)
-                                                : lab04::ShardLayout{numel, numel, numel, 0, numel};
+                                                : lab04::shard_layout(numel, 0, 1);
         read(file, r, "c" + std::to_string(c) + "/" + kind + "/" + std::to_string(u), piece, flat);
       }
     }
@@ -83,16 +83,7 @@ class OldLayout {
 
   ResumeState resume_state_of_rank0() {
     for (auto& [file, r] : ranks_)
-      if (r.coords == GridCoords{0, 0, 0}) {
-        const CheckpointReader& f = open(file, r);
-        const nlohmann::json meta = f.json("meta");
-        ResumeState st;
-        st.step = meta.at("step").get<int64_t>();
-        st.loader = f.bytes("loader");
-        f.read("rng", st.rng.data(), sizeof(st.rng));
-        st.optimizer_steps = meta.at("optimizer_steps").get<std::vector<int64_t>>();
-        return st;
-      }
+      if (r.coords == GridCoords{0, 0, 0}) return shard_resume_state(open(file, r));
     SL_FAIL("a manifest lists the shard of every rank", "%s: the manifest has no shard of rank (0, 0, 0)", dir_.c_str());
   }
 
@@ -156,7 +147,7 @@ ResumeState load_resharded(const std::string& dir, const nlohmann::json& manifes
     }
     // With ZeRO-1 the optimizer tensors are this dp rank's piece of the flat buffer (the padding stays 0).
     const bool piece = !r.zero1.empty() && s.kind != "params";
-    const lab04::ShardLayout l = piece ? r.zero1[s.chunk]->units[s.unit].layout : lab04::ShardLayout{numel, numel, numel, 0, numel};
+    const lab04::ShardLayout l = piece ? r.zero1[s.chunk]->units[s.unit].layout : lab04::shard_layout(numel, 0, 1);
     Tensor src = Tensor::zeros({l.shard}, dtype, Device::CPU, MemCategory::Workspace);
     if (l.owned > 0) src.view(0, {l.owned}).copy_from(flat.view(l.begin, {l.owned}));
     s.tensor->copy_from(src);

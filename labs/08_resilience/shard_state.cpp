@@ -194,15 +194,21 @@ ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Ran
       s.tensor->copy_from(h);
     }
   }
-  ResumeState st;
-  st.step = meta.at("step").get<int64_t>();
-  st.loader = reader.bytes("loader");
-  reader.read("rng", st.rng.data(), sizeof(st.rng));
-  st.optimizer_steps = meta.at("optimizer_steps").get<std::vector<int64_t>>();
+  const ResumeState st = shard_resume_state(reader);
   for (size_t c = 0; c < st.optimizer_steps.size(); ++c) {
     if (!r.zero1.empty()) r.zero1[c]->optimizer_steps = st.optimizer_steps[c];
     else r.optimizers[c]->set_step_count(st.optimizer_steps[c]);
   }
+  return st;
+}
+
+ResumeState shard_resume_state(const CheckpointReader& shard) {
+  const nlohmann::json meta = shard.json("meta");
+  ResumeState st;
+  st.step = meta.at("step").get<int64_t>();
+  st.loader = shard.bytes("loader");
+  shard.read("rng", st.rng.data(), sizeof(st.rng));
+  st.optimizer_steps = meta.at("optimizer_steps").get<std::vector<int64_t>>();
   return st;
 }
 

@@ -20,6 +20,7 @@
 #include "parallel_3d.h"              // defines: lab07::Rank3D, Grid, Layout (lab 07's reference)
 #include "scalelab/comm/comm.h"       // defines: Communicator
 #include "scalelab/comm/rank_grid.h"  // defines: GridCoords
+#include "scalelab/model/checkpoint.h"  // defines: CheckpointReader
 
 namespace scalelab::lab08 {
 
@@ -83,6 +84,9 @@ ShardInfo write_shard(const std::string& dir, lab07::Rank3D& r, int world_rank, 
 // unchanged, if the file is damaged or was written by a rank of another layout (other coordinates, other
 // shapes): loading at another layout is resharding (reshard.h). The caller checks the manifest.
 ResumeState read_shard(const std::string& dir, const ShardInfo& info, lab07::Rank3D& r);
+// The ResumeState a shard file holds (its meta's step and optimizer_steps, its loader and rng sections),
+// without touching any model. Throws scalelab::Error for a missing section. read_shard and resharding use it.
+ResumeState shard_resume_state(const CheckpointReader& shard);
 
 // Loads the checkpoint in dir (one checkpoint_problem found complete) into every rank's r. At the layout it
 // was written with, each rank reads its own shard (read_shard): the run goes on bit for bit. At another
