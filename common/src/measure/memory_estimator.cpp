@@ -87,29 +87,42 @@ ModelStateBytes zero_model_state_bytes(double psi, int world_size, int stage, co
   return m;
 }
 
-int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len) {
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
   SL_CHECK(micro_batch >= 0 && seq_len >= 0, "micro_batch=%d and seq_len=%d must be >= 0", micro_batch, seq_len);
   const int64_t B = micro_batch, T = seq_len, C = cfg.n_embd, V = cfg.vocab_size, NH = cfg.n_head, L = cfg.n_layer;
   const int64_t BT = B * T, BTC = B * T * C, att = B * NH * T * T;
   // Counted from GPT2::ensure_activations (common/src/model/gpt2.cpp); all fp32 except tokens/targets (i32, 4 B).
   // per layer: ln1, atty, attproj, residual2, ln2, fcproj, residual3 (B,T,C) = 7; qkv 3; fch, fch_gelu 4+4
   //            -> 18 BTC; ln1_mean, ln1_rstd, ln2_mean, ln2_rstd (B,T) -> 4 BT; att (B,NH,T,T)
-  const int64_t per_layer = 18 * BTC + 4 * BT + att;
+  const int64_t all_of_a_block = 18 * BTC + 4 * BT + att;
+  // recompute (GPT2::allocate_block): selective drops att from every layer and keeps one for the model to
+  // recompute into; full keeps only residual3 per layer and one whole working block for the model
+  int64_t per_layer = all_of_a_block, for_recompute = 0;
+  if (recompute == Recompute::Selective) {
+    per_layer = all_of_a_block - att;
+    for_recompute = att;
+  } else if (recompute == Recompute::Full) {
+    per_layer = BTC;
+    for_recompute = all_of_a_block;
+  }
   // encoded, lnf (B,T,C); lnf_mean, lnf_rstd, losses (B,T); logits, probs (B,T,V); tokens, targets (B,T)
   const int64_t once = 2 * BTC + 3 * BT + 2 * BT * V + 2 * BT;
   // backward scratch: dresidual, dln, datty (B,T,C); dqkv 3BTC; dfch, dfch_gelu 4BTC each; datt (B,NH,T,T)
   const int64_t scratch = 3 * BTC + 3 * BTC + 8 * BTC + att;
-  return 4 * (L * per_layer + once + scratch);  // 4 bytes per element (f32 and i32)
+  return 4 * (L * per_layer + once + scratch + for_recompute);  // 4 bytes per element (f32 and i32)
 }
 
-int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len) {
-  const int64_t s = seq_len, b = micro_batch, h = cfg.n_embd, a = cfg.n_head;
+int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
+  const int64_t s = seq_len, b = micro_batch, h = cfg.n_embd, a = cfg.n_head, L = cfg.n_layer;
+  if (recompute == Recompute::Full) return L * 2 * s * b * h;       // the layer's 16-bit input
+  if (recompute == Recompute::Selective) return L * 34 * s * b * h;  // without the 5*a*s/h term
   // s*b*h*(34 + 5*a*s/h) = 34*s*b*h + 5*a*s^2*b, exact in integers
-  return static_cast<int64_t>(cfg.n_layer) * (34 * s * b * h + 5 * a * s * s * b);
+  return L * (34 * s * b * h + 5 * a * s * s * b);
 }
 
 MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
-                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len) {
+                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
+                               Recompute recompute) {
   cfg.validate();
   check_stage_world(world_size, stage);
   // bf16-compute keeps the same model states as bf16-mixed but different scratch (bf16 matmul operands
@@ -154,8 +167,8 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
     for (int u = 1; u <= L; ++u) W = std::max(W, P[u] + P[u + 1]);
     e.peak.grads += Bg * (P[0] + W);  // unit 0's full gradient lives through the whole backward
   }
-  e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len);
-  e.activations_korthikanti_bytes = korthikanti_activation_bytes(cfg, micro_batch, seq_len);
+  e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len, recompute);
+  e.activations_korthikanti_bytes = korthikanti_activation_bytes(cfg, micro_batch, seq_len, recompute);
   return e;
 }
 

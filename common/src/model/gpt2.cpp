@@ -382,6 +382,7 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const P
                        at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
                        at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"), at("mlp.c_proj.bias")});
   }
+  recompute_.assign(cfg.n_layer, Recompute::None);
   params_.resize(num_units());
   grads_.resize(num_units());
   if (!allocate) return;
@@ -534,6 +535,35 @@ void GPT2::set_attention(AttentionImpl impl) {
   free_activations();
 }
 
+void GPT2::set_recompute(Recompute mode) {
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) recompute_[l] = mode;
+  free_activations();
+}
+
+void GPT2::set_recompute(int layer, Recompute mode) {
+  SL_CHECK_HINT(layer >= shard_.first_layer && layer <= shard_.last(cfg_),
+                "recompute is chosen for the blocks this shard owns (0-based global layer numbers)",
+                "set_recompute: layer %d is not a block of this shard (%s)", layer, shard_.str().c_str());
+  recompute_[layer] = mode;
+  free_activations();
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    default: return "full";
+  }
+}
+
+Recompute recompute_from_name(const std::string& name) {
+  for (Recompute m : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (name == recompute_name(m)) return m;
+  SL_FAIL("use --recompute none (keep every activation), selective (recompute attention's scores in the "
+          "backward) or full (keep only each block's input and re-run the block in the backward)",
+          "unknown recompute mode '%s'", name.c_str());
+}
+
 const char* attention_impl_name(AttentionImpl impl) {
   return impl == AttentionImpl::Materialized ? "materialized" : "flash";
 }
@@ -566,7 +596,7 @@ const Tensor& GPT2Activations::output() const {
 }
 
 GPT2Activations GPT2::allocate_set(int B, int T) {
-  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, Vl = cfg_.vocab_size / tp;
+  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, Vl = cfg_.vocab_size / tp;
   const bool sp = shard_.sequence_parallel;
   SL_CHECK_HINT(!sp || (static_cast<int64_t>(B) * T) % tp == 0,
                 "with sequence parallelism the B*T token rows are split into tp equal blocks",
@@ -584,30 +614,7 @@ GPT2Activations GPT2::allocate_set(int B, int T) {
   } else {
     a.input = act(stream);
   }
-  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
-    BlockActivations b;
-    b.ln1 = act(stream);
-    b.ln1_mean = act(rows);
-    b.ln1_rstd = act(rows);
-    b.ln1_full = sp ? act({B, T, C}) : b.ln1;
-    b.qkv = act({B, T, 3 * C / tp});
-    if (attention_ == AttentionImpl::Materialized)
-      b.att = act({B, NHl, T, T});
-    else
-      b.lse = act({B, NHl, T});
-    b.atty = act({B, T, C / tp});
-    b.attproj = act(stream);
-    b.residual2 = act(stream);
-    b.ln2 = act(stream);
-    b.ln2_mean = act(rows);
-    b.ln2_rstd = act(rows);
-    b.ln2_full = sp ? act({B, T, C}) : b.ln2;
-    b.fch = act({B, T, 4 * C / tp});
-    b.fch_gelu = act({B, T, 4 * C / tp});
-    b.fcproj = act(stream);
-    b.residual3 = act(stream);
-    a.blocks.push_back(std::move(b));
-  }
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) a.blocks.push_back(allocate_block(B, T, recompute_[l]));
   if (shard_.has_head) {
     a.lnf = act(stream);
     a.lnf_mean = act(rows);
@@ -619,6 +626,38 @@ GPT2Activations GPT2::allocate_set(int B, int T) {
     a.targets = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
   }
   return a;
+}
+
+BlockActivations GPT2::allocate_block(int B, int T, Recompute mode) {
+  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp;
+  const bool sp = shard_.sequence_parallel;
+  const Shape stream = sp ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
+  const Shape rows = sp ? Shape{static_cast<int64_t>(B) * T / tp} : Shape{B, T};
+  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
+  BlockActivations b;
+  b.mode = mode;
+  b.residual3 = act(stream);  // the block's output: kept in every mode (the next block's input)
+  if (mode == Recompute::Full) return b;  // the rest lives in the model's scratch_.work while it is needed
+  b.ln1 = act(stream);
+  b.ln1_mean = act(rows);
+  b.ln1_rstd = act(rows);
+  b.ln1_full = sp ? act({B, T, C}) : b.ln1;
+  b.qkv = act({B, T, 3 * C / tp});
+  if (attention_ == AttentionImpl::Flash)
+    b.lse = act({B, NHl, T});
+  else if (mode == Recompute::None)
+    b.att = act({B, NHl, T, T});  // Selective: recomputed into scratch_.att_recompute in the backward
+  b.atty = act({B, T, C / tp});
+  b.attproj = act(stream);
+  b.residual2 = act(stream);
+  b.ln2 = act(stream);
+  b.ln2_mean = act(rows);
+  b.ln2_rstd = act(rows);
+  b.ln2_full = sp ? act({B, T, C}) : b.ln2;
+  b.fch = act({B, T, 4 * C / tp});
+  b.fch_gelu = act({B, T, 4 * C / tp});
+  b.fcproj = act(stream);
+  return b;
 }
 
 void GPT2::ensure_scratch(int B, int T) {
@@ -642,6 +681,14 @@ void GPT2::ensure_scratch(int B, int T) {
     s.dln_full = act({B, T, C});
     s.y_full = act({B, T, C});
   }
+  // Activation recompute: one block's working set (Full), the recomputed scores (Selective, materialized)
+  bool any_full = false, any_selective = false;
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
+    any_full |= recompute_[l] == Recompute::Full;
+    any_selective |= recompute_[l] == Recompute::Selective;
+  }
+  if (any_full) s.work = allocate_block(B, T, Recompute::None);
+  if (any_selective && attention_ == AttentionImpl::Materialized) s.att_recompute = act({B, NHl, T, T});
   if (policy_.matmul_dtype == DType::BF16) {
     // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
     // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
@@ -762,6 +809,33 @@ void GPT2::row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& we
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+void GPT2::block_forward(BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b) {
+  TensorParallel& points = tp();
+  const int NHl = cfg_.n_head / shard_.tp_size;
+  Tensor qkv_b = weight_view(w, b.c_attn_b), proj_b = weight_view(w, b.attn_proj_b);
+  Tensor fc_b = weight_view(w, b.c_fc_b), fcproj_b = weight_view(w, b.mlp_proj_b);
+  // attention: x + c_proj(attention(c_attn(ln_1(x)))), c_attn column-parallel, c_proj row-parallel
+  layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, weight_view(w, b.ln_1_w), weight_view(w, b.ln_1_b));
+  if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln1, ba.ln1_full);
+  else points.f_forward(ba.ln1_full);
+  policy_matmul_forward(ba.qkv, ba.ln1_full, matmul_weight(w, b.c_attn_w), &qkv_b);
+  if (attention_ == AttentionImpl::Flash)
+    attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
+  else  // Selective keeps no att: the scores go to the shared buffer and are recomputed in the backward
+    attention_forward(ba.atty, ba.att.defined() ? ba.att : scratch_.att_recompute, ba.qkv, NHl);
+  row_parallel_forward(ba.attproj, ba.atty, matmul_weight(w, b.attn_proj_w), proj_b);
+  residual_forward(ba.residual2, x, ba.attproj);
+  // MLP: residual2 + c_proj(gelu(c_fc(ln_2(residual2)))), c_fc column-parallel, c_proj row-parallel
+  layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.residual2, weight_view(w, b.ln_2_w),
+                    weight_view(w, b.ln_2_b));
+  if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln2, ba.ln2_full);
+  else points.f_forward(ba.ln2_full);
+  policy_matmul_forward(ba.fch, ba.ln2_full, matmul_weight(w, b.c_fc_w), &fc_b);
+  gelu_forward(ba.fch_gelu, ba.fch);
+  row_parallel_forward(ba.fcproj, ba.fch_gelu, matmul_weight(w, b.mlp_proj_w), fcproj_b);
+  residual_forward(ba.residual3, ba.residual2, ba.fcproj);
+}
+
 float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
   SL_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be (B, T) i32, got %s %s",
            shape_str(tokens.shape()).c_str(), dtype_name(tokens.dtype()));
@@ -774,7 +848,7 @@ float GPT2::forward(const Tensor& tokens, const Tensor* targets) {
 
 float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targets) {
   SL_CHECK_HINT(!a.empty(), "make the set with model.make_activations(B, T)", "forward on an empty activation set");
-  const int B = a.B_, T = a.T_, L = cfg_.n_layer, NHl = cfg_.n_head / shard_.tp_size;
+  const int B = a.B_, T = a.T_, L = cfg_.n_layer;
   ensure_scratch(B, T);
   TensorParallel& points = tp();
   a.have_targets = targets != nullptr;
@@ -815,30 +889,18 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
     const int unit = 1 + l;
     BlockActivations& ba = a.blocks[l - shard_.first_layer];
     const BlockParams& b = blocks_[l];
+    SL_CHECK_HINT(ba.mode == recompute_[l], "make a new set (model.make_activations) after set_recompute",
+                  "block %d: the activation set keeps '%s', the model now recomputes '%s'", l,
+                  recompute_name(ba.mode), recompute_name(recompute_[l]));
     run_hooks(HookPoint::BeforeForward, unit);
-    Tensor w = unit_weights_f32(unit);
-    Tensor qkv_b = weight_view(w, b.c_attn_b), proj_b = weight_view(w, b.attn_proj_b);
-    Tensor fc_b = weight_view(w, b.c_fc_b), fcproj_b = weight_view(w, b.mlp_proj_b);
-    // attention: x + c_proj(attention(c_attn(ln_1(x)))), c_attn column-parallel, c_proj row-parallel
-    layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, weight_view(w, b.ln_1_w), weight_view(w, b.ln_1_b));
-    if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln1, ba.ln1_full);
-    else points.f_forward(ba.ln1_full);
-    policy_matmul_forward(ba.qkv, ba.ln1_full, matmul_weight(w, b.c_attn_w), &qkv_b);
-    if (attention_ == AttentionImpl::Materialized)
-      attention_forward(ba.atty, ba.att, ba.qkv, NHl);
-    else
-      attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
-    row_parallel_forward(ba.attproj, ba.atty, matmul_weight(w, b.attn_proj_w), proj_b);
-    residual_forward(ba.residual2, x, ba.attproj);
-    // MLP: residual2 + c_proj(gelu(c_fc(ln_2(residual2)))), c_fc column-parallel, c_proj row-parallel
-    layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.residual2, weight_view(w, b.ln_2_w),
-                      weight_view(w, b.ln_2_b));
-    if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln2, ba.ln2_full);
-    else points.f_forward(ba.ln2_full);
-    policy_matmul_forward(ba.fch, ba.ln2_full, matmul_weight(w, b.c_fc_w), &fc_b);
-    gelu_forward(ba.fch_gelu, ba.fch);
-    row_parallel_forward(ba.fcproj, ba.fch_gelu, matmul_weight(w, b.mlp_proj_w), fcproj_b);
-    residual_forward(ba.residual3, ba.residual2, ba.fcproj);
+    if (ba.mode == Recompute::Full) {
+      // the whole block runs in the shared working set; only its output stays in this set
+      BlockActivations work = scratch_.work;
+      work.residual3 = ba.residual3;
+      block_forward(work, x, unit_weights_f32(unit), b);
+    } else {
+      block_forward(ba, x, unit_weights_f32(unit), b);
+    }
     x = ba.residual3;
     run_hooks(HookPoint::AfterForward, unit);
   }
@@ -954,15 +1016,23 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
   // blocks, last to first. dresidual enters as d(residual3[l]) and leaves as d(block input).
   for (int l = shard_.last(cfg_); l >= shard_.first_layer; --l) {
     const int unit = 1 + l;
-    BlockActivations& ba = a.blocks[l - shard_.first_layer];
     const BlockParams& b = blocks_[l];
+    SL_CHECK_HINT(a.blocks[l - shard_.first_layer].mode == recompute_[l],
+                  "make a new set (model.make_activations) after set_recompute",
+                  "block %d: the activation set keeps '%s', the model now recomputes '%s'", l,
+                  recompute_name(a.blocks[l - shard_.first_layer].mode), recompute_name(recompute_[l]));
     run_hooks(HookPoint::BeforeBackward, unit);
     Tensor w = unit_weights_f32(unit);
+    const Tensor& block_in = l == shard_.first_layer ? (shard_.has_embedding ? a.encoded : a.input)
+                                                     : a.blocks[l - 1 - shard_.first_layer].residual3;
+    // Full recompute: re-run the block's forward from its kept input into the working set (with the
+    // parameters the BeforeBackward hooks installed, without the forward hooks), then use that set.
+    const bool full = recompute_[l] == Recompute::Full;
+    if (full) block_forward(s.work, block_in, w, b);
+    BlockActivations& ba = full ? s.work : a.blocks[l - shard_.first_layer];
     auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
     auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
     auto G = [&](int i) { return grad_at(i); };
-    const Tensor& block_in = l == shard_.first_layer ? (shard_.has_embedding ? a.encoded : a.input)
-                                                     : a.blocks[l - 1 - shard_.first_layer].residual3;
 
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
     Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
@@ -984,10 +1054,16 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     s.datty.zero_();
     row_parallel_backward(s.datty, dproj_w, dproj_b, s.dresidual, ba.atty, MW(b.attn_proj_w));
     s.dqkv.zero_();
-    if (attention_ == AttentionImpl::Materialized)
-      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
-    else
+    if (attention_ == AttentionImpl::Flash) {
       attention_backward_flash(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl);
+    } else if (ba.att.defined()) {
+      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
+    } else {
+      // Selective recompute: the scores again from the kept qkv (Korthikanti Sec. 5). atty is rewritten
+      // with the values it already holds (the same op on the same input); only att was missing.
+      attention_forward(ba.atty, s.att_recompute, ba.qkv, NHl);
+      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, s.att_recompute, NHl);
+    }
     Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
     dln_full.zero_();
     policy_matmul_backward(&dln_full, dqkv_w, &dqkv_b, s.dqkv, ba.ln1_full, MW(b.c_attn_w));

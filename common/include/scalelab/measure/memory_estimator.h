@@ -50,7 +50,12 @@ PrecisionPolicy zero_paper_policy();
 //   losses (B,T), logits and probs (B,T,V), tokens and targets (B,T) i32, and the backward scratch
 //   dresidual, dln, datty (B,T,C), dqkv (B,T,3C), dfch, dfch_gelu (B,T,4C), datt (B,NH,T,T).
 // Exact: equals the allocator's Activations bytes after GPT2::forward(tokens, &targets). Bytes.
-int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len);
+// With activation recompute (gpt2.h Recompute, the same mode for every block; materialized attention):
+//   selective: per layer without att (18*B*T*C + 4*B*T), plus ONE recomputed att (B,NH,T,T) for the model;
+//   full:      per layer only the block's output (B*T*C), plus ONE working block (18*B*T*C + 4*B*T +
+//              B*NH*T*T) for the model. docs/memory.md "Activation recompute".
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len,
+                              Recompute recompute = Recompute::None);
 
 // Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.1: one transformer layer stores s*b*h*(34 + 5*a*s/h)
 // bytes with 16-bit activations, 1-byte dropout masks and no recomputation (s = T, b = B, h = C, a = NH);
@@ -58,7 +63,11 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len
 // It differs from gpt2_activation_bytes: this kit stores fp32 (2x), keeps llm.c's tensor set (both the
 // pre- and post-softmax attention matrix in one (B,NH,T,T) att, GELU input and output, layernorm
 // mean/rstd), has no dropout (no masks), and adds the logits/probs and backward scratch.
-int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len);
+// With recompute (the paper's Table 2, tensor parallelism t = 1): selective keeps s*b*h*34 bytes a layer
+// (Sec. 5: the 5*a*s/h term of the attention scores, softmax and dropout is recomputed), full keeps 2*s*b*h
+// (the layer's 16-bit input, Sec. 4.3).
+int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len,
+                                     Recompute recompute = Recompute::None);
 
 // Per-rank memory of lab 04's data-parallel training of GPT-2 at a ZeRO stage.
 struct MemoryEstimate {
@@ -85,9 +94,11 @@ struct MemoryEstimate {
 //                      reduce-scatter is still in flight
 //              optim   = persistent
 // prefetch = all-gathers allowed in flight beyond the unit in use (0 = none). micro_batch, seq_len:
-// B and T of the activations (0 and 0 = no activations). Throws on bad arguments, with a hint.
+// B and T of the activations (0 and 0 = no activations); recompute: every block's (gpt2_activation_bytes).
+// Throws on bad arguments, with a hint.
 MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
-                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len);
+                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
+                               Recompute recompute = Recompute::None);
 
 // The FAQ "how many devices do I need?": the smallest world size N, a power of two <= max_world, at
 // which the paper-level model state of psi parameters (zero_model_state_bytes) plus extra_bytes

@@ -105,6 +105,26 @@ int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T);
 // is unknown (0: the CPU without a cap).
 AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes);
 
+// Activation recompute: what a block keeps from its forward for its backward, traded against compute
+// (Chen et al. 2016, arXiv:1604.06174; Korthikanti et al. 2022, arXiv:2205.05198, Sec. 5). Every mode gives
+// the same loss and gradients bit for bit: the forward is deterministic and has no dropout, so the backward's
+// re-run computes exactly what the first run did. A per-block choice (GPT2::set_recompute); lab drivers take
+// --recompute none|selective|full for every block. Bytes of each: docs/memory.md "Activation recompute".
+enum class Recompute {
+  None,       // keep everything below (BlockActivations): no extra compute
+  Selective,  // Korthikanti Sec. 5: do not keep the scores att (B,NH/tp,T,T); the backward recomputes them
+              // (Q K^T, the causal softmax and att @ V) from the kept qkv into one shared buffer. Costs
+              // attention's two batched matmuls again, 4*B*T^2*C/tp FLOPs a layer (causal half counted
+              // full, as lab 01's MFU does). Flash attention keeps no scores: Selective changes nothing there.
+  Full,       // keep only the block's output (the next block's input, stream); the backward first re-runs
+              // the whole block's forward into one shared working set, then runs its backward. Costs one
+              // more forward of every block (2N+attention FLOPs a token), and under tensor parallelism the
+              // forward's g all-reduces again.
+};
+const char* recompute_name(Recompute mode);  // "none", "selective", "full"
+// "none", "selective" or "full"; throws scalelab::Error naming the accepted values otherwise.
+Recompute recompute_from_name(const std::string& name);
+
 // ---------------------------------------------------------------------------------------------
 // Hooks: code that runs at fixed points of every forward and backward, unit by unit (the order is in the
 // file comment above). DDP launches a bucket's all-reduce when its last gradient is final
@@ -181,7 +201,8 @@ class GPT2;
 // All fp32 in category Activations, shapes as in llm.c with the shard's local sizes (3C/tp, 4C/tp, NH/tp,
 // V/tp under tensor parallelism). "Stream" is the residual stream's shape: (B,T,C), or with sequence
 // parallelism this rank's (B*T/tp, C) token rows of it (tensor_parallel.h); "rows" (B,T) or (B*T/tp).
-struct BlockActivations {  // one transformer block
+struct BlockActivations {  // one transformer block; with Recompute::Full only residual3 is its own
+  Recompute mode = Recompute::None;  // what the set keeps for this block (the model's choice when it was made)
   Tensor ln1, ln1_mean, ln1_rstd;  // stream, rows, rows
   Tensor ln1_full;                 // (B,T,C): the gathered ln1 (sequence parallel; else ln1 itself)
   Tensor qkv;                      // (B,T,3C/tp)
@@ -305,6 +326,13 @@ class GPT2 {
   void set_attention(AttentionImpl impl);
   AttentionImpl attention() const { return attention_; }
 
+  // Activation recompute (Recompute above) for every block, or for block `layer` (0-based, global; one this
+  // shard owns, else scalelab::Error). Frees the model's own activations and scratch; a caller-owned set
+  // made before the change is refused by forward/backward (make a new one).
+  void set_recompute(Recompute mode);
+  void set_recompute(int layer, Recompute mode);
+  Recompute recompute(int layer) const { return recompute_.at(layer); }
+
  private:
   // What one backward needs besides a set, shared by every set of the model (a backward runs one micro-
   // batch at a time): the gradient scratch, reused layer after layer, and the bf16-compute operand scratch.
@@ -316,6 +344,9 @@ class GPT2 {
     Tensor matmul_inp_bf16;   // (B*T*4C,) bf16: the matmul's input activation rounded to bf16
     Tensor matmul_dout_bf16;  // (B*T*max(4C,V),) bf16: the matmul's dout rounded to bf16 (backward)
     Tensor small_params_f32;  // (f32_scratch_numel_,) fp32 copies of one unit's non-matmul parameters
+    // Activation recompute (empty unless an owned block needs them), shared by every set like the above:
+    BlockActivations work;  // Full: one block's whole working set, for the forward and the backward's re-run
+    Tensor att_recompute;   // Selective, materialized attention: (B,NH/tp,T,T) the recomputed scores
   };
   GPT2Activations allocate_set(int B, int T);  // a set's tensors (no scratch)
   void ensure_scratch(int B, int T);
@@ -337,6 +368,10 @@ class GPT2 {
     int ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
   };
   std::vector<BlockParams> blocks_;  // (L,): entries of blocks the shard does not own are -1
+  BlockActivations allocate_block(int B, int T, Recompute mode);  // a block's tensors as `mode` keeps them
+  // One block's forward from its input x (stream) into ba, the unit's weights w: the forward pass's body and
+  // the Full recompute's re-run alike (no hooks: the caller runs them).
+  void block_forward(BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b);
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not in this shard
   int head_wte_ = -1;  // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
   int index_of(const std::string& name) const;  // table index; throws on an unknown name
@@ -377,6 +412,7 @@ class GPT2 {
   std::shared_ptr<detail::HookRegistry> hooks_;  // shared with the HookHandles (weakly): survives a move
   TensorParallel* tp_ = nullptr;                 // not owned; nullptr: the identity
   AttentionImpl attention_ = AttentionImpl::Materialized;
+  std::vector<Recompute> recompute_;  // (L,) per block, Recompute::None unless set_recompute
 };
 
 }  // namespace scalelab
