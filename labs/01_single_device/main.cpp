@@ -56,6 +56,7 @@ static int run(const Options& o) {
   GPT2 model(data.cfg, policy, device, o.seed);
   const auto [attention, attention_why] = driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
   model.set_attention(attention);
+  driver::apply_recompute(o, model);  // --recompute
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
@@ -93,7 +94,7 @@ static int run(const Options& o) {
   const nlohmann::json config = {
       {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
       {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-      {"optimizer", o.optimizer}, {"precision", policy.name()},     {"seed", o.seed},
+      {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
       {"attention", attention_impl_name(model.attention())},        {"attention_choice", attention_why}};
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));

@@ -131,6 +131,7 @@ static int run(const Options& o) {
     lab02::ShardLoader kit(o.data, "train", kit_config);  // the kit loader (the loop's `train`)
     std::unique_ptr<NaiveTextLoader> naive;
     GPT2 model(data.cfg, policy, device, o.seed);
+    driver::apply_recompute(o, model);
     OptimizerConfig oc;
     oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
     oc.weight_decay = o.weight_decay;
@@ -139,7 +140,7 @@ static int run(const Options& o) {
     const nlohmann::json config = {
         {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
         {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-        {"optimizer", o.optimizer}, {"precision", policy.name()},     {"seed", o.seed},
+        {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
         {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
         {"loader", which},          {"prefetch", which == "kit" && kit_config.prefetch},
         {"prefetch_depth", o.prefetch_depth}, {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0},

@@ -52,6 +52,7 @@ static int run(const Options& o, Communicator& comm) {
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
   // (rank 0's weights, the same as a 1-rank run with this --seed).
   GPT2 model(data.cfg, policy, device, o.seed + static_cast<uint64_t>(rank));
+  driver::apply_recompute(o, model);
   lab03::broadcast_parameters(model, comm);  // YOUR TODO lab03-1; before the optimizer copies the weights
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -70,7 +71,7 @@ static int run(const Options& o, Communicator& comm) {
       {"model", o.model},         {"n_params", model.num_params()}, {"micro_batch", o.micro_batch},
       {"global_batch", global_batch}, {"micro_steps", micro_steps}, {"T", o.seq_len},
       {"steps", o.steps},         {"lr", o.lr},                     {"optimizer", o.optimizer},
-      {"precision", policy.name()}, {"seed", o.seed},               {"flops_per_token", flops_tok},
+      {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},               {"flops_per_token", flops_tok},
       {"data", o.data},           {"device", o.device},             {"backend", comm.backend()},
       {"mode", o.mode},           {"bucket_mb", o.bucket_mb},       {"num_buckets", sync.buckets().size()},
       {"link", link.name},        {"link_slowdown", o.link_slowdown}, {"timeline_steps", o.timeline_steps}};

@@ -64,6 +64,7 @@ static int run(const Options& o, Communicator& world) {
   GPT2 model(data.cfg, lab05::shard_of(layout), policy, device, o.seed);  // the dense model's slices
   lab05::MegatronPoints points(*tp_group, o.sequence_parallel);
   model.set_tensor_parallel(&points);  // YOUR points: the model calls them inside every block
+  driver::apply_recompute(o, model);   // full recompute calls them again in the backward
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
@@ -82,7 +83,7 @@ static int run(const Options& o, Communicator& world) {
       {"tp", tp},                 {"dp", layout.dp},                {"sequence_parallel", o.sequence_parallel},
       {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", micro_steps},
       {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-      {"optimizer", o.optimizer}, {"precision", policy.name()},     {"seed", o.seed},
+      {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
       {"backend", world.backend()}, {"link", link.name},            {"link_slowdown", o.link_slowdown},
       {"ranks_per_node", o.ranks_per_node}, {"dp_link", dp_group->link_model().name},

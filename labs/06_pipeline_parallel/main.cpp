@@ -71,6 +71,7 @@ static int run(const Options& o, Communicator& world) {
     models.push_back(std::make_unique<GPT2>(data.cfg, lab06::chunk_shard(data.cfg, layout, c), policy, device, o.seed));
     optimizers.push_back(std::make_unique<Optimizer>(*models.back(), oc));
     chunks.push_back(models.back().get());
+    driver::apply_recompute(o, *chunks.back());
   }
   lab06::Stage stage(chunks, layout);
   stage.set_uniform_compute(o.uniform_compute_ms / layout.v, 2 * o.uniform_compute_ms / layout.v);
@@ -91,7 +92,7 @@ static int run(const Options& o, Communicator& world) {
       {"micro_batches", layout.m}, {"chunks", layout.v},           {"uniform_compute_ms", o.uniform_compute_ms},
       {"bubble_formula", formula}, {"stage_layers", layers},       {"T", o.seq_len},
       {"steps", o.steps},          {"lr", o.lr},                   {"optimizer", o.optimizer},
-      {"precision", policy.name()}, {"seed", o.seed},              {"flops_per_token", flops_tok},
+      {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},              {"flops_per_token", flops_tok},
       {"data", o.data},            {"device", o.device},           {"backend", world.backend()},
       {"link", link.name},         {"link_slowdown", o.link_slowdown}};
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, p, threads, policy, device, peak);

@@ -90,6 +90,7 @@ static int run(const Options& o, Communicator& world) {
   if (o.memory_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.memory_cap_mb * 1048576.0));
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed,
                                                                        o.zero1);
+  for (auto& m : part->models) driver::apply_recompute(o, *m);
   lab07::Groups& g = part->groups;
   const int v = layout.pipeline.v;
   part->stage->set_uniform_compute(o.uniform_compute_ms / v, 2 * o.uniform_compute_ms / v, g.tp.get());
@@ -109,7 +110,7 @@ static int run(const Options& o, Communicator& world) {
       {"micro_steps", o.micro_batches}, {"chunks", v},              {"micro_batch", o.micro_batch},
       {"global_batch", global_batch}, {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula},
       {"T", o.seq_len},            {"steps", o.steps},              {"lr", o.lr},
-      {"optimizer", o.optimizer},  {"precision", policy.name()},    {"seed", o.seed},
+      {"optimizer", o.optimizer},  {"precision", policy.name()}, {"recompute", o.recompute},    {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
       {"backend", world.backend()}, {"link", o.link},               {"inter_link", o.inter_link},
       {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())}, {"pp_link", link_of(g.pp.get())},

@@ -88,6 +88,7 @@ static int run(const Options& o, Communicator& world) {
   oc.weight_decay = o.weight_decay;
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
+  for (auto& m : part->models) driver::apply_recompute(o, *m);
 
   // ------------------------------------------------------------------------------------------------
   // Resume: rank 0 chooses (YOUR newest_complete_checkpoint), every rank loads the same step
@@ -128,7 +129,7 @@ static int run(const Options& o, Communicator& world) {
       {"model", o.model}, {"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
       {"zero1", o.zero1}, {"schedule", o.schedule}, {"micro_batches", o.micro_batches}, {"chunks", o.chunks},
       {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"T", o.seq_len}, {"steps", o.steps},
-      {"lr", o.lr}, {"optimizer", o.optimizer}, {"precision", policy.name()}, {"seed", o.seed},
+      {"lr", o.lr}, {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},
       {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
       {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
       {"resume", o.resume}, {"reshard", o.reshard}, {"start_step", start_step}, {"attempt", lab08::attempt()},

@@ -44,8 +44,14 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
   app.add_option("--calibration", o.calibration,
                  "CPU runs: divide MFU by exactly this calibration file (bin/sl_calibrate writes them to "
                  "runs/calibration/) instead of the cached one; ignored on a GPU");
+  app.add_option("--recompute", o.recompute,
+                 "activation recompute of every block: none, selective (the attention scores, recomputed in the "
+                 "backward) or full (keep each block's input, re-run the block in the backward)")
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
 }
+
+void apply_recompute(const TrainOptions& o, GPT2& model) { model.set_recompute(recompute_from_name(o.recompute)); }
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
   add_train_options(app, o, lab);

@@ -54,6 +54,7 @@ struct TrainOptions {
   int threads = 0;          // CPU threads per rank (0: the default of set_num_threads)
   int timeline_steps = 3;   // steps 1..N log a `timeline` record (0: none; labs 03, 04: --timeline-steps)
   std::string calibration;  // --calibration FILE: a CPU run's MFU peak is exactly this calibration (run_peak)
+  std::string recompute = "none";  // --recompute none|selective|full: activation recompute of every block
   bool quiet = false;
 };
 
@@ -85,7 +86,7 @@ void add_schedule_options(CLI::App& app, TrainOptions& o);
 
 // Every training driver, in this --help order: --device --model --seq-len, the schedule options,
 // --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed --val-every
-// --val-batches --sample-tokens --threads --calibration --quiet. A lab whose words differ for one of them changes its
+// --val-batches --sample-tokens --threads --calibration --recompute --quiet. A lab whose words differ for one of them changes its
 // description after this call (app.get_option("--seed")->description(...)).
 void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab);
 // Labs 03 and 04: add_train_options and --micro-batch --global-batch --backend.
@@ -102,6 +103,11 @@ void add_pipeline_options(CLI::App& app, PipelineOptions& o);
 
 // --device cpu|cuda as a Device; throws with a hint for another name, or cuda without a usable GPU.
 Device device_from_option(const std::string& name);
+
+// --recompute on every block of the model (GPT2::set_recompute; gpt2.h Recompute): call it for each of
+// this rank's models (a pipeline's chunks) before the first forward; the TrainLoop refuses a model that does
+// not recompute what --recompute says. Throws scalelab::Error naming the accepted values for another name.
+void apply_recompute(const TrainOptions& o, GPT2& model);
 
 // --attention materialized|flash|auto as an AttentionImpl, and why (for the header line and the run record).
 // auto: flash when the materialized scores would take over a quarter of the memory there is: the simulated

@@ -51,6 +51,7 @@ void check_train_options(const TrainOptions& o) {
                 "--val-every %d", o.val_every);
   SL_CHECK_HINT(o.val_batches > 0, "--val-batches is >= 1", "--val-batches %d", o.val_batches);
   SL_CHECK_HINT(o.sample_tokens >= 0, "--sample-tokens is >= 0 (0: no sample)", "--sample-tokens %d", o.sample_tokens);
+  recompute_from_name(o.recompute);  // throws, naming none, selective and full, for another name
 }
 
 // One micro-batch into mb, with delay_ms of sleep inside: the ms of the whole fetch (the data wait).
@@ -99,6 +100,14 @@ TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* 
                      double flops_per_token, Device device)
     : sample_rng(o.seed ^ 0x5eedull), tokens_per_second(&lab01::tokens_per_second), mfu(&lab01::mfu), o_(o), spec_(spec), comm_(comm), model_(model), train_(train), val_(val),
       log_(log), peak_(peak), flops_per_token_(flops_per_token), device_(device) {
+  // HFU counts what the hardware computes: the model's FLOPs plus the backward's re-run (gpt2.h)
+  const Recompute recompute = recompute_from_name(o.recompute);
+  const int first = model.shard().first_layer;
+  SL_CHECK_HINT(model.recompute(first) == recompute,
+                "call driver::apply_recompute(o, models) on every model of this rank before the loop",
+                "--recompute %s, but the model's block %d recomputes '%s'", o.recompute.c_str(), first,
+                recompute_name(model.recompute(first)));
+  hardware_flops_per_token_ = flops_per_token + recompute_flops_per_token(model.config(), o.seq_len, recompute);
   if (comm_ != nullptr) {
     rank_ = comm_->rank();
     world_ = comm_->size();
@@ -183,6 +192,8 @@ Summary TrainLoop::run(int64_t start_step) {
     rec.mfu = step_mfu;
     rec.grad_norm = r.grad_norm;
     rec.extra = m.extra;
+    rec.extra["hfu"] =  // NaN is logged as null
+        peak_.flops_per_s > 0 ? mfu(tok_s, hardware_flops_per_token_, peak_.flops_per_s, world_) : kNotMeasured;
     if (m.simulated) {
       rec.extra["comm_modeled_ms"] = m.comm_modeled_ms;
       rec.extra["simulated"] = true;
@@ -218,6 +229,9 @@ Summary TrainLoop::run(int64_t start_step) {
   s.mfu = peak_.flops_per_s > 0 && s.tokens_per_s > 0
               ? mfu(s.tokens_per_s, flops_per_token_, peak_.flops_per_s, world_)  // token-weighted
               : kNotMeasured;
+  s.hfu = peak_.flops_per_s > 0 && s.tokens_per_s > 0
+              ? mfu(s.tokens_per_s, hardware_flops_per_token_, peak_.flops_per_s, world_)
+              : kNotMeasured;
   s.step_ms = 1e3 * timed_seconds / s.timed_steps;
   s.data_wait_ms = timed_data_ms / s.timed_steps;
   s.comm_ms = timed_exposed_ms / s.timed_steps;  // NaN (not measured) when the lab measured none
@@ -239,7 +253,8 @@ Summary TrainLoop::run(int64_t start_step) {
 nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated) {
   nlohmann::json r = {{"final_loss", s.final_loss},         {"val_loss_start", s.val_loss_start},
                       {"val_loss_end", s.val_loss_end},     {"tokens_per_s", s.tokens_per_s},
-                      {"mfu", s.mfu},                       {"peak_flops_per_s", peak.flops_per_s},
+                      {"mfu", s.mfu},                       {"hfu", s.hfu},
+                      {"peak_flops_per_s", peak.flops_per_s},
                       {"peak_source", peak.source}};
   if (comm) {
     r["comm_ms"] = s.comm_ms;
@@ -258,6 +273,7 @@ void print_summary_headline(const Summary& s, const Peak& peak, int num_devices)
   std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)",
               s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, devices, peak.flops_per_s / 1e9,
               peak.source.c_str());
+  if (std::isfinite(s.hfu) && s.hfu != s.mfu) std::printf(" | HFU %.1f%% (with the recompute)", 100.0 * s.hfu);
 }
 
 // ---------------------------------------------------------------------------------------------

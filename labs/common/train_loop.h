@@ -100,6 +100,7 @@ struct Summary {
   float val_loss_start = 0.0f, val_loss_end = 0.0f;
   double tokens_per_s = 0;     // all ranks together, over the timed steps (token-weighted)
   double mfu = kNotMeasured;   // of tokens_per_s, against num_devices x the peak
+  double hfu = kNotMeasured;   // the same with the recompute's FLOPs added (= mfu without --recompute)
   double step_ms = 0;          // per timed step: wall time, data wait, exposed and busy communication
   double data_wait_ms = 0, comm_ms = kNotMeasured, comm_busy_ms = 0, comm_modeled_ms = 0;
   MemStats memory{};           // the allocator's statistics right after the last step (before the sample)
@@ -171,13 +172,14 @@ class TrainLoop {
   RunLogger& log_;
   Peak peak_;
   double flops_per_token_;
+  double hardware_flops_per_token_;  // flops_per_token_ + what --recompute adds (HFU's numerator)
   Device device_;
   int rank_ = 0, world_ = 1;
   std::string doing_ = "setting up";
 };
 
 // The `summary` record's keys every lab writes: final_loss, val_loss_start, val_loss_end, tokens_per_s,
-// mfu, peak_flops_per_s, peak_source; with `comm` also comm_ms and comm_busy_ms, and with `simulated` (a
+// mfu, hfu, peak_flops_per_s, peak_source; with `comm` also comm_ms and comm_busy_ms, and with `simulated` (a
 // link model was on) comm_modeled_ms and simulated. The sample is rank 0's to add.
 nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated);
 // Rank 0's first summary lines: "== summary ==", then "val loss a -> b | N tokens/s | MFU x% of

@@ -95,7 +95,8 @@ void* Allocator::allocate(size_t nbytes, MemCategory category) {
                                     "cap is %lld bytes (simulated device memory)",
                                     device_name(device_), nbytes, mem_category_name(category),
                                     static_cast<long long>(want), static_cast<long long>(cap_bytes_)),
-                     "use a smaller batch or model, --attention flash (lab 01: no (B,NH,T,T) scores), more ranks, "
+                     "use a smaller batch or model, --recompute selective or full (keep fewer activations), --attention "
+                     "flash (lab 01: no (B,NH,T,T) scores), more ranks, "
                      "or a higher ZeRO stage; or raise --memory-cap-mb");
   };
   bool from_cache_path = false;  // caching was on: the block is a whole size class and may be cached later

@@ -564,6 +564,13 @@ Recompute recompute_from_name(const std::string& name) {
           "unknown recompute mode '%s'", name.c_str());
 }
 
+double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode) {
+  const double L = cfg.n_layer, C = cfg.n_embd, attention = 4.0 * T * C;  // Q K^T and att @ V, 2 FLOPs a MAC
+  if (mode == Recompute::Selective) return L * attention;
+  if (mode == Recompute::Full) return L * (24.0 * C * C + attention);  // c_attn 3C^2, c_proj C^2, c_fc and mlp c_proj 4C^2 each
+  return 0.0;
+}
+
 const char* attention_impl_name(AttentionImpl impl) {
   return impl == AttentionImpl::Materialized ? "materialized" : "flash";
 }

@@ -124,6 +124,13 @@ enum class Recompute {
 const char* recompute_name(Recompute mode);  // "none", "selective", "full"
 // "none", "selective" or "full"; throws scalelab::Error naming the accepted values otherwise.
 Recompute recompute_from_name(const std::string& name);
+// FLOPs per token the recompute adds in the backward, every block in `mode`, at sequence length T, with
+// lab 01's convention (2 FLOPs a multiply-add; attention's T x T work counted full, causal half included):
+//   selective: L * 4*T*C (Q K^T and att @ V again); full: a forward of every block, L * (24*C^2 + 4*T*C)
+//   (its four matmuls, 2 x 12 C^2) plus attention; none: 0. The dense model's count: a shard's FLOPs are the
+// whole model's, as MFU's are. MFU divides the model's FLOPs by time; HFU (hardware FLOPs utilization,
+// Korthikanti et al. 2022, Sec. 6) adds these.
+double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode);
 
 // ---------------------------------------------------------------------------------------------
 // Hooks: code that runs at fixed points of every forward and backward, unit by unit (the order is in the
