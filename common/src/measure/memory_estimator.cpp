@@ -89,27 +89,39 @@ ModelStateBytes zero_model_state_bytes(double psi, int world_size, int stage, co
 
 int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
   SL_CHECK(micro_batch >= 0 && seq_len >= 0, "micro_batch=%d and seq_len=%d must be >= 0", micro_batch, seq_len);
-  const int64_t B = micro_batch, T = seq_len, C = cfg.n_embd, V = cfg.vocab_size, NH = cfg.n_head, L = cfg.n_layer;
-  const int64_t BT = B * T, BTC = B * T * C, att = B * NH * T * T;
-  // Counted from GPT2::ensure_activations (common/src/model/gpt2.cpp); all fp32 except tokens/targets (i32, 4 B).
-  // per layer: ln1, atty, attproj, residual2, ln2, fcproj, residual3 (B,T,C) = 7; qkv 3; fch, fch_gelu 4+4
-  //            -> 18 BTC; ln1_mean, ln1_rstd, ln2_mean, ln2_rstd (B,T) -> 4 BT; att (B,NH,T,T)
-  const int64_t all_of_a_block = 18 * BTC + 4 * BT + att;
-  // recompute (GPT2::allocate_block): selective drops att from every layer and keeps one for the model to
-  // recompute into; full keeps only residual3 per layer and one whole working block for the model
-  int64_t per_layer = all_of_a_block, for_recompute = 0;
-  if (recompute == Recompute::Selective) {
-    per_layer = all_of_a_block - att;
-    for_recompute = att;
-  } else if (recompute == Recompute::Full) {
-    per_layer = BTC;
-    for_recompute = all_of_a_block;
-  }
-  // encoded, lnf (B,T,C); lnf_mean, lnf_rstd, losses (B,T); logits, probs (B,T,V); tokens, targets (B,T)
-  const int64_t once = 2 * BTC + 3 * BT + 2 * BT * V + 2 * BT;
-  // backward scratch: dresidual, dln, datty (B,T,C); dqkv 3BTC; dfch, dfch_gelu 4BTC each; datt (B,NH,T,T)
-  const int64_t scratch = 3 * BTC + 3 * BTC + 8 * BTC + att;
-  return 4 * (L * per_layer + once + scratch + for_recompute);  // 4 bytes per element (f32 and i32)
+  if (micro_batch == 0 || seq_len == 0) return 0;  // no activations
+  // the dense model, its own one set (GPT2::forward(tokens, &targets)), materialized attention
+  return gpt2_activation_bytes(cfg, ModelShard::dense(), micro_batch, seq_len, /*sets=*/1, recompute,
+                               AttentionImpl::Materialized);
+}
+
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int micro_batch, int seq_len, int sets,
+                              Recompute recompute, AttentionImpl attention) {
+  cfg.validate();
+  shard.validate(cfg);
+  SL_CHECK_HINT(sets >= 1, "a pipeline stage holds one activation set per micro-batch in flight: 1 or more",
+                "sets=%d < 1", sets);
+  SL_CHECK(micro_batch > 0 && seq_len > 0, "micro_batch=%d and seq_len=%d must be > 0", micro_batch, seq_len);
+  // Counted from GPT2::allocate_set, allocate_block and ensure_scratch (common/src/model/gpt2.cpp), elements.
+  const int64_t B = micro_batch, T = seq_len, C = cfg.n_embd, tp = shard.tp_size, NHl = cfg.n_head / tp;
+  const int64_t Vl = cfg.vocab_size / tp, BT = B * T, BTC = B * T * C, F = BTC / tp;
+  const bool sp = shard.sequence_parallel, materialized = attention == AttentionImpl::Materialized;
+  SL_CHECK_HINT(!sp || BT % tp == 0, "with sequence parallelism the B*T token rows are split into tp equal blocks",
+                "B*T=%lld not divisible by tp=%lld", static_cast<long long>(BT), static_cast<long long>(tp));
+  const int64_t S = sp ? BTC / tp : BTC, R = sp ? BT / tp : BT, K = B * NHl * T * T, gathered = sp ? BTC : 0;
+  auto block = [&](Recompute mode) {
+    if (mode == Recompute::Full) return S;  // residual3 only
+    const int64_t scores = !materialized ? B * NHl * T : mode == Recompute::None ? K : 0;
+    return 6 * S + 12 * F + 4 * R + 2 * gathered + scores;
+  };
+  const int64_t layers = shard.last(cfg) - shard.first_layer + 1;
+  int64_t set = layers * block(recompute);
+  set += shard.has_embedding ? S + BT : S;                                        // encoded + tokens, or input
+  if (shard.has_head) set += S + 2 * R + gathered + 2 * BT * Vl + 2 * BT;         // lnf, logits, probs, losses, targets
+  int64_t once = 2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered;          // the backward scratch
+  if (recompute == Recompute::Full) once += block(Recompute::None);               // the working block
+  if (recompute == Recompute::Selective && materialized) once += K;               // the recomputed scores
+  return 4 * (sets * set + once);
 }
 
 int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {

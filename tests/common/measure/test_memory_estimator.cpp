@@ -249,6 +249,60 @@ TEST(MemoryEstimator, ActivationsEqualAllocatorAfterForwardBackward) {
   }
 }
 
+// One model of a parallel layout (a tensor-parallel slice, sequence parallel, a pipeline stage) holding several
+// activation sets at once, with recompute and either attention: the formula equals the allocator's count after
+// that many make_activations, to the byte (no forward is needed: a set is allocated whole when it is made).
+TEST(MemoryEstimator, ShardActivationsWithSetsInFlightEqualTheAllocator) {
+  using scalelab::AttentionImpl;
+  using scalelab::ModelShard;
+  using scalelab::Recompute;
+  const GPTConfig cfg = GPTConfig::preset("demo");  // L=4, NH=4, C=192, V=256
+  auto shard = [](int tp_rank, int tp, bool sp, int first, int last, bool emb, bool head) {
+    ModelShard s;
+    s.tp_rank = tp_rank;
+    s.tp_size = tp;
+    s.sequence_parallel = sp;
+    s.first_layer = first;
+    s.last_layer = last;
+    s.has_embedding = emb;
+    s.has_head = head;
+    return s;
+  };
+  const std::vector<ModelShard> shards = {
+      ModelShard::dense(),
+      shard(1, 2, false, 0, -1, true, true),  // tp 2
+      shard(0, 4, true, 0, -1, true, true),   // tp 4, sequence parallel
+      shard(0, 1, false, 0, 1, true, false),  // pp: the first of two stages
+      shard(0, 1, false, 1, 2, false, false), // a middle stage
+      shard(1, 2, true, 2, 3, false, true),   // the last stage of tp 2 x pp 2, sequence parallel
+  };
+  const int B = 2, T = 32;
+  for (const ModelShard& sh : shards) {
+    for (AttentionImpl attention : {AttentionImpl::Materialized, AttentionImpl::Flash}) {
+      for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        for (int sets : {1, 3}) {
+          const int64_t before = activations_now();
+          {
+            GPT2 model(cfg, sh, PrecisionPolicy::fp32(), Device::CPU, 1);
+            model.set_attention(attention);
+            model.set_recompute(r);
+            std::vector<scalelab::GPT2Activations> in_flight;
+            for (int i = 0; i < sets; ++i) in_flight.push_back(model.make_activations(B, T));
+            EXPECT_EQ(activations_now() - before,
+                      scalelab::gpt2_activation_bytes(cfg, sh, B, T, sets, r, attention))
+                << sh.str() << ", " << scalelab::attention_impl_name(attention) << ", recompute "
+                << scalelab::recompute_name(r) << ", " << sets << " sets";
+          }
+          EXPECT_EQ(activations_now(), before);
+        }
+      }
+    }
+  }
+  EXPECT_THROW(scalelab::gpt2_activation_bytes(cfg, ModelShard::dense(), B, T, 0, Recompute::None,
+                                               AttentionImpl::Materialized),
+               scalelab::Error);
+}
+
 // Korthikanti et al. 2022 Sec. 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer, L layers.
 TEST(MemoryEstimator, KorthikantiFormula) {
   const GPTConfig cfg = GPTConfig::preset("d12");  // h = 768, a = 12, L = 12

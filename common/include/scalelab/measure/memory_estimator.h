@@ -57,6 +57,22 @@ PrecisionPolicy zero_paper_policy();
 int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len,
                               Recompute recompute = Recompute::None);
 
+// The same for one model of a parallel layout: a ModelShard (tensor-parallel slice tp_size, sequence
+// parallel, a pipeline stage's layers, with or without the embedding and the head) holding `sets` activation
+// sets of (B, T) at once (GPT2::make_activations: a pipeline keeps one per micro-batch in flight, GPipe m,
+// 1F1B at most p - stage), with its one backward scratch and recompute buffers. Bytes of category
+// Activations, exact: what the allocator counts after `sets` make_activations on such a GPT2 (fp32 or
+// bf16-mixed; bf16-compute's bf16 operand scratch is refused). With S the stream (B*T*C, or B*T*C/tp under
+// sequence parallelism), R its rows (B*T or B*T/tp), K = B*(NH/tp)*T*T the scores, F = B*T*C/tp:
+//   a set:   embedding S + B*T (tokens) or the stage's input S; per block 6S + 12F + 4R (+ 2*B*T*C gathered
+//            ln1/ln2 under sequence parallelism) + K (materialized, none) or B*(NH/tp)*T (flash), only S
+//            with full recompute; the head S + 2R + B*T*C (sp) + 2*B*T*V/tp + 2*B*T (losses, targets)
+//   once:    scratch 2S + 12F + K (materialized) (+ 2*B*T*C under sequence parallelism); selective
+//            (materialized) one K; full one block's whole set
+// all times 4 bytes. Throws, with a hint, on a shard that does not fit cfg or sets < 1.
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int micro_batch, int seq_len, int sets,
+                              Recompute recompute, AttentionImpl attention);
+
 // Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.1: one transformer layer stores s*b*h*(34 + 5*a*s/h)
 // bytes with 16-bit activations, 1-byte dropout masks and no recomputation (s = T, b = B, h = C, a = NH);
 // returned for all L layers (n_layer times the formula; embeddings and the LM head not included). Bytes.
