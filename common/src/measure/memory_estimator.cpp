@@ -132,20 +132,14 @@ int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int 
   return L * (34 * s * b * h + 5 * a * s * s * b);
 }
 
-MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
-                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
-                               Recompute recompute) {
+ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& shard, int world_size, int stage,
+                                        const PrecisionPolicy& policy, OptimizerConfig::Kind opt, int prefetch) {
   cfg.validate();
+  shard.validate(cfg);
   check_stage_world(world_size, stage);
-  // bf16-compute keeps the same model states as bf16-mixed but different scratch (bf16 matmul operands
-  // per B*T, no per-pass fp32 unit copy: gpt2.h), which the workspace terms below do not model.
-  SL_CHECK_HINT(policy.matmul_dtype == DType::F32,
-                "the estimator models --precision fp32 and bf16 (bf16-mixed); use one of those (lab 04 runs both)",
-                "estimate_memory: precision %s is not modelled (its matmul scratch differs from bf16-mixed's)",
-                policy.name().c_str());
   SL_CHECK_HINT(prefetch >= 0, "prefetch counts all-gathers in flight beyond the unit in use: 0, 1, 2, ...",
                 "prefetch %d < 0", prefetch);
-  const std::vector<int64_t> n = gpt2_unit_numel(cfg);
+  const std::vector<int64_t> n = gpt2_unit_numel(cfg, shard);  // 0 for units the shard does not hold
   const int L = cfg.n_layer, U = L + 2;
   const int64_t N = stage == 0 ? 1 : world_size;  // stage 0: every rank holds everything, unsharded
   const int64_t Bp = static_cast<int64_t>(dtype_size(policy.param_dtype));
@@ -159,7 +153,7 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
   }
   auto kept = [&](int u) { return stage < 3 || u == 0 || u == L + 1; };  // params gathered all step
 
-  MemoryEstimate e;
+  ModelStateEstimate e;
   ModelStateBytes& ps = e.persistent;
   for (int u = 0; u < U; ++u) {
     ps.params += (kept(u) ? P[u] : s[u]) * Bp;
@@ -170,8 +164,9 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
   int64_t max_block = 0;  // elements, the largest padded block unit
   for (int u = 1; u <= L; ++u) max_block = std::max(max_block, P[u]);
   if (stage == 3) {
-    // the unit in use plus `prefetch` gathers in flight, never more blocks than exist
-    e.peak.params += std::min<int64_t>(1 + prefetch, L) * max_block * Bp;
+    // the unit in use plus `prefetch` gathers in flight, never more blocks than the shard holds
+    const int64_t blocks = shard.last(cfg) - shard.first_layer + 1;
+    e.peak.params += std::min<int64_t>(1 + prefetch, blocks) * max_block * Bp;
   }
   if (stage >= 2) {
     // backward order L+1, L, ..., 1: the unit computing plus the previous one still reduce-scattering
@@ -179,6 +174,23 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
     for (int u = 1; u <= L; ++u) W = std::max(W, P[u] + P[u + 1]);
     e.peak.grads += Bg * (P[0] + W);  // unit 0's full gradient lives through the whole backward
   }
+  return e;
+}
+
+MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
+                               OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
+                               Recompute recompute) {
+  // bf16-compute keeps the same model states as bf16-mixed but different scratch (bf16 matmul operands
+  // per B*T, no per-pass fp32 unit copy: gpt2.h), which the workspace terms below do not model.
+  SL_CHECK_HINT(policy.matmul_dtype == DType::F32,
+                "the estimator models --precision fp32 and bf16 (bf16-mixed); use one of those (lab 04 runs both)",
+                "estimate_memory: precision %s is not modelled (its matmul scratch differs from bf16-mixed's)",
+                policy.name().c_str());
+  const ModelStateEstimate state =
+      estimate_model_state(cfg, ModelShard::dense(), world_size, stage, policy, opt, prefetch);
+  MemoryEstimate e;
+  e.persistent = state.persistent;
+  e.peak = state.peak;
   e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len, recompute);
   e.activations_korthikanti_bytes = korthikanti_activation_bytes(cfg, micro_batch, seq_len, recompute);
   return e;

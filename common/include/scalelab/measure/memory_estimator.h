@@ -85,6 +85,21 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int
 int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len,
                                      Recompute recompute = Recompute::None);
 
+// Model state of one rank: what it holds between steps and the largest it holds during one, per category.
+struct ModelStateEstimate {
+  ModelStateBytes persistent;  // bytes held between steps, per category
+  ModelStateBytes peak;        // the largest bytes per category during a step
+};
+
+// The exact model state of one rank holding `shard` (a tensor-parallel slice, a pipeline stage's layers;
+// ModelShard::dense() for the whole model) whose units are sharded over world_size data-parallel ranks at
+// a ZeRO stage, as lab 04 lays them out (and lab 07's ZeRO-1 across the replicas): n_u =
+// gpt2_unit_numel(cfg, shard)[u] (0 for a unit the shard does not hold), and the formulas of
+// estimate_memory below over those units; in stage 3 the gathered working copies are min(1 + prefetch,
+// the shard's blocks) of its largest block. Bytes. Throws on bad arguments, with a hint.
+ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& shard, int world_size, int stage,
+                                        const PrecisionPolicy& policy, OptimizerConfig::Kind opt, int prefetch);
+
 // Per-rank memory of lab 04's data-parallel training of GPT-2 at a ZeRO stage.
 struct MemoryEstimate {
   ModelStateBytes persistent;                  // bytes held between steps, per category

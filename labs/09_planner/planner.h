@@ -1,0 +1,237 @@
+// planner.h — what the learner writes in lab 09 (the planner), declared once for both tracks.
+//   labs/09_planner/planner.cpp       the learner's file (TODO blocks)   -> lab09_learner
+//   solutions/09_planner/planner.cpp  the reference (same file, filled)  -> lab09_ref
+// The functions live in distinct inline namespaces (scalelab::lab09::learner / ::ref) chosen by
+// SL_TRACK_LAB09, which CMake sets per library; code that includes this header without it gets ref. The
+// plain types above them are shared by both tracks, so one test can hand the same Layout to either.
+// Lesson: labs/09_planner/README.md   Graded tests: tests/lab09/   CLI: labs/09_planner/main.cpp (bin/sl_plan)
+//
+// Which layout trains this model fastest on this cluster, and does it fit? A layout is tp x pp x dp with a
+// micro-batch B, m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For
+// each, the planner predicts
+//   memory per device   the model state of the device's shard (lab 04's exact count, common's
+//                       estimate_model_state) and the activation sets its pipeline stage holds at once
+//                       (lab 06's schedules; common's gpt2_activation_bytes), on the fullest stage;
+//   step time           the FLOPs of the slowest stage at a sustained FLOP/s, the collectives of every
+//                       group on its link (the alpha-beta model the simulated communicator charges:
+//                       LinkModel::seconds), the pipeline bubble, and the optimizer's pass over its state;
+// then drops what does not fit (saying why) and ranks the rest by predicted tokens/s. Labs 01, 05 and 06
+// are linked from their REFERENCE (flops_per_token and mfu, the tensor-parallel slice, the partition).
+// What you write:
+//   activation sets       how many micro-batches' activations each schedule keeps on a stage      TODO lab09-1
+//   memory of a device    its state and its activations, at that stage                          TODO lab09-2
+//   compute               the FLOPs of one micro-batch on a stage: forward, backward, recompute  TODO lab09-3
+//   communication         tp and pp per micro-batch; dp and the embedding group per step         TODO lab09-4
+//   the step              slots, bubble, dp, optimizer; tokens/s, MFU and HFU                    TODO lab09-5
+//   the plan              every layout of the cluster, what fits, ranked                        TODO lab09-6
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipeline_parallel.h"                  // defines: lab06::ScheduleKind, make_layout, chunk_shard (lab 06's reference)
+#include "scalelab/comm/comm.h"                 // defines: LinkModel
+#include "scalelab/core/error.h"                // defines: scalelab::Error
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
+#include "scalelab/measure/memory_estimator.h"  // defines: ModelStateBytes, estimate_model_state, gpt2_activation_bytes
+#include "scalelab/model/gpt2.h"                // defines: GPTConfig, ModelShard, Recompute, AttentionImpl
+#include "scalelab/model/optim.h"               // defines: OptimizerConfig::Kind
+
+#ifndef SL_TRACK_LAB09
+#define SL_TRACK_LAB09 ref
+#endif
+
+namespace scalelab::lab09 {
+
+// ---------------------------------------------------------------------------------------------
+// What is planned (shared by both tracks)
+
+// The machine: identical devices in nodes. World ranks fill a node before the next, tp fastest-varying,
+// then pp, then dp (lab 07's default order tp-pp-dp): a group of `extent` consecutive world ranks stays
+// inside a node when extent <= devices_per_node (README.md#the-cluster).
+struct Cluster {
+  int devices = 8;                 // all of them; a layout uses every one (tp * pp * dp == devices)
+  int devices_per_node = 8;
+  double memory_bytes = 80e9;      // bytes per device
+  double peak_flops_per_s = 989e12;  // FLOP/s of one device: MFU's denominator (a datasheet peak, or lab 00's
+                                     // calibration on a CPU)
+  double efficiency = 0.5;         // the fraction of the peak the model's FLOPs run at (1 with a CPU calibration)
+  double memory_bandwidth_bytes_per_s = 0;  // the optimizer step's pass over its state; 0: not modelled
+  LinkModel intra, inter;          // a group inside one node / one that spans nodes
+  double flops_per_s() const { return peak_flops_per_s * efficiency; }  // sustained, FLOP/s
+};
+
+// What is trained.
+struct Workload {
+  int seq_len = 1024;          // T
+  int global_batch = 8;        // sequences per optimizer step, all replicas together
+  PrecisionPolicy policy = PrecisionPolicy::bf16_mixed();
+  OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::AdamW;
+  AttentionImpl attention = AttentionImpl::Materialized;
+  int prefetch = 1;            // ZeRO-3: all-gathers in flight beyond the unit in use
+  int lora_rank = 0;           // > 0: a LoRA fine-tune (Hu et al. 2021, arXiv:2106.09685): the 16-bit base is
+                               // frozen; adapters of this rank on the four matrices of every block train
+  bool overlap_dp = false;     // dp's gradient communication runs during the last micro-batch's backward
+                               // (lab 03's overlap); false: after it, as labs 04-07 run
+};
+
+// One candidate layout.
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  int micro_batch = 1;         // B: sequences per micro-batch
+  int micro_batches = 1;       // m: micro-batches per optimizer step per replica (pipeline or accumulation)
+  lab06::ScheduleKind schedule = lab06::ScheduleKind::OneFOneB;  // lab 06's; the planner tries 1F1B
+  int chunks = 1;              // v: model chunks per pipeline rank (the interleaved schedule only)
+  int zero_stage = 0;          // 0..3 over the dp group (lab 04)
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
+  int devices() const { return tp * pp * dp; }
+};
+
+// The memory of one device: at the fullest pipeline stage (device_memory), or at a given one (stage_memory).
+struct DeviceMemory {
+  int stage = 0;               // the pipeline stage these bytes are of
+  int sets = 0;                // activation sets it holds at once (per chunk with chunks > 1)
+  ModelStateBytes state;       // bytes: the largest params, grads and optimizer state during a step
+  int64_t activations = 0;     // bytes: the sets, the backward scratch and the recompute buffers
+  int64_t total() const { return state.total() + activations; }
+};
+
+// FLOPs of one micro-batch on one device of a stage (all its chunks), 2 FLOPs a multiply-add.
+struct StageFlops {
+  double forward = 0;          // the stage's blocks and (last stage) the tied LM head
+  double backward = 0;         // gradients of the inputs and of the weights
+  double recompute = 0;        // what the backward runs again (selective: attention; full: the blocks' forward)
+  double total() const { return forward + backward + recompute; }
+};
+
+// Seconds of one micro-batch's communication on one device of a stage, on the critical path.
+struct StageComm {
+  double tp_s = 0;             // the tensor-parallel collectives inside its forward and backward
+  double pp_s = 0;             // the sends to its neighbours: the activation forward, its gradient back
+};
+
+// The predicted step, milliseconds.
+struct StepTime {
+  int slowest_stage = 0;       // the stage whose slot sets the pace
+  double compute_ms = 0;       // one micro-batch's FLOPs on that stage at Cluster::flops_per_s
+  double tp_ms = 0, pp_ms = 0; // its communication (StageComm)
+  double slot_ms = 0;          // compute + tp + pp: one micro-batch through the slowest stage
+  double pipeline_ms = 0;      // the schedule: m slots of work and the bubble
+  double bubble_ms = 0;        // (p - 1) / v slots of it (0 for p = 1)
+  double dp_ms = 0;            // the dp group's gradient communication and the embedding group's, exposed
+  double optimizer_ms = 0;     // the optimizer's pass over its state at memory bandwidth (0: not modelled)
+  double step_ms = 0;          // pipeline + dp + optimizer
+  double tokens_per_s = 0;     // dp * m * B * T / step
+  double mfu = 0;              // lab 01's flops_per_token (the whole model's) x tokens/s / (devices x peak)
+  double hfu = 0;              // the same with the recompute's FLOPs (Korthikanti et al. 2022, Sec. 6)
+};
+
+// One row of the plan.
+struct Candidate {
+  Layout layout;
+  DeviceMemory memory;
+  StepTime time;
+  bool fits = false;
+  std::string why_not;         // "" when it fits; else what refused it (the model, the batch, the memory)
+};
+
+// The groups' links of a layout on a cluster: tp spans tp ranks, pp tp*pp, dp all of them (the order above).
+struct GroupLinks {
+  LinkModel tp, pp, dp;
+};
+
+inline namespace SL_TRACK_LAB09 {
+
+// ---------------------------------------------------------------------------------------------
+// Given
+
+// "tp 2 pp 2 dp 4 | B 2 x m 8 | 1f1b | zero 1 | sp | recompute selective"
+std::string to_string(const Layout& x);
+// "16 devices, 4 a node, 16.0 GB each, 989 TFLOP/s x 0.50; links nvlink inside a node, infiniband across"
+std::string to_string(const Cluster& c);
+
+// Throws scalelab::Error, with the numbers and what to change, unless the layout can train this model on
+// this cluster: every size >= 1; tp * pp * dp == devices; dp * B * m == the global batch; the model splits
+// by tp (ModelShard::validate: NH, 4C, V) and by pp (lab06::make_layout: p <= L; interleaved: m a multiple
+// of p, L divisible by p * v); ZeRO stage 0..3; sequence parallelism only with tp > 1 and B*T divisible by
+// tp; LoRA only with ZeRO 0 and without pipeline or tensor parallelism.
+void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
+
+// The shard of chunk `chunk` of pipeline stage `stage`: lab 06's partition (virtual stage chunk * p + stage)
+// sliced by tp (tp rank 0: every rank of a tp group holds the same sizes), with sequence parallelism.
+ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chunk);
+
+// tp: intra when tp <= devices_per_node; pp: when tp * pp is; dp: when tp * pp * dp is; else inter.
+GroupLinks group_links(const Cluster& c, const Layout& x);
+
+// LoRA's trainable adapters on one shard (tp 1): a (r, in) and b (out, r) on each block's c_attn (C -> 3C),
+// attn c_proj (C -> C), c_fc (C -> 4C) and mlp c_proj (4C -> C): 16 r C elements a block. Elements.
+int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int rank);
+
+// The message and the hint of an error's report, on one line: "NH=12 heads not divisible by tp=8 (the
+// tensor-parallel degree must divide ...)". A refused candidate's why_not.
+std::string refusal_text(const Error& e);
+
+// The fullest stage: stage_memory of every stage, the one with the largest total (the first on a tie).
+DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w);
+
+// "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
+std::string explain(const Candidate& c, const Cluster& cluster);
+
+// ---------------------------------------------------------------------------------------------
+// Memory (README.md#memory-per-device)
+
+// TODO(lab09-1): the activation sets pipeline stage `stage` holds at its peak: one per micro-batch between
+// its forward and its backward. GPipe: m; 1F1B: min(m, p - stage); interleaved (chunks v > 1, counted in
+// chunk sets): min(2 (p - stage - 1) + (v - 1) p + 1, m v) (lab 06's table). README.md#activation-sets-in-flight
+int activation_sets(const Layout& x, int stage);
+
+// TODO(lab09-2): the memory of one device of pipeline stage `stage`: the model state of its chunks (each
+// chunk's shard sharded over dp at the ZeRO stage: estimate_model_state's peaks; LoRA: the frozen base in
+// the parameter dtype and the adapters' state, unsharded) and its activations (each chunk's
+// gpt2_activation_bytes with its sets: activation_sets, spread over the chunks). Bytes.
+// README.md#memory-per-device
+DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
+
+// ---------------------------------------------------------------------------------------------
+// Time (README.md#step-time)
+
+// TODO(lab09-3): the FLOPs of one micro-batch of B sequences of T tokens on one device of stage `stage`,
+// lab 01's convention: each block 24 C^2 + 4 T C a token forward (its four matmuls and attention,
+// causal half counted), the last stage's LM head 2 C V; all divided by tp; the backward twice the forward
+// (LoRA: once, no weight gradients of the frozen base); the recompute recompute_flops_per_token's share of
+// the stage's blocks. README.md#compute
+StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
+
+// TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and
+// the step's data-parallel and embedding communication of that stage (seconds): Megatron's collectives of
+// the (B, T, C) fp32 activation per block and the vocabulary-parallel embedding and cross-entropy (tp),
+// one send each way per micro-batch (pp), the gradient sync of the ZeRO stage (dp) and the tied wte's
+// gradient all-reduce between the first and last stage (embedding), each LinkModel::seconds on its link.
+// README.md#communication
+StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
+double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
+
+// TODO(lab09-5): the step: every stage's slot (compute at c.flops_per_s() plus its communication), the
+// slowest sets the pace of the schedule, (m + (p - 1) / v) slots, of which (p - 1) / v are the bubble; then
+// dp (the slowest stage's; with overlap_dp only what outlasts one backward), then the optimizer's pass
+// (the fullest stage's state read and written once, the gradient read twice, at the memory bandwidth);
+// tokens/s, MFU and HFU. README.md#the-step
+StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
+
+// ---------------------------------------------------------------------------------------------
+// The plan (README.md#the-plan)
+
+// TODO(lab09-6): every layout of the cluster for this workload: tp, pp, dp with tp * pp * dp == devices,
+// every micro-batch B with dp * B dividing the global batch, ZeRO 0..3 (0 only when dp == 1), sequence
+// parallelism (off, and on when tp > 1), recompute none, selective, full; chunks 1. A layout check_layout
+// refuses, or whose device_memory exceeds the cluster's memory, is kept with fits = false and why_not
+// saying so (refusal_text). The fitting ones first, by predicted tokens/s (highest first; a tie: less memory first), then
+// the others in the order enumerated. Throws scalelab::Error, with a hint, on a cluster with no devices,
+// devices_per_node < 1, no compute, or a global batch or T < 1. README.md#the-plan
+std::vector<Candidate> plan(const GPTConfig& cfg, const Workload& w, const Cluster& c);
+
+}  // namespace SL_TRACK_LAB09
+}  // namespace scalelab::lab09
