@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "driver.h"                        // defines: driver::make_link (labs/common)
 #include "planner.h"                       // defines: lab09::plan, step_time, device_memory, ... (YOU)
 #include "scalelab/core/error.h"           // defines: scalelab::Error, SL_CHECK_HINT
 #include "scalelab/measure/calibration.h"  // defines: datasheet_peak
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
   std::string model, gpu = "h100", precision = "bf16", optimizer = "adamw", intra, inter = "infiniband";
   std::string recompute = "none", schedule = "1f1b";
   int layers = 0, hidden = 0, heads = 0, vocab = 256, top = 10, max_gpus = 4096;
-  double memory_gb = 0, peak_tflops = 0, efficiency = 0.5, tokens = 0, days = 0, bandwidth_gbs = 0;
+  double memory_gb = 0, peak_tflops = 0, efficiency = 0.5, tokens = 0, days = 0, bandwidth_gbs = 0, slowdown = 1;
+  double intra_gbs = 0, inter_gbs = 0;
   lab09::Cluster cluster;
   lab09::Workload w;
   lab09::Layout one;
@@ -105,6 +107,14 @@ int main(int argc, char** argv) {
   app.add_option("--memory-bandwidth-gbs", bandwidth_gbs, "GB/s for the optimizer's pass (0: not modelled)");
   app.add_option("--intra", intra, "link inside a node: nvlink, pcie, infiniband, ethernet100 (default: the --gpu's)");
   app.add_option("--inter", inter, "link across nodes")->capture_default_str();
+  app.add_option("--intra-gbs", intra_gbs, "the intra-node link's bus bandwidth, GB/s (default: its preset's)");
+  app.add_option("--inter-gbs", inter_gbs, "the inter-node link's bus bandwidth, GB/s (default: its preset's)");
+  app.add_option("--activation-bytes", w.activation_bytes,
+                 "bytes of an activation on the wire: 4 (this kit, fp32), 2 (16-bit frameworks)")->capture_default_str();
+  app.add_option("--link-slowdown", slowdown, "both links this many times slower (as the lab programs' option)")
+      ->capture_default_str();
+  app.add_option("--uniform-compute-ms", w.uniform_compute_ms,
+                 "a simulated device: every stage's forward of a micro-batch takes this long, its backward twice");
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 grads and master)")->capture_default_str();
   app.add_option("--optimizer", optimizer, "adamw | sgd")->capture_default_str();
   app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)");
@@ -161,8 +171,10 @@ int main(int argc, char** argv) {
     cluster.peak_flops_per_s = peak_tflops * 1e12;
     cluster.efficiency = efficiency;
     cluster.memory_bandwidth_bytes_per_s = bandwidth_gbs * 1e9;
-    cluster.intra = LinkModel::preset(intra);
-    cluster.inter = LinkModel::preset(inter);
+    cluster.intra = driver::make_link(intra, slowdown);
+    cluster.inter = driver::make_link(inter, slowdown);
+    if (intra_gbs > 0) cluster.intra.bandwidth_bytes_per_s = intra_gbs * 1e9 / slowdown;
+    if (inter_gbs > 0) cluster.inter.bandwidth_bytes_per_s = inter_gbs * 1e9 / slowdown;
     w.policy = PrecisionPolicy::from_name(precision);
     w.optimizer = OptimizerConfig::kind_from_name(optimizer);
 

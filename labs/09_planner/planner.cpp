@@ -85,13 +85,20 @@ ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chu
 
 GroupLinks group_links(const Cluster& c, const Layout& x) {
   auto link = [&](int extent) { return extent <= c.devices_per_node ? c.intra : c.inter; };
-  return {link(x.tp), link(x.tp * x.pp), link(x.devices())};
+  return {link(x.tp), /*pp=*/link(x.devices()), /*dp=*/link(x.tp * x.dp)};
 }
 
 int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int rank) {
   // a (r, in) and b (out, r) for c_attn (C -> 3C), attn c_proj (C -> C), c_fc (C -> 4C), mlp c_proj (4C -> C)
   const int64_t C = cfg.n_embd, per_block = static_cast<int64_t>(rank) * ((C + 3 * C) + 2 * C + 5 * C + 5 * C);
   return shard_blocks(cfg, shard) * per_block;
+}
+
+int chunk_sets(const Layout& x, int sets, int chunk) {
+  if (x.chunks == 1) return sets;
+  int n = 0;  // the first `sets` forwards of the interleaved schedule go p to a chunk, chunk 0 first, round and round
+  for (int k = 0; k < sets; ++k) n += (k / x.pp) % x.chunks == chunk;
+  return n;
 }
 
 std::string refusal_text(const Error& e) {
@@ -137,8 +144,8 @@ std::string explain(const Candidate& c, const Cluster& cluster) {
   std::snprintf(buf, sizeof buf,
                 "%s, %s, %s on top; micro-batch %d x %d per replica%s%s, ZeRO %d, recompute %s: %.4g tokens/s "
                 "predicted (step %.4g ms, bubble %.1f%%, dp %.1f%%), MFU %.1f%%, %.2f GB a device (stage %d)",
-                group("tp", x.tp, x.tp).c_str(), group("pp", x.pp, x.tp * x.pp).c_str(),
-                group("dp", x.dp, x.devices()).c_str(), x.micro_batch, x.micro_batches,
+                group("tp", x.tp, x.tp).c_str(), group("pp", x.pp, x.devices()).c_str(),
+                group("dp", x.dp, x.tp * x.dp).c_str(), x.micro_batch, x.micro_batches,
                 x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
                 x.sequence_parallel ? ", sequence parallel" : "", x.zero_stage, recompute_name(x.recompute),
                 c.time.tokens_per_s, c.time.step_ms, 100.0 * c.time.bubble_ms / c.time.step_ms,
@@ -187,7 +194,7 @@ StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const Gro
   StageComm c;
   [[maybe_unused]] const int n = x.tp;
   [[maybe_unused]] const int64_t BT = static_cast<int64_t>(x.micro_batch) * w.seq_len;
-  [[maybe_unused]] const int64_t act = BT * cfg.n_embd * 4;  // bytes of one (B, T, C) fp32 activation (this kit's)
+  [[maybe_unused]] const int64_t act = BT * cfg.n_embd * w.activation_bytes;  // bytes of one (B, T, C) activation
   // TODO(lab09-4) BEGIN  tp and pp per micro-batch on one device of the stage
   //   The seconds one micro-batch spends in the tensor-parallel collectives of this stage and in its
   //   pipeline sends, each call priced by its group's link. README.md#communication

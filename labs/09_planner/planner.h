@@ -48,8 +48,8 @@ namespace scalelab::lab09 {
 // What is planned (shared by both tracks)
 
 // The machine: identical devices in nodes. World ranks fill a node before the next, tp fastest-varying,
-// then pp, then dp (lab 07's default order tp-pp-dp): a group of `extent` consecutive world ranks stays
-// inside a node when extent <= devices_per_node (README.md#the-cluster).
+// then dp, then pp (lab 07's default order tp-dp-pp, Megatron-LM's): a group whose members lie within
+// `extent` consecutive world ranks stays inside a node when extent <= devices_per_node (README.md#the-cluster).
 struct Cluster {
   int devices = 8;                 // all of them; a layout uses every one (tp * pp * dp == devices)
   int devices_per_node = 8;
@@ -70,10 +70,15 @@ struct Workload {
   OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::AdamW;
   AttentionImpl attention = AttentionImpl::Materialized;
   int prefetch = 1;            // ZeRO-3: all-gathers in flight beyond the unit in use
+  int activation_bytes = 4;    // bytes of one activation element on the wire (tp, pp): 4 in this kit (fp32
+                               // activations); 2 in 16-bit frameworks (Megatron-LM). Memory stays this kit's.
   int lora_rank = 0;           // > 0: a LoRA fine-tune (Hu et al. 2021, arXiv:2106.09685): the 16-bit base is
                                // frozen; adapters of this rank on the four matrices of every block train
-  bool overlap_dp = false;     // dp's gradient communication runs during the last micro-batch's backward
-                               // (lab 03's overlap); false: after it, as labs 04-07 run
+  bool overlap_dp = false;     // dp's gradient communication runs during the backward it follows (lab 03's
+                               // overlap); false: after the last micro-batch, as labs 04-07 run
+  double uniform_compute_ms = 0;  // a simulated device (labs 06 and 07's --uniform-compute-ms): a stage's
+                                  // forward of one micro-batch takes this long whatever its FLOPs, its backward
+                                  // twice; 0: the stage's FLOPs at Cluster::flops_per_s
 };
 
 // One candidate layout.
@@ -137,7 +142,7 @@ struct Candidate {
   std::string why_not;         // "" when it fits; else what refused it (the model, the batch, the memory)
 };
 
-// The groups' links of a layout on a cluster: tp spans tp ranks, pp tp*pp, dp all of them (the order above).
+// The groups' links of a layout on a cluster: tp spans tp ranks, dp tp*dp, pp all of them (the order above).
 struct GroupLinks {
   LinkModel tp, pp, dp;
 };
@@ -163,12 +168,18 @@ void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, cons
 // sliced by tp (tp rank 0: every rank of a tp group holds the same sizes), with sequence parallelism.
 ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chunk);
 
-// tp: intra when tp <= devices_per_node; pp: when tp * pp is; dp: when tp * pp * dp is; else inter.
+// tp: intra when tp <= devices_per_node; dp: when tp * dp is; pp (and the embedding group): when
+// tp * dp * pp is; else inter.
 GroupLinks group_links(const Cluster& c, const Layout& x);
 
 // LoRA's trainable adapters on one shard (tp 1): a (r, in) and b (out, r) on each block's c_attn (C -> 3C),
 // attn c_proj (C -> C), c_fc (C -> 4C) and mlp c_proj (4C -> C): 16 r C elements a block. Elements.
 int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int rank);
+
+// Of the `sets` chunk sets a stage holds at its peak (activation_sets), those of chunk `chunk`: the first
+// `sets` forwards of the interleaved schedule, p to a chunk, chunk 0 first, round and round (lab 06). All of
+// them when chunks == 1.
+int chunk_sets(const Layout& x, int sets, int chunk);
 
 // The message and the hint of an error's report, on one line: "NH=12 heads not divisible by tp=8 (the
 // tensor-parallel degree must divide ...)". A refused candidate's why_not.
@@ -191,7 +202,7 @@ int activation_sets(const Layout& x, int stage);
 // TODO(lab09-2): the memory of one device of pipeline stage `stage`: the model state of its chunks (each
 // chunk's shard sharded over dp at the ZeRO stage: estimate_model_state's peaks; LoRA: the frozen base in
 // the parameter dtype and the adapters' state, unsharded) and its activations (each chunk's
-// gpt2_activation_bytes with its sets: activation_sets, spread over the chunks). Bytes.
+// gpt2_activation_bytes with its share of the sets: activation_sets, chunk_sets). Bytes.
 // README.md#memory-per-device
 DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
 
@@ -207,18 +218,18 @@ StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const W
 
 // TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and
 // the step's data-parallel and embedding communication of that stage (seconds): Megatron's collectives of
-// the (B, T, C) fp32 activation per block and the vocabulary-parallel embedding and cross-entropy (tp),
-// one send each way per micro-batch (pp), the gradient sync of the ZeRO stage (dp) and the tied wte's
-// gradient all-reduce between the first and last stage (embedding), each LinkModel::seconds on its link.
+// the (B, T, C) activation (w.activation_bytes an element) per block and the vocabulary-parallel embedding
+// and cross-entropy (fp32 row statistics) (tp), one send each way per micro-batch (pp), the gradient sync of the ZeRO stage unit by unit (dp) and the tied
+// wte's gradient all-reduce between the first and last stage (embedding), each LinkModel::seconds on its link.
 // README.md#communication
 StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
 double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
 
-// TODO(lab09-5): the step: every stage's slot (compute at c.flops_per_s() plus its communication), the
-// slowest sets the pace of the schedule, (m + (p - 1) / v) slots, of which (p - 1) / v are the bubble; then
-// dp (the slowest stage's; with overlap_dp only what outlasts one backward), then the optimizer's pass
-// (the fullest stage's state read and written once, the gradient read twice, at the memory bandwidth);
-// tokens/s, MFU and HFU. README.md#the-step
+// TODO(lab09-5): the step: every stage's slot (its compute, at c.flops_per_s() or w.uniform_compute_ms, plus
+// its communication), the slowest sets the pace of the schedule, (m + (p - 1) / v) slots, of which
+// (p - 1) / v are the bubble; then dp (the slowest stage's; with overlap_dp only what outlasts the compute it
+// runs beside), then the optimizer's pass over what this device updates at the memory bandwidth; tokens/s,
+// MFU and HFU. README.md#the-step
 StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
 
 // ---------------------------------------------------------------------------------------------
@@ -229,7 +240,8 @@ StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, con
 // parallelism (off, and on when tp > 1), recompute none, selective, full; chunks 1. A layout check_layout
 // refuses, or whose device_memory exceeds the cluster's memory, is kept with fits = false and why_not
 // saying so (refusal_text). The fitting ones first, by predicted tokens/s (highest first; a tie: less memory first), then
-// the others in the order enumerated. Throws scalelab::Error, with a hint, on a cluster with no devices,
+// the others in the order enumerated. A layout too large says "needs 3.20 GB a device (stage 0), has 1.00 GB".
+// Throws scalelab::Error, with a hint, on a cluster with no devices,
 // devices_per_node < 1, no compute, or a global batch or T < 1. README.md#the-plan
 std::vector<Candidate> plan(const GPTConfig& cfg, const Workload& w, const Cluster& c);
 

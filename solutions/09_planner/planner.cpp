@@ -85,13 +85,20 @@ ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chu
 
 GroupLinks group_links(const Cluster& c, const Layout& x) {
   auto link = [&](int extent) { return extent <= c.devices_per_node ? c.intra : c.inter; };
-  return {link(x.tp), link(x.tp * x.pp), link(x.devices())};
+  return {link(x.tp), /*pp=*/link(x.devices()), /*dp=*/link(x.tp * x.dp)};
 }
 
 int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int rank) {
   // a (r, in) and b (out, r) for c_attn (C -> 3C), attn c_proj (C -> C), c_fc (C -> 4C), mlp c_proj (4C -> C)
   const int64_t C = cfg.n_embd, per_block = static_cast<int64_t>(rank) * ((C + 3 * C) + 2 * C + 5 * C + 5 * C);
   return shard_blocks(cfg, shard) * per_block;
+}
+
+int chunk_sets(const Layout& x, int sets, int chunk) {
+  if (x.chunks == 1) return sets;
+  int n = 0;  // the first `sets` forwards of the interleaved schedule go p to a chunk, chunk 0 first, round and round
+  for (int k = 0; k < sets; ++k) n += (k / x.pp) % x.chunks == chunk;
+  return n;
 }
 
 std::string refusal_text(const Error& e) {
@@ -137,8 +144,8 @@ std::string explain(const Candidate& c, const Cluster& cluster) {
   std::snprintf(buf, sizeof buf,
                 "%s, %s, %s on top; micro-batch %d x %d per replica%s%s, ZeRO %d, recompute %s: %.4g tokens/s "
                 "predicted (step %.4g ms, bubble %.1f%%, dp %.1f%%), MFU %.1f%%, %.2f GB a device (stage %d)",
-                group("tp", x.tp, x.tp).c_str(), group("pp", x.pp, x.tp * x.pp).c_str(),
-                group("dp", x.dp, x.devices()).c_str(), x.micro_batch, x.micro_batches,
+                group("tp", x.tp, x.tp).c_str(), group("pp", x.pp, x.devices()).c_str(),
+                group("dp", x.dp, x.tp * x.dp).c_str(), x.micro_batch, x.micro_batches,
                 x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
                 x.sequence_parallel ? ", sequence parallel" : "", x.zero_stage, recompute_name(x.recompute),
                 c.time.tokens_per_s, c.time.step_ms, 100.0 * c.time.bubble_ms / c.time.step_ms,
@@ -166,7 +173,6 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
   d.stage = stage;
   // TODO(lab09-2) BEGIN  this stage's model state and activations, chunk by chunk
   d.sets = activation_sets(x, stage);
-  const int sets_per_chunk = (d.sets + x.chunks - 1) / x.chunks;
   const int64_t Bp = static_cast<int64_t>(dtype_size(w.policy.param_dtype));
   const int64_t Bg = static_cast<int64_t>(dtype_size(w.policy.grad_dtype));
   const int64_t K = optimizer_bytes_per_param(w.policy, w.optimizer);
@@ -184,8 +190,8 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
       d.state.grads += peak.grads;
       d.state.optimizer_state += peak.optimizer_state;
     }
-    d.activations += gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, sets_per_chunk, x.recompute,
-                                           w.attention);
+    d.activations += gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, chunk_sets(x, d.sets, chunk),
+                                           x.recompute, w.attention);
   }
   // TODO(lab09-2) END
   return d;
@@ -215,7 +221,7 @@ StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const Gro
   StageComm c;
   [[maybe_unused]] const int n = x.tp;
   [[maybe_unused]] const int64_t BT = static_cast<int64_t>(x.micro_batch) * w.seq_len;
-  [[maybe_unused]] const int64_t act = BT * cfg.n_embd * 4;  // bytes of one (B, T, C) fp32 activation (this kit's)
+  [[maybe_unused]] const int64_t act = BT * cfg.n_embd * w.activation_bytes;  // bytes of one (B, T, C) activation
   // TODO(lab09-4) BEGIN  tp and pp per micro-batch on one device of the stage
   const LinkModel& tl = links.tp;
   // one block's forward: 2 all-reduces (g after attention's and the MLP's row-parallel linear), or under
@@ -250,16 +256,24 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
   [[maybe_unused]] const int64_t Bp = static_cast<int64_t>(dtype_size(w.policy.param_dtype));   // parameters on the wire
   // TODO(lab09-4) BEGIN  the step's gradient sync over dp (per the ZeRO stage) and wte's over the embedding group
   const LinkModel& dl = links.dp;
+  const double m = x.micro_batches;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard s = chunk_shard(cfg, x, stage, chunk);
-    const int64_t numel = w.lora_rank > 0 ? lora_adapter_numel(cfg, s, w.lora_rank) : shard_numel(cfg, s);
-    const double m = x.micro_batches;
-    switch (x.zero_stage) {
-      case 0: t += dl.seconds("all_reduce", numel * Br, n); break;
-      case 1: t += dl.seconds("reduce_scatter", numel * Br, n) + dl.seconds("all_gather", numel * Bp / n, n); break;
-      case 2: t += m * dl.seconds("reduce_scatter", numel * Br, n) + dl.seconds("all_gather", numel * Bp / n, n); break;
-      default:  // gathered for every micro-batch's forward and backward, its gradients reduce-scattered
-        t += m * (2.0 * dl.seconds("all_gather", numel * Bp / n, n) + dl.seconds("reduce_scatter", numel * Br, n));
+    for (int64_t numel : gpt2_unit_numel(cfg, s)) {  // one call per unit, as labs 04 and 07 sync (FSDP: per block)
+      if (numel == 0) continue;  // a unit this chunk does not hold
+      if (w.lora_rank > 0) {     // only the adapters train: one all-reduce of all of them
+        numel = lora_adapter_numel(cfg, s, w.lora_rank);
+        t += dl.seconds("all_reduce", numel * Br, n);
+        break;
+      }
+      const int64_t shard = (numel + n - 1) / n;  // ZeRO pads each unit to n equal shards (lab 04)
+      switch (x.zero_stage) {
+        case 0: t += dl.seconds("all_reduce", numel * Br, n); break;
+        case 1: t += dl.seconds("reduce_scatter", n * shard * Br, n) + dl.seconds("all_gather", shard * Bp, n); break;
+        case 2: t += m * dl.seconds("reduce_scatter", n * shard * Br, n) + dl.seconds("all_gather", shard * Bp, n); break;
+        default:  // gathered for every micro-batch's forward and backward, its gradient reduce-scattered
+          t += m * (2.0 * dl.seconds("all_gather", shard * Bp, n) + dl.seconds("reduce_scatter", n * shard * Br, n));
+      }
     }
     if (x.pp > 1 && (s.has_embedding || s.has_head))  // Megatron's tied wte: first and last stage sum its gradient
       t += links.pp.seconds("all_reduce", static_cast<int64_t>(cfg.vocab_size / x.tp) * cfg.n_embd * Br, 2);
@@ -280,21 +294,23 @@ StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, con
   for (int s = 0; s < x.pp; ++s) {
     const StageFlops f = stage_flops(cfg, x, s, w);
     const StageComm cm = stage_comm(cfg, x, s, links, w);
-    const double slot_s = f.total() / F + cm.tp_s + cm.pp_s;
+    const bool simulated = w.uniform_compute_ms > 0;  // a forward takes the given time, a backward twice
+    const double fwd_s = simulated ? w.uniform_compute_ms / 1e3 : f.forward / F;
+    const double bwd_s = simulated ? 2 * w.uniform_compute_ms / 1e3 : (f.backward + f.recompute) / F;
+    const double slot_s = fwd_s + bwd_s + cm.tp_s + cm.pp_s;
     if (s == 0 || 1e3 * slot_s > t.slot_ms) {
       t.slowest_stage = s;
-      t.compute_ms = 1e3 * f.total() / F;
+      t.compute_ms = 1e3 * (fwd_s + bwd_s);
       t.tp_ms = 1e3 * cm.tp_s;
       t.pp_ms = 1e3 * cm.pp_s;
       t.slot_ms = 1e3 * slot_s;
     }
-    // dp: what this stage's group carries; with overlap, what outlasts the compute it runs beside
+    // dp: what this stage's group carries; with overlap, what outlasts the compute it runs beside (ZeRO-3's
+    // gathers every forward and backward, ZeRO-2's reduce-scatters every backward, else the last backward)
     double stage_dp = dp_seconds(cfg, x, s, links, w);
     if (w.overlap_dp) {
       const double m = x.micro_batches;
-      const double beside = x.zero_stage == 3   ? m * (f.forward + f.backward + f.recompute) / F
-                             : x.zero_stage == 2 ? m * (f.backward + f.recompute) / F
-                                                 : (f.backward + f.recompute) / F;
+      const double beside = x.zero_stage == 3 ? m * (fwd_s + bwd_s) : x.zero_stage == 2 ? m * bwd_s : bwd_s;
       stage_dp = std::max(0.0, stage_dp - beside);
     }
     dp_s = std::max(dp_s, stage_dp);

@@ -293,21 +293,23 @@ TEST(Lab09Planner, CommunicationTermsMatchTheModel) {
 
 TEST(Lab09Planner, StepTimeMatchesTheModel) {
   const grading::Check check{"lab09.step_time_matches_the_model", 3,
-                             "11 layouts on a CPU-like cluster, H100 nodes of 8 and of 2, dp overlapped or not: "
+                             "11 layouts on a CPU-like cluster, H100 nodes of 8 and of 2, dp overlapped or not, a "
+                             "uniform simulated compute: "
                              "every field of the step equals the model's (relative 1e-9); the bubble's share of "
                              "the pipeline is lab 06's formula",
                              "README 'The step': the slowest slot sets the pace; then what cannot overlap"};
   grading::run(check, [](grading::Record& record) {
     int n = 0;
     for (const Case& c : cases())
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < 5; ++k) {
         const Cluster cl = cluster_for(c.x, k == 2 ? 2 : 8, k == 0);
         Workload w = c.w;
         w.overlap_dp = k == 3;
+        w.uniform_compute_ms = k == 4 ? 25 : 0;
         const StepTime got = step_time(c.cfg, c.x, w, cl);
         const std::string d = time_diff(got, model::step_time(c.cfg, c.x, w, cl));
-        ASSERT_TRUE(d.empty()) << c.name << ", cluster " << to_string(cl) << (w.overlap_dp ? ", overlap" : "") << ": "
-                               << d;
+        ASSERT_TRUE(d.empty()) << c.name << ", cluster " << to_string(cl) << (w.overlap_dp ? ", overlap" : "")
+                               << (k == 4 ? ", uniform compute 25 ms" : "") << ": " << d;
         lab06::PipelineLayout pl;  // independent of the model: lab 06's bubble formula
         pl.p = c.x.pp;
         pl.v = c.x.chunks;
