@@ -208,9 +208,10 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
   [[maybe_unused]] const int n = x.dp;
   [[maybe_unused]] const int64_t Br = static_cast<int64_t>(dtype_size(w.policy.reduce_dtype));  // gradients on the wire
   [[maybe_unused]] const int64_t Bp = static_cast<int64_t>(dtype_size(w.policy.param_dtype));   // parameters on the wire
-  // TODO(lab09-4) BEGIN  the step's gradient sync over dp (per the ZeRO stage) and wte's over the embedding group
-  //   The seconds the step spends synchronising this stage's gradients over dp, as its ZeRO stage
-  //   does, and (pp > 1) the tied embedding's gradient between the first and last stage.
+  // TODO(lab09-4) BEGIN  after the last backward: dp's sync per the ZeRO stage, wte's, sp's layernorms'
+  //   The seconds the step spends after its last backward synchronising this stage's gradients: over dp
+  //   as its ZeRO stage does, the tied embedding's between the first and last stage, and the layernorms'
+  //   over tp when the rows were split (sequence parallel).
   //   README.md#communication
   throw scalelab::NotImplemented("lab09-4 dp_seconds");
   // TODO(lab09-4) END

@@ -216,11 +216,13 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
 // the stage's blocks. README.md#compute
 StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
 
-// TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and
-// the step's data-parallel and embedding communication of that stage (seconds): Megatron's collectives of
-// the (B, T, C) activation (w.activation_bytes an element) per block and the vocabulary-parallel embedding
-// and cross-entropy (fp32 row statistics) (tp), one send each way per micro-batch (pp), the gradient sync of the ZeRO stage unit by unit (dp) and the tied
-// wte's gradient all-reduce between the first and last stage (embedding), each LinkModel::seconds on its link.
+// TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and the
+// step's communication of that stage after its last backward (seconds). tp: Megatron's collectives of the
+// (B, T, C) activation (w.activation_bytes an element) in every block, the vocabulary-parallel embedding and
+// cross-entropy (fp32 row statistics); pp: one send each way per micro-batch. After the last backward: the
+// gradient sync of the ZeRO stage unit by unit (dp), the tied wte's gradient all-reduce between the first
+// and last stage (embedding) and, under sequence parallelism, each layernorm weight's and bias's over tp.
+// Each call LinkModel::seconds on its group's link.
 // README.md#communication
 StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
 double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);

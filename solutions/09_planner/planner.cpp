@@ -254,7 +254,7 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
   [[maybe_unused]] const int n = x.dp;
   [[maybe_unused]] const int64_t Br = static_cast<int64_t>(dtype_size(w.policy.reduce_dtype));  // gradients on the wire
   [[maybe_unused]] const int64_t Bp = static_cast<int64_t>(dtype_size(w.policy.param_dtype));   // parameters on the wire
-  // TODO(lab09-4) BEGIN  the step's gradient sync over dp (per the ZeRO stage) and wte's over the embedding group
+  // TODO(lab09-4) BEGIN  after the last backward: dp's sync per the ZeRO stage, wte's, sp's layernorms'
   const LinkModel& dl = links.dp;
   const double m = x.micro_batches;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
@@ -277,6 +277,8 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
     }
     if (x.pp > 1 && (s.has_embedding || s.has_head))  // Megatron's tied wte: first and last stage sum its gradient
       t += links.pp.seconds("all_reduce", static_cast<int64_t>(cfg.vocab_size / x.tp) * cfg.n_embd * Br, 2);
+    if (x.sequence_parallel)  // each layernorm weight and bias saw only this rank's rows: summed over tp (lab 05)
+      t += (4 * shard_blocks(cfg, s) + (s.has_head ? 2 : 0)) * links.tp.seconds("all_reduce", cfg.n_embd * Br, x.tp);
   }
   // TODO(lab09-4) END
   return t;
