@@ -6,12 +6,12 @@ on CPU ranks, its measured step time and memory per rank beside what bin/sl_plan
 
 Each row runs one lab program (mpirun for several ranks) on the demo model (L 4, C 192, T 64, fp32, AdamW),
 reads every rank's log (docs/log_schema.md), and asks `bin/sl_plan --json` for the same layout on a CPU
-cluster: the peak of runs/calibration/cpu_1t.json (bin/sl_calibrate --threads 1), efficiency 1, the simulated
-links the run used (--link, --inter-link, --link-slowdown, --ranks-per-node). Two kinds of rows:
+cluster: the peak of runs/calibration/cpu_1t.json (bin/sl_calibrate --threads 1), the efficiency below,
+the simulated links the run used (--link, --inter-link, --link-slowdown, --ranks-per-node). Two kinds of rows:
   real      one or two ranks, one thread each, on the 2 cores: compute is this CPU's; the model prices it
-            as the FLOPs of the GEMMs at the sgemm calibration times ONE efficiency, measured here on the
-            first row (lab 01, one device: its compute against its FLOPs), plus the optimizer's pass at
-            --bandwidth-gbs;
+            as the FLOPs of the GEMMs at the sgemm calibration times an efficiency measured here on two
+            calibration runs, lab 01 alone and lab 03 on 2 ranks without a link (their compute against their
+            FLOPs: one number for one busy rank, one for two), plus the optimizer's pass at --bandwidth-gbs;
   uniform   labs 06 and 07 with --uniform-compute-ms: a stage's forward takes the given time, its backward
             twice (as on a simulated device), so the row tests the schedule, the bubble and the links.
 Measured: the slowest rank's mean step (the summary's mean_step_ms, the warm-up step not counted); memory:

@@ -1154,3 +1154,89 @@ def plot_rollback(run: Run, zoom: int = 15, plot_dir=None, name="rollback"):
     axes[1].set_title(f"around the rollback at step {int(first['step'])}")
     axes[1].legend(fontsize=8)
     return _save(fig, name, plot_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lab 09: the planner against the kit's runs (bench/plan_validate.py's results.json) and its rankings
+# (bin/sl_plan --json, without --tp: the top rows that fit and the refusals by reason).
+
+def load_plan_validation(path: str | Path) -> pd.DataFrame:
+    """One row per layout of bench/plan_validate.py's results.json: name, kind (real / uniform), ranks, the
+    measured and predicted step (ms) and memory (bytes: the four categories the planner counts), their
+    errors (predicted / measured - 1). Empty when the file is missing."""
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame()
+    doc = json.loads(path.read_text())
+    rows = doc["rows"] if isinstance(doc, dict) else doc
+    df = pd.DataFrame([{k: r[k] for k in ("name", "kind", "ranks", "measured_step_ms", "predicted_step_ms",
+                                          "measured_model_bytes", "predicted_bytes")} for r in rows])
+    if not df.empty:
+        df["time_error"] = df["predicted_step_ms"] / df["measured_step_ms"] - 1
+        df["memory_error"] = df["predicted_bytes"] / df["measured_model_bytes"] - 1
+    return df
+
+
+def plot_plan_validation(df: pd.DataFrame, plot_dir=None, name="plan_validation"):
+    """Predicted against measured, step time (left) and memory per rank (right), one point a layout: on the
+    diagonal the model is exact; the grey band is +-10 % (time) and +-5 % (memory), the issue's goals."""
+    if df.empty:
+        return _nothing("no bench/plan_validate.py results")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, (mx, py, band, unit, scale) in zip(axes, (("measured_step_ms", "predicted_step_ms", 0.10, "ms", 1.0),
+                                                      ("measured_model_bytes", "predicted_bytes", 0.05, "MiB", 2**20))):
+        lo = min(df[mx].min(), df[py].min()) / scale * 0.8
+        hi = max(df[mx].max(), df[py].max()) / scale * 1.2
+        xs = [lo, hi]
+        ax.fill_between(xs, [x * (1 - band) for x in xs], [x * (1 + band) for x in xs], color="0.9",
+                        label=f"within {band:.0%}")
+        ax.plot(xs, xs, "k:", lw=1)
+        for kind, marker in (("real", "o"), ("uniform", "s")):
+            d = df[df["kind"] == kind]
+            ax.plot(d[mx] / scale, d[py] / scale, marker, ls="", label=f"{kind} compute")
+        ax.set(xscale="log", yscale="log", xlim=xs, ylim=xs, xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})")
+        ax.legend(fontsize=8)
+    axes[0].set_title("step time: slowest rank, median of runs")
+    axes[1].set_title("memory per rank: params + grads + optimizer + activations")
+    return _save(fig, name, plot_dir)
+
+
+def load_plan_rankings(folder: str | Path) -> dict[str, dict]:
+    """{file stem: the object bin/sl_plan --json printed} for every <folder>/*.json; {} when none."""
+    folder = Path(folder)
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+def plan_ranking(doc: dict) -> pd.DataFrame:
+    """The ranking's rows: layout fields, GB a device, predicted step ms, tokens/s, MFU, bubble and dp shares."""
+    rows = []
+    for r in doc.get("rows", []):
+        t, m = r["time"], r["memory"]
+        rows.append(dict(tp=r["tp"], pp=r["pp"], dp=r["dp"], B=r["micro_batch"], m=r["micro_batches"],
+                         zero=r["zero_stage"], sp=r["sequence_parallel"], recompute=r["recompute"],
+                         gb=m["total_bytes"] / 1e9, step_ms=t["step_ms"], tokens_per_s=t["tokens_per_s"],
+                         mfu=t["mfu"], bubble=t["bubble_ms"] / t["step_ms"], dp_share=t["dp_ms"] / t["step_ms"]))
+    return pd.DataFrame(rows)
+
+
+def plot_plan_ranking(doc: dict, title: str, plot_dir=None, name="plan_ranking"):
+    """The best layouts of one plan as bars of predicted tokens/s, each labelled with its split and options and
+    coloured by where its step goes (compute, bubble, dp)."""
+    df = plan_ranking(doc)
+    if df.empty:
+        return _nothing(f"{title}: no layout fits")
+    df = df.iloc[::-1]  # the best on top
+    labels = [f"tp {r.tp} pp {r.pp} dp {r.dp} | B {r.B} x {r.m} | z{r.zero}{' sp' if r.sp else ''} {r.recompute}"
+              for r in df.itertuples()]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(df) + 1.5))
+    rest = 1 - df["bubble"] - df["dp_share"]
+    left = 0 * df["tokens_per_s"]
+    for share, color, label in ((rest, "tab:blue", "compute + tp + pp"), (df["bubble"], "tab:orange", "bubble"),
+                                (df["dp_share"], "tab:red", "dp")):
+        ax.barh(labels, df["tokens_per_s"] * share, left=left, color=color, label=label)
+        left = left + df["tokens_per_s"] * share
+    for y, r in enumerate(df.itertuples()):
+        ax.text(r.tokens_per_s, y, f" {r.gb:.0f} GB, MFU {r.mfu:.0%}", va="center", fontsize=8)
+    ax.set(xlabel="predicted tokens/s (the bar split by where the step's time goes)", title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, name, plot_dir)

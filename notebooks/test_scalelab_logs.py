@@ -462,6 +462,49 @@ class RollbackLogsTest(unittest.TestCase):
             self.assertEqual(list(spikes[0].get_ydata()), [9.0])
 
 
+class PlanLogsTest(unittest.TestCase):
+    """Lab 09: bench/plan_validate.py's results and bin/sl_plan --json's ranking, read and drawn."""
+
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402
+        cls.sl = scalelab_logs
+
+    def test_validation_errors_are_predicted_over_measured(self):
+        with tempfile.TemporaryDirectory() as root:
+            path = os.path.join(root, "results.json")
+            rows = [dict(name="a", kind="real", ranks=1, measured_step_ms=100.0, predicted_step_ms=110.0,
+                         measured_model_bytes=1000, predicted_bytes=1000),
+                    dict(name="b", kind="uniform", ranks=4, measured_step_ms=200.0, predicted_step_ms=190.0,
+                         measured_model_bytes=2000, predicted_bytes=2100)]
+            with open(path, "w") as f:
+                json.dump({"rows": rows, "efficiency": {"1": 0.9}}, f)
+            df = self.sl.load_plan_validation(path)
+            self.assertEqual(list(df["name"]), ["a", "b"])
+            self.assertAlmostEqual(df["time_error"][0], 0.10)
+            self.assertAlmostEqual(df["time_error"][1], -0.05)
+            self.assertAlmostEqual(df["memory_error"][1], 0.05)
+            fig = self.sl.plot_plan_validation(df)
+            points = [ln for ln in fig.axes[0].lines if ln.get_marker() in ("o", "s")]
+            self.assertEqual(sorted(len(ln.get_xdata()) for ln in points), [1, 1], "one point a layout")
+            self.assertTrue(self.sl.load_plan_validation(os.path.join(root, "missing.json")).empty)
+
+    def test_ranking_bars_split_the_step(self):
+        row = dict(tp=2, pp=1, dp=4, micro_batch=1, micro_batches=8, zero_stage=1, sequence_parallel=False,
+                   recompute="none", memory={"total_bytes": 60e9},
+                   time={"step_ms": 100.0, "tokens_per_s": 1000.0, "mfu": 0.4, "bubble_ms": 10.0, "dp_ms": 20.0})
+        doc = {"model": "m", "candidates": 3, "rows": [row], "refused": {"needs": 2}}
+        df = self.sl.plan_ranking(doc)
+        self.assertAlmostEqual(df["bubble"][0], 0.1)
+        self.assertAlmostEqual(df["dp_share"][0], 0.2)
+        fig = self.sl.plot_plan_ranking(doc, "t")
+        widths = [p.get_width() for p in fig.axes[0].patches]
+        self.assertEqual([round(w) for w in widths], [700, 100, 200], "compute, bubble, dp shares of 1000 tokens/s")
+        self.assertIsNone(self.sl.plot_plan_ranking({"rows": []}, "none"))
+
+
 if __name__ == "__main__":
     if "--runs-root" in sys.argv:
         i = sys.argv.index("--runs-root")

@@ -124,6 +124,20 @@ if [[ "$MAKE_LOGS" == 1 ]]; then
     || { cat "$tmp/lab08.out"; die "lab 08 run (a poisoned window) failed"; }
   grep -q "rollback at step 45" "$tmp/lab08.out" || { cat "$tmp/lab08.out"; die "lab 08's poisoned run did not roll back"; }
   echo "   lab 08 run made in $((SECONDS - t8)) s"
+  # Lab 09: the validation's quick form (its two calibration runs and one row: GPipe on 2 ranks, uniform
+  # compute) and the rankings of a 7B and a 70B model on 64 H100s (bin/sl_plan --json; the notebook's commands).
+  t9=$SECONDS
+  python3 bench/plan_validate.py --build-dir "$BUILD" --out "$RUNS_ROOT/plan_validate" --only "GPipe" --repeats 1 \
+    --steps 3 "${cal[@]}" > "$tmp/lab09_validate.out" 2>&1 \
+    || { cat "$tmp/lab09_validate.out"; die "lab 09 validation (bench/plan_validate.py --only GPipe) failed"; }
+  mkdir -p "$RUNS_ROOT/plan"
+  for model in "7b 32 4096 32" "70b 80 8192 64"; do
+    read -r name layers hidden heads <<< "$model"
+    "$BUILD/bin/sl_plan" --layers "$layers" --hidden "$hidden" --heads "$heads" --vocab 32000 --seq-len 2048 \
+      --global-batch 512 --gpus 64 --gpus-per-node 8 --gpu h100 --top 12 --json > "$RUNS_ROOT/plan/${name}_64xh100.json" \
+      || die "bin/sl_plan for the $name model failed"
+  done
+  echo "   lab 09 runs made in $((SECONDS - t9)) s"
   echo "   runs made in $((SECONDS - t0)) s"
 fi
 

@@ -66,7 +66,11 @@ std::string reason_kind(const std::string& why) {
 nlohmann::json to_json(const lab09::Candidate& r) {
   const lab09::StepTime& t = r.time;
   const lab09::DeviceMemory& m = r.memory;
-  return {{"layout", lab09::to_string(r.layout)}, {"fits", r.fits}, {"why_not", r.why_not},
+  const lab09::Layout& x = r.layout;
+  return {{"layout", lab09::to_string(x)}, {"fits", r.fits}, {"why_not", r.why_not},
+          {"tp", x.tp}, {"pp", x.pp}, {"dp", x.dp}, {"micro_batch", x.micro_batch}, {"micro_batches", x.micro_batches},
+          {"zero_stage", x.zero_stage}, {"sequence_parallel", x.sequence_parallel},
+          {"recompute", recompute_name(x.recompute)},
           {"memory", {{"stage", m.stage}, {"sets", m.sets}, {"params_bytes", m.state.params},
                       {"grads_bytes", m.state.grads}, {"optimizer_state_bytes", m.state.optimizer_state},
                       {"activations_bytes", m.activations}, {"total_bytes", m.total()}}},
@@ -133,7 +137,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero", one.zero_stage, "ZeRO stage of --tp's layout");
   app.add_flag("--sp", sp, "sequence parallelism in --tp's layout");
   app.add_option("--recompute", recompute, "none | selective | full, of --tp's layout")->capture_default_str();
-  app.add_flag("--json", json, "print --tp's layout as one JSON object");
+  app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -229,6 +233,17 @@ int main(int argc, char** argv) {
     }
 
     const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, cluster);
+    if (json) {  // the ranking for a script or a notebook: the top rows that fit, and the refusals by reason
+      nlohmann::json out = {{"model", cfg.str()}, {"cluster", lab09::to_string(cluster)}, {"candidates", rows.size()},
+                            {"rows", nlohmann::json::array()}, {"refused", nlohmann::json::object()}};
+      for (const lab09::Candidate& r : rows) {
+        if (r.fits && static_cast<int>(out["rows"].size()) < top) out["rows"].push_back(to_json(r));
+        if (!r.fits) out["refused"][reason_kind(r.why_not)] = out["refused"].value(reason_kind(r.why_not), 0) + 1;
+      }
+      if (!rows.empty() && rows.front().fits) out["explained"] = lab09::explain(rows.front(), cluster);
+      std::printf("%s\n", out.dump().c_str());
+      return rows.empty() || !rows.front().fits ? 1 : 0;
+    }
     std::printf("cluster: %s: %zu candidate layouts\n\n", lab09::to_string(cluster).c_str(), rows.size());
     std::printf("%4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "B", "m", "zero",
                 "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
