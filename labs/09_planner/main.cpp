@@ -202,11 +202,13 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    std::printf("model %s, %.4g parameters | T %d, global batch %d sequences | %s + %s%s\n", cfg.str().c_str(),
-                static_cast<double>(gpt2_num_params(cfg)), w.seq_len, w.global_batch, w.policy.name().c_str(),
-                optimizer.c_str(), w.lora_rank > 0 ? (", LoRA rank " + std::to_string(w.lora_rank)).c_str() : "");
-    std::printf("activations are this kit's (fp32, llm.c's tensor set: docs/memory.md); compute at %.4g TFLOP/s a "
-                "device (%.4g x %.2f)\n", cluster.flops_per_s() / 1e12, peak_tflops, efficiency);
+    if (!json)
+      std::printf("model %s, %.4g parameters | T %d, global batch %d sequences | %s + %s%s\n", cfg.str().c_str(),
+                  static_cast<double>(gpt2_num_params(cfg)), w.seq_len, w.global_batch, w.policy.name().c_str(),
+                  optimizer.c_str(), w.lora_rank > 0 ? (", LoRA rank " + std::to_string(w.lora_rank)).c_str() : "");
+    if (!json)
+      std::printf("activations are this kit's (fp32, llm.c's tensor set: docs/memory.md); compute at %.4g TFLOP/s "
+                  "a device (%.4g x %.2f)\n", cluster.flops_per_s() / 1e12, peak_tflops, efficiency);
 
     if (tokens > 0 || days > 0) {  // the smallest power-of-two cluster that finishes in time
       SL_CHECK_HINT(tokens > 0 && days > 0, "give both, e.g. --tokens 10e9 --days 1", "--tokens %g --days %g",

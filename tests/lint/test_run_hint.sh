@@ -26,7 +26,7 @@ hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
 echo "scripts/hint: ok"
 
 # scripts/grade on a lab it cannot grade says why (never the build tool's "unknown target"), exit 2.
-for case in "09|there is no lab 09" "00|lab 00 has no graded checks"; do
+for case in "10|there is no lab 10" "00|lab 00 has no graded checks"; do
   out=$("$ROOT/scripts/grade" "${case%%|*}" --build-dir "$BUILD" 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "scripts/grade ${case%%|*} exited $rc, expected 2: $out"
   grep -q "nothing to grade: ${case#*|}" <<<"$out" || fail "scripts/grade ${case%%|*} did not say why: $out"
@@ -35,7 +35,7 @@ done
 echo "scripts/grade: nothing to grade, said so"
 
 run() { "$ROOT/scripts/run" "$@"; }
-for bad in "3" "03 --np 0" "01 --np 2" "02 --np 2" "99" "03 --track mine"; do
+for bad in "3" "03 --np 0" "01 --np 2" "02 --np 2" "09 --np 2" "99" "03 --track mine"; do
   out=$(run $bad --build-dir "$BUILD" --no-build 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "scripts/run $bad exited $rc, expected 2: $out"
   grep -q "hint:\|run:" <<<"$out" || fail "scripts/run $bad: no message: $out"
