@@ -33,7 +33,8 @@ def run(args, work, name, np_, extra, seed):
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", program, "--model", args.model,
            "--seq-len", str(args.seq_len), "--micro-batches", "1", "--steps", str(args.steps), "--val-every", "0",
            "--val-batches", "1", "--spike-z", "0", "--straggler-window", "0", "--seed", str(seed), "--quiet",
-           "--log-dir", logs, "--checkpoint-dir", ckpt, "--checkpoint-every", str(args.steps)] + extra
+           "--log-dir", logs, "--checkpoint-dir", ckpt, "--checkpoint-every", str(args.steps),
+           "--threads", "1", "--calibration", args.calibration] + extra
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -74,6 +75,12 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sl_drift_")
+    # One thread a rank and one CPU peak file for every run (MFU is not what is measured here): without
+    # --calibration each rank of each run re-checks the cached peak with a quick sgemm pass, most of a short
+    # run's time on 2 cores.
+    subprocess.run([os.path.join(args.build_dir, "bin", "sl_calibrate"), "--threads", "1", "--seconds", "0.2",
+                    "--cache-dir", work], stdout=subprocess.DEVNULL, check=True)
+    args.calibration = os.path.join(work, "cpu_1t.json")
     spread = [run(args, work, f"seed{k}", 1, ["--micro-batch", str(GLOBAL_BATCH)], 1337 + k)[0]
               for k in range(1, args.seeds + 1)]
     bound = 3 * statistics.stdev(spread)
