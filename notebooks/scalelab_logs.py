@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import pandas as pd
 
 # memory_<category>_bytes: the bytes held now in one allocator category (docs/log_schema.md). Not a
@@ -1195,6 +1196,9 @@ def plot_plan_validation(df: pd.DataFrame, plot_dir=None, name="plan_validation"
             d = df[df["kind"] == kind]
             ax.plot(d[mx] / scale, d[py] / scale, marker, ls="", label=f"{kind} compute")
         ax.set(xscale="log", yscale="log", xlim=xs, ylim=xs, xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers on the log axes, not powers of ten
+            axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.legend(fontsize=8)
     axes[0].set_title("step time: slowest rank, median of runs")
     axes[1].set_title("memory per rank: params + grads + optimizer + activations")

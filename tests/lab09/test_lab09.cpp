@@ -11,15 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "grading.h"                 // defines: grading::Check, grading::run
-#include "scalelab/core/error.h"   // defines: scalelab::Error, scalelab::NotImplemented
-#include "oracle.h"    // defines: lab09::oracle_model (the model)
-#include "planner.h"   // defines: lab09::* (the track's terms)
+#include "grading.h"                // defines: grading::Check, grading::run
+#include "lab09_support.h"          // defines: lab09_test::layout
+#include "oracle.h"                 // defines: lab09::oracle_model (the model)
+#include "planner.h"                // defines: lab09::* (the track's terms)
+#include "scalelab/core/error.h"    // defines: scalelab::Error, scalelab::NotImplemented
 
 namespace {
 
 using namespace scalelab;
 using namespace scalelab::lab09;
+using scalelab::lab09_test::layout;
 namespace grading = scalelab::grading;
 namespace model = scalelab::lab09::oracle_model;
 
@@ -43,22 +45,6 @@ GPTConfig seven_b() {  // Llama-2-7B's shape as GPT-2: 32 layers, C 4096, 32 hea
   c.vocab_size = 32000;
   c.max_seq_len = 2048;
   return c;
-}
-
-Layout layout(int tp, int pp, int dp, int B, int m, int zero = 0, bool sp = false, Recompute r = Recompute::None,
-              lab06::ScheduleKind schedule = lab06::ScheduleKind::OneFOneB, int chunks = 1) {
-  Layout x;
-  x.tp = tp;
-  x.pp = pp;
-  x.dp = dp;
-  x.micro_batch = B;
-  x.micro_batches = m;
-  x.zero_stage = zero;
-  x.sequence_parallel = sp;
-  x.recompute = r;
-  x.schedule = schedule;
-  x.chunks = chunks;
-  return x;
 }
 
 Workload workload(int T, int global_batch, PrecisionPolicy p = PrecisionPolicy::bf16_mixed(), int lora = 0,

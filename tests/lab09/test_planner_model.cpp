@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "expect_error.h"              // defines: error_message, contains
+#include "lab09_support.h"             // defines: lab09_test::layout
 #include "planner.h"                   // defines: lab09::* (the reference: this program links lab09_ref)
 #include "scalelab/core/allocator.h"   // defines: Allocator, MemStats, MemCategory
 #include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig
@@ -19,6 +20,7 @@ namespace {
 
 using namespace scalelab;
 using namespace scalelab::lab09;
+using scalelab::lab09_test::layout;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 
@@ -32,16 +34,6 @@ Cluster cpu(int devices, const std::string& link = "none") {
   c.efficiency = 1.0;
   c.intra = c.inter = LinkModel::preset(link);
   return c;
-}
-
-Layout layout(int tp, int pp, int dp, int B, int m) {
-  Layout x;
-  x.tp = tp;
-  x.pp = pp;
-  x.dp = dp;
-  x.micro_batch = B;
-  x.micro_batches = m;
-  return x;
 }
 
 // Bytes the allocator holds now in the categories the planner counts: params, grads, optimizer state,
