@@ -6,10 +6,10 @@ throughput per GPU, and Korthikanti et al.'s iteration times with full and with 
 
 Nothing here is fitted to a row. The cluster is the papers' (NVIDIA Selene: DGX A100 80 GB, 8 a node, 312
 TFLOP/s dense bf16/fp16 each, NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as
-alpha-beta links: NVLink at 230 GB/s busbw (REFERENCES.md: nccl-tests all_reduce on 8 x A100), InfiniBand at
+alpha-beta links: NVLink at 230 GB/s busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at
 23 GB/s per GPU (one 200 Gb/s NIC a GPU: half the infiniband preset's 400 Gb/s figure), the presets'
 latencies. ONE efficiency for every row (--efficiency, default 0.8: the bf16 GEMM measured on an H200 ran at
-769-798 of its 989 TFLOP/s, REFERENCES.md), 16-bit activations on the wire, the kit's AdamW with fp32
+769-798 of its 989 TFLOP/s, labs/00_setup/README.md), 16-bit activations on the wire, the kit's AdamW with fp32
 gradient reduction, no overlap of data-parallel communication. The model leaves out every op but the
 matmuls and attention's (layernorm, softmax, dropout, GELU, the optimizer's pass), so it is optimistic.
 
@@ -29,6 +29,12 @@ import os
 import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def shown_dir(path):
+    """A build directory as the user would type it: relative to the repository when inside it."""
+    rel = os.path.relpath(path, REPO)
+    return path if rel.startswith("..") else rel
 S, V = 2048, 51200  # sequence, vocabulary of both Megatron papers
 
 # Narayanan et al. 2021, Table 1: params (B), heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU, % peak
@@ -125,6 +131,10 @@ def main():
     ap.add_argument("--efficiency", type=float, default=0.8, help="one efficiency for every row")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "plan_published"))
     a = ap.parse_args()
+    missing = [p for p in ("sl_plan", "sl_memory") if not os.access(os.path.join(a.build_dir, "bin", p), os.X_OK)]
+    if missing:
+        raise SystemExit(f"plan_published: {', '.join('bin/' + p for p in missing)} not built in {a.build_dir}\n"
+                         f"  hint: cmake --build {shown_dir(a.build_dir)} --target sl_plan sl_memory")
     mega, mega_err = megatron_table(a)
     kort, kort_err = korthikanti_table(a)
     text = ["## ZeRO, Table 1: GB per device (paper policy: 16-bit params and grads, K = 12)", ""] + zero_table(a) + [

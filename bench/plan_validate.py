@@ -29,6 +29,12 @@ import statistics
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def shown_dir(path):
+    """A build directory as the user would type it: relative to the repository when inside it."""
+    rel = os.path.relpath(path, REPO)
+    return path if rel.startswith("..") else rel
 DEMO = ["--model", "demo", "--seq-len", "64", "--precision", "fp32", "--optimizer", "adamw"]
 LINK = ["--link", "ethernet100", "--link-slowdown", "100"]                     # labs 03-06, one link for all
 NODES = ["--ranks-per-node", "2", "--link", "nvlink", "--inter-link", "infiniband", "--link-slowdown", "300"]
@@ -145,6 +151,15 @@ def main():
     ap.add_argument("--only", action="append", default=[], help="rows whose name contains this (repeatable)")
     a = ap.parse_args()
     a.log_dir = os.path.join(a.out, "logs")
+    programs = [os.path.join("bin", "sl_plan"), os.path.join("bin", "sl_calibrate")] + sorted(
+        {os.path.join("bin", "reference", r[2]) for r in ROWS})
+    missing = [p for p in programs if not os.access(os.path.join(a.build_dir, p), os.X_OK)]
+    if missing:
+        sys.exit(f"plan_validate: {', '.join(missing)} not built in {a.build_dir}\n"
+                 f"  hint: cmake --build {shown_dir(a.build_dir)} (every program), then run this again")
+    if not os.path.isdir(os.path.join(REPO, "data", "kjv")):
+        sys.exit("plan_validate: data/kjv does not exist (the lab programs train on it)\n"
+                 "  hint: scripts/prepare_corpus.sh")
     if not os.path.exists(a.calibration):
         subprocess.run([os.path.join(a.build_dir, "bin", "sl_calibrate"), "--threads", "1"], cwd=REPO, check=True)
     peak = json.load(open(a.calibration))["flops_per_s"]

@@ -25,16 +25,19 @@ using namespace scalelab;
 namespace {
 
 const char* kExamples = R"(
-The lesson's questions (labs/09_planner/README.md#the-faq-answered):
-  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 64 --gpus 2
-      --gpu h100                                   # does a 7B model train on two 80 GB cards?
-  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 8 --gpus 1
-      --gpu rtx4090 --lora 16                      # a LoRA fine-tune of it on one 24 GB card
-  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 512
-      --gpu h100 --tokens 100e9 --days 7           # how many GPUs for 100B tokens in a week?
-  bin/sl_plan --model d24 --gpus 16 --gpus-per-node 4 --memory-gb 4 --gpu h100  # tp inside a node?
-  bin/sl_plan --model demo --gpus 2 --gpu cpu --tp 1 --pp 2 --dp 1 --micro-batch 4 --micro-batches 4
-      --seq-len 64 --global-batch 16 --json        # one layout, term by term
+The lesson's questions (labs/09_planner/README.md#the-faq-answered), the 7B model as --layers 32 --hidden 4096
+--heads 32 --vocab 32000:
+  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 64 \
+      --gpus 2 --gpu h100                  # does a 7B model train on two 80 GB cards?
+  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 8 \
+      --gpus 1 --gpu rtx4090 --lora 16     # a LoRA fine-tune of it on one 24 GB card
+  bin/sl_plan --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 2048 --global-batch 512 \
+      --gpu h100 --tokens 100e9 --days 7   # how many GPUs for 100B tokens in a week?
+  bin/sl_plan --layers 80 --hidden 8192 --heads 64 --vocab 32000 --seq-len 2048 --global-batch 512 \
+      --gpus 64 --gpu h100                 # 70B on 8 nodes: where do tp, pp and dp go?
+  bin/sl_plan --model demo --gpu cpu --peak-tflops 0.024 --efficiency 1 --memory-gb 1 --seq-len 64 \
+      --global-batch 16 --tp 1 --pp 2 --dp 1 --micro-batch 4 --json   # one layout, term by term
+(--gpu cpu: give --peak-tflops from your calibration, bin/sl_calibrate, and --memory-gb.)
 )";
 
 // A known device: its datasheet peak (common's table), its memory and its links.
@@ -167,10 +170,15 @@ int main(int argc, char** argv) {
     } else {
       if (intra.empty()) intra = "none";
     }
-    SL_CHECK_HINT(peak_tflops > 0 && efficiency > 0 && efficiency <= 1, "e.g. --peak-tflops 989 --efficiency 0.5",
+    SL_CHECK_HINT(peak_tflops > 0 && efficiency > 0 && efficiency <= 1,
+                  gpu == "cpu" ? "a CPU's peak is its sgemm calibration: bin/sl_calibrate --threads 1 prints it in "
+                                 "GFLOP/s (e.g. 24.4 GFLOP/s: --peak-tflops 0.0244 --efficiency 1)"
+                               : "e.g. --peak-tflops 989 --efficiency 0.5",
                   "--peak-tflops %g and --efficiency %g: the peak is > 0, the efficiency in (0, 1]", peak_tflops,
                   efficiency);
-    SL_CHECK_HINT(memory_gb > 0, "e.g. --memory-gb 80", "--memory-gb %g", memory_gb);
+    SL_CHECK_HINT(memory_gb > 0, gpu == "cpu" ? "e.g. --memory-gb 1 (a CPU rank's memory is what you allow it)"
+                                              : "e.g. --memory-gb 80",
+                  "--memory-gb %g", memory_gb);
     cluster.memory_bytes = memory_gb * 1e9;
     cluster.peak_flops_per_s = peak_tflops * 1e12;
     cluster.efficiency = efficiency;
@@ -182,8 +190,15 @@ int main(int argc, char** argv) {
     w.policy = PrecisionPolicy::from_name(precision);
     w.optimizer = OptimizerConfig::kind_from_name(optimizer);
 
+    // The options of one layout mean nothing without --tp: say so rather than ignore them.
+    for (const char* opt : {"--pp", "--dp", "--micro-batch", "--micro-batches", "--schedule", "--chunks", "--zero",
+                            "--sp", "--recompute"})
+      SL_CHECK_HINT(*tp_opt || app.count(opt) == 0, "give --tp, --pp and --dp with it to predict that one layout, "
+                    "or leave the layout's options out to rank every layout", "%s without --tp", opt);
     if (*tp_opt) {  // one layout, term by term
-      cluster.devices = one.devices();
+      if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
+      if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
+        one.micro_batches = std::max(1, w.global_batch / (one.dp * one.micro_batch));  // the rest of the batch
       one.schedule = lab06::schedule_from_name(schedule);
       one.sequence_parallel = sp;
       one.recompute = recompute_from_name(recompute);
@@ -192,14 +207,16 @@ int main(int argc, char** argv) {
       r.layout = one;
       r.memory = lab09::device_memory(cfg, one, w);
       r.time = lab09::step_time(cfg, one, w, cluster);
-      r.fits = static_cast<double>(r.memory.total()) <= cluster.memory_bytes;
+      r.why_not = lab09::memory_refusal(r.memory, cluster);
+      r.fits = r.why_not.empty();
       if (json) {
         std::printf("%s\n", to_json(r).dump().c_str());
       } else {
         std::printf("model %s | %s\n%s\n", cfg.str().c_str(), lab09::to_string(cluster).c_str(),
                     lab09::explain(r, cluster).c_str());
+        if (!r.fits) std::printf("=> does not fit: %s\n", r.why_not.c_str());
       }
-      return 0;
+      return r.fits ? 0 : 1;
     }
 
     if (!json)
@@ -250,10 +267,11 @@ int main(int argc, char** argv) {
     std::printf("%4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "B", "m", "zero",
                 "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
     int fit = 0;
-    std::map<std::string, int> refused;
+    std::map<std::string, std::pair<int, std::string>> refused;  // kind: how many, the first one in full
     for (const lab09::Candidate& r : rows) {
       if (!r.fits) {
-        ++refused[reason_kind(r.why_not)];
+        auto& [n, first] = refused[reason_kind(r.why_not)];
+        if (n++ == 0) first = lab09::to_string(r.layout) + ": " + r.why_not;
         continue;
       }
       if (fit++ >= top) continue;
@@ -265,7 +283,8 @@ int main(int argc, char** argv) {
                   r.time.tokens_per_s, 100.0 * r.time.mfu);
     }
     std::printf("\n%d layouts fit, %zu do not:\n", fit, rows.size() - fit);
-    for (const auto& [why, n] : refused) std::printf("  %6d  %s\n", n, why.c_str());
+    for (const auto& [why, seen] : refused)
+      std::printf("  %6d  %s\n          e.g. %s\n", seen.first, why.c_str(), seen.second.c_str());
     if (fit == 0) {
       std::printf("\n=> no layout fits: more devices, more memory a device, a smaller global batch or T\n");
       return 1;

@@ -120,6 +120,14 @@ std::string refusal_text(const Error& e) {
   return hint.empty() ? message : message + " (" + hint + ")";
 }
 
+std::string memory_refusal(const DeviceMemory& m, const Cluster& c) {
+  if (static_cast<double>(m.total()) <= c.memory_bytes) return "";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "needs %.2f GB a device (stage %d), has %.2f GB", m.total() / 1e9, m.stage,
+                c.memory_bytes / 1e9);
+  return buf;
+}
+
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w) {
   DeviceMemory fullest;
   for (int s = 0; s < x.pp; ++s) {
@@ -136,7 +144,8 @@ std::string explain(const Candidate& c, const Cluster& cluster) {
     std::string g = std::string(name) + " " + std::to_string(size);
     if (size > 1) {
       const bool inside = extent <= cluster.devices_per_node;
-      g += (inside ? " inside a node (" : " across nodes (") + (inside ? cluster.intra : cluster.inter).name + ")";
+      const std::string& link = (inside ? cluster.intra : cluster.inter).name;
+      g += (inside ? " inside a node (" : " across nodes (") + (link == "none" ? "no link model" : link) + ")";
     }
     return g;
   };

@@ -15,8 +15,8 @@
 //   step time           the FLOPs of the slowest stage at a sustained FLOP/s, the collectives of every
 //                       group on its link (the alpha-beta model the simulated communicator charges:
 //                       LinkModel::seconds), the pipeline bubble, and the optimizer's pass over its state;
-// then drops what does not fit (saying why) and ranks the rest by predicted tokens/s. Labs 01, 05 and 06
-// are linked from their REFERENCE (flops_per_token and mfu, the tensor-parallel slice, the partition).
+// then drops what does not fit (saying why) and ranks the rest by predicted tokens/s. Labs 01 and 06 are
+// linked from their REFERENCE: lab 01's flops_per_token and mfu, lab 06's partition and schedules.
 // What you write:
 //   activation sets       how many micro-batches' activations each schedule keeps on a stage      TODO lab09-1
 //   memory of a device    its state and its activations, at that stage                          TODO lab09-2
@@ -185,6 +185,10 @@ int chunk_sets(const Layout& x, int sets, int chunk);
 // tensor-parallel degree must divide ...)". A refused candidate's why_not.
 std::string refusal_text(const Error& e);
 
+// "" when the device's memory holds it; else "needs 3.20 GB a device (stage 0), has 1.00 GB": a candidate's
+// why_not for memory.
+std::string memory_refusal(const DeviceMemory& m, const Cluster& c);
+
 // The fullest stage: stage_memory of every stage, the one with the largest total (the first on a tie).
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w);
 
@@ -195,8 +199,9 @@ std::string explain(const Candidate& c, const Cluster& cluster);
 // Memory (README.md#memory-per-device)
 
 // TODO(lab09-1): the activation sets pipeline stage `stage` holds at its peak: one per micro-batch between
-// its forward and its backward. GPipe: m; 1F1B: min(m, p - stage); interleaved (chunks v > 1, counted in
-// chunk sets): min(2 (p - stage - 1) + (v - 1) p + 1, m v) (lab 06's table). README.md#activation-sets-in-flight
+// its forward and its backward, for x.schedule (lab06::ScheduleKind::GPipe, OneFOneB or Interleaved; the
+// interleaved schedule counts chunk sets, x.chunks of them per micro-batch). Lab 06 measured them:
+// README.md#activation-sets-in-flight
 int activation_sets(const Layout& x, int stage);
 
 // TODO(lab09-2): the memory of one device of pipeline stage `stage`: the model state of its chunks (each
@@ -210,10 +215,11 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
 // Time (README.md#step-time)
 
 // TODO(lab09-3): the FLOPs of one micro-batch of B sequences of T tokens on one device of stage `stage`,
-// lab 01's convention: each block 24 C^2 + 4 T C a token forward (its four matmuls and attention,
-// causal half counted), the last stage's LM head 2 C V; all divided by tp; the backward twice the forward
-// (LoRA: once, no weight gradients of the frozen base); the recompute recompute_flops_per_token's share of
-// the stage's blocks. README.md#compute
+// summed over its chunks (chunk_shard: each chunk's blocks first_layer..last(cfg), and the LM head on the
+// chunk with has_head), in lab 01's convention: each block 24 C^2 + 4 T C a token forward (its four matmuls
+// and attention's T x T square counted whole, no causal saving), the LM head 2 C V; all divided by tp; the
+// backward twice the forward (LoRA: once, no weight gradients of the frozen base); the recompute the
+// stage's blocks' share of recompute_flops_per_token (the whole model's, a token). README.md#compute
 StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
 
 // TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and the
@@ -242,8 +248,7 @@ StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, con
 // parallelism (off, and on when tp > 1), recompute none, selective, full; chunks 1. A layout check_layout
 // refuses, or whose device_memory exceeds the cluster's memory, is kept with fits = false and why_not
 // saying so (refusal_text). The fitting ones first, by predicted tokens/s (highest first; a tie: less memory first), then
-// the others in the order enumerated. A layout too large says "needs 3.20 GB a device (stage 0), has 1.00 GB".
-// Throws scalelab::Error, with a hint, on a cluster with no devices,
+// the others in the order enumerated (why_not: refusal_text, memory_refusal). Throws scalelab::Error, with a hint, on a cluster with no devices,
 // devices_per_node < 1, no compute, or a global batch or T < 1. README.md#the-plan
 std::vector<Candidate> plan(const GPTConfig& cfg, const Workload& w, const Cluster& c);
 

@@ -139,7 +139,7 @@ TEST(PlannerModel, DataParallelAddsTheGradientSyncOfItsZeroStage) {
   x.zero_stage = 3;
   const StepTime zero3 = step_time(cfg, x, workload(64, 16), cpu(4, "ethernet100"));
   EXPECT_NEAR(zero3.dp_ms, 1e3 * z3, 1e-9);
-  EXPECT_GT(zero3.dp_ms, 1.5 * four.dp_ms);  // the lesson's 1.5x of ZeRO-3 (REFERENCES.md "Memory"), and latencies
+  EXPECT_GT(zero3.dp_ms, 1.5 * four.dp_ms);  // ZeRO's 1.5x (Rajbhandari et al. 2019, Sec. 7), and latencies
 }
 
 // The memory of a stage is what the allocator counts when the stage's model is built and holds its sets:
