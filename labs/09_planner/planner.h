@@ -178,7 +178,8 @@ int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int ra
 
 // Of the `sets` chunk sets a stage holds at its peak (activation_sets), those of chunk `chunk`: the first
 // `sets` forwards of the interleaved schedule, p to a chunk, chunk 0 first, round and round (lab 06). All of
-// them when chunks == 1.
+// them when chunks == 1. The total is lab 06's; the split is the warm-up's, which can differ from the split
+// at the byte peak by a set (the validation measured 512 bytes more: README.md#validation-the-kits-own-runs).
 int chunk_sets(const Layout& x, int sets, int chunk);
 
 // The message and the hint of an error's report, on one line: "NH=12 heads not divisible by tp=8 (the

@@ -57,7 +57,8 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="sl-recompute-") as logs:
         # One CPU peak for every run (its MFU is not what is checked here): without a --calibration file each
-        # rank of each run re-checks the cached peak with a quick sgemm pass, 5 of a 4-rank run's 6 s on 2 cores.
+        # rank of each run re-checks the cached peak with a quick sgemm call (it was 5 of a 4-rank run's 6 s on 2
+        # cores when that check timed every shape).
         peak = os.path.join(logs, "calibration")
         subprocess.run([os.path.join(a.build_dir, "bin", "sl_calibrate"), "--threads", "1", "--seconds", "0.2",
                         "--cache-dir", peak], cwd=ROOT, stdout=subprocess.DEVNULL, check=True)

@@ -143,6 +143,22 @@ TEST(Calibration, CacheMeasuredOnABusyMachineIsMeasuredAgain) {
   fs::remove_all(dir);
 }
 
+// The cache's quick check times one shape (calibrate_gemm's only_shape): every rank of every run pays for it.
+TEST(Calibration, OneShapeAloneIsTimedAndAnUnknownOneIsRefused) {
+  const scalelab::Calibration c = scalelab::calibrate_gemm(/*threads=*/1, kTinyBudgetS, scalelab::GemmKind::Fp32,
+                                                           "fc_forward");
+  ASSERT_EQ(c.shapes.size(), 1u);
+  EXPECT_EQ(c.shapes[0].name, "fc_forward");
+  EXPECT_EQ(c.flops_per_s, c.shapes[0].flops_per_s);
+  EXPECT_GT(c.flops_per_s, 0.0);
+  try {
+    scalelab::calibrate_gemm(1, kTinyBudgetS, scalelab::GemmKind::Fp32, "no_such_shape");
+    ADD_FAILURE() << "an unknown shape was accepted";
+  } catch (const scalelab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc_forward"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Calibration, JsonRoundTrip) {
   scalelab::Calibration c;
   c.id = "cpu-gemm-deadbeef-2t-20261129";

@@ -58,11 +58,14 @@ enum class GemmKind { Fp32, Bf16 };
 // seconds_budget is spent (at least one, at most 50); the shape's rate is its fastest call. A tiny
 // budget still times every shape once (~0.5 s on one core).
 // kind = Bf16: the bf16 matmul instead, at the forward shapes only.
-Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind = GemmKind::Fp32);
+// only_shape: that shape of d12_gemm_shapes() alone (the cache's quick check), else all; throws, naming
+// them, for a name that is none of them.
+Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind = GemmKind::Fp32,
+                           const std::string& only_shape = "");
 
 // Reads <cache_dir>/cpu_<threads>t.json when it was measured on this CPU model with this thread
-// count and a quick pass (~0.2 s) is not 1.5x faster than the cached peak (a cache measured on a
-// busy machine would make every MFU too high); otherwise measures (calibrate_gemm) and writes that
+// count and a quick check (one call of the cache's fastest shape, after its warm-up) is not 1.5x faster
+// than the cached peak (a cache measured on a busy machine would make every MFU too high); otherwise measures (calibrate_gemm) and writes that
 // file (tmp file + rename, so concurrent readers never see half a file). Measure with nothing else
 // running: several ranks calibrating at once measure each other. Run bin/sl_calibrate once before
 // multi-rank runs.
