@@ -137,9 +137,10 @@ int main(int argc, char** argv) {
     const Peak peak = device_peak(device, policy, threads);
     const std::string where = device == Device::CUDA ? cuda_device_name() : std::to_string(threads) + " threads";
     // On the CPU, bf16-compute's matmuls run on oneDNN's bf16 GEMM or on fp32 sgemm (ops.h): say which.
-    const std::string matmuls = device == Device::CPU && policy.matmul_dtype == DType::BF16
-                                    ? " | bf16 matmuls: " + cpu::bf16_matmul_backend()
-                                    : "";
+    // ... and which kernel set OpenBLAS's fp32 GEMMs run on (blas_kernel.cpp: a generic one is 6x slower).
+    const std::string matmuls = device == Device::CUDA ? ""
+                                : policy.matmul_dtype == DType::BF16 ? " | bf16 matmuls: " + cpu::bf16_matmul_backend()
+                                                                     : " | sgemm: OpenBLAS " + cpu::blas_kernel();
     std::printf("device: %s (%s) | precision %s | %s attention%s\n", device_name.c_str(), where.c_str(),
                 policy.name().c_str(), attention.c_str(), matmuls.c_str());
     // bench_pytorch.py reads this line: "peak: <GFLOP/s> GFLOP/s (<source>)"; 0.0 means unknown.

@@ -27,7 +27,7 @@
 #include "scalelab/core/device.h"   // defines: cuda_device_name
 #include "scalelab/core/error.h"    // defines: SL_CHECK, SL_FAIL
 #include "scalelab/measure/metrics.h"  // defines: system_info (CPU model)
-#include "scalelab/ops/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend
+#include "scalelab/ops/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend, cpu::blas_kernel
 #include "scalelab/core/threads.h"  // defines: set_num_threads, num_threads
 
 #ifndef SL_BLAS_BUILD
@@ -39,6 +39,14 @@ namespace scalelab {
 namespace {
 
 constexpr int kMaxRepeatsPerShape = 50;
+
+// What the cached rate belongs to: the matmul library and, for sgemm, the kernel set OpenBLAS runs (first word
+// of cpu::blas_kernel(), e.g. "SkylakeX"): the same library is 6x slower on a generic set (blas_kernel.cpp).
+std::string gemm_build(GemmKind kind) {
+  if (kind == GemmKind::Bf16) return cpu::bf16_matmul_backend();
+  const std::string kernel = cpu::blas_kernel();
+  return std::string(SL_BLAS_BUILD) + ", " + kernel.substr(0, kernel.find(' ')) + " kernels";
+}
 
 // 32-bit FNV-1a, only to make a short stable tag of the CPU model for the calibration id.
 uint32_t fnv1a32(const std::string& s) {
@@ -163,7 +171,7 @@ Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind, co
 
   Calibration c;
   c.cpu_model = system_info().cpu_model;
-  c.blas_build = kind == GemmKind::Bf16 ? cpu::bf16_matmul_backend() : std::string(SL_BLAS_BUILD);
+  c.blas_build = gemm_build(kind);
   c.threads = threads;
   c.shapes = shapes;
   std::vector<double> rates;
@@ -282,7 +290,7 @@ Calibration load_or_calibrate(int threads, const std::string& cache_dir, double 
   namespace fs = std::filesystem;
   const std::string path = calibration_cache_path(cache_dir, threads, kind);
   if (const Calibration* known = already_checked(path)) return *known;
-  const std::string build = kind == GemmKind::Bf16 ? cpu::bf16_matmul_backend() : std::string(SL_BLAS_BUILD);
+  const std::string build = gemm_build(kind);
   const std::string cpu_model = system_info().cpu_model;
   std::error_code ec;
   if (fs::exists(path, ec)) {

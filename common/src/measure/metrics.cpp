@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
-#include "scalelab/ops/ops.h"      // defines: cpu::bf16_matmul_backend
+#include "scalelab/ops/ops.h"      // defines: cpu::bf16_matmul_backend, cpu::blas_kernel
 #include "scalelab/core/threads.h"  // defines: num_threads
 
 // Set on scalelab_common by common/CMakeLists.txt; the fallbacks keep other build systems working.
@@ -170,6 +170,7 @@ void RunLogger::log_run(const RunRecord& r) {
   rec["cpu_cores"] = sys.cores;
   rec["threads"] = r.threads > 0 ? r.threads : num_threads();
   rec["blas_build"] = SL_BLAS_BUILD;
+  rec["blas_kernel"] = cpu::blas_kernel();  // the kernel set OpenBLAS's fp32 GEMMs run on (ops/cpu/blas_kernel.cpp)
   rec["cpu_bf16_matmul"] = cpu::bf16_matmul_backend();  // what bf16-compute's CPU matmuls run on (ops.h)
   rec["precision"] = r.precision;
   rec["peak_flops_per_s"] = number_or_null(r.peak_flops_per_s);

@@ -47,6 +47,9 @@ void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, c
 // Which path matmul_*_bf16 run on this build and CPU, for headers and run records, e.g.
 // "oneDNN 2.6.3 (avx512_core_bf16)" or "fp32 sgemm on bf16-rounded operands (no oneDNN in this build)".
 std::string bf16_matmul_backend();
+// The kernels OpenBLAS runs the fp32 GEMMs on, for headers, calibration caches and run records, e.g.
+// "SkylakeX" or "SkylakeX (set by scalelab: OpenBLAS 0.3.21 took this CPU for Prescott)". See blas_kernel.cpp.
+std::string blas_kernel();
 }  // namespace scalelab::cpu
 
 namespace scalelab::cuda {

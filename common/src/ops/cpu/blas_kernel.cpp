@@ -1,0 +1,86 @@
+// blas_kernel.cpp — makes OpenBLAS run the GEMM kernels this CPU can run, and says which it runs.
+//
+// Why this file exists. A DYNAMIC_ARCH OpenBLAS (Debian's, and most distributions') picks its kernels once,
+// when it is loaded, from the CPU's family and model numbers. A CPU newer than the library is not in its
+// table, and it falls back to "Prescott": SSE3 kernels from 2004. On the Intel Xeon (model 207, AVX-512)
+// this kit was developed on, Debian 12's OpenBLAS 0.3.21 did exactly that, and every fp32 GEMM ran at about
+// a sixth of the speed the SkylakeX kernels reach on the same cores (bench_lab01: d12 4x256 took 23.5 s a
+// step instead of 3.5 s). The documented way to override the choice is the environment variable
+// OPENBLAS_CORETYPE, read only while the library loads: too late for a program that is already running.
+//
+// So, before main(): if OpenBLAS chose a generic kernel set and the CPU reports AVX2+FMA or AVX-512, this
+// sets OPENBLAS_CORETYPE to the best set the CPU supports and executes the same program again (same pid,
+// same arguments and environment plus that one variable; under mpirun every rank does it before MPI_Init).
+// The second start finds OPENBLAS_CORETYPE set and leaves everything alone. Nothing changes when OpenBLAS
+// already knew the CPU, when the library was built for one CPU (no DYNAMIC_ARCH), when the user set
+// OPENBLAS_CORETYPE, or with SL_KEEP_BLAS_KERNEL=1 (e.g. under a debugger). Results do not depend on the
+// kernels beyond the order of fp32 sums; speed does, by up to 6x.
+// tests: tests/common/ops/test_blas_kernel.cpp
+#include <cblas.h>   // defines: openblas_get_corename, openblas_get_config (OpenBLAS's extensions)
+#include <unistd.h>  // defines: execv
+
+#include <cstdlib>   // defines: getenv, setenv
+#include <cstring>   // defines: strstr, strcmp
+#include <string>
+
+#include "scalelab/ops/twins.h"  // declares: cpu::blas_kernel
+
+namespace {
+
+// The kernel set for this CPU's instruction sets, in OpenBLAS's OPENBLAS_CORETYPE names; nullptr when the
+// CPU has neither AVX2+FMA nor AVX-512 (then OpenBLAS's own choice is as good as any).
+// __builtin_cpu_supports also checks that the OS saves the wide registers (XGETBV).
+const char* best_kernel_for_this_cpu() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return nullptr;
+}
+
+// Kernel sets that already use AVX2 or AVX-512: a CPU OpenBLAS recognised.
+bool is_modern_kernel(const char* name) {
+  for (const char* k : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (std::strcmp(name, k) == 0) return true;
+  return false;
+}
+
+// The set OpenBLAS first chose, when this file replaced it (nullptr otherwise). A plain pointer into the
+// environment: a std::string here could be constructed after the constructor below has run, and emptied.
+const char* g_replaced = nullptr;
+
+// Runs before main() (glibc passes argc, argv and envp to constructors); see the file comment.
+__attribute__((constructor)) void choose_openblas_kernel(int /*argc*/, char** argv, char** /*envp*/) {
+  g_replaced = std::getenv("SL_BLAS_KERNEL_REPLACED");  // set on the second start only
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("SL_KEEP_BLAS_KERNEL") != nullptr) return;
+  if (argv == nullptr || std::strstr(openblas_get_config(), "DYNAMIC_ARCH") == nullptr) return;
+  const char* chosen = openblas_get_corename();
+  const char* best = best_kernel_for_this_cpu();
+  if (best == nullptr || is_modern_kernel(chosen)) return;
+  setenv("OPENBLAS_CORETYPE", best, /*overwrite=*/1);
+  setenv("SL_BLAS_KERNEL_REPLACED", chosen, 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then run on with OpenBLAS's own choice
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv("SL_BLAS_KERNEL_REPLACED");
+}
+
+}  // namespace
+
+// Referenced by the link line of every program (common/CMakeLists.txt), so the constructor above is always
+// linked in from the static library, even into a program that never calls blas_kernel().
+extern "C" const char scalelab_blas_kernel_choice = 1;
+
+namespace scalelab::cpu {
+
+std::string blas_kernel() {
+  std::string name = openblas_get_corename();
+  if (g_replaced == nullptr) return name;
+  const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
+  const std::string version = config.substr(0, config.find(' ', config.find(' ') + 1));  // "OpenBLAS 0.3.21"
+  return name + " (set by scalelab: " + version + " took this CPU for " + std::string(g_replaced) + ")";
+}
+
+}  // namespace scalelab::cpu
