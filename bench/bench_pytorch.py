@@ -32,6 +32,11 @@ Order of work, so a run cut short by a time limit keeps the most useful numbers:
 precision, then PyTorch eager for every precision and case, then torch.compile. With --jsonl FILE every
 measurement is appended to FILE as one JSON object the moment it exists (scripts/gpu_check.sh reads it).
 A failing torch.compile (or an out-of-memory case) is recorded with its error and the run goes on.
+
+On a shared machine one pass of each side is not a fair comparison: a neighbour's load may fall on one side
+only. --pairs N measures each case as N alternating pairs (ours, then PyTorch eager, then ours ...) and prints
+every pair's ratio and their median: the only ratio the kit quotes (labs/01_single_device/README.md).
+    .venv/bin/python bench/bench_pytorch.py --threads 2 --pairs 3 --configs d12:4x256,demo:16x256
 """
 import argparse
 import gc
@@ -193,6 +198,9 @@ def main():
     ap.add_argument("--configs", default="demo:8x128,demo:16x256,d12:4x256", help="model:BxT,...")
     ap.add_argument("--sdpa", action="store_true", help="PyTorch attention via scaled_dot_product_attention")
     ap.add_argument("--jsonl", help="append every measurement to this file as one JSON object per line")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="N > 0: each case as N alternating pairs ours / PyTorch eager, the first --dtype only; "
+                         "prints every pair's ratio and the median (needs PyTorch)")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.dtype.split(",") if p.strip()]
     for p in precisions:
@@ -206,6 +214,9 @@ def main():
         if m not in PRESETS:
             ap.error(f"--configs: unknown model '{m}' (known: {', '.join(PRESETS)})")
         cases.append((m, int(b), int(t)))
+
+    if args.pairs > 0:
+        return run_pairs(args, precisions[0], cases)
 
     # 1. ours, every precision (the numbers this kit is about come first)
     ours = {}
@@ -257,6 +268,36 @@ def main():
             for m, b, t in cases:
                 compiled[(m, b, t, p)] = measure("torch_compile", m, b, t, p, True)
     print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile)
+
+
+def run_pairs(args, precision, cases):
+    """--pairs N: per case, N rounds of (ours, PyTorch eager) back to back; each round's ratio, then the median."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit("--pairs needs PyTorch: python3 -m venv .venv && .venv/bin/pip install torch numpy, then run this "
+                 "script with .venv/bin/python")
+    torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision("highest")
+    print(f"{args.device.upper()} ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; "
+          f"{args.pairs} alternating pairs per case, median step of {args.steps} each")
+    for m, b, t in cases:
+        ratios = []
+        for i in range(args.pairs):
+            ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)],
+                            args.jsonl).get((m, b, t), {})
+            eager_tok_s, _ = run_torch(m, b, t, args.steps, args.device, precision, False, args.sdpa)
+            gc.collect()
+            emit(args.jsonl, {"impl": "torch_eager", "device": args.device, "precision": precision, "model": m,
+                              "B": b, "T": t, "torch": torch.__version__, "pair": i, "tokens_per_s": eager_tok_s})
+            if "tokens_per_s" not in ours:
+                sys.exit(f"bench_lab01 failed on {m}:{b}x{t}")
+            ratios.append(ours["tokens_per_s"] / eager_tok_s)
+            print(f"  {m} {b}x{t} pair {i + 1}: ours {ours['tokens_per_s']:.0f} tok/s "
+                  f"({1000 * b * t / ours['tokens_per_s']:.0f} ms/step), eager {eager_tok_s:.0f} tok/s "
+                  f"({1000 * b * t / eager_tok_s:.0f} ms/step): {ratios[-1]:.2f}x", flush=True)
+        print(f"{m} {b}x{t}: ours / eager = {sorted(ratios)[len(ratios) // 2]:.2f}x (median of "
+              f"{', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
 
 
 def print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile):

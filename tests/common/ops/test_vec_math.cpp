@@ -43,3 +43,20 @@ TEST(VecMath, ExpClampsOutsideItsRangeAndKeepsNaN) {
 }
 
 }  // namespace
+
+// sum_8_lanes adds in the order its comment gives (lanes, then the lanes in order, then the tail): the
+// order is part of the contract, since the CPU twins promise the same bits for any thread count.
+TEST(VecMath, SumOf8LanesAddsInItsDocumentedOrder) {
+  float x[21];
+  for (int i = 0; i < 21; i++) x[i] = (i % 3 == 0 ? 1e8f : 1.0f) * (i % 2 ? -1.0f : 1.0f) + 0.1f * i;
+  float lane[8] = {};
+  for (int i = 0; i < 16; i++) lane[i % 8] += x[i];
+  float want = 0.0f;
+  for (int j = 0; j < 8; j++) want += lane[j];
+  for (int i = 16; i < 21; i++) want += x[i];
+  const float got = scalelab::cpu::sum_8_lanes(21, [&](int i) { return x[i]; });
+  EXPECT_EQ(got, want);
+  float running = 0.0f;  // and it is a sum: close to the plain running sum
+  for (int i = 0; i < 21; i++) running += x[i];
+  EXPECT_NEAR(got, running, 64.0f);
+}

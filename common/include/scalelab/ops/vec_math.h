@@ -1,8 +1,11 @@
-// vec_math.h — e^x written so that the loops calling it vectorize (for the CPU twins, common/src/ops/cpu/).
+// vec_math.h — e^x and sums written so that the loops calling them vectorize (for the CPU twins,
+// common/src/ops/cpu/).
 // glibc's expf is a call the compiler cannot put in a SIMD loop (its vector twin in libmvec is declared
 // only under -ffast-math), so GELU and the attention softmax spent most of their time in scalar expf calls.
 // This one is a few multiply-adds without branches: GCC vectorizes a loop around it (8 or 16 lanes).
-// Tests: tests/common/ops/test_vec_math.cpp (the error over the whole range, the clamps, NaN).
+// A plain running sum does not vectorize either: without -ffast-math the compiler keeps its order, so each
+// addition waits for the one before (sum_8_lanes below).
+// Tests: tests/common/ops/test_vec_math.cpp (the error over the whole range, the clamps, NaN; the sum's order).
 #pragma once
 
 #include <cmath>    // defines: std::floor
@@ -40,6 +43,22 @@ inline float exp_vectorizable(float x) {
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(bits));
   return x == x ? p * two_n : x;
+}
+
+// sum of term(i) for i in [0, n), in 8 interleaved partial sums (lane j takes i = j, j + 8, ...), the 8 lanes
+// then added in order, then the n % 8 last terms: a fixed order, so the same bits for any thread count and
+// every call, which the compiler runs as one 8-lane vector add per step. term: any callable int -> float,
+// inlined (e.g. [&](int c) { return x[c] * y[c]; }).
+template <class Term>
+inline float sum_8_lanes(int n, Term term) {
+  float lane[8] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) lane[j] += term(i + j);
+  float sum = 0.0f;
+  for (int j = 0; j < 8; j++) sum += lane[j];
+  for (; i < n; i++) sum += term(i);
+  return sum;
 }
 
 }  // namespace scalelab::cpu

@@ -5,7 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "scalelab/ops/ops.h"  // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/ops.h"       // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/vec_math.h"  // defines: sum_8_lanes
 
 namespace scalelab::cpu {
 
@@ -22,14 +23,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   for (int64_t i = 0; i < N; i++) {
     const float* x = inp + i * C;  // (C)
     // Two passes (mean, then variance about the mean) avoid the cancellation of E[x^2] - E[x]^2.
-    float sum = 0.0f;
-    for (int c = 0; c < C; c++) sum += x[c];
-    const float m = sum / C;
-    float sum_sq = 0.0f;
-    for (int c = 0; c < C; c++) {
-      const float d = x[c] - m;
-      sum_sq += d * d;
-    }
+    const float m = sum_8_lanes(C, [&](int c) { return x[c]; }) / C;
+    const float sum_sq = sum_8_lanes(C, [&](int c) { return (x[c] - m) * (x[c] - m); });
     const float s = 1.0f / std::sqrt(sum_sq / C + kLayerNormEps);
     float* y = out + i * C;  // (C)
     for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
@@ -52,15 +47,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     const float* x = inp + i * C;
     const float* dy = dout + i * C;
     const float m = mean[i], s = rstd[i];
-    float g_mean = 0.0f, g_xhat_mean = 0.0f;
-    for (int c = 0; c < C; c++) {
-      const float xhat = (x[c] - m) * s;
-      const float g = weight[c] * dy[c];
-      g_mean += g;
-      g_xhat_mean += g * xhat;
-    }
-    g_mean /= C;
-    g_xhat_mean /= C;
+    const float g_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c]; }) / C;
+    const float g_xhat_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c] * ((x[c] - m) * s); }) / C;
     float* dx = dinp + i * C;
     for (int c = 0; c < C; c++) {
       const float xhat = (x[c] - m) * s;
