@@ -60,3 +60,15 @@ TEST(VecMath, SumOf8LanesAddsInItsDocumentedOrder) {
   for (int i = 0; i < 21; i++) running += x[i];
   EXPECT_NEAR(got, running, 64.0f);
 }
+
+// max_8_lanes is the plain maximum for every length (the tail and the lanes) and any position of the max.
+TEST(VecMath, MaxOf8LanesIsTheMaximum) {
+  float x[37];
+  for (int n = 1; n <= 37; n++) {
+    for (int at = 0; at < n; at++) {
+      for (int i = 0; i < n; i++) x[i] = -1.0f - 0.5f * ((i * 7) % 5);
+      x[at] = 3.0f;
+      EXPECT_EQ(scalelab::cpu::max_8_lanes(x, n), 3.0f) << "n " << n << ", max at " << at;
+    }
+  }
+}

@@ -61,4 +61,19 @@ inline float sum_8_lanes(int n, Term term) {
   return sum;
 }
 
+// max of x[i] for i in [0, n), n >= 1, in 8 interleaved lanes. A max rounds nothing, so any order gives the
+// same value (for finite x; a NaN is not propagated, as with std::max); the plain loop stays scalar only
+// because the compiler may not reorder a float reduction without -ffast-math.
+inline float max_8_lanes(const float* x, int n) {
+  float lane[8];
+  for (int j = 0; j < 8; j++) lane[j] = x[0];
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  float m = lane[0];
+  for (int j = 1; j < 8; j++) m = lane[j] > m ? lane[j] : m;
+  for (; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
 }  // namespace scalelab::cpu

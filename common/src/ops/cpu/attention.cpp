@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "scalelab/ops/ops.h"       // defines: the cpu:: declarations implemented here
-#include "scalelab/ops/vec_math.h"  // defines: exp_vectorizable, sum_8_lanes
+#include "scalelab/ops/vec_math.h"  // defines: exp_vectorizable, sum_8_lanes, max_8_lanes
 
 namespace scalelab::cpu {
 
@@ -48,8 +48,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         // 2. causal softmax of each row t over s <= t; max subtraction keeps exp() from overflowing.
         for (int t = t0; t < t0 + rows; t++) {
           float* row = att_bh + static_cast<int64_t>(t) * T;
-          float maxval = row[0];
-          for (int s = 1; s <= t; s++) maxval = std::max(maxval, row[s]);
+          const float maxval = max_8_lanes(row, t + 1);
           for (int s = 0; s <= t; s++) row[s] = exp_vectorizable(row[s] - maxval);  // a vector loop
           // >= 1: the max term is exp(0)
           const float inv_sum = 1.0f / sum_8_lanes(t + 1, [&](int s) { return row[s]; });
