@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/measure/calibration.h"  // defines: device_peak, Peak
+#include "scalelab/measure/calibration.h"  // defines: device_peak, Peak, memcpy_bytes_per_s
 #include "scalelab/core/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
 #include "scalelab/core/error.h"
 #include "scalelab/model/gpt2.h"
@@ -75,6 +75,23 @@ static nlohmann::json print_breakdown(int steps, const std::vector<std::pair<std
   }
   std::printf("\n");
   return out;
+}
+
+// AdamW is a streaming loop: per parameter it reads the parameter, its gradient, m and v and writes the
+// parameter, m and v back, 28 bytes in fp32. Its rate in GB/s of those reads and writes (from the op profile
+// of `steps` steps), beside what memcpy reaches on the same threads (lab 00's figure, measured here once):
+// how close the optimizer runs to the machine's memory bandwidth.
+static void print_adamw_bandwidth(int steps, int64_t params, int threads) {
+  double adamw_ms = 0;
+  for (const OpTime& t : op_profile_table())
+    if (t.op == "adamw_update") adamw_ms += t.ms / steps;
+  if (adamw_ms <= 0) return;
+  static const double copy_bytes_per_s = memcpy_bytes_per_s(int64_t{256} << 20, threads);
+  const double bytes = 28.0 * static_cast<double>(params);
+  std::printf("  adamw_update moves 28 B x %.2fM params = %.2f GB a step in %.1f ms: %.1f GB/s of reads and writes;\n"
+              "  memcpy of 256 MiB on %d threads: %.1f GB/s copied = %.1f GB/s of reads and writes (lab 00's figure)\n\n",
+              params / 1e6, bytes / 1e9, adamw_ms, bytes / (adamw_ms / 1e3) / 1e9, threads, copy_bytes_per_s / 1e9,
+              2 * copy_bytes_per_s / 1e9);
 }
 
 struct BenchCase {
@@ -211,6 +228,7 @@ int main(int argc, char** argv) {
       if (breakdown) {
         op_profile_enable(false);
         ops = print_breakdown(steps, {{"forward", mean(fwd)}, {"backward", mean(bwd)}, {"optimizer", mean(upd)}});
+        if (device == Device::CPU && policy.name() == "fp32") print_adamw_bandwidth(steps, model.num_params(), threads);
       }
       std::fflush(stdout);
       if (records.is_open()) {

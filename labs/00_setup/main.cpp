@@ -14,14 +14,12 @@
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (probe.json, log records)
 
-#include <omp.h>  // defines: the OpenMP parallel memcpy
-
 #include <algorithm>
 #include <chrono>   // defines: std::chrono::steady_clock (all timing)
 #include <cctype>   // defines: std::isdigit, std::toupper
 #include <cmath>    // defines: std::floor
 #include <cstdio>   // defines: std::printf, popen
-#include <cstring>  // defines: std::memcpy
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -30,7 +28,8 @@
 #include <thread>  // defines: std::thread::hardware_concurrency
 #include <vector>
 
-#include "scalelab/measure/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak
+#include "scalelab/measure/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak,
+                                           // memcpy_bytes_per_s
 #include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
 #include "scalelab/core/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
 #include "scalelab/core/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
@@ -166,28 +165,6 @@ static std::vector<std::string> nvidia_gpu_names() {
   }
   std::sort(names.begin(), names.end());
   return names;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Memory copy bandwidth
-
-// Bytes copied per second by memcpy of `nbytes` with `threads` threads (each copies one slice), the
-// best of 5 repeats. Counted once per byte: STREAM's "copy" counts the read and the write (2x this).
-static double memcpy_bytes_per_s(int64_t nbytes, int threads) {
-  std::vector<unsigned char> src(static_cast<size_t>(nbytes), 1), dst(static_cast<size_t>(nbytes), 0);  // touched: no page faults in the timing
-  double best_s = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t begin = nbytes * t / nt, end = nbytes * (t + 1) / nt;
-      std::memcpy(dst.data() + begin, src.data() + begin, static_cast<size_t>(end - begin));
-    }
-    best_s = std::min(best_s, seconds_since(t0));
-  }
-  SL_CHECK(dst[static_cast<size_t>(nbytes) - 1] == 1, "memcpy did not copy");  // and the copy is not optimised away
-  return static_cast<double>(nbytes) / best_s;
 }
 
 // ------------------------------------------------------------------------------------------------

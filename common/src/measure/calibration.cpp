@@ -9,6 +9,7 @@
 #include "scalelab/measure/calibration.h"
 
 #include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
+#include <omp.h>     // defines: omp_get_thread_num (memcpy_bytes_per_s)
 #include <unistd.h> // defines: getpid
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -419,6 +421,26 @@ Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
   const double flops = !entry ? 0.0 : bf16 ? entry->bf16_flops_per_s : entry->fp32_flops_per_s;
   if (flops <= 0) return {0.0, "no datasheet peak for '" + name + "': MFU not reported", ""};
   return {flops, "datasheet: " + entry->device + (bf16 ? " dense bf16; " : " fp32; ") + entry->source, ""};
+}
+
+double memcpy_bytes_per_s(int64_t nbytes, int threads) {
+  SL_CHECK(nbytes >= 1 && threads >= 1, "memcpy_bytes_per_s: nbytes %lld and threads %d must be >= 1",
+           static_cast<long long>(nbytes), threads);
+  // Both buffers written once before timing, so no page fault falls inside a timed copy.
+  std::vector<unsigned char> src(static_cast<size_t>(nbytes), 1), dst(static_cast<size_t>(nbytes), 0);
+  double best_s = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t begin = nbytes * t / nt, end = nbytes * (t + 1) / nt;
+      std::memcpy(dst.data() + begin, src.data() + begin, static_cast<size_t>(end - begin));
+    }
+    best_s = std::min(best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  SL_CHECK(dst[static_cast<size_t>(nbytes) - 1] == 1, "memcpy did not copy");  // nor was it optimised away
+  return static_cast<double>(nbytes) / best_s;
 }
 
 }  // namespace scalelab

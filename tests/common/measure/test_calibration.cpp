@@ -202,3 +202,16 @@ TEST(DatasheetPeak, VariantsAndUnknownDevicesGetNoBorrowedNumber) {
     EXPECT_FALSE(p.source.empty()) << p.device;
   }
 }
+
+// memcpy_bytes_per_s (lab 00's memory figure, bench_lab01's AdamW comparison): a positive rate for any
+// size and thread count, including sizes that do not split evenly; a size or thread count below 1 refused.
+TEST(MemcpyBandwidth, MeasuresAnySizeAndRefusesNonsense) {
+  for (int threads : {1, 2}) {
+    for (int64_t bytes : {int64_t{1}, int64_t{4097}, int64_t{1} << 20}) {
+      const double rate = scalelab::memcpy_bytes_per_s(bytes, threads);
+      EXPECT_TRUE(std::isfinite(rate) && rate > 0) << bytes << " bytes, " << threads << " threads: " << rate;
+    }
+  }
+  EXPECT_THROW(scalelab::memcpy_bytes_per_s(0, 1), scalelab::Error);
+  EXPECT_THROW(scalelab::memcpy_bytes_per_s(1024, 0), scalelab::Error);
+}

@@ -105,4 +105,10 @@ struct Peak {
 };
 Peak device_peak(Device device, const PrecisionPolicy& policy, int threads);
 
+// Bytes copied per second by memcpy of `nbytes` (>= 1) with `threads` threads (each copies one slice), the
+// best of 5 repeats: the memory bandwidth a streaming loop can expect (lab 00 prints it; bench_lab01
+// --breakdown sets AdamW's beside it). Counted once per byte: STREAM's "copy" counts the read and the
+// write (2x this). Allocates 2 * nbytes for the call.
+double memcpy_bytes_per_s(int64_t nbytes, int threads);
+
 }  // namespace scalelab
