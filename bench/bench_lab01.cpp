@@ -89,7 +89,7 @@ static void print_adamw_bandwidth(int steps, int64_t params, int threads) {
   static const double copy_bytes_per_s = memcpy_bytes_per_s(int64_t{256} << 20, threads);
   const double bytes = 28.0 * static_cast<double>(params);
   std::printf("  adamw_update moves 28 B x %.2fM params = %.2f GB a step in %.1f ms: %.1f GB/s of reads and writes;\n"
-              "  memcpy of 256 MiB on %d threads: %.1f GB/s copied = %.1f GB/s of reads and writes (lab 00's figure)\n\n",
+              "  memcpy of 256 MiB on %d threads: %.1f GB/s copied = %.1f GB/s of reads and writes (lab 00's figure)\n",
               params / 1e6, bytes / 1e9, adamw_ms, bytes / (adamw_ms / 1e3) / 1e9, threads, copy_bytes_per_s / 1e9,
               2 * copy_bytes_per_s / 1e9);
 }
