@@ -34,6 +34,9 @@ echo "== build"
 cmake --build "$build_dir" -j "$jobs"
 
 echo "== corpus (data/kjv: the lab programs' end-to-end, scaling and performance checks train on it)"
+# OpenBLAS's kernels, chosen once for every program below: where it took this CPU for an older one, each
+# program would otherwise re-execute itself to ask for the right kernels (blas_kernel.cpp), ~0.1 s a start.
+eval "$("$build_dir/bin/sl_calibrate" --blas-env)"
 scripts/prepare_corpus.sh --build-dir "$build_dir" --out data/kjv
 
 echo "== tests"

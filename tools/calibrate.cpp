@@ -8,7 +8,8 @@
 //   bin/sl_calibrate --datasheet      # the GPU datasheet table instead
 #include <CLI/CLI.hpp>  // defines: CLI::App (command line)
 
-#include <cstdio>  // defines: std::printf, std::remove
+#include <cstdio>   // defines: std::printf, std::remove
+#include <cstdlib>  // defines: std::getenv
 #include <string>
 #include <thread>
 
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   double seconds = 3.0;
   std::string cache_dir = "runs/calibration";
-  bool no_cache = false, datasheet = false, recalibrate = false;
+  bool no_cache = false, datasheet = false, recalibrate = false, blas_env = false;
   app.add_option("--threads", threads, "BLAS/OpenMP threads (default: all cores)")->check(CLI::PositiveNumber);
   app.add_option("--seconds", seconds, "time budget for the timed calls, all shapes together (s)");
   app.add_option("--cache-dir", cache_dir, "where cpu_<threads>t.json is written");
@@ -29,7 +30,17 @@ int main(int argc, char** argv) {
                "measure again and replace the cache file, even if it matches this machine (do it with nothing "
                "else running: a peak measured on a busy machine is too low and makes every MFU too high)");
   app.add_flag("--datasheet", datasheet, "print the table of GPU datasheet peaks and exit");
+  app.add_flag("--blas-env", blas_env,
+               "print the shell exports that give OpenBLAS the kernels this CPU can run (nothing when its own "
+               "choice stands) and exit: a script that starts many programs evals them once, so no program "
+               "re-executes itself to ask for them (common/src/ops/cpu/blas_kernel.cpp)");
   CLI11_PARSE(app, argc, argv);
+  if (blas_env) {
+    for (const char* name : {"OPENBLAS_CORETYPE", "SL_BLAS_KERNEL_REPLACED"})
+      if (std::getenv("SL_BLAS_KERNEL_REPLACED") != nullptr && std::getenv(name) != nullptr)
+        std::printf("export %s=%s\n", name, std::getenv(name));
+    return 0;
+  }
 
   try {
     if (datasheet) {

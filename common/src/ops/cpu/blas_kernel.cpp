@@ -14,7 +14,9 @@
 // The second start finds OPENBLAS_CORETYPE set and leaves everything alone. Nothing changes when OpenBLAS
 // already knew the CPU, when the library was built for one CPU (no DYNAMIC_ARCH), when the user set
 // OPENBLAS_CORETYPE, or with SL_KEEP_BLAS_KERNEL=1 (e.g. under a debugger). Results do not depend on the
-// kernels beyond the order of fp32 sums; speed does, by up to 6x.
+// kernels beyond the order of fp32 sums; speed does, by up to 6x. The second start costs one more load of
+// the program's libraries (~0.1 s with cuBLAS): a script that starts many programs runs
+// `eval "$(build/bin/sl_calibrate --blas-env)"` once, and they all inherit the variable (scripts/test.sh).
 // tests: tests/common/ops/test_blas_kernel.cpp
 #include <cblas.h>   // defines: openblas_get_corename, openblas_get_config (OpenBLAS's extensions)
 #include <unistd.h>  // defines: execv
