@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
     const Peak peak = device_peak(device, policy, threads);
     const std::string where = device == Device::CUDA ? cuda_device_name() : std::to_string(threads) + " threads";
     // On the CPU, bf16-compute's matmuls run on oneDNN's bf16 GEMM or on fp32 sgemm (ops.h): say which.
-    // ... and which kernel set OpenBLAS's fp32 GEMMs run on (blas_kernel.cpp: a generic one is 6x slower).
+    // ... and which kernel set OpenBLAS's fp32 GEMMs run on (blas_kernel.cpp: sgemm on a generic set
+    // ran at a quarter of the speed on the development VM).
     const std::string matmuls = device == Device::CUDA ? ""
                                 : policy.matmul_dtype == DType::BF16 ? " | bf16 matmuls: " + cpu::bf16_matmul_backend()
                                                                      : " | sgemm: OpenBLAS " + cpu::blas_kernel();

@@ -36,7 +36,8 @@ cmake --build "$build_dir" -j "$jobs"
 echo "== corpus (data/kjv: the lab programs' end-to-end, scaling and performance checks train on it)"
 # OpenBLAS's kernels, chosen once for every program below: where it took this CPU for an older one, each
 # program would otherwise re-execute itself to ask for the right kernels (blas_kernel.cpp), ~0.1 s a start.
-eval "$("$build_dir/bin/sl_calibrate" --blas-env)"
+blas_env=$("$build_dir/bin/sl_calibrate" --blas-env)  # a failure stops here (set -e), not inside eval
+eval "$blas_env"
 scripts/prepare_corpus.sh --build-dir "$build_dir" --out data/kjv
 
 echo "== tests"

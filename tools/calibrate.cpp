@@ -15,6 +15,7 @@
 
 #include "scalelab/measure/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
 #include "scalelab/core/error.h"        // defines: scalelab::Error
+#include "scalelab/ops/twins.h"         // defines: cpu::blas_kernel_replaced
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure CPU sgemm FLOP/s at GPT-2 d12 shapes (the MFU peak of CPU runs)"};
@@ -36,8 +37,8 @@ int main(int argc, char** argv) {
                "re-executes itself to ask for them (common/src/ops/cpu/blas_kernel.cpp)");
   CLI11_PARSE(app, argc, argv);
   if (blas_env) {
-    for (const char* name : {"OPENBLAS_CORETYPE", "SL_BLAS_KERNEL_REPLACED"})
-      if (std::getenv("SL_BLAS_KERNEL_REPLACED") != nullptr && std::getenv(name) != nullptr)
+    if (scalelab::cpu::blas_kernel_replaced())  // then both are set, to OpenBLAS names (letters, digits)
+      for (const char* name : {"OPENBLAS_CORETYPE", "SL_BLAS_KERNEL_REPLACED"})
         std::printf("export %s=%s\n", name, std::getenv(name));
     return 0;
   }

@@ -43,7 +43,8 @@ namespace {
 constexpr int kMaxRepeatsPerShape = 50;
 
 // What the cached rate belongs to: the matmul library and, for sgemm, the kernel set OpenBLAS runs (first word
-// of cpu::blas_kernel(), e.g. "SkylakeX"): the same library is 6x slower on a generic set (blas_kernel.cpp).
+// of cpu::blas_kernel(), e.g. "SkylakeX"): the same library ran sgemm 4x slower on a
+// generic set (blas_kernel.cpp).
 std::string gemm_build(GemmKind kind) {
   if (kind == GemmKind::Bf16) return cpu::bf16_matmul_backend();
   const std::string kernel = cpu::blas_kernel();

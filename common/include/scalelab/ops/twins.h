@@ -50,6 +50,8 @@ std::string bf16_matmul_backend();
 // The kernels OpenBLAS runs the fp32 GEMMs on, for headers, calibration caches and run records, e.g.
 // "SkylakeX" or "SkylakeX (set by scalelab: OpenBLAS 0.3.21 took this CPU for Prescott)". See blas_kernel.cpp.
 std::string blas_kernel();
+// True when this program runs the kernels blas_kernel.cpp asked for in place of OpenBLAS's own choice.
+bool blas_kernel_replaced();
 }  // namespace scalelab::cpu
 
 namespace scalelab::cuda {

@@ -62,8 +62,9 @@ inline float sum_8_lanes(int n, Term term) {
 }
 
 // max of x[i] for i in [0, n), n >= 1, in 8 interleaved lanes. A max rounds nothing, so any order gives the
-// same value (for finite x; a NaN is not propagated, as with std::max); the plain loop stays scalar only
-// because the compiler may not reorder a float reduction without -ffast-math.
+// same value for x without NaN (a NaN in x[0] seeds every lane and comes out, as from the plain loop; a NaN
+// elsewhere is skipped, as std::max skips it); the plain loop stays scalar only because the compiler may not
+// reorder a float reduction without -ffast-math.
 inline float max_8_lanes(const float* x, int n) {
   float lane[8];
   for (int j = 0; j < 8; j++) lane[j] = x[0];

@@ -3,25 +3,29 @@
 // Why this file exists. A DYNAMIC_ARCH OpenBLAS (Debian's, and most distributions') picks its kernels once,
 // when it is loaded, from the CPU's family and model numbers. A CPU newer than the library is not in its
 // table, and it falls back to "Prescott": SSE3 kernels from 2004. On the Intel Xeon (model 207, AVX-512)
-// this kit was developed on, Debian 12's OpenBLAS 0.3.21 did exactly that, and every fp32 GEMM ran at about
-// a sixth of the speed the SkylakeX kernels reach on the same cores (bench_lab01: d12 4x256 took 23.5 s a
-// step instead of 3.5 s). The documented way to override the choice is the environment variable
-// OPENBLAS_CORETYPE, read only while the library loads: too late for a program that is already running.
+// this kit was developed on, Debian 12's OpenBLAS 0.3.21 did exactly that: sgemm ran at 47 GFLOP/s on 2
+// threads where the SkylakeX kernels reach 199-216, and a d12 4x256 step of bench_lab01 took 23.5 s instead
+// of 3.5 s. The documented way to override the choice is the environment variable OPENBLAS_CORETYPE, read
+// only while the library loads: too late for a program that is already running.
 //
-// So, before main(): if OpenBLAS chose a generic kernel set and the CPU reports AVX2+FMA or AVX-512, this
-// sets OPENBLAS_CORETYPE to the best set the CPU supports and executes the same program again (same pid,
-// same arguments and environment plus that one variable; under mpirun every rank does it before MPI_Init).
-// The second start finds OPENBLAS_CORETYPE set and leaves everything alone. Nothing changes when OpenBLAS
-// already knew the CPU, when the library was built for one CPU (no DYNAMIC_ARCH), when the user set
-// OPENBLAS_CORETYPE, or with SL_KEEP_BLAS_KERNEL=1 (e.g. under a debugger). Results do not depend on the
-// kernels beyond the order of fp32 sums; speed does, by up to 6x. The second start costs one more load of
-// the program's libraries (~0.1 s with cuBLAS): a script that starts many programs runs
-// `eval "$(build/bin/sl_calibrate --blas-env)"` once, and they all inherit the variable (scripts/test.sh).
+// So, before main(): if OpenBLAS chose a pre-AVX2 kernel set and the CPU reports AVX2+FMA or AVX-512, this
+// sets OPENBLAS_CORETYPE to the best set the CPU supports (and SL_BLAS_KERNEL_REPLACED to the set it
+// replaces, for blas_kernel()) and executes the same program again: same pid, arguments and environment
+// plus those two variables; under mpirun every rank does it before MPI_Init. The second start finds
+// OPENBLAS_CORETYPE set and leaves everything alone. Nothing changes when OpenBLAS already chose an AVX2 or
+// AVX-512 set, when the library was built for one CPU (no DYNAMIC_ARCH), when the user set
+// OPENBLAS_CORETYPE, or with SL_KEEP_BLAS_KERNEL=1: set it under valgrind (which does not follow the
+// second start) or when starting the program through ld.so. Results do not depend on the kernels beyond
+// the order of fp32 sums; speed does. The second start costs one more load of the program's libraries
+// (~0.1 s with cuBLAS): a script that starts many programs runs `eval "$(build/bin/sl_calibrate
+// --blas-env)"` once, and they all inherit the variables (scripts/test.sh).
 // tests: tests/common/ops/test_blas_kernel.cpp
 #include <cblas.h>   // defines: openblas_get_corename, openblas_get_config (OpenBLAS's extensions)
 #include <unistd.h>  // defines: execv
 
 #include <cstdlib>   // defines: getenv, setenv
+#include <strings.h>  // defines: strcasecmp
+
 #include <cstring>   // defines: strstr, strcmp
 #include <string>
 
@@ -43,11 +47,21 @@ const char* best_kernel_for_this_cpu() {
   return nullptr;
 }
 
-// Kernel sets that already use AVX2 or AVX-512: a CPU OpenBLAS recognised.
-bool is_modern_kernel(const char* name) {
-  for (const char* k : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+// OpenBLAS's x86 kernel sets older than AVX2 (its names): its fallbacks for a CPU it does not know. Any
+// other name (Haswell, Zen, SkylakeX, ..., or one a newer OpenBLAS adds) is left alone, and so is
+// "Unknown", what a statically linked OpenBLAS reports before its own set-up has run.
+bool is_pre_avx2_kernel(const char* name) {
+  for (const char* k : {"Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2", "Penryn",
+                        "Dunnington", "Nehalem", "Sandybridge", "Opteron", "Opteron(SSE3)", "Barcelona", "Bobcat",
+                        "Bulldozer", "Piledriver", "Steamroller", "Excavator"})
     if (std::strcmp(name, k) == 0) return true;
   return false;
+}
+
+// An environment variable that is set to something other than "" or "0".
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
 // The set OpenBLAS first chose, when this file replaced it (nullptr otherwise). A plain pointer into the
@@ -56,12 +70,17 @@ const char* g_replaced = nullptr;
 
 // Runs before main() (glibc passes argc, argv and envp to constructors); see the file comment.
 __attribute__((constructor)) void choose_openblas_kernel(int /*argc*/, char** argv, char** /*envp*/) {
-  g_replaced = std::getenv("SL_BLAS_KERNEL_REPLACED");  // set on the second start only
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("SL_KEEP_BLAS_KERNEL") != nullptr) return;
+  // The second start (or a script's export): believed only if OpenBLAS now runs the set asked for, so a
+  // stale SL_BLAS_KERNEL_REPLACED beside the user's own OPENBLAS_CORETYPE claims nothing.
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked != nullptr && std::getenv("SL_BLAS_KERNEL_REPLACED") != nullptr &&
+      strcasecmp(asked, openblas_get_corename()) == 0)
+    g_replaced = std::getenv("SL_BLAS_KERNEL_REPLACED");
+  if (asked != nullptr || env_on("SL_KEEP_BLAS_KERNEL")) return;
   if (argv == nullptr || std::strstr(openblas_get_config(), "DYNAMIC_ARCH") == nullptr) return;
   const char* chosen = openblas_get_corename();
   const char* best = best_kernel_for_this_cpu();
-  if (best == nullptr || is_modern_kernel(chosen)) return;
+  if (best == nullptr || !is_pre_avx2_kernel(chosen)) return;
   setenv("OPENBLAS_CORETYPE", best, /*overwrite=*/1);
   setenv("SL_BLAS_KERNEL_REPLACED", chosen, 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run on with OpenBLAS's own choice
@@ -76,6 +95,8 @@ __attribute__((constructor)) void choose_openblas_kernel(int /*argc*/, char** ar
 extern "C" const char scalelab_blas_kernel_choice = 1;
 
 namespace scalelab::cpu {
+
+bool blas_kernel_replaced() { return g_replaced != nullptr; }
 
 std::string blas_kernel() {
   std::string name = openblas_get_corename();
