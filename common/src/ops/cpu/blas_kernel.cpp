@@ -20,13 +20,12 @@
 // (~0.1 s with cuBLAS): a script that starts many programs runs `eval "$(build/bin/sl_calibrate
 // --blas-env)"` once, and they all inherit the variables (scripts/test.sh).
 // tests: tests/common/ops/test_blas_kernel.cpp
-#include <cblas.h>   // defines: openblas_get_corename, openblas_get_config (OpenBLAS's extensions)
-#include <unistd.h>  // defines: execv
-
-#include <cstdlib>   // defines: getenv, setenv
+#include <cblas.h>    // defines: openblas_get_corename, openblas_get_config (OpenBLAS's extensions)
 #include <strings.h>  // defines: strcasecmp
+#include <unistd.h>   // defines: execv
 
-#include <cstring>   // defines: strstr, strcmp
+#include <cstdlib>  // defines: getenv, setenv
+#include <cstring>  // defines: strstr, strcmp
 #include <string>
 
 #include "scalelab/ops/twins.h"  // declares: cpu::blas_kernel
