@@ -2,7 +2,12 @@
 #include "scalelab/core/tensor.h"
 
 #include <omp.h>  // defines: omp_get_thread_num (zero_ of a large buffer)
+#if defined(__SSE2__)
+#include <emmintrin.h>  // defines: _mm_stream_si128, _mm_sfence (streaming stores)
+#endif
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 
@@ -119,6 +124,33 @@ template float* Tensor::data<float>() const;
 template bf16* Tensor::data<bf16>() const;
 template int32_t* Tensor::data<int32_t>() const;
 
+namespace {
+
+// From this size up a CPU buffer is zeroed with streaming stores (zero_bytes_streaming): far more than a core's
+// L2 (1-2 MiB), so the zeros would not stay in cache until they are read again anyway.
+constexpr int64_t kStreamingZeroBytes = int64_t{16} << 20;  // bytes (16 MiB)
+
+// bytes [p, p + n) = 0 with non-temporal ("streaming") stores, where the compiler offers them: they write whole
+// cache lines to memory without first reading each line into the cache, as an ordinary store (and memset,
+// below glibc's own threshold) does. Half the memory traffic: 344 MB of GPT-2 d12 gradients zeroed in 7-10 ms
+// instead of 14-28 ms on this kit's 2-core development machine (2 threads; bench_lab01 --breakdown shows it
+// as the forward's "other", the zero_grad before the forward).
+void zero_bytes_streaming(char* p, size_t n) {
+#if defined(__SSE2__)
+  const size_t head = std::min(n, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16));
+  std::memset(p, 0, head);  // up to the first 16-byte boundary: streaming stores need aligned addresses
+  const __m128i zeros = _mm_setzero_si128();
+  size_t i = head;
+  for (; i + 16 <= n; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), zeros);
+  std::memset(p + i, 0, n - i);  // the last bytes, less than 16
+  _mm_sfence();  // streaming stores are weakly ordered: make them visible before anything that follows
+#else
+  std::memset(p, 0, n);
+#endif
+}
+
+}  // namespace
+
 void Tensor::zero_() {
   if (nbytes() == 0) return;
   if (device_ == Device::CPU) {
@@ -126,11 +158,13 @@ void Tensor::zero_() {
     // bandwidth of the machine (bench_lab01 --breakdown: the gradients' and the backward's zeroing).
     const int64_t n = static_cast<int64_t>(nbytes());
     char* bytes = static_cast<char*>(ptr_);
+    const bool streaming = n >= kStreamingZeroBytes;
 #pragma omp parallel if (n > (int64_t{1} << 20))
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
-      std::memset(bytes + begin, 0, static_cast<size_t>(end - begin));
+      if (streaming) zero_bytes_streaming(bytes + begin, static_cast<size_t>(end - begin));
+      else std::memset(bytes + begin, 0, static_cast<size_t>(end - begin));
     }
   } else {
 #ifdef SL_WITH_CUDA

@@ -317,6 +317,22 @@ TEST(Tensor, ZeroSetsEveryByteAndCopyFromCopiesExactly) {
   EXPECT_THROW(a.copy_from(Tensor::empty({15}, DType::I32)), scalelab::Error);
 }
 
+// zero_ of a buffer of 16 MiB or more takes another path (streaming stores, 16-byte aligned, tensor.cpp):
+// a view that starts and ends off that alignment must still clear exactly its own elements.
+TEST(Tensor, ZeroOfALargeUnalignedViewClearsExactlyTheView) {
+  constexpr int64_t kN = (int64_t{20} << 20) / 4 + 7;  // 20 MiB + 28 bytes of floats: the streaming path
+  Tensor a = Tensor::empty({kN});
+  float* p = a.data<float>();
+  for (int64_t k = 0; k < kN; ++k) p[k] = 1.0f;
+  const int64_t offset = 3, n = kN - 5;  // starts 12 bytes in (not 16-byte aligned), leaves 2 at the end
+  a.view(offset, {n}).zero_();
+  for (int64_t k = 0; k < offset; ++k) ASSERT_EQ(p[k], 1.0f) << "before the view: " << k;
+  int64_t nonzero = 0;
+  for (int64_t k = offset; k < offset + n; ++k) nonzero += p[k] != 0.0f;
+  EXPECT_EQ(nonzero, 0) << "elements of the view left non-zero";
+  for (int64_t k = offset + n; k < kN; ++k) ASSERT_EQ(p[k], 1.0f) << "after the view: " << k;
+}
+
 // ---------------------------------------------------------------------------------------------
 // bf16
 

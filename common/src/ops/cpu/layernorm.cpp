@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "scalelab/ops/ops.h"       // defines: the cpu:: declarations implemented here
 #include "scalelab/ops/vec_math.h"  // defines: sum_8_lanes
@@ -12,7 +13,25 @@ namespace scalelab::cpu {
 
 namespace {
 constexpr float kLayerNormEps = 1e-5f;  // GPT-2's (and torch.nn.LayerNorm's default) epsilon
-constexpr int kChannelBlock = 64;       // channels per task in the column reductions (dweight, dbias)
+constexpr int64_t kMaxRowChunks = 64;     // layernorm_backward: the rows cut into at most this many chunks
+constexpr int64_t kMinRowsPerChunk = 16;  // ... of at least this many rows each
+
+// One row of layernorm_backward: dx (C) += the row's dinp; dw_part, db_part (C) += its dweight, dbias terms.
+// __restrict (no two of these arrays overlap) lets the compiler vectorise the loop over c, which it left
+// scalar for the three stores it could not prove independent of the loads.
+inline void backward_row(float* __restrict dx, float* __restrict dw_part, float* __restrict db_part,
+                         const float* __restrict dy, const float* __restrict x, const float* __restrict weight,
+                         float m, float s, int C) {
+  const float g_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c]; }) / C;
+  const float g_xhat_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c] * ((x[c] - m) * s); }) / C;
+  for (int c = 0; c < C; c++) {
+    const float xhat = (x[c] - m) * s;
+    const float g = weight[c] * dy[c];
+    dx[c] += s * (g - g_mean - xhat * g_xhat_mean);
+    dw_part[c] += dy[c] * xhat;
+    db_part[c] += dy[c];
+  }
+}
 }  // namespace
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) saved for backward.
@@ -39,38 +58,36 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 //                                                                     as derived in llm.c doc/layernorm)
 //   dweight += sum over rows of dout * xhat;   dbias += sum over rows of dout.
 // dinp, dout, inp (N,C); dweight, dbias, weight (C); mean, rstd (N).
+//
+// One pass over dout and inp: the rows are cut into at most kMaxRowChunks chunks, a number that depends only
+// on N; each chunk writes its rows of dinp and its own partial dweight and dbias (C each, from zero), and the
+// partials are then added into dweight and dbias in chunk order. So the sums have the same order, and every
+// bit the same value, for any thread count. (Summing over the rows in a second pass, channel block by channel
+// block, read dout and inp twice: 0.86 ms against 0.65 for a d12 layer's 1024 x 768, 2 threads.)
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
-  // Pass 1, dinp: rows are independent.
+  const int64_t rows_per_chunk = std::max<int64_t>(kMinRowsPerChunk, (N + kMaxRowChunks - 1) / kMaxRowChunks);
+  const int64_t num_chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  // (num_chunks, 2, C): each chunk's dweight partial, then its dbias partial. Kept between calls (per
+  // thread), so a step's many calls do not each ask the system for fresh pages.
+  thread_local std::vector<float> partials;
+  partials.assign(static_cast<size_t>(num_chunks * 2 * C), 0.0f);
+  float* const part = partials.data();
 #pragma omp parallel for schedule(static) if (N * C > 32768)
-  for (int64_t i = 0; i < N; i++) {
-    const float* x = inp + i * C;
-    const float* dy = dout + i * C;
-    const float m = mean[i], s = rstd[i];
-    const float g_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c]; }) / C;
-    const float g_xhat_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c] * ((x[c] - m) * s); }) / C;
-    float* dx = dinp + i * C;
-    for (int c = 0; c < C; c++) {
-      const float xhat = (x[c] - m) * s;
-      const float g = weight[c] * dy[c];
-      dx[c] += s * (g - g_mean - xhat * g_xhat_mean);
-    }
+  for (int64_t chunk = 0; chunk < num_chunks; chunk++) {
+    float* dw_part = part + chunk * 2 * C;  // (C)
+    float* db_part = dw_part + C;           // (C)
+    const int64_t i1 = std::min(N, (chunk + 1) * rows_per_chunk);
+    for (int64_t i = chunk * rows_per_chunk; i < i1; i++)
+      backward_row(dinp + i * C, dw_part, db_part, dout + i * C, inp + i * C, weight, mean[i], rstd[i], C);
   }
-  // Pass 2, dweight and dbias: sums over rows (column reductions). Each task owns a block of channels
-  // and walks all rows in order, so there are no races and the sum order (hence every bit of the
-  // result) is the same for any thread count.
-  const int num_blocks = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-  for (int blk = 0; blk < num_blocks; blk++) {
-    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
-    for (int64_t i = 0; i < N; i++) {
-      const float* x = inp + i * C;
-      const float* dy = dout + i * C;
-      const float m = mean[i], s = rstd[i];
-      for (int c = c0; c < c1; c++) {
-        dweight[c] += dy[c] * (x[c] - m) * s;
-        dbias[c] += dy[c];
-      }
+  // The partials into dweight and dbias: each channel in chunk order (contiguous loops over c).
+  for (int64_t chunk = 0; chunk < num_chunks; chunk++) {
+    const float* dw_part = part + chunk * 2 * C;
+    const float* db_part = dw_part + C;
+    for (int c = 0; c < C; c++) {
+      dweight[c] += dw_part[c];
+      dbias[c] += db_part[c];
     }
   }
 }

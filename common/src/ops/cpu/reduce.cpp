@@ -17,21 +17,24 @@ constexpr int64_t kSumChunk = 4096;  // elements per partial sum in sum_squares
 
 // sum_i x[i]^2 over x (n), accumulated in double. The sum is split into fixed chunks of kSumChunk
 // elements whose partial sums are added in chunk order, so the result (and hence gradient clipping)
-// is bit-identical for any number of threads. Inside a chunk, 8 interleaved partial sums (element i goes
-// to lane i mod 8; then the lanes in order): a fixed order still, and one vector add per 8 elements where a
-// single running sum made every addition wait for the one before.
+// is bit-identical for any number of threads. Inside a chunk, kLanes = 32 interleaved partial sums (element i
+// goes to lane i mod 32; then the lanes in order): a fixed order still. A single running sum made every
+// addition wait for the one before; 8 lanes are one vector, one chain of dependent adds; 32 are four
+// independent chains, which keep more loads in flight: on the 344 MB of GPT-2 d12's gradients, read from
+// memory, 16.3 ms instead of 19.4 ms with 8 lanes (2 threads, this kit's development machine).
 double sum_squares(const float* x, int64_t n) {
+  constexpr int kLanes = 32;
   const int64_t num_chunks = (n + kSumChunk - 1) / kSumChunk;
   std::vector<double> partial(static_cast<size_t>(num_chunks), 0.0);
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t chunk = 0; chunk < num_chunks; chunk++) {
     const int64_t i0 = chunk * kSumChunk, i1 = std::min(n, i0 + kSumChunk);
-    double lane[8] = {};
+    double lane[kLanes] = {};
     int64_t i = i0;
-    for (; i + 8 <= i1; i += 8)
-      for (int j = 0; j < 8; j++) lane[j] += static_cast<double>(x[i + j]) * x[i + j];
+    for (; i + kLanes <= i1; i += kLanes)
+      for (int j = 0; j < kLanes; j++) lane[j] += static_cast<double>(x[i + j]) * x[i + j];
     double acc = 0.0;
-    for (int j = 0; j < 8; j++) acc += lane[j];
+    for (int j = 0; j < kLanes; j++) acc += lane[j];
     for (; i < i1; i++) acc += static_cast<double>(x[i]) * x[i];
     partial[chunk] = acc;
   }
