@@ -19,6 +19,7 @@
 #include "scalelab/core/error.h"   // defines: scalelab::Error
 #include "scalelab/ops/ops.h"     // defines: the ops under test, scalelab:: (Tensor) and scalelab::cpu:: (pointers)
 #include "scalelab/core/tensor.h"  // defines: Tensor, Shape
+#include "scalelab/core/threads.h"  // defines: num_threads, set_num_threads
 
 namespace {
 
@@ -306,6 +307,57 @@ TEST(OpsCpu, LayerNormBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(all_close("dinp", dinp, numerical_grad(loss_of_inp, x), kGradAtol, kGradRtol));
   EXPECT_TRUE(all_close("dweight", dw, numerical_grad(loss_of_w, wd), kGradAtol, kGradRtol));
   EXPECT_TRUE(all_close("dbias", db, numerical_grad(loss_of_b, bd), kGradAtol, kGradRtol));
+}
+
+// The backward's dweight and dbias are sums over rows, taken in fixed row chunks (layernorm.cpp): with many
+// rows (62 chunks, the last one short), they must equal the formula's sums in double, be ADDED to what the
+// outputs held, and come out bit for bit the same on 1 and 2 threads.
+TEST(OpsCpu, LayerNormBackwardOverManyRowsAddsTheFormulasSumsOnAnyThreadCount) {
+  constexpr int kN = 1041, kC = 24;  // 1041 rows: chunks of 17 rows, the 62nd one of 4
+  auto inp = uniform(kN * kC, 70, -2.0f, 3.0f), w = uniform(kC, 71), b = uniform(kC, 72), dout = uniform(kN * kC, 73);
+  std::vector<float> out(kN * kC), mean(kN), rstd(kN);
+  scalelab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kN, kC);
+  // The reference: dinp from the formula, dweight = sum_rows dout * xhat, dbias = sum_rows dout, in double,
+  // from the op's own mean and rstd (those are checked by the forward's test).
+  Vec ref_dinp(kN * kC), ref_dw(kC, 0.0), ref_db(kC, 0.0);
+  for (int i = 0; i < kN; i++) {
+    double g_mean = 0.0, g_xhat_mean = 0.0;
+    for (int c = 0; c < kC; c++) {
+      const double xhat = (inp[i * kC + c] - static_cast<double>(mean[i])) * rstd[i];
+      g_mean += static_cast<double>(w[c]) * dout[i * kC + c] / kC;
+      g_xhat_mean += static_cast<double>(w[c]) * dout[i * kC + c] * xhat / kC;
+    }
+    for (int c = 0; c < kC; c++) {
+      const double xhat = (inp[i * kC + c] - static_cast<double>(mean[i])) * rstd[i];
+      ref_dinp[i * kC + c] = rstd[i] * (static_cast<double>(w[c]) * dout[i * kC + c] - g_mean - xhat * g_xhat_mean);
+      ref_dw[c] += dout[i * kC + c] * xhat;
+      ref_db[c] += dout[i * kC + c];
+    }
+  }
+  auto run = [&](int threads, std::vector<float>& dinp, std::vector<float>& dw, std::vector<float>& db) {
+    const int before = scalelab::num_threads();
+    scalelab::set_num_threads(threads);
+    dinp.assign(kN * kC, 0.0f);
+    dw.assign(kC, 0.5f);  // the op adds to what is there
+    db.assign(kC, -0.25f);
+    scalelab::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                                      mean.data(), rstd.data(), kN, kC);
+    scalelab::set_num_threads(before);
+  };
+  std::vector<float> dinp1, dw1, db1, dinp2, dw2, db2;
+  run(1, dinp1, dw1, db1);
+  run(2, dinp2, dw2, db2);
+  for (int c = 0; c < kC; c++) {
+    ref_dw[c] += 0.5;
+    ref_db[c] += -0.25;
+  }
+  // sums of ~1000 O(1) fp32 terms: a few 1e-5 of rounding at most
+  EXPECT_TRUE(all_close("dinp", dinp1, ref_dinp, kFwdAtol, kFwdRtol));
+  EXPECT_TRUE(all_close("dweight", dw1, ref_dw, 1e-4, 1e-5));
+  EXPECT_TRUE(all_close("dbias", db1, ref_db, 1e-4, 1e-5));
+  EXPECT_EQ(std::memcmp(dw1.data(), dw2.data(), kC * sizeof(float)), 0) << "dweight differs between 1 and 2 threads";
+  EXPECT_EQ(std::memcmp(db1.data(), db2.data(), kC * sizeof(float)), 0) << "dbias differs between 1 and 2 threads";
+  EXPECT_EQ(std::memcmp(dinp1.data(), dinp2.data(), dinp1.size() * sizeof(float)), 0) << "dinp differs";
 }
 
 // =============================================================================================
