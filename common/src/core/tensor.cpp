@@ -132,9 +132,8 @@ constexpr int64_t kStreamingZeroBytes = int64_t{16} << 20;  // bytes (16 MiB)
 
 // bytes [p, p + n) = 0 with non-temporal ("streaming") stores, where the compiler offers them: they write whole
 // cache lines to memory without first reading each line into the cache, as an ordinary store (and memset,
-// below glibc's own threshold) does. Half the memory traffic: 344 MB of GPT-2 d12 gradients zeroed in 7-10 ms
-// instead of 14-28 ms on this kit's 2-core development machine (2 threads; bench_lab01 --breakdown shows it
-// as the forward's "other", the zero_grad before the forward).
+// below glibc's own threshold) does. Half the memory traffic: GPT-2 d12's zero_grad (344 MB, the forward's
+// "other" in bench_lab01 --breakdown) took 11.2 ms instead of 23.0 on this kit's 2-core development machine.
 void zero_bytes_streaming(char* p, size_t n) {
 #if defined(__SSE2__)
   const size_t head = std::min(n, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16));
