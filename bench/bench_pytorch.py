@@ -37,6 +37,11 @@ On a shared machine one pass of each side is not a fair comparison: a neighbour'
 only. --pairs N measures each case as N alternating pairs (ours, then PyTorch eager, then ours ...) and prints
 every pair's ratio and their median: the only ratio the kit quotes (labs/01_single_device/README.md).
     .venv/bin/python bench/bench_pytorch.py --threads 2 --pairs 3 --configs d12:4x256,demo:16x256
+
+A ratio of whole steps mixes two questions: whose GEMM library is faster on this CPU, and whose other work
+(attention, layernorm, GELU, the optimizer, copies) is cheaper. --breakdown (CPU) answers them apart: per case,
+each side's step split into the linear layers' GEMMs and everything else, with each side's largest other ops.
+    .venv/bin/python bench/bench_pytorch.py --threads 2 --breakdown --configs d12:4x256,demo:16x256
 """
 import argparse
 import gc
@@ -75,8 +80,9 @@ def emit(jsonl, record):
         print(f"[bench] {what}: {record['tokens_per_s']:.0f} tok/s{extra}", flush=True)
 
 
-def run_ours(build_dir, device, precision, threads, steps, cases, jsonl):
-    """Runs bench_lab01 for one precision; returns its records {(model, B, T): record}."""
+def run_ours(build_dir, device, precision, threads, steps, cases, jsonl, breakdown=False):
+    """Runs bench_lab01 for one precision; returns its records {(model, B, T): record} (with breakdown=True each
+    record holds bench_lab01's per-op "breakdown" too)."""
     exe = os.path.join(build_dir, "bin", "bench_lab01")
     if not os.path.exists(exe):
         sys.exit(f"{exe} not found: build it (cmake --build {build_dir} --target bench_lab01) or pass --build-dir")
@@ -85,7 +91,7 @@ def run_ours(build_dir, device, precision, threads, steps, cases, jsonl):
         path = tmp.name
     try:
         cmd = [exe, "--device", device, "--precision", precision, "--threads", str(threads), "--steps", str(steps),
-               "--configs", spec, "--jsonl", path]
+               "--configs", spec, "--jsonl", path] + (["--breakdown"] if breakdown else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
@@ -105,8 +111,9 @@ def run_ours(build_dir, device, precision, threads, steps, cases, jsonl):
     return result
 
 
-def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa):
-    """One PyTorch training step, timed: returns (tokens_per_s, seconds of the first (compiling) step)."""
+def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa, profile=False):
+    """One PyTorch training step, timed: returns (tokens_per_s, seconds of the first (compiling) step), and with
+    profile=True a third item: one more step under torch.profiler, as (its wall ms, {op name: self CPU ms})."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -162,11 +169,7 @@ def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa):
         if device == "cuda":
             torch.cuda.synchronize()
 
-    warmup = 2 if compile_model else 1  # compiling: the 1st step compiles, the 2nd may still specialise
-    times = []
-    for s in range(steps + warmup):
-        sync()
-        t0 = time.perf_counter()
+    def one_step():
         opt.zero_grad(set_to_none=False)
         if precision in ("bf16", "bf16-compute"):  # autocast: bf16 matmul operands (our bf16-compute)
             with torch.autocast(device_type=device, dtype=torch.bfloat16):
@@ -177,10 +180,25 @@ def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sync()
+
+    warmup = 2 if compile_model else 1  # compiling: the 1st step compiles, the 2nd may still specialise
+    times = []
+    for s in range(steps + warmup):
+        sync()
+        t0 = time.perf_counter()
+        one_step()
         times.append(time.perf_counter() - t0)
     first_s = times[0]
     timed = sorted(times[warmup:])
-    return B * T / timed[len(timed) // 2], first_s
+    if not profile:
+        return B * T / timed[len(timed) // 2], first_s
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        one_step()
+        wall_ms = 1000 * (time.perf_counter() - t0)
+    self_ms = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
+    return B * T / timed[len(timed) // 2], first_s, (wall_ms, self_ms)
 
 
 def main():
@@ -201,6 +219,10 @@ def main():
     ap.add_argument("--pairs", type=int, default=0,
                     help="N > 0: each case as N alternating pairs ours / PyTorch eager, the first --dtype only; "
                          "prints every pair's ratio and the median (needs PyTorch)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="CPU: where each side's step goes, the linear layers' GEMMs against everything else "
+                         "(ours: bench_lab01 --breakdown; PyTorch: one step under torch.profiler), the first --dtype "
+                         "only (needs PyTorch)")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.dtype.split(",") if p.strip()]
     for p in precisions:
@@ -215,6 +237,10 @@ def main():
             ap.error(f"--configs: unknown model '{m}' (known: {', '.join(PRESETS)})")
         cases.append((m, int(b), int(t)))
 
+    if args.breakdown:
+        if args.device != "cpu":
+            ap.error("--breakdown: CPU only (the profiler's CPU times are not a GPU's kernel times)")
+        return run_breakdown(args, precisions[0], cases)
     if args.pairs > 0:
         return run_pairs(args, precisions[0], cases)
 
@@ -298,6 +324,74 @@ def run_pairs(args, precision, cases):
                   f"({1000 * b * t / eager_tok_s:.0f} ms/step): {ratios[-1]:.2f}x", flush=True)
         print(f"{m} {b}x{t}: ours / eager = {sorted(ratios)[len(ratios) // 2]:.2f}x (median of "
               f"{', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+
+
+# The ops that run the linear layers' (and the tied LM head's) GEMMs on each side; everything else is the rest of
+# the step: attention (its two batched matmuls included), layernorm, GELU, the loss, the optimizer, copies.
+OUR_GEMM_OPS = ("matmul_forward", "matmul_backward")  # bench_lab01 --breakdown (they include the bias and dbias)
+TORCH_GEMM_OPS = ("aten::addmm", "aten::mm")            # self CPU time: the BLAS call, not its children
+
+
+def ours_per_op(record):
+    """bench_lab01 --breakdown's record -> {op: ms per step}, each phase's time outside the ops as "other (phase)".
+    The values add up to the step (the sum of the phases' means)."""
+    ops = {}
+    for row in record["breakdown"]:
+        name = f"other ({row['phase']})" if row["op"].startswith("other") else row["op"]
+        ops[name] = ops.get(name, 0.0) + row["ms_per_step"]
+    return ops
+
+
+def split_step(ops, gemm_ops, step_ms):
+    """(GEMM ms, everything else ms, the 6 largest other ops as [(name, ms)]) of a step of step_ms whose ops
+    took ops = {name: ms}; gemm_ops names the GEMM ops (OUR_GEMM_OPS, TORCH_GEMM_OPS)."""
+    gemm = sum(ops.get(k, 0.0) for k in gemm_ops)
+    largest = sorted(((k, v) for k, v in ops.items() if k not in gemm_ops), key=lambda kv: -kv[1])[:6]
+    return gemm, step_ms - gemm, largest
+
+
+def run_breakdown(args, precision, cases):
+    """--breakdown: per case, our step and PyTorch eager's split into the linear layers' GEMMs and the rest.
+
+    A ratio of whole steps mixes two things: whose GEMM library is faster on this CPU, and whose other work is
+    cheaper. This split shows each. Ours: the means of bench_lab01 --breakdown's timed steps. PyTorch: one step
+    after the timed ones, under torch.profiler; each op's self CPU time, the step its wall time (the profiler's
+    own cost included, a few % of a step)."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit("--breakdown needs PyTorch: python3 -m venv .venv && .venv/bin/pip install torch numpy, then run "
+                 "this script with .venv/bin/python")
+    torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision("highest")
+    print(f"CPU ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; ms per step. Ours: means "
+          f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: one step under torch.profiler, self CPU "
+          f"time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch)")
+    for m, b, t in cases:
+        ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)], args.jsonl,
+                        breakdown=True).get((m, b, t), {})
+        if "breakdown" not in ours:
+            sys.exit(f"bench_lab01 --breakdown failed on {m}:{b}x{t}")
+        our_ops = ours_per_op(ours)
+        _, _, (torch_step, torch_ops) = run_torch(m, b, t, args.steps, args.device, precision, False, args.sdpa,
+                                                  profile=True)
+        gc.collect()
+        our_step = sum(our_ops.values())
+        our_gemm, our_rest, our_largest = split_step(our_ops, OUR_GEMM_OPS, our_step)
+        torch_gemm, torch_rest, torch_largest = split_step(torch_ops, TORCH_GEMM_OPS, torch_step)
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps({"impl": "breakdown", "device": args.device, "precision": precision, "model": m,
+                                    "B": b, "T": t, "torch": torch.__version__, "ours_step_ms": our_step,
+                                    "ours_gemm_ms": our_gemm, "torch_step_ms": torch_step,
+                                    "torch_gemm_ms": torch_gemm}) + "\n")
+        print(f"{m} {b}x{t}:        {'ours':>9} {'share':>6} | {'PyTorch':>9} {'share':>6} | ours / PyTorch (time)")
+        for label, o, p in (("GEMMs", our_gemm, torch_gemm), ("everything else", our_rest, torch_rest),
+                            ("step", our_step, torch_step)):
+            print(f"  {label:15} {o:9.1f} {100 * o / our_step:5.1f}% | {p:9.1f} {100 * p / torch_step:5.1f}% | "
+                  f"{o / p:.2f}")
+        print(f"  ours' largest others:     {', '.join(f'{k} {v:.1f}' for k, v in our_largest)}")
+        print(f"  PyTorch's largest others: {', '.join(f'{k} {v:.1f}' for k, v in torch_largest)}", flush=True)
 
 
 def print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile):
