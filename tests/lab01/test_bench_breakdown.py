@@ -10,6 +10,7 @@ import os
 import sys
 import unittest
 
+sys.dont_write_bytecode = True  # no __pycache__ left in the source tree's bench/
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("bench_pytorch", os.path.join(ROOT, "bench", "bench_pytorch.py"))
 bench = importlib.util.module_from_spec(spec)
