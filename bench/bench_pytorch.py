@@ -220,9 +220,8 @@ def main():
                     help="N > 0: each case as N alternating pairs ours / PyTorch eager, the first --dtype only; "
                          "prints every pair's ratio and the median (needs PyTorch)")
     ap.add_argument("--breakdown", action="store_true",
-                    help="CPU: where each side's step goes, the linear layers' GEMMs against everything else "
-                         "(ours: bench_lab01 --breakdown; PyTorch: one step under torch.profiler), the first --dtype "
-                         "only (needs PyTorch)")
+                    help="CPU, fp32: where each side's step goes, the linear layers' GEMMs against everything "
+                         "else (ours: bench_lab01 --breakdown; PyTorch: one step under torch.profiler; needs PyTorch)")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.dtype.split(",") if p.strip()]
     for p in precisions:
@@ -240,6 +239,8 @@ def main():
     if args.breakdown:
         if args.device != "cpu":
             ap.error("--breakdown: CPU only (the profiler's CPU times are not a GPU's kernel times)")
+        if precisions[0] != "fp32":
+            ap.error(f"--breakdown: fp32 only (--dtype {precisions[0]}: the bf16 ops have other names on both sides)")
         return run_breakdown(args, precisions[0], cases)
     if args.pairs > 0:
         return run_pairs(args, precisions[0], cases)
@@ -328,7 +329,9 @@ def run_pairs(args, precision, cases):
 
 # The ops that run the linear layers' (and the tied LM head's) GEMMs on each side; everything else is the rest of
 # the step: attention (its two batched matmuls included), layernorm, GELU, the loss, the optimizer, copies.
-OUR_GEMM_OPS = ("matmul_forward", "matmul_backward")  # bench_lab01 --breakdown (they include the bias and dbias)
+# Ours include the bias add and the dbias sums; PyTorch's addmm includes the bias add, while its dbias is an
+# aten::sum, counted in the rest (a few ms a step at d12).
+OUR_GEMM_OPS = ("matmul_forward", "matmul_backward")  # bench_lab01 --breakdown
 TORCH_GEMM_OPS = ("aten::addmm", "aten::mm")            # self CPU time: the BLAS call, not its children
 
 
@@ -354,9 +357,11 @@ def run_breakdown(args, precision, cases):
     """--breakdown: per case, our step and PyTorch eager's split into the linear layers' GEMMs and the rest.
 
     A ratio of whole steps mixes two things: whose GEMM library is faster on this CPU, and whose other work is
-    cheaper. This split shows each. Ours: the means of bench_lab01 --breakdown's timed steps. PyTorch: one step
-    after the timed ones, under torch.profiler; each op's self CPU time, the step its wall time (the profiler's
-    own cost included, a few % of a step)."""
+    cheaper. This split shows each. Ours: the means of bench_lab01 --breakdown's timed steps (every op timed),
+    their sum the step. PyTorch: one step after the timed ones, under torch.profiler; each op's self CPU time,
+    the step its wall time, so its "everything else" also holds the profiler's and Python's own time (the
+    unprofiled median step is printed beside it). The speed-up column is PyTorch's time / ours, as --pairs'
+    ratio (ours / PyTorch in tokens/s): above 1, ours is faster."""
     try:
         import torch
     except ImportError:
@@ -366,14 +371,15 @@ def run_breakdown(args, precision, cases):
     torch.set_float32_matmul_precision("highest")
     print(f"CPU ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; ms per step. Ours: means "
           f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: one step under torch.profiler, self CPU "
-          f"time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch)")
+          f"time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
+          f"speed-up = PyTorch's ms / ours")
     for m, b, t in cases:
         ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)], args.jsonl,
                         breakdown=True).get((m, b, t), {})
         if "breakdown" not in ours:
             sys.exit(f"bench_lab01 --breakdown failed on {m}:{b}x{t}")
         our_ops = ours_per_op(ours)
-        _, _, (torch_step, torch_ops) = run_torch(m, b, t, args.steps, args.device, precision, False, args.sdpa,
+        torch_tok_s, _, (torch_step, torch_ops) = run_torch(m, b, t, args.steps, args.device, precision, False, args.sdpa,
                                                   profile=True)
         gc.collect()
         our_step = sum(our_ops.values())
@@ -385,11 +391,13 @@ def run_breakdown(args, precision, cases):
                                     "B": b, "T": t, "torch": torch.__version__, "ours_step_ms": our_step,
                                     "ours_gemm_ms": our_gemm, "torch_step_ms": torch_step,
                                     "torch_gemm_ms": torch_gemm}) + "\n")
-        print(f"{m} {b}x{t}:        {'ours':>9} {'share':>6} | {'PyTorch':>9} {'share':>6} | ours / PyTorch (time)")
+        print(f"{m} {b}x{t}:        {'ours':>9} {'share':>6} | {'PyTorch':>9} {'share':>6} | speed-up")
         for label, o, p in (("GEMMs", our_gemm, torch_gemm), ("everything else", our_rest, torch_rest),
                             ("step", our_step, torch_step)):
             print(f"  {label:15} {o:9.1f} {100 * o / our_step:5.1f}% | {p:9.1f} {100 * p / torch_step:5.1f}% | "
-                  f"{o / p:.2f}")
+                  f"{p / o:.2f}x")
+        print(f"  median step: ours {ours['step_ms']:.1f} ms (op timer on), PyTorch {1000 * b * t / torch_tok_s:.1f} ms "
+              f"(no profiler)")
         print(f"  ours' largest others:     {', '.join(f'{k} {v:.1f}' for k, v in our_largest)}")
         print(f"  PyTorch's largest others: {', '.join(f'{k} {v:.1f}' for k, v in torch_largest)}", flush=True)
 
