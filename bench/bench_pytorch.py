@@ -113,7 +113,8 @@ def run_ours(build_dir, device, precision, threads, steps, cases, jsonl, breakdo
 
 def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa, profile=False):
     """One PyTorch training step, timed: returns (tokens_per_s, seconds of the first (compiling) step), and with
-    profile=True a third item: one more step under torch.profiler, as (its wall ms, {op name: self CPU ms})."""
+    profile=True a third item: `steps` more steps under torch.profiler, as (wall ms, {op name: self CPU ms}), both
+    per step (means)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -195,9 +196,10 @@ def run_torch(model_name, B, T, steps, device, precision, compile_model, sdpa, p
     from torch.profiler import ProfilerActivity, profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        one_step()
-        wall_ms = 1000 * (time.perf_counter() - t0)
-    self_ms = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
+        for _ in range(steps):
+            one_step()
+        wall_ms = 1000 * (time.perf_counter() - t0) / steps
+    self_ms = {e.key: e.self_cpu_time_total / 1000 / steps for e in prof.key_averages()}
     return B * T / timed[len(timed) // 2], first_s, (wall_ms, self_ms)
 
 
@@ -221,7 +223,8 @@ def main():
                          "prints every pair's ratio and the median (needs PyTorch)")
     ap.add_argument("--breakdown", action="store_true",
                     help="CPU, fp32: where each side's step goes, the linear layers' GEMMs against everything "
-                         "else (ours: bench_lab01 --breakdown; PyTorch: one step under torch.profiler; needs PyTorch)")
+                         "else (ours: bench_lab01 --breakdown; PyTorch: --steps steps under torch.profiler; needs "
+                         "PyTorch)")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.dtype.split(",") if p.strip()]
     for p in precisions:
@@ -358,9 +361,9 @@ def run_breakdown(args, precision, cases):
 
     A ratio of whole steps mixes two things: whose GEMM library is faster on this CPU, and whose other work is
     cheaper. This split shows each. Ours: the means of bench_lab01 --breakdown's timed steps (every op timed),
-    their sum the step. PyTorch: one step after the timed ones, under torch.profiler; each op's self CPU time,
-    the step its wall time, so its "everything else" also holds the profiler's and Python's own time (the
-    unprofiled median step is printed beside it). The speed-up column is PyTorch's time / ours, as --pairs'
+    their sum the step. PyTorch: as many steps again after its timed ones, under torch.profiler; the means of
+    each op's self CPU time and of the wall time, so its "everything else" also holds the profiler's and Python's
+    own time (the unprofiled median step is printed beside it). The speed-up column is PyTorch's time / ours, as --pairs'
     ratio (ours / PyTorch in tokens/s): above 1, ours is faster."""
     try:
         import torch
@@ -370,8 +373,8 @@ def run_breakdown(args, precision, cases):
     torch.set_num_threads(args.threads)
     torch.set_float32_matmul_precision("highest")
     print(f"CPU ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; ms per step. Ours: means "
-          f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: one step under torch.profiler, self CPU "
-          f"time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
+          f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: means of {args.steps} steps under "
+          f"torch.profiler, self CPU time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
           f"speed-up = PyTorch's ms / ours")
     for m, b, t in cases:
         ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)], args.jsonl,
