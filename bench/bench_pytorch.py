@@ -300,15 +300,21 @@ def main():
     print_table(args, precisions, cases, ours, eager, compiled, torch, use_compile)
 
 
-def run_pairs(args, precision, cases):
-    """--pairs N: per case, N rounds of (ours, PyTorch eager) back to back; each round's ratio, then the median."""
+def torch_for(args, option):
+    """PyTorch, set to --threads threads and true fp32 matmuls; exits with the venv hint when it is missing."""
     try:
         import torch
     except ImportError:
-        sys.exit("--pairs needs PyTorch: python3 -m venv .venv && .venv/bin/pip install torch numpy, then run this "
+        sys.exit(f"{option} needs PyTorch: python3 -m venv .venv && .venv/bin/pip install torch numpy, then run this "
                  "script with .venv/bin/python")
     torch.set_num_threads(args.threads)
     torch.set_float32_matmul_precision("highest")
+    return torch
+
+
+def run_pairs(args, precision, cases):
+    """--pairs N: per case, N rounds of (ours, PyTorch eager) back to back; each round's ratio, then the median."""
+    torch = torch_for(args, "--pairs")
     print(f"{args.device.upper()} ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; "
           f"{args.pairs} alternating pairs per case, median step of {args.steps} each")
     for m, b, t in cases:
@@ -363,18 +369,13 @@ def run_breakdown(args, precision, cases):
     cheaper. This split shows each. Ours: the means of bench_lab01 --breakdown's timed steps (every op timed),
     their sum the step. PyTorch: as many steps again after its timed ones, under torch.profiler; the means of
     each op's self CPU time and of the wall time, so its "everything else" also holds the profiler's and Python's
-    own time (the unprofiled median step is printed beside it). The speed-up column is PyTorch's time / ours, as --pairs'
-    ratio (ours / PyTorch in tokens/s): above 1, ours is faster."""
-    try:
-        import torch
-    except ImportError:
-        sys.exit("--breakdown needs PyTorch: python3 -m venv .venv && .venv/bin/pip install torch numpy, then run "
-                 "this script with .venv/bin/python")
-    torch.set_num_threads(args.threads)
-    torch.set_float32_matmul_precision("highest")
+    own time (the unprofiled median step is printed beside it). The speed-up column is PyTorch's time / ours, as
+    --pairs' ratio (ours / PyTorch in tokens/s): above 1, ours is faster."""
+    torch = torch_for(args, "--breakdown")
     print(f"CPU ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; ms per step. Ours: means "
           f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: means of {args.steps} steps under "
-          f"torch.profiler, self CPU time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), {' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
+          f"torch.profiler, self CPU time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), "
+          f"{' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
           f"speed-up = PyTorch's ms / ours")
     for m, b, t in cases:
         ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)], args.jsonl,
@@ -382,8 +383,8 @@ def run_breakdown(args, precision, cases):
         if "breakdown" not in ours:
             sys.exit(f"bench_lab01 --breakdown failed on {m}:{b}x{t}")
         our_ops = ours_per_op(ours)
-        torch_tok_s, _, (torch_step, torch_ops) = run_torch(m, b, t, args.steps, args.device, precision, False, args.sdpa,
-                                                  profile=True)
+        torch_tok_s, _, (torch_step, torch_ops) = run_torch(m, b, t, args.steps, args.device, precision, False,
+                                                            args.sdpa, profile=True)
         gc.collect()
         our_step = sum(our_ops.values())
         our_gemm, our_rest, our_largest = split_step(our_ops, OUR_GEMM_OPS, our_step)
@@ -399,7 +400,8 @@ def run_breakdown(args, precision, cases):
                             ("step", our_step, torch_step)):
             print(f"  {label:15} {o:9.1f} {100 * o / our_step:5.1f}% | {p:9.1f} {100 * p / torch_step:5.1f}% | "
                   f"{p / o:.2f}x")
-        print(f"  median step: ours {ours['step_ms']:.1f} ms (op timer on), PyTorch {1000 * b * t / torch_tok_s:.1f} ms "
+        print(f"  median step: ours {ours['step_ms']:.1f} ms (op timer on), "
+              f"PyTorch {1000 * b * t / torch_tok_s:.1f} ms "
               f"(no profiler)")
         print(f"  ours' largest others:     {', '.join(f'{k} {v:.1f}' for k, v in our_largest)}")
         print(f"  PyTorch's largest others: {', '.join(f'{k} {v:.1f}' for k, v in torch_largest)}", flush=True)
