@@ -39,8 +39,8 @@ every pair's ratio and their median: the only ratio the kit quotes (labs/01_sing
     .venv/bin/python bench/bench_pytorch.py --threads 2 --pairs 3 --configs d12:4x256,demo:16x256
 
 A ratio of whole steps mixes two questions: whose GEMM library is faster on this CPU, and whose other work
-(attention, layernorm, GELU, the optimizer, copies) is cheaper. --breakdown (CPU) answers them apart: per case,
-each side's step split into the linear layers' GEMMs and everything else, with each side's largest other ops.
+(attention, layernorm, GELU, the optimizer, copies) is cheaper. --breakdown (CPU, fp32) answers them apart: per
+case, each side's step split into the linear layers' GEMMs and everything else, with each side's largest other ops.
     .venv/bin/python bench/bench_pytorch.py --threads 2 --breakdown --configs d12:4x256,demo:16x256
 """
 import argparse
@@ -339,7 +339,7 @@ def run_pairs(args, precision, cases):
 # The ops that run the linear layers' (and the tied LM head's) GEMMs on each side; everything else is the rest of
 # the step: attention (its two batched matmuls included), layernorm, GELU, the loss, the optimizer, copies.
 # Ours include the bias add and the dbias sums; PyTorch's addmm includes the bias add, while its dbias is an
-# aten::sum, counted in the rest (a few ms a step at d12).
+# aten::sum, counted in the rest.
 OUR_GEMM_OPS = ("matmul_forward", "matmul_backward")  # bench_lab01 --breakdown
 TORCH_GEMM_OPS = ("aten::addmm", "aten::mm")            # self CPU time: the BLAS call, not its children
 
@@ -375,8 +375,7 @@ def run_breakdown(args, precision, cases):
     print(f"CPU ({args.threads} threads), {precision}, PyTorch {torch.__version__} eager; ms per step. Ours: means "
           f"of {args.steps} timed steps (bench_lab01 --breakdown). PyTorch: means of {args.steps} steps under "
           f"torch.profiler, self CPU time per op. GEMMs = {' + '.join(OUR_GEMM_OPS)} (ours), "
-          f"{' + '.join(TORCH_GEMM_OPS)} (PyTorch); "
-          f"speed-up = PyTorch's ms / ours")
+          f"{' + '.join(TORCH_GEMM_OPS)} (PyTorch); speed-up = PyTorch's ms / ours")
     for m, b, t in cases:
         ours = run_ours(args.build_dir, args.device, precision, args.threads, args.steps, [(m, b, t)], args.jsonl,
                         breakdown=True).get((m, b, t), {})
@@ -401,8 +400,7 @@ def run_breakdown(args, precision, cases):
             print(f"  {label:15} {o:9.1f} {100 * o / our_step:5.1f}% | {p:9.1f} {100 * p / torch_step:5.1f}% | "
                   f"{p / o:.2f}x")
         print(f"  median step: ours {ours['step_ms']:.1f} ms (op timer on), "
-              f"PyTorch {1000 * b * t / torch_tok_s:.1f} ms "
-              f"(no profiler)")
+              f"PyTorch {1000 * b * t / torch_tok_s:.1f} ms (no profiler)")
         print(f"  ours' largest others:     {', '.join(f'{k} {v:.1f}' for k, v in our_largest)}")
         print(f"  PyTorch's largest others: {', '.join(f'{k} {v:.1f}' for k, v in torch_largest)}", flush=True)
 
