@@ -17,7 +17,7 @@ simulated cluster of nodes (--ranks-per-node): the tp groups inside a node (NVLi
                          with data parallelism also one all-reduce per unit of the shard's gradients
 
 Then the same arithmetic for GPT-2 d12 on GPUs (an assumption, stated: H100 SXM bf16 989 TFLOP/s at 40 %
-MFU, REFERENCES.md; bf16 activations; micro-batch 8 x 1024 tokens), where compute is ~1000x faster than
+MFU, docs/references.md; bf16 activations; micro-batch 8 x 1024 tokens), where compute is ~1000x faster than
 this CPU and the link's share shows what the lesson claims. That table is arithmetic, not a measurement.
 
   bench/tp_link_sweep.py                           # the sweep (about 3 minutes on 2 cores)

@@ -1,4 +1,4 @@
-# cmake/scalelab.cmake — one helper per target kind (STYLE.md 34), dependency lookup, configure summary.
+# cmake/scalelab.cmake — one helper per target kind (docs/style.md 34), dependency lookup, configure summary.
 #   sl_add_lab(01 single_device SOURCES train_step.cpp DRIVER main.cpp)  -> lab01_learner, lab01_ref, programs
 #   sl_add_test(test_tensor SOURCES ... LABELS unit cpu common)
 #   sl_add_graded_test(01 test_lab01 SOURCES ... CHECKS Lab01.X ...)    -> one ctest per check and track
@@ -120,7 +120,7 @@ function(sl_find_header_libs)
   target_include_directories(sl_header_libs SYSTEM INTERFACE ${SL_CLI11_INCLUDE} ${SL_JSON_INCLUDE})
 endfunction()
 
-# CUDA: AUTO builds it where nvcc exists. Architectures default to 80;90 unless given (STYLE.md 35).
+# CUDA: AUTO builds it where nvcc exists. Architectures default to 80;90 unless given (docs/style.md 35).
 macro(sl_setup_cuda)
   set(SL_CUDA_ENABLED OFF)
   if(NOT SL_WITH_CUDA STREQUAL "OFF")

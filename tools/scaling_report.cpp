@@ -87,7 +87,7 @@ struct RankRecords {
 RankSummary summarize_rank(int rank, const RankRecords& r) {
   RankSummary s;
   s.rank = rank;
-  // Step 0 allocates and warms caches (STYLE.md 32): left out unless it is all there is.
+  // Step 0 allocates and warms caches (docs/style.md 32): left out unless it is all there is.
   std::vector<const json*> timed;
   for (const json& st : r.steps)
     if (num(st, "step") >= 1) timed.push_back(&st);

@@ -261,7 +261,7 @@ struct SweepRow {
   int64_t wrong = 0;         // elements of the checked call that differ from the exact result, all ranks
 };
 
-// Exact small integers (STYLE.md 27): element i of rank r holds (r + 1) + i % 7, so any sum over up to
+// Exact small integers (docs/style.md 27): element i of rank r holds (r + 1) + i % 7, so any sum over up to
 // thousands of ranks is exact in fp32, whatever order the transport adds in.
 static float pattern(int r, int64_t i) { return static_cast<float>((r + 1) + i % 7); }
 

@@ -100,7 +100,7 @@ std::vector<Action> interleaved_schedule(int p, int m, int v, int stage);
 // Given: the schedule of this rank for a layout (one of the three above).
 std::vector<Action> schedule_for(const PipelineLayout& layout);
 // Given: the bubble's share of the step when every micro-batch takes the same time on every stage
-// (Narayanan et al. 2021, Sec. 2.2; REFERENCES.md "Pipelines"): the bubble is (p - 1) / v of one
+// (Narayanan et al. 2021, Sec. 2.2; docs/references.md "Pipelines"): the bubble is (p - 1) / v of one
 // micro-batch's time per stage against m micro-batches of work, so (p - 1) / (v * m + p - 1) of the step
 // (GPipe and 1F1B: v = 1).
 double bubble_formula(const PipelineLayout& layout);

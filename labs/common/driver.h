@@ -1,5 +1,4 @@
-// driver.h — plumbing shared by the lab drivers (labs/01_single_device, 02_data_pipeline, 03_ddp, 04_fsdp
-// main.cpp): the options they all have, the --device check, the simulated link, the run id and run record,
+// driver.h — plumbing shared by the lab drivers (the main.cpp of labs 01 to 09): the options they all have, the --device check, the simulated link, the run id and run record,
 // the MFU peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
 // main.cpp; only code that was the same, line for line, in two or three drivers lives here.
 // Implementation: labs/common/driver.cpp (library sl_lab_driver, linked into every lab program by

@@ -1,9 +1,10 @@
-// train_loop.h — the training loop every lab driver runs (labs 01, 03, 04; docs/design.md "The training
+// train_loop.h — the training loop every training driver runs (labs 01 to 08; docs/design.md "The training
 // loop"): data for every micro-step, the learning-rate schedule, the warm-up step that is not timed,
 // validation before, during and after, the step and eval records of the log, the progress line, the
 // periodic checkpoint, the mean throughput and MFU, a text sample at the end, and what an out-of-memory
 // says. What a lab teaches is the one call the loop makes per step (TrainLoop::step): lab 01's
-// train_step, lab 03's data-parallel step, lab 04's sharded one. Everything around it is here, once.
+// train_step, lab 03's data-parallel step, lab 04's sharded one, up to lab 07's 3D-parallel one.
+// Everything around it is here, once.
 //
 //   driver::TrainLoop loop(o, spec, &comm, model, *data.train, *data.val, log, peak, flops_per_token);
 //   loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab03::train_step(...); };

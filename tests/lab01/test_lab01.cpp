@@ -51,7 +51,7 @@ uint32_t bits_of(float x) {
 }
 
 // Compares two fp32 tensors bit for bit. Empty string when identical; otherwise the first differing
-// index with both values, the number of differences and the max abs error (STYLE.md 29).
+// index with both values, the number of differences and the max abs error (docs/style.md 29).
 std::string bitwise_difference(const std::string& name, const Tensor& got, const Tensor& want) {
   const float* g = got.data<float>();
   const float* w = want.data<float>();

@@ -11,7 +11,7 @@ namespace scalelab::test {
 
 // Passes when |got_i - want_i| <= tol * (max_j |want_j| + |want_i|) for every i (NaN fails), so entries
 // near zero by cancellation are judged on the tensor's scale. On failure: how many, the first 5 with both
-// values (STYLE.md 29), the max abs error and the max error relative to the scale; on success it prints
+// values (docs/style.md 29), the max abs error and the max error relative to the scale; on success it prints
 // one "[ measured ]" line with those two errors.
 ::testing::AssertionResult close_to_scale(const std::string& what, const std::vector<float>& got,
                                           const std::vector<double>& want, double tol);

@@ -64,7 +64,7 @@ class Fixture {
 // RMS error of atol per element. `actual` must point at expected.size() floats (host memory).
 // On success prints one line (max error and margin, as llm.c's check_tensor does); on failure the
 // message gives n, the norms, the bound, the max abs error with its index and the first 5 indices
-// whose elementwise error exceeds rtol*|expected| + atol, with both values (STYLE.md 29).
+// whose elementwise error exceeds rtol*|expected| + atol, with both values (docs/style.md 29).
 ::testing::AssertionResult tensors_close(const std::string& name, const float* actual,
                                          const std::vector<double>& expected, double rtol, double atol);
 // Convenience: a host fp32 tensor (e.g. model.grad(name)) against a fixture array.

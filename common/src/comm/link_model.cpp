@@ -1,15 +1,15 @@
 // link_model.cpp — the simulated link (comm.h LinkModel): presets and the alpha-beta cost.
 // The communicator backends apply it: a call completes no earlier than start + seconds(...).
-// Formulas: REFERENCES.md "A cost model for simulated links" (Hockney's alpha-beta model; ring
+// Formulas: docs/references.md "Collectives" (Hockney's alpha-beta model; ring
 // collectives as in Thakur, Rabenseifner & Gropp 2005, IJHPCA 19(1)). Tests: tests/common/comm/test_comm.cpp
 //
 // The figures of the presets and where they come from:
 //   base_s  8.4 us per call: NCCL's tuner base latency per collective, Simple protocol
-//           (NCCL src/graph/tuning.cc, as quoted in REFERENCES.md). Used by every preset.
+//           (NCCL src/graph/tuning.cc, as quoted in docs/references.md). Used by every preset.
 //   alpha_s per ring hop, the same tuner table (Simple protocol): 3.4 us over NVLink, 5.7 us over
 //           PCIe, 14 us over the network (Ethernet and InfiniBand alike: the table has one network row).
 //   B       the bus bandwidth (busbw) a ring sustains, bytes/s:
-//     nvlink       370 GB/s  nccl-tests all_reduce busbw on 8x H100 NVLink (REFERENCES.md "Collectives":
+//     nvlink       370 GB/s  nccl-tests all_reduce busbw on 8x H100 NVLink (docs/references.md "Collectives":
 //                            ~370-480 GB/s; the ring figure, the low end)
 //     pcie          25 GB/s  PCIe Gen4 x16, achievable (32 GB/s theoretical per direction)
 //     ethernet100   12 GB/s  100 Gb/s Ethernet = 12.5 GB/s line rate, a little less achieved

@@ -211,7 +211,7 @@ void RunLogger::log_step(const StepRecord& s) {
   emit("step", rec);
 
   // Summary sums. The first step record is warm-up (allocations, page faults, BLAS thread start-up)
-  // and is left out of the means, as every timing in the kit does (STYLE.md 32).
+  // and is left out of the means, as every timing in the kit does (docs/style.md 32).
   std::lock_guard<std::mutex> lock(mu_);
   if (num_steps_ > 0 && std::isfinite(s.step_ms)) {
     ++timed_steps_;

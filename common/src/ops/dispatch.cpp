@@ -1,5 +1,5 @@
 // dispatch.cpp — the Tensor-level GPT-2 ops (scalelab::<op>, declared in scalelab/ops/ops.h): the one
-// dispatch point of every op (STYLE.md 26). Each op checks dtypes, shapes and devices, naming the offending
+// dispatch point of every op (docs/style.md 26). Each op checks dtypes, shapes and devices, naming the offending
 // tensor and its shape (the same checks for both devices), then hands its tensors' pointers and sizes to
 // run_twin, which calls the twin of their device: scalelab::cuda::<op> (common/src/ops/cuda/) for CUDA
 // tensors, scalelab::cpu::<op> (common/src/ops/cpu/) otherwise, both declared once in scalelab/ops/twins.h.

@@ -1,7 +1,7 @@
 // test_comm_mpi.cpp — the mpi communicator (common/src/comm/mpi.cpp) under mpiexec with 2 and 4
-// ranks (tests/common/comm/CMakeLists.txt). main(): tests/support/mpi/mpi_main.cpp (test::world(), results reduced
+// ranks (registered by tests/CMakeLists.txt, sl_add_mpi_test). main(): tests/support/mpi/mpi_main.cpp (test::world(), results reduced
 // across ranks). Run directly, it runs on the local backend with one rank (what makes sense there).
-// Collectives use exact small integers per rank (value = 100*rank + i, STYLE.md 27), so EXPECT_EQ
+// Collectives use exact small integers per rank (value = 100*rank + i, docs/style.md 27), so EXPECT_EQ
 // holds whatever the reduction order. No TEST returns early before a collective: every rank checks
 // with EXPECT_ and the verdicts are combined by mpi_main (or grading::all_ranks).
 // Timing is printed; it is asserted only where ranks <= cores and only with the simulated link,
@@ -72,7 +72,7 @@ double at(const Tensor& t, int64_t i) {
   return 0;
 }
 
-// Compares t with expected(i) for every i; reports the first 5 differences (STYLE.md 29).
+// Compares t with expected(i) for every i; reports the first 5 differences (docs/style.md 29).
 template <typename F>
 void expect_values(const Tensor& t, F expected, const std::string& what) {
   int bad = 0;
@@ -819,7 +819,7 @@ TEST(CommMpi, BlockingCallsKeepTheirPlaceBehindPendingAsyncCalls) {
 
 // What the communicator adds to a small blocking all_reduce, beside a plain MPI_Allreduce loop in the
 // same program (on its own MPI communicator: no thread, no event log). Printed; it fails only when
-// SL_MAX_SMALL_ALLREDUCE_RATIO is set (STYLE.md 32), since ranks > cores time whatever they like. Before
+// SL_MAX_SMALL_ALLREDUCE_RATIO is set (docs/style.md 32), since ranks > cores time whatever they like. Before
 // the caller's thread ran blocking calls itself, the hand-off made this 20-200x on 2 cores.
 TEST(CommMpi, SmallBlockingAllReduceCostsLittleMoreThanPlainMpi) {
   Communicator& w = test::world();

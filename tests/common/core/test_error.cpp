@@ -1,7 +1,7 @@
 // test_error.cpp — scalelab's error reports (scalelab/core/error.h, common/src/core/error.cpp) and the errors
 // users meet first: unknown precision names (precision.cpp), unknown model presets and invalid
 // configs (gpt2.cpp). A report must say what failed, where (file:line, function), with which values,
-// and what to do (STYLE.md 19-20); these tests read the text a user would read.
+// and what to do (docs/style.md 19-20); these tests read the text a user would read.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -97,7 +97,7 @@ TEST(Error, LongMessagesAreKeptWhole) {
   EXPECT_TRUE(contains(msg, "name " + long_name + " end")) << "message truncated to " << msg.size() << " chars";
 }
 
-// Under mpirun a report names the rank (STYLE.md 19), so interleaved output of many ranks is readable.
+// Under mpirun a report names the rank (docs/style.md 19), so interleaved output of many ranks is readable.
 TEST(Error, ReportNamesTheRankWhenLaunchedByMpirun) {
   ScopedEnv rank("OMPI_COMM_WORLD_RANK", "3");
   const std::string msg = error_message([] { check_heads(10, 4); });

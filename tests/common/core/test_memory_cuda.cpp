@@ -2,7 +2,7 @@
 // allocator (scalelab/core/allocator.h), and the caching of freed device blocks (a free must not reach cudaFree,
 // which synchronises the device; the next request of the same size class reuses the block). The caching
 // logic itself is tested on the CPU in tests/common/core/test_allocator_cache.cpp. Each test skips visibly
-// without a GPU (STYLE.md 30); on a GPU machine: ctest -L gpu (docs/cuda_backend.md).
+// without a GPU (docs/style.md 30); on a GPU machine: ctest -L gpu (docs/cuda_backend.md).
 #include <gtest/gtest.h>
 
 #include <cstdint>

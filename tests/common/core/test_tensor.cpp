@@ -2,7 +2,7 @@
 // (common/src/core/tensor.cpp) and bf16 storage (scalelab/core/bf16.h).
 // The allocator is a process-wide singleton that other tests in this program also use, so every
 // allocator test measures DELTAS against stats() taken at its start, and the cap tests restore the
-// cap with a guard even when an assertion fails. The CUDA case skips visibly without a GPU (STYLE.md 30).
+// cap with a guard even when an assertion fails. The CUDA case skips visibly without a GPU (docs/style.md 30).
 #include <gtest/gtest.h>
 
 #include <cmath>

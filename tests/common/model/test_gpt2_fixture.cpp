@@ -2,7 +2,7 @@
 // independent PyTorch float64 implementation: logits, loss, every parameter gradient, 10 AdamW steps,
 // 10 SGD steps, and the bf16-mixed forward. The reference is tests/fixtures/gpt2_tiny.json, written by
 // tests/fixtures/gen_gpt2_fixture.py (PyTorch is needed only to regenerate it). Reader and comparison:
-// tests/support/fixture.h. This CPU backend is in turn the oracle for the CUDA one (STYLE.md 24).
+// tests/support/fixture.h. This CPU backend is in turn the oracle for the CUDA one (docs/style.md 24).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +30,7 @@ using scalelab::test::Fixture;
 using scalelab::test::tensors_close;
 
 // ---------------------------------------------------------------------------------------------
-// Tolerances (STYLE.md 28). Criterion per tensor: ||a-b||_2 <= rtol*||b||_2 + atol*sqrt(n).
+// Tolerances (docs/style.md 28). Criterion per tensor: ||a-b||_2 <= rtol*||b||_2 + atol*sqrt(n).
 // Our model computes in fp32, the fixture in float64, so the difference is fp32 rounding: unit
 // roundoff u = 2^-24 = 6e-8 per operation, grown by the length of the sums (C=16 to 4C=64 terms in
 // the matmuls, V=64 in the softmax, B*T=16 rows in the weight gradients) and by two layers of

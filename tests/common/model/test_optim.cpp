@@ -34,7 +34,7 @@ using scalelab::ParamInfo;
 using scalelab::PrecisionPolicy;
 using scalelab::Tensor;
 
-// Tolerances (STYLE.md 28).
+// Tolerances (docs/style.md 28).
 // The schedule computes in float (warmup) or in double rounded to float (cosine), so its values are
 // the formula's within a few fp32 roundings of 2^-24 = 6e-8 relative each: 4 of them = 2.4e-7.
 constexpr float kLrRtol = 2.4e-7f;

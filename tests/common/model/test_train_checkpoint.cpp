@@ -1,4 +1,4 @@
-// test_train_checkpoint.cpp — resume is exact (STYLE.md 33): training 20 steps equals training 10,
+// test_train_checkpoint.cpp — resume is exact (docs/style.md 33): training 20 steps equals training 10,
 // saving a checkpoint, loading it into a fresh model/optimizer/loader, and training 10 more, bit for
 // bit on the CPU; a damaged checkpoint is refused and the previous one stays usable.
 // Code under test: common/src/model/train_checkpoint.cpp, common/src/model/checkpoint.cpp, the lab 02 loader.

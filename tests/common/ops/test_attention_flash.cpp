@@ -37,7 +37,7 @@ using scalelab::test::error_message;
 namespace cpu = scalelab::cpu;
 
 // ---------------------------------------------------------------------------------------------
-// Tolerance (STYLE.md 28)
+// Tolerance (docs/style.md 28)
 
 // Flash against materialized, both fp32 on the CPU: the same sums in another order. The materialized op
 // normalises each row once with its global max; the flash op sums per tile of 32 keys against a running

@@ -41,7 +41,7 @@ namespace cpu = scalelab::cpu;
 namespace cuda = scalelab::cuda;
 
 // ---------------------------------------------------------------------------------------------
-// Tolerance (STYLE.md 28)
+// Tolerance (docs/style.md 28)
 
 // CUDA against CPU flash: the same tiles and the same order of the per-lane sums (dot products over d,
 // weighted sums over the keys of a tile), but the tile's max and sum are warp butterflies, nvcc fuses

@@ -29,7 +29,7 @@ using scalelab::Tensor;
 using Vec = std::vector<double>;  // reference values and finite differences are computed in double
 
 // ---------------------------------------------------------------------------------------------
-// Tolerances (STYLE.md 28). An element passes when |got - want| <= atol + rtol * |want|.
+// Tolerances (docs/style.md 28). An element passes when |got - want| <= atol + rtol * |want|.
 
 // fp32 forward vs the double reference on O(1) inputs: each output is a sum of at most ~40 fp32
 // products/exps, so the error is a few fp32 ulps (6e-8 relative each) times that length. Measured:
@@ -67,7 +67,7 @@ std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi =
 Vec to_double(const std::vector<float>& x) { return Vec(x.begin(), x.end()); }
 
 // Compares got (n fp32 values from the op) with want (n double reference values).
-// On failure: the first 5 differing indices with both values, then the max abs and rel error (STYLE.md 29).
+// On failure: the first 5 differing indices with both values, then the max abs and rel error (docs/style.md 29).
 ::testing::AssertionResult all_close(const char* what, const float* got, const double* want, size_t n,
                                      double atol, double rtol) {
   size_t num_bad = 0;

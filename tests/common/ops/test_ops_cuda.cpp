@@ -1,5 +1,5 @@
 // test_ops_cuda.cpp — the CUDA backend (scalelab/ops/twins.h, common/src/ops/cuda/*.cu) against its oracle, the
-// CPU twins of scalelab/ops/ops.h (STYLE.md 24): every op forward and backward on shapes that are not
+// CPU twins of scalelab/ops/ops.h (docs/style.md 24): every op forward and backward on shapes that are not
 // multiples of 4 or of the warp, the += rule of every backward, the bf16 matmuls against a bound from
 // first principles, the Tensor-level dispatch (common/src/ops/dispatch.cpp) on GPU tensors, and the whole
 // GPT-2 model on the GPU against the same model on the CPU and against the PyTorch fixture.
@@ -48,7 +48,7 @@ namespace cpu = scalelab::cpu;
 namespace cuda = scalelab::cuda;
 
 // ---------------------------------------------------------------------------------------------
-// Tolerances (STYLE.md 28)
+// Tolerances (docs/style.md 28)
 
 // fp32 CUDA against fp32 CPU: the same formulas with sums in another order (cuBLAS tiles, warp
 // butterflies, chunked column sums instead of sequential loops). A sum of K terms then differs by about
@@ -160,7 +160,7 @@ std::vector<bf16> to_bf16(const std::vector<float>& x) {
 }
 
 // Elementwise check against a per-element bound: |got_i - want_i| <= bound[i] (NaN fails).
-// On failure: how many, the first 5 with both values (STYLE.md 29), the max abs and the max rel error.
+// On failure: how many, the first 5 with both values (docs/style.md 29), the max abs and the max rel error.
 ::testing::AssertionResult within(const std::string& what, const std::vector<float>& got,
                                   const std::vector<float>& want, const std::vector<double>& bound) {
   if (got.size() != want.size())
@@ -770,7 +770,7 @@ TEST(CudaDispatch, CublasWorkspaceIsCountedByTheAllocator) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The whole model: GPT-2 "tiny" on the GPU against the same model on the CPU (STYLE.md 24)
+// The whole model: GPT-2 "tiny" on the GPU against the same model on the CPU (docs/style.md 24)
 
 // A GPU model holding exactly the CPU model's parameters (copied unit by unit, not re-initialised).
 GPT2 gpu_copy_of(GPT2& cpu_model, const PrecisionPolicy& policy) {

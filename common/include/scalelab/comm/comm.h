@@ -6,7 +6,7 @@
 //          communicator, so asynchronous calls progress while the caller computes.
 //   nccl   one GPU per rank; the unique id is broadcast over MPI; a communication stream ordered
 //          against the compute stream with events (verified only where several GPUs exist)
-// Counts are ELEMENTS, never bytes (STYLE.md 22). Every call appends a CommEvent (op, elements,
+// Counts are ELEMENTS, never bytes (docs/style.md 22). Every call appends a CommEvent (op, elements,
 // payload and bus bytes, issue/start/end times, the caller's wait_ms, the tag of the layer or bucket
 // that issued it), so labs and tests can check communication volume, overlap and exposed time.
 // A LinkModel makes a CPU run show what a cluster link would: a call completes no earlier than its
@@ -36,8 +36,8 @@ namespace scalelab {
 enum class ReduceOp { Sum, Avg, Max };
 const char* reduce_op_name(ReduceOp op);
 
-// The alpha-beta cost of one call over a simulated link (REFERENCES.md "A cost model for simulated
-// links"). S = payload bytes per rank, n = ranks, every call also pays base_s (NCCL's tuner has a
+// The alpha-beta cost of one call over a simulated link (docs/references.md "Collectives", the
+// alpha-beta model). S = payload bytes per rank, n = ranks, every call also pays base_s (NCCL's tuner has a
 // base latency per collective and a latency per ring hop):
 //   all_reduce     base + 2(n-1) alpha + 2(n-1)/n S / B
 //   reduce_scatter base +  (n-1) alpha +  (n-1)/n S / B          (S = the input, n chunks)
@@ -318,7 +318,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend = "au
 // Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
 int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
 
-// nccl-tests' bus-bandwidth factor for an op among n ranks (REFERENCES.md "Collectives"):
+// nccl-tests' bus-bandwidth factor for an op among n ranks (docs/references.md "Collectives"):
 // 2(n-1)/n all_reduce, (n-1)/n all_gather and reduce_scatter, 1 broadcast/send/recv; 0 for n == 1.
 double bus_factor(const std::string& op, int n);
 

@@ -1,4 +1,4 @@
-// cuda_check.h — SL_CUDA_CHECK / SL_CUDA_CHECK_LAST / SL_CUBLAS_CHECK for CUDA sources (STYLE.md 17-19).
+// cuda_check.h — SL_CUDA_CHECK / SL_CUDA_CHECK_LAST / SL_CUBLAS_CHECK for CUDA sources (docs/style.md 17-19).
 // Included by common/src/ops/cuda/*.cu and by host code that calls the CUDA runtime (the MPI backend's
 // staging); lab code stays device-agnostic. Needs only cuda_runtime.h: cuBLAS statuses are passed as
 // int, so a file that includes this header needs no cuBLAS headers. Every failure throws

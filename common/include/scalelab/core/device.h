@@ -1,5 +1,5 @@
 // device.h — what accelerators this process can use, for drivers and for tests that must skip
-// visibly without a GPU (STYLE.md 30: SL_REQUIRE_GPU()). Works in builds with and without CUDA.
+// visibly without a GPU (docs/style.md 30: SL_REQUIRE_GPU()). Works in builds with and without CUDA.
 #pragma once
 
 #include <cstdint>

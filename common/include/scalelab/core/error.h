@@ -1,4 +1,4 @@
-// error.h — scalelab's error type and CHECK macros (STYLE.md 17-21).
+// error.h — scalelab's error type and CHECK macros (docs/style.md 17-21).
 // Every failure prints one block: what failed, file:line, function, the values, and a hint.
 // Library code throws scalelab::Error; each main() catches it, prints it and exits non-zero.
 // Tests: tests/common/core/test_error.cpp

@@ -1,5 +1,6 @@
 // precision.h — the precision policy: which dtype each kind of state uses. The model, the optimizer,
-// the communicator and the memory estimator all read this one object (docs/design.md).
+// the memory estimator and the planner read this one object (docs/design.md); the communicator reduces
+// whatever dtype its buffers hold.
 // Two mixed policies: bf16-mixed stores bf16 parameters and computes in fp32 ("emulated bf16", the same
 // arithmetic on CPU and GPU); bf16-compute also feeds the model's matmuls bf16 operands (the GPU's bf16
 // tensor cores; on the CPU the twin rounds the operands and runs the fp32 GEMM). docs/cuda_backend.md.
@@ -16,7 +17,10 @@ struct PrecisionPolicy {
   DType param_dtype = DType::F32;   // parameters as the forward/backward read them
   DType master_dtype = DType::F32;  // the optimizer's copy of the weights (fp32 master when params are bf16)
   DType grad_dtype = DType::F32;    // parameter gradients as stored
-  DType reduce_dtype = DType::F32;  // dtype of gradient reduction across ranks (communicator)
+  // The dtype gradients are reduced in across ranks. Every policy keeps fp32 gradients and reduces them in
+  // their own buffers, so this is F32 in every policy and no communicator call reads it: it is the policy's
+  // statement for the run record (str()) and the bytes on the wire of lab 09's planner.
+  DType reduce_dtype = DType::F32;
   // Operands of the model's matmuls (c_attn, attn c_proj, c_fc, mlp c_proj, the tied LM head). F32: fp32
   // activations times fp32 weights. BF16: the fp32 activation (and, in backward, dout) rounded to bf16
   // times the bf16 parameter, accumulated in fp32 with fp32 outputs (needs param_dtype BF16).

@@ -134,7 +134,8 @@ double scaling_efficiency(const ScalingEvidence& ev);
 
 // Checks the four causes of poor data-parallel scaling in the lesson's order and returns one finding
 // each. Pure: no I/O, no clock, no throw; missing evidence yields culprit=false, "not measured".
-// Source: the lesson's hard question (shared/seed/LESSON.md), definitions in docs/bottleneck.md.
+// Source: the lesson's hard question ("two GPUs give 1.4x instead of 2x: in what order do you check?"),
+// its four causes and their definitions in docs/bottleneck.md.
 Verdict diagnose_scaling(const ScalingEvidence& ev, const VerdictThresholds& th = {});
 
 // A short printable block: one or two lines per cause, marked CULPRIT / ok / not measured, the fix

@@ -103,7 +103,7 @@ class RunLogger {
   // mfu is outside [0, 1] (a percentage, or a wrong FLOP count or peak).
   void log_step(const StepRecord& s);
   void log_eval(int64_t step, double val_loss, const nlohmann::json& extra = nlohmann::json::object());
-  // The `summary` record: means over the step records except the first (warm-up, STYLE.md 32), the
+  // The `summary` record: means over the step records except the first (warm-up, docs/style.md 32), the
   // final loss, the best val_loss, peak memory, plus `extra`. Write it once, at the end of a run.
   void log_summary(const nlohmann::json& extra = nlohmann::json::object());
   // The `timeline` record of one step: its communication calls (every field of CommEvent that a plot

@@ -1,4 +1,4 @@
-// ops.h — the GPT-2 ops, forward and backward, declared once (STYLE.md 3, 5).
+// ops.h — the GPT-2 ops, forward and backward, declared once (docs/style.md 3, 5).
 // scalelab::<op> takes Tensors, checks shapes/dtypes/devices and dispatches on the device
 // (common/src/ops/dispatch.cpp) to the twins scalelab::cpu::<op> (common/src/ops/cpu/<op>.cpp, OpenBLAS +
 // OpenMP loops) and scalelab::cuda::<op> (common/src/ops/cuda/<op>.cu), declared once in twins.h.

@@ -1,4 +1,4 @@
-// twins.h — the raw-pointer twins of every GPT-2 op, declared ONCE for both backends (STYLE.md 3, 5, 24):
+// twins.h — the raw-pointer twins of every GPT-2 op, declared ONCE for both backends (docs/style.md 3, 5, 24):
 //   scalelab::cpu::<op>   common/src/ops/cpu/<op>.cpp   OpenBLAS + OpenMP loops; the oracle in tests
 //   scalelab::cuda::<op>  common/src/ops/cuda/<op>.cu   cuBLAS / cuBLASLt + kernels (builds with CUDA only)
 // Both namespaces get exactly the declarations of twin_ops.inc (included twice below), so the two

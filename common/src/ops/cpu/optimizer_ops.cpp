@@ -1,7 +1,7 @@
 // optimizer_ops.cpp — CPU twins of the elementwise optimizer updates: AdamW and plain SGD.
 // Defines scalelab::cpu::adamw_update / sgd_update (contract: scalelab/ops/ops.h). The arithmetic follows
 // torch.optim.AdamW / torch.optim.SGD (single-tensor CPU path) operation by operation, so a run can be
-// compared with PyTorch. CUDA twin: common/src/ops/cuda/optimizer_ops.cu (not yet written)
+// compared with PyTorch. CUDA twin: common/src/ops/cuda/optimizer_ops.cu
 // tests: tests/common/ops/test_ops_cpu.cpp
 #include <cmath>
 #include <cstdint>
