@@ -26,21 +26,7 @@
 namespace scalelab {
 
 // ---------------------------------------------------------------------------------------------
-// Hooks (the lists: hooks.h)
-
-HookHandle GPT2::add_hook(HookPoint point, Hook fn, HookOrder order) {
-  const uint64_t id = hooks_->add(point, std::move(fn), order);
-  return HookHandle(hooks_, point, id);
-}
-
-int GPT2::num_hooks(HookPoint point) const { return hooks_->size(point); }
-
-void GPT2::run_hooks(HookPoint point, int unit) {
-  hooks_->run(point, UnitHookArgs{unit, params_.at(unit), grads_.at(unit)});
-}
-
-// ---------------------------------------------------------------------------------------------
-// Model
+// The model: construction, the table's views, initialisation, the choices
 
 // A block's four linear weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), and the last stage's copy
 // of wte: read by their matmuls and nothing else. (unit 0's wte is a matmul weight too, the tied LM head,
@@ -282,6 +268,20 @@ void GPT2::set_recompute(int layer, Recompute mode) {
                 "set_recompute: layer %d is not a block of this shard (%s)", layer, shard_.str().c_str());
   recompute_[layer] = mode;
   free_activations();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks (the lists: hooks.h)
+
+HookHandle GPT2::add_hook(HookPoint point, Hook fn, HookOrder order) {
+  const uint64_t id = hooks_->add(point, std::move(fn), order);
+  return HookHandle(hooks_, point, id);
+}
+
+int GPT2::num_hooks(HookPoint point) const { return hooks_->size(point); }
+
+void GPT2::run_hooks(HookPoint point, int unit) {
+  hooks_->run(point, UnitHookArgs{unit, params_.at(unit), grads_.at(unit)});
 }
 
 // ---------------------------------------------------------------------------------------------
