@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 
-PRESETS = {  # name: (maxT, V, L, NH, C) as GPTConfig::preset in common/src/model/gpt2.cpp
+PRESETS = {  # name: (maxT, V, L, NH, C) as GPTConfig::preset in common/src/model/gpt2_layout.cpp
     "tiny": (16, 64, 2, 2, 16),
     "demo": (256, 256, 4, 4, 192),
     "d12": (1024, 256, 12, 12, 768),

@@ -82,7 +82,7 @@ import time
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved"]
 LINKS = ["nvlink", "ethernet100"]
-# n_layer of the model presets (common/src/model/gpt2.cpp GPTConfig::preset): which layouts are possible.
+# n_layer of the model presets (common/src/model/gpt2_layout.cpp GPTConfig::preset): which layouts are possible.
 N_LAYER = {"tiny": 2, "demo": 4, "d12": 12, "d24": 24, "d36": 36, "d48": 48}
 MIB = 2**20
 

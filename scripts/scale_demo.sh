@@ -150,7 +150,7 @@ BIN="$BUILD/bin/reference"
 declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel
                  [06]=lab06_pipeline_parallel [07]=lab07_parallel_3d)
 # Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages; lab 07 both
-# (common/src/model/gpt2.cpp presets).
+# (common/src/model/gpt2_layout.cpp presets).
 declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
 declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48)
 for lab in $LABS; do

@@ -102,7 +102,8 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int
   SL_CHECK_HINT(sets >= 1, "a pipeline stage holds one activation set per micro-batch in flight: 1 or more",
                 "sets=%d < 1", sets);
   SL_CHECK(micro_batch > 0 && seq_len > 0, "micro_batch=%d and seq_len=%d must be > 0", micro_batch, seq_len);
-  // Counted from GPT2::allocate_set, allocate_block and ensure_scratch (common/src/model/gpt2.cpp), elements.
+  // Counted from allocate_activations, allocate_block_activations and allocate_backward_scratch
+  // (common/src/model/gpt2_activations.cpp), elements.
   const int64_t B = micro_batch, T = seq_len, C = cfg.n_embd, tp = shard.tp_size, NHl = cfg.n_head / tp;
   const int64_t Vl = cfg.vocab_size / tp, BT = B * T, BTC = B * T * C, F = BTC / tp;
   const bool sp = shard.sequence_parallel, materialized = attention == AttentionImpl::Materialized;
@@ -114,8 +115,7 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int
     const int64_t scores = !materialized ? B * NHl * T : mode == Recompute::None ? K : 0;
     return 6 * S + 12 * F + 4 * R + 2 * gathered + scores;
   };
-  const int64_t layers = shard.last(cfg) - shard.first_layer + 1;
-  int64_t set = layers * block(recompute);
+  int64_t set = shard.num_blocks(cfg) * block(recompute);
   set += shard.has_embedding ? S + BT : S;                                        // encoded + tokens, or input
   if (shard.has_head) set += S + 2 * R + gathered + 2 * BT * Vl + 2 * BT;         // lnf, logits, probs, losses, targets
   int64_t once = 2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered;          // the backward scratch
@@ -165,8 +165,7 @@ ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& 
   for (int u = 1; u <= L; ++u) max_block = std::max(max_block, P[u]);
   if (stage == 3) {
     // the unit in use plus `prefetch` gathers in flight, never more blocks than the shard holds
-    const int64_t blocks = shard.last(cfg) - shard.first_layer + 1;
-    e.peak.params += std::min<int64_t>(1 + prefetch, blocks) * max_block * Bp;
+    e.peak.params += std::min<int64_t>(1 + prefetch, shard.num_blocks(cfg)) * max_block * Bp;
   }
   if (stage >= 2) {
     // backward order L+1, L, ..., 1: the unit computing plus the previous one still reduce-scattering

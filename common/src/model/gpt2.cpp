@@ -1,4 +1,5 @@
-// gpt2.cpp — GPT-2 forward and backward over the ops of ops.h, unit by unit (gpt2.h).
+// gpt2.cpp — the GPT-2 model (gpt2.h): construction and initialisation, the policy's matmuls, and the forward
+// and backward over the ops of ops.h, unit by unit; a block's are block_forward and block_backward.
 // The layer structure follows GPT-2 (Radford et al. 2019) as llm.c's train_gpt2.c writes it out:
 //   x = wte[tokens] + wpe;  per block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x));
 //   logits = ln_f(x) @ wte^T (tied LM head); loss = mean cross-entropy.
@@ -7,6 +8,7 @@
 // A shard of the model (ModelShard: a tensor-parallel slice, a pipeline stage) runs the same code on its
 // local shapes, calling the tensor-parallel points (tensor_parallel.h) where Megatron-LM communicates;
 // their identity is the dense model, bit for bit. docs/design.md "Parallel layouts".
+// Its parts: gpt2_layout.cpp (config, shard, table), hooks.cpp, gpt2_activations.cpp (sets, scratch).
 // Tests: tests/common/model/test_gpt2_fixture.cpp (PyTorch float64 fixture), tests/common/model/test_gpt2.cpp,
 //        tests/common/model/test_model_shard.cpp, tests/common/ops/test_bf16_compute.cpp
 #include "scalelab/model/gpt2.h"
@@ -15,296 +17,16 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <sstream>
+#include <utility>
 
-#include "scalelab/core/error.h"
-#include "scalelab/ops/ops.h"
-#include "scalelab/core/rng.h"
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/rng.h"    // defines: Rng (the initial weights)
+#include "scalelab/ops/ops.h"     // defines: the ops the forward and backward call
 
 namespace scalelab {
 
 // ---------------------------------------------------------------------------------------------
-// Config and parameter table
-
-GPTConfig GPTConfig::preset(const std::string& name) {
-  GPTConfig c;
-  //                              maxT   V     L   NH  C
-  if (name == "tiny") c = GPTConfig{16, 64, 2, 2, 16};       // tests; matches tests/fixtures/gpt2_tiny.json
-  else if (name == "demo") c = GPTConfig{256, 256, 4, 4, 192};  // ~1.9M params: the CPU demo
-  else if (name == "d12") c = GPTConfig{1024, 256, 12, 12, 768};   // GPT-2 124M shapes
-  else if (name == "d24") c = GPTConfig{1024, 256, 24, 16, 1024};  // GPT-2 350M
-  else if (name == "d36") c = GPTConfig{1024, 256, 36, 20, 1280};  // GPT-2 774M
-  else if (name == "d48") c = GPTConfig{1024, 256, 48, 25, 1600};  // GPT-2 1558M
-  else SL_FAIL("use one of: tiny, demo, d12, d24, d36, d48", "unknown model preset '%s'", name.c_str());
-  return c;
-}
-
-void GPTConfig::validate() const {
-  SL_CHECK(max_seq_len > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
-           "all sizes must be positive: %s", str().c_str());
-  SL_CHECK_HINT(n_embd % n_head == 0, "pick n_embd a multiple of n_head", "C=%d not divisible by NH=%d", n_embd,
-                n_head);
-}
-
-std::string GPTConfig::str() const {
-  std::ostringstream os;
-  os << "GPTConfig(maxT=" << max_seq_len << ", V=" << vocab_size << ", L=" << n_layer << ", NH=" << n_head
-     << ", C=" << n_embd << ")";
-  return os.str();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The shard
-
-void ModelShard::validate(const GPTConfig& cfg) const {
-  cfg.validate();
-  const int L = cfg.n_layer, NH = cfg.n_head, C = cfg.n_embd, V = cfg.vocab_size;
-  SL_CHECK_HINT(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tp_rank is 0 .. tp_size-1",
-                "tensor-parallel rank %d of %d", tp_rank, tp_size);
-  SL_CHECK_HINT(NH % tp_size == 0, "the tensor-parallel degree must divide the number of heads (each rank "
-                "computes NH/tp whole heads): pick tp among the divisors of NH",
-                "NH=%d heads not divisible by tp=%d", NH, tp_size);
-  SL_CHECK_HINT((4 * C) % tp_size == 0, "the tensor-parallel degree must divide the MLP width 4C",
-                "4C=%d not divisible by tp=%d", 4 * C, tp_size);
-  SL_CHECK_HINT(V % tp_size == 0, "the vocabulary is split into tp equal row blocks and is never padded "
-                "silently: pick tp dividing V (V=256: 1, 2, 4, 8, ...)",
-                "vocabulary V=%d not divisible by tp=%d", V, tp_size);
-  const int last_l = last(cfg);
-  SL_CHECK_HINT(first_layer >= 0 && first_layer <= last_l && last_l < L,
-                "a shard owns a non-empty range of blocks inside [0, L): more pipeline stages than layers?",
-                "layers %d..%d of a model with L=%d", first_layer, last_l, L);
-  SL_CHECK_HINT(!sequence_parallel || tp_size > 1, "sequence parallelism splits along T within a "
-                "tensor-parallel group: it needs tp > 1", "sequence parallel with tp=%d", tp_size);
-}
-
-bool ModelShard::owns_unit(int unit, const GPTConfig& cfg) const {
-  if (unit == 0) return has_embedding;
-  if (unit == cfg.n_layer + 1) return has_head;
-  return unit - 1 >= first_layer && unit - 1 <= last(cfg);
-}
-
-bool ModelShard::is_dense(const GPTConfig& cfg) const {
-  return tp_size == 1 && first_layer == 0 && last(cfg) == cfg.n_layer - 1 && has_embedding && has_head &&
-         !sequence_parallel;
-}
-
-std::string ModelShard::str() const {
-  std::ostringstream os;
-  os << "tp " << tp_rank << "/" << tp_size << " | layers " << first_layer << "-";
-  if (last_layer < 0) os << "L-1";
-  else os << last_layer;
-  if (has_embedding) os << " | embedding";
-  if (has_head) os << " | head";
-  if (sequence_parallel) os << " | sequence parallel";
-  return os.str();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The parameter table
-
-std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& shard) {
-  shard.validate(cfg);
-  const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
-  const int64_t tp = shard.tp_size;
-  std::vector<ParamInfo> t;
-  int unit = 0;
-  int64_t offset = 0;
-  // dense: the dense model's shape; split_dim/blocks: how the shard's slice is cut (ParamInfo).
-  auto add = [&](const std::string& name, const Shape& dense, bool decay, int split_dim = -1, int blocks = 1) {
-    Shape local = dense;
-    if (split_dim >= 0) local[split_dim] /= tp;
-    const int64_t n = numel_of(local);
-    ParamInfo p;
-    p.name = name;
-    p.shape = local;
-    p.unit = unit;
-    p.offset = offset;
-    p.numel = n;
-    p.decay = decay;
-    p.dense_shape = dense;
-    p.split_dim = split_dim;
-    p.split_blocks = blocks;
-    p.tp_replicated = split_dim < 0;
-    t.push_back(p);
-    offset += n;
-  };
-  auto start_unit = [&](int u) { unit = u; offset = 0; };
-  // unit 0: embeddings. wte is vocabulary-parallel (rows), wpe replicated.
-  if (shard.has_embedding) {
-    start_unit(0);
-    add("wte", {V, C}, true, /*split_dim=*/0);
-    add("wpe", {maxT, C}, true);
-  }
-  // units 1..L: blocks. Column-parallel c_attn (q | k | v rows of the rank's heads) and c_fc split by
-  // output rows; row-parallel c_proj split by input columns, its bias replicated; layernorms replicated.
-  for (int64_t l = shard.first_layer; l <= shard.last(cfg); ++l) {
-    start_unit(static_cast<int>(1 + l));
-    const std::string p = "h." + std::to_string(l) + ".";
-    add(p + "ln_1.weight", {C}, false);
-    add(p + "ln_1.bias", {C}, false);
-    add(p + "attn.c_attn.weight", {3 * C, C}, true, 0, /*blocks=*/3);
-    add(p + "attn.c_attn.bias", {3 * C}, false, 0, /*blocks=*/3);
-    add(p + "attn.c_proj.weight", {C, C}, true, 1);
-    add(p + "attn.c_proj.bias", {C}, false);
-    add(p + "ln_2.weight", {C}, false);
-    add(p + "ln_2.bias", {C}, false);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, true, 0);
-    add(p + "mlp.c_fc.bias", {4 * C}, false, 0);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, true, 1);
-    add(p + "mlp.c_proj.bias", {C}, false);
-  }
-  // unit L+1: final layernorm, and on a last stage without the embedding its own copy of wte for the
-  // tied LM head (the first stage owns wte; lab 06 keeps the two copies equal).
-  if (shard.has_head) {
-    start_unit(static_cast<int>(L + 1));
-    add("ln_f.weight", {C}, false);
-    add("ln_f.bias", {C}, false);
-    if (!shard.has_embedding) {
-      add("wte", {V, C}, true, /*split_dim=*/0);
-      t.back().tied_copy = true;
-    }
-  }
-  return t;
-}
-
-int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
-  int64_t n = 0;
-  for (const ParamInfo& p : gpt2_param_table(cfg)) {
-    if (!with_wpe && p.name == "wpe") continue;
-    n += p.numel;
-  }
-  return n;
-}
-
-std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard) {
-  std::vector<int64_t> n(cfg.n_layer + 2, 0);
-  for (const ParamInfo& p : gpt2_param_table(cfg, shard)) n[p.unit] += p.numel;
-  return n;
-}
-
-// The shard's slice of a dense tensor, as contiguous runs: split_dim 0 cuts rows (of
-// numel / dense_shape[0] elements each), one run per block; split_dim 1 cuts columns of a 2-D tensor,
-// one run per row. fn(dense_offset, local_offset, count) for every run, in local order.
-static void for_each_slice_run(const ParamInfo& p, const ModelShard& shard,
-                               const std::function<void(int64_t, int64_t, int64_t)>& fn) {
-  const int64_t n_dense = numel_of(p.dense_shape), tp = shard.tp_size, r = shard.tp_rank;
-  if (p.split_dim < 0) {
-    fn(0, 0, n_dense);
-  } else if (p.split_dim == 0) {
-    const int64_t rows = p.dense_shape[0], row = n_dense / rows;
-    const int64_t block_rows = rows / p.split_blocks, chunk_rows = block_rows / tp;
-    for (int64_t b = 0; b < p.split_blocks; ++b)
-      fn((b * block_rows + r * chunk_rows) * row, b * chunk_rows * row, chunk_rows * row);
-  } else {
-    SL_CHECK(p.dense_shape.size() == 2 && p.split_blocks == 1, "%s: a column split needs a 2-D tensor",
-             p.name.c_str());
-    const int64_t rows = p.dense_shape[0], cols = p.dense_shape[1], chunk = cols / tp;
-    for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * chunk, i * chunk, chunk);
-  }
-}
-
-static void check_slice_args(const ParamInfo& p, const Tensor& dense, const Tensor& local) {
-  SL_CHECK(dense.numel() == numel_of(p.dense_shape) && local.numel() == p.numel && dense.dtype() == local.dtype(),
-           "%s: dense %s %s and local %s %s, expected %s and %s of one dtype", p.name.c_str(),
-           shape_str(dense.shape()).c_str(), dtype_name(dense.dtype()), shape_str(local.shape()).c_str(),
-           dtype_name(local.dtype()), shape_str(p.dense_shape).c_str(), shape_str(p.shape).c_str());
-}
-
-void copy_dense_to_shard(const ParamInfo& p, const ModelShard& shard, const Tensor& dense, Tensor& local) {
-  check_slice_args(p, dense, local);
-  for_each_slice_run(p, shard, [&](int64_t d, int64_t l, int64_t n) {
-    Tensor dst = local.view(l, {n});
-    dst.copy_from(dense.view(d, {n}));
-  });
-}
-
-void copy_shard_to_dense(const ParamInfo& p, const ModelShard& shard, const Tensor& local, Tensor& dense) {
-  check_slice_args(p, dense, local);
-  for_each_slice_run(p, shard, [&](int64_t d, int64_t l, int64_t n) {
-    Tensor dst = dense.view(d, {n});
-    dst.copy_from(local.view(l, {n}));
-  });
-}
-
-// ---------------------------------------------------------------------------------------------
-// Hooks
-
-namespace detail {
-// The hook lists of one model, one per HookPoint, in run order. Entries are shared_ptr so that running a
-// point copies only pointers: a hook that adds or removes hooks while it runs changes the lists, not the
-// copy being walked (the change takes effect from the next unit).
-struct HookRegistry {
-  struct Entry {
-    uint64_t id;
-    std::shared_ptr<const Hook> fn;
-  };
-  std::array<std::vector<Entry>, 4> lists;
-  uint64_t next_id = 1;
-  std::vector<Entry>& at(HookPoint point) { return lists[static_cast<int>(point)]; }
-};
-}  // namespace detail
-
-const char* hook_point_name(HookPoint point) {
-  switch (point) {
-    case HookPoint::BeforeForward: return "before_forward";
-    case HookPoint::AfterForward: return "after_forward";
-    case HookPoint::BeforeBackward: return "before_backward";
-    case HookPoint::AfterBackward: return "after_backward";
-  }
-  return "?";
-}
-
-HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
-  if (this != &other) {
-    remove();
-    registry_ = std::move(other.registry_);
-    point_ = other.point_;
-    id_ = other.id_;
-    other.registry_.reset();
-    other.id_ = 0;
-  }
-  return *this;
-}
-
-void HookHandle::remove() {
-  if (const auto reg = registry_.lock()) {
-    auto& list = reg->at(point_);
-    list.erase(std::remove_if(list.begin(), list.end(), [this](const auto& e) { return e.id == id_; }), list.end());
-  }
-  registry_.reset();
-  id_ = 0;
-}
-
-bool HookHandle::active() const {
-  const auto reg = registry_.lock();
-  if (!reg) return false;
-  const auto& list = reg->at(point_);
-  return std::any_of(list.begin(), list.end(), [this](const auto& e) { return e.id == id_; });
-}
-
-HookHandle GPT2::add_hook(HookPoint point, Hook fn, HookOrder order) {
-  SL_CHECK(static_cast<bool>(fn), "add_hook(%s): the hook is empty", hook_point_name(point));
-  auto& list = hooks_->at(point);
-  const uint64_t id = hooks_->next_id++;
-  detail::HookRegistry::Entry e{id, std::make_shared<const Hook>(std::move(fn))};
-  if (order == HookOrder::First) list.insert(list.begin(), std::move(e));
-  else list.push_back(std::move(e));
-  return HookHandle(hooks_, point, id);
-}
-
-int GPT2::num_hooks(HookPoint point) const { return static_cast<int>(hooks_->at(point).size()); }
-
-void GPT2::run_hooks(HookPoint point, int unit) {
-  const auto& list = hooks_->at(point);
-  if (list.empty()) return;
-  const std::vector<detail::HookRegistry::Entry> snapshot = list;  // see HookRegistry
-  const UnitHookArgs args{unit, params_.at(unit), grads_.at(unit)};
-  for (const auto& e : snapshot) (*e.fn)(args);
-}
-
-
-// ---------------------------------------------------------------------------------------------
-// Model
+// The model: construction, the table's views, initialisation, the choices
 
 // A block's four linear weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), and the last stage's copy
 // of wte: read by their matmuls and nothing else. (unit 0's wte is a matmul weight too, the tied LM head,
@@ -331,7 +53,7 @@ GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, 
 GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy,
            Device device)
     : cfg_(cfg), shard_(shard), policy_(policy), device_(device), table_(gpt2_param_table(cfg, shard)),
-      hooks_(std::make_shared<detail::HookRegistry>()) {
+      hooks_(std::make_shared<HookLists>()) {
   SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
                 "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
                 "unsupported precision policy %s: gradients and master weights must be f32",
@@ -526,7 +248,7 @@ void GPT2::zero_grad() {
 
 void GPT2::free_activations() {
   acts_ = GPT2Activations{};
-  scratch_ = Scratch{};
+  scratch_ = BackwardScratch{};
 }
 
 void GPT2::set_attention(AttentionImpl impl) {
@@ -548,173 +270,35 @@ void GPT2::set_recompute(int layer, Recompute mode) {
   free_activations();
 }
 
-const char* recompute_name(Recompute mode) {
-  switch (mode) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    default: return "full";
-  }
+// ---------------------------------------------------------------------------------------------
+// Hooks (the lists: hooks.h)
+
+HookHandle GPT2::add_hook(HookPoint point, Hook fn, HookOrder order) {
+  const uint64_t id = hooks_->add(point, std::move(fn), order);
+  return HookHandle(hooks_, point, id);
 }
 
-Recompute recompute_from_name(const std::string& name) {
-  for (Recompute m : {Recompute::None, Recompute::Selective, Recompute::Full})
-    if (name == recompute_name(m)) return m;
-  SL_FAIL("use --recompute none (keep every activation), selective (recompute attention's scores in the "
-          "backward) or full (keep only each block's input and re-run the block in the backward)",
-          "unknown recompute mode '%s'", name.c_str());
-}
+int GPT2::num_hooks(HookPoint point) const { return hooks_->size(point); }
 
-double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode) {
-  const double L = cfg.n_layer, C = cfg.n_embd, attention = 4.0 * T * C;  // Q K^T and att @ V, 2 FLOPs a MAC
-  if (mode == Recompute::Selective) return L * attention;
-  if (mode == Recompute::Full) return L * (24.0 * C * C + attention);  // c_attn 3C^2, c_proj C^2, c_fc and mlp c_proj 4C^2 each
-  return 0.0;
-}
-
-const char* attention_impl_name(AttentionImpl impl) {
-  return impl == AttentionImpl::Materialized ? "materialized" : "flash";
-}
-
-AttentionImpl attention_impl_from_name(const std::string& name) {
-  if (name == "materialized") return AttentionImpl::Materialized;
-  if (name == "flash") return AttentionImpl::Flash;
-  SL_FAIL("use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
-          "(B,NH,T) and recomputes the scores in the backward) or auto",
-          "unknown attention implementation '%s'", name.c_str());
-}
-
-int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
-  const int64_t one = static_cast<int64_t>(B) * cfg.n_head * T * T * static_cast<int64_t>(sizeof(float));
-  return (cfg.n_layer + 1) * one;  // L saved att, plus the datt scratch of the backward
-}
-
-AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes) {
-  if (memory_budget_bytes <= 0) return AttentionImpl::Materialized;
-  return attention_scores_bytes(cfg, B, T) > memory_budget_bytes / 4 ? AttentionImpl::Flash
-                                                                       : AttentionImpl::Materialized;
+void GPT2::run_hooks(HookPoint point, int unit) {
+  hooks_->run(point, UnitHookArgs{unit, params_.at(unit), grads_.at(unit)});
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations: the sets (caller-owned, or the model's own) and the backward's scratch
-
-const Tensor& GPT2Activations::output() const {
-  SL_CHECK_HINT(!blocks.empty(), "call forward(acts, input, targets) first", "no forward has run on this set");
-  return blocks.back().residual3;
-}
-
-GPT2Activations GPT2::allocate_set(int B, int T) {
-  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, Vl = cfg_.vocab_size / tp;
-  const bool sp = shard_.sequence_parallel;
-  SL_CHECK_HINT(!sp || (static_cast<int64_t>(B) * T) % tp == 0,
-                "with sequence parallelism the B*T token rows are split into tp equal blocks",
-                "B*T=%lld not divisible by tp=%lld", static_cast<long long>(B) * T, static_cast<long long>(tp));
-  // The residual stream: (B,T,C), or this rank's (B*T/tp, C) rows of it with sequence parallelism.
-  const Shape stream = sp ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
-  const Shape rows = sp ? Shape{static_cast<int64_t>(B) * T / tp} : Shape{B, T};
-  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
-  GPT2Activations a;
-  a.B_ = B;
-  a.T_ = T;
-  if (shard_.has_embedding) {
-    a.encoded = act(stream);
-    a.tokens = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
-  } else {
-    a.input = act(stream);
-  }
-  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) a.blocks.push_back(allocate_block(B, T, recompute_[l]));
-  if (shard_.has_head) {
-    a.lnf = act(stream);
-    a.lnf_mean = act(rows);
-    a.lnf_rstd = act(rows);
-    a.lnf_full = sp ? act({B, T, C}) : a.lnf;
-    a.head_logits = act({B, T, Vl});
-    a.probs = act({B, T, Vl});
-    a.losses = act({B, T});
-    a.targets = Tensor::empty({B, T}, DType::I32, device_, MemCategory::Activations);
-  }
-  return a;
-}
-
-BlockActivations GPT2::allocate_block(int B, int T, Recompute mode) {
-  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp;
-  const bool sp = shard_.sequence_parallel;
-  const Shape stream = sp ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
-  const Shape rows = sp ? Shape{static_cast<int64_t>(B) * T / tp} : Shape{B, T};
-  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
-  BlockActivations b;
-  b.mode = mode;
-  b.residual3 = act(stream);  // the block's output: kept in every mode (the next block's input)
-  if (mode == Recompute::Full) return b;  // the rest lives in the model's scratch_.work while it is needed
-  b.ln1 = act(stream);
-  b.ln1_mean = act(rows);
-  b.ln1_rstd = act(rows);
-  b.ln1_full = sp ? act({B, T, C}) : b.ln1;
-  b.qkv = act({B, T, 3 * C / tp});
-  if (attention_ == AttentionImpl::Flash)
-    b.lse = act({B, NHl, T});
-  else if (mode == Recompute::None)
-    b.att = act({B, NHl, T, T});  // Selective: recomputed into scratch_.att_recompute in the backward
-  b.atty = act({B, T, C / tp});
-  b.attproj = act(stream);
-  b.residual2 = act(stream);
-  b.ln2 = act(stream);
-  b.ln2_mean = act(rows);
-  b.ln2_rstd = act(rows);
-  b.ln2_full = sp ? act({B, T, C}) : b.ln2;
-  b.fch = act({B, T, 4 * C / tp});
-  b.fch_gelu = act({B, T, 4 * C / tp});
-  b.fcproj = act(stream);
-  return b;
-}
+// Activations: the sets (caller-owned, or the model's own) and the backward's scratch, allocated as
+// gpt2_activations.h says for this model's choices
 
 void GPT2::ensure_scratch(int B, int T) {
   if (scratch_.B == B && scratch_.T == T) return;
-  scratch_ = Scratch{};
-  const int64_t C = cfg_.n_embd, tp = shard_.tp_size, NHl = cfg_.n_head / tp, V = cfg_.vocab_size;
-  const Shape stream = shard_.sequence_parallel ? Shape{static_cast<int64_t>(B) * T / tp, C} : Shape{B, T, C};
-  auto act = [&](const Shape& s) { return Tensor::empty(s, DType::F32, device_, MemCategory::Activations); };
-  Scratch& s = scratch_;
-  s.B = B;
-  s.T = T;
-  // gradient scratch, reused layer after layer
-  s.dresidual = act(stream);
-  s.dln = act(stream);
-  s.datty = act({B, T, C / tp});
-  s.dqkv = act({B, T, 3 * C / tp});
-  s.dfch = act({B, T, 4 * C / tp});
-  s.dfch_gelu = act({B, T, 4 * C / tp});
-  if (attention_ == AttentionImpl::Materialized) s.datt = act({B, NHl, T, T});
-  if (shard_.sequence_parallel) {
-    s.dln_full = act({B, T, C});
-    s.y_full = act({B, T, C});
-  }
-  // Activation recompute: one block's working set (Full), the recomputed scores (Selective, materialized)
-  bool any_full = false, any_selective = false;
-  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l) {
-    any_full |= recompute_[l] == Recompute::Full;
-    any_selective |= recompute_[l] == Recompute::Selective;
-  }
-  if (any_full) s.work = allocate_block(B, T, Recompute::None);
-  if (any_selective && attention_ == AttentionImpl::Materialized) s.att_recompute = act({B, NHl, T, T});
-  if (policy_.matmul_dtype == DType::BF16) {
-    // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16
-    // is saved for backward (it re-rounds the saved fp32 activation), so bf16-compute keeps exactly the fp32
-    // policy's activations plus these. The operand scratch scales with B*T like the gradient scratch above,
-    // so it is counted with it (Activations); the parameter scratch scales with the model and lives for one
-    // unit's pass, like bf16-mixed's fp32 unit copy (Workspace).
-    //   matmul inputs: ln1, atty, ln2, lnf (B,T,C), fch_gelu (B,T,4C)
-    //   matmul douts:  dresidual (B,T,C), dqkv (B,T,3C), dfch (B,T,4C), dlogits (B,T,V)
-    s.matmul_inp_bf16 = Tensor::empty({B * T * 4 * C}, DType::BF16, device_, MemCategory::Activations);
-    s.matmul_dout_bf16 = Tensor::empty({B * T * std::max(4 * C, V)}, DType::BF16, device_, MemCategory::Activations);
-    s.small_params_f32 = Tensor::empty({f32_scratch_numel_}, DType::F32, device_, MemCategory::Workspace);
-  }
+  scratch_ = BackwardScratch{};  // freed before the new one is allocated: the two never coexist
+  scratch_ = allocate_backward_scratch(activation_spec(), B, T, policy_.matmul_dtype, f32_scratch_numel_);
 }
 
 GPT2Activations GPT2::make_activations(int B, int T) {
   SL_CHECK(B > 0 && T > 0, "make_activations(B=%d, T=%d): both must be positive", B, T);
   SL_CHECK_HINT(T <= cfg_.max_seq_len, "use --seq-len <= the model's max_seq_len",
                 "sequence length T=%d exceeds max_seq_len=%d", T, cfg_.max_seq_len);
-  GPT2Activations a = allocate_set(B, T);
+  GPT2Activations a = allocate_activations(activation_spec(), B, T);
   ensure_scratch(B, T);
   return a;
 }
@@ -722,7 +306,7 @@ GPT2Activations GPT2::make_activations(int B, int T) {
 void GPT2::ensure_activations(int B, int T) {
   if (acts_.B_ == B && acts_.T_ == T) return;
   free_activations();
-  acts_ = allocate_set(B, T);
+  acts_ = allocate_activations(activation_spec(), B, T);
   ensure_scratch(B, T);
 }
 
@@ -780,18 +364,19 @@ void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w
   matmul_forward_bf16(out, inp_bf16, weight, bias);
 }
 
-void GPT2::policy_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+void GPT2::policy_matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                                   const Tensor& inp, const Tensor& weight) {
   if (policy_.matmul_dtype == DType::F32) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight);
     return;
   }
   // inp is re-rounded from the saved fp32 activation: the same bits the forward multiplied (rounding is
-  // deterministic), without keeping a bf16 copy of every activation alive until the backward.
+  // deterministic), without keeping a bf16 copy of every activation alive until the backward. Only dweight
+  // reads it: without dweight the view is passed for its shape, unfilled.
   Tensor dout_bf16 = scratch_.matmul_dout_bf16.view(0, dout.shape());
   cast(dout_bf16, dout);
   Tensor inp_bf16 = scratch_.matmul_inp_bf16.view(0, inp.shape());
-  cast(inp_bf16, inp);
+  if (dweight != nullptr) cast(inp_bf16, inp);
   matmul_backward_bf16(dinp, dweight, dbias, dout_bf16, inp_bf16, weight);
 }
 
@@ -962,20 +547,71 @@ void GPT2::row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, T
   TensorParallel& points = tp();
   if (shard_.sequence_parallel) {
     points.sp_scatter_backward(dout, scratch_.y_full);
-    policy_matmul_backward(&dinp, dweight, &dbias, scratch_.y_full, inp, weight);
+    policy_matmul_backward(&dinp, &dweight, &dbias, scratch_.y_full, inp, weight);
   } else {
     points.g_backward(dout);
-    policy_matmul_backward(&dinp, dweight, &dbias, dout, inp, weight);
+    policy_matmul_backward(&dinp, &dweight, &dbias, dout, inp, weight);
   }
+}
+
+void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w,
+                          const BlockParams& b) {
+  TensorParallel& points = tp();
+  BackwardScratch& s = scratch_;
+  const int NHl = cfg_.n_head / shard_.tp_size;
+  const bool sp = shard_.sequence_parallel;
+  // dln_full: the gradient of a column-parallel region's (gathered) input, partial on each rank
+  Tensor& dln_full = sp ? s.dln_full : s.dln;
+  auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
+  auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
+  auto G = [&](int i) { return grad_at(i); };
+
+  // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
+  Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
+  s.dfch_gelu.zero_();
+  row_parallel_backward(s.dfch_gelu, dfcproj_w, dfcproj_b, dresidual, ba.fch_gelu, MW(b.mlp_proj_w));
+  s.dfch.zero_();
+  gelu_backward(s.dfch, ba.fch, s.dfch_gelu);
+  Tensor dfc_w = G(b.c_fc_w), dfc_b = G(b.c_fc_b);
+  dln_full.zero_();
+  policy_matmul_backward(&dln_full, &dfc_w, &dfc_b, s.dfch, ba.ln2_full, MW(b.c_fc_w));
+  if (sp) points.sp_gather_backward(dln_full, s.dln);  // c_fc is column-parallel: its dinp is partial
+  else points.f_backward(s.dln);
+  // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
+  Tensor dln2_w = G(b.ln_2_w), dln2_b = G(b.ln_2_b);
+  layernorm_backward(dresidual, dln2_w, dln2_b, s.dln, ba.residual2, W(b.ln_2_w), ba.ln2_mean, ba.ln2_rstd);
+
+  // attention branch: residual2 = x + c_proj(attention(c_attn(ln_1(x))))
+  Tensor dproj_w = G(b.attn_proj_w), dproj_b = G(b.attn_proj_b);
+  s.datty.zero_();
+  row_parallel_backward(s.datty, dproj_w, dproj_b, dresidual, ba.atty, MW(b.attn_proj_w));
+  s.dqkv.zero_();
+  if (attention_ == AttentionImpl::Flash) {
+    attention_backward_flash(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl);
+  } else if (ba.att.defined()) {
+    attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
+  } else {
+    // Selective recompute: the scores again from the kept qkv (Korthikanti Sec. 5). atty is rewritten
+    // with the values it already holds (the same op on the same input); only att was missing.
+    attention_forward(ba.atty, s.att_recompute, ba.qkv, NHl);
+    attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, s.att_recompute, NHl);
+  }
+  Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
+  dln_full.zero_();
+  policy_matmul_backward(&dln_full, &dqkv_w, &dqkv_b, s.dqkv, ba.ln1_full, MW(b.c_attn_w));
+  if (sp) points.sp_gather_backward(dln_full, s.dln);
+  else points.f_backward(s.dln);
+  Tensor dln1_w = G(b.ln_1_w), dln1_b = G(b.ln_1_b);
+  layernorm_backward(dresidual, dln1_w, dln1_b, s.dln, x, W(b.ln_1_w), ba.ln1_mean, ba.ln1_rstd);
 }
 
 void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input) {
   SL_CHECK_HINT(!a.empty() && !a.blocks.empty(), "call forward(acts, input, targets) before backward(acts, ...)",
                 "backward on a set no forward has filled");
-  const int B = a.B_, T = a.T_, L = cfg_.n_layer, NHl = cfg_.n_head / shard_.tp_size;
+  const int B = a.B_, T = a.T_, L = cfg_.n_layer;
   ensure_scratch(B, T);
   TensorParallel& points = tp();
-  Scratch& s = scratch_;
+  BackwardScratch& s = scratch_;
   const bool sp = shard_.sequence_parallel;
   // dln_full: the gradient of a column-parallel region's (gathered) input, partial on each rank
   Tensor& dln_full = sp ? s.dln_full : s.dln;
@@ -997,7 +633,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     {
       Tensor w = unit_weights_f32(table_[head_wte_].unit);
       Tensor dwte = grad_at(head_wte_);
-      policy_matmul_backward(&dln_full, dwte, nullptr, dlogits, a.lnf_full, matmul_weight(w, head_wte_));
+      policy_matmul_backward(&dln_full, &dwte, nullptr, dlogits, a.lnf_full, matmul_weight(w, head_wte_));
     }
     // the head is column-parallel over the vocabulary: dlnf is partial on each rank
     if (sp) points.sp_gather_backward(dln_full, s.dln);
@@ -1037,47 +673,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     const bool full = recompute_[l] == Recompute::Full;
     if (full) block_forward(s.work, block_in, w, b);
     BlockActivations& ba = full ? s.work : a.blocks[l - shard_.first_layer];
-    auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
-    auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
-    auto G = [&](int i) { return grad_at(i); };
-
-    // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
-    Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
-    s.dfch_gelu.zero_();
-    row_parallel_backward(s.dfch_gelu, dfcproj_w, dfcproj_b, s.dresidual, ba.fch_gelu, MW(b.mlp_proj_w));
-    s.dfch.zero_();
-    gelu_backward(s.dfch, ba.fch, s.dfch_gelu);
-    Tensor dfc_w = G(b.c_fc_w), dfc_b = G(b.c_fc_b);
-    dln_full.zero_();
-    policy_matmul_backward(&dln_full, dfc_w, &dfc_b, s.dfch, ba.ln2_full, MW(b.c_fc_w));
-    if (sp) points.sp_gather_backward(dln_full, s.dln);  // c_fc is column-parallel: its dinp is partial
-    else points.f_backward(s.dln);
-    // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
-    Tensor dln2_w = G(b.ln_2_w), dln2_b = G(b.ln_2_b);
-    layernorm_backward(s.dresidual, dln2_w, dln2_b, s.dln, ba.residual2, W(b.ln_2_w), ba.ln2_mean, ba.ln2_rstd);
-
-    // attention branch: residual2 = block_in + c_proj(attention(c_attn(ln_1(block_in))))
-    Tensor dproj_w = G(b.attn_proj_w), dproj_b = G(b.attn_proj_b);
-    s.datty.zero_();
-    row_parallel_backward(s.datty, dproj_w, dproj_b, s.dresidual, ba.atty, MW(b.attn_proj_w));
-    s.dqkv.zero_();
-    if (attention_ == AttentionImpl::Flash) {
-      attention_backward_flash(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl);
-    } else if (ba.att.defined()) {
-      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
-    } else {
-      // Selective recompute: the scores again from the kept qkv (Korthikanti Sec. 5). atty is rewritten
-      // with the values it already holds (the same op on the same input); only att was missing.
-      attention_forward(ba.atty, s.att_recompute, ba.qkv, NHl);
-      attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, s.att_recompute, NHl);
-    }
-    Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
-    dln_full.zero_();
-    policy_matmul_backward(&dln_full, dqkv_w, &dqkv_b, s.dqkv, ba.ln1_full, MW(b.c_attn_w));
-    if (sp) points.sp_gather_backward(dln_full, s.dln);
-    else points.f_backward(s.dln);
-    Tensor dln1_w = G(b.ln_1_w), dln1_b = G(b.ln_1_b);
-    layernorm_backward(s.dresidual, dln1_w, dln1_b, s.dln, block_in, W(b.ln_1_w), ba.ln1_mean, ba.ln1_rstd);
+    block_backward(s.dresidual, ba, block_in, w, b);
     run_hooks(HookPoint::AfterBackward, unit);
   }
 

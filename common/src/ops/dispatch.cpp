@@ -289,12 +289,19 @@ LinearDims check_linear(const char* op, const char* y_name, const Tensor& y, DTy
   return {N, C, OC};
 }
 
-// The backward's outputs: dweight like weight, dinp like inp (when given), all fp32.
-void check_linear_grads(const char* op, const Tensor* dinp, const Tensor& dweight, const Tensor& inp,
-                        const Tensor& weight) {
-  SL_CHECK(dweight.dtype() == DType::F32 && dweight.shape() == weight.shape(),
-           "%s: dweight is %s %s, expected f32 %s (weight's shape)", op, dtype_name(dweight.dtype()),
-           shape_str(dweight.shape()).c_str(), shape_str(weight.shape()).c_str());
+// The backward's outputs, each optional: dweight like weight, dinp like inp, all fp32; at least one of dinp
+// and dweight, and dbias only with dweight (the bias gradient belongs to the weight pass, ops.h).
+void check_linear_grads(const char* op, const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
+                        const Tensor& inp, const Tensor& weight) {
+  SL_CHECK_HINT(dinp != nullptr || dweight != nullptr, "pass dinp, dweight or both",
+                "%s: no gradient asked for (dinp and dweight are both nullptr)", op);
+  SL_CHECK_HINT(dweight != nullptr || dbias == nullptr,
+                "the bias gradient is computed with the weight gradient: pass dbias in the call that passes dweight",
+                "%s: dbias without dweight", op);
+  if (dweight != nullptr)
+    SL_CHECK(dweight->dtype() == DType::F32 && dweight->shape() == weight.shape(),
+             "%s: dweight is %s %s, expected f32 %s (weight's shape)", op, dtype_name(dweight->dtype()),
+             shape_str(dweight->shape()).c_str(), shape_str(weight.shape()).c_str());
   if (dinp != nullptr)
     SL_CHECK(dinp->dtype() == DType::F32 && dinp->shape() == inp.shape(),
              "%s: dinp is %s %s, expected f32 %s (inp's shape)", op, dtype_name(dinp->dtype()),
@@ -310,15 +317,16 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
            weight.data<float>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
-void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+void matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight) {
   const LinearDims d = check_linear(__func__, "dout", dout, DType::F32, inp, weight, DType::F32, "dbias", dbias);
-  check_linear_grads(__func__, dinp, dweight, inp, weight);
+  check_linear_grads(__func__, dinp, dweight, dbias, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dweight_ptr = dweight != nullptr ? dweight->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  run_twin(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward), dinp_ptr,
-           dweight.data<float>(), dbias_ptr, dout.data<float>(), inp.data<float>(), weight.data<float>(), d.N,
-           static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward), dinp_ptr, dweight_ptr,
+           dbias_ptr, dout.data<float>(), inp.data<float>(), weight.data<float>(), d.N, static_cast<int>(d.C),
+           static_cast<int>(d.OC));
 }
 
 // bf16 operands (PrecisionPolicy::bf16_compute): the same checks, with inp, weight and dout bf16 and
@@ -330,14 +338,15 @@ void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, c
            weight.data<bf16>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
-void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+void matmul_backward_bf16(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight) {
   const LinearDims d = check_linear(__func__, "dout", dout, DType::BF16, inp, weight, DType::BF16, "dbias", dbias);
-  check_linear_grads(__func__, dinp, dweight, inp, weight);
+  check_linear_grads(__func__, dinp, dweight, dbias, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
+  float* dweight_ptr = dweight != nullptr ? dweight->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  run_twin(__func__, {dinp, &dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward_bf16), dinp_ptr,
-           dweight.data<float>(), dbias_ptr, dout.data<bf16>(), inp.data<bf16>(), weight.data<bf16>(), d.N,
+  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward_bf16), dinp_ptr,
+           dweight_ptr, dbias_ptr, dout.data<bf16>(), inp.data<bf16>(), weight.data<bf16>(), d.N,
            static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 

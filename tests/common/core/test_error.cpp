@@ -1,6 +1,6 @@
 // test_error.cpp — scalelab's error reports (scalelab/core/error.h, common/src/core/error.cpp) and the errors
 // users meet first: unknown precision names (precision.cpp), unknown model presets and invalid
-// configs (gpt2.cpp). A report must say what failed, where (file:line, function), with which values,
+// configs (gpt2_layout.cpp). A report must say what failed, where (file:line, function), with which values,
 // and what to do (docs/style.md 19-20); these tests read the text a user would read.
 #include <gtest/gtest.h>
 

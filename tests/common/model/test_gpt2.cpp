@@ -150,6 +150,25 @@ TEST(Gpt2ParamTable, D12CountMatchesTheHandCount) {
   EXPECT_EQ(scalelab::gpt2_num_params(cfg, /*with_wpe=*/false), want - maxT * C);
 }
 
+// The parameter counts the presets' comments state (gpt2_layout.h GPTConfig::preset): with the byte
+// vocabulary, and with GPT-2's 50,257-token vocabulary the sizes GPT-2 is known by, to the million.
+TEST(Gpt2ParamTable, PresetCountsAreTheDocumentedOnes) {
+  struct Want {
+    const char* preset;
+    int64_t params;       // V = 256
+    int64_t gpt2_params;  // the same shapes with V = 50257, in millions (rounded); 0: no GPT-2 size claimed
+  };
+  const Want wants[] = {{"tiny", 7872, 0}, {"demo", 1878144, 0}, {"d12", 86039040, 124},
+                        {"d24", 303622144, 355}, {"d36", 710028800, 774}, {"d48", 1477609600, 1558}};
+  for (const Want& w : wants) {
+    GPTConfig cfg = GPTConfig::preset(w.preset);
+    EXPECT_EQ(scalelab::gpt2_num_params(cfg), w.params) << w.preset;
+    if (w.gpt2_params == 0) continue;
+    cfg.vocab_size = 50257;
+    EXPECT_EQ(std::llround(static_cast<double>(scalelab::gpt2_num_params(cfg)) / 1e6), w.gpt2_params) << w.preset;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hooks
 

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "expect_error.h"               // defines: error_message, contains
+#include "bit_identical.h"              // defines: bit_identical
 #include "scalelab/core/allocator.h"         // defines: Allocator, MemCategory
 #include "scalelab/core/bf16.h"              // defines: round_to_bf16
 #include "scalelab/core/error.h"             // defines: Error
@@ -30,6 +32,7 @@ namespace {
 
 using scalelab::test::contains;
 using scalelab::test::error_message;
+using scalelab::test::bit_identical;
 
 using scalelab::Allocator;
 using scalelab::Device;
@@ -165,7 +168,7 @@ TEST(Bf16Compute, CpuBackwardAddsTheFp32GradientsOfTheRoundedOperands) {
   Tensor dinp = randn({N, C}, 7), dweight = randn({OC, C}, 8), dbias = randn({OC}, 9);
   const Tensor dinp0 = to_dtype(dinp, DType::F32), dweight0 = to_dtype(dweight, DType::F32),
                dbias0 = to_dtype(dbias, DType::F32);  // copies of the starting values
-  scalelab::matmul_backward_bf16(&dinp, dweight, &dbias, dout, inp, weight);
+  scalelab::matmul_backward_bf16(&dinp, &dweight, &dbias, dout, inp, weight);
 
   const Tensor g = to_dtype(dout, DType::F32), x = to_dtype(inp, DType::F32), w = to_dtype(weight, DType::F32);
   auto at = [](const Tensor& t, int64_t i) { return static_cast<double>(t.data<float>()[i]); };
@@ -192,7 +195,7 @@ TEST(Bf16Compute, CpuBackwardAddsTheFp32GradientsOfTheRoundedOperands) {
 
   // Optional outputs: without dinp and dbias only dweight changes (the same values as above).
   Tensor dweight2 = to_dtype(dweight0, DType::F32);
-  scalelab::matmul_backward_bf16(nullptr, dweight2, nullptr, dout, inp, weight);
+  scalelab::matmul_backward_bf16(nullptr, &dweight2, nullptr, dout, inp, weight);
   EXPECT_TRUE(close_fp32("dweight (no dinp, no dbias)", dweight2, want_dweight));
 }
 
@@ -264,6 +267,56 @@ TEST(Bf16Compute, CpuOpMatchesTheCastSgemmOracleOnOddShapesAndOffsets) {
   }
 }
 
+// The bf16 matmul's two gradients computed apart, as a zero-bubble pipeline schedule runs them (B: dinp now;
+// W: dweight and dbias later; ops.h), give exactly the bits of one call computing all three, from nonzero
+// gradients and in either order; a call leaves the gradients it is not asked for untouched. Both CPU paths:
+// the op the model calls (scalelab::matmul_backward_bf16: oneDNN where the build and the CPU have it, the
+// backend printed above) and the cast + sgemm twin (cpu::matmul_backward_bf16_reference). Shape: several
+// kernel blocks in every dimension, N*OC > 32768 (the dbias column sums threaded).
+TEST(Bf16Compute, CpuBackwardApartGivesTheBitsOfOneCall) {
+  const int N = 131, C = 97, OC = 211;
+  const Tensor dout = to_dtype(randn({N, OC}, 70), DType::BF16), inp = to_dtype(randn({N, C}, 71), DType::BF16);
+  const Tensor weight = to_dtype(randn({OC, C}, 72), DType::BF16);
+  const Tensor dinp0 = randn({N, C}, 73), dweight0 = randn({OC, C}, 74), dbias0 = randn({OC}, 75);
+  auto ptr = [](Tensor* t) { return t != nullptr ? t->data<float>() : nullptr; };
+  using Backward = std::function<void(Tensor* dinp, Tensor* dweight, Tensor* dbias)>;
+  const std::pair<std::string, Backward> paths[] = {
+      {"matmul_backward_bf16",
+       [&](Tensor* dx, Tensor* dw, Tensor* db) { scalelab::matmul_backward_bf16(dx, dw, db, dout, inp, weight); }},
+      {"cpu::matmul_backward_bf16_reference", [&](Tensor* dx, Tensor* dw, Tensor* db) {
+         scalelab::cpu::matmul_backward_bf16_reference(ptr(dx), ptr(dw), ptr(db), dout.data<scalelab::bf16>(),
+                                                       inp.data<scalelab::bf16>(), weight.data<scalelab::bf16>(), N, C,
+                                                       OC);
+       }}};
+  auto bits = [](const std::string& what, const Tensor& got, const Tensor& want) {
+    auto values = [](const Tensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); };
+    return bit_identical(what, values(got), values(want));
+  };
+  for (const auto& [name, backward] : paths) {
+    // copies of the starting gradients (to_dtype to the same dtype copies)
+    Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32), dbias = to_dtype(dbias0, DType::F32);
+    backward(&dinp, &dweight, &dbias);  // one call: all three
+    for (const bool b_first : {true, false}) {
+      const std::string which = name + (b_first ? ", dinp first" : ", dweight and dbias first");
+      Tensor dinp2 = to_dtype(dinp0, DType::F32), dweight2 = to_dtype(dweight0, DType::F32),
+             dbias2 = to_dtype(dbias0, DType::F32);
+      if (b_first) {
+        backward(&dinp2, nullptr, nullptr);
+        EXPECT_TRUE(bits("dweight after dinp alone (untouched), " + which, dweight2, dweight0));
+        EXPECT_TRUE(bits("dbias after dinp alone (untouched), " + which, dbias2, dbias0));
+        backward(nullptr, &dweight2, &dbias2);
+      } else {
+        backward(nullptr, &dweight2, &dbias2);
+        EXPECT_TRUE(bits("dinp after dweight alone (untouched), " + which, dinp2, dinp0));
+        backward(&dinp2, nullptr, nullptr);
+      }
+      EXPECT_TRUE(bits("dinp, " + which, dinp2, dinp));
+      EXPECT_TRUE(bits("dweight, " + which, dweight2, dweight));
+      EXPECT_TRUE(bits("dbias, " + which, dbias2, dbias));
+    }
+  }
+}
+
 TEST(Bf16Compute, OpsNameTheWrongDtypeOrShape) {
   const Tensor inp_bf16 = Tensor::zeros({4, 8}, DType::BF16), w_bf16 = Tensor::zeros({6, 8}, DType::BF16);
   const Tensor inp_f32 = Tensor::zeros({4, 8}), bias_bf16 = Tensor::zeros({6}, DType::BF16);
@@ -279,7 +332,7 @@ TEST(Bf16Compute, OpsNameTheWrongDtypeOrShape) {
   msg = error_message([&] { scalelab::matmul_forward_bf16(out_wrong, inp_bf16, w_bf16, nullptr); });
   EXPECT_TRUE(contains(msg, "out has shape (4, 5)")) << msg;
   const Tensor dout_f32 = Tensor::zeros({4, 6});
-  msg = error_message([&] { scalelab::matmul_backward_bf16(nullptr, dw, nullptr, dout_f32, inp_bf16, w_bf16); });
+  msg = error_message([&] { scalelab::matmul_backward_bf16(nullptr, &dw, nullptr, dout_f32, inp_bf16, w_bf16); });
   EXPECT_TRUE(contains(msg, "dout must be bf16, got f32")) << msg;
   // and the fp32 op still refuses bf16 operands
   msg = error_message([&] { scalelab::matmul_forward(out, inp_bf16, w_bf16, nullptr); });
@@ -432,7 +485,7 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
     const int64_t resting = current_bytes(MemCategory::Workspace);
     Allocator::get(Device::CPU).reset_peak();
     scalelab::matmul_forward_bf16(y, x, w, &b);
-    scalelab::matmul_backward_bf16(&dx, dw, &db, dy, x, w);
+    scalelab::matmul_backward_bf16(&dx, &dw, &db, dy, x, w);
     one_matmul_bytes = std::max(one_matmul_bytes, peak_bytes(MemCategory::Workspace) - resting);
   }
   const int64_t twin_bytes = 4 * std::max({N * 4 * C + N * C + 4 * C * C, N * V + N * C + V * C});

@@ -2,8 +2,9 @@
 // Tensor-level dispatch (common/src/ops/dispatch.cpp).
 // Every forward is compared with a plain double-precision loop written below (the "reference"); every
 // backward with central finite differences of that reference. Small odd shapes (B=2, T=5, C=12, NH=3,
-// V=13) catch off-by-one strides that powers of two hide. Also checked: the += rule of backward ops,
-// the causal mask, AdamW/SGD against hand-computed steps, and bf16 round-to-nearest-even.
+// V=13) catch off-by-one strides that powers of two hide. Also checked: the += rule of backward ops, the
+// matmul's input and weight gradients computed apart (the bits of one call), the causal mask, AdamW/SGD
+// against hand-computed steps, and bf16 round-to-nearest-even.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bit_identical.h"         // defines: bit_identical
 #include "scalelab/core/bf16.h"    // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/core/error.h"   // defines: scalelab::Error
 #include "scalelab/ops/ops.h"     // defines: the ops under test, scalelab:: (Tensor) and scalelab::cpu:: (pointers)
@@ -26,6 +28,7 @@ namespace {
 using scalelab::DType;
 using scalelab::Shape;
 using scalelab::Tensor;
+using scalelab::test::bit_identical;
 using Vec = std::vector<double>;  // reference values and finite differences are computed in double
 
 // ---------------------------------------------------------------------------------------------
@@ -778,4 +781,54 @@ TEST(OpsDispatch, BadShapesDtypesAndTokensThrowNamingTheTensor) {
   // i32 cannot be cast to f32.
   Tensor f = Tensor::zeros({B, T});
   expect_error_mentioning([&] { scalelab::cast(f, targets); }, {"i32", "f32"});
+}
+
+// The linear layer's two gradients computed apart, as a zero-bubble pipeline schedule runs them (B: dinp now;
+// W: dweight and dbias later; ops.h), give exactly the bits of one call computing all three, from nonzero
+// gradients (the += rule) and in either order; a call leaves the gradients it is not asked for untouched.
+// Shapes: the small odd one, and one where the dbias column sums run threaded (N*OC > 32768,
+// common/src/ops/cpu/matmul.cpp) and OpenBLAS uses its blocked kernels.
+TEST(OpsDispatch, MatmulBackwardApartGivesTheBitsOfOneCall) {
+  struct Case {
+    int N, C, OC;
+  };
+  for (const Case& k : {Case{N, C, OC}, Case{300, 97, 131}}) {
+    SCOPED_TRACE("N=" + std::to_string(k.N) + " C=" + std::to_string(k.C) + " OC=" + std::to_string(k.OC));
+    const Tensor inp = tensor_of({k.N, k.C}, uniform(size_t(k.N) * k.C, 60));
+    const Tensor w = tensor_of({k.OC, k.C}, uniform(size_t(k.OC) * k.C, 61));
+    const Tensor dout = tensor_of({k.N, k.OC}, uniform(size_t(k.N) * k.OC, 62));
+    const auto dinp0 = uniform(size_t(k.N) * k.C, 63), dw0 = uniform(size_t(k.OC) * k.C, 64), db0 = uniform(k.OC, 65);
+    Tensor dinp = tensor_of({k.N, k.C}, dinp0), dw = tensor_of({k.OC, k.C}, dw0), db = tensor_of({k.OC}, db0);
+    scalelab::matmul_backward(&dinp, &dw, &db, dout, inp, w);  // one call: all three
+
+    for (const bool b_first : {true, false}) {
+      SCOPED_TRACE(b_first ? "dinp first" : "dweight, dbias first");
+      Tensor dinp2 = tensor_of({k.N, k.C}, dinp0), dw2 = tensor_of({k.OC, k.C}, dw0), db2 = tensor_of({k.OC}, db0);
+      auto b_pass = [&] { scalelab::matmul_backward(&dinp2, nullptr, nullptr, dout, inp, w); };
+      auto w_pass = [&] { scalelab::matmul_backward(nullptr, &dw2, &db2, dout, inp, w); };
+      if (b_first) {
+        b_pass();
+        EXPECT_TRUE(bit_identical("dweight after dinp alone (untouched)", values_of(dw2), dw0));
+        EXPECT_TRUE(bit_identical("dbias after dinp alone (untouched)", values_of(db2), db0));
+        w_pass();
+      } else {
+        w_pass();
+        EXPECT_TRUE(bit_identical("dinp after dweight alone (untouched)", values_of(dinp2), dinp0));
+        b_pass();
+      }
+      EXPECT_TRUE(bit_identical("dinp", values_of(dinp2), values_of(dinp)));
+      EXPECT_TRUE(bit_identical("dweight", values_of(dw2), values_of(dw)));
+      EXPECT_TRUE(bit_identical("dbias", values_of(db2), values_of(db)));
+    }
+  }
+}
+
+// The bias gradient belongs to the weight pass, and a backward must compute something: both refused loudly.
+TEST(OpsDispatch, MatmulBackwardRefusesDbiasWithoutDweightAndNoGradientAtAll) {
+  const Tensor inp = Tensor::zeros({N, C}), w = Tensor::zeros({OC, C}), dout = Tensor::zeros({N, OC});
+  Tensor dinp = Tensor::zeros({N, C}), db = Tensor::zeros({OC});
+  expect_error_mentioning([&] { scalelab::matmul_backward(&dinp, nullptr, &db, dout, inp, w); },
+                          {"matmul_backward", "dbias without dweight", "hint:"});
+  expect_error_mentioning([&] { scalelab::matmul_backward(nullptr, nullptr, nullptr, dout, inp, w); },
+                          {"matmul_backward", "no gradient asked for"});
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bit_identical.h"         // defines: bit_identical
 #include "expect_error.h"          // defines: error_message, contains
 #include "fixture.h"               // defines: Fixture (PyTorch reference), tensors_close
 #include "scalelab/core/allocator.h"    // defines: Allocator, MemCategory
@@ -42,6 +43,7 @@ using scalelab::ParamInfo;
 using scalelab::PrecisionPolicy;
 using scalelab::Shape;
 using scalelab::Tensor;
+using scalelab::test::bit_identical;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 namespace cpu = scalelab::cpu;
@@ -197,33 +199,6 @@ std::vector<bf16> to_bf16(const std::vector<float>& x) {
   std::vector<double> bound(want.size());
   for (size_t i = 0; i < want.size(); i++) bound[i] = tol * (scale + std::fabs(static_cast<double>(want[i])));
   return within(what, got, want, bound);
-}
-
-// Bit for bit (so NaN == NaN with the same payload, and -0 != +0).
-template <typename T>
-::testing::AssertionResult bit_identical(const std::string& what, const std::vector<T>& got,
-                                         const std::vector<T>& want) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float, int32_t or bf16");
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, expected " << want.size();
-  size_t num_bad = 0;
-  std::string first_bad;
-  for (size_t i = 0; i < got.size(); i++) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      if (num_bad < 5) {
-        uint32_t g = 0, w = 0;
-        std::memcpy(&g, &got[i], sizeof(T));
-        std::memcpy(&w, &want[i], sizeof(T));
-        char line[120];
-        std::snprintf(line, sizeof line, "\n    [%zu] got bits 0x%08x want 0x%08x", i, g, w);
-        first_bad += line;
-      }
-      num_bad++;
-    }
-  }
-  if (num_bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << num_bad << " of " << got.size()
-                                       << " elements differ in their bits" << first_bad;
 }
 
 // Skips (visibly) where the GPU has no bf16 tensor cores: the bf16 paths refuse with an Error there,
@@ -401,6 +376,61 @@ TEST(CudaOps, MatmulBackwardAccumulatesAndMatchesCpu) {
       EXPECT_TRUE(close("matmul dinp", host_from_offset(o_dinp, m.misalign), dinp, kF32Tol));
       EXPECT_TRUE(close("matmul dweight", host_from_offset(o_dweight, m.misalign), dweight, kF32Tol));
       EXPECT_TRUE(close("matmul dbias", host_from_offset(o_dbias, m.misalign), dbias, kF32Tol));
+    }
+  }
+}
+
+// The two gradients computed apart, as a zero-bubble pipeline schedule runs them (B: dinp now; W: dweight and
+// dbias later; ops.h), give exactly the bits of one call on the GPU too: the twin launches the same GEMMs and
+// column-sum kernels on the same operands either way (common/src/ops/cuda/matmul.cu). Through the Tensor-level
+// ops (the dispatch on GPU tensors), from nonzero gradients and in either order, with fp32 operands and, where
+// the GPU has bf16 tensor cores, bf16 ones. The CPU twins' test: tests/common/ops/test_ops_cpu.cpp.
+TEST(CudaOps, MatmulBackwardApartGivesTheBitsOfOneCall) {
+  SL_REQUIRE_GPU();
+  bool bf16_gpu = true;
+  try {
+    cuda::require_bf16_support();
+  } catch (const scalelab::Error&) {
+    bf16_gpu = false;  // the fp32 half still runs; MatmulBf16* report the skip
+  }
+  for (const MatmulCase& m : kMatmulCases) {
+    if (m.misalign != 0) continue;  // whole tensors: the Tensor-level ops take views, not raw offsets
+    SCOPED_TRACE("N=" + std::to_string(m.N) + " C=" + std::to_string(m.C) + " OC=" + std::to_string(m.OC));
+    const Shape x_shape{m.N, m.C}, w_shape{m.OC, m.C}, y_shape{m.N, m.OC};
+    const auto inp = uniform(size_t(m.N) * m.C, 90), weight = uniform(size_t(m.OC) * m.C, 91),
+               dout = uniform(size_t(m.N) * m.OC, 92);
+    const auto dinp0 = uniform(inp.size(), 93), dweight0 = uniform(weight.size(), 94), dbias0 = uniform(m.OC, 95);
+    for (const bool bf16_operands : {false, true}) {
+      if (bf16_operands && !bf16_gpu) continue;
+      SCOPED_TRACE(bf16_operands ? "bf16 operands" : "fp32 operands");
+      auto operand = [&](const std::vector<float>& h, const Shape& shape) {
+        return (bf16_operands ? to_gpu(to_bf16(h)) : to_gpu(h)).reshape(shape);
+      };
+      const Tensor d_inp = operand(inp, x_shape), d_weight = operand(weight, w_shape), d_dout = operand(dout, y_shape);
+      auto backward = [&](Tensor* dinp, Tensor* dweight, Tensor* dbias) {
+        if (bf16_operands) scalelab::matmul_backward_bf16(dinp, dweight, dbias, d_dout, d_inp, d_weight);
+        else scalelab::matmul_backward(dinp, dweight, dbias, d_dout, d_inp, d_weight);
+      };
+      Tensor dinp = to_gpu(dinp0).reshape(x_shape), dweight = to_gpu(dweight0).reshape(w_shape), dbias = to_gpu(dbias0);
+      backward(&dinp, &dweight, &dbias);  // one call: all three
+      for (const bool b_first : {true, false}) {
+        SCOPED_TRACE(b_first ? "dinp first" : "dweight and dbias first");
+        Tensor dinp2 = to_gpu(dinp0).reshape(x_shape), dweight2 = to_gpu(dweight0).reshape(w_shape),
+               dbias2 = to_gpu(dbias0);
+        if (b_first) {
+          backward(&dinp2, nullptr, nullptr);
+          EXPECT_TRUE(bit_identical("dweight after dinp alone (untouched)", to_host<float>(dweight2), dweight0));
+          EXPECT_TRUE(bit_identical("dbias after dinp alone (untouched)", to_host<float>(dbias2), dbias0));
+          backward(nullptr, &dweight2, &dbias2);
+        } else {
+          backward(nullptr, &dweight2, &dbias2);
+          EXPECT_TRUE(bit_identical("dinp after dweight alone (untouched)", to_host<float>(dinp2), dinp0));
+          backward(&dinp2, nullptr, nullptr);
+        }
+        EXPECT_TRUE(bit_identical("dinp", to_host<float>(dinp2), to_host<float>(dinp)));
+        EXPECT_TRUE(bit_identical("dweight", to_host<float>(dweight2), to_host<float>(dweight)));
+        EXPECT_TRUE(bit_identical("dbias", to_host<float>(dbias2), to_host<float>(dbias)));
+      }
     }
   }
 }

@@ -36,11 +36,17 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
 // bias may be nullptr (the tied LM head has none). inp may be (B,T,C): N = B*T.
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
 // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += sum_rows(dout).
-// dinp may be nullptr (nothing upstream needs it); dbias nullptr when the forward had no bias.
-void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+// Every output is optional (nullptr: not computed), so the input gradient and the weight gradient can be
+// computed apart, as a zero-bubble pipeline schedule runs them (B now, W later: Qi et al. 2024, "Zero Bubble
+// Pipeline Parallelism", arXiv:2401.10241, Sec. 2): dinp nullptr when nothing upstream needs it; dweight
+// nullptr skips the weight gradient and the bias gradient with it (dbias must then be nullptr too); dbias
+// nullptr when the forward had no bias. At least one of dinp, dweight. A call with dinp alone and a call with
+// dweight (+ dbias) alone give exactly the bits of one call with all three (tests/common/ops/test_ops_cpu.cpp).
+void matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight);
 // The same matmuls with bf16 operands (PrecisionPolicy::bf16_compute): inp, weight and dout bf16; out,
-// bias, dinp, dweight, dbias fp32, accumulated in fp32, same shapes and `+=` rule as above. dbias sums the
+// bias, dinp, dweight, dbias fp32, accumulated in fp32, same shapes, `+=` rule and optional outputs as
+// above (apart or together, the same bits: tests/common/ops/test_bf16_compute.cpp). dbias sums the
 // bf16 dout in fp32. GPU: cuBLAS on the bf16 tensor cores (cuda::matmul_*_bf16, sm_80+; throws with a hint
 // on older GPUs). CPU twin: oneDNN's bf16 matmul (AVX512_BF16) in builds with oneDNN (SL_WITH_DNNL) on CPUs
 // that have it, else the operands cast to fp32 scratch (category Workspace, freed on return) and the fp32
@@ -48,7 +54,7 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
 // twins differ only in the order of the fp32 sums. Tests: tests/common/ops/test_bf16_compute.cpp,
 // tests/common/ops/test_ops_cuda.cpp
 void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
-void matmul_backward_bf16(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+void matmul_backward_bf16(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight);
 
 // Causal self-attention (Vaswani et al. 2017, Eq. 1, with a causal mask), heads split as GPT-2 does:

@@ -42,7 +42,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 //   dinp (N,C)     += dout (N,OC) @ weight (OC,C)          sgemm(NoTrans, NoTrans)   2*N*C*OC flops
 //   dweight (OC,C) += dout^T (OC,N) @ inp (N,C)            sgemm(Trans, NoTrans)     2*N*C*OC flops
 //   dbias (OC)     += sum over rows of dout
-// dinp and dbias may be nullptr (nothing needs them / no bias in the forward).
+// Each output may be nullptr (not computed; ops.h): the three are independent computations from the same
+// operands, so computing them in one call or in several gives the same bits.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t N, int C, int OC) {
   const int n = static_cast<int>(N);  // checked by the Tensor-level op
@@ -50,8 +51,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC,
                 /*alpha=*/1.0f, dout, /*lda=*/OC, weight, /*ldb=*/C, /*beta=*/1.0f, dinp, /*ldc=*/C);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n,
-              /*alpha=*/1.0f, dout, /*lda=*/OC, inp, /*ldb=*/C, /*beta=*/1.0f, dweight, /*ldc=*/C);
+  if (dweight != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n,
+                /*alpha=*/1.0f, dout, /*lda=*/OC, inp, /*ldb=*/C, /*beta=*/1.0f, dweight, /*ldc=*/C);
+  }
   if (dbias != nullptr) {
     // Column sums: each task owns a block of output channels and walks all rows in order (no races,
     // same bits for any thread count; the inner loop over o is contiguous and vectorises).
@@ -92,13 +95,14 @@ void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weig
 }
 
 // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout, all fp32,
-// from bf16 dout (N,OC), inp (N,C), weight (OC,C). dinp and dbias may be nullptr (weight is then unused).
+// from bf16 dout (N,OC), inp (N,C), weight (OC,C). Each output may be nullptr; only the operands the asked
+// outputs read are converted (weight for dinp, inp for dweight).
 void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                                     const bf16* weight, int64_t N, int C, int OC) {
-  const Tensor dout_f32 = to_f32_scratch(dout, N * OC);                     // (N,OC)
-  const Tensor inp_f32 = to_f32_scratch(inp, N * C);                        // (N,C)
+  const Tensor dout_f32 = to_f32_scratch(dout, N * OC);                                             // (N,OC)
+  const Tensor inp_f32 = dweight != nullptr ? to_f32_scratch(inp, N * C) : Tensor();                // (N,C)
   const Tensor weight_f32 = dinp != nullptr ? to_f32_scratch(weight, int64_t{OC} * C) : Tensor();  // (OC,C)
-  matmul_backward(dinp, dweight, dbias, dout_f32.data<float>(), inp_f32.data<float>(),
+  matmul_backward(dinp, dweight, dbias, dout_f32.data<float>(), dweight != nullptr ? inp_f32.data<float>() : nullptr,
                   dinp != nullptr ? weight_f32.data<float>() : nullptr, N, C, OC);
 }
 

@@ -175,12 +175,13 @@ void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const 
 }
 
 // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout, all fp32,
-// from bf16 dout (N,OC), inp (N,C), weight (OC,C). dinp and dbias may be nullptr (weight is then unused).
+// from bf16 dout (N,OC), inp (N,C), weight (OC,C). Each output may be nullptr (not computed; ops.h): one
+// call or several give the same bits.
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                           const bf16* weight, int64_t N, int C, int OC) {
   if (!state().native_bf16) return matmul_backward_bf16_reference(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   if (dinp != nullptr) run(GemmKind::BackwardData, N, C, OC, dout, weight, nullptr, dinp);
-  run(GemmKind::BackwardWeight, N, C, OC, dout, inp, nullptr, dweight);
+  if (dweight != nullptr) run(GemmKind::BackwardWeight, N, C, OC, dout, inp, nullptr, dweight);
   if (dbias != nullptr) {
     // Column sums of the bf16 dout in fp32, in the reference path's order (matmul.cpp): each task owns a
     // block of output channels and walks the rows in order, so the bits equal the reference's.

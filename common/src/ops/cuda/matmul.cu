@@ -179,14 +179,15 @@ void matmul_forward_impl(cudaDataType_t type, float* out, const void* inp, const
 }
 
 // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout.
-// dinp, dbias may be nullptr.
+// Each output may be nullptr (not computed; ops.h): separate launches either way, so one call or several
+// run the same kernels on the same operands.
 void matmul_backward_impl(cudaDataType_t type, float* dinp, float* dweight, float* dbias, const void* dout,
                           const void* inp, const void* weight, int64_t N, int C, int OC) {
   if (N == 0) return;
   SL_CHECK(N <= INT32_MAX, "matmul: N=%lld rows exceed cuBLAS's int dimensions", static_cast<long long>(N));
   const int n = static_cast<int>(N);
   if (dinp != nullptr) gemm_ex(type, CUBLAS_OP_N, CUBLAS_OP_N, C, n, OC, 1.0f, weight, C, dout, OC, 1.0f, dinp, C);
-  gemm_ex(type, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, n, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
+  if (dweight != nullptr) gemm_ex(type, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, n, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
   if (dbias != nullptr) {
     const int rows_per_chunk = static_cast<int>(std::max<int64_t>(kRowsPerChunk, ceil_div(N, 65535)));
     const int num_chunks = static_cast<int>(ceil_div(N, rows_per_chunk));  // <= 65535: gridDim.y's limit

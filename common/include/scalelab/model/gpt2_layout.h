@@ -1,0 +1,90 @@
+// gpt2_layout.h — the shape of GPT-2 without the model: its config (GPTConfig), the part of it one rank holds
+// (ModelShard), the parameter table (ParamInfo, gpt2_param_table), counts per unit and the dense <-> shard
+// slice copies. Pure functions of the config and the shard (no model, no storage), shared by the model
+// (gpt2.h), the optimizers, the memory estimator (measure/memory_estimator.h), lab 08's reshard and lab 09's
+// planner. Units: 0 = embeddings (wte, wpe), 1..L = blocks h.0..h.L-1, L+1 = final layernorm ln_f.
+// Tests: tests/common/model/test_model_shard.cpp, tests/common/model/test_gpt2.cpp
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scalelab/core/tensor.h"  // defines: Tensor, Shape
+
+namespace scalelab {
+
+struct GPTConfig {
+  int max_seq_len = 256;  // maxT: rows of wpe
+  int vocab_size = 256;   // V: 256 for the byte-level tokenizer
+  int n_layer = 4;        // L
+  int n_head = 4;         // NH
+  int n_embd = 256;       // C
+  // Named presets, V = 256 (bytes) in all: "tiny" (tests; 7,872 parameters), "demo" (the CPU demo; 1.88M),
+  // and "d12", "d24", "d36", "d48": maxT 1024 and the L, C of GPT-2's four sizes (Radford et al. 2019,
+  // Table 2; NH as in the released models). With the byte vocabulary they hold 86.0M, 303.6M, 710.0M and
+  // 1477.6M parameters (gpt2_num_params); GPT-2's 50,257-token vocabulary makes the same shapes 124M, 355M,
+  // 774M and 1558M. Throws on unknown names.
+  static GPTConfig preset(const std::string& name);
+  void validate() const;  // throws if C % NH != 0 or any size <= 0
+  std::string str() const;
+};
+
+// Which part of the model one rank holds (docs/design.md "Parallel layouts"): a tensor-parallel slice of
+// every matrix (tp_rank of tp_size) of the blocks first_layer..last_layer, with or without the embedding
+// (the first pipeline stage) and the final layernorm and LM head (the last). The default is the whole,
+// dense model. Unit ids stay global: a shard simply has no storage, no table entries and no hooks for the
+// units it does not own.
+struct ModelShard {
+  int tp_rank = 0, tp_size = 1;  // tensor parallel: this rank's index and the group's size
+  int first_layer = 0;           // blocks [first_layer, last_layer], 0-based (unit = layer + 1)
+  int last_layer = -1;           // -1: the last block, L-1
+  bool has_embedding = true;     // unit 0 (wte, wpe): the first stage
+  bool has_head = true;          // unit L+1 (ln_f) and the tied LM head: the last stage
+  bool sequence_parallel = false;  // tp > 1: layernorms and the residual stream split along T too
+                                   // (Korthikanti et al. 2022, Sec. 4.2.2)
+  static ModelShard dense() { return {}; }
+  // Throws scalelab::Error, with the numbers and a hint, unless the shard fits cfg: 0 <= tp_rank < tp_size,
+  // NH % tp == 0, 4C % tp == 0, V % tp == 0 (the vocabulary is never padded silently), a non-empty range of
+  // layers inside [0, L), and (sequence parallel) tp > 1.
+  void validate(const GPTConfig& cfg) const;
+  int last(const GPTConfig& cfg) const { return last_layer < 0 ? cfg.n_layer - 1 : last_layer; }
+  int num_blocks(const GPTConfig& cfg) const { return last(cfg) - first_layer + 1; }  // blocks the shard holds
+  bool owns_unit(int unit, const GPTConfig& cfg) const;  // 0..L+1
+  bool is_dense(const GPTConfig& cfg) const;               // the whole model, tp = 1
+  std::string str() const;  // "tp 1/2 | layers 0-3 | embedding | head"
+};
+
+struct ParamInfo {
+  std::string name;  // PyTorch-style: "wte", "h.3.attn.c_attn.weight", "ln_f.bias"
+  Shape shape;       // the shard's local shape; linear weights are (out, in) like torch.nn.Linear
+  int unit = 0;      // 0 = embed, 1..L = blocks, L+1 = ln_f
+  int64_t offset = 0;  // element offset inside the unit's buffer
+  int64_t numel = 0;
+  bool decay = false;  // weight decay applies (matrices and embeddings, not biases or layernorm)
+  // Where the local tensor comes from in the dense model (copy_dense_to_shard): the dense shape, cut along
+  // split_dim (0 rows, 1 columns; -1: replicated, the whole tensor) into split_blocks equal blocks (3 for
+  // c_attn's q | k | v, else 1), each block into tp_size chunks; the rank holds chunk tp_rank of every block.
+  Shape dense_shape;
+  int split_dim = -1;
+  int split_blocks = 1;
+  bool tp_replicated = true;  // every rank of the tp group holds the same values (split_dim == -1)
+  bool tied_copy = false;     // the last stage's copy of wte for the tied head (the first stage owns wte)
+};
+
+// Builds the parameter table for a config and a shard (no allocation): the shard's local shapes, in
+// unit order, each unit's tensors packed from offset 0. Validates the shard (ModelShard::validate).
+// Used by the model, optimizers, estimators.
+std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& shard = ModelShard::dense());
+// Total parameter count of the dense model; with_wpe=false excludes position embeddings (the MFU
+// convention, see lab 01).
+int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe = true);
+// Elements of each unit's parameter buffer, units 0 .. L+1 (0 for a unit the shard does not own).
+std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard = ModelShard::dense());
+
+// The shard's slice of a dense tensor and back (strided copies; ParamInfo's split): dense (dense_shape)
+// and local (shape) fp32 or bf16, same dtype, any device. For dense checkpoints, evaluation and checks.
+void copy_dense_to_shard(const ParamInfo& p, const ModelShard& shard, const Tensor& dense, Tensor& local);
+void copy_shard_to_dense(const ParamInfo& p, const ModelShard& shard, const Tensor& local, Tensor& dense);
+
+}  // namespace scalelab
