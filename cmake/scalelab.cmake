@@ -1,5 +1,5 @@
 # cmake/scalelab.cmake — one helper per target kind (docs/style.md 34), dependency lookup, configure summary.
-#   sl_add_lab(01 single_device SOURCES train_step.cpp DRIVER main.cpp)  -> lab01_learner, lab01_ref, programs
+#   sl_add_lab(03 ddp SOURCES ddp.cpp GIVEN grad_sync.cpp DRIVER main.cpp)  -> lab03_learner, lab03_ref, programs
 #   sl_add_test(test_tensor SOURCES ... LABELS unit cpu common)
 #   sl_add_graded_test(01 test_lab01 SOURCES ... CHECKS Lab01.X ...)    -> one ctest per check and track
 
@@ -151,22 +151,26 @@ endfunction()
 
 # Where the reference track's sources come from. Default: the repository's solutions/. The planted-
 # mistake runner (scripts/check_mistakes.py, docs/grading.md "Planted mistakes") points it at a copy
-# of solutions/ that it patches, so solutions/ itself is never modified. Only the lab sources
-# (sl_add_lab) are read from it; headers stay in labs/.
+# of solutions/ that it patches, so solutions/ itself is never modified. Only the twins (sl_add_lab's
+# SOURCES) are read from it; headers and given files (GIVEN) stay in labs/.
 set(SL_SOLUTIONS_DIR ${PROJECT_SOURCE_DIR}/solutions CACHE PATH
     "Reference track sources (solutions/ or a copy of it, e.g. for scripts/check_mistakes.py)")
 
-# sl_add_lab(<NN> <name> SOURCES <files relative to the lab folder> [DRIVER main.cpp] [DEPS libs...])
-# Builds the lab's TODO functions twice:
+# sl_add_lab(<NN> <name> SOURCES <files> [GIVEN <files>] [DRIVER main.cpp] [DEPS libs...])
+# (file names relative to the lab folder) Builds the lab's TODO functions twice:
 #   labNN_learner  from labs/NN_name/<SOURCES>       compile definition SL_TRACK_LABNN=learner
 #   labNN_ref      from solutions/NN_name/<SOURCES>  compile definition SL_TRACK_LABNN=ref
 #                  (solutions/ = SL_SOLUTIONS_DIR, above)
-# and, with a DRIVER, the lab's program twice (sl_add_lab_program below).
+# GIVEN: the lab's given code (everything around the TODO functions), written once in labs/NN_name/ and
+# compiled into BOTH libraries (read from labs/, never from SL_SOLUTIONS_DIR): inside the inline namespace
+# SL_TRACK_LABNN, each compile calls its own track's TODO functions, and the two can link into one program.
+# With a DRIVER, the lab's program twice (sl_add_lab_program below).
 # Other labs and programs link labNN_ref (docs/design.md "How the two tracks link").
 function(sl_add_lab NN name)
-  cmake_parse_arguments(A "" "DRIVER" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(A "" "DRIVER" "SOURCES;GIVEN;DEPS" ${ARGN})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${name})
   set(sol_dir ${SL_SOLUTIONS_DIR}/${NN}_${name})
+  list(TRANSFORM A_GIVEN PREPEND ${lab_dir}/ OUTPUT_VARIABLE given)
   foreach(track learner ref)
     if(track STREQUAL "learner")
       set(dir ${lab_dir})
@@ -178,7 +182,7 @@ function(sl_add_lab NN name)
     endif()
     set(lib lab${NN}_${track})
     list(TRANSFORM A_SOURCES PREPEND ${dir}/ OUTPUT_VARIABLE srcs)
-    add_library(${lib} STATIC ${srcs})
+    add_library(${lib} STATIC ${srcs} ${given})
     target_include_directories(${lib} PUBLIC ${lab_dir})
     target_compile_definitions(${lib} PUBLIC SL_TRACK_LAB${NN}=${track})
     target_link_libraries(${lib} PUBLIC scalelab_common ${A_DEPS})

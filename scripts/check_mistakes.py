@@ -132,7 +132,7 @@ def fence_problems(src_root, mistake):
     if mutated == original:
         return f"the patch did not change {rel}"
     lab = mistake["lab"]
-    problems = check_fences.compare_pair(mutated, original, rel + " (mutated)", rel, lab_nn=lab, edited=True)
+    problems = check_fences.compare_pair(mutated, original, rel + " (mutated)", rel, lab_nn=lab)
     if problems:
         return "; ".join(p.message for p in problems) + "".join("\n" + p.diff for p in problems if p.diff)
     # A TODO may span several fences of one id (a forward and its backward): compare all of an id's bodies.

@@ -60,6 +60,9 @@ for lab in 01 02 03 04 05 06 07 08 09; do
   echo "$out" | grep -q "not implemented" || { echo "FAIL: lab $lab learner track: no 'not implemented' status"; exit 1; }
 done
 python3 tests/lint/check_not_implemented_hints.py "$build_dir/grades/learner"  # each names the learner's file
+# The untouched kit: every learner fence still throws its NotImplemented stub with its own id (ctest
+# lint.check_fences checks the rest, and passes on a learner's tree too).
+python3 tests/lint/check_fences.py --pristine
 scripts/notebooks.sh --make-logs --build-dir "$build_dir"  # notebooks run headless on short CPU runs
 # Planted mistakes (docs/grading.md): every patch still applies inside its fence (seconds), then the first
 # mistake of every graded check must fail its check (--cover: 87 of the 159, to keep CI under 30 minutes on

@@ -1,7 +1,8 @@
 // shard_loader.h — lab 02: token shards on disk and the loader that serves (B, T+1) windows from them.
-// Declared once for both tracks: labs/02_data_pipeline/shard_loader.cpp (learner, with TODOs) and
-// solutions/02_data_pipeline/shard_loader.cpp (reference) define these functions in namespaces
-// scalelab::lab02::learner and scalelab::lab02::ref. Every other program links the reference.
+// Declared once for both tracks: labs/02_data_pipeline/shard_loader.cpp (learner, the four TODO functions)
+// and solutions/02_data_pipeline/shard_loader.cpp (reference) define them; labs/02_data_pipeline/shard_io.cpp
+// (given: everything else below) is compiled into both, in namespaces scalelab::lab02::learner and
+// scalelab::lab02::ref. Every other program links the reference.
 // File format and window order: docs/formats.md ("Token shards", "Loader order"). Lesson and task:
 // labs/02_data_pipeline/README.md. Tests: tests/lab02/test_lab02.cpp (graded, both tracks) and
 // tests/lab02/test_shard_loader.cpp (the given code); tool that writes shards: tools/make_shards.cpp
@@ -216,6 +217,9 @@ class ShardLoader {
   void start_prefetch();  // starts the producer thread at the consumer's position (epoch_, batch_)
   void stop_prefetch();   // joins the producer and drops every batch it prepared
   void prefetch_loop(int64_t epoch, int64_t batch_in_epoch);  // the producer's body, from that position
+  // Throws scalelab::Error unless s is a position of this loader's stream (same B, T, dp_size, shuffle and N)
+  // inside an epoch: restore checks its argument with it before your code runs.
+  void check_restorable(const LoaderState& s) const;
   // TODO(lab02-4): the consumer's half of the prefetch hand-off: the oldest batch the producer prepared,
   // removed from queue_ (blocks until there is one); rethrows the producer's error once the queue holds
   // no batch before it. README "Prefetch: a producer and a consumer".

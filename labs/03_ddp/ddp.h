@@ -1,6 +1,8 @@
 // ddp.h — what the learner writes in lab 03 (data parallel), declared once for both tracks.
 //   labs/03_ddp/ddp.cpp       the learner's file (TODO blocks)   -> library lab03_learner
 //   solutions/03_ddp/ddp.cpp  the reference (same file, filled)  -> library lab03_ref
+//   labs/03_ddp/grad_sync.cpp the given code around them (GradSync, the buckets' buffers): compiled
+//                             into both libraries, each calling its own track's functions
 // The two tracks live in distinct inline namespaces (scalelab::lab03::learner / ::ref) chosen by
 // SL_TRACK_LAB03, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/03_ddp/README.md   Graded tests: tests/lab03/ (test_lab03*.cpp)

@@ -1,6 +1,8 @@
 // fsdp.h — what the learner writes in lab 04 (FSDP / ZeRO), declared once for both tracks.
 //   labs/04_fsdp/fsdp.cpp       the learner's file (TODO blocks)   -> library lab04_learner
 //   solutions/04_fsdp/fsdp.cpp  the reference (same file, filled)  -> library lab04_ref
+//   labs/04_fsdp/fsdp_wrapper.cpp  the given code (the FSDP class and its hooks, the tags): compiled into
+//                                  both libraries, each calling its own track's functions
 // The two tracks live in distinct inline namespaces (scalelab::lab04::learner / ::ref) chosen by
 // SL_TRACK_LAB04, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/04_fsdp/README.md   Graded tests: tests/lab04/   Memory formulas: scalelab/measure/memory_estimator.h
@@ -67,6 +69,8 @@ struct ShardLayout {
 // TODO(lab04-1): the layout of a unit of `numel` elements for `rank` of `world_size` ranks.
 // numel >= 1, 0 <= rank < world_size; anything else is refused (scalelab::Error).
 ShardLayout shard_layout(int64_t numel, int rank, int world_size);
+// Given: that refusal, which shard_layout makes before your code runs.
+void check_shard_args(int64_t numel, int rank, int world_size);
 
 // =============================================================================================
 // The state of one rank (the FSDP class below builds it; your functions read and change it)

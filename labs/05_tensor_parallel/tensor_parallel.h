@@ -1,6 +1,8 @@
 // tensor_parallel.h — what the learner writes in lab 05 (tensor parallel), declared once for both tracks.
 //   labs/05_tensor_parallel/tensor_parallel.cpp       the learner's file (TODO blocks)   -> lab05_learner
 //   solutions/05_tensor_parallel/tensor_parallel.cpp  the reference (same file, filled)  -> lab05_ref
+//   labs/05_tensor_parallel/tp_groups.cpp             the given code (shard_of, MegatronPoints' constructor,
+//                                                     average_over_replicas): compiled into both libraries
 // The two tracks live in distinct inline namespaces (scalelab::lab05::learner / ::ref) chosen by
 // SL_TRACK_LAB05, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/05_tensor_parallel/README.md   Graded tests: tests/lab05/ (test_lab05*.cpp)

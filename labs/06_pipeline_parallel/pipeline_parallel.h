@@ -1,6 +1,8 @@
 // pipeline_parallel.h — what the learner writes in lab 06 (pipeline parallel), declared once for both tracks.
 //   labs/06_pipeline_parallel/pipeline_parallel.cpp       the learner's file (TODO blocks)   -> lab06_learner
 //   solutions/06_pipeline_parallel/pipeline_parallel.cpp  the reference (same file, filled)  -> lab06_ref
+//   labs/06_pipeline_parallel/pipeline_stage.cpp          the given code (Stage, the exchange's sends, the
+//                                                         schedules' names): compiled into both libraries
 // The two tracks live in distinct inline namespaces (scalelab::lab06::learner / ::ref) chosen by
 // SL_TRACK_LAB06, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/06_pipeline_parallel/README.md   Graded tests: tests/lab06/ (test_lab06*.cpp)

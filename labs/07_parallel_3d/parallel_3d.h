@@ -1,6 +1,8 @@
 // parallel_3d.h — what the learner writes in lab 07 (3D parallelism), declared once for both tracks.
 //   labs/07_parallel_3d/parallel_3d.cpp       the learner's file (TODO blocks)   -> lab07_learner
 //   solutions/07_parallel_3d/parallel_3d.cpp  the reference (same file, filled)  -> lab07_ref
+//   labs/07_parallel_3d/rank_3d.cpp           the given code (build_rank, the grid's words, forward_loss):
+//                                             compiled into both libraries, each calling its own track's TODOs
 // The two tracks live in distinct inline namespaces (scalelab::lab07::learner / ::ref) chosen by
 // SL_TRACK_LAB07, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/07_parallel_3d/README.md   Graded tests: tests/lab07/ (test_lab07*.cpp)

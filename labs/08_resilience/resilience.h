@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>  // defines: std::filesystem (fs below)
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@
 #endif
 
 namespace scalelab::lab08 {
+
+namespace fs = std::filesystem;  // the checkpoint's directories and files, in both tracks' resilience.cpp
+
 inline namespace SL_TRACK_LAB08 {
 
 // TODO(lab08-1): the checkpoint of step `st.step` under root, collective over world (every rank calls it

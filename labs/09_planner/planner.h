@@ -1,6 +1,8 @@
 // planner.h — what the learner writes in lab 09 (the planner), declared once for both tracks.
 //   labs/09_planner/planner.cpp       the learner's file (TODO blocks)   -> lab09_learner
 //   solutions/09_planner/planner.cpp  the reference (same file, filled)  -> lab09_ref
+//   labs/09_planner/layouts.cpp       the given code (the "Given" section below): compiled into both
+//                                     libraries, each calling its own track's functions
 // The functions live in distinct inline namespaces (scalelab::lab09::learner / ::ref) chosen by
 // SL_TRACK_LAB09, which CMake sets per library; code that includes this header without it gets ref. The
 // plain types above them are shared by both tracks, so one test can hand the same Layout to either.
@@ -156,6 +158,15 @@ inline namespace SL_TRACK_LAB09 {
 std::string to_string(const Layout& x);
 // "16 devices, 4 a node, 16.0 GB each, 989 TFLOP/s x 0.50; links nvlink inside a node, infiniband across"
 std::string to_string(const Cluster& c);
+
+// The elements of every parameter the shard holds (common's gpt2_unit_numel, summed), and its transformer
+// blocks (first_layer .. last(cfg)).
+int64_t shard_numel(const GPTConfig& cfg, const ModelShard& s);
+int shard_blocks(const GPTConfig& cfg, const ModelShard& s);
+
+// Throws scalelab::Error, with a hint, on a model that does not validate, a cluster with no devices,
+// devices_per_node < 1 or no compute, or a global batch or T < 1: plan refuses these before your code runs.
+void check_plan_inputs(const GPTConfig& cfg, const Workload& w, const Cluster& c);
 
 // Throws scalelab::Error, with the numbers and what to change, unless the layout can train this model on
 // this cluster: every size >= 1; tp * pp * dp == devices; dp * B * m == the global batch; the model splits

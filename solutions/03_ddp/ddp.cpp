@@ -1,27 +1,20 @@
 // ddp.cpp — lab 03: data-parallel training: start identical, average the gradients (naive, bucketed,
 // overlapped with backward), accumulate micro-steps. Declared in labs/03_ddp/ddp.h; the lesson is
-// labs/03_ddp/README.md. Only the code between TODO(lab03-N) BEGIN/END is yours to write; the rest is
-// shared by both tracks (labs/03_ddp/ddp.cpp and solutions/03_ddp/ddp.cpp).
+// labs/03_ddp/README.md. Only the code between TODO(lab03-N) BEGIN/END is yours to write. The code around
+// these functions (GradSync, the bucket buffers, the check of your layout) is given once, in
+// labs/03_ddp/grad_sync.cpp, and compiled into both tracks.
 #include "ddp.h"
 
-#include <algorithm>  // defines: std::sort, std::min, std::max (the layout check of make_bucket_state)
-#include <chrono>     // defines: std::chrono::steady_clock (GradSync::last_finish_ms)
-#include <cstdint>    // defines: int64_t
-#include <string>     // defines: std::string, std::to_string
-#include <vector>     // defines: std::vector
+#include <cstdint>  // defines: int64_t
+#include <string>   // defines: std::string, std::to_string
+#include <vector>   // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
 #include "scalelab/ops/ops.h"    // defines: scale_ (t *= s)
 #include "scalelab/model/optim.h"  // defines: clip_grad_norm
 
 namespace scalelab::lab03 {
 inline namespace SL_TRACK_LAB03 {
-
-namespace {
-// Given, at the end of this file: throws scalelab::Error unless the buckets cover every gradient
-// element exactly once and each bucket's numel and ready_unit agree with its ranges.
-void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets);
-}  // namespace
 
 // =============================================================================================
 // Start identical
@@ -86,34 +79,6 @@ std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double buc
   return buckets;
 }
 
-BucketState make_bucket_state(const GPT2& model, double bucket_mb) {
-  BucketState state;
-  state.buckets = make_buckets(model.param_table(), bucket_mb);
-  check_bucket_layout(model, state.buckets);  // a wrong layout fails here, loudly, not in training
-  for (const Bucket& b : state.buckets) {
-    state.flat.push_back(Tensor::zeros({b.numel}, DType::F32, model.device(), MemCategory::Comm));
-  }
-  return state;
-}
-
-void pack_bucket(GPT2& model, const Bucket& bucket, Tensor& flat) {
-  int64_t pos = 0;  // elements of flat filled so far
-  for (const GradRange& r : bucket.ranges) {
-    flat.view(pos, {r.count}).copy_from(model.unit_grads(r.unit).view(r.offset, {r.count}));
-    pos += r.count;
-  }
-}
-
-void unpack_bucket(GPT2& model, const Bucket& bucket, const Tensor& flat) {
-  int64_t pos = 0;
-  for (const GradRange& r : bucket.ranges) {
-    model.unit_grads(r.unit).view(r.offset, {r.count}).copy_from(flat.view(pos, {r.count}));
-    pos += r.count;
-  }
-}
-
-std::string bucket_tag(size_t k) { return "bucket " + std::to_string(k); }
-
 void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state) {
   // TODO(lab03-4) BEGIN  bucketed: every gradient averaged, one all-reduce per bucket
   //   Done when: every gradient holds its average over the ranks, with one blocking all-reduce per
@@ -144,11 +109,10 @@ void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, i
 }
 
 void wait_for_buckets(GPT2& model, BucketState& state) {
-  SL_CHECK_HINT(state.pending.size() == state.buckets.size(),
-                "README 'Overlap': launch_ready_buckets must have launched every bucket by after_backward(0); "
-                "and the step's last backward needs sync.set_require_sync(true)",
-                "only %zu of %zu buckets were launched during backward", state.pending.size(),
-                state.buckets.size());
+  SL_CHECK_HINT(state.pending.size() == state.buckets.size(), "README 'Overlap': launch_ready_buckets must have "
+                "launched every bucket by after_backward(0); and the step's last backward needs "
+                "sync.set_require_sync(true)", "only %zu of %zu buckets were launched during backward",
+                state.pending.size(), state.buckets.size());
   // TODO(lab03-6) BEGIN  overlap: wait for every launched bucket, put the averages back
   //   Done when: every gradient holds its average over the ranks (the optimizer reads it next).
   //   The idea: README "Overlap: all-reduce while backward is still running".
@@ -159,47 +123,6 @@ void wait_for_buckets(GPT2& model, BucketState& state) {
   }
   // TODO(lab03-6) END
   state.pending.clear();  // the next step launches from bucket 0 again
-}
-
-// =============================================================================================
-// GradSync (given)
-// =============================================================================================
-SyncMode sync_mode_from_name(const std::string& name) {
-  if (name == "naive") return SyncMode::Naive;
-  if (name == "bucketed") return SyncMode::Bucketed;
-  if (name == "overlap") return SyncMode::Overlap;
-  SL_FAIL("use --mode naive, bucketed or overlap", "unknown data-parallel mode '%s'", name.c_str());
-}
-
-const char* sync_mode_name(SyncMode mode) {
-  switch (mode) {
-    case SyncMode::Naive: return "naive";
-    case SyncMode::Bucketed: return "bucketed";
-    case SyncMode::Overlap: return "overlap";
-  }
-  return "?";
-}
-
-GradSync::GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket_mb)
-    : model_(model), comm_(comm), mode_(mode) {
-  if (mode == SyncMode::Naive) return;
-  state_ = make_bucket_state(model, bucket_mb);
-  if (mode == SyncMode::Overlap)  // each bucket goes as soon as backward has made its gradients final
-    hook_ = model.add_hook(HookPoint::AfterBackward, [this](const UnitHookArgs& a) {
-      if (require_sync_) launch_ready_buckets(model_, comm_, state_, a.unit);
-    });
-}
-
-GradSync::~GradSync() = default;  // hook_ removes the hook, and only ours: other hooks keep running
-
-void GradSync::finish() {
-  const auto t0 = std::chrono::steady_clock::now();
-  switch (mode_) {
-    case SyncMode::Naive: all_reduce_grads_naive(model_, comm_); break;
-    case SyncMode::Bucketed: all_reduce_grads_bucketed(model_, comm_, state_); break;
-    case SyncMode::Overlap: wait_for_buckets(model_, state_); break;
-  }
-  last_finish_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // =============================================================================================
@@ -254,61 +177,6 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, GradSync& sync, const s
   // TODO(lab03-8) END
   return r;
 }
-
-// =============================================================================================
-// Given: the layout check of make_bucket_state
-// =============================================================================================
-namespace {
-
-void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets) {
-  // A layout must cover every gradient element exactly once: per unit, the ranges of all buckets,
-  // sorted by offset, must tile [0, unit size) with no gap and no overlap.
-  std::vector<int64_t> unit_numel(model.num_units(), 0);  // elements of each unit's gradient buffer
-  for (const ParamInfo& p : model.param_table()) unit_numel[p.unit] += p.numel;
-  struct Owned {
-    int64_t offset, count;
-    size_t bucket;
-  };
-  std::vector<std::vector<Owned>> tiles(model.num_units());
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    const Bucket& b = buckets[k];
-    int64_t numel = 0;
-    int lowest_unit = model.num_units();
-    for (const GradRange& r : b.ranges) {
-      SL_CHECK_HINT(r.unit >= 0 && r.unit < model.num_units() && r.offset >= 0 && r.count > 0 &&
-                        r.offset + r.count <= unit_numel[r.unit],
-                    "README 'Buckets': a range is [offset, offset + count) of ONE unit's gradient buffer",
-                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k,
-                    r.unit, static_cast<long long>(r.offset), static_cast<long long>(r.count));
-      tiles[r.unit].push_back({r.offset, r.count, k});
-      numel += r.count;
-      lowest_unit = std::min(lowest_unit, r.unit);
-    }
-    SL_CHECK_HINT(b.numel == numel, "Bucket::numel is the sum of its ranges' counts",
-                  "bucket %zu: numel %lld, but its ranges hold %lld elements", k, static_cast<long long>(b.numel),
-                  static_cast<long long>(numel));
-    SL_CHECK_HINT(b.ready_unit == lowest_unit,
-                  "README 'Overlap': a bucket is ready after the backward of its LOWEST unit (that one runs last)",
-                  "bucket %zu: ready_unit %d, but its lowest unit is %d", k, b.ready_unit, lowest_unit);
-  }
-  for (int u = 0; u < model.num_units(); ++u) {
-    std::sort(tiles[u].begin(), tiles[u].end(), [](const Owned& a, const Owned& b) { return a.offset < b.offset; });
-    int64_t covered = 0;  // elements [0, covered) of unit u are in exactly one bucket so far
-    for (const Owned& t : tiles[u]) {
-      SL_CHECK_HINT(t.offset == covered, "README 'Buckets': every gradient element travels exactly once",
-                    "unit %d: elements [%lld, %lld) are in %s (bucket %zu starts at %lld)", u,
-                    static_cast<long long>(std::min(covered, t.offset)),
-                    static_cast<long long>(std::max(covered, t.offset)),
-                    t.offset > covered ? "no bucket" : "two buckets", t.bucket, static_cast<long long>(t.offset));
-      covered += t.count;
-    }
-    SL_CHECK_HINT(covered == unit_numel[u], "README 'Buckets': every gradient element travels exactly once",
-                  "unit %d: elements [%lld, %lld) are in no bucket", u, static_cast<long long>(covered),
-                  static_cast<long long>(unit_numel[u]));
-  }
-}
-
-}  // namespace
 
 }  // namespace SL_TRACK_LAB03
 }  // namespace scalelab::lab03

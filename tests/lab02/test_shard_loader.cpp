@@ -1,7 +1,7 @@
 // test_shard_loader.cpp — what lab 02 gives, on the reference: shard files, the byte tokenizer, the
 // loader's windows across shards, its errors, the state record, wait_ms. The four TODOs (window order,
 // rank split, resume, prefetch hand-off) are graded on both tracks by tests/lab02/test_lab02.cpp.
-// Code under test: solutions/02_data_pipeline/shard_loader.cpp (declared in labs/02_data_pipeline/shard_loader.h).
+// Code under test: labs/02_data_pipeline/shard_io.cpp, the given code, in lab02_ref (declared in shard_loader.h).
 // Rules checked here are written down in docs/formats.md ("Token shards", "Loader order").
 #include <gtest/gtest.h>  // defines: TEST, EXPECT_*
 

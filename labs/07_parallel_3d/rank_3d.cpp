@@ -1,0 +1,135 @@
+// rank_3d.cpp — lab 07's given code, one file compiled into both tracks (sl_add_lab's GIVEN in
+// labs/CMakeLists.txt): the grid's words, the shard of a chunk, build_rank (this rank's groups, chunks,
+// stage and exchange; its ZeRO-1 state under --zero1), the norm from ZeRO-1 shards and the forward-only loss.
+// Declared in labs/07_parallel_3d/parallel_3d.h. It calls the TODO functions of its own track: yours in
+// labs/07_parallel_3d/parallel_3d.cpp, the reference's in solutions/07_parallel_3d/parallel_3d.cpp.
+#include "parallel_3d.h"
+
+#include <algorithm>  // defines: std::max, std::min
+#include <memory>     // defines: std::make_unique
+#include <string>     // defines: std::string, std::to_string
+#include <vector>     // defines: std::vector
+
+#include "scalelab/core/error.h"  // defines: SL_CHECK
+#include "scalelab/ops/ops.h"     // defines: cast, sum_squares
+
+namespace scalelab::lab07 {
+inline namespace SL_TRACK_LAB07 {
+
+// =============================================================================================
+// The grid
+// =============================================================================================
+int Grid::size(GridAxis axis) const { return axis == GridAxis::TP ? tp : axis == GridAxis::PP ? pp : dp; }
+
+std::string Grid::describe() const {
+  return "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " x dp " + std::to_string(dp) + " (order " +
+         order + ")";
+}
+
+std::vector<GridAxis> parse_order(const std::string& order) {
+  GridLayout probe;  // common's parser; its error names the order and lists good ones
+  probe.order = order;
+  return probe.axes();
+}
+
+// =============================================================================================
+// This rank's part: its chunks, its groups, its stage
+// =============================================================================================
+ModelShard chunk_shard(const GPTConfig& cfg, const Layout& layout, int chunk) {
+  ModelShard s = lab06::chunk_shard(cfg, layout.pipeline, chunk);  // its layers, embedding, head
+  s.tp_rank = layout.coords.tp_rank;                                // and lab 05's slice of each
+  s.tp_size = layout.grid.tp;
+  return s;
+}
+
+namespace {
+
+// Lab 04's ZeRO-1 state of one chunk on this rank of the dp group, built around the chunk's own buffers as
+// lab04::FSDP builds it around a dense model: per owned unit, its parameters and gradients moved into
+// buffers padded to dp equal shards (the model's unit buffers become views of their first n elements),
+// this rank's shard of each a view, and the optimizer state (AdamW's m and v; the fp32 master copy under
+// a 16-bit policy) of that shard only. A unit the chunk does not own gets an empty layout.
+std::unique_ptr<lab04::FsdpState> make_zero1_state(GPT2& model, Communicator& dp, const OptimizerConfig& oc) {
+  auto s = std::make_unique<lab04::FsdpState>(
+      lab04::FsdpState{model, dp, lab04::ZeroStage::Zero1, oc, /*prefetch=*/0, /*optimizer_steps=*/0, {}, {}});
+  s->units.resize(model.num_units());
+  const Device device = model.device();
+  for (int u = 0; u < model.num_units(); ++u) {
+    lab04::UnitShard& us = s->units[u];
+    if (!model.owns_unit(u)) {
+      us.keep_gathered = false;  // nothing to gather, update or reduce
+      continue;
+    }
+    us.layout = lab04::shard_layout(model.unit_params(u).numel(), dp.rank(), dp.size());
+    const lab04::ShardLayout& l = us.layout;
+    us.full_params = Tensor::zeros({l.padded}, model.unit_params(u).dtype(), device, MemCategory::Params);
+    us.full_params.view(0, {l.numel}).copy_from(model.unit_params(u));  // padding stays 0
+    model.unit_params(u) = us.full_params.view(0, {l.numel});           // the chunk's own buffer is freed
+    us.param_shard = us.full_params.view(l.begin, {l.shard});
+    us.full_grads = Tensor::zeros({l.padded}, DType::F32, device, MemCategory::Grads);
+    model.unit_grads(u) = us.full_grads.view(0, {l.numel});
+    us.grad_shard = us.full_grads.view(l.begin, {l.shard});
+    if (oc.kind == OptimizerConfig::Kind::AdamW) {
+      us.m = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      us.v = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+    }
+    if (model.policy().has_master_copy()) {
+      us.master = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
+      cast(us.master, us.param_shard);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, const Layout& layout,
+                                   const OptimizerConfig& optimizer, const PrecisionPolicy& policy, Device device,
+                                   uint64_t seed, bool zero1) {
+  auto r = std::make_unique<Rank3D>();
+  r->layout = layout;
+  r->groups = make_groups(world, layout);  // YOUR groups
+  SL_CHECK(r->groups.tp && r->groups.pp && r->groups.dp, "make_groups left the tp, pp or dp group empty");
+  SL_CHECK(r->groups.tp->size() == layout.grid.tp && r->groups.pp->size() == layout.grid.pp &&
+               r->groups.dp->size() == layout.grid.dp,
+           "make_groups: groups of %d, %d, %d ranks for %s", r->groups.tp->size(), r->groups.pp->size(),
+           r->groups.dp->size(), layout.grid.describe().c_str());
+  r->points = std::make_unique<lab05::MegatronPoints>(*r->groups.tp, /*sequence_parallel=*/false);
+  std::vector<GPT2*> chunks;
+  for (int c = 0; c < layout.pipeline.v; ++c) {
+    r->models.push_back(std::make_unique<GPT2>(cfg, chunk_shard(cfg, layout, c), policy, device, seed));
+    GPT2& model = *r->models.back();
+    if (layout.grid.tp > 1) model.set_tensor_parallel(r->points.get());  // lab 05's points (tp 1: none)
+    if (zero1) r->zero1.push_back(make_zero1_state(model, *r->groups.dp, optimizer));
+    else r->optimizers.push_back(std::make_unique<Optimizer>(model, optimizer));
+    chunks.push_back(&model);
+  }
+  r->stage = std::make_unique<lab06::Stage>(chunks, layout.pipeline);
+  r->exchange = std::make_unique<lab06::StageExchange>(*r->groups.pp, layout.pipeline);
+  return r;
+}
+
+double zero1_sum_squares(const lab04::FsdpState& s) {
+  const bool tp_rank0 = s.model.shard().tp_rank == 0;
+  double sq = 0.0;
+  for (const ParamInfo& p : s.model.param_table()) {
+    if (p.tied_copy || (p.tp_replicated && !tp_rank0)) continue;  // counted by another rank
+    const lab04::ShardLayout& l = s.units.at(p.unit).layout;
+    const int64_t lo = std::max(p.offset, l.begin), hi = std::min(p.offset + p.numel, l.begin + l.owned);
+    if (lo < hi) sq += sum_squares(s.units[p.unit].grad_shard.view(lo - l.begin, {hi - lo}));
+  }
+  return sq;
+}
+
+// =============================================================================================
+// Forward only
+// =============================================================================================
+float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets) {
+  Tensor loss = Tensor::empty({1}, DType::F32);
+  loss.data<float>()[0] = lab06::forward_loss(*r.stage, *r.exchange, tokens, targets);  // this replica's batch
+  if (r.groups.dp->size() > 1) r.groups.dp->all_reduce(loss, ReduceOp::Avg, "eval loss (dp)");
+  return loss.data<float>()[0];
+}
+
+}  // namespace SL_TRACK_LAB07
+}  // namespace scalelab::lab07
