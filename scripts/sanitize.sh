@@ -43,7 +43,9 @@ supp=$repo/tests/sanitize
 # -g1: line tables only, so a report names file:line at a fraction of -g's compile time.
 if [[ $mode == asan ]]; then
   flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
-  export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_init_order=1"
+  # fast_unwind_on_malloc=0: full allocation stacks, through the libraries built without frame pointers
+  # (OpenMPI, OpenBLAS), so that the leak suppressions of tests/sanitize/lsan.supp can name them.
+  export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=1:strict_init_order=1"
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
   reports="ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:"
