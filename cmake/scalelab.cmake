@@ -149,7 +149,7 @@ endmacro()
 #   CUDA  the same flags for the host compiler (-Xcompiler: the host half of every .cu file), and nvcc's own
 #         diagnostics (front end and ptxas: e.g. "#177-D variable declared but never referenced")
 # SL_WERROR=ON (CI: scripts/test.sh) makes each of them an error: -Werror, -Xcompiler=-Werror, and nvcc's
-# -Werror all-warnings. tests/build/check_warning_flags.py (ctest build.warning_flags) checks that every
+# -Werror=all-warnings. tests/build/check_warning_flags.py (ctest build.warning_flags) checks that every
 # source the build compiles gets these flags.
 set(SL_CXX_WARNINGS -Wall -Wextra -Wno-unused-parameter)
 set(SL_CUDA_WARNINGS -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter)

@@ -87,7 +87,8 @@ def check_flags(build_dir, werror):
             # CUDA_FLAGS[0] is a prefix of the full -Xcompiler list; every other flag must match a whole argument.
             if not any(a == flag or (flag.startswith("-Xcompiler=") and a.startswith(flag + ",")) for a in args):
                 missing.append(f"  {rel}: no {flag}")
-    print(f"check_warning_flags: {counts['cpp']} C++ and {counts['cu']} CUDA sources, SL_WERROR={'ON' if werror else 'OFF'}")
+    print(f"check_warning_flags: {counts['cpp']} C++ and {counts['cu']} CUDA sources, "
+          f"SL_WERROR={'ON' if werror else 'OFF'}")
     if counts["cpp"] == 0:
         print("check_warning_flags: FAIL: no C++ source of the repository in compile_commands.json")
         return 1

@@ -76,7 +76,8 @@ def main():
         if r.returncode != 0:
             failures.append(f"--format exited {r.returncode}")
         new_file = open(os.path.join(tmp, REL)).read()
-        formatted_old = sh(["clang-format", "--style=file", f"--assume-filename={os.path.join(tmp, REL)}"], tmp, OLD).stdout
+        formatted_old = sh(["clang-format", "--style=file", f"--assume-filename={os.path.join(tmp, REL)}"], tmp,
+                           OLD).stdout
         if new_file != formatted_old or new_file == OLD:
             failures.append("the reference file is not clang-format's layout of the old one")
         patch_text = open(os.path.join(tmp, "tests/mistakes/lab01/lab01-demo.patch")).read()
