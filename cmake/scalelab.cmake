@@ -144,9 +144,22 @@ macro(sl_setup_cuda)
 endmacro()
 
 # ---------------------------------------------------------------------------------------------
-# Common compile settings for every scalelab target.
+# Common compile settings for every scalelab target: the warnings, the same for C++ and CUDA.
+#   C++   -Wall -Wextra -Wno-unused-parameter (an unused parameter is often part of an interface)
+#   CUDA  the same flags for the host compiler (-Xcompiler: the host half of every .cu file), and nvcc's own
+#         diagnostics (front end and ptxas: e.g. "#177-D variable declared but never referenced")
+# SL_WERROR=ON (CI: scripts/test.sh) makes each of them an error: -Werror, -Xcompiler=-Werror, and nvcc's
+# -Werror=all-warnings. tests/build/check_warning_flags.py (ctest build.warning_flags) checks that every
+# source the build compiles gets these flags.
+set(SL_CXX_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+set(SL_CUDA_WARNINGS -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter)
+if(SL_WERROR)
+  list(APPEND SL_CXX_WARNINGS -Werror)
+  list(APPEND SL_CUDA_WARNINGS -Xcompiler=-Werror -Werror=all-warnings)
+endif()
 function(sl_target_defaults target)
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${SL_CXX_WARNINGS}>
+                                           $<$<COMPILE_LANGUAGE:CUDA>:${SL_CUDA_WARNINGS}>)
 endfunction()
 
 # Where the reference track's sources come from. Default: the repository's solutions/. The planted-
@@ -187,6 +200,11 @@ function(sl_add_lab NN name)
     target_compile_definitions(${lib} PUBLIC SL_TRACK_LAB${NN}=${track})
     target_link_libraries(${lib} PUBLIC scalelab_common ${A_DEPS})
     sl_target_defaults(${lib})
+    if(track STREQUAL "ref" AND NOT SL_SOLUTIONS_DIR STREQUAL "${PROJECT_SOURCE_DIR}/solutions")
+      # A copy of solutions/ carries a planted mistake (scripts/check_mistakes.py): wrong code on purpose,
+      # which may leave a variable unused. Its warnings stay warnings, so the mistake reaches its check.
+      target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-error>)
+    endif()
   endforeach()
   if(A_DRIVER)
     sl_add_lab_program(${NN} ${name} DRIVER ${A_DRIVER})

@@ -161,7 +161,9 @@ def fence_problems(src_root, mistake):
 
 # The settings --like copies from another build: the ones that change how common/ compiles, so that with
 # ccache (CMake SL_CCACHE) the mistakes' build takes every object but the patched track's from the cache.
-LIKE_KEYS = ("SL_WITH_CUDA", "CMAKE_CUDA_ARCHITECTURES", "SL_WITH_DNNL", "SL_NATIVE", "SL_WITH_MPI")
+# SL_WERROR too (its -Werror is on every command line); the patched copy's own warnings stay warnings
+# (sl_add_lab in cmake/scalelab.cmake), so a mistake that leaves a variable unused still builds.
+LIKE_KEYS = ("SL_WITH_CUDA", "CMAKE_CUDA_ARCHITECTURES", "SL_WITH_DNNL", "SL_NATIVE", "SL_WITH_MPI", "SL_WERROR")
 
 
 def cache_values(build):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the whole test suite, as CI runs it (.ci/run calls this).
-# Installs what it needs (as root), builds both tracks (CUDA compiled for one architecture where nvcc
-# exists), runs every test with ctest, then checks the grader on both tracks of the built labs.
+# Installs what it needs (as root), builds both tracks with warnings as errors (CUDA compiled for one
+# architecture where nvcc exists), runs every test with ctest, then checks the grader on both tracks of the
+# built labs, the planted mistakes and the sanitizer runs (scripts/sanitize.sh).
 #   scripts/test.sh [--build-dir build] [--jobs N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,8 @@ else
 fi
 
 echo "== configure ($build_dir)"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}"
+# SL_WERROR: every compiler warning, C++ and CUDA, fails CI (a learner's own build keeps them warnings).
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_WERROR=ON "${cuda_args[@]}"
 echo "== is scripts/install_deps.sh complete? (every file the configure found comes from a package it installs)"
 scripts/check_deps.py --build-dir "$build_dir" --configure-only  # after the build, ctest build.deps_complete checks headers and libraries too
 echo "== build"
@@ -70,5 +72,10 @@ scripts/notebooks.sh --make-logs --build-dir "$build_dir"  # notebooks run headl
 scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --lint
 scripts/check_mistakes.py --build-dir "${build_dir}-mistakes" --jobs "$jobs" --cover --like "$build_dir" \
   --baseline-from "$build_dir"  # the grader's reference records above are the baseline; ccache serves the build
+# Sanitizers (docs/grading.md "Warnings, sanitizers, format"): the communicator's thread, lab 02's prefetch
+# thread, lab 03's overlap and lab 06's pipeline under ASan+UBSan, then ThreadSanitizer, each in its own CPU-only
+# build; --prove: each planted race, overflow and signed overflow (tests/sanitize/plants/) must be reported.
+scripts/sanitize.sh asan --build-dir "${build_dir}-asan" --jobs "$jobs" --prove
+scripts/sanitize.sh tsan --build-dir "${build_dir}-tsan" --jobs "$jobs" --prove
 scripts/scale_demo.sh --build-dir "$build_dir" --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok --timeout-s 120 --out "$build_dir/scale_demo" && test -s "$build_dir/scale_demo/scale_table.md" || { echo "FAIL: scripts/scale_demo.sh (tiny scaling table, README 'Instructor: the scaling demonstration')"; exit 1; }  # ~20 s
 echo "== all tests passed"
