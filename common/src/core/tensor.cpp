@@ -1,4 +1,5 @@
-// tensor.cpp — Tensor storage and views (tensor.h). CUDA copies go through the CUDA backend.
+// tensor.cpp — Tensor storage and views (tensor.h). CUDA copies go through the CUDA backend; the simulated
+// GPU's memory (Device::SIM) is host memory.
 #include "scalelab/core/tensor.h"
 
 #include <omp.h>  // defines: omp_get_thread_num (zero_ of a large buffer)
@@ -152,7 +153,7 @@ void zero_bytes_streaming(char* p, size_t n) {
 
 void Tensor::zero_() {
   if (nbytes() == 0) return;
-  if (device_ == Device::CPU) {
+  if (device_ != Device::CUDA) {  // the CPU's memory, or the simulated GPU's (host memory too)
     // A large buffer is cleared by every thread, a slice each: one core's stores do not reach the memory
     // bandwidth of the machine (bench_lab01 --breakdown: the gradients' and the backward's zeroing).
     const int64_t n = static_cast<int64_t>(nbytes());
@@ -176,7 +177,7 @@ void Tensor::copy_from(const Tensor& src) {
   SL_CHECK(src.numel() == numel_ && src.dtype() == dtype_, "copy %s %s into %s %s: numel or dtype differ",
            shape_str(src.shape()).c_str(), dtype_name(src.dtype()), shape_str(shape_).c_str(), dtype_name(dtype_));
   if (nbytes() == 0) return;
-  if (device_ == Device::CPU && src.device() == Device::CPU) {
+  if (device_ != Device::CUDA && src.device() != Device::CUDA) {  // CPU and simulated GPU: host memory
     std::memcpy(ptr_, src.raw(), nbytes());
   } else {
 #ifdef SL_WITH_CUDA
