@@ -10,9 +10,10 @@
 #include "scalelab/core/allocator.h"      // defines: Allocator, Device
 #include "scalelab/core/clock.h"          // defines: VirtualClock, clock_is_virtual
 #include "scalelab/core/error.h"          // defines: Error, OutOfMemory
+#include "scalelab/core/precision.h"      // defines: PrecisionPolicy
 #include "scalelab/core/sim_gpu.h"        // defines: GpuModel, sim_gpu_set, sim_gpu, sim_gpu_clear
 #include "scalelab/core/tensor.h"         // defines: Tensor, DeviceCodeScope
-#include "scalelab/measure/calibration.h"  // defines: datasheet_peak (the MFU peak table)
+#include "scalelab/measure/calibration.h"  // defines: datasheet_peak, device_peak (the MFU peaks)
 
 namespace scalelab {
 namespace {
@@ -75,6 +76,16 @@ TEST(SimGpu, PeaksAreTheDatasheetTableOfTheMfuPeaks) {
     EXPECT_EQ(GpuModel::preset(name).bf16_flops_per_s, entry->bf16_flops_per_s) << name;
     EXPECT_EQ(GpuModel::preset(name).fp32_flops_per_s, entry->fp32_flops_per_s) << name;
   }
+}
+
+// MFU on the simulated device divides by the simulated GPU's peak at the run's matmul precision.
+TEST(SimGpu, TheMfuPeakOfTheSimDeviceIsTheSimulatedGpus) {
+  ActiveGpu gpu(GpuModel::preset("h200"));
+  const Peak fp32 = device_peak(Device::SIM, PrecisionPolicy::fp32(), 1);
+  EXPECT_EQ(fp32.flops_per_s, 67e12);
+  EXPECT_TRUE(contains(fp32.source, "simulated H200 SXM")) << fp32.source;
+  EXPECT_TRUE(contains(fp32.source, "virtual time")) << fp32.source;
+  EXPECT_EQ(device_peak(Device::SIM, PrecisionPolicy::bf16_compute(), 1).flops_per_s, 989e12);
 }
 
 TEST(SimGpu, AnUnknownNameIsRefusedNamingTheAcceptedOnes) {

@@ -1,10 +1,12 @@
 // test_gpt2_sim.cpp — GPT-2 on the simulated GPU (Device::SIM, docs/simulation.md): the CPU kernels compute,
 // so the loss, the gradients and the updated weights are the CPU's bit for bit, while the virtual clock
 // advances by exactly the modelled cost of every op and copy of the step (listed here by hand from the
-// model's code, common/src/model/gpt2.cpp), and the same run gives the same virtual time every time.
+// model's code, common/src/model/gpt2.cpp), and the same run gives the same virtual time every time. Every
+// path of common/model (precisions, attention, recompute, clipping, sampling, checkpoints) runs on SIM.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>  // defines: std::remove
 #include <cstring>
 #include <random>
 #include <vector>
@@ -14,7 +16,9 @@
 #include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
 #include "scalelab/core/tensor.h"     // defines: Tensor
 #include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
+#include "scalelab/model/sample.h"    // defines: sample_text
+#include "scalelab/model/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
 #include "scalelab/ops/op_cost.h"     // defines: op_seconds, op_cost::<op>
 
 namespace scalelab {
@@ -38,6 +42,15 @@ std::vector<uint8_t> host_bytes(const Tensor& t) {
   return std::vector<uint8_t>(p, p + h.nbytes());
 }
 
+// How a run differs from the default (fp32, materialized attention, no recompute, no clipping).
+struct Variant {
+  const char* name = "fp32";
+  PrecisionPolicy policy = PrecisionPolicy::fp32();
+  AttentionImpl attention = AttentionImpl::Materialized;
+  Recompute recompute = Recompute::None;
+  float clip = 0.0f;  // max gradient norm; 0: no clipping
+};
+
 struct StepResult {
   float loss = 0;
   std::vector<std::vector<uint8_t>> grads, params;  // per unit, after the step
@@ -46,10 +59,12 @@ struct StepResult {
 
 // Two training steps of the tiny model on `device` (zero_grad, forward from host tokens, backward, AdamW);
 // the second is the one compared and timed (the first allocates the activations and the scratch).
-StepResult train(Device device, const GpuModel* gpu) {
+StepResult train(Device device, const GpuModel* gpu, const Variant& v = Variant{}) {
   const GPTConfig cfg = GPTConfig::preset("tiny");
   if (gpu != nullptr) sim_gpu_set(*gpu);
-  GPT2 model(cfg, PrecisionPolicy::fp32(), device, /*seed=*/7);
+  GPT2 model(cfg, v.policy, device, /*seed=*/7);
+  model.set_attention(v.attention);
+  model.set_recompute(v.recompute);
   Optimizer opt(model, OptimizerConfig{});
   StepResult r;
   for (int step = 0; step < 2; ++step) {
@@ -58,6 +73,7 @@ StepResult train(Device device, const GpuModel* gpu) {
     model.zero_grad();
     r.loss = model.forward(tokens, &targets);
     model.backward();
+    if (v.clip > 0) clip_grad_norm(model, v.clip);
     opt.step(1e-3f);
     r.step_s = VirtualClock::get().compute_s() - t0;
   }
@@ -162,6 +178,58 @@ TEST(Gpt2Sim, TheSameRunGivesTheSameVirtualTimeEveryTime) {
   const StepResult other = train(Device::SIM, &rtx);
   EXPECT_NE(other.step_s, first.step_s);
   EXPECT_EQ(other.loss, first.loss);
+}
+
+// Every path of the model runs with all its tensors on SIM (no host read of device memory anywhere in
+// common/model) and computes the CPU's bits: the bf16 policies (casts, master weights), flash attention,
+// both recompute modes, gradient clipping (sum_squares, scale_).
+TEST(Gpt2Sim, EveryPathOfTheModelComputesTheCpusBitsOnSim) {
+  const GpuModel h200 = GpuModel::preset("h200");
+  Variant bf16_mixed, bf16_compute, flash, selective, full, clip;
+  bf16_mixed.name = "bf16_mixed";
+  bf16_mixed.policy = PrecisionPolicy::bf16_mixed();
+  bf16_compute.name = "bf16_compute";
+  bf16_compute.policy = PrecisionPolicy::bf16_compute();
+  flash.name = "flash attention";
+  flash.attention = AttentionImpl::Flash;
+  selective.name = "selective recompute";
+  selective.recompute = Recompute::Selective;
+  full.name = "full recompute";
+  full.recompute = Recompute::Full;
+  clip.name = "clip_grad_norm";
+  clip.clip = 1e-3f;  // far below the tiny model's gradient norm: every gradient is scaled
+  for (const Variant& v : {bf16_mixed, bf16_compute, flash, selective, full, clip}) {
+    const StepResult cpu = train(Device::CPU, nullptr, v);
+    const StepResult sim = train(Device::SIM, &h200, v);
+    EXPECT_EQ(sim.loss, cpu.loss) << v.name;
+    EXPECT_EQ(sim.grads, cpu.grads) << v.name;
+    EXPECT_EQ(sim.params, cpu.params) << v.name;
+    EXPECT_GT(sim.step_s, 0.0) << v.name;
+  }
+}
+
+// Sampling reads the logits and a checkpoint the weights through copies to the host, so both work on SIM.
+TEST(Gpt2Sim, SamplingAndTrainCheckpointsWorkOnSim) {
+  const GPTConfig cfg = GPTConfig::preset("demo");  // the byte vocabulary sample_text needs
+  sim_gpu_set(GpuModel::preset("h100"));
+  GPT2 cpu_model(cfg, PrecisionPolicy::fp32(), Device::CPU, /*seed=*/3);
+  GPT2 sim_model(cfg, PrecisionPolicy::fp32(), Device::SIM, /*seed=*/3);
+  Rng rng_cpu(11), rng_sim(11);
+  EXPECT_EQ(sample_text(sim_model, "In the beginning", 8, rng_sim), sample_text(cpu_model, "In the beginning", 8, rng_cpu));
+
+  Optimizer opt(sim_model, OptimizerConfig{});
+  TrainState state;
+  state.step = 5;
+  const std::string path = ::testing::TempDir() + "gpt2_sim_ckpt.bin";
+  save_train_checkpoint(path, sim_model, opt, state);
+  GPT2 loaded(cfg, PrecisionPolicy::fp32(), Device::SIM, /*seed=*/99);  // other weights until loaded
+  Optimizer loaded_opt(loaded, OptimizerConfig{});
+  EXPECT_EQ(load_train_checkpoint(path, loaded, loaded_opt).step, 5);
+  for (int u = 0; u < loaded.num_units(); ++u)
+    EXPECT_EQ(host_bytes(loaded.unit_params(u)), host_bytes(sim_model.unit_params(u))) << "unit " << u;
+  std::remove(path.c_str());
+  sim_gpu_clear();
+  Allocator::get(Device::SIM).set_capacity_bytes(0);
 }
 
 }  // namespace
