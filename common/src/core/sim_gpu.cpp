@@ -32,22 +32,23 @@ constexpr double kTera = 1e12;  // FLOP/s per TFLOP/s, bytes/s per TB/s
 constexpr double kGB = 1e9;     // bytes per GB (decimal, as datasheets count)
 constexpr double kUs = 1e-6;    // seconds per microsecond
 
-// What every preset shares (the comment above says why).
-GpuModel common_figures() {
-  GpuModel m;
-  m.launch_s = 5 * kUs;
-  m.eff_matmul = 0.75;
-  m.eff_attention = 0.50;
-  m.eff_memory = 0.85;
-  return m;
-}
-
-GpuModel pcie5_sxm(GpuModel m) {  // H100 and H200 SXM: PCIe 5.0 to the host, NVLink between GPUs
-  m.host_link_bytes_per_s = 50 * kGB;
-  m.host_link = "PCIe 5.0 x16";
-  m.intra_node_link = "nvlink";
-  return m;
-}
+// One row per preset: the figures that differ between GPUs (the comment above says where each comes from).
+struct PresetRow {
+  const char* name;
+  const char* display_name;
+  double bf16_tflops, fp32_tflops;  // dense peaks, TFLOP/s
+  double hbm_tb_per_s;              // TB/s
+  double memory_gb;                 // GB (1e9 bytes)
+  double host_gb_per_s;             // GB/s, one direction
+  const char* host_link;
+  const char* intra_node_link;      // LinkModel preset between the GPUs of one node
+};
+constexpr PresetRow kPresets[] = {
+    {"h100", "simulated H100 SXM", 989, 67, 3.35, 80, 50, "PCIe 5.0 x16", "nvlink"},
+    {"h200", "simulated H200 SXM", 989, 67, 4.8, 141, 50, "PCIe 5.0 x16", "nvlink"},
+    {"a100", "simulated A100 SXM 80GB", 312, 19.5, 2.039, 80, 25, "PCIe 4.0 x16", "nvlink"},
+    {"rtx4090", "simulated GeForce RTX 4090", 165, 82.6, 1.008, 24, 25, "PCIe 4.0 x16", "pcie"},  // no NVLink
+};
 }  // namespace
 
 const char* op_class_name(OpClass c) {
@@ -85,47 +86,34 @@ double GpuModel::zero_seconds(int64_t nbytes) const {
   return launch_s + static_cast<double>(nbytes) / (hbm_bytes_per_s * eff_memory);
 }
 
-std::vector<std::string> GpuModel::preset_names() { return {"h100", "h200", "a100", "rtx4090"}; }
+std::vector<std::string> GpuModel::preset_names() {
+  std::vector<std::string> names;
+  for (const PresetRow& row : kPresets) names.push_back(row.name);
+  return names;
+}
 
 GpuModel GpuModel::preset(const std::string& name) {
-  GpuModel m = common_figures();
-  m.name = name;
-  if (name == "h100") {
-    m = pcie5_sxm(m);
-    m.display_name = "simulated H100 SXM";
-    m.bf16_flops_per_s = 989 * kTera;
-    m.fp32_flops_per_s = 67 * kTera;
-    m.hbm_bytes_per_s = 3.35 * kTera;
-    m.memory_bytes = static_cast<int64_t>(80 * kGB);
-  } else if (name == "h200") {
-    m = pcie5_sxm(m);
-    m.display_name = "simulated H200 SXM";
-    m.bf16_flops_per_s = 989 * kTera;
-    m.fp32_flops_per_s = 67 * kTera;
-    m.hbm_bytes_per_s = 4.8 * kTera;
-    m.memory_bytes = static_cast<int64_t>(141 * kGB);
-  } else if (name == "a100") {
-    m.display_name = "simulated A100 SXM 80GB";
-    m.bf16_flops_per_s = 312 * kTera;
-    m.fp32_flops_per_s = 19.5 * kTera;
-    m.hbm_bytes_per_s = 2.039 * kTera;
-    m.memory_bytes = static_cast<int64_t>(80 * kGB);
-    m.host_link_bytes_per_s = 25 * kGB;
-    m.host_link = "PCIe 4.0 x16";
-    m.intra_node_link = "nvlink";
-  } else if (name == "rtx4090") {
-    m.display_name = "simulated GeForce RTX 4090";
-    m.bf16_flops_per_s = 165 * kTera;
-    m.fp32_flops_per_s = 82.6 * kTera;
-    m.hbm_bytes_per_s = 1.008 * kTera;
-    m.memory_bytes = static_cast<int64_t>(24 * kGB);
-    m.host_link_bytes_per_s = 25 * kGB;
-    m.host_link = "PCIe 4.0 x16";
-    m.intra_node_link = "pcie";  // no NVLink on the card: GPUs of one node talk over PCIe
-  } else {
-    SL_FAIL("use one of: h100, h200, a100, rtx4090 (--sim-gpu)", "unknown simulated GPU '%s'", name.c_str());
+  for (const PresetRow& row : kPresets) {
+    if (name != row.name) continue;
+    GpuModel m;
+    m.name = row.name;
+    m.display_name = row.display_name;
+    m.bf16_flops_per_s = row.bf16_tflops * kTera;
+    m.fp32_flops_per_s = row.fp32_tflops * kTera;
+    m.hbm_bytes_per_s = row.hbm_tb_per_s * kTera;
+    m.memory_bytes = static_cast<int64_t>(row.memory_gb * kGB);
+    m.host_link_bytes_per_s = row.host_gb_per_s * kGB;
+    m.host_link = row.host_link;
+    m.intra_node_link = row.intra_node_link;
+    m.launch_s = 5 * kUs;  // the same for every GPU, as are the efficiencies
+    m.eff_matmul = 0.75;
+    m.eff_attention = 0.50;
+    m.eff_memory = 0.85;
+    return m;
   }
-  return m;
+  std::string names;
+  for (const PresetRow& row : kPresets) names += std::string(names.empty() ? "" : ", ") + row.name;
+  SL_FAIL("use one of: " + names + " (--sim-gpu)", "unknown simulated GPU '%s'", name.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------
