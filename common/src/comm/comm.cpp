@@ -17,6 +17,7 @@
 
 #include "comm_internal.h"    // defines: EventLog, make_event, check_*, backend factories
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/clock.h"  // defines: clock_now_ms, clock_wall_origin_steady_ms
 
 namespace scalelab {
 
@@ -42,21 +43,13 @@ double bus_factor(const std::string& op, int n) {
           "bus_factor: unknown op '%s'", op.c_str());
 }
 
-// The communication clock: steady, in ms, 0 at the first call (make_communicator calls it first).
+// The communication clock is the kit's clock (core/clock.h): steady ms, 0 at its first use (make_communicator
+// calls it first), or the virtual compute stream's time on a simulated GPU.
 namespace {
-using SteadyClock = std::chrono::steady_clock;
-SteadyClock::time_point clock_origin() {
-  static const SteadyClock::time_point origin = SteadyClock::now();
-  return origin;
-}
-double origin_host_ms() {  // the origin on the host's steady clock (its own epoch: boot, on Linux)
-  return std::chrono::duration<double, std::milli>(clock_origin().time_since_epoch()).count();
-}
+double origin_host_ms() { return clock_wall_origin_steady_ms(); }  // that 0 on the host's steady clock
 }  // namespace
 
-double Communicator::now_ms() {
-  return std::chrono::duration<double, std::milli>(SteadyClock::now() - clock_origin()).count();
-}
+double Communicator::now_ms() { return clock_now_ms(); }
 
 // ---------------------------------------------------------------------------------------------
 // The group and its link

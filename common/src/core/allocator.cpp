@@ -39,7 +39,14 @@ size_t round_up(size_t n, size_t g) {
 
 }  // namespace
 
-const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::CPU: return "cpu";
+    case Device::CUDA: return "cuda";
+    case Device::SIM: return "sim";
+  }
+  return "?";
+}
 
 const char* mem_category_name(MemCategory c) {
   switch (c) {
@@ -70,7 +77,13 @@ Allocator& Allocator::get(Device device) {
   // at exit: the OS and the CUDA driver reclaim all of a process's memory when it ends.
   static Allocator* const cpu = new Allocator(Device::CPU);
   static Allocator* const gpu = new Allocator(Device::CUDA);
-  return device == Device::CPU ? *cpu : *gpu;
+  static Allocator* const sim = new Allocator(Device::SIM);  // host memory, counted apart from the host's
+  switch (device) {
+    case Device::CPU: return *cpu;
+    case Device::CUDA: return *gpu;
+    case Device::SIM: return *sim;
+  }
+  return *cpu;
 }
 
 size_t Allocator::size_class(size_t nbytes) {
@@ -219,7 +232,7 @@ std::vector<void*> Allocator::take_cache_locked() {
 }
 
 void* Allocator::raw_allocate(size_t nbytes) {
-  if (device_ == Device::CPU) {
+  if (device_ != Device::CUDA) {  // CPU, and the simulated GPU's memory, which is host memory
     const size_t rounded = round_up(nbytes, 64);  // aligned_alloc needs a multiple of the alignment
     if (rounded % 64 != 0) return nullptr;        // only where rounding would overflow: no system grants it
     return std::aligned_alloc(64, rounded);
@@ -234,7 +247,7 @@ void* Allocator::raw_allocate(size_t nbytes) {
 
 void Allocator::raw_free(void* ptr) {
   if (!ptr) return;
-  if (device_ == Device::CPU) {
+  if (device_ != Device::CUDA) {
     std::free(ptr);
   } else {
 #ifdef SL_WITH_CUDA

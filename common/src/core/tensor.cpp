@@ -1,4 +1,5 @@
-// tensor.cpp — Tensor storage and views (tensor.h). CUDA copies go through the CUDA backend.
+// tensor.cpp — Tensor storage and views (tensor.h). CUDA copies go through the CUDA backend; the simulated
+// GPU's memory (Device::SIM) is host memory, its copies and zeroing timed by the active GPU model.
 #include "scalelab/core/tensor.h"
 
 #include <omp.h>  // defines: omp_get_thread_num (zero_ of a large buffer)
@@ -11,7 +12,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "scalelab/core/clock.h"    // defines: VirtualClock (SIM copies are charged to its compute stream)
 #include "scalelab/core/error.h"
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu, sim_gpu_active, GpuModel::copy_seconds
 
 #include "scalelab/core/cuda_device.h"  // defines: cuda::memcpy_any, cuda::memset_zero (with SL_WITH_CUDA)
 
@@ -114,10 +117,23 @@ constexpr DType dtype_of<bf16>() { return DType::BF16; }
 template <>
 constexpr DType dtype_of<int32_t>() { return DType::I32; }
 
+namespace {
+thread_local int device_code_depth = 0;  // open DeviceCodeScopes of this thread
+}  // namespace
+
+DeviceCodeScope::DeviceCodeScope() { ++device_code_depth; }
+DeviceCodeScope::~DeviceCodeScope() { --device_code_depth; }
+bool DeviceCodeScope::active() { return device_code_depth > 0; }
+
 template <typename T>
 T* Tensor::data() const {
   SL_CHECK(dtype_ == dtype_of<T>(), "tensor %s has dtype %s, asked for %s", shape_str(shape_).c_str(),
            dtype_name(dtype_), dtype_name(dtype_of<T>()));
+  SL_CHECK_HINT(device_ != Device::SIM || DeviceCodeScope::active(),
+                "copy it to a CPU tensor first (h.copy_from(d), with h = Tensor::empty(d.shape(), d.dtype())), as "
+                "host code must for GPU memory",
+                "host code read the simulated GPU's memory: data<%s>() of a SIM tensor %s", dtype_name(dtype_),
+                shape_str(shape_).c_str());
   return static_cast<T*>(ptr_);
 }
 template float* Tensor::data<float>() const;
@@ -150,9 +166,20 @@ void zero_bytes_streaming(char* p, size_t n) {
 
 }  // namespace
 
+namespace {
+// docs/simulation.md rule 3: a copy or a memset that touches SIM memory queues its modelled time on the
+// compute stream, by the active model (returned here). Without one (a test of a communicator backend that
+// moves SIM buffers and times nothing) it is not charged: nullptr. The ops refuse to run without one.
+const GpuModel* sim_model_for(Device dst, Device src) {
+  return (dst == Device::SIM || src == Device::SIM) && sim_gpu_active() ? &sim_gpu() : nullptr;
+}
+}  // namespace
+
 void Tensor::zero_() {
   if (nbytes() == 0) return;
-  if (device_ == Device::CPU) {
+  if (const GpuModel* m = sim_model_for(device_, device_))
+    VirtualClock::get().advance_compute(m->zero_seconds(static_cast<int64_t>(nbytes())));
+  if (device_ != Device::CUDA) {  // the CPU's memory, or the simulated GPU's (host memory too)
     // A large buffer is cleared by every thread, a slice each: one core's stores do not reach the memory
     // bandwidth of the machine (bench_lab01 --breakdown: the gradients' and the backward's zeroing).
     const int64_t n = static_cast<int64_t>(nbytes());
@@ -176,7 +203,9 @@ void Tensor::copy_from(const Tensor& src) {
   SL_CHECK(src.numel() == numel_ && src.dtype() == dtype_, "copy %s %s into %s %s: numel or dtype differ",
            shape_str(src.shape()).c_str(), dtype_name(src.dtype()), shape_str(shape_).c_str(), dtype_name(dtype_));
   if (nbytes() == 0) return;
-  if (device_ == Device::CPU && src.device() == Device::CPU) {
+  if (const GpuModel* m = sim_model_for(device_, src.device()))
+    VirtualClock::get().advance_compute(m->copy_seconds(static_cast<int64_t>(nbytes()), device_, src.device()));
+  if (device_ != Device::CUDA && src.device() != Device::CUDA) {  // CPU and simulated GPU: host memory
     std::memcpy(ptr_, src.raw(), nbytes());
   } else {
 #ifdef SL_WITH_CUDA

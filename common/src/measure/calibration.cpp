@@ -28,6 +28,7 @@
 #include "scalelab/core/bf16.h"     // defines: bf16, float_to_bf16
 #include "scalelab/core/device.h"   // defines: cuda_device_name
 #include "scalelab/core/error.h"    // defines: SL_CHECK, SL_FAIL
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu (the simulated GPU's peak)
 #include "scalelab/measure/metrics.h"  // defines: system_info (CPU model)
 #include "scalelab/ops/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend, cpu::blas_kernel
 #include "scalelab/core/threads.h"  // defines: set_num_threads, num_threads
@@ -416,6 +417,11 @@ Peak device_peak(Device device, const PrecisionPolicy& policy, int threads) {
   if (device == Device::CPU) {
     const Calibration c = load_or_calibrate(threads, "runs/calibration", 3.0, bf16 ? GemmKind::Bf16 : GemmKind::Fp32);
     return {c.flops_per_s, c.source, c.id};
+  }
+  if (device == Device::SIM) {  // the active simulated GPU's datasheet figure: MFU in that GPU's terms
+    const GpuModel& gpu = sim_gpu();
+    return {gpu.peak_flops_per_s(bf16 ? DType::BF16 : DType::F32),
+            "datasheet: " + gpu.display_name + (bf16 ? " dense bf16" : " fp32") + ", virtual time", ""};
   }
   const std::string name = cuda_device_name();
   const auto entry = datasheet_peak(name);

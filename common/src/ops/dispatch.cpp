@@ -3,7 +3,9 @@
 // tensor and its shape (the same checks for both devices), then hands its tensors' pointers and sizes to
 // run_twin, which calls the twin of their device: scalelab::cuda::<op> (common/src/ops/cuda/) for CUDA
 // tensors, scalelab::cpu::<op> (common/src/ops/cpu/) otherwise, both declared once in scalelab/ops/twins.h.
-// In a build without the CUDA backend, CUDA tensors throw with a hint.
+// In a build without the CUDA backend, CUDA tensors throw with a hint. On the simulated GPU (Device::SIM) the
+// CPU twin computes and the op's modelled time (its op_cost:: from the shapes checked here) is charged to
+// the virtual clock. Every op is device code (DeviceCodeScope, tensor.h): it reads its tensors' memory.
 // Tests: tests/common/ops/test_ops_cpu.cpp, tests/common/ops/test_ops_cuda.cpp
 #include <chrono>  // defines: std::chrono::steady_clock (the op profile)
 #include <climits>
@@ -12,8 +14,11 @@
 #include <optional>
 #include <utility>
 
+#include "scalelab/core/clock.h"      // defines: VirtualClock (the simulated GPU's compute stream)
 #include "scalelab/core/device.h"     // defines: device_synchronize
 #include "scalelab/core/error.h"      // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/sim_gpu.h"    // defines: sim_gpu (the active GPU model)
+#include "scalelab/ops/op_cost.h"     // defines: OpCost, op_seconds, op_cost::<op>
 #include "scalelab/ops/op_profile.h"  // defines: op_profile_enabled, op_profile_add
 #include "scalelab/ops/ops.h"     // defines: the scalelab:: ops implemented here
 #include "scalelab/ops/twins.h"   // defines: their cpu:: and cuda:: twins (the cuda:: ones exist with CUDA only)
@@ -95,11 +100,13 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // The dispatch, one helper for every op:
-//   run_twin(__func__, {&out, &inp, ...}, SL_TWINS(gelu_forward), out.data<float>(), inp.data<float>(), n);
+//   run_twin(__func__, {&out, &inp, ...}, op_cost::gelu_forward(n), SL_TWINS(gelu_forward), out.data<float>(),
+//            inp.data<float>(), n);
 // calls cuda::gelu_forward(args...) when the listed tensors live on the GPU, cpu::gelu_forward(args...)
 // otherwise (nullptr entries, optional tensors, are skipped). The two twins have the same signature by
-// construction (twins.h declares both from twin_ops.inc). Throws when the tensors sit on different devices,
-// and for CUDA tensors in a build without the CUDA backend, where SL_TWINS names no cuda:: function.
+// construction (twins.h declares both from twin_ops.inc). On SIM tensors it first charges the op's cost
+// (charge_sim below). Throws when the tensors sit on different devices, and for CUDA tensors in a build
+// without the CUDA backend, where SL_TWINS names no cuda:: function.
 template <class T>
 struct NonDeduced {  // the CUDA twin's type is taken from the CPU twin's, so nullptr fits it too
   using type = T;
@@ -132,12 +139,22 @@ class OpTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// docs/simulation.md rules 1-2: an op on the simulated GPU queues its modelled seconds on the compute stream
+// of the virtual clock, and the op profile (op_profile.h) records those modelled ms, not the CPU's wall
+// time. Throws, with a hint, when no GPU model is active (sim_gpu).
+void charge_sim(const char* op, const OpCost& cost) {
+  const double seconds = op_seconds(cost, sim_gpu());
+  VirtualClock::get().advance_compute(seconds);
+  op_profile_add(op, 1e3 * seconds);  // does nothing while the profile is off
+}
+
 template <class R, class... P, class... A>
-R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, R (*cpu_twin)(P...),
+R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, const OpCost& cost, R (*cpu_twin)(P...),
            typename NonDeduced<R (*)(P...)>::type cuda_twin, A&&... args) {
   const Device device = device_of(op, tensors);
-  std::optional<OpTimer> timer;  // the profile's entry for this call, written when it goes out of scope
-  if (op_profile_enabled()) timer.emplace(op, device);
+  if (device == Device::SIM) charge_sim(op, cost);
+  std::optional<OpTimer> timer;  // the profile's entry for this call (wall time), written when it goes out of scope
+  if (op_profile_enabled() && device != Device::SIM) timer.emplace(op, device);
   if (device == Device::CUDA) {
     SL_CHECK_HINT(cuda_twin != nullptr, kCudaHint, "%s: got CUDA tensors, but this build has no CUDA backend", op);
     return cuda_twin(std::forward<A>(args)...);
@@ -157,6 +174,7 @@ R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, R (*cpu
 // Encoder (token + position embedding)
 
 void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(tokens, DType::I32);
   SL_OPS_DTYPE(wte, DType::F32);
   SL_OPS_DTYPE(wpe, DType::F32);
@@ -172,11 +190,13 @@ void encoder_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const
   SL_CHECK(wpe.size(1) == C && wpe.size(0) >= T, "wpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(wpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
   check_index_range(__func__, "tokens", tokens, V);
-  run_twin(__func__, {&out, &tokens, &wte, &wpe}, SL_TWINS(encoder_forward), out.data<float>(), tokens.data<int32_t>(),
-           wte.data<float>(), wpe.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+  run_twin(__func__, {&out, &tokens, &wte, &wpe}, op_cost::encoder_forward(B, T, C), SL_TWINS(encoder_forward),
+           out.data<float>(), tokens.data<int32_t>(), wte.data<float>(), wpe.data<float>(), static_cast<int>(B),
+           static_cast<int>(T), static_cast<int>(C));
 }
 
 void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dwte, DType::F32);
   SL_OPS_DTYPE(dwpe, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
@@ -192,8 +212,9 @@ void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tens
   SL_CHECK(dwpe.size(1) == C && dwpe.size(0) >= T, "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld)",
            shape_str(dwpe.shape()).c_str(), static_cast<long long>(T), static_cast<long long>(C));
   check_index_range(__func__, "tokens", tokens, V);
-  run_twin(__func__, {&dwte, &dwpe, &dout, &tokens}, SL_TWINS(encoder_backward), dwte.data<float>(), dwpe.data<float>(),
-           dout.data<float>(), tokens.data<int32_t>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+  run_twin(__func__, {&dwte, &dwpe, &dout, &tokens}, op_cost::encoder_backward(B, T, C), SL_TWINS(encoder_backward),
+           dwte.data<float>(), dwpe.data<float>(), dout.data<float>(), tokens.data<int32_t>(), static_cast<int>(B),
+           static_cast<int>(T), static_cast<int>(C));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,6 +222,7 @@ void encoder_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tens
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
                        const Tensor& bias) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(mean, DType::F32);
   SL_OPS_DTYPE(rstd, DType::F32);
@@ -216,13 +238,14 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   SL_OPS_SHAPE(bias, (Shape{C}));
   SL_OPS_NUMEL(mean, N);  // one per row: (N) or (B,T)
   SL_OPS_NUMEL(rstd, N);
-  run_twin(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}, SL_TWINS(layernorm_forward), out.data<float>(),
-           mean.data<float>(), rstd.data<float>(), inp.data<float>(), weight.data<float>(), bias.data<float>(), N,
-           static_cast<int>(C));
+  run_twin(__func__, {&out, &mean, &rstd, &inp, &weight, &bias}, op_cost::layernorm_forward(N, C),
+           SL_TWINS(layernorm_forward), out.data<float>(), mean.data<float>(), rstd.data<float>(), inp.data<float>(),
+           weight.data<float>(), bias.data<float>(), N, static_cast<int>(C));
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
                         const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dinp, DType::F32);
   SL_OPS_DTYPE(dweight, DType::F32);
   SL_OPS_DTYPE(dbias, DType::F32);
@@ -242,9 +265,10 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   SL_OPS_SHAPE(dbias, (Shape{C}));
   SL_OPS_NUMEL(mean, N);
   SL_OPS_NUMEL(rstd, N);
-  run_twin(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}, SL_TWINS(layernorm_backward),
-           dinp.data<float>(), dweight.data<float>(), dbias.data<float>(), dout.data<float>(), inp.data<float>(),
-           weight.data<float>(), mean.data<float>(), rstd.data<float>(), N, static_cast<int>(C));
+  run_twin(__func__, {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd}, op_cost::layernorm_backward(N, C),
+           SL_TWINS(layernorm_backward), dinp.data<float>(), dweight.data<float>(), dbias.data<float>(),
+           dout.data<float>(), inp.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), N,
+           static_cast<int>(C));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -311,43 +335,51 @@ void check_linear_grads(const char* op, const Tensor* dinp, const Tensor* dweigh
 }  // namespace
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  DeviceCodeScope device_code;
   const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::F32, "bias", bias);
   const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
-  run_twin(__func__, {&out, &inp, &weight, bias}, SL_TWINS(matmul_forward), out.data<float>(), inp.data<float>(),
-           weight.data<float>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {&out, &inp, &weight, bias}, op_cost::matmul_forward(d.N, d.C, d.OC, bias != nullptr),
+           SL_TWINS(matmul_forward), out.data<float>(), inp.data<float>(), weight.data<float>(), bias_ptr, d.N,
+           static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight) {
+  DeviceCodeScope device_code;
   const LinearDims d = check_linear(__func__, "dout", dout, DType::F32, inp, weight, DType::F32, "dbias", dbias);
   check_linear_grads(__func__, dinp, dweight, dbias, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
   float* dweight_ptr = dweight != nullptr ? dweight->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward), dinp_ptr, dweight_ptr,
-           dbias_ptr, dout.data<float>(), inp.data<float>(), weight.data<float>(), d.N, static_cast<int>(d.C),
-           static_cast<int>(d.OC));
+  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight},
+           op_cost::matmul_backward(d.N, d.C, d.OC, dinp != nullptr, dweight != nullptr, dbias != nullptr),
+           SL_TWINS(matmul_backward), dinp_ptr, dweight_ptr, dbias_ptr, dout.data<float>(), inp.data<float>(),
+           weight.data<float>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 // bf16 operands (PrecisionPolicy::bf16_compute): the same checks, with inp, weight and dout bf16 and
 // everything the op writes (and the bias) fp32.
 void matmul_forward_bf16(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  DeviceCodeScope device_code;
   const LinearDims d = check_linear(__func__, "out", out, DType::F32, inp, weight, DType::BF16, "bias", bias);
   const float* bias_ptr = bias != nullptr ? bias->data<float>() : nullptr;
-  run_twin(__func__, {&out, &inp, &weight, bias}, SL_TWINS(matmul_forward_bf16), out.data<float>(), inp.data<bf16>(),
-           weight.data<bf16>(), bias_ptr, d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {&out, &inp, &weight, bias}, op_cost::matmul_forward(d.N, d.C, d.OC, bias != nullptr, DType::BF16),
+           SL_TWINS(matmul_forward_bf16), out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), bias_ptr, d.N,
+           static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 void matmul_backward_bf16(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight) {
+  DeviceCodeScope device_code;
   const LinearDims d = check_linear(__func__, "dout", dout, DType::BF16, inp, weight, DType::BF16, "dbias", dbias);
   check_linear_grads(__func__, dinp, dweight, dbias, inp, weight);
   float* dinp_ptr = dinp != nullptr ? dinp->data<float>() : nullptr;
   float* dweight_ptr = dweight != nullptr ? dweight->data<float>() : nullptr;
   float* dbias_ptr = dbias != nullptr ? dbias->data<float>() : nullptr;
-  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight}, SL_TWINS(matmul_backward_bf16), dinp_ptr,
-           dweight_ptr, dbias_ptr, dout.data<bf16>(), inp.data<bf16>(), weight.data<bf16>(), d.N,
-           static_cast<int>(d.C), static_cast<int>(d.OC));
+  run_twin(__func__, {dinp, dweight, dbias, &dout, &inp, &weight},
+           op_cost::matmul_backward(d.N, d.C, d.OC, dinp != nullptr, dweight != nullptr, dbias != nullptr, DType::BF16),
+           SL_TWINS(matmul_backward_bf16), dinp_ptr, dweight_ptr, dbias_ptr, dout.data<bf16>(), inp.data<bf16>(),
+           weight.data<bf16>(), d.N, static_cast<int>(d.C), static_cast<int>(d.OC));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,17 +410,19 @@ QkvDims check_qkv(const char* op, const Tensor& qkv, int NH) {
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(att, DType::F32);
   const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
-  run_twin(__func__, {&out, &att, &qkv}, SL_TWINS(attention_forward), out.data<float>(), att.data<float>(),
-           qkv.data<float>(), B, T, C, NH);
+  run_twin(__func__, {&out, &att, &qkv}, op_cost::attention_forward(B, T, C, NH), SL_TWINS(attention_forward),
+           out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C, NH);
 }
 
 void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                         int NH) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dqkv, DType::F32);
   SL_OPS_DTYPE(datt, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
@@ -399,24 +433,27 @@ void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Te
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_OPS_SHAPE(att, (Shape{B, NH, T, T}));
   SL_OPS_SHAPE(datt, (Shape{B, NH, T, T}));
-  run_twin(__func__, {&dqkv, &datt, &dout, &qkv, &att}, SL_TWINS(attention_backward), dqkv.data<float>(),
-           datt.data<float>(), dout.data<float>(), qkv.data<float>(), att.data<float>(), B, T, C, NH);
+  run_twin(__func__, {&dqkv, &datt, &dout, &qkv, &att}, op_cost::attention_backward(B, T, C, NH),
+           SL_TWINS(attention_backward), dqkv.data<float>(), datt.data<float>(), dout.data<float>(), qkv.data<float>(),
+           att.data<float>(), B, T, C, NH);
 }
 
 // Flash-style attention: the same qkv checks; lse (B,NH,T) replaces att (B,NH,T,T). The CUDA twin checks
 // its own limit (HS <= 128) and says so.
 void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(lse, DType::F32);
   const auto [B, T, C] = check_qkv(__func__, qkv, NH);
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  run_twin(__func__, {&out, &lse, &qkv}, SL_TWINS(attention_forward_flash), out.data<float>(), lse.data<float>(),
-           qkv.data<float>(), B, T, C, NH);
+  run_twin(__func__, {&out, &lse, &qkv}, op_cost::attention_forward_flash(B, T, C, NH),
+           SL_TWINS(attention_forward_flash), out.data<float>(), lse.data<float>(), qkv.data<float>(), B, T, C, NH);
 }
 
 void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, int NH) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dqkv, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_DTYPE(qkv, DType::F32);
@@ -427,31 +464,36 @@ void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   SL_OPS_SHAPE(dout, (Shape{B, T, C}));
   SL_OPS_SHAPE(out, (Shape{B, T, C}));
   SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
-  run_twin(__func__, {&dqkv, &dout, &qkv, &out, &lse}, SL_TWINS(attention_backward_flash), dqkv.data<float>(),
-           dout.data<float>(), qkv.data<float>(), out.data<float>(), lse.data<float>(), B, T, C, NH);
+  run_twin(__func__, {&dqkv, &dout, &qkv, &out, &lse}, op_cost::attention_backward_flash(B, T, C, NH),
+           SL_TWINS(attention_backward_flash), dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
+           out.data<float>(), lse.data<float>(), B, T, C, NH);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise: GELU and the residual add (any shapes with matching element counts).
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(inp, DType::F32);
   SL_OPS_NUMEL(out, inp.numel());
-  run_twin(__func__, {&out, &inp}, SL_TWINS(gelu_forward), out.data<float>(), inp.data<float>(), inp.numel());
+  run_twin(__func__, {&out, &inp}, op_cost::gelu_forward(inp.numel()), SL_TWINS(gelu_forward), out.data<float>(),
+           inp.data<float>(), inp.numel());
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dinp, DType::F32);
   SL_OPS_DTYPE(inp, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(dinp, inp.numel());
   SL_OPS_NUMEL(dout, inp.numel());
-  run_twin(__func__, {&dinp, &inp, &dout}, SL_TWINS(gelu_backward), dinp.data<float>(), inp.data<float>(),
-           dout.data<float>(), inp.numel());
+  run_twin(__func__, {&dinp, &inp, &dout}, op_cost::gelu_backward(inp.numel()), SL_TWINS(gelu_backward),
+           dinp.data<float>(), inp.data<float>(), dout.data<float>(), inp.numel());
 }
 
 void add_bias_(Tensor& out, const Tensor& bias) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(bias, DType::F32);
   SL_OPS_NDIM(bias, 1);
@@ -459,34 +501,37 @@ void add_bias_(Tensor& out, const Tensor& bias) {
   SL_OPS_FITS_INT(OC);
   SL_CHECK(out.ndim() >= 1 && out.size(-1) == OC, "out has shape %s, expected (..., OC=%lld) to match bias %s",
            shape_str(out.shape()).c_str(), static_cast<long long>(OC), shape_str(bias.shape()).c_str());
-  run_twin(__func__, {&out, &bias}, SL_TWINS(add_bias), out.data<float>(), bias.data<float>(), out.numel() / OC,
-           static_cast<int>(OC));
+  run_twin(__func__, {&out, &bias}, op_cost::add_bias(out.numel() / OC, OC), SL_TWINS(add_bias), out.data<float>(),
+           bias.data<float>(), out.numel() / OC, static_cast<int>(OC));
 }
 
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(out, DType::F32);
   SL_OPS_DTYPE(a, DType::F32);
   SL_OPS_DTYPE(b, DType::F32);
   SL_OPS_NUMEL(b, a.numel());
   SL_OPS_NUMEL(out, a.numel());
-  run_twin(__func__, {&out, &a, &b}, SL_TWINS(residual_forward), out.data<float>(), a.data<float>(), b.data<float>(),
-           a.numel());
+  run_twin(__func__, {&out, &a, &b}, op_cost::residual_forward(a.numel()), SL_TWINS(residual_forward),
+           out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
 }
 
 void residual_backward(Tensor& da, Tensor& db, const Tensor& dout) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(da, DType::F32);
   SL_OPS_DTYPE(db, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
   SL_OPS_NUMEL(da, dout.numel());
   SL_OPS_NUMEL(db, dout.numel());
-  run_twin(__func__, {&da, &db, &dout}, SL_TWINS(residual_backward), da.data<float>(), db.data<float>(),
-           dout.data<float>(), dout.numel());
+  run_twin(__func__, {&da, &db, &dout}, op_cost::residual_backward(dout.numel()), SL_TWINS(residual_backward),
+           da.data<float>(), db.data<float>(), dout.data<float>(), dout.numel());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Softmax + cross-entropy. logits (B,T,V) (or (N,V)); targets and losses one per row.
 
 void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(losses, DType::F32);
   SL_OPS_DTYPE(probs, DType::F32);
   SL_OPS_DTYPE(logits, DType::F32);
@@ -499,11 +544,13 @@ void softmax_crossentropy_forward(Tensor& losses, Tensor& probs, const Tensor& l
   SL_OPS_NUMEL(targets, N);  // (B,T)
   SL_OPS_NUMEL(losses, N);   // (B,T)
   check_index_range(__func__, "targets", targets, V);
-  run_twin(__func__, {&losses, &probs, &logits, &targets}, SL_TWINS(softmax_crossentropy_forward), losses.data<float>(),
-           probs.data<float>(), logits.data<float>(), targets.data<int32_t>(), N, static_cast<int>(V));
+  run_twin(__func__, {&losses, &probs, &logits, &targets}, op_cost::softmax_crossentropy_forward(N, V),
+           SL_TWINS(softmax_crossentropy_forward), losses.data<float>(), probs.data<float>(), logits.data<float>(),
+           targets.data<int32_t>(), N, static_cast<int>(V));
 }
 
 void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(dlogits, DType::F32);
   SL_OPS_DTYPE(probs, DType::F32);
   SL_OPS_DTYPE(targets, DType::I32);
@@ -514,8 +561,9 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
   SL_OPS_SHAPE(dlogits, probs.shape());
   SL_OPS_NUMEL(targets, N);
   check_index_range(__func__, "targets", targets, V);
-  run_twin(__func__, {&dlogits, &probs, &targets}, SL_TWINS(softmax_crossentropy_backward), dlogits.data<float>(),
-           probs.data<float>(), targets.data<int32_t>(), dloss, N, static_cast<int>(V));
+  run_twin(__func__, {&dlogits, &probs, &targets}, op_cost::softmax_crossentropy_backward(N, V),
+           SL_TWINS(softmax_crossentropy_backward), dlogits.data<float>(), probs.data<float>(), targets.data<int32_t>(),
+           dloss, N, static_cast<int>(V));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -538,6 +586,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, DType dt, int
 
 void encoder_forward_vocab_shard(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor* wpe,
                                  int64_t vocab_begin) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(tokens, DType::I32);
   SL_OPS_DTYPE(wte_shard, DType::F32);
   SL_OPS_DTYPE(out, DType::F32);
@@ -554,13 +603,15 @@ void encoder_forward_vocab_shard(Tensor& out, const Tensor& tokens, const Tensor
     SL_CHECK(wpe->dtype() == DType::F32 && wpe->ndim() == 2 && wpe->size(1) == C && wpe->size(0) >= T,
              "wpe has shape %s, expected (maxT >= T=%lld, C=%lld) f32", shape_str(wpe->shape()).c_str(),
              static_cast<long long>(T), static_cast<long long>(C));
-  run_twin(__func__, {&out, &tokens, &wte_shard, wpe}, SL_TWINS(encoder_forward_vocab_shard), out.data<float>(),
-           tokens.data<int32_t>(), wte_shard.data<float>(), wpe != nullptr ? wpe->data<float>() : nullptr, vocab_begin,
-           static_cast<int>(Vl), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C));
+  run_twin(__func__, {&out, &tokens, &wte_shard, wpe}, op_cost::encoder_forward_vocab_shard(B, T, C, wpe != nullptr),
+           SL_TWINS(encoder_forward_vocab_shard), out.data<float>(), tokens.data<int32_t>(), wte_shard.data<float>(),
+           wpe != nullptr ? wpe->data<float>() : nullptr, vocab_begin, static_cast<int>(Vl), static_cast<int>(B),
+           static_cast<int>(T), static_cast<int>(C));
 }
 
 void encoder_backward_vocab_shard(Tensor& dwte_shard, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                                   int64_t vocab_begin) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(tokens, DType::I32);
   SL_OPS_DTYPE(dwte_shard, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
@@ -576,50 +627,58 @@ void encoder_backward_vocab_shard(Tensor& dwte_shard, Tensor* dwpe, const Tensor
     SL_CHECK(dwpe->dtype() == DType::F32 && dwpe->ndim() == 2 && dwpe->size(1) == C && dwpe->size(0) >= T,
              "dwpe has shape %s, expected (maxT >= T=%lld, C=%lld) f32", shape_str(dwpe->shape()).c_str(),
              static_cast<long long>(T), static_cast<long long>(C));
-  run_twin(__func__, {&dwte_shard, dwpe, &dout, &tokens}, SL_TWINS(encoder_backward_vocab_shard),
+  run_twin(__func__, {&dwte_shard, dwpe, &dout, &tokens},
+           op_cost::encoder_backward_vocab_shard(B, T, C, Vl, dwpe != nullptr), SL_TWINS(encoder_backward_vocab_shard),
            dwte_shard.data<float>(), dwpe != nullptr ? dwpe->data<float>() : nullptr, dout.data<float>(),
            tokens.data<int32_t>(), vocab_begin, static_cast<int>(Vl), static_cast<int>(B), static_cast<int>(T),
            static_cast<int>(C));
 }
 
 void logits_row_max(Tensor& maxes, const Tensor& logits) {
+  DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, logits);
   check_rows(__func__, "maxes", maxes, DType::F32, N);
-  run_twin(__func__, {&maxes, &logits}, SL_TWINS(logits_row_max), maxes.data<float>(), logits.data<float>(), N,
-           static_cast<int>(logits.size(-1)));
+  run_twin(__func__, {&maxes, &logits}, op_cost::logits_row_max(N, logits.size(-1)), SL_TWINS(logits_row_max),
+           maxes.data<float>(), logits.data<float>(), N, static_cast<int>(logits.size(-1)));
 }
 
 void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
                                        const Tensor& maxes, const Tensor& targets, int64_t vocab_begin) {
+  DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, logits);
   check_rows(__func__, "sumexp", sumexp, DType::F32, N);
   check_rows(__func__, "target_logit", target_logit, DType::F32, N);
   check_rows(__func__, "maxes", maxes, DType::F32, N);
   check_rows(__func__, "targets", targets, DType::I32, N);
-  run_twin(__func__, {&sumexp, &target_logit, &logits, &maxes, &targets}, SL_TWINS(crossentropy_vocab_shard_partials),
+  run_twin(__func__, {&sumexp, &target_logit, &logits, &maxes, &targets},
+           op_cost::crossentropy_vocab_shard_partials(N, logits.size(-1)), SL_TWINS(crossentropy_vocab_shard_partials),
            sumexp.data<float>(), target_logit.data<float>(), logits.data<float>(), maxes.data<float>(),
            targets.data<int32_t>(), vocab_begin, N, static_cast<int>(logits.size(-1)));
 }
 
 void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& maxes,
                                      const Tensor& sumexp, const Tensor& target_logit) {
+  DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, logits);
   SL_OPS_SHAPE(probs, logits.shape());
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"losses", &losses}, {"maxes", &maxes},
                                 {"sumexp", &sumexp}, {"target_logit", &target_logit}})
     check_rows(__func__, name, *t, DType::F32, N);
   run_twin(__func__, {&losses, &probs, &logits, &maxes, &sumexp, &target_logit},
-           SL_TWINS(crossentropy_vocab_shard_finish), losses.data<float>(), probs.data<float>(), logits.data<float>(),
-           maxes.data<float>(), sumexp.data<float>(), target_logit.data<float>(), N, static_cast<int>(logits.size(-1)));
+           op_cost::crossentropy_vocab_shard_finish(N, logits.size(-1)), SL_TWINS(crossentropy_vocab_shard_finish),
+           losses.data<float>(), probs.data<float>(), logits.data<float>(), maxes.data<float>(), sumexp.data<float>(),
+           target_logit.data<float>(), N, static_cast<int>(logits.size(-1)));
 }
 
 void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
                                        int64_t vocab_begin, float dloss) {
+  DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, probs);
   SL_OPS_SHAPE(dlogits, probs.shape());
   check_rows(__func__, "targets", targets, DType::I32, N);
-  run_twin(__func__, {&dlogits, &probs, &targets}, SL_TWINS(crossentropy_vocab_shard_backward), dlogits.data<float>(),
-           probs.data<float>(), targets.data<int32_t>(), vocab_begin, dloss, N, static_cast<int>(probs.size(-1)));
+  run_twin(__func__, {&dlogits, &probs, &targets}, op_cost::crossentropy_vocab_shard_backward(N, probs.size(-1)),
+           SL_TWINS(crossentropy_vocab_shard_backward), dlogits.data<float>(), probs.data<float>(),
+           targets.data<int32_t>(), vocab_begin, dloss, N, static_cast<int>(probs.size(-1)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -627,6 +686,7 @@ void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, con
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t t) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(param, DType::F32);
   SL_OPS_DTYPE(grad, DType::F32);
   SL_OPS_DTYPE(m, DType::F32);
@@ -636,39 +696,46 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float
   SL_OPS_NUMEL(v, param.numel());
   SL_CHECK(t >= 1, "AdamW step t=%lld must be >= 1 (the bias correction divides by 1 - beta^t)",
            static_cast<long long>(t));
-  run_twin(__func__, {&param, &grad, &m, &v}, SL_TWINS(adamw_update), param.data<float>(), grad.data<float>(),
-           m.data<float>(), v.data<float>(), param.numel(), lr, beta1, beta2, eps, weight_decay, t);
+  run_twin(__func__, {&param, &grad, &m, &v}, op_cost::adamw_update(param.numel()), SL_TWINS(adamw_update),
+           param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), lr, beta1, beta2,
+           eps, weight_decay, t);
 }
 
 void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(param, DType::F32);
   SL_OPS_DTYPE(grad, DType::F32);
   SL_OPS_NUMEL(grad, param.numel());
-  run_twin(__func__, {&param, &grad}, SL_TWINS(sgd_update), param.data<float>(), grad.data<float>(), param.numel(), lr,
-           weight_decay);
+  run_twin(__func__, {&param, &grad}, op_cost::sgd_update(param.numel()), SL_TWINS(sgd_update), param.data<float>(),
+           grad.data<float>(), param.numel(), lr, weight_decay);
 }
 
 double sum_squares(const Tensor& t) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(t, DType::F32);
-  return run_twin(__func__, {&t}, SL_TWINS(sum_squares), t.data<float>(), t.numel());
+  return run_twin(__func__, {&t}, op_cost::sum_squares(t.numel()), SL_TWINS(sum_squares), t.data<float>(), t.numel());
 }
 
 void scale_(Tensor& t, float s) {
+  DeviceCodeScope device_code;
   SL_OPS_DTYPE(t, DType::F32);
-  run_twin(__func__, {&t}, SL_TWINS(scale), t.data<float>(), t.numel(), s);
+  run_twin(__func__, {&t}, op_cost::scale(t.numel()), SL_TWINS(scale), t.data<float>(), t.numel(), s);
 }
 
 void add_(Tensor& t, const Tensor& x) { residual_forward(t, t, x); }
 
 void cast(Tensor& dst, const Tensor& src) {
+  DeviceCodeScope device_code;
   SL_OPS_NUMEL(dst, src.numel());
   if (dst.dtype() == src.dtype()) {
     device_of(__func__, {&dst, &src});
     if (dst.raw() != src.raw()) dst.copy_from(src);  // same dtype: a copy (memcpy or cudaMemcpy)
   } else if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
-    run_twin(__func__, {&dst, &src}, SL_TWINS(cast_f32_to_bf16), dst.data<bf16>(), src.data<float>(), src.numel());
+    run_twin(__func__, {&dst, &src}, op_cost::cast(src.numel(), DType::BF16, DType::F32), SL_TWINS(cast_f32_to_bf16),
+             dst.data<bf16>(), src.data<float>(), src.numel());
   } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
-    run_twin(__func__, {&dst, &src}, SL_TWINS(cast_bf16_to_f32), dst.data<float>(), src.data<bf16>(), src.numel());
+    run_twin(__func__, {&dst, &src}, op_cost::cast(src.numel(), DType::F32, DType::BF16), SL_TWINS(cast_bf16_to_f32),
+             dst.data<float>(), src.data<bf16>(), src.numel());
   } else {
     SL_FAIL("cast converts f32 <-> bf16 (or copies one dtype); token ids (i32) are not cast",
             "cannot cast %s %s to %s %s", dtype_name(src.dtype()), shape_str(src.shape()).c_str(),

@@ -15,8 +15,11 @@
 
 namespace scalelab {
 
-enum class Device { CPU, CUDA };
-const char* device_name(Device d);
+// CPU: host memory, CPU kernels, real time. CUDA: a real GPU. SIM: a simulated GPU (docs/simulation.md):
+// its memory is host memory the CPU kernels compute on, but it is counted apart from the host's (its own
+// Allocator, whose cap is the simulated GPU's capacity) and timed by the virtual clock (core/clock.h).
+enum class Device { CPU, CUDA, SIM };
+const char* device_name(Device d);  // "cpu", "cuda", "sim"
 
 // What an allocation is for. Labs report memory by these categories (log key memory_<name>_bytes).
 enum class MemCategory : int {

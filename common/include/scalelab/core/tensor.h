@@ -1,6 +1,7 @@
 // tensor.h — a small owning/view tensor: shape, dtype, device, always contiguous.
 // Storage comes from the counting Allocator (allocator.h), tagged with a MemCategory.
-// A view shares its parent's storage (no bytes counted twice). Tests: tests/common/core/test_tensor.cpp
+// A view shares its parent's storage (no bytes counted twice). Host code reads a device tensor only
+// through a copy (DeviceCodeScope below). Tests: tests/common/core/test_tensor.cpp, tests/common/core/test_sim_gpu.cpp
 #pragma once
 
 #include <cstdint>
@@ -46,13 +47,20 @@ class Tensor {
   Device device() const { return device_; }
   bool defined() const { return storage_ != nullptr; }
 
+  // The address, for comparisons (aliasing checks) and for device code; host code must not read a SIM or
+  // CUDA tensor through it.
   void* raw() const { return ptr_; }
-  // Typed pointer; throws if T does not match dtype (float <-> F32, bf16 <-> BF16, int32_t <-> I32).
+  // Typed pointer; throws if T does not match dtype (float <-> F32, bf16 <-> BF16, int32_t <-> I32), and for
+  // a SIM tensor outside device code (DeviceCodeScope): as on a GPU, the host reads device memory only
+  // through a copy (copy_from into a CPU tensor).
   template <typename T>
   T* data() const;
 
-  void zero_();            // memset to 0 (CPU) or cudaMemset (CUDA)
-  void copy_from(const Tensor& src);  // same numel and dtype; any devices
+  // Set to 0: memset (CPU), cudaMemset (CUDA); on SIM charged to the virtual clock (core/sim_gpu.h).
+  void zero_();
+  // Same numel and dtype; any devices. A copy to or from SIM is charged to the virtual clock: over the host
+  // link when the other side is the host, at HBM bandwidth SIM to SIM (docs/simulation.md rule 3).
+  void copy_from(const Tensor& src);
 
  private:
   struct Storage;
@@ -65,5 +73,21 @@ class Tensor {
 };
 
 int64_t numel_of(const Shape& shape);
+
+// Device code: the code that runs "on" the simulated GPU and so may read and write SIM tensors' memory
+// through data<T>(): the ops' dispatch and their twins (common/src/ops/), the copy and zero code above,
+// and the communicator backends, which move device buffers as NCCL does. Such code opens a scope for as
+// long as it touches device memory; everything else is host code, which must copy a SIM tensor to a CPU
+// tensor first, as it must on a real GPU:
+//   { DeviceCodeScope device_code;  float* p = d_buf.data<float>();  ... }
+// Per thread, and nested scopes count (a scope inside another changes nothing).
+class DeviceCodeScope {
+ public:
+  DeviceCodeScope();
+  ~DeviceCodeScope();
+  DeviceCodeScope(const DeviceCodeScope&) = delete;
+  DeviceCodeScope& operator=(const DeviceCodeScope&) = delete;
+  static bool active();  // this thread is inside at least one scope
+};
 
 }  // namespace scalelab

@@ -97,6 +97,8 @@ const std::vector<PeakEntry>& datasheet_peaks();  // the whole table, for printi
 //   CUDA  the current device's datasheet figure at the run's matmul precision: dense bf16 for
 //         bf16-compute, plain fp32 otherwise (bf16-mixed's matmuls are fp32 GEMMs on fp32 copies). A GPU missing from the table gets no borrowed number:
 //         flops_per_s = 0, the source says why, and the caller reports MFU as not measured.
+//   SIM   the active simulated GPU's (core/sim_gpu.h) figure at the same precision; its source names the
+//         simulated GPU and says "virtual time". Throws when no simulated GPU is active.
 // Used by labs/01_single_device/main.cpp and bench/bench_lab01.cpp.
 struct Peak {
   double flops_per_s = 0;      // per device, FLOP/s; 0 = unknown (MFU not reported)

@@ -6,7 +6,8 @@
 //
 // Timing: on the CPU each op's own wall time (the ops are synchronous). On a GPU a launch returns before
 // the kernel ends, so a profiled op synchronizes the device after it: each op's time is then its own, and
-// the step is slower by the synchronizations (a few microseconds each). An op called inside another (none
+// the step is slower by the synchronizations (a few microseconds each). On the simulated GPU
+// (Device::SIM) each op's modelled time (ops/op_cost.h), the time it adds to the virtual clock. An op called inside another (none
 // of ops.h does today) counts toward the outer one only. Off (the default), the cost is one relaxed load
 // per op. Thread-safe: ops of several threads (the pipeline's ranks of a local communicator) add to one
 // table.
@@ -22,7 +23,7 @@ struct OpTime {
   std::string phase;  // op_profile_phase's name when the op ran ("" before any)
   std::string op;     // the ops.h function: "matmul_forward", "layernorm_backward", ...
   int64_t calls = 0;
-  double ms = 0;      // wall time of all its calls, milliseconds
+  double ms = 0;      // time of all its calls, milliseconds: wall time, or modelled time on SIM
 };
 
 // Turns the profile on (the table is emptied) or off (the table is kept for op_profile_table).

@@ -1,0 +1,54 @@
+// clock.h — the one clock every timing of the kit reads, and the virtual clock of a simulated GPU.
+// Real runs (CPU ranks, GPUs) are timed by the wall clock (steady, ms since the process first asked). A run
+// on the simulated GPU (Device::SIM, docs/simulation.md) is timed by a virtual clock instead: each op on a
+// simulated device advances this rank's compute stream by its modelled time, each collective of the sim
+// backend completes on the communication stream at the time the link model gives, and nothing sleeps. The
+// same program, the same seed and the same options then give the same step times, bit for bit, however
+// busy the machine is. Tests: tests/common/core/test_clock.cpp
+#pragma once
+
+namespace scalelab {
+
+// Milliseconds on the kit's clock: the virtual compute stream's time while the virtual clock is on
+// (VirtualClock::start), else the steady wall clock, 0 at its first use in the process. Communicator::now_ms,
+// the training loop's step times and every timeline read this, so they line up with each other.
+double clock_now_ms();
+// True while the virtual clock is on: timings are simulated, deterministic, and must say so.
+bool clock_is_virtual();
+// Where clock_now_ms's wall-clock 0 lies on the steady clock's own epoch (boot, on Linux), in ms: processes
+// of one machine compare their wall times through it (a message's send time, common/src/comm/comm.cpp).
+double clock_wall_origin_steady_ms();
+
+// The virtual clock of this process (one rank per process, as mpirun starts them). Two streams, as a GPU
+// has: the compute stream, where ops run one after another, and the communication stream, where the
+// collectives and messages of the sim backend run one after another, beside the compute. Times are
+// seconds since start(). The host is taken to wait for the compute stream (every op is synchronous in
+// virtual time), so "now" is the compute stream's time; overlap happens between the two streams.
+// Thread-safe (the loader's prefetch thread may copy while the main thread computes), but the times are a
+// function of the order of calls, so a run is deterministic only where that order is.
+class VirtualClock {
+ public:
+  static VirtualClock& get();
+
+  // Turns virtual time on (both streams at 0 s) or off. start() while on restarts at 0.
+  void start();
+  void stop();
+  bool on() const;
+
+  // The compute stream: when its last queued work ends (seconds), queue `seconds` more work (an op's
+  // modelled time; >= 0), or wait for an event at t_s (the stream resumes at max(now, t_s): a Work::wait
+  // of a collective that completes at t_s).
+  double compute_s() const;
+  void advance_compute(double seconds);
+  void wait_compute_until(double t_s);
+
+  // The communication stream: when its last queued call ends. The sim backend starts a call at
+  // max(compute_s(), comm_s()) and sets comm_s to its completion.
+  double comm_s() const;
+  void set_comm_s(double t_s);
+
+ private:
+  VirtualClock() = default;
+};
+
+}  // namespace scalelab

@@ -1,0 +1,96 @@
+// clock.cpp — the kit's clock and the virtual clock of a simulated GPU (core/clock.h).
+#include "scalelab/core/clock.h"
+
+#include <algorithm>  // defines: std::max
+#include <chrono>     // defines: std::chrono::steady_clock
+#include <mutex>      // defines: std::mutex, std::lock_guard
+
+#include "scalelab/core/error.h"  // defines: SL_CHECK
+
+namespace scalelab {
+
+namespace {
+using SteadyClock = std::chrono::steady_clock;
+
+SteadyClock::time_point wall_origin() {
+  static const SteadyClock::time_point origin = SteadyClock::now();
+  return origin;
+}
+
+// The virtual clock's state: one per process.
+struct VirtualState {
+  std::mutex mu;
+  bool on = false;
+  double compute_s = 0.0;  // when the compute stream's queued work ends
+  double comm_s = 0.0;     // when the communication stream's queued calls end
+};
+VirtualState& state() {
+  static VirtualState s;
+  return s;
+}
+}  // namespace
+
+double clock_now_ms() {
+  VirtualState& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.on) return 1e3 * s.compute_s;
+  }
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - wall_origin()).count();
+}
+
+bool clock_is_virtual() { return VirtualClock::get().on(); }
+
+double clock_wall_origin_steady_ms() {
+  return std::chrono::duration<double, std::milli>(wall_origin().time_since_epoch()).count();
+}
+
+VirtualClock& VirtualClock::get() {
+  static VirtualClock clock;
+  return clock;
+}
+
+void VirtualClock::start() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().on = true;
+  state().compute_s = 0.0;
+  state().comm_s = 0.0;
+}
+
+void VirtualClock::stop() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().on = false;
+}
+
+bool VirtualClock::on() const {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().on;
+}
+
+double VirtualClock::compute_s() const {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().compute_s;
+}
+
+void VirtualClock::advance_compute(double seconds) {
+  SL_CHECK(seconds >= 0.0, "VirtualClock::advance_compute(%g): a duration cannot be negative", seconds);
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().compute_s += seconds;
+}
+
+void VirtualClock::wait_compute_until(double t_s) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().compute_s = std::max(state().compute_s, t_s);
+}
+
+double VirtualClock::comm_s() const {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().comm_s;
+}
+
+void VirtualClock::set_comm_s(double t_s) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().comm_s = t_s;
+}
+
+}  // namespace scalelab
