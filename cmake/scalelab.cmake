@@ -286,7 +286,8 @@ function(sl_read_lab_manifests)
     file(READ ${path} json)
     string(JSON type ERROR_VARIABLE err TYPE "${json}")
     if(err OR NOT type STREQUAL "OBJECT")
-      message(FATAL_ERROR "${where}: not a JSON object (${err}).\n  hint: python3 scripts/lib/labs.py check names what is wrong")
+      message(FATAL_ERROR "${where}: not a JSON object (${err}).\n"
+                          "  hint: python3 scripts/lib/labs.py check names what is wrong")
     endif()
     foreach(key number name)
       string(JSON ${key} ERROR_VARIABLE err GET "${json}" ${key})
@@ -370,8 +371,8 @@ function(sl_write_labs_json)
     endif()
     string(APPEND labs "${json}")  # not a CMake list: a manifest's text may hold ';'
   endforeach()
-  file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/labs.json CONTENT
-       "{\"source_dir\": \"${PROJECT_SOURCE_DIR}\", \"build_dir\": \"${CMAKE_BINARY_DIR}\",\n\"labs\": [\n${labs}\n]}\n")
+  set(dirs "\"source_dir\": \"${PROJECT_SOURCE_DIR}\", \"build_dir\": \"${CMAKE_BINARY_DIR}\"")
+  file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/labs.json CONTENT "{${dirs},\n\"labs\": [\n${labs}\n]}\n")
 endfunction()
 
 # sl_add_tool(<name> SOURCES ... [DEPS ...]): a program in bin/ shared by both tracks.

@@ -100,6 +100,7 @@ fi
 # ---- execute every notebook ----
 echo "== notebooks: executing ${NOTEBOOKS[*]} on $RUNS_ROOT"
 t0=$SECONDS
-"$PY" notebooks/execute.py --runs-root "$RUNS_ROOT" --out "$OUT" "${NOTEBOOKS[@]}" 2> >(grep -v "Kernel is running over TCP" >&2) \
+"$PY" notebooks/execute.py --runs-root "$RUNS_ROOT" --out "$OUT" "${NOTEBOOKS[@]}" \
+  2> >(grep -v "Kernel is running over TCP" >&2) \
   || die "a notebook failed (above); its executed copy is in $OUT" "open it in Jupyter to see the failing cell"
 echo "   executed in $((SECONDS - t0)) s; notebooks and PNG plots in $OUT (total $((SECONDS - t_start)) s)"

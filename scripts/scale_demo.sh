@@ -169,8 +169,9 @@ declare -A PROG SINGLE  # per lab: its reference program; 1 for a one-process pr
 for lab in $LABS; do
   eval "$(labs_py shell "$lab" --track reference)"
   PROG[$lab]="$lab_exe"; SINGLE[$lab]="$lab_single_process"
+  target="${lab_target:-lab${lab}_${lab_name}_ref}"
   [[ -n "$lab_exe" && -x "$lab_exe" ]] || die "lab $lab's reference program ${lab_exe:-(not in $BUILD/labs.json)} not found" \
-    "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target ${lab_target:-lab${lab}_${lab_name}_ref} (or pass --build-dir)"
+    "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target $target (or pass --build-dir)"
 done
 read -r -a launcher <<< "$LAUNCHER"
 command -v "${launcher[0]}" >/dev/null 2>&1 || die "launcher '${launcher[0]}' not found" \

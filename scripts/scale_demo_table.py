@@ -84,8 +84,8 @@ def last_of_rank0(frame: pd.DataFrame, key: str) -> float:
 
 
 def pipeline_note(run: sl.Run) -> str:
-    """A pipeline (table_note "pipeline", lab 06): the schedule, m, and the measured bubble (median over the timed steps and stages) beside the
-    formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
+    """A pipeline (table_note "pipeline", lab 06): the schedule, m, and the measured bubble (median over the timed
+    steps and stages) beside the formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
     cfg, s = run.config, timed_steps(run)
     bubble = float(s["bubble"].median()) if not s.empty and "bubble" in s else math.nan
     # Without uniform compute the idle share is the bubble plus every message and the optimizer step: far
@@ -142,7 +142,7 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 row["note"] = f"batch {run.config['B']} per step (one device)"
             if table_note == "pipeline" and n > 1:  # a pipeline's exposed comm holds its bubble: the stages' idle time
                 row["note"] = pipeline_note(run)
-            if table_note == "grid":  # the grid, then its pipelines' bubble (the waits of all four groups are exposed comm)
+            if table_note == "grid":  # the grid, then its pipelines' bubble (all four groups' waits are exposed comm)
                 cfg = run.config
                 row["note"] = (f"tp {cfg.get('tp')} x pp {cfg.get('pp')} x dp {cfg.get('dp')} ({cfg.get('order')}), "
                                + pipeline_note(run))

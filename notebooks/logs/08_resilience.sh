@@ -8,4 +8,5 @@ mpirun --oversubscribe --bind-to none -np 2 "$PROGRAM" --data data/kjv --model t
   --poison-at-step 45 --poison-rank 1 --spike-window 8 --val-every 0 --val-batches 1 --threads 1 \
   --straggler-window 0 --quiet "${CAL[@]}" --log-dir "$RUNS_ROOT" --run-id spike > "$tmp/lab08.out" 2>&1 \
   || { cat "$tmp/lab08.out"; die "lab 08 run (a poisoned window) failed"; }
-grep -q "rollback at step 45" "$tmp/lab08.out" || { cat "$tmp/lab08.out"; die "lab 08's poisoned run did not roll back"; }
+grep -q "rollback at step 45" "$tmp/lab08.out" \
+  || { cat "$tmp/lab08.out"; die "lab 08's poisoned run did not roll back"; }

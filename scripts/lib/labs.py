@@ -53,11 +53,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIELDS = {
     "number": (str, True), "name": (str, True), "title": (str, True), "you_write": (str, True),
     "graded_on": (str, True), "twins": (list, True), "given": (list, False), "driver": ((str, type(None)), True),
-    "deps": (list, False), "program_deps": (list, False), "notes": (str, False), "ranks": (dict, True), "corpus": (bool, True),
-    "tests": (list, True), "notebooks": (list, False), "notebook_logs": ((str, type(None)), False),
-    "scale_demo": ((dict, type(None)), False),
+    "deps": (list, False), "program_deps": (list, False), "notes": (str, False), "ranks": (dict, True),
+    "corpus": (bool, True), "tests": (list, True), "notebooks": (list, False),
+    "notebook_logs": ((str, type(None)), False), "scale_demo": ((dict, type(None)), False),
 }
-DEFAULTS = {"given": [], "deps": [], "program_deps": [], "notes": "", "notebooks": [], "notebook_logs": None, "scale_demo": None}
+DEFAULTS = {"given": [], "deps": [], "program_deps": [], "notes": "", "notebooks": [], "notebook_logs": None,
+            "scale_demo": None}
 SCALE_NOTES = (None, "batch", "pipeline", "grid")  # scripts/scale_demo_table.py: what a row's note adds
 # What the readers add (and <build>/labs.json holds besides the manifest): the lab's folders, whether it
 # is graded, whether its program is one process, and the build's programs per track.
@@ -182,7 +183,8 @@ def check(root=REPO):
         if os.path.isdir(sol):
             extra = sorted(set(os.listdir(sol)) - set(lab["twins"]))
             if extra:
-                problems.append(f"{rel}: {lab['solutions_dir']}/ holds {', '.join(extra)}, which \"twins\" does not name")
+                problems.append(f"{rel}: {lab['solutions_dir']}/ holds {', '.join(extra)}, "
+                                f"which \"twins\" does not name")
         elif lab["twins"]:
             problems.append(f"{rel}: \"twins\" names files, but {lab['solutions_dir']}/ does not exist")
         for key in ("given", "driver"):
@@ -196,11 +198,13 @@ def check(root=REPO):
                     if other is None or not other["twins"] or d >= lab["number"]:
                         problems.append(f"{rel}: {key} \"{d}\" is not an earlier lab with TODOs (lab{d}_ref)")
                 elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", d) or not exists(f"{lab['dir']}/lab.cmake"):
-                    problems.append(f"{rel}: {key} \"{d}\" is neither a lab number nor a target of {lab['dir']}/lab.cmake")
+                    problems.append(f"{rel}: {key} \"{d}\" is neither a lab number nor a target of "
+                                    f"{lab['dir']}/lab.cmake")
         if lab["graded"] and not lab["driver"] and lab["program_deps"]:
             problems.append(f"{rel}: \"program_deps\" without a \"driver\"")
         if lab["ranks"]["allowed"] != "any" and lab["ranks"]["default"] not in lab["ranks"]["allowed"]:
-            problems.append(f"{rel}: ranks: the default {lab['ranks']['default']} is not among {lab['ranks']['allowed']}")
+            problems.append(f"{rel}: ranks: the default {lab['ranks']['default']} is not among "
+                            f"{lab['ranks']['allowed']}")
         for t in lab["tests"]:
             if not exists(f"{t}/CMakeLists.txt"):
                 problems.append(f"{rel}: test folder {t}/CMakeLists.txt does not exist")
@@ -375,7 +379,8 @@ def shell_assignments(lab, track):
     prog = (lab.get("programs") or {}).get(track) or {}
     allowed = lab["ranks"]["allowed"]
     return {"lab_exists": 1, "lab_name": lab["name"], "lab_title": lab["title"], "lab_dir": lab["dir"],
-            "lab_graded": int(lab["graded"]), "lab_corpus": int(lab["corpus"]), "lab_has_program": int(bool(lab["driver"])),
+            "lab_graded": int(lab["graded"]), "lab_corpus": int(lab["corpus"]),
+            "lab_has_program": int(bool(lab["driver"])),
             "lab_np_default": lab["ranks"]["default"],
             "lab_np_allowed": allowed if allowed == "any" else " ".join(str(n) for n in allowed),
             "lab_single_process": int(lab["single_process"]), "lab_target": prog.get("target", ""),

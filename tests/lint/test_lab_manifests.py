@@ -148,8 +148,9 @@ class LabManifests(unittest.TestCase):
         self.assertReported("scale_demo:")
 
     def test_the_command_line_the_scripts_read(self):
-        run = lambda *a: subprocess.run([sys.executable, str(REPO / "scripts/lib/labs.py"), "--root", str(self.root),  # noqa: E731
-                                         *a], capture_output=True, text=True)
+        def run(*a):
+            return subprocess.run([sys.executable, str(REPO / "scripts/lib/labs.py"), "--root", str(self.root), *a],
+                                  capture_output=True, text=True)
         self.assertEqual(run("list").stdout.split(), ["00", "01"])
         self.assertEqual(run("list", "--graded").stdout.split(), ["01"])
         self.assertEqual(run("list", "--scale-demo").stdout.split(), ["01"])
