@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) BUILD="$2"; shift 2 ;;
     --runs-root) RUNS_ROOT="$(realpath -m "$2")"; shift 2 ;;
     --out) OUT="$(realpath -m "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/notebooks.sh --help" ;;
   esac
 done
