@@ -1,4 +1,5 @@
 # cmake/scalelab.cmake — one helper per target kind (docs/style.md 34), dependency lookup, configure summary.
+#   sl_read_lab_manifests() / sl_add_lab_from_manifest(03)   labs/NN_name/lab.json -> the lab (sl_add_lab below)
 #   sl_add_lab(03 ddp SOURCES ddp.cpp GIVEN grad_sync.cpp DRIVER main.cpp)  -> lab03_learner, lab03_ref, programs
 #   sl_add_test(test_tensor SOURCES ... LABELS unit cpu common)
 #   sl_add_graded_test(01 test_lab01 SOURCES ... CHECKS Lab01.X ...)    -> one ctest per check and track
@@ -243,6 +244,7 @@ function(sl_add_lab_program NN name)
     target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="${grade_track}")
     set_target_properties(${exe} PROPERTIES OUTPUT_NAME lab${NN}_${name} RUNTIME_OUTPUT_DIRECTORY ${bin_dir})
     sl_target_defaults(${exe})
+    set_property(GLOBAL PROPERTY SL_LAB_${NN}_PROGRAM_${grade_track} ${exe})  # <build>/labs.json (below)
     # `scripts/grade NN` builds graded_labNN_<track>: let it rebuild the lab's program too, so the
     # program a learner runs next never lags behind the code that was just graded.
     if(NOT TARGET graded_lab${NN}_${grade_track})
@@ -250,6 +252,145 @@ function(sl_add_lab_program NN name)
     endif()
     add_dependencies(graded_lab${NN}_${grade_track} ${exe})
   endforeach()
+endfunction()
+
+# ---------------------------------------------------------------------------------------------
+# A lab is one unit: labs/NN_name/lab.json, its manifest (the fields: scripts/lib/labs.py; docs/design.md
+# "A lab is one unit"), says what to build, and every script reads the same manifests (through
+# <build>/labs.json, written below). Adding a lab is its folders and its manifest.
+#   sl_read_lab_manifests()          (top-level CMakeLists.txt) reads every manifest, in number order, into
+#                                    global properties: SL_LABS = 00;01;...; SL_LAB_<NN>_<FIELD> per lab
+#   sl_add_lab_from_manifest(<NN>)   (labs/CMakeLists.txt) builds lab NN as its manifest says
+#   sl_write_labs_json()             (labs/CMakeLists.txt) <build>/labs.json: the manifests, plus per lab
+#                                    "programs": {"learner"|"reference": {"target", "path"} or null}
+
+# A JSON array of strings (or null, or absent) as a CMake list; anything else stops the configure.
+function(_sl_json_list out json key where)
+  set(items "")
+  string(JSON type ERROR_VARIABLE err TYPE "${json}" ${key})
+  if(NOT err AND type STREQUAL "ARRAY")
+    string(JSON n LENGTH "${json}" ${key})
+    if(n GREATER 0)
+      math(EXPR last "${n} - 1")
+      foreach(i RANGE ${last})
+        string(JSON item GET "${json}" ${key} ${i})
+        list(APPEND items ${item})
+      endforeach()
+    endif()
+  elseif(NOT err AND NOT type STREQUAL "NULL")
+    message(FATAL_ERROR "${where}: \"${key}\" is ${type}, not a list of strings.\n  hint: \"${key}\": [\"...\"]")
+  endif()
+  set(${out} "${items}" PARENT_SCOPE)
+endfunction()
+
+# A JSON string (or null, or absent: "") of the manifest.
+function(_sl_json_string out json key where)
+  string(JSON value ERROR_VARIABLE err GET "${json}" ${key})
+  if(err)
+    set(value "")
+  endif()
+  set(${out} "${value}" PARENT_SCOPE)
+endfunction()
+
+function(sl_read_lab_manifests)
+  file(GLOB manifests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/labs/[0-9][0-9]_*/lab.json)
+  list(SORT manifests)  # number order: a lab links the reference of earlier labs
+  set(numbers "")
+  foreach(path ${manifests})
+    set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${path})
+    file(RELATIVE_PATH where ${PROJECT_SOURCE_DIR} ${path})
+    get_filename_component(dir ${path} DIRECTORY)
+    get_filename_component(folder ${dir} NAME)
+    file(READ ${path} json)
+    string(JSON type ERROR_VARIABLE err TYPE "${json}")
+    if(err OR NOT type STREQUAL "OBJECT")
+      message(FATAL_ERROR "${where}: not a JSON object (${err}).\n"
+                          "  hint: python3 scripts/lib/labs.py check names what is wrong")
+    endif()
+    foreach(key number name)
+      string(JSON ${key} ERROR_VARIABLE err GET "${json}" ${key})
+      if(err)
+        message(FATAL_ERROR "${where}: no \"${key}\".\n  hint: python3 scripts/lib/labs.py check")
+      endif()
+    endforeach()
+    if(NOT number MATCHES "^[0-9][0-9]$" OR NOT "${number}_${name}" STREQUAL folder)
+      message(FATAL_ERROR "${where}: number \"${number}\" and name \"${name}\" do not spell the folder ${folder}.\n"
+                          "  hint: the folder is labs/<two-digit number>_<name>")
+    endif()
+    _sl_json_list(twins "${json}" twins ${where})
+    _sl_json_list(given "${json}" given ${where})
+    _sl_json_list(deps "${json}" deps ${where})
+    _sl_json_list(program_deps "${json}" program_deps ${where})
+    _sl_json_list(tests "${json}" tests ${where})
+    _sl_json_string(driver "${json}" driver ${where})
+    set(P SL_LAB_${number})
+    set_property(GLOBAL PROPERTY ${P}_NAME ${name})
+    set_property(GLOBAL PROPERTY ${P}_MANIFEST ${path})
+    set_property(GLOBAL PROPERTY ${P}_TWINS ${twins})
+    set_property(GLOBAL PROPERTY ${P}_GIVEN ${given})
+    set_property(GLOBAL PROPERTY ${P}_DRIVER ${driver})
+    # "NN" -> labNN_ref (that lab's reference); any other name is a target of the lab's lab.cmake.
+    list(TRANSFORM deps REPLACE "^([0-9][0-9])$" "lab\\1_ref")
+    list(TRANSFORM program_deps REPLACE "^([0-9][0-9])$" "lab\\1_ref")
+    set_property(GLOBAL PROPERTY ${P}_DEPS ${deps})
+    set_property(GLOBAL PROPERTY ${P}_PROGRAM_DEPS ${program_deps})
+    set_property(GLOBAL PROPERTY ${P}_TESTS ${tests})
+    list(APPEND numbers ${number})
+  endforeach()
+  set_property(GLOBAL PROPERTY SL_LABS ${numbers})
+endfunction()
+
+# sl_add_lab_from_manifest(<NN>): lab NN as its manifest says. With twins: sl_add_lab (labNN_learner, labNN_ref;
+# DEPS = "deps") and, with a driver, sl_add_lab_program (program_deps besides). Without twins (no TODOs, lab 00):
+# one program for both tracks, bin/labNN_name. Then labs/NN_name/lab.cmake, where a lab keeps what is really
+# its own (lab 08's given library, lab 09's bin/sl_plan); it runs in labs/CMakeLists.txt's scope, after the
+# lab's targets exist.
+function(sl_add_lab_from_manifest NN)
+  foreach(field NAME TWINS GIVEN DRIVER DEPS PROGRAM_DEPS)
+    get_property(${field} GLOBAL PROPERTY SL_LAB_${NN}_${field})
+  endforeach()
+  set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${NAME})
+  if(TWINS)
+    sl_add_lab(${NN} ${NAME} SOURCES ${TWINS} GIVEN ${GIVEN} DEPS ${DEPS})
+    if(DRIVER)
+      sl_add_lab_program(${NN} ${NAME} DRIVER ${DRIVER} DEPS ${PROGRAM_DEPS})
+    endif()
+  elseif(DRIVER)
+    sl_add_tool(lab${NN}_${NAME} SOURCES ${lab_dir}/${DRIVER} DEPS ${DEPS} ${PROGRAM_DEPS})
+    set_property(GLOBAL PROPERTY SL_LAB_${NN}_PROGRAM_learner lab${NN}_${NAME})
+    set_property(GLOBAL PROPERTY SL_LAB_${NN}_PROGRAM_reference lab${NN}_${NAME})
+  endif()
+  if(EXISTS ${lab_dir}/lab.cmake)
+    include(${lab_dir}/lab.cmake)
+  endif()
+endfunction()
+
+# <build>/labs.json: {"source_dir", "build_dir", "labs": [each manifest with "programs"]}, written when the
+# build system is generated (file(GENERATE): the program paths are $<TARGET_FILE>s). scripts/lib/labs.py reads it.
+function(sl_write_labs_json)
+  get_property(numbers GLOBAL PROPERTY SL_LABS)
+  set(labs "")
+  foreach(NN ${numbers})
+    get_property(path GLOBAL PROPERTY SL_LAB_${NN}_MANIFEST)
+    file(READ ${path} json)
+    set(programs "")
+    foreach(track learner reference)
+      get_property(target GLOBAL PROPERTY SL_LAB_${NN}_PROGRAM_${track})
+      if(target)
+        string(APPEND programs ", \"${track}\": {\"target\": \"${target}\", \"path\": \"$<TARGET_FILE:${target}>\"}")
+      else()
+        string(APPEND programs ", \"${track}\": null")
+      endif()
+    endforeach()
+    string(SUBSTRING "${programs}" 2 -1 programs)
+    string(JSON json SET "${json}" programs "{${programs}}")
+    if(labs)
+      string(APPEND labs ",\n")
+    endif()
+    string(APPEND labs "${json}")  # not a CMake list: a manifest's text may hold ';'
+  endforeach()
+  set(dirs "\"source_dir\": \"${PROJECT_SOURCE_DIR}\", \"build_dir\": \"${CMAKE_BINARY_DIR}\"")
+  file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/labs.json CONTENT "{${dirs},\n\"labs\": [\n${labs}\n]}\n")
 endfunction()
 
 # sl_add_tool(<name> SOURCES ... [DEPS ...]): a program in bin/ shared by both tracks.

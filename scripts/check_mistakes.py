@@ -52,14 +52,17 @@ import lab_docs  # noqa: E402  (tests/lint/lab_docs.py: load_script)
 
 grade = lab_docs.load_script("grade", REPO)  # scripts/grade as a module: its build, ctest and record functions
 check_fences = grade.check_fences  # tests/lint/check_fences.py, as scripts/grade imports it
+lab_manifests = grade.lab_manifests  # scripts/lib/labs.py: each lab's manifest, labs/NN_name/lab.json
 
 
 # ---------------------------------------------------------------------------------------------
 # The manifests
 
 def load_manifests():
-    """Every tests/mistakes/labNN/manifest.json, as a list of mistakes (dicts) with 'lab' and 'patch_path'."""
+    """Every tests/mistakes/labNN/manifest.json, as a list of mistakes (dicts) with 'lab' and 'patch_path'.
+    Each mistake patches one of the lab's twins as its manifest (labs/NN_name/lab.json) names them."""
     mistakes, seen = [], {}
+    labs = {lab["number"]: lab for lab in lab_manifests.load(REPO)}
     for path in sorted(glob.glob(os.path.join(MISTAKES_DIR, "lab[0-9][0-9]", "manifest.json"))):
         lab_dir = os.path.dirname(path)
         lab = os.path.basename(lab_dir)[3:]
@@ -67,6 +70,9 @@ def load_manifests():
             doc = json.load(f)
         if doc.get("lab") != lab:
             sys.exit(f"check_mistakes: {path}: \"lab\" is {doc.get('lab')!r}, the folder says {lab!r}")
+        if lab not in labs or not labs[lab]["twins"]:
+            sys.exit(f"check_mistakes: {path}: lab {lab} has no manifest with TODO twins (labs/{lab}_*/lab.json)")
+        twins = [f"{labs[lab]['solutions_dir']}/{t}" for t in labs[lab]["twins"]]
         for entry in doc.get("mutations", []):
             where = f"{path}: mutation {entry.get('id', '?')!r}"
             for key in ("id", "file", "patch", "fence", "check", "mistake", "concept"):
@@ -77,8 +83,9 @@ def load_manifests():
             seen[entry["id"]] = path
             if not re.fullmatch(rf"lab{lab}\.[a-z0-9_]+", entry["check"]):
                 sys.exit(f"check_mistakes: {where}: check {entry['check']!r} is not a lab{lab}.<check id>")
-            if not entry["file"].startswith(f"solutions/{lab}_"):
-                sys.exit(f"check_mistakes: {where}: file {entry['file']!r} is not in solutions/{lab}_*/")
+            if entry["file"] not in twins:
+                sys.exit(f"check_mistakes: {where}: file {entry['file']!r} is not a twin of lab {lab} "
+                         f"({', '.join(twins)}: its manifest's \"twins\")")
             patch_path = os.path.join(lab_dir, entry["patch"])
             if not os.path.isfile(patch_path):
                 sys.exit(f"check_mistakes: {where}: no patch file {patch_path}")
@@ -337,6 +344,8 @@ def main():
     for nn in args.lab or []:
         if not re.fullmatch(r"\d\d", nn):
             ap.error(f"--lab takes two digits (03), not '{nn}'")
+        if lab_manifests.find(nn, REPO) is None:
+            ap.error(f"--lab {nn}: there is no lab {nn} (labs/NN_name/lab.json)")
 
     mistakes = load_manifests()
     if args.lab:

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# scale_demo.sh — the instructor's scaling demonstration: the reference of labs 01, 03, 04, 05, 06 and 07 at 1, 2,
-# 4, 8 ranks (as the hardware allows), same model and global batch at every rank count (lab 01, one device: one
-# micro-batch per step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that
-# divides the model's heads, the rest data-parallel replicas; lab 06: a 1F1B pipeline of one stage per rank,
-# the global batch as micro-batches of --micro-batch, skipped above the model's layer count; lab 07: from 4
-# ranks, tp 2 x pp 2 x dp N/4, 1F1B over each replica's share of the global batch), ONE table.
+# scale_demo.sh — the instructor's scaling demonstration: the reference of every lab with scale-demo rows (its
+# manifest's "scale_demo", labs/NN_name/lab.json: labs 01, 03, 04, 05, 06 and 07) at 1, 2, 4, 8 ranks (as the
+# hardware allows), same model and global batch at every rank count (lab 01, one device: one micro-batch per
+# step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that divides the model's
+# heads, the rest data-parallel replicas; lab 06: a 1F1B pipeline of one stage per rank, the global batch as
+# micro-batches of --micro-batch, skipped above the model's layer count; lab 07: from 4 ranks, tp 2 x pp 2 x dp
+# N/4, 1F1B over each replica's share of the global batch), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
+#   scripts/scale_demo.sh --dry-run --labs "03 07"          each run's command line (or why it is skipped), no runs
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
-#   --out DIR (default runs/scale_demo/<utc time>)   --labs "01 03 04 05 06 07"   --device auto|cpu|cuda
+#   --out DIR (default runs/scale_demo/<utc time>)   --labs "03 04" (default: every lab with scale-demo rows)
+#   --device auto|cpu|cuda
 #   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
 #   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
@@ -19,6 +22,9 @@
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
 # notebooks' reader (notebooks/scalelab_logs.py) in .venv-notebooks/, made as scripts/notebooks.sh makes it.
+# A lab's rows: its program's own arguments, "args" of the manifest's "scale_demo", with {expressions} of the
+# run's numbers (N ranks, B micro-batch, G global batch, S stage, heads, layers, model), and "skip" conditions
+# (scripts/lib/labs.py scale_row); a one-process program (lab 01) runs at 1 rank only, without --link/--backend.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +34,8 @@ DATA="data/kjv"
 MODEL=""
 STEPS=20
 OUT=""
-LABS="01 03 04 05 06 07"
+LABS=""
+DRY_RUN=0
 MAX_RANKS=""
 OVERSUB_OK=0
 DEVICE="auto"
@@ -69,7 +76,8 @@ while [[ $# -gt 0 ]]; do
     --link-slowdown) LINK_SLOWDOWN="$2"; shift 2 ;;
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -80,8 +88,14 @@ for kv in "--steps $STEPS" "--timeout-s $TIMEOUT_S"; do
   is_int "${kv#* }" || die "${kv% *} '${kv#* }' is not a whole number"
 done
 (( STEPS >= 2 )) || die "--steps $STEPS: need at least 2 (step 0 is warm-up and not timed)"
+# The labs with scale-demo rows, from their manifests (the build's labs.json where it has one).
+labs_py() { python3 "$ROOT/scripts/lib/labs.py" --build-dir "$BUILD" "$@"; }
+all_labs=$(labs_py list --scale-demo | tr '\n' ' ') || die "reading the labs' manifests failed (above)" \
+  "python3 scripts/lib/labs.py check names what is wrong"
+all_labs="${all_labs% }"
+[[ -n "$LABS" ]] || LABS="$all_labs"
 for lab in $LABS; do
-  [[ "$lab" =~ ^0[134567]$ ]] || die "--labs: unknown lab '$lab'" "use any of \"01 03 04 05 06 07\""
+  [[ " $all_labs " == *" $lab "* ]] || die "--labs: lab '$lab' has no scale-demo rows" "use any of \"$all_labs\""
 done
 
 # ---- device, rank counts, threads per rank ----
@@ -146,22 +160,24 @@ fi
 GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at every rank count
 
 # ---- what the runs need ----
-BIN="$BUILD/bin/reference"
-declare -A PROG=([01]=lab01_single_device [03]=lab03_ddp [04]=lab04_fsdp [05]=lab05_tensor_parallel
-                 [06]=lab06_pipeline_parallel [07]=lab07_parallel_3d)
 # Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages; lab 07 both
-# (common/src/model/gpt2_layout.cpp presets).
+# (common/src/model/gpt2_layout.cpp presets). A lab's "skip" conditions and arguments read them.
 declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
 declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48)
+[[ -n "${HEADS[$MODEL]:-}" ]] || die "--model '$MODEL' is not a preset" "use one of: ${!HEADS[*]}"
+declare -A PROG SINGLE  # per lab: its reference program; 1 for a one-process program
 for lab in $LABS; do
-  [[ -x "$BIN/${PROG[$lab]}" ]] || die "$BIN/${PROG[$lab]} not found" \
-    "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target ${PROG[$lab]}_ref (or pass --build-dir)"
+  eval "$(labs_py shell "$lab" --track reference)"
+  PROG[$lab]="$lab_exe"; SINGLE[$lab]="$lab_single_process"
+  target="${lab_target:-lab${lab}_${lab_name}_ref}"
+  [[ -n "$lab_exe" && -x "$lab_exe" ]] || die "lab $lab's reference program ${lab_exe:-(not in $BUILD/labs.json)} not found" \
+    "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target $target (or pass --build-dir)"
 done
 read -r -a launcher <<< "$LAUNCHER"
 command -v "${launcher[0]}" >/dev/null 2>&1 || die "launcher '${launcher[0]}' not found" \
   "install OpenMPI (scripts/install_deps.sh), or pass --launcher \"srun ...\""
 np_flag=-np; [[ "$(basename "${launcher[0]}")" == srun ]] && np_flag=-n
-if [[ ! -f "$DATA/val_000000.bin" ]]; then
+if [[ $DRY_RUN -eq 0 && ! -f "$DATA/val_000000.bin" ]]; then
   [[ "$DATA" == data/kjv || "$DATA" == "$ROOT/data/kjv" ]] || die "$DATA holds no token shards" \
     "scripts/prepare_corpus.sh --text FILE... --out $DATA"
   scripts/prepare_corpus.sh --build-dir "$BUILD"
@@ -170,14 +186,14 @@ fi
 
 # ---- the virtual environment: the same one, made the same way, as scripts/notebooks.sh (scripts/lib/venv.sh) ----
 source "$ROOT/scripts/lib/venv.sh"
-sl_notebooks_venv "$VENV" scale_demo
+(( DRY_RUN )) || sl_notebooks_venv "$VENV" scale_demo
 
 [[ -n "$OUT" ]] || OUT="runs/scale_demo/$(date -u +%Y%m%dT%H%M%SZ)"
-mkdir -p "$OUT"
-OUT="$(realpath "$OUT")"
+(( DRY_RUN )) || mkdir -p "$OUT"
+OUT="$(realpath -m "$OUT")"
 LOGS="$OUT/logs"
-manifest="$OUT/manifest.tsv"
-printf 'lab\tranks\tthreads\toversubscribed\tstatus\trun_dir\toutput\n' > "$manifest"
+manifest="$OUT/manifest.tsv"  # one line per run, for scripts/scale_demo_table.py
+(( DRY_RUN )) || printf 'lab\tranks\tthreads\toversubscribed\tstatus\trun_dir\toutput\n' > "$manifest"
 
 echo "== scale_demo: labs $LABS | ranks ${ranks[*]} | $DEVICE$([[ $DEVICE == cpu ]] && echo ", $THREADS thread(s) per rank, $cores cores") |" \
      "model $MODEL, $PRECISION | global batch $GLOBAL_BATCH x T=$SEQ_LEN | $STEPS steps | link $LINK$([[ $LINK != none ]] && echo "/$LINK_SLOWDOWN")"
@@ -191,65 +207,41 @@ common=(--data "$DATA" --model "$MODEL" --seq-len "$SEQ_LEN" --steps "$STEPS" --
 [[ "$DEVICE" == cpu ]] && common+=(--threads "$THREADS")
 failed=0
 for lab in $LABS; do
-  counts=("${ranks[@]}"); [[ "$lab" == 01 ]] && counts=(1)  # lab 01 is one device
+  counts=("${ranks[@]}"); (( SINGLE[$lab] )) && counts=(1)  # a one-process program: lab 01 is one device
   for np in "${counts[@]}"; do
     run_id="scale-lab$lab-np$np"
-    rm -rf "$LOGS/lab$lab/$run_id"  # a rerun into the same --out replaces, not appends
-    args=("${common[@]}" --run-id "$run_id")
-    case "$lab" in
-      # Lab 01 has no gradient accumulation: it trains on one micro-batch per step, the work every rank of
-      # the other rows does per micro-step (the global batch in one piece would not fit a GPU at 8 ranks x d12).
-      01) args+=(--batch "$MICRO_BATCH") ;;
-      03) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0) ;;
-      04) args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --stage "$STAGE"
-                 --loader-alone-batches 0) ;;
-      05) tp=$np; while (( tp > 1 && ${HEADS[$MODEL]:-1} % tp != 0 )); do tp=$((tp / 2)); done
-          args+=(--micro-batch "$MICRO_BATCH" --global-batch "$GLOBAL_BATCH" --timeline-steps 0 --tp "$tp") ;;
-      # Lab 06: np stages, 1F1B; the global batch as m = GLOBAL_BATCH / MICRO_BATCH micro-batches, every one
-      # through every stage (its bubble (np - 1)/(m + np - 1) is in the row's note).
-      06) args+=(--micro-batch "$MICRO_BATCH" --micro-batches $((GLOBAL_BATCH / MICRO_BATCH)) --schedule 1f1b
-                 --timeline-steps 0) ;;
-      # Lab 07: tp 2 x pp 2 x dp np/4 (order tp-dp-pp, tp fastest); each replica's 1F1B pipeline takes its
-      # share of the global batch, m = GLOBAL_BATCH / MICRO_BATCH / dp micro-batches (from 4 ranks; below, a
-      # skip line). np and GLOBAL_BATCH / MICRO_BATCH are powers of two >= 4 here, so m is whole.
-      07) dp3=$(( np / 4 > 0 ? np / 4 : 1 ))
-          args+=(--micro-batch "$MICRO_BATCH" --tp 2 --pp 2 --dp "$dp3" --order tp-dp-pp --schedule 1f1b
-                 --micro-batches $(( GLOBAL_BATCH / MICRO_BATCH / dp3 )) --timeline-steps 0) ;;
-    esac
-    if [[ "$lab" != 01 ]]; then
+    # The lab's own arguments at np ranks, or why it skips them: its manifest's "scale_demo" (its "why" says why
+    # those arguments), evaluated by scripts/lib/labs.py with this run's numbers.
+    row_text=$(labs_py scale-row "$lab" N="$np" B="$MICRO_BATCH" G="$GLOBAL_BATCH" S="$STAGE" \
+               heads="${HEADS[$MODEL]}" layers="${LAYERS[$MODEL]}" model="$MODEL") \
+      || die "lab $lab's scale-demo row at $np ranks (above)" "python3 scripts/lib/labs.py check"
+    mapfile -t row <<< "$row_text"
+    args=("${common[@]}" --run-id "$run_id" "${row[@]:1}")
+    if (( ! SINGLE[$lab] )); then
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
       [[ "$DEVICE" == cuda && $np -gt 1 ]] && args+=(--backend nccl)
     fi
     oversub=0
     [[ "$DEVICE" == cpu ]] && (( np * THREADS > cores )) && oversub=1
     output="$OUT/lab${lab}_np$np.out"
-    if [[ "$lab" == 06 ]] && (( np > ${LAYERS[$MODEL]:-np} )); then  # every stage holds at least one layer
-      echo "skipped: model $MODEL has ${LAYERS[$MODEL]} layers, a pipeline at most ${LAYERS[$MODEL]} stages" > "$output"
-      printf '   lab 06 at %d ranks: skipped (model %s has %d layers)\n' "$np" "$MODEL" "${LAYERS[$MODEL]}"
+    if [[ "${row[0]}" == skip ]]; then  # e.g. lab 06 above the model's layers, lab 07 below 4 ranks
+      printf '   lab %s at %d rank%s: skipped (%s)\n' "$lab" "$np" "$([[ $np == 1 ]] || echo s)" "${row[1]}"
+      (( DRY_RUN )) && continue
+      echo "skipped: ${row[1]}" > "$output"  # the table's note
       printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" skipped \
         "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
       continue
     fi
-    skip7="" why7=""  # lab 07's skip: the line printed, and the table's note (in the output file)
-    if [[ "$lab" == 07 ]]; then  # tp 2 x pp 2: 4 ranks, an even number of heads, a layer per stage
-      if (( np < 4 )); then skip7="3D needs 4 ranks"; why7="3D needs 4 ranks (tp 2 x pp 2 x dp 1)"
-      elif (( ${HEADS[$MODEL]:-2} % 2 != 0 )); then
-        skip7="model $MODEL has ${HEADS[$MODEL]} heads"; why7="model $MODEL has ${HEADS[$MODEL]} heads: tp 2 does not divide them"
-      elif (( ${LAYERS[$MODEL]:-2} < 2 )); then
-        skip7="model $MODEL has 1 layer"; why7="model $MODEL has 1 layer: pp 2 needs 2"
-      fi
-    fi
-    if [[ -n "$skip7" ]]; then
-      echo "skipped: $why7" > "$output"
-      printf '   lab 07 at %d rank%s: skipped (%s)\n' "$np" "$([[ $np == 1 ]] || echo s)" "$skip7"
-      printf '%s\t%d\t%s\t%d\t%s\t%s\t%s\n' "$lab" "$np" "${THREADS:-}" "$oversub" skipped \
-        "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
+    if (( DRY_RUN )); then
+      printf '   lab %s at %d rank%s:' "$lab" "$np" "$([[ $np == 1 ]] || echo s)"
+      printf ' %q' "${launcher[@]}" "$np_flag" "$np" "${PROG[$lab]}" "${args[@]}"; echo
       continue
     fi
+    rm -rf "$LOGS/lab$lab/$run_id"  # a rerun into the same --out replaces, not appends
     wrap=(); (( TIMEOUT_S > 0 )) && wrap=(timeout "$TIMEOUT_S")
     t0=$SECONDS
     status=ok
-    "${wrap[@]}" "${launcher[@]}" "$np_flag" "$np" "$BIN/${PROG[$lab]}" "${args[@]}" > "$output" 2>&1 || status=failed
+    "${wrap[@]}" "${launcher[@]}" "$np_flag" "$np" "${PROG[$lab]}" "${args[@]}" > "$output" 2>&1 || status=failed
     printf '   lab %s at %d rank%s: %s in %d s%s\n' "$lab" "$np" "$([[ $np == 1 ]] || echo s)" "$status" \
       $((SECONDS - t0)) "$([[ $oversub == 1 ]] && echo " (oversubscribed)")"
     if [[ "$status" != ok ]]; then
@@ -260,6 +252,8 @@ for lab in $LABS; do
       "$LOGS/lab$lab/$run_id" "$output" >> "$manifest"
   done
 done
+
+(( ! DRY_RUN )) || exit 0
 
 # ---- the table and the plot ----
 { printf 'scripts/scale_demo.sh'; printf ' %q' "${args_given[@]}"; echo; } > "$OUT/command.txt"

@@ -15,10 +15,11 @@ Columns (per run; "per rank" values are the largest over its ranks):
   exposed comm    comm_ms / step_ms over the timed steps: the part of the step spent waiting for communication
   efficiency      tokens/s at N ranks / (N x tokens/s of the same lab at 1 rank); 1.0 is linear scaling (lab 07
                   has no 1-rank run: "-")
-  note            oversubscribed, a simulated link, a failed run; lab 06: its schedule, m and measured bubble
-                  beside the formula (a stage idle in a receive also counts as exposed comm), or "skipped:"
-                  for more stages than the model has layers; lab 07: its grid (tp x pp x dp, order), then as
-                  lab 06's, or "skipped:" below 4 ranks
+  note            oversubscribed, a simulated link, a failed run, "skipped:" and why (the lab's manifest); then
+                  as the manifest's "table_note" says: "batch" (lab 01) the batch per step; "pipeline" (lab 06)
+                  its schedule, m and measured bubble beside the formula (a stage idle in a receive also counts as
+                  exposed comm); "grid" (lab 07) its grid (tp x pp x dp, order), then as "pipeline"
+The row labels ("03 DDP") are each lab's number and title, from its manifest (scripts/lib/labs.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "notebooks"))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 import matplotlib  # noqa: E402
 
@@ -38,10 +40,12 @@ matplotlib.use("Agg")  # headless: the plot goes to a file
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import labs as lab_manifests  # noqa: E402  scripts/lib/labs.py: each lab's title and table_note
 import scalelab_logs as sl  # noqa: E402  the notebooks' reader: one reader for every plot of the logs
 
-LAB_NAMES = {"01": "01 single device", "03": "03 DDP", "04": "04 FSDP", "05": "05 tensor parallel",
-             "06": "06 pipeline parallel", "07": "07 3D (tp x pp x dp)"}
+LABS = {lab["number"]: lab for lab in lab_manifests.load(str(ROOT))}
+# The row labels of one-process programs (lab 01): their exposed comm reads "- (1 device)".
+ONE_DEVICE = {f"{n} {lab['title']}" for n, lab in LABS.items() if lab["single_process"]}
 OVERSUBSCRIBED = "oversubscribed: timings not meaningful"
 
 
@@ -80,8 +84,8 @@ def last_of_rank0(frame: pd.DataFrame, key: str) -> float:
 
 
 def pipeline_note(run: sl.Run) -> str:
-    """Lab 06: the schedule, m, and the measured bubble (median over the timed steps and stages) beside the
-    formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
+    """A pipeline (table_note "pipeline", lab 06): the schedule, m, and the measured bubble (median over the timed
+    steps and stages) beside the formula. A stage's idle time before a receive returns is also in the row's exposed comm."""
     cfg, s = run.config, timed_steps(run)
     bubble = float(s["bubble"].median()) if not s.empty and "bubble" in s else math.nan
     # Without uniform compute the idle share is the bubble plus every message and the optimizer step: far
@@ -96,6 +100,8 @@ def pipeline_note(run: sl.Run) -> str:
 def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     rows, peaks = [], []  # peaks: distinct "value FLOP/s per rank: source" strings, footnoted [1], [2], ...
     for lab, group in manifest.groupby("lab", sort=True):
+        label = f"{lab} {LABS[lab]['title']}" if lab in LABS else lab
+        table_note = (LABS[lab]["scale_demo"] or {}).get("table_note") if lab in LABS else None
         ok = group[group["status"] == "ok"]
         runs = {int(m.ranks): r for m in ok.itertuples() for r in sl.load_runs([m.run_dir])}
         eff = sl.scaling(list(runs.values()))  # empty when this lab has only one rank count
@@ -104,14 +110,14 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         tput_by_n = {int(r.world_size): r for r in tput.itertuples()}
         for m in group.itertuples():
             n = int(m.ranks)
-            row = {"lab": LAB_NAMES.get(lab, lab), "ranks": n,
+            row = {"lab": label, "ranks": n,
                    "threads_per_rank": "" if pd.isna(m.threads) else int(m.threads),
                    "tokens_per_s": math.nan, "mfu": math.nan, "peak": "", "memory_per_rank_mib": math.nan,
                    "exposed_comm_share": math.nan, "efficiency": math.nan, "final_loss": math.nan,
                    "val_loss_end": math.nan, "note": ""}
             run = runs.get(n)
-            if m.status == "skipped":  # scale_demo.sh wrote why into the output file (lab 06: more ranks than
-                # layers; lab 07: fewer than 4 ranks)
+            if m.status == "skipped":  # scale_demo.sh wrote why into the output file (the manifest's "skip": lab
+                # 06, more ranks than layers; lab 07, fewer than 4 ranks)
                 out = Path(m.output)
                 row["note"] = out.read_text(encoding="utf-8").strip() if out.is_file() else "skipped"
                 rows.append(row)
@@ -132,11 +138,11 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             row["efficiency"] = eff_by_n.get(n, 1.0 if n == 1 else math.nan)
             row["final_loss"] = last_of_rank0(run.summaries, "final_loss")
             row["val_loss_end"] = last_of_rank0(run.summaries, "val_loss_end")
-            if lab == "01" and run.config.get("B") is not None:  # no accumulation: one micro-batch per step
+            if table_note == "batch" and run.config.get("B") is not None:  # no accumulation: one micro-batch a step
                 row["note"] = f"batch {run.config['B']} per step (one device)"
-            if lab == "06" and n > 1:  # a pipeline's exposed comm holds its bubble: the stages' idle time
+            if table_note == "pipeline" and n > 1:  # a pipeline's exposed comm holds its bubble: the stages' idle time
                 row["note"] = pipeline_note(run)
-            if lab == "07":  # the grid, then its pipelines' bubble (the waits of all four groups are exposed comm)
+            if table_note == "grid":  # the grid, then its pipelines' bubble (all four groups' waits are exposed comm)
                 cfg = run.config
                 row["note"] = (f"tp {cfg.get('tp')} x pp {cfg.get('pp')} x dp {cfg.get('dp')} ({cfg.get('order')}), "
                                + pipeline_note(run))
@@ -161,7 +167,7 @@ def markdown(table: pd.DataFrame) -> str:
         cells = [r.lab, str(r.ranks), str(r.threads_per_rank) or "-", fmt(r.tokens_per_s, ",.0f"),
                  f"{fmt(100 * r.mfu, '.2f', ' %')} {r.peak}".strip(), fmt(r.memory_per_rank_mib, ".1f"),
                  fmt(100 * r.exposed_comm_share, ".1f", " %") if not math.isnan(r.exposed_comm_share)
-                 else ("- (1 device)" if r.lab.startswith("01") and not r.note.startswith("FAILED") else "-"),
+                 else ("- (1 device)" if r.lab in ONE_DEVICE and not r.note.startswith("FAILED") else "-"),
                  fmt(r.efficiency, ".2f"), fmt(r.final_loss, ".4f"), fmt(r.val_loss_end, ".4f"), r.note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 
   tests/lint/check_lab_docs.py [--root REPO] [--build-dir BUILD] [--lab NN]...
 
-For every lab with TODO fences (labs/NN_name with a solutions/NN_name twin):
+For every lab with TODO fences (its manifest labs/NN_name/lab.json names twins: scripts/lib/labs.py):
   hints   labs/NN_name/hints.md has exactly one `## labNN-K` section per fence of the lab's files, each
           with a non-empty `### tier 1`, `### tier 2` and `### tier 3` (tests/lint/lab_docs.py). Required
           for a lab with graded checks; checked whenever the file exists.
@@ -22,8 +22,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "lib"))
 import check_fences  # noqa: E402
 import lab_docs  # noqa: E402
+import labs as lab_manifests  # noqa: E402  (scripts/lib/labs.py: which labs have TODOs)
 
 
 def fence_ids(root, lab_name):
@@ -109,7 +111,8 @@ def main(argv=None):
     ap.add_argument("--lab", action="append", help="only this lab (NN); repeatable")
     args = ap.parse_args(argv)
     root = os.path.abspath(args.root)
-    labs = {nn: name for nn, name in check_fences.lab_dirs(root).items() if not args.lab or nn in args.lab}
+    labs = {lab["number"]: os.path.basename(lab["dir"]) for lab in lab_manifests.load(root)
+            if lab["twins"] and (not args.lab or lab["number"] in args.lab)}
 
     graded = {}  # lab -> [(id, points)], from the build
     if args.build_dir:

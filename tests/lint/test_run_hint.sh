@@ -26,7 +26,7 @@ hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
 echo "scripts/hint: ok"
 
 # scripts/grade on a lab it cannot grade says why (never the build tool's "unknown target"), exit 2.
-for case in "10|there is no lab 10" "00|lab 00 has no graded checks"; do
+for case in "99|there is no lab 99" "00|lab 00 has no graded checks"; do
   out=$("$ROOT/scripts/grade" "${case%%|*}" --build-dir "$BUILD" 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "scripts/grade ${case%%|*} exited $rc, expected 2: $out"
   grep -q "nothing to grade: ${case#*|}" <<<"$out" || fail "scripts/grade ${case%%|*} did not say why: $out"
