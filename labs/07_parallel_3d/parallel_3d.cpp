@@ -10,6 +10,7 @@
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <string>     // defines: std::to_string
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
 #include "scalelab/ops/ops.h"     // defines: scale_, cast, sum_squares
 
@@ -227,10 +228,8 @@ float zero1_update(Rank3D& r, float lr, float grad_clip) {
 }
 
 float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets) {
-  Tensor loss = Tensor::empty({1}, DType::F32);
-  loss.data<float>()[0] = lab06::forward_loss(*r.stage, *r.exchange, tokens, targets);  // this replica's batch
-  if (r.groups.dp->size() > 1) r.groups.dp->all_reduce(loss, ReduceOp::Avg, "eval loss (dp)");
-  return loss.data<float>()[0];
+  const float loss = lab06::forward_loss(*r.stage, *r.exchange, tokens, targets);  // this replica's batch
+  return r.groups.dp->size() > 1 ? all_reduce_value(*r.groups.dp, loss, ReduceOp::Avg, "eval loss (dp)") : loss;
 }
 
 }  // namespace SL_TRACK_LAB07
