@@ -372,7 +372,8 @@ static int run(const Options& o, Communicator& comm) {
   comm.set_link_model(LinkModel::preset(o.link));
   const LinkModel& link = comm.link_model();
 
-  const std::string run_id = broadcast_string(comm, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "", 0, "run id");
+  const std::string run_id =
+      broadcast_string(comm, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "", 0, "run id", 511);
   RunLogger log("lab00", run_id, rank, o.log_dir);
   const std::string out_dir = (std::filesystem::path(o.log_dir) / "lab00" / run_id).string();
   const std::vector<std::string> gpus = nvidia_gpu_names();

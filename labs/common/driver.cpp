@@ -187,7 +187,8 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
 
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
   const std::string mine = comm.rank() == 0 ? (requested.empty() ? make_run_id() : requested) : "";
-  return broadcast_string(comm, mine, /*root=*/0, "run id");  // comm/host_values.h: any backend
+  // comm/host_values.h, any backend; up to 511 bytes: 128 i32 words (512 bytes, as this buffer always was)
+  return broadcast_string(comm, mine, /*root=*/0, "run id", /*max_bytes=*/511);
 }
 
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
