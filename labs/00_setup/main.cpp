@@ -31,6 +31,7 @@
 #include "scalelab/measure/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak,
                                            // memcpy_bytes_per_s
 #include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
+#include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (the probe's own values)
 #include "scalelab/core/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
 #include "scalelab/core/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
 #include "scalelab/measure/metrics.h"      // defines: RunLogger, system_info, make_run_id
@@ -96,40 +97,14 @@ static std::string human_bytes(int64_t b) {
 // ------------------------------------------------------------------------------------------------
 // Small collectives the probe itself needs (not measured)
 
-// Rank 0's string on every rank (the run id: its random suffix differs per call). One i32 per char.
-static std::string broadcast_string(Communicator& comm, Device dev, const std::string& s) {
-  constexpr int kMaxChars = 128;
-  Tensor h_buf = Tensor::zeros({kMaxChars}, DType::I32);
-  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) h_buf.data<int32_t>()[i] = s[i];
-  Tensor d_buf = Tensor::empty({kMaxChars}, DType::I32, dev);
-  d_buf.copy_from(h_buf);
-  comm.broadcast(d_buf, /*root=*/0, "run id");
-  h_buf.copy_from(d_buf);
-  std::string out;
-  for (int i = 0; i < kMaxChars && h_buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(h_buf.data<int32_t>()[i]);
-  return out;
-}
-
 // The largest value of x over all ranks (a time: a collective is as slow as its slowest rank).
 // Travels as f32: 7 significant digits are plenty for a time.
-static double max_over_ranks(Communicator& comm, Device dev, double x) {
-  Tensor h = Tensor::empty({1}, DType::F32);
-  h.data<float>()[0] = static_cast<float>(x);
-  Tensor d = Tensor::empty({1}, DType::F32, dev);
-  d.copy_from(h);
-  comm.all_reduce(d, ReduceOp::Max, "probe: max time");
-  h.copy_from(d);
-  return h.data<float>()[0];
+static double max_over_ranks(Communicator& comm, double x) {
+  return all_reduce_value(comm, static_cast<float>(x), ReduceOp::Max, "probe: max time");
 }
 
-static int64_t sum_over_ranks(Communicator& comm, Device dev, int64_t x) {
-  Tensor h = Tensor::empty({1}, DType::I32);
-  h.data<int32_t>()[0] = static_cast<int32_t>(x);
-  Tensor d = Tensor::empty({1}, DType::I32, dev);
-  d.copy_from(h);
-  comm.all_reduce(d, ReduceOp::Sum, "probe: count");
-  h.copy_from(d);
-  return h.data<int32_t>()[0];
+static int64_t sum_over_ranks(Communicator& comm, int64_t x) {
+  return all_reduce_value(comm, static_cast<int32_t>(x), ReduceOp::Sum, "probe: count");
 }
 
 // Rank 0 measures the CPU (GEMM, memcpy) while the other ranks wait here. Not in a barrier: MPI spins
@@ -318,7 +293,7 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
   } else {  // reduce_scatter: rank r gets the sum of chunk r
     for (int64_t i = 0; i < chunk; ++i) wrong += h_out.data<float>()[i] != sum_r + n * ((r * chunk + i) % 7);
   }
-  row.wrong = sum_over_ranks(comm, dev, wrong);
+  row.wrong = sum_over_ranks(comm, wrong);
   // An in-place sum grows n-fold per call and would overflow to inf after ~100 calls: time zeros
   // instead (MPI's and NCCL's sums run at the same speed whatever the values).
   if (op == "all_reduce") d_in.zero_();
@@ -328,7 +303,7 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
   // from the same reduced estimate, so all ranks make the same number of calls.
   t0 = Clock::now();
   call();
-  const double estimate_s = max_over_ranks(comm, dev, std::min(first_s, seconds_since(t0)));
+  const double estimate_s = max_over_ranks(comm, std::min(first_s, seconds_since(t0)));
   const int fit = static_cast<int>(std::min(1e6, std::floor(o.seconds_per_size / std::max(estimate_s, 1e-9))));
   row.warmup = 2 + std::max(0, std::min(o.warmup - 2, fit / 4));  // the two calls above count
   row.iters = std::max(1, std::min(o.iters, fit));
@@ -339,7 +314,7 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
   t0 = Clock::now();
   for (int it = 0; it < row.iters; ++it) call();
   row.rank_time_s = seconds_since(t0) / row.iters;
-  row.time_s = max_over_ranks(comm, dev, row.rank_time_s);
+  row.time_s = max_over_ranks(comm, row.rank_time_s);
 
   // 4. Bandwidths as nccl-tests defines them (its doc/PERFORMANCE.md; comm.h bus_factor).
   row.algbw = static_cast<double>(row.size_bytes) / row.time_s;
@@ -385,7 +360,7 @@ static nlohmann::ordered_json row_json(const SweepRow& x, int n) {
 static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), n = comm.size();
   const bool root = rank == 0;
-  const Device dev = comm.backend() == "nccl" ? Device::CUDA : Device::CPU;  // where the sweep's buffers live
+  const Device dev = comm.device();  // where the sweep's buffers live (nccl: the GPU; sim: the simulated one)
   const int threads = set_num_threads(o.threads);
   const SystemInfo sys = system_info();
   const int ranks_per_node = local_ranks_from_env();
@@ -397,7 +372,8 @@ static int run(const Options& o, Communicator& comm) {
   comm.set_link_model(LinkModel::preset(o.link));
   const LinkModel& link = comm.link_model();
 
-  const std::string run_id = broadcast_string(comm, dev, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "");
+  const std::string run_id =
+      broadcast_string(comm, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "", 0, "run id", 511);
   RunLogger log("lab00", run_id, rank, o.log_dir);
   const std::string out_dir = (std::filesystem::path(o.log_dir) / "lab00" / run_id).string();
   const std::vector<std::string> gpus = nvidia_gpu_names();

@@ -23,6 +23,7 @@
 #include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
 #include "pipeline_parallel.h"         // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h" // defines: all_reduce_values (the summary per stage)
 #include "scalelab/comm/rank_grid.h"   // defines: RankGrid (the pipeline and the embedding group)
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
@@ -172,22 +173,22 @@ static int run(const Options& o, Communicator& world) {
   summary.update({{"bubble", bubble_mean}, {"uniform_overruns", overruns}});
   log.log_summary(summary);
   // Every stage's bubble and activation peak, for rank 0 to print: one slot per stage, summed.
-  Tensor per_stage = Tensor::zeros({3 * p}, DType::F32);
-  per_stage.data<float>()[3 * rank] = static_cast<float>(bubble_mean);
-  per_stage.data<float>()[3 * rank + 1] = static_cast<float>(act_peak / 1048576.0);
-  per_stage.data<float>()[3 * rank + 2] = static_cast<float>(overruns);
-  world.all_reduce(per_stage, ReduceOp::Sum, "summary per stage");
+  std::vector<float> per_stage(3 * p, 0.0f);
+  per_stage[3 * rank] = static_cast<float>(bubble_mean);
+  per_stage[3 * rank + 1] = static_cast<float>(act_peak / 1048576.0);
+  per_stage[3 * rank + 2] = static_cast<float>(overruns);
+  per_stage = all_reduce_values(world, per_stage, ReduceOp::Sum, "summary per stage");
   if (rank == 0) {
     driver::print_summary_headline(s, peak, p);
     std::printf("\nstage 0 waited %.1f ms per step for messages (bubble and transfers)", s.comm_ms);
     if (link.enabled()) std::printf(", the simulated link charged %.1f ms", s.comm_modeled_ms);
     std::printf("\nbubble per stage (mean of the timed steps):");
-    for (int t = 0; t < p; ++t) std::printf(" %.3f", per_stage.data<float>()[3 * t]);
+    for (int t = 0; t < p; ++t) std::printf(" %.3f", per_stage[3 * t]);
     std::printf(" | formula %.3f\npeak activations per stage:", formula);
-    for (int t = 0; t < p; ++t) std::printf(" %.1f", per_stage.data<float>()[3 * t + 1]);
+    for (int t = 0; t < p; ++t) std::printf(" %.1f", per_stage[3 * t + 1]);
     std::printf(" MiB | peak memory of stage 0: %.1f MiB\n", s.memory.total_peak_bytes / 1048576.0);
     int over = 0;
-    for (int t = 0; t < p; ++t) over += static_cast<int>(per_stage.data<float>()[3 * t + 2]);
+    for (int t = 0; t < p; ++t) over += static_cast<int>(per_stage[3 * t + 2]);
     if (over > 0)
       std::printf("warning: %d forwards and backwards took longer than --uniform-compute-ms (the compute alone did): "
                   "the bubble is then not the formula's; raise it, or use a smaller --micro-batch / --seq-len\n", over);

@@ -11,6 +11,7 @@
 #include <thread>   // defines: std::this_thread::sleep_for
 #include <utility>  // defines: std::move
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
 
 namespace scalelab::lab06 {
@@ -153,18 +154,17 @@ float forward_loss(Stage& stage, StageExchange& exchange, const Tensor& tokens, 
   const int B = static_cast<int>(tokens.size(0)), T = static_cast<int>(tokens.size(1));
   const int C = stage.chunk(0).config().n_embd;
   Tensor x = Tensor::empty({B, T, C}, DType::F32, tokens.device(), MemCategory::Workspace);
-  Tensor loss = Tensor::zeros({1}, DType::F32);
+  float loss = 0.0f;
   for (int c = 0; c < l.v; ++c) {
     GPT2& model = stage.chunk(c);
     GPT2Activations acts = model.make_activations(B, T);
     if (!exchange.is_first(c)) exchange.recv_activation(x, 0, c);
     const float part = model.forward(acts, exchange.is_first(c) ? tokens : x, exchange.is_last(c) ? &targets : nullptr);
-    if (exchange.is_last(c)) loss.data<float>()[0] = part;
+    if (exchange.is_last(c)) loss = part;
     else exchange.send_activation(acts.output(), 0, c);
   }
   exchange.wait_sends();
-  exchange.group().all_reduce(loss, ReduceOp::Sum, "eval loss");  // only the last stage's is not 0
-  return loss.data<float>()[0];
+  return all_reduce_value(exchange.group(), loss, ReduceOp::Sum, "eval loss");  // only the last stage's is not 0
 }
 
 }  // namespace SL_TRACK_LAB06

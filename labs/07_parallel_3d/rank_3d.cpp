@@ -10,6 +10,7 @@
 #include <string>     // defines: std::string, std::to_string
 #include <vector>     // defines: std::vector
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
 #include "scalelab/core/error.h"  // defines: SL_CHECK
 #include "scalelab/ops/ops.h"     // defines: cast, sum_squares
 
@@ -125,10 +126,8 @@ double zero1_sum_squares(const lab04::FsdpState& s) {
 // Forward only
 // =============================================================================================
 float forward_loss(Rank3D& r, const Tensor& tokens, const Tensor& targets) {
-  Tensor loss = Tensor::empty({1}, DType::F32);
-  loss.data<float>()[0] = lab06::forward_loss(*r.stage, *r.exchange, tokens, targets);  // this replica's batch
-  if (r.groups.dp->size() > 1) r.groups.dp->all_reduce(loss, ReduceOp::Avg, "eval loss (dp)");
-  return loss.data<float>()[0];
+  const float loss = lab06::forward_loss(*r.stage, *r.exchange, tokens, targets);  // this replica's batch
+  return r.groups.dp->size() > 1 ? all_reduce_value(*r.groups.dp, loss, ReduceOp::Avg, "eval loss (dp)") : loss;
 }
 
 }  // namespace SL_TRACK_LAB07

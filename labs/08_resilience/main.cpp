@@ -30,6 +30,7 @@
 #include "reshard.h"                   // defines: lab08::rebase_loader_state (given)
 #include "resilience.h"                // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h" // defines: broadcast_values (the resume step)
 #include "scalelab/core/error.h"       // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
@@ -95,14 +96,13 @@ static int run(const Options& o, Communicator& world) {
   int64_t start_step = 0;
   Rng sample_rng(o.seed ^ 0x5eed);
   auto load_newest = [&]() -> bool {  // collective; false when there is no complete checkpoint
-    Tensor step = Tensor::zeros({1}, DType::I32, Device::CPU, MemCategory::Workspace);
+    int32_t step = 0;
     if (rank == 0) {
       const lab08::CheckpointChoice c = lab08::newest_complete_checkpoint(o.checkpoint_dir);
       for (const std::string& s : c.skipped) std::printf("skipped %s\n", s.c_str());
-      step.data<int32_t>()[0] = static_cast<int32_t>(c.step);
+      step = static_cast<int32_t>(c.step);
     }
-    world.broadcast(step, 0, "resume step");
-    const int64_t s = step.data<int32_t>()[0];
+    const int64_t s = broadcast_values(world, {step}, 0, "resume step")[0];
     if (s < 0) return false;
     const double t0 = wall_ms();
     const lab08::ResumeState st =

@@ -4,7 +4,6 @@
 
 #include <algorithm>   // defines: std::sort
 #include <chrono>      // defines: std::chrono::system_clock
-#include <cstring>     // defines: std::memcpy
 #include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::directory_iterator
 #include <fstream>     // defines: std::ifstream
@@ -12,6 +11,7 @@
 #include <thread>      // defines: std::this_thread::sleep_for
 
 #include "reshard.h"                    // defines: load_resharded; lab02::LoaderState
+#include "scalelab/comm/host_values.h"  // defines: any_rank, all_gather_values, broadcast_string (any backend)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
 
@@ -242,10 +242,7 @@ ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::
   } catch (const std::exception& e) {
     problem = e.what();
   }
-  Tensor failed = Tensor::empty({1}, DType::F32, Device::CPU, MemCategory::Workspace);
-  failed.data<float>()[0] = problem.empty() ? 0.0f : 1.0f;
-  world.all_reduce(failed, ReduceOp::Max, "checkpoint loaded?");
-  if (failed.data<float>()[0] == 0.0f) return st;
+  if (!any_rank(world, !problem.empty(), "checkpoint loaded?")) return st;
   SL_FAIL("the message of the rank that failed is above; fix that, or start without --resume",
           "loading %s failed on at least one rank%s%s", dir.c_str(), problem.empty() ? "" : "; this rank: ",
           problem.c_str());
@@ -253,9 +250,7 @@ ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::
 
 std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& mine) {
   constexpr int kInts = 7;  // rank, tp, pp, dp, bytes (low, high 32 bits), checksum
-  Tensor in = Tensor::empty({kInts}, DType::I32, Device::CPU, MemCategory::Workspace);
-  Tensor out = Tensor::empty({kInts * world.size()}, DType::I32, Device::CPU, MemCategory::Workspace);
-  int32_t* p = in.data<int32_t>();
+  std::vector<int32_t> p(kInts);
   p[0] = mine.rank;
   p[1] = mine.coords.tp_rank;
   p[2] = mine.coords.pp_rank;
@@ -263,9 +258,9 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
   p[4] = static_cast<int32_t>(static_cast<uint32_t>(mine.bytes & 0xffffffffu));
   p[5] = static_cast<int32_t>(static_cast<uint32_t>(mine.bytes >> 32));
   p[6] = static_cast<int32_t>(mine.checksum);
-  world.all_gather(in, out, "checkpoint shard entries");
+  const std::vector<int32_t> out = all_gather_values(world, p, "checkpoint shard entries");
   std::vector<ShardInfo> all(world.size());
-  const int32_t* q = out.data<int32_t>();
+  const int32_t* q = out.data();
   for (int i = 0; i < world.size(); ++i, q += kInts) {
     all[i].rank = q[0];
     all[i].coords = {q[1], q[2], q[3]};
@@ -277,13 +272,7 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
 }
 
 std::string broadcast_text(Communicator& world, const std::string& text, int root) {
-  constexpr int kInts = 256;  // 1024 bytes, the last one a NUL
-  Tensor buf = Tensor::zeros({kInts}, DType::I32, Device::CPU, MemCategory::Workspace);
-  char* bytes = reinterpret_cast<char*>(buf.data<int32_t>());
-  if (world.rank() == root) std::memcpy(bytes, text.data(), std::min<size_t>(text.size(), kInts * 4 - 1));
-  world.broadcast(buf, root, "text");
-  bytes[kInts * 4 - 1] = '\0';
-  return std::string(bytes);
+  return broadcast_string(world, text, root, "text", /*max_bytes=*/1023);  // 256 i32 words, the last byte a NUL
 }
 
 static nlohmann::json describe_resume(const lab07::Rank3D& r, const ResumeState& st) {
@@ -361,17 +350,16 @@ SkipList SkipList::load(const std::string& path) {
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window) {
   const int n = std::min<int>(window, static_cast<int>(mine.compute_ms.size()));
   const size_t first = mine.compute_ms.size() - static_cast<size_t>(n);
-  Tensor in = Tensor::empty({2 * n}, DType::F32, Device::CPU, MemCategory::Workspace);
-  Tensor out = Tensor::empty({2 * n * world.size()}, DType::F32, Device::CPU, MemCategory::Workspace);
+  std::vector<float> in(2 * n);
   for (int i = 0; i < n; ++i) {
-    in.data<float>()[i] = static_cast<float>(mine.compute_ms[first + i]);
-    in.data<float>()[n + i] = static_cast<float>(mine.wait_ms[first + i]);
+    in[i] = static_cast<float>(mine.compute_ms[first + i]);
+    in[n + i] = static_cast<float>(mine.wait_ms[first + i]);
   }
-  world.all_gather(in, out, "rank times");
+  const std::vector<float> out = all_gather_values(world, in, "rank times");
   std::vector<RankTimes> all(world.size());
   for (int r = 0; r < world.size(); ++r) {
     all[r].rank = r;
-    const float* p = out.data<float>() + 2 * n * r;
+    const float* p = out.data() + 2 * n * r;
     all[r].compute_ms.assign(p, p + n);
     all[r].wait_ms.assign(p + n, p + 2 * n);
   }

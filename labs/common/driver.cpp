@@ -5,6 +5,7 @@
 #include <cstdio>     // defines: std::snprintf
 #include <fstream>    // defines: std::ifstream (--calibration)
 
+#include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
 
@@ -184,21 +185,10 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
   return run_peak(device, policy, threads, calibration_file);
 }
 
-// Rank 0's string on every rank. Strings travel as one i32 per character, padded with zeros to a fixed
-// length (a collective needs the same count on every rank).
-static std::string broadcast_string(Communicator& comm, const std::string& s, const std::string& tag) {
-  constexpr int kMaxChars = 128;
-  Tensor buf = Tensor::zeros({kMaxChars}, DType::I32);  // (kMaxChars,) i32
-  for (int i = 0; i < kMaxChars && i < static_cast<int>(s.size()); ++i) buf.data<int32_t>()[i] = s[i];
-  comm.broadcast(buf, /*root=*/0, tag);
-  std::string out;
-  for (int i = 0; i < kMaxChars && buf.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(buf.data<int32_t>()[i]);
-  return out;
-}
-
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
   const std::string mine = comm.rank() == 0 ? (requested.empty() ? make_run_id() : requested) : "";
-  return broadcast_string(comm, mine, "run id");
+  // comm/host_values.h, any backend; up to 511 bytes: 128 i32 words (512 bytes, as this buffer always was)
+  return broadcast_string(comm, mine, /*root=*/0, "run id", /*max_bytes=*/511);
 }
 
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
@@ -220,10 +210,7 @@ RunRecord make_run_record(const nlohmann::json& config, const std::string& track
 // Validation and reductions
 
 float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
-  Tensor t = Tensor::empty({1}, DType::F32);  // (1,) f32
-  t.data<float>()[0] = x;
-  comm.all_reduce(t, ReduceOp::Avg, tag);
-  return t.data<float>()[0];
+  return all_reduce_value(comm, x, ReduceOp::Avg, tag);
 }
 
 static lab02::LoaderConfig validation_config(const lab02::LoaderConfig& train_config) {

@@ -1,7 +1,7 @@
 // comm.cpp — what every communicator backend shares (comm.h, comm_internal.h): make_communicator,
 // bus_factor, reduce_op_name, the communication clock, the group (name, members, topology, link),
 // sendrecv, the event log and the argument checks.
-// Backends: local.cpp (world size 1), mpi.cpp (OpenMPI), nccl.cpp (NCCL).
+// Backends: local.cpp (world size 1), mpi.cpp (OpenMPI), nccl.cpp (NCCL), sim.cpp (a simulated GPU cluster).
 // The link model: link_model.cpp. Tests: tests/common/comm/test_comm.cpp, tests/common/comm/test_comm_mpi.cpp
 #include "scalelab/comm/comm.h"
 
@@ -17,7 +17,7 @@
 
 #include "comm_internal.h"    // defines: EventLog, make_event, check_*, backend factories
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
-#include "scalelab/core/clock.h"  // defines: clock_now_ms, clock_wall_origin_steady_ms
+#include "scalelab/core/clock.h"  // defines: clock_now_ms, clock_wall_origin_steady_ms, VirtualClock
 
 namespace scalelab {
 
@@ -223,6 +223,21 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
             "backend 'mpi' requested (launcher world size %d) but this build has no MPI", launched);
 #endif
   }
+  if (chosen == "sim") {
+    // Checked before MPI starts, so every rank refuses alike.
+    SL_CHECK_HINT(VirtualClock::get().on(),
+                  "run with --device sim (it starts the virtual clock); a test starts it with "
+                  "VirtualClock::get().start()",
+                  "backend 'sim' times every call in virtual time (docs/simulation.md), but the virtual clock is off");
+#ifdef SL_WITH_MPI
+    std::unique_ptr<Communicator> bytes = comm_detail::make_mpi_communicator(/*sim_transport=*/true);
+    std::unique_ptr<Communicator> clock = comm_detail::make_mpi_communicator(/*sim_transport=*/true);
+    return with_timeout(comm_detail::make_sim_communicator(std::move(bytes), std::move(clock)));
+#else
+    SL_FAIL("apt-get install libopenmpi-dev openmpi-bin, then reconfigure (cmake prints 'MPI on')",
+            "backend 'sim' moves its bytes over MPI, but this build has no MPI");
+#endif
+  }
   if (chosen == "nccl") {
 #ifdef SL_WITH_NCCL
     return with_timeout(comm_detail::make_nccl_communicator());
@@ -232,7 +247,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
             "backend 'nccl' requested but this build has no NCCL backend");
 #endif
   }
-  SL_FAIL("use auto, local, mpi or nccl", "unknown communicator backend '%s'", backend.c_str());
+  SL_FAIL("use auto, local, mpi, nccl or sim", "unknown communicator backend '%s'", backend.c_str());
 }
 
 namespace comm_detail {
@@ -424,6 +439,15 @@ void check_sendrecv(int rank, int size, const Tensor& send_buf, int dst, const T
                 "(%lld %s elements, from rank %d) overlap",
                 rank, size, static_cast<long long>(send_buf.numel()), dtype_name(send_buf.dtype()), dst,
                 static_cast<long long>(recv_buf.numel()), dtype_name(recv_buf.dtype()), src);
+}
+
+void check_on_device(const Communicator& comm, const char* op, const Tensor& t) {
+  const Device device = comm.device();
+  SL_CHECK_HINT(t.device() == device || t.numel() == 0,
+                detail::format("the %s backend moves %s tensors only, as NCCL does: copy the data to one first (a "
+                               "host value: the helpers of comm/host_values.h), or use --backend mpi for CPU tensors",
+                               comm.backend().c_str(), device_name(device)),
+                "%s on rank %d: the tensor lives on the %s", op, comm.rank(), device_name(t.device()));
 }
 
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {

@@ -6,6 +6,7 @@
 //                    the group's name and members
 //   MessageHeader    what travels ahead of every point-to-point message: the send's start time
 //   check_*          argument checks shared by every backend; errors name the rank, the op, the sizes
+//                    (check_on_device: the device backends' rule, device tensors only)
 //   make_*_communicator  the backend factories behind make_communicator()
 // Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (mpi)
 #pragma once
@@ -105,6 +106,11 @@ void check_peer(const char* op, int rank, int size, int peer);
 void check_color(int rank, int size, int color);
 // sendrecv: both peers valid and the two buffers apart (checked before either is posted).
 void check_sendrecv(int rank, int size, const Tensor& send_buf, int dst, const Tensor& recv_buf, int src);
+// NCCL's contract, kept by the nccl and sim backends: the tensors live on the backend's device
+// (comm.device(): CUDA, SIM); an empty one may live anywhere. A host tensor is refused with the same words
+// by both, with the way out: copy it to the device, stage a host value through comm/host_values.h, or
+// use --backend mpi.
+void check_on_device(const Communicator& comm, const char* op, const Tensor& t);
 // True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 // MPI and NCCL counts are C ints: at most 2^31 - 1 elements per call.
@@ -122,9 +128,15 @@ int launcher_world_size();
 // Backend factories (make_communicator in comm.cpp picks one).
 std::unique_ptr<Communicator> make_local_communicator();              // local.cpp
 #ifdef SL_WITH_MPI
-std::unique_ptr<Communicator> make_mpi_communicator();                // mpi.cpp
+// sim_transport: the sim backend's transport, which also moves SIM tensors (their memory is host memory);
+// otherwise SIM tensors are refused (they go through --backend sim).
+std::unique_ptr<Communicator> make_mpi_communicator(bool sim_transport = false);  // mpi.cpp
 void mpi_init_once();  // MPI_Init_thread(MPI_THREAD_MULTIPLE) once; MPI_Finalize at exit
 #endif
+// The sim backend (sim.cpp): NCCL's contract, virtual time, over two transports of the same members (in
+// comm.cpp two make_mpi_communicator(true)): `bytes` moves the payloads, `clock` the virtual times.
+std::unique_ptr<Communicator> make_sim_communicator(std::unique_ptr<Communicator> bytes,
+                                                    std::unique_ptr<Communicator> clock);
 #ifdef SL_WITH_NCCL
 std::unique_ptr<Communicator> make_nccl_communicator();               // nccl.cpp
 #endif

@@ -25,6 +25,7 @@ class LocalCommunicator : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
+  Device device() const override { return Device::CPU; }  // (any tensor works: collectives are copies)
 
   WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag) override {
     check_reduce_dtype("all_reduce", 0, 1, buf.dtype(), op);

@@ -30,6 +30,10 @@
 // of finishing them. A collective the thread is already inside cannot be cancelled (MPI has no way):
 // the caller's wait still throws, but the destructor then waits for that thread (it says so on stderr).
 //
+// The sim backend's transport (make_mpi_communicator(/*sim_transport=*/true), common/src/comm/sim.cpp): the
+// same communicator, which also moves SIM tensors (host memory, as a CPU tensor's) and has no link model,
+// so it times nothing; the sim backend times its calls in virtual time. Otherwise SIM tensors are refused.
+//
 // Tests: tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks). NCCL twin: common/src/comm/nccl.cpp
 #include <mpi.h>
 
@@ -109,8 +113,9 @@ MPI_Datatype mpi_type(DType dt) {
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }  // Avg = Sum, then / n
 
 // ---------------------------------------------------------------------------------------------
-// Host staging: the bytes MPI reads or writes for a tensor. A CPU tensor's own memory; for a CUDA
-// tensor a pinned host copy (Debian's OpenMPI is not CUDA-aware, docs/design.md "Platform facts"). The
+// Host staging: the bytes MPI reads or writes for a tensor. A CPU tensor's own memory (and a SIM tensor's,
+// which is host memory too: the sim backend's transport, below); for a CUDA tensor a pinned host copy
+// (Debian's OpenMPI is not CUDA-aware, docs/design.md "Platform facts"). The
 // copies are cudaMemcpy on the legacy default stream, so they wait for kernels queued before them.
 // (One cudaMallocHost per call; a pool would be faster, this path is the fallback for several ranks
 // sharing one GPU, where NCCL refuses to run.)
@@ -119,7 +124,7 @@ class HostStage {
   // copy_in: fill the host copy from the device now (the tensor is an input). The tensor's storage is
   // kept alive by the op's closure, which outlives its stage; the stage itself holds only pointers.
   HostStage(const Tensor& t, int cuda_device, bool copy_in) : device_ptr_(t.raw()), nbytes_(t.nbytes()) {
-    if (t.device() == Device::CPU || t.nbytes() == 0) {
+    if (t.device() != Device::CUDA || t.nbytes() == 0) {
       ptr_ = t.raw();
       return;
     }
@@ -364,7 +369,10 @@ class MpiCommunicator : public Communicator {
  public:
   // Takes ownership of comm (a duplicate of MPI_COMM_WORLD or the result of a split), the group
   // `name` with the topology it inherits.
-  MpiCommunicator(MPI_Comm comm, const std::string& name, const Topology& topology) : comm_(comm) {
+  // moves_sim_memory: the sim backend's transport (make_mpi_transport), which also moves SIM tensors (host
+  // memory).
+  MpiCommunicator(MPI_Comm comm, const std::string& name, const Topology& topology, bool moves_sim_memory)
+      : comm_(comm), moves_sim_memory_(moves_sim_memory) {
     SL_MPI_CALL(MPI_Comm_rank(comm_, &rank_));
     SL_MPI_CALL(MPI_Comm_size(comm_, &size_));
     init_group(name, mpi_world_ranks(comm_), topology);
@@ -414,6 +422,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  Device device() const override { return Device::CPU; }  // CUDA tensors staged, SIM ones in the transport
 
   // --- collectives -------------------------------------------------------------------------
   // Each makes a closure that runs the blocking MPI call on host memory (HostStage) and hands it to
@@ -421,7 +430,7 @@ class MpiCommunicator : public Communicator {
   WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag) override {
     check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
     check_count_fits_int("all_reduce", rank_, buf.numel());
-    const int dev = caller_cuda_device(buf, buf);
+    const int dev = staging_device("all_reduce", buf, buf);
     auto d = held_back(buf, /*copy_in=*/true);
     return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, d, [this, buf, op, dev, d] {
       if (d) return all_reduce_host(d->data(), buf.numel(), buf.dtype(), op);
@@ -435,7 +444,7 @@ class MpiCommunicator : public Communicator {
     check_reduce_dtype("reduce_scatter", rank_, size_, in.dtype(), op);
     check_reduce_scatter(rank_, size_, in, out);
     check_count_fits_int("reduce_scatter", rank_, in.numel());
-    const int dev = caller_cuda_device(in, out);
+    const int dev = staging_device("reduce_scatter", in, out);
     auto d = held_back(out, /*copy_in=*/false);
     return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, d, [this, in, out, op, dev, d] {
       HostStage h_in(in, dev, /*copy_in=*/true);
@@ -448,7 +457,7 @@ class MpiCommunicator : public Communicator {
   WorkPtr all_gather_async(const Tensor& in, Tensor& out, const std::string& tag) override {
     check_all_gather(rank_, size_, in, out);
     check_count_fits_int("all_gather", rank_, out.numel());
-    const int dev = caller_cuda_device(in, out);
+    const int dev = staging_device("all_gather", in, out);
     auto d = held_back(out, /*copy_in=*/false);
     return collective("all_gather", tag, in.numel(), in.dtype(), -1, d, [this, in, out, dev, d] {
       HostStage h_in(in, dev, /*copy_in=*/true);
@@ -461,7 +470,7 @@ class MpiCommunicator : public Communicator {
   WorkPtr broadcast_async(Tensor& buf, int root, const std::string& tag) override {
     check_root("broadcast", rank_, size_, root);
     check_count_fits_int("broadcast", rank_, buf.numel());
-    const int dev = caller_cuda_device(buf, buf);
+    const int dev = staging_device("broadcast", buf, buf);
     auto d = held_back(buf, /*copy_in=*/rank_ == root);
     return collective("broadcast", tag, buf.numel(), buf.dtype(), root, d, [this, buf, root, dev, d] {
       HostStage h(buf, dev, /*copy_in=*/rank_ == root);
@@ -482,8 +491,8 @@ class MpiCommunicator : public Communicator {
   WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
     check_peer("send", rank_, size_, peer);
     check_count_fits_int("send", rank_, buf.numel());
+    const int dev = staging_device("send", buf, buf);
     auto o = new_op("send", tag, buf.numel(), buf.dtype(), peer);
-    const int dev = caller_cuda_device(buf, buf);
     auto stage = std::make_shared<std::unique_ptr<HostStage>>();  // lives until the send completes
     Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle
     o->post = [this, buf, peer, dev, stage, op](MPI_Request* requests) {
@@ -499,8 +508,8 @@ class MpiCommunicator : public Communicator {
   WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
     check_peer("recv", rank_, size_, peer);
     check_count_fits_int("recv", rank_, buf.numel());
+    const int dev = staging_device("recv", buf, buf);
     auto o = new_op("recv", tag, buf.numel(), buf.dtype(), peer);
-    const int dev = caller_cuda_device(buf, buf);
     auto stage = std::make_shared<std::unique_ptr<HostStage>>();
     Op* op = o.get();
     o->delivery = held_back(buf, /*copy_in=*/false);
@@ -519,8 +528,10 @@ class MpiCommunicator : public Communicator {
                     static_cast<long long>(buf.numel()), dtype_name(buf.dtype()), peer, received);
       if (!op->delivery) (*stage)->copy_out();
       stage->reset();
-      // The bytes cannot have crossed the link before the sender started plus the modelled time.
-      op->not_before_ms = recv_not_before_ms(op->header, op->modeled_ms);
+      // The bytes cannot have crossed the link before the sender started plus the modelled time. Without a
+      // link model there is no such bound (and the sim backend's transport runs under the virtual clock,
+      // whose times are not comparable across processes: the sim backend sends its own).
+      if (op->modeled_ms > 0) op->not_before_ms = recv_not_before_ms(op->header, op->modeled_ms);
     };
     return submit(o);
   }
@@ -540,7 +551,7 @@ class MpiCommunicator : public Communicator {
     o->run = [this, color, key, child] { SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, child.get())); };
     submit(o)->wait();
     if (*child == MPI_COMM_NULL) return nullptr;  // kNoColor: this rank joins no group
-    auto sub = std::make_unique<MpiCommunicator>(*child, name, topology());
+    auto sub = std::make_unique<MpiCommunicator>(*child, name, topology(), moves_sim_memory_);
     sub->set_wait_timeout(wait_timeout());  // a child starts with its parent's timeout (comm.h)
     return sub;
   }
@@ -663,9 +674,23 @@ class MpiCommunicator : public Communicator {
     return submit(o);
   }
 
-  // Delivery at wait, for an output on the CPU (GPU tensors are written at once, as always).
+  // Where the thread stages a call's tensors: the caller's CUDA device (the thread must use the same
+  // one), or -1 for host memory. SIM tensors are refused unless this communicator is the sim backend's
+  // transport: the sim backend times them in virtual time, this one would not.
+  int staging_device(const char* op, const Tensor& a, const Tensor& b) const {
+    for (const Tensor* t : {&a, &b}) {
+      SL_CHECK_HINT(t->device() != Device::SIM || moves_sim_memory_ || t->numel() == 0,
+                    "tensors on the simulated GPU go through --backend sim, which times their calls in virtual time",
+                    "%s on rank %d of %d: the mpi backend moves CPU and CUDA tensors, this one lives on the sim", op,
+                    rank_, size_);
+    }
+    return caller_cuda_device(a, b);
+  }
+
+  // Delivery at wait, for an output in host memory (CPU, or SIM in the sim backend's transport; GPU tensors
+  // are written at once, as always).
   std::shared_ptr<Delivery> held_back(const Tensor& out, bool copy_in) const {
-    if (!deliver_at_wait_ || out.device() != Device::CPU) return nullptr;
+    if (!deliver_at_wait_ || out.device() == Device::CUDA) return nullptr;
     return std::make_shared<Delivery>(out, copy_in);
   }
 
@@ -822,7 +847,7 @@ class MpiCommunicator : public Communicator {
       op->run();
       set_running("");
       // The link model's remaining time (if any), keeping the sends and recvs moving meanwhile.
-      for (double left_ms = op->not_before_ms - Communicator::now_ms(); left_ms > 0;
+      for (double left_ms = op->modeled_ms > 0 ? op->not_before_ms - Communicator::now_ms() : 0; left_ms > 0;
            left_ms = op->not_before_ms - Communicator::now_ms()) {
         poll(in_flight);
         std::this_thread::sleep_for(std::min<std::chrono::duration<double, std::micro>>(
@@ -859,7 +884,7 @@ class MpiCommunicator : public Communicator {
       } catch (const std::exception& e) {
         error = std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op->what));
       }
-      if (error || (op->transferred && Communicator::now_ms() >= op->not_before_ms)) {
+      if (error || (op->transferred && (op->modeled_ms <= 0 || Communicator::now_ms() >= op->not_before_ms))) {
         finish(op, error);
         in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
@@ -908,12 +933,13 @@ class MpiCommunicator : public Communicator {
   double stop_deadline_ms_ = 0;   // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
   bool stop_ = false;
   bool deliver_at_wait_ = false;  // SL_COMM_DELIVER_AT_WAIT (file comment)
+  bool moves_sim_memory_ = false; // the sim backend's transport: SIM tensors too (staging_device)
   std::thread thread_;  // the communication thread, started by the constructor's body
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator() {
+std::unique_ptr<Communicator> make_mpi_communicator(bool sim_transport) {
   mpi_init_once();
   // A duplicate of the world: this communicator's messages never mix with anyone else's (another
   // communicator, a library using MPI_COMM_WORLD), and it can be freed.
@@ -921,7 +947,7 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   SL_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   int world_size = 1;
   SL_MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
-  return std::make_unique<MpiCommunicator>(comm, "world", default_topology(world_size));
+  return std::make_unique<MpiCommunicator>(comm, "world", default_topology(world_size), sim_transport);
 }
 
 }  // namespace scalelab::comm_detail

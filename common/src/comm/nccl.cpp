@@ -84,12 +84,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-void check_on_gpu(const char* op, int rank, const Tensor& t) {
-  SL_CHECK_HINT(t.device() == Device::CUDA || t.numel() == 0,
-                "the nccl backend moves GPU tensors; use --backend mpi for CPU tensors",
-                "%s on rank %d: the tensor lives on the %s", op, rank, device_name(t.device()));
-}
-
 // One call: its done event and its place in the event log.
 struct Op {
   uint64_t event_id = 0;
@@ -328,9 +322,10 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::CUDA; }
 
   WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag) override {
-    check_on_gpu("all_reduce", rank_, buf);
+    check_on_device(*this, "all_reduce", buf);
     check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
     check_count_fits_int("all_reduce", rank_, buf.numel());
     return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, {buf}, [&] {
@@ -340,8 +335,8 @@ class NcclCommunicator : public Communicator {
   }
 
   WorkPtr reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op, const std::string& tag) override {
-    check_on_gpu("reduce_scatter", rank_, in);
-    check_on_gpu("reduce_scatter", rank_, out);
+    check_on_device(*this, "reduce_scatter", in);
+    check_on_device(*this, "reduce_scatter", out);
     check_reduce_dtype("reduce_scatter", rank_, size_, in.dtype(), op);
     check_reduce_scatter(rank_, size_, in, out);
     check_count_fits_int("reduce_scatter", rank_, in.numel());
@@ -352,8 +347,8 @@ class NcclCommunicator : public Communicator {
   }
 
   WorkPtr all_gather_async(const Tensor& in, Tensor& out, const std::string& tag) override {
-    check_on_gpu("all_gather", rank_, in);
-    check_on_gpu("all_gather", rank_, out);
+    check_on_device(*this, "all_gather", in);
+    check_on_device(*this, "all_gather", out);
     check_all_gather(rank_, size_, in, out);
     check_count_fits_int("all_gather", rank_, out.numel());
     return collective("all_gather", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
@@ -362,7 +357,7 @@ class NcclCommunicator : public Communicator {
   }
 
   WorkPtr broadcast_async(Tensor& buf, int root, const std::string& tag) override {
-    check_on_gpu("broadcast", rank_, buf);
+    check_on_device(*this, "broadcast", buf);
     check_root("broadcast", rank_, size_, root);
     check_count_fits_int("broadcast", rank_, buf.numel());
     return collective("broadcast", tag, buf.numel(), buf.dtype(), root, {buf}, [&] {
@@ -372,7 +367,7 @@ class NcclCommunicator : public Communicator {
   }
 
   WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
-    check_on_gpu("send", rank_, buf);
+    check_on_device(*this, "send", buf);
     check_peer("send", rank_, size_, peer);
     check_count_fits_int("send", rank_, buf.numel());
     std::shared_ptr<State> st = st_;
@@ -382,7 +377,7 @@ class NcclCommunicator : public Communicator {
   }
 
   WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
-    check_on_gpu("recv", rank_, buf);
+    check_on_device(*this, "recv", buf);
     check_peer("recv", rank_, size_, peer);
     check_count_fits_int("recv", rank_, buf.numel());
     std::shared_ptr<State> st = st_;

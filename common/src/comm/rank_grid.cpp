@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, SL_FAIL, detail::format
-#include "scalelab/core/tensor.h"  // defines: Tensor (the layout vote)
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_values (the layout vote)
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, SL_FAIL, detail::format
 
 namespace scalelab {
 
@@ -175,15 +175,9 @@ RankGrid::RankGrid(Communicator& world, int tp_size, int pp_size, int dp_size, c
   //    any split, whether one rank or all of them got a bad layout.
   const Problem mine = find_problem(layout_, n);
   const int code = mine.empty() ? order_code(parse_order(order)) : -1;
-  const int32_t ballot[9] = {mine.empty() ? 0 : 1, tp_size, pp_size, dp_size, code, -tp_size, -pp_size, -dp_size, -code};
-  Tensor h_vote = Tensor::empty({9}, DType::I32);  // (9) i32
-  std::copy(std::begin(ballot), std::end(ballot), h_vote.data<int32_t>());
-  const Device dev = world.backend() == "nccl" ? Device::CUDA : Device::CPU;  // nccl moves GPU tensors only
-  Tensor d_vote = dev == Device::CPU ? h_vote : Tensor::empty({9}, DType::I32, dev);
-  if (dev != Device::CPU) d_vote.copy_from(h_vote);
-  world.all_reduce(d_vote, ReduceOp::Max, "rank grid: layout check");
-  if (dev != Device::CPU) h_vote.copy_from(d_vote);
-  const int32_t* v = h_vote.data<int32_t>();
+  const std::vector<int32_t> ballot = {mine.empty() ? 0 : 1, tp_size, pp_size, dp_size, code,
+                                       -tp_size, -pp_size, -dp_size, -code};
+  const std::vector<int32_t> v = all_reduce_values(world, ballot, ReduceOp::Max, "rank grid: layout check");
   if (!mine.empty()) SL_FAIL(mine.hint, "rank %d of %d: %s", me, n, mine.message.c_str());
   SL_CHECK_HINT(v[0] == 0, "read the error of the rank(s) that refused it: every rank must pass the same good layout",
                 "rank grid on rank %d of %d: %s is fine here, but another rank refused its layout", me, n,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
 #include "scalelab/core/error.h"
 #include "scalelab/ops/ops.h"
 
@@ -121,10 +122,7 @@ float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups) {
   double sq = grad_sum_squares(model);
   for (Communicator* g : groups) {
     if (g == nullptr || g->size() == 1) continue;
-    Tensor t = Tensor::empty({1}, DType::F32);  // (1,) f32: the communicator reduces f32
-    t.data<float>()[0] = static_cast<float>(sq);
-    g->all_reduce(t, ReduceOp::Sum, "grad norm");
-    sq = t.data<float>()[0];
+    sq = all_reduce_value(*g, static_cast<float>(sq), ReduceOp::Sum, "grad norm");  // f32: the communicator's
   }
   return static_cast<float>(std::sqrt(sq));
 }

@@ -61,7 +61,7 @@ TEST(CommLocal, AutoIsLocalWhenRunDirectly) {
 }
 
 TEST(CommLocal, UnknownOrMissingBackendsAreRefusedWithAHint) {
-  EXPECT_TRUE(contains(error_message([] { make_communicator("gloo"); }), "use auto, local, mpi or nccl"));
+  EXPECT_TRUE(contains(error_message([] { make_communicator("gloo"); }), "use auto, local, mpi, nccl or sim"));
 #ifndef SL_WITH_NCCL
   EXPECT_TRUE(contains(error_message([] { make_communicator("nccl"); }), "--backend mpi"));
 #endif

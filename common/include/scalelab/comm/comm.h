@@ -6,6 +6,10 @@
 //          communicator, so asynchronous calls progress while the caller computes.
 //   nccl   one GPU per rank; the unique id is broadcast over MPI; a communication stream ordered
 //          against the compute stream with events (verified only where several GPUs exist)
+//   sim    a simulated GPU per rank (Device::SIM, docs/simulation.md): NCCL's contract, the bytes moved
+//          over MPI, every call timed in virtual time on this rank's communication stream (core/clock.h)
+// nccl and sim take device tensors only (device()); a host value (a norm, a loss, a flag, a run id)
+// travels through one of the helpers of comm/host_values.h, which stage it through that device.
 // Counts are ELEMENTS, never bytes (docs/style.md 22). Every call appends a CommEvent (op, elements,
 // payload and bus bytes, issue/start/end times, the caller's wait_ms, the tag of the layer or bucket
 // that issued it), so labs and tests can check communication volume, overlap and exposed time.
@@ -19,7 +23,8 @@
 // Errors: scalelab::Error naming the rank, the operation and the sizes.
 // A wait timeout (set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S) turns a wait that never ends into one of
 // those errors: a deadlocked schedule says what each rank waited for instead of hanging.
-// Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks)
+// Tests: tests/common/comm/test_comm.cpp (local), tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks),
+// tests/common/comm/test_sim_comm_mpi.cpp (sim)
 #pragma once
 
 #include <cstdint>
@@ -140,7 +145,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
+  virtual std::string backend() const = 0;  // "local", "mpi", "nccl", "sim"
+  // Where this backend's tensors live: CPU (local, mpi: they also take CUDA tensors, staged), CUDA (nccl),
+  // SIM (sim). nccl and sim refuse any other tensor. comm/host_values.h stages host values through it.
+  virtual Device device() const = 0;
 
   // The group this communicator is: its name ("world" for make_communicator's, the third argument of
   // split for the others) and the world ranks of its members in this communicator's rank order, so
@@ -151,7 +159,8 @@ class Communicator {
 
   // Asynchronous collectives. Tensors must stay alive and untouched until wait() returns. Every rank
   // passes the same n and dtype (f32, bf16 or i32; bf16 is reduced in fp32 by the mpi backend; Avg of
-  // i32 is refused). CPU or CUDA tensors (the mpi backend stages CUDA ones through pinned host memory).
+  // i32 is refused). Tensors on device() (nccl: CUDA, sim: SIM; local and mpi take CPU and CUDA ones, the mpi
+  // backend staging CUDA ones through pinned host memory).
   // all_reduce: in place, buf (n) on every rank; Avg divides the sum by size().
   virtual WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag = "") = 0;
   // reduce_scatter: in (size()*n) -> out (n): rank r receives the reduction of chunk r.
@@ -307,8 +316,9 @@ bool comm_wait_timed_out();
 
 // backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE or SLURM_STEP_NUM_TASKS > 1; else local), "local",
-// "mpi", "nccl". The MPI/NCCL backends initialise MPI on first use (MPI_THREAD_MULTIPLE) and
-// finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
+// "mpi", "nccl", "sim" (needs the virtual clock on: VirtualClock::start, as --device sim does; without a
+// link model set its groups use nvlink inside a node and infiniband across nodes). The MPI, NCCL and sim
+// backends initialise MPI on first use (MPI_THREAD_MULTIPLE) and finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
 // on one GPU with nccl: "use --backend mpi").
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "auto");
 
