@@ -16,14 +16,15 @@
 #include <vector>
 
 #include "ddp.h"                         // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
-#include "driver.h"                      // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h"   // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
 #include "scalelab/measure/metrics.h"    // defines: RunLogger, TimeSpan
 #include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint
 #include "scalelab/model/optim.h"        // defines: Optimizer
 #include "scalelab/core/threads.h"       // defines: set_num_threads
 #include "step_timeline.h"               // defines: StepTimeline (the compute spans of a timeline record)
-#include "train_loop.h"                  // defines: driver::TrainLoop, open_data (labs/common)
+#include "scalelab/driver/train_loop.h" // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -46,7 +47,7 @@ static int run(const Options& o, Communicator& comm) {
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // YOUR TODO lab03-7
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
@@ -92,7 +93,7 @@ static int run(const Options& o, Communicator& comm) {
 
   // ------------------------------------------------------------------------------------------------
   // Training: the loop of labs/common around lab 03's step
-  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, *data.train, *data.val,
+  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, data,
                          log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab03::train_step(model, optimizer, sync, micro, lr, o.grad_clip);  // YOUR step

@@ -19,7 +19,8 @@
 #include <vector>
 
 #include "ddp.h"                                // defines: lab03::micro_steps_per_step (lab 03's reference)
-#include "driver.h"                             // defines: driver::DistributedOptions, make_link, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h"          // defines: driver::DistributedOptions, make_link, ... (common/)
 #include "fsdp.h"                               // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
 #include "memory_report.h"                      // defines: memory_summary, print_memory_table
 #include "scalelab/comm/comm.h"                 // defines: Communicator, run_on_all_ranks
@@ -29,7 +30,7 @@
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, format_memory_table
 #include "scalelab/measure/metrics.h"           // defines: RunLogger
 #include "step_probe.h"                         // defines: StepProbe (exposed communication, timeline spans)
-#include "train_loop.h"                         // defines: driver::TrainLoop, open_data, out_of_memory_report
+#include "scalelab/driver/train_loop.h"                         // defines: driver::TrainLoop, open_data, out_of_memory_report
 #include "train_step.h"                         // defines: lab01::flops_per_token
 
 using namespace scalelab;
@@ -64,7 +65,7 @@ static int run(const Options& o, Communicator& comm) {
                 o.slow_rank, world);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // lab 03's rule
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
   const GPTConfig& cfg = data.cfg;
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   const OptimizerConfig::Kind opt_kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -79,7 +80,8 @@ static int run(const Options& o, Communicator& comm) {
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   const double loader_alone_tok_s =
       o.loader_alone_batches > 0
-          ? driver::time_loader_alone(o.data, data.loader, o.loader_alone_batches, o.loader_delay_ms, &comm)
+          ? driver::time_loader_alone(data.parts.open_loader, o.data, data.loader, o.loader_alone_batches,
+                                      o.loader_delay_ms, &comm)
           : kNotMeasured;  // tokens/s of this rank
 
   RunLogger log("lab04", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
@@ -153,7 +155,7 @@ static int run(const Options& o, Communicator& comm) {
     // Training: the loop of labs/common around lab 04's step
     loop = std::make_unique<driver::TrainLoop>(
         o, driver::LoopSpec{"lab04", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &comm,
-        model, *data.train, *data.val, log, peak, flops_tok, device);
+        model, data, log, peak, flops_tok, device);
     MemStats between_steps{};  // after the last step: what stays between steps (the persistent state)
     loop->step = [&](std::vector<MicroBatch>& micro, float lr) {
       return lab04::train_step(*fsdp, micro, lr, o.grad_clip);  // YOUR step (lab04-9)

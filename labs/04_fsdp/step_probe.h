@@ -23,7 +23,7 @@
 #include <thread>     // defines: std::this_thread::sleep_for (--slow-rank)
 #include <vector>
 
-#include "driver.h"                    // defines: driver::CommStats, comm_stats (labs/common)
+#include "scalelab/driver/driver.h"    // defines: driver::CommStats, comm_stats (common/)
 #include "scalelab/comm/comm.h"        // defines: Communicator, CommEvent
 #include "scalelab/measure/metrics.h"  // defines: TimeSpan
 #include "scalelab/model/gpt2.h"       // defines: GPT2, HookPoint, HookOrder

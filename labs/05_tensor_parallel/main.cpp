@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "ddp.h"                       // defines: lab03::micro_steps_per_step (lab 03's reference)
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h" // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
 #include "scalelab/model/gpt2.h"       // defines: GPT2
 #include "scalelab/model/optim.h"      // defines: Optimizer
 #include "tensor_parallel.h"           // defines: lab05::MegatronPoints, train_step, make_layout, ... (YOU)
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
+#include "scalelab/driver/train_loop.h" // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -58,7 +59,7 @@ static int run(const Options& o, Communicator& world) {
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * layout.dp;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, layout.dp);  // lab 03's rule
   // Every rank of a tensor-parallel group reads the same windows: the data is split across replicas only.
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, lab05::shard_of(layout), policy, device, o.seed);  // the dense model's slices
@@ -113,7 +114,7 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Training: the loop of labs/common around lab 05's step
   driver::TrainLoop loop(o, {"lab05", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true},
-                         &world, model, *data.train, *data.val, log, peak, flops_tok, device);
+                         &world, model, data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab05::train_step(model, optimizer, points, dp_group.get(), micro, lr, o.grad_clip);  // YOUR step
   };

@@ -20,7 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h" // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "pipeline_parallel.h"         // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
 #include "scalelab/comm/rank_grid.h"   // defines: RankGrid (the pipeline and the embedding group)
@@ -28,7 +29,7 @@
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
 #include "scalelab/model/gpt2.h"       // defines: GPT2
 #include "scalelab/model/optim.h"      // defines: Optimizer
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
+#include "scalelab/driver/train_loop.h" // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -58,7 +59,7 @@ static int run(const Options& o, Communicator& world) {
   RankGrid grid(world, /*tp=*/1, /*pp=*/p, /*dp=*/1);  // the pipeline group and the embedding group
   lab06::StageExchange exchange(grid.pp(), layout);
   // Every stage reads the same windows (the first uses the tokens, the last the targets).
-  driver::RunData data = driver::open_data(o, o.micro_batch, layout.m, /*dp_rank=*/0, /*dp_size=*/1);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, layout.m, /*dp_rank=*/0, /*dp_size=*/1);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   OptimizerConfig oc;
@@ -112,8 +113,8 @@ static int run(const Options& o, Communicator& world) {
 
   // ------------------------------------------------------------------------------------------------
   // Training: the loop of labs/common around lab 06's step
-  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], *data.train,
-                         *data.val, log, peak, flops_tok, device);
+  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], data, log,
+                         peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab06::train_step(stage, exchange, grid.embedding(), optimizers, micro, lr, o.grad_clip);  // YOUR step
   };

@@ -19,13 +19,14 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h" // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
 #include "scalelab/comm/comm.h"        // defines: Communicator, Topology, run_on_all_ranks
 #include "scalelab/core/allocator.h"   // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
+#include "scalelab/driver/train_loop.h" // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -80,7 +81,7 @@ static int run(const Options& o, Communicator& world) {
                 "--global-batch %d with --micro-batch %d x --micro-batches %d x dp %d", o.global_batch, o.micro_batch,
                 o.micro_batches, grid.dp);
   // Every rank of one replica (its stages and tp ranks) reads the same windows; the replicas disjoint ones.
-  driver::RunData data = driver::open_data(o, o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -140,7 +141,7 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Training: the loop of labs/common around lab 07's step
   driver::TrainLoop loop(o, {"lab07", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
-                         *data.train, *data.val, log, peak, flops_tok, device);
+                         data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab07::train_step(*part, micro, lr, o.grad_clip); };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.timeline_comm = g.tp.get();

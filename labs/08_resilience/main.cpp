@@ -24,7 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
+#include "lab_parts.h"  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/driver/driver.h" // defines: driver::DistributedOptions, set_links, ... (common/)
 #include "faults.h"                    // defines: lab08::Faults, Heartbeat, add_fault_options (given)
 #include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
 #include "reshard.h"                   // defines: lab08::rebase_loader_state (given)
@@ -33,7 +34,7 @@
 #include "scalelab/core/error.h"       // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"     // defines: set_num_threads
 #include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
+#include "scalelab/driver/train_loop.h" // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -82,7 +83,7 @@ static int run(const Options& o, Communicator& world) {
   const lab07::Layout layout = lab07::make_layout(GPTConfig::preset(o.model), grid, n, rank,
                                                   lab06::schedule_from_name(o.schedule), o.micro_batches, o.chunks,
                                                   o.ranks_per_node, /*placement_rule=*/false);
-  driver::RunData data = driver::open_data(o, o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   OptimizerConfig oc;
   oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
   oc.weight_decay = o.weight_decay;
@@ -107,7 +108,7 @@ static int run(const Options& o, Communicator& world) {
     const double t0 = wall_ms();
     const lab08::ResumeState st =
         lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1, o.reshard);
-    data.train->restore(lab08::rebase_loader_state(lab02::LoaderState::from_bytes(st.loader), data.train->config()));
+    data.train->restore(lab08::rebase_loader_state(data::LoaderState::from_bytes(st.loader), data.train->config()));
     sample_rng.set_state(st.rng);
     start_step = st.step;
     if (rank == 0) std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
@@ -149,7 +150,7 @@ static int run(const Options& o, Communicator& world) {
   // Training: lab 07's step; around it the faults, the heartbeat, the rollback decision, the timings and the
   // checkpoints
   driver::TrainLoop loop(o, {"lab08", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
-                         *data.train, *data.val, log, peak, flops_tok, device);
+                         data, log, peak, flops_tok, device);
   loop.sample_rng = sample_rng;
   lab07::Groups& g = part->groups;
   const double compute_f = o.uniform_compute_ms * faults.compute_factor();
@@ -164,11 +165,11 @@ static int run(const Options& o, Communicator& world) {
   times.rank = rank;
   lab08::Heartbeat heartbeat(o.heartbeat_dir, rank);
   loop.next_batch = [&](MicroBatch& mb) {  // the loader, minus the skip list's windows
-    lab02::Batch b = data.train->next();
+    data::Batch b = data.train->next();
     while (skip.contains(b.epoch, b.batch_in_epoch)) b = data.train->next();
     step_windows.push_back({b.epoch, b.batch_in_epoch});
     faults.poison(b, step_i, o.micro_batches);
-    lab02::load_batch(b, mb.inputs, mb.targets);
+    data::load_batch(b, mb.inputs, mb.targets);
   };
   loop.before_step = [&](double, double, bool) {
     for (Communicator* c : comms)

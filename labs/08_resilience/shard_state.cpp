@@ -11,7 +11,7 @@
 #include <regex>       // defines: std::regex_match
 #include <thread>      // defines: std::this_thread::sleep_for
 
-#include "reshard.h"                    // defines: load_resharded; lab02::LoaderState
+#include "reshard.h"                    // defines: load_resharded; data::LoaderState
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
 
@@ -289,7 +289,7 @@ std::string broadcast_text(Communicator& world, const std::string& text, int roo
 static nlohmann::json describe_resume(const lab07::Rank3D& r, const ResumeState& st) {
   nlohmann::json loader;
   try {
-    const lab02::LoaderState l = lab02::LoaderState::from_bytes(st.loader);
+    const data::LoaderState l = data::LoaderState::from_bytes(st.loader);
     loader = {{"epoch", l.epoch}, {"batch_in_epoch", l.batch_in_epoch}, {"B", l.B}, {"dp_size", l.dp_size},
               {"seed", l.seed}};
   } catch (const Error&) {  // not a LoaderState record (a test's stand-in): the bytes as they are

@@ -27,7 +27,7 @@
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count
 #include "scalelab/core/error.h"   // defines: scalelab::Error, NotImplemented
 #include "scalelab/measure/calibration.h"  // defines: Calibration, load_or_calibrate, calibration_cache_path
-#include "shard_loader.h"          // defines: lab02::list_shards (is the corpus there?)
+#include "scalelab/data/shard.h"   // defines: data::list_shards (is the corpus there?)
 
 #ifndef SL_PERF_MPIEXEC
 #define SL_PERF_MPIEXEC ""
@@ -293,8 +293,8 @@ std::string ensure_corpus() {
   const fs::path data = fs::path(p.source_dir) / "data" / "kjv";
   const auto has_shards = [&data] {
     std::error_code ec;
-    return fs::is_directory(data, ec) && !lab02::list_shards(data.string(), "train").empty() &&
-           !lab02::list_shards(data.string(), "val").empty();
+    return fs::is_directory(data, ec) && !data::list_shards(data.string(), "train").empty() &&
+           !data::list_shards(data.string(), "val").empty();
   };
   if (has_shards()) return "";
   // A fresh clone: make the corpus the way scripts/test.sh does (seconds; idempotent, so a half-made one is redone).

@@ -1,10 +1,9 @@
-// driver.h — plumbing shared by the lab drivers (the main.cpp of labs 01 to 09): the options they all have, the --device check, the simulated link, the run id and run record,
-// the MFU peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
-// main.cpp; only code that was the same, line for line, in two or three drivers lives here.
-// Implementation: labs/common/driver.cpp (library sl_lab_driver, linked into every lab program by
-// sl_add_lab in cmake/scalelab.cmake; lab 02's learner program gets sl_lab_driver_lab02_learner, the same
-// code on the learner's loader). Tested through the drivers (tests/perf, scripts/scale_demo.sh).
-// It lives under labs/, not common/, because the validation pass reads lab 02's ShardLoader.
+// driver.h — plumbing shared by the lab drivers (the main.cpp of labs 01 to 09): the options they all have, the
+// --device check, the simulated link, the run id and run record, the MFU peak, and the validation pass. What a
+// lab teaches (its training step, what it measures) stays in its main.cpp; only code that was the same, line
+// for line, in two or three drivers lives here. It links no lab: the loader it reads is the data::BatchSource a
+// lab program hands it (labs/common/lab_parts.h). Implementation: common/src/driver/driver.cpp (library
+// scalelab_driver, above common's layers). Tested through the drivers (scripts/compare_runs.py, tests/perf).
 #pragma once
 
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
@@ -12,18 +11,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>  // defines: std::unique_ptr
 #include <string>
 #include <utility>  // defines: std::pair
 #include <vector>
 
+#include "scalelab/comm/comm.h"            // defines: Communicator, CommEvent, LinkModel
+#include "scalelab/core/precision.h"       // defines: PrecisionPolicy
+#include "scalelab/core/tensor.h"          // defines: Device, Tensor
+#include "scalelab/data/batch_source.h"    // defines: data::BatchSource, OpenBatchSource, LoaderConfig, LoaderState
 #include "scalelab/measure/calibration.h"  // defines: Peak
-#include "scalelab/comm/comm.h"         // defines: Communicator, CommEvent, LinkModel
-#include "scalelab/model/gpt2.h"         // defines: GPT2
 #include "scalelab/measure/metrics.h"      // defines: RunRecord
-#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
-#include "scalelab/core/tensor.h"       // defines: Device, Tensor
-#include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference;
-                                   //   YOURS in lab 02's learner program, labs/CMakeLists.txt)
+#include "scalelab/model/gpt2.h"           // defines: GPT2
+#include "scalelab/model/optim.h"          // defines: OptimizerConfig
 
 namespace scalelab::driver {
 
@@ -157,13 +157,14 @@ RunRecord make_run_record(const nlohmann::json& config, const std::string& track
 // The average of one float over all ranks (a loss). Collective.
 float mean_over_ranks(Communicator& comm, float x, const std::string& tag);
 
-// The validation split: a loader with the training loader's config (B, T, seed, dp_rank, dp_size) but
-// no shuffling and no prefetch thread, and the position every pass starts from, so that every pass
-// evaluates the same windows. n_batches = requested batches, at least 1, at most one epoch of this rank.
+// The validation split: a loader (opened by `open`) with the training loader's config (B, T, seed, dp_rank,
+// dp_size) but no shuffling and no prefetch thread, and the position every pass starts from, so that every
+// pass evaluates the same windows. n_batches = requested batches, at least 1, at most one epoch of this rank.
 struct ValidationSplit {
-  ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config, int64_t requested_batches);
-  lab02::ShardLoader loader;
-  lab02::LoaderState start;
+  ValidationSplit(const data::OpenBatchSource& open, const std::string& data_dir,
+                  const data::LoaderConfig& train_config, int64_t requested_batches);
+  std::unique_ptr<data::BatchSource> loader;
+  data::LoaderState start;
   int n_batches = 0;  // loader batches per pass, each (B, T)
 };
 

@@ -1,5 +1,5 @@
-// driver.cpp — plumbing shared by the lab drivers (driver.h).
-#include "driver.h"
+// driver.cpp — plumbing shared by the lab drivers (scalelab/driver/driver.h).
+#include "scalelab/driver/driver.h"
 
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
@@ -226,26 +226,26 @@ float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
   return t.data<float>()[0];
 }
 
-static lab02::LoaderConfig validation_config(const lab02::LoaderConfig& train_config) {
-  lab02::LoaderConfig vc = train_config;
+static data::LoaderConfig validation_config(const data::LoaderConfig& train_config) {
+  data::LoaderConfig vc = train_config;
   vc.shuffle = false;
   vc.prefetch = false;
   vc.on_assemble = nullptr;  // a simulated slow or failing read is the training loader's, not the validation pass's
   return vc;
 }
 
-ValidationSplit::ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config,
-                                 int64_t requested_batches)
-    : loader(data_dir, "val", validation_config(train_config)),
-      start(loader.state()),
-      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader.batches_per_epoch())))) {}
+ValidationSplit::ValidationSplit(const data::OpenBatchSource& open, const std::string& data_dir,
+                                 const data::LoaderConfig& train_config, int64_t requested_batches)
+    : loader(open(data_dir, "val", validation_config(train_config))),
+      start(loader->state()),
+      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader->batches_per_epoch())))) {}
 
 float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
                const std::function<float(const Tensor& tokens, const Tensor& targets)>& loss_of) {
-  val.loader.restore(val.start);
+  val.loader->restore(val.start);
   double sum = 0.0;
   for (int i = 0; i < val.n_batches; ++i) {
-    lab02::load_batch(val.loader.next(), x, y);
+    data::load_batch(val.loader->next(), x, y);
     sum += loss_of(x, y);
   }
   return static_cast<float>(sum / val.n_batches);
