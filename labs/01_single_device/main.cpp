@@ -2,7 +2,7 @@
 // The driver is shared by both tracks: it calls the functions of train_step.h, which come from your
 // labs/01_single_device/train_step.cpp (bin/learner/lab01_single_device) or from the reference
 // solutions/01_single_device/train_step.cpp (bin/reference/lab01_single_device). The loop around the
-// step (data, validation, logs, checkpoints, summary) is labs/common/train_loop.h.
+// step (data, validation, logs, checkpoints, summary) is common/include/scalelab/driver/train_loop.h.
 // Lesson: labs/01_single_device/README.md. Log schema: docs/log_schema.md.
 //
 //   build/bin/reference/lab01_single_device --data data/kjv --model demo --steps 300
@@ -14,23 +14,23 @@
 #include <string>
 #include <vector>
 
-#include "lab_parts.h"                       // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
+#include "lab_parts.h"                        // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
 #include "scalelab/comm/comm.h"               // defines: run_single_process
 #include "scalelab/core/error.h"              // defines: SL_CHECK_HINT
-#include "scalelab/driver/driver.h"           // defines: driver::TrainOptions, make_run_record, ... (common/)
 #include "scalelab/core/threads.h"            // defines: set_num_threads
+#include "scalelab/driver/driver.h"           // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/train_loop.h"       // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/calibration.h"     // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
 #include "scalelab/measure/metrics.h"         // defines: RunLogger (JSONL logs)
 #include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
 #include "scalelab/model/optim.h"             // defines: Optimizer
 #include "scalelab/model/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
-#include "scalelab/driver/train_loop.h"       // defines: driver::TrainLoop, open_data (common/)
 #include "train_step.h"                       // defines: train_step, flops_per_token (YOU)
 
 using namespace scalelab;
 
-// The options every lab driver has (labs/common/driver.h: --device, --model, --seq-len, the schedule, ...)
+// The options every lab driver has (scalelab/driver/driver.h: --device, --model, --seq-len, the schedule, ...)
 // and lab 01's own.
 struct Options : driver::TrainOptions {
   Options() {
@@ -59,9 +59,7 @@ static int run(const Options& o) {
   const auto [attention, attention_why] = driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
   model.set_attention(attention);
   driver::apply_recompute(o, model);  // --recompute
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
 
   const Peak peak = driver::run_peak(device, policy, threads, o.calibration);
@@ -93,12 +91,9 @@ static int run(const Options& o) {
   }
   if (run_id.empty()) run_id = make_run_id();
   RunLogger log("lab01", run_id, /*rank=*/0, o.log_dir);
-  const nlohmann::json config = {
-      {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
-      {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-      {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
-      {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-      {"attention", attention_impl_name(model.attention())},        {"attention_choice", attention_why}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_params", model.num_params()}, {"B", o.batch},
+                 {"attention", attention_impl_name(model.attention())}, {"attention_choice", attention_why}});
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
   std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention (%s) | %d threads | peak %.1f GFLOP/s (%s)\n",
@@ -108,7 +103,7 @@ static int run(const Options& o) {
   std::printf("logs: %s\n", log.path().c_str());
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 01's step, with this track's throughput and MFU
+  // Training: the driver's loop around lab 01's step, with this track's throughput and MFU
   driver::TrainLoop loop(o, {"lab01", o.batch, /*micro_steps=*/1, /*global_batch=*/o.batch}, /*comm=*/nullptr, model,
                          data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {

@@ -135,19 +135,13 @@ static int run(const Options& o) {
     std::unique_ptr<NaiveTextLoader> naive;
     GPT2 model(data.cfg, policy, device, o.seed);
     driver::apply_recompute(o, model);
-    OptimizerConfig oc;
-    oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-    oc.weight_decay = o.weight_decay;
+    const OptimizerConfig oc = driver::optimizer_config(o);
     Optimizer optimizer(model, oc);
     RunLogger log("lab02", run_id + "-" + which, /*rank=*/0, o.log_dir);
-    const nlohmann::json config = {
-        {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
-        {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-        {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
-        {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-        {"loader", which},          {"prefetch", which == "kit" && kit_config.prefetch},
-        {"prefetch_depth", o.prefetch_depth}, {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0},
-        {"text", text_path}};
+    nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+    config.update({{"n_params", model.num_params()}, {"B", o.batch}, {"loader", which},
+                   {"prefetch", which == "kit" && kit_config.prefetch}, {"prefetch_depth", o.prefetch_depth},
+                   {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0}, {"text", text_path}});
     log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
     log.log("loader_alone", {{"tokens_per_s", r.alone_tokens_per_s},
                              {"batches", which == "kit" ? o.alone_batches : o.naive_alone_batches}});

@@ -5,7 +5,7 @@
 #include <algorithm>   // defines: std::sort
 #include <chrono>      // defines: std::chrono::system_clock
 #include <cstring>     // defines: std::memcpy
-#include <cstdio>      // defines: std::snprintf
+#include <cstdio>      // defines: std::snprintf, std::printf
 #include <filesystem>  // defines: std::filesystem::directory_iterator
 #include <fstream>     // defines: std::ifstream
 #include <regex>       // defines: std::regex_match
@@ -358,6 +358,20 @@ SkipList SkipList::load(const std::string& path) {
 // =============================================================================================
 // Per-rank timings
 // =============================================================================================
+nlohmann::json stragglers_json(const std::vector<Straggler>& slow) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Straggler& x : slow)
+    out.push_back({{"rank", x.rank}, {"compute_ms", x.compute_ms}, {"typical_compute_ms", x.typical_compute_ms},
+                   {"ratio", x.ratio}, {"others_wait_ms", x.others_wait_ms}});
+  return out;
+}
+
+void print_stragglers(const std::vector<Straggler>& slow) {
+  for (const Straggler& x : slow)
+    std::printf("  rank %d computes %.1f ms a step, %.2fx the typical %.1f ms; the others wait %.1f ms a step for it\n",
+                x.rank, x.compute_ms, x.ratio, x.typical_compute_ms, x.others_wait_ms);
+}
+
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window) {
   const int n = std::min<int>(window, static_cast<int>(mine.compute_ms.size()));
   const size_t first = mine.compute_ms.size() - static_cast<size_t>(n);

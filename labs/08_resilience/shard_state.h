@@ -158,6 +158,10 @@ struct Straggler {
 // Every rank's RankTimes window (`mine` on this rank; each has the last `window` steps, or fewer when fewer
 // ran, the same count on every rank), in rank order, on every rank. Collective over world.
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window);
+// The stragglers as the summary record's "stragglers" array (docs/log_schema.md), and as the lines rank 0
+// prints under "stragglers over the last N steps:".
+nlohmann::json stragglers_json(const std::vector<Straggler>& slow);
+void print_stragglers(const std::vector<Straggler>& slow);
 
 // ---------------------------------------------------------------------------------------------
 // The file log (for the checks: which file of a checkpoint was written when)

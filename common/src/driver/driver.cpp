@@ -201,6 +201,20 @@ std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
   return broadcast_string(comm, mine, "run id");
 }
 
+OptimizerConfig optimizer_config(const TrainOptions& o) {
+  OptimizerConfig oc;
+  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
+  oc.weight_decay = o.weight_decay;
+  return oc;
+}
+
+nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, double flops_per_token) {
+  return {{"model", o.model},         {"T", o.seq_len},           {"steps", o.steps},
+          {"lr", o.lr},               {"optimizer", o.optimizer}, {"precision", policy.name()},
+          {"recompute", o.recompute}, {"seed", o.seed},           {"flops_per_token", flops_per_token},
+          {"data", o.data},           {"device", o.device}};
+}
+
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
                           const PrecisionPolicy& policy, Device device, const Peak& peak) {
   RunRecord r;

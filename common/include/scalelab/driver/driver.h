@@ -145,6 +145,14 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
 // differs per call, so rank 0 draws it and broadcasts it). At most 128 characters. Collective.
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested);
 
+// --optimizer and --weight-decay as the optimizer's config (the betas and eps: OptimizerConfig's defaults).
+OptimizerConfig optimizer_config(const TrainOptions& o);
+
+// The keys of the `run` record's config every training driver writes, from its options: model, T, steps, lr,
+// optimizer, precision (the policy's name), recompute, seed, data, device, and flops_per_token. A lab adds
+// its own (config.update({...})); the record's keys: docs/log_schema.md.
+nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, double flops_per_token);
+
 // The `run` record's fields every driver fills the same way: config, world size, track (SL_TRACK_NAME
 // of the calling program), threads per rank, precision, device name, peak FLOP/s per device
 // (kNotMeasured when unknown), its source and calibration id. The caller adds `extra` keys.
