@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"             // defines: test::expect_error_containing
 #include "lab02_support.h"            // defines: Scratch, counting_stream, loader_config
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/data/shard.h"      // defines: data::write_shard
@@ -17,6 +18,7 @@
 
 namespace lab02 = scalelab::lab02;
 using scalelab::lab02_test::counting_stream;
+using scalelab::test::expect_error_containing;
 using scalelab::lab02_test::kCountingVocab;
 using scalelab::lab02_test::loader_config;
 
@@ -31,18 +33,6 @@ class ShardTest : public ::testing::Test {
   }
   scalelab::lab02_test::Scratch scratch_;
 };
-
-// EXPECT that calling f throws scalelab::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error_containing(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected scalelab::Error containing '" << parts.front() << "', nothing was thrown";
-  } catch (const scalelab::Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in:\n" << msg;
-  }
-}
 
 // loader_config (lab02_support.h) with the seed these tests have always used.
 lab02::LoaderConfig small_config(int B, int T, bool prefetch = true) { return loader_config(B, T, prefetch); }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"             // defines: test::expect_error_containing
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/core/tensor.h"     // defines: Tensor (load_batch)
 #include "scalelab/data/batch.h"      // defines: data::Batch, LoaderState, load_batch
@@ -21,6 +22,7 @@
 namespace fs = std::filesystem;
 namespace data = scalelab::data;
 using scalelab::Tensor;
+using scalelab::test::expect_error_containing;
 
 namespace {
 
@@ -37,18 +39,6 @@ class ShardFileTest : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   fs::path dir_;
 };
-
-// EXPECT that calling f throws scalelab::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error_containing(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected scalelab::Error containing '" << parts.front() << "', nothing was thrown";
-  } catch (const scalelab::Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in:\n" << msg;
-  }
-}
 
 void overwrite_bytes(const std::string& file, long offset, const std::vector<uint8_t>& bytes) {
   std::FILE* f = std::fopen(file.c_str(), "r+b");
