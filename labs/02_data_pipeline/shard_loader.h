@@ -85,7 +85,7 @@ class ShardLoader : public data::BatchSource {
   ShardLoader(const std::vector<std::string>& files, const LoaderConfig& config);
   // The shards of a split in a directory: list_shards(dir, split), e.g. ("data/kjv", "train").
   ShardLoader(const std::string& dir, const std::string& split, const LoaderConfig& config);
-  ~ShardLoader();  // stops the prefetch thread, unmaps the shards
+  ~ShardLoader() override;  // stops the prefetch thread, unmaps the shards
   ShardLoader(const ShardLoader&) = delete;
   ShardLoader& operator=(const ShardLoader&) = delete;
 
@@ -93,17 +93,17 @@ class ShardLoader : public data::BatchSource {
   Batch next() override;
 
   // Call these from the thread that calls next() (the loader is not shared between threads).
-  LoaderState state() const override;     // position of the next batch next() will return
+  LoaderState state() const override;  // position of the next batch next() will return
   // TODO(lab02-3): continue from a saved position, so that the following batches are those the saving
   // loader would have returned (same seed, epoch, batch). Throws scalelab::Error for a state of another
   // stream (B, T, dp_size, shuffle or N differ) or a position outside the epoch. README "Resume".
   void restore(const LoaderState& state) override;
-  void skip_batches(int64_t n) override;   // move n batches ahead without reading them (n >= 0)
+  void skip_batches(int64_t n) override;  // move n batches ahead without reading them (n >= 0)
 
-  int64_t windows_per_epoch() const { return n_windows_; }  // W = (N - 1) / T
+  int64_t windows_per_epoch() const { return n_windows_; }           // W = (N - 1) / T
   int64_t batches_per_epoch() const override { return n_batches_; }  // W / (B * dp_size)
   int vocab_size() const override { return vocab_size_; }
-  int64_t tokens_total() const { return n_tokens_; }        // N, all shards
+  int64_t tokens_total() const { return n_tokens_; }                 // N, all shards
   const LoaderConfig& config() const override { return cfg_; }
 
  private:
