@@ -31,6 +31,7 @@
 #include "scalelab/core/precision.h"    // defines: PrecisionPolicy
 #include "scalelab/core/rng.h"
 #include "scalelab/core/threads.h"
+#include "scalelab/measure/stats.h"  // defines: median (of the timed steps)
 #include "train_step.h"  // defines: lab01::flops_per_token, tokens_per_second, mfu (reference track)
 
 using namespace scalelab;
@@ -40,10 +41,6 @@ static double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 static double mean(const std::vector<double>& v) {
   double s = 0;

@@ -214,11 +214,11 @@ endfunction()
 
 # sl_add_lab_program(<NN> <name> DRIVER main.cpp [DEPS libs...]): the lab's program twice,
 # bin/learner/labNN_name (linked with labNN_learner and DEPS) and bin/reference/labNN_name (labNN_ref and
-# DEPS), each with the drivers' shared plumbing (labs/common/driver.h, train_loop.h): the library
-# sl_lab_driver_labNN_<track> where one exists (lab 02, whose loader the plumbing itself reads: so each
-# track's program runs that track's loader end to end), sl_lab_driver otherwise (built on lab 02's
-# reference). Called by sl_add_lab with a DRIVER, or on its own once the driver libraries exist
-# (labs/CMakeLists.txt: lab 02's libraries come first).
+# DEPS), each with the driver (scalelab_driver: common/include/scalelab/driver/) and the parts it hands
+# the driver (labs/common/lab_parts.h: lab 02's loader, lab 01's throughput and MFU): the link set
+# sl_lab_driver_labNN_<track> where one exists (lab 01's and lab 02's learner programs: each runs its own
+# track of that lab end to end), sl_lab_driver otherwise (both references). Called by sl_add_lab with a
+# DRIVER, or by sl_add_lab_from_manifest (a lab whose program has deps of its own: lab 02).
 function(sl_add_lab_program NN name)
   cmake_parse_arguments(A "" "DRIVER" "DEPS" ${ARGN})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${NN}_${name})
@@ -239,7 +239,7 @@ function(sl_add_lab_program NN name)
     if(TARGET sl_lab_driver_lab${NN}_${track})
       target_link_libraries(${exe} PRIVATE sl_lab_driver_lab${NN}_${track})
     elseif(TARGET sl_lab_driver)
-      target_link_libraries(${exe} PRIVATE sl_lab_driver)  # labs/common/driver.h (labs/CMakeLists.txt)
+      target_link_libraries(${exe} PRIVATE sl_lab_driver)  # scalelab_driver, lab01_ref, lab02_ref (labs/CMakeLists.txt)
     endif()
     target_compile_definitions(${exe} PRIVATE SL_TRACK_NAME="${grade_track}")
     set_target_properties(${exe} PROPERTIES OUTPUT_NAME lab${NN}_${name} RUNTIME_OUTPUT_DIRECTORY ${bin_dir})

@@ -1,7 +1,7 @@
 // make_shards.cpp — program sl_make_shards: text files -> byte-level token shards for the loader.
 //   sl_make_shards kjv.txt --out-dir data/kjv            writes train_000000.bin ..., val_000000.bin
 //   sl_make_shards --check data/kjv                      validates every shard there (checksums too)
-// Shard format and loader order: docs/formats.md. Writer/reader: solutions/02_data_pipeline (lab 02).
+// Shard format: docs/formats.md. Writer, reader and tokenizer: common/src/data/ (scalelab/data/).
 // scripts/prepare_corpus.sh runs this on the King James Bible.
 #include <CLI/CLI.hpp>  // defines: CLI::App (command line)
 
@@ -14,11 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
-#include "shard_loader.h"    // defines: lab02::write_shard, read_shard_header, list_shards, encode_bytes
+#include "scalelab/core/error.h"      // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
+#include "scalelab/data/shard.h"      // defines: data::write_shard, read_shard_header, list_shards
+#include "scalelab/data/tokenizer.h"  // defines: data::encode_bytes, kByteVocab
 
 namespace fs = std::filesystem;
-namespace lab02 = scalelab::lab02;
+namespace data = scalelab::data;
 
 namespace {
 
@@ -84,7 +85,7 @@ std::vector<std::string> write_split(const std::string& dir, const std::string& 
     char name[64];
     std::snprintf(name, sizeof(name), "%s_%06zu.bin", split.c_str(), written.size());
     const std::vector<int32_t> piece(tokens.begin() + start, tokens.begin() + stop);
-    lab02::write_shard((fs::path(dir) / name).string(), piece, lab02::kByteVocab);
+    data::write_shard((fs::path(dir) / name).string(), piece, data::kByteVocab);
     written.push_back(name);
   }
   const std::set<std::string> keep(written.begin(), written.end());
@@ -104,13 +105,13 @@ int check_dir(const std::string& dir) {
   for (const char* split : {"train", "val"}) {
     std::vector<std::string> files;
     try {
-      files = lab02::list_shards(dir, split);
+      files = data::list_shards(dir, split);
     } catch (const scalelab::Error&) {
       if (std::string(split) == "val") continue;  // a corpus may have no validation split
       throw;
     }
     for (const std::string& f : files) {
-      const lab02::ShardHeader h = lab02::read_shard_header(f, /*verify_checksum=*/true);
+      const data::ShardHeader h = data::read_shard_header(f, /*verify_checksum=*/true);
       std::printf("  ok %-40s %10llu tokens x %u bytes, vocab %u\n", f.c_str(),
                   static_cast<unsigned long long>(h.token_count), h.bytes_per_token, h.vocab_size);
       total += static_cast<int64_t>(h.token_count);
@@ -159,11 +160,11 @@ int main(int argc, char** argv) {
       text += piece;
       if (piece.back() != '\n') text += '\n';
     }
-    const std::vector<int32_t> tokens = lab02::encode_bytes(text);  // one token per byte
+    const std::vector<int32_t> tokens = data::encode_bytes(text);  // one token per byte
     const size_t n = tokens.size();
     size_t distinct = 0;
     {
-      std::vector<bool> seen(lab02::kByteVocab, false);
+      std::vector<bool> seen(data::kByteVocab, false);
       for (int32_t t : tokens) seen[t] = true;
       for (bool s : seen) distinct += s ? 1 : 0;
     }
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("sl_make_shards: %zu input file(s), %zu bytes -> %zu tokens (byte-level, vocab %d), "
                 "%zu distinct byte values\n",
-                inputs.size(), text.size(), n, lab02::kByteVocab, distinct);
+                inputs.size(), text.size(), n, data::kByteVocab, distinct);
     std::printf("  train: %10zu tokens in %zu shard(s) %s .. %s\n", cut, train.size(), train.front().c_str(),
                 train.back().c_str());
     if (!val.empty())

@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/error.h"       // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/measure/stats.h"    // defines: median
 
 namespace scalelab::scaling {
 
@@ -50,10 +51,7 @@ double mean_measured(const std::vector<double>& xs) {
 // Median of the measured values (kNotMeasured if none).
 double median_measured(std::vector<double> xs) {
   xs.erase(std::remove_if(xs.begin(), xs.end(), [](double x) { return !measured(x); }), xs.end());
-  if (xs.empty()) return kNotMeasured;
-  std::sort(xs.begin(), xs.end());
-  const size_t n = xs.size();
-  return n % 2 == 1 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+  return median(xs);
 }
 
 std::string fmt(const char* f, ...) {

@@ -240,25 +240,62 @@ struct SweepRow {
 // thousands of ranks is exact in fp32, whatever order the transport adds in.
 static float pattern(int r, int64_t i) { return static_cast<float>((r + 1) + i % 7); }
 
-// Runs `op` on `elements` f32 elements (S = 4 * elements bytes, see SweepRow): one checked call, one
-// more untimed call, then warm-up and timed calls, as many as fit o.seconds_per_size (at most o.warmup
+// One collective of the sweep, as nccl-tests describes each of its tests (its src/*.cu: the counts of the
+// buffers, the data, the call, the exact result, the bus factor): one entry per collective, one loop over
+// them (run), one function that times any of them (measure). Sizes: `elements` is S / 4, S of SweepRow;
+// chunk = elements / n, one rank's share.
+struct Collective {
+  const char* op;       // the name: Communicator's call, bus_factor's and the link model's
+  const char* heading;  // what the table's heading says after the name
+  bool chunked;         // the buffers split into n equal chunks: elements must be a multiple of n
+  bool sums_in_place;   // its result replaces its input with a sum: the timed calls run on zeros (measure)
+  // The buffers: in (in_n elements, initial values), out (out_n; 0: the result lands in `in`).
+  int64_t (*in_n)(int64_t elements, int64_t chunk);
+  int64_t (*out_n)(int64_t elements, int64_t chunk);
+  float (*initial)(int rank, int64_t i);
+  void (*call)(Communicator& comm, Tensor& in, Tensor& out);
+  // The exact value of result element i on rank r (n ranks; sum_r = n (n + 1) / 2, the sum of r + 1).
+  float (*expected)(int r, int n, int64_t i, int64_t chunk);
+  int64_t (*payload_elements)(int64_t elements, int64_t chunk);  // this rank's contribution (link model)
+};
+
+static const Collective kCollectives[] = {
+    {"all_reduce", " (sum)", false, true, [](int64_t e, int64_t) { return e; }, [](int64_t, int64_t) { return int64_t{0}; },
+     pattern, [](Communicator& c, Tensor& in, Tensor&) { c.all_reduce(in, ReduceOp::Sum, "probe"); },
+     [](int, int n, int64_t i, int64_t) { return static_cast<float>(n * (n + 1) / 2) + n * (i % 7); },
+     [](int64_t e, int64_t) { return e; }},
+    {"all_gather", "", true, false, [](int64_t, int64_t chunk) { return chunk; }, [](int64_t e, int64_t) { return e; },
+     pattern, [](Communicator& c, Tensor& in, Tensor& out) { c.all_gather(in, out, "probe"); },
+     [](int, int, int64_t i, int64_t chunk) { return pattern(static_cast<int>(i / chunk), i % chunk); },
+     [](int64_t, int64_t chunk) { return chunk; }},
+    {"reduce_scatter", " (sum)", true, false, [](int64_t e, int64_t) { return e; },
+     [](int64_t, int64_t chunk) { return chunk; }, pattern,
+     [](Communicator& c, Tensor& in, Tensor& out) { c.reduce_scatter(in, out, ReduceOp::Sum, "probe"); },
+     [](int r, int n, int64_t i, int64_t chunk) {  // rank r gets the sum of chunk r
+       return static_cast<float>(n * (n + 1) / 2) + n * ((r * chunk + i) % 7);
+     },
+     [](int64_t e, int64_t) { return e; }},
+    {"broadcast", " (root 0)", false, false, [](int64_t e, int64_t) { return e; },
+     [](int64_t, int64_t) { return int64_t{0}; }, [](int r, int64_t i) { return r != 0 ? -1.0f : pattern(r, i); },
+     [](Communicator& c, Tensor& in, Tensor&) { c.broadcast(in, /*root=*/0, "probe"); },
+     [](int, int, int64_t i, int64_t) { return pattern(0, i); }, [](int64_t e, int64_t) { return e; }},
+};
+
+// Runs collective `c` on `elements` f32 elements (S = 4 * elements bytes, see SweepRow): one checked call,
+// one more untimed call, then warm-up and timed calls, as many as fit o.seconds_per_size (at most o.warmup
 // and o.iters).
-static SweepRow measure(Communicator& comm, Device dev, const std::string& op, int64_t elements, const Options& o) {
+static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int64_t elements, const Options& o) {
   const int n = comm.size(), r = comm.rank();
   const int64_t chunk = elements / n;  // all_gather / reduce_scatter: one rank's share
   SweepRow row;
-  row.op = op;
+  row.op = c.op;
   row.elements = elements;
   row.size_bytes = elements * static_cast<int64_t>(dtype_size(DType::F32));
 
   // h_in / h_out on the host; d_in / d_out where the communicator wants them (the GPU under nccl).
-  //   all_reduce, broadcast: in (elements), in place
-  //   all_gather:            in (chunk) -> out (elements)
-  //   reduce_scatter:        in (elements) -> out (chunk)
-  const int64_t in_n = op == "all_gather" ? chunk : elements;
-  const int64_t out_n = op == "all_gather" ? elements : op == "reduce_scatter" ? chunk : 0;
+  const int64_t in_n = c.in_n(elements, chunk), out_n = c.out_n(elements, chunk);
   Tensor h_in = Tensor::empty({in_n}, DType::F32), h_out = Tensor::empty({out_n}, DType::F32);
-  for (int64_t i = 0; i < in_n; ++i) h_in.data<float>()[i] = op == "broadcast" && r != 0 ? -1.0f : pattern(r, i);
+  for (int64_t i = 0; i < in_n; ++i) h_in.data<float>()[i] = c.initial(r, i);
   for (int64_t i = 0; i < out_n; ++i) h_out.data<float>()[i] = -1.0f;  // never a correct value
   Tensor d_in = dev == Device::CPU ? h_in : Tensor::empty({in_n}, DType::F32, dev);
   Tensor d_out = dev == Device::CPU ? h_out : Tensor::empty({out_n}, DType::F32, dev);
@@ -266,12 +303,7 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
     d_in.copy_from(h_in);
     d_out.copy_from(h_out);
   }
-  auto call = [&] {
-    if (op == "all_reduce") comm.all_reduce(d_in, ReduceOp::Sum, "probe");
-    else if (op == "all_gather") comm.all_gather(d_in, d_out, "probe");
-    else if (op == "reduce_scatter") comm.reduce_scatter(d_in, d_out, ReduceOp::Sum, "probe");
-    else comm.broadcast(d_in, /*root=*/0, "probe");
-  };
+  auto call = [&] { c.call(comm, d_in, d_out); };
 
   // 1. The first call is checked against the exact result.
   comm.barrier();
@@ -282,21 +314,13 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
     h_in.copy_from(d_in);
     h_out.copy_from(d_out);
   }
-  const float sum_r = static_cast<float>(n * (n + 1) / 2);  // sum over ranks of (r + 1)
+  const Tensor& result = out_n > 0 ? h_out : h_in;
   int64_t wrong = 0;
-  if (op == "all_reduce") {
-    for (int64_t i = 0; i < elements; ++i) wrong += h_in.data<float>()[i] != sum_r + n * (i % 7);
-  } else if (op == "broadcast") {
-    for (int64_t i = 0; i < elements; ++i) wrong += h_in.data<float>()[i] != pattern(0, i);
-  } else if (op == "all_gather") {
-    for (int64_t i = 0; i < elements; ++i) wrong += h_out.data<float>()[i] != pattern(static_cast<int>(i / chunk), i % chunk);
-  } else {  // reduce_scatter: rank r gets the sum of chunk r
-    for (int64_t i = 0; i < chunk; ++i) wrong += h_out.data<float>()[i] != sum_r + n * ((r * chunk + i) % 7);
-  }
+  for (int64_t i = 0; i < result.numel(); ++i) wrong += result.data<float>()[i] != c.expected(r, n, i, chunk);
   row.wrong = sum_over_ranks(comm, wrong);
   // An in-place sum grows n-fold per call and would overflow to inf after ~100 calls: time zeros
   // instead (MPI's and NCCL's sums run at the same speed whatever the values).
-  if (op == "all_reduce") d_in.zero_();
+  if (c.sums_in_place) d_in.zero_();
 
   // 2. A second call sizes the budget with the first (the first alone pays the page faults of fresh
   // buffers; one slow call on a busy machine should not decide alone). Every rank derives the counts
@@ -318,20 +342,20 @@ static SweepRow measure(Communicator& comm, Device dev, const std::string& op, i
 
   // 4. Bandwidths as nccl-tests defines them (its doc/PERFORMANCE.md; comm.h bus_factor).
   row.algbw = static_cast<double>(row.size_bytes) / row.time_s;
-  row.busbw = row.algbw * bus_factor(op, n);
-  const int64_t payload_bytes = (op == "all_gather" ? chunk : elements) * static_cast<int64_t>(dtype_size(DType::F32));
-  row.modeled_s = comm.link_model().seconds(op, payload_bytes, n);
+  row.busbw = row.algbw * bus_factor(c.op, n);
+  const int64_t payload_bytes = c.payload_elements(elements, chunk) * static_cast<int64_t>(dtype_size(DType::F32));
+  row.modeled_s = comm.link_model().seconds(c.op, payload_bytes, n);
   return row;
 }
 
-// The element counts of the sweep for `op`: min..max bytes in x`factor` steps, f32. all_gather and
-// reduce_scatter need a multiple of n elements (equal chunks): rounded down, at least n. A size that
-// rounds to the previous one's count is skipped.
-static std::vector<int64_t> sweep_elements(const std::string& op, int64_t min_bytes, int64_t max_bytes, int factor, int n) {
+// The element counts of the sweep for collective `c`: min..max bytes in x`factor` steps, f32. A chunked
+// collective needs a multiple of n elements (equal chunks): rounded down, at least n. A size that rounds to
+// the previous one's count is skipped.
+static std::vector<int64_t> sweep_elements(const Collective& c, int64_t min_bytes, int64_t max_bytes, int factor, int n) {
   std::vector<int64_t> counts;
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     int64_t e = std::max<int64_t>(1, bytes / static_cast<int64_t>(dtype_size(DType::F32)));
-    if (op == "all_gather" || op == "reduce_scatter") e = std::max<int64_t>(n, e / n * n);
+    if (c.chunked) e = std::max<int64_t>(n, e / n * n);
     if (counts.empty() || counts.back() != e) counts.push_back(e);
   }
   return counts;
@@ -486,19 +510,17 @@ static int run(const Options& o, Communicator& comm) {
     }
     std::fflush(stdout);
   }
-  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
   std::vector<SweepRow> rows;
   const auto t_sweep = Clock::now();
-  for (const std::string& op : ops) {
+  for (const Collective& c : kCollectives) {
     if (root) {
-      std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", op.c_str(),
-                  op == "broadcast" ? " (root 0)" : op == "all_gather" ? "" : " (sum)", "bytes", "elements", "warmup",
+      std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", c.op, c.heading, "bytes", "elements", "warmup",
                   "iters", "time_us", "algbw_GB/s", "busbw_GB/s");
       if (link.enabled()) std::printf(" %11s %7s", "model_us", "x_model");
       std::printf(" %6s\n", "wrong");
     }
-    for (int64_t e : sweep_elements(op, min_bytes, max_bytes, o.factor, n)) {
-      const SweepRow x = measure(comm, dev, op, e, o);
+    for (int64_t e : sweep_elements(c, min_bytes, max_bytes, o.factor, n)) {
+      const SweepRow x = measure(comm, dev, c, e, o);
       rows.push_back(x);
       nlohmann::ordered_json rec = row_json(x, n);
       rec["rank_time_ms"] = x.rank_time_s * 1e3;
@@ -546,7 +568,8 @@ static int run(const Options& o, Communicator& comm) {
       }
       return "-";
     };
-    for (const std::string& op : ops) {
+    for (const Collective& c : kCollectives) {
+      const std::string op = c.op;
       double best = 0;
       for (const auto& x : rows) if (x.op == op) best = std::max(best, x.busbw);
       char b[32];

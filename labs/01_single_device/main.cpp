@@ -2,7 +2,7 @@
 // The driver is shared by both tracks: it calls the functions of train_step.h, which come from your
 // labs/01_single_device/train_step.cpp (bin/learner/lab01_single_device) or from the reference
 // solutions/01_single_device/train_step.cpp (bin/reference/lab01_single_device). The loop around the
-// step (data, validation, logs, checkpoints, summary) is labs/common/train_loop.h.
+// step (data, validation, logs, checkpoints, summary) is common/include/scalelab/driver/train_loop.h.
 // Lesson: labs/01_single_device/README.md. Log schema: docs/log_schema.md.
 //
 //   build/bin/reference/lab01_single_device --data data/kjv --model demo --steps 300
@@ -14,21 +14,23 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                           // defines: driver::TrainOptions, make_run_record, ... (labs/common)
-#include "scalelab/core/error.h"              // defines: scalelab::Error, NotImplemented
+#include "lab_parts.h"                        // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
+#include "scalelab/comm/comm.h"               // defines: run_single_process
+#include "scalelab/core/error.h"              // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"            // defines: set_num_threads
+#include "scalelab/driver/driver.h"           // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/train_loop.h"       // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/calibration.h"     // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
 #include "scalelab/measure/metrics.h"         // defines: RunLogger (JSONL logs)
 #include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
 #include "scalelab/model/optim.h"             // defines: Optimizer
 #include "scalelab/model/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
-#include "train_loop.h"                       // defines: driver::TrainLoop, open_data (labs/common)
-#include "train_step.h"                       // defines: train_step, flops_per_token, tokens_per_second, mfu (YOU)
+#include "train_step.h"                       // defines: train_step, flops_per_token (YOU)
 
 using namespace scalelab;
 
-// The options every lab driver has (labs/common/driver.h: --device, --model, --seq-len, the schedule, ...)
+// The options every lab driver has (scalelab/driver/driver.h: --device, --model, --seq-len, the schedule, ...)
 // and lab 01's own.
 struct Options : driver::TrainOptions {
   Options() {
@@ -50,16 +52,14 @@ static int run(const Options& o) {
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   if (o.mem_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
-  driver::RunData data = driver::open_data(o, o.batch, /*micro_steps=*/1, /*dp_rank=*/0, /*dp_size=*/1);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.batch, /*micro_steps=*/1, /*dp_rank=*/0, /*dp_size=*/1);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, policy, device, o.seed);
   const auto [attention, attention_why] = driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
   model.set_attention(attention);
   driver::apply_recompute(o, model);  // --recompute
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
 
   const Peak peak = driver::run_peak(device, policy, threads, o.calibration);
@@ -79,7 +79,7 @@ static int run(const Options& o) {
   }
   if (!resume_path.empty()) {
     TrainState st = load_train_checkpoint(resume_path, model, optimizer);
-    data.train->restore(lab02::LoaderState::from_bytes(st.loader_state));
+    data.train->restore(data::LoaderState::from_bytes(st.loader_state));
     sample_rng = st.rng;
     start_step = st.step;
     if (run_id.empty()) run_id = st.meta.value("run_id", "");  // continue the same run's log
@@ -91,12 +91,9 @@ static int run(const Options& o) {
   }
   if (run_id.empty()) run_id = make_run_id();
   RunLogger log("lab01", run_id, /*rank=*/0, o.log_dir);
-  const nlohmann::json config = {
-      {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
-      {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-      {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
-      {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-      {"attention", attention_impl_name(model.attention())},        {"attention_choice", attention_why}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_params", model.num_params()}, {"B", o.batch},
+                 {"attention", attention_impl_name(model.attention())}, {"attention_choice", attention_why}});
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
   std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention (%s) | %d threads | peak %.1f GFLOP/s (%s)\n",
@@ -106,14 +103,12 @@ static int run(const Options& o) {
   std::printf("logs: %s\n", log.path().c_str());
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 01's step, with this track's throughput and MFU
+  // Training: the driver's loop around lab 01's step, with this track's throughput and MFU
   driver::TrainLoop loop(o, {"lab01", o.batch, /*micro_steps=*/1, /*global_batch=*/o.batch}, /*comm=*/nullptr, model,
-                         *data.train, *data.val, log, peak, flops_tok, device);
+                         data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab01::train_step(model, optimizer, micro[0].inputs, micro[0].targets, lr, o.grad_clip);  // YOUR step
   };
-  loop.tokens_per_second = &lab01::tokens_per_second;  // YOUR TODO lab01-3
-  loop.mfu = &lab01::mfu;                              // YOUR TODO lab01-4
   loop.sample_rng = sample_rng;
   if (!o.checkpoint_dir.empty()) {
     loop.checkpoint_every = o.checkpoint_every;
@@ -159,15 +154,5 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9))  // MiB; a negative cap is a typo, not "no cap"
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const NotImplemented& e) {
-    std::fflush(stdout);  // what was printed so far comes before the error
-    std::fprintf(stderr, "%s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  return run_single_process([&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

@@ -20,16 +20,18 @@
 #include <thread>   // defines: std::this_thread::sleep_for (--read-delay-ms)
 #include <vector>
 
-#include "driver.h"                        // defines: driver::TrainOptions, make_run_record, ... (labs/common)
+#include "lab_parts.h"                     // defines: lab_parts (YOUR loader; lab 01's reference MFU)
 #include "naive_loader.h"                  // defines: lab02_driver::NaiveTextLoader (the loader compared with)
-#include "scalelab/core/error.h"           // defines: scalelab::Error, NotImplemented
+#include "scalelab/comm/comm.h"            // defines: run_single_process
+#include "scalelab/core/error.h"           // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"         // defines: set_num_threads
+#include "scalelab/data/batch.h"           // defines: data::load_batch
+#include "scalelab/driver/driver.h"        // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/train_loop.h"    // defines: driver::TrainLoop, open_data, time_source_alone (common/)
 #include "scalelab/measure/calibration.h"  // defines: Peak (the MFU denominator; driver::run_peak)
 #include "scalelab/measure/metrics.h"      // defines: RunLogger, make_run_id
 #include "scalelab/model/gpt2.h"           // defines: GPT2
 #include "scalelab/model/optim.h"          // defines: Optimizer
-#include "shard_loader.h"                  // defines: lab02::ShardLoader, LoaderConfig, load_batch (YOU)
-#include "train_loop.h"                    // defines: driver::TrainLoop, open_data, time_source_alone
 #include "train_step.h"                    // defines: lab01::train_step, flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -88,9 +90,9 @@ static int run(const Options& o) {
                 "--loader-alone-batches %d, --naive-alone-batches %d", o.alone_batches, o.naive_alone_batches);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
-  driver::RunData data = driver::open_data(o, o.batch, /*micro_steps=*/1, /*dp_rank=*/0, /*dp_size=*/1);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.batch, /*micro_steps=*/1, /*dp_rank=*/0, /*dp_size=*/1);
   data.train.reset();  // each run below opens its own, with this program's prefetch and read delay
-  lab02::LoaderConfig kit_config = data.loader;
+  data::LoaderConfig kit_config = data.loader;
   kit_config.prefetch = o.prefetch == "on";
   kit_config.prefetch_depth = o.prefetch_depth;
   if (o.read_delay_ms > 0) {
@@ -119,39 +121,34 @@ static int run(const Options& o) {
     // --------------------------------------------------------------------------------------------
     // The loader alone, no model: a fresh one, so the training run below starts at batch 0 too
     if (which == "kit") {
-      r.alone_tokens_per_s = driver::time_loader_alone(o.data, kit_config, o.alone_batches, 0.0, nullptr);
+      r.alone_tokens_per_s = driver::time_loader_alone(data.parts.open_loader, o.data, kit_config, o.alone_batches, 0.0,
+                                                       nullptr);
     } else {
       NaiveTextLoader alone(text_path, o.data, data.loader);
-      const driver::FillBatch fill = [&](MicroBatch& mb) { lab02::load_batch(alone.next(), mb.inputs, mb.targets); };
+      const driver::FillBatch fill = [&](MicroBatch& mb) { data::load_batch(alone.next(), mb.inputs, mb.targets); };
       r.alone_tokens_per_s = driver::time_source_alone(fill, o.batch, o.seq_len, o.naive_alone_batches, nullptr);
     }
 
     // --------------------------------------------------------------------------------------------
     // Training through the kit's loop, a fresh model per loader (the same seed: the same start)
-    lab02::ShardLoader kit(o.data, "train", kit_config);  // the kit loader (the loop's `train`)
+    data.train = data.parts.open_loader(o.data, "train", kit_config);  // the kit loader (the loop's data.train)
     std::unique_ptr<NaiveTextLoader> naive;
     GPT2 model(data.cfg, policy, device, o.seed);
     driver::apply_recompute(o, model);
-    OptimizerConfig oc;
-    oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-    oc.weight_decay = o.weight_decay;
+    const OptimizerConfig oc = driver::optimizer_config(o);
     Optimizer optimizer(model, oc);
     RunLogger log("lab02", run_id + "-" + which, /*rank=*/0, o.log_dir);
-    const nlohmann::json config = {
-        {"model", o.model},         {"n_params", model.num_params()}, {"B", o.batch},
-        {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-        {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
-        {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-        {"loader", which},          {"prefetch", which == "kit" && kit_config.prefetch},
-        {"prefetch_depth", o.prefetch_depth}, {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0},
-        {"text", text_path}};
+    nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+    config.update({{"n_params", model.num_params()}, {"B", o.batch}, {"loader", which},
+                   {"prefetch", which == "kit" && kit_config.prefetch}, {"prefetch_depth", o.prefetch_depth},
+                   {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0}, {"text", text_path}});
     log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
     log.log("loader_alone", {{"tokens_per_s", r.alone_tokens_per_s},
                              {"batches", which == "kit" ? o.alone_batches : o.naive_alone_batches}});
     if (!o.quiet) std::printf("\n== %s loader: logs %s\n", which.c_str(), log.path().c_str());
 
     driver::TrainLoop loop(o, {"lab02", o.batch, /*micro_steps=*/1, /*global_batch=*/o.batch}, /*comm=*/nullptr, model,
-                           kit, *data.val, log, peak, flops_tok, device);
+                           data, log, peak, flops_tok, device);
     loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
       const StepResult step = lab01::train_step(model, optimizer, micro[0].inputs, micro[0].targets, lr, o.grad_clip);
       r.losses.push_back(step.loss);
@@ -159,7 +156,7 @@ static int run(const Options& o) {
     };
     if (which == "naive") {
       naive = std::make_unique<NaiveTextLoader>(text_path, o.data, data.loader);
-      loop.next_batch = [&](MicroBatch& mb) { lab02::load_batch(naive->next(), mb.inputs, mb.targets); };
+      loop.next_batch = [&](MicroBatch& mb) { data::load_batch(naive->next(), mb.inputs, mb.targets); };
     }
     r.s = loop.run();
 
@@ -222,15 +219,5 @@ int main(int argc, char** argv) {
   app.add_option("--naive-alone-batches", o.naive_alone_batches, "batches of the naive loader timed alone")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const NotImplemented& e) {
-    std::fflush(stdout);  // what was printed so far comes before the error
-    std::fprintf(stderr, "%s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  return run_single_process([&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

@@ -24,9 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
-#include "shard_loader.h"         // defines: lab02::Batch, LoaderConfig, epoch_window_order, rank_batch_windows,
-                                  //   encode_bytes, list_shards, read_shard_header, fnv1a64 (this track's)
+#include "scalelab/core/error.h"      // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/data/shard.h"      // defines: data::list_shards, read_shard_header, fnv1a64
+#include "scalelab/data/tokenizer.h"  // defines: data::encode_bytes, kByteVocab
+#include "shard_loader.h"             // defines: lab02::Batch, LoaderConfig, epoch_window_order, rank_batch_windows
+                                      //   (this track's)
 
 namespace scalelab::lab02_driver {
 
@@ -70,9 +72,9 @@ class NaiveTextLoader {
   NaiveTextLoader(const std::string& text_path, const std::string& data_dir, const lab02::LoaderConfig& config)
       : path_(text_path), cfg_(config) {
     const std::string text = read_whole_file(path_);
-    for (const std::string& shard : lab02::list_shards(data_dir, "train")) {
-      const lab02::ShardHeader h = lab02::read_shard_header(shard, /*verify_checksum=*/false);
-      SL_CHECK_HINT(h.vocab_size == static_cast<uint32_t>(lab02::kByteVocab) && h.bytes_per_token == 2,
+    for (const std::string& shard : data::list_shards(data_dir, "train")) {
+      const data::ShardHeader h = data::read_shard_header(shard, /*verify_checksum=*/false);
+      SL_CHECK_HINT(h.vocab_size == static_cast<uint32_t>(data::kByteVocab) && h.bytes_per_token == 2,
                     "the naive loader tokenizes bytes; make byte-level shards with scripts/prepare_corpus.sh",
                     "shard '%s' has vocab_size %u and %u-byte tokens, not the byte tokenizer's 256 and 2",
                     shard.c_str(), h.vocab_size, h.bytes_per_token);
@@ -86,7 +88,7 @@ class NaiveTextLoader {
         body[2 * i] = static_cast<uint8_t>(text[static_cast<size_t>(n_tokens_) + i]);
         body[2 * i + 1] = 0;
       }
-      SL_CHECK_HINT(lab02::fnv1a64(body.data(), body.size()) == h.checksum,
+      SL_CHECK_HINT(data::fnv1a64(body.data(), body.size()) == h.checksum,
                     "pass the text the shards were made from (--text), or rerun scripts/prepare_corpus.sh",
                     "text '%s' is not the text shard '%s' was made from (its checksum differs)", path_.c_str(),
                     shard.c_str());
@@ -102,7 +104,7 @@ class NaiveTextLoader {
   // wait_ms: the whole call (there is no prefetch). Epochs follow each other as in ShardLoader.
   lab02::Batch next() {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> tokens = lab02::encode_bytes(read_whole_file(path_));  // the naive part
+    const std::vector<int32_t> tokens = data::encode_bytes(read_whole_file(path_));  // the naive part
     if (order_epoch_ != epoch_) {
       order_ = lab02::epoch_window_order(n_windows_, cfg_.seed, epoch_, cfg_.shuffle);
       order_epoch_ = epoch_;

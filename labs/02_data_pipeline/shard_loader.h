@@ -1,11 +1,12 @@
-// shard_loader.h — lab 02: token shards on disk and the loader that serves (B, T+1) windows from them.
+// shard_loader.h — lab 02: the loader that serves (B, T+1) windows from token shards, and its four decisions.
 // Declared once for both tracks: labs/02_data_pipeline/shard_loader.cpp (learner, the four TODO functions)
 // and solutions/02_data_pipeline/shard_loader.cpp (reference) define them; labs/02_data_pipeline/shard_io.cpp
-// (given: everything else below) is compiled into both, in namespaces scalelab::lab02::learner and
-// scalelab::lab02::ref. Every other program links the reference.
-// File format and window order: docs/formats.md ("Token shards", "Loader order"). Lesson and task:
+// (given: the ShardLoader around them) is compiled into both, in namespaces scalelab::lab02::learner and
+// scalelab::lab02::ref. Every other program links the reference. The shard files, the tokenizer, the Batch
+// and LoaderState records and the BatchSource interface the training loop reads are common's data layer
+// (common/include/scalelab/data/). Window order: docs/formats.md ("Loader order"). Lesson and task:
 // labs/02_data_pipeline/README.md. Tests: tests/lab02/test_lab02.cpp (graded, both tracks) and
-// tests/lab02/test_shard_loader.cpp (the given code); tool that writes shards: tools/make_shards.cpp
+// tests/lab02/test_shard_loader.cpp (the given code)
 #pragma once
 
 // Which track this translation unit sees. CMake sets it per library (sl_add_lab in cmake/scalelab.cmake);
@@ -15,73 +16,27 @@
 #endif
 
 #include <condition_variable>  // defines: std::condition_variable (prefetch queue)
-#include <cstdint>             // defines: int32_t, uint64_t
+#include <cstdint>             // defines: int64_t, uint64_t
 #include <deque>               // defines: std::deque (prefetch queue)
 #include <exception>           // defines: std::exception_ptr (errors from the prefetch thread)
-#include <functional>          // defines: std::function (LoaderConfig::on_assemble)
+#include <memory>              // defines: std::unique_ptr (open_shard_loader)
 #include <mutex>               // defines: std::mutex
 #include <string>              // defines: std::string
 #include <thread>              // defines: std::thread (prefetch thread)
 #include <vector>              // defines: std::vector
 
-#include "scalelab/core/tensor.h"    // defines: scalelab::Tensor (load_batch)
+#include "scalelab/data/batch.h"         // defines: data::Batch, LoaderState
+#include "scalelab/data/batch_source.h"  // defines: data::BatchSource, LoaderConfig
+#include "scalelab/data/shard.h"         // defines: data::MappedShard, list_shards
 
 namespace scalelab::lab02 {
+
+// The records the loader speaks, from common's data layer (the same for both tracks).
+using data::Batch;
+using data::LoaderConfig;
+using data::LoaderState;
+
 inline namespace SL_TRACK_LAB02 {
-
-// =============================================================================================
-// Token shards: a 64-byte little-endian header, then token_count tokens (docs/formats.md)
-// =============================================================================================
-//   offset  size  field
-//        0     8  magic "SLSHARD1" (no terminating NUL)
-//        8     4  u32 version = 1
-//       12     4  u32 bytes_per_token: 2 (only when vocab_size <= 65536) or 4
-//       16     4  u32 vocab_size
-//       20     4  u32 reserved = 0
-//       24     8  u64 token_count
-//       32     8  u64 checksum: FNV-1a 64 of the token bytes exactly as stored after the header
-//       40    24  zero padding
-//       64     .  tokens: token_count little-endian unsigned integers of bytes_per_token bytes
-constexpr char kShardMagic[9] = "SLSHARD1";  // 8 bytes on disk; [8] is the C string's NUL
-constexpr uint32_t kShardVersion = 1;
-constexpr size_t kShardHeaderBytes = 64;     // bytes
-constexpr int kByteVocab = 256;              // vocabulary of the byte-level tokenizer below
-
-struct ShardHeader {
-  uint32_t version = 0;
-  uint32_t bytes_per_token = 0;  // 2 or 4
-  uint32_t vocab_size = 0;       // every token is in [0, vocab_size)
-  uint64_t token_count = 0;      // tokens in the body
-  uint64_t checksum = 0;         // FNV-1a 64 of the body bytes
-};
-
-// FNV-1a 64-bit hash (Fowler, Noll, Vo): h = 0xcbf29ce484222325; for each byte: h ^= byte,
-// h *= 0x100000001b3. Not cryptographic: it catches truncation, bit rot and partial copies.
-uint64_t fnv1a64(const uint8_t* bytes, size_t n_bytes);
-
-// Writes tokens (each in [0, vocab_size)) as a shard: 2-byte tokens when vocab_size <= 65536, else 4.
-// Writes path + ".tmp" first and renames it onto path, so a crash never leaves a partial shard
-// under the real name (rename within one directory is atomic on POSIX file systems).
-void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size);
-
-// Reads and validates the header of the shard at path: magic, version, bytes per token, file size
-// (a truncated body says "expected N bytes found M") and, if verify_checksum, the body's FNV-1a 64.
-// Throws scalelab::Error with a hint on any problem.
-ShardHeader read_shard_header(const std::string& path, bool verify_checksum = true);
-
-// Reads a whole shard (validated as above) into memory: token_count tokens.
-std::vector<int32_t> read_shard(const std::string& path);
-
-// The shards of one split in a directory: <dir>/<split>_*.bin sorted by name
-// (sl_make_shards writes train_000000.bin, train_000001.bin, ..., val_000000.bin).
-// Throws if there are none, with a hint to run scripts/prepare_corpus.sh.
-std::vector<std::string> list_shards(const std::string& dir, const std::string& split);
-
-// =============================================================================================
-// Byte-level tokenizer: token = byte value (vocab 256). Every text round-trips exactly.
-// =============================================================================================
-std::vector<int32_t> encode_bytes(const std::string& text);     // one token per byte, in [0, 256)
-std::string decode_bytes(const std::vector<int32_t>& tokens);   // throws if a token is outside [0, 256)
 
 // =============================================================================================
 // Loader order (docs/formats.md "Loader order")
@@ -121,94 +76,37 @@ std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64
 // =============================================================================================
 // ShardLoader
 // =============================================================================================
-struct LoaderConfig {
-  int B = 8;                      // windows per batch on this rank
-  int T = 256;                    // tokens per sequence; a window holds T+1 tokens
-  uint64_t seed = 1337;           // with the epoch, fixes the window order
-  int dp_rank = 0;                // this rank in the data-parallel group
-  int dp_size = 1;                // ranks in the data-parallel group
-  bool shuffle = true;            // false: windows in stream order every epoch (validation)
-  bool prefetch = true;           // a background thread prepares the next batches
-  int prefetch_depth = 2;         // batches the thread may prepare ahead (>= 1)
-  bool verify_checksums = true;   // hash every shard body once when opening (about 1 GB/s)
-  // Optional: called with (epoch, batch_in_epoch) by whichever thread assembles a batch (the prefetch
-  // thread, or next()'s caller without prefetch), just before it reads the batch's tokens. What it
-  // throws reaches the caller of next() for that batch. For instrumentation and simulations: a slow
-  // disk (sleep in it: lab 02's --read-delay-ms), a failing read (throw: the graded prefetch checks).
-  // Copied with the config; the drivers' validation split drops it (labs/common/driver.cpp).
-  std::function<void(int64_t epoch, int64_t batch_in_epoch)> on_assemble;
-};
-
-// One batch for this rank. inputs and targets are (B, T) int32 token ids, row-major (row b is
-// window b): targets[b][t] is the token that follows inputs[b][t], i.e. window tokens t and t+1.
-// Plain vectors, not Tensors: the loader is host-only; lab 01 copies them into its token tensors.
-struct Batch {
-  int B = 0, T = 0;
-  std::vector<int32_t> inputs;      // (B, T) the first T tokens of each window
-  std::vector<int32_t> targets;     // (B, T) the last T tokens of each window
-  std::vector<int64_t> window_ids;  // (B,) window w starts at stream token w*T
-  int64_t epoch = 0;                // position of this batch: epoch ...
-  int64_t batch_in_epoch = 0;       // ... and batch index within it
-  double wait_ms = 0.0;             // how long next() blocked the caller to return it (ms)
-};
-
-// Copies a batch into a model's input tensors: x = inputs, y = targets, both (B, T) i32 on any device
-// (staged through host tensors). Throws if the shapes differ from (b.B, b.T).
-void load_batch(const Batch& b, scalelab::Tensor& x, scalelab::Tensor& y);
-
-// The loader's exact position: restoring it makes the following batches identical. The position is
-// the same on every rank (all ranks step together), so rank 0's state restores any rank.
-struct LoaderState {
-  uint64_t seed = 0;           // the window order's seed (restore adopts it)
-  int64_t epoch = 0;           // epoch of the next batch next() returns
-  int64_t batch_in_epoch = 0;  // index of that batch within its epoch
-  // What the position refers to; restore checks these so a state is never applied to another stream.
-  int32_t B = 0, T = 0, dp_size = 0;
-  int32_t dp_rank = 0;         // informational (which rank saved it); not checked
-  bool shuffle = true;
-  int64_t tokens_total = 0;    // N of the stream the position refers to
-
-  static constexpr size_t kBytes = 64;        // serialised size (bytes)
-  std::vector<uint8_t> to_bytes() const;      // 64 bytes little-endian, magic "SLLOADR1" (for checkpoints)
-  static LoaderState from_bytes(const std::vector<uint8_t>& bytes);  // throws on a bad record
-};
-
-class ShardLoader {
+// The kit's loader (docs/formats.md "Loader order"): memory-maps the shards of a split, serves this rank's
+// windows in the order of epoch_window_order and rank_batch_windows, a prefetch thread preparing the next
+// batches. What the training loop reads (data::BatchSource); open_shard_loader below opens one.
+class ShardLoader : public data::BatchSource {
  public:
   // Memory-maps every shard in files (all must share one vocab_size) and starts the prefetch thread.
   ShardLoader(const std::vector<std::string>& files, const LoaderConfig& config);
   // The shards of a split in a directory: list_shards(dir, split), e.g. ("data/kjv", "train").
   ShardLoader(const std::string& dir, const std::string& split, const LoaderConfig& config);
-  ~ShardLoader();  // stops the prefetch thread, unmaps the shards
+  ~ShardLoader() override;  // stops the prefetch thread, unmaps the shards
   ShardLoader(const ShardLoader&) = delete;
   ShardLoader& operator=(const ShardLoader&) = delete;
 
   // The next batch of this rank. After the last batch of an epoch comes batch 0 of the next epoch.
-  Batch next();
+  Batch next() override;
 
   // Call these from the thread that calls next() (the loader is not shared between threads).
-  LoaderState state() const;              // position of the next batch next() will return
+  LoaderState state() const override;  // position of the next batch next() will return
   // TODO(lab02-3): continue from a saved position, so that the following batches are those the saving
   // loader would have returned (same seed, epoch, batch). Throws scalelab::Error for a state of another
   // stream (B, T, dp_size, shuffle or N differ) or a position outside the epoch. README "Resume".
-  void restore(const LoaderState& state);
-  void skip_batches(int64_t n);            // move n batches ahead without reading them (n >= 0)
+  void restore(const LoaderState& state) override;
+  void skip_batches(int64_t n) override;  // move n batches ahead without reading them (n >= 0)
 
-  int64_t windows_per_epoch() const { return n_windows_; }  // W = (N - 1) / T
-  int64_t batches_per_epoch() const { return n_batches_; }  // W / (B * dp_size)
-  int vocab_size() const { return vocab_size_; }
-  int64_t tokens_total() const { return n_tokens_; }        // N, all shards
-  const LoaderConfig& config() const { return cfg_; }
+  int64_t windows_per_epoch() const { return n_windows_; }           // W = (N - 1) / T
+  int64_t batches_per_epoch() const override { return n_batches_; }  // W / (B * dp_size)
+  int vocab_size() const override { return vocab_size_; }
+  int64_t tokens_total() const { return n_tokens_; }                 // N, all shards
+  const LoaderConfig& config() const override { return cfg_; }
 
  private:
-  struct MappedShard {
-    std::string path;
-    const uint8_t* base = nullptr;  // start of the mapping (the header)
-    size_t file_bytes = 0;          // bytes mapped
-    ShardHeader header;
-    int64_t first_token = 0;        // stream index of this shard's token 0
-  };
-
   void open_shards(const std::vector<std::string>& files);
   // Copies stream tokens [start, start + n) into out (n int32), crossing shard boundaries as needed.
   void copy_tokens(int64_t start, int64_t n, int32_t* out) const;
@@ -226,7 +124,8 @@ class ShardLoader {
   Batch take_prefetched();
 
   LoaderConfig cfg_;
-  std::vector<MappedShard> shards_;
+  std::vector<data::MappedShard> shards_;  // the files, in stream order, mapped
+  std::vector<int64_t> first_token_;       // stream index of each shard's token 0
   int vocab_size_ = 0;
   int64_t n_tokens_ = 0;   // N
   int64_t n_windows_ = 0;  // W
@@ -247,6 +146,11 @@ class ShardLoader {
   std::exception_ptr worker_error_;  // an error in the producer, rethrown by next()
   bool stop_ = false;              // asks the producer to return
 };
+
+// A ShardLoader of split `split` of `dir`, as the driver opens its sources (data::OpenBatchSource): every lab
+// program hands this to the driver (labs/common/lab_parts.h), so the training loop reads this track's loader.
+std::unique_ptr<data::BatchSource> open_shard_loader(const std::string& dir, const std::string& split,
+                                                     const LoaderConfig& config);
 
 }  // namespace SL_TRACK_LAB02
 }  // namespace scalelab::lab02

@@ -3,7 +3,7 @@
 // The driver is shared by both tracks: it calls the functions of ddp.h, which come from your
 // labs/03_ddp/ddp.cpp (bin/learner/lab03_ddp) or from the reference solutions/03_ddp/ddp.cpp
 // (bin/reference/lab03_ddp). The loop around the step (data, validation, logs, summary) is
-// labs/common/train_loop.h. Lesson: labs/03_ddp/README.md. Log schema: docs/log_schema.md.
+// common/include/scalelab/driver/train_loop.h. Lesson: labs/03_ddp/README.md. Log schema: docs/log_schema.md.
 //
 //   mpirun -np 2 build/bin/reference/lab03_ddp --data data/kjv --model demo --mode overlap --steps 100
 //   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
@@ -16,20 +16,21 @@
 #include <vector>
 
 #include "ddp.h"                         // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
-#include "driver.h"                      // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
+#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
 #include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger, TimeSpan
 #include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint
 #include "scalelab/model/optim.h"        // defines: Optimizer
-#include "scalelab/core/threads.h"       // defines: set_num_threads
 #include "step_timeline.h"               // defines: StepTimeline (the compute spans of a timeline record)
-#include "train_loop.h"                  // defines: driver::TrainLoop, open_data (labs/common)
 #include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 using scalelab::lab03_driver::StepTimeline;
 
-// The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 03's own.
+// The options labs 03 and 04 share (scalelab/driver/driver.h: --device ... --timeline-steps) and lab 03's own.
 struct Options : driver::DistributedOptions {
   std::string mode = "overlap";  // naive | bucketed | overlap
   double bucket_mb = 1.0;        // MiB of fp32 gradients per bucket
@@ -46,7 +47,7 @@ static int run(const Options& o, Communicator& comm) {
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // YOUR TODO lab03-7
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
@@ -54,9 +55,7 @@ static int run(const Options& o, Communicator& comm) {
   GPT2 model(data.cfg, policy, device, o.seed + static_cast<uint64_t>(rank));
   driver::apply_recompute(o, model);
   lab03::broadcast_parameters(model, comm);  // YOUR TODO lab03-1; before the optimizer copies the weights
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
   StepTimeline timeline(model);  // after GradSync: its hooks run after GradSync's
@@ -67,14 +66,11 @@ static int run(const Options& o, Communicator& comm) {
   RunLogger log("lab03", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
   const LinkModel& link = comm.link_model();
-  const nlohmann::json config = {
-      {"model", o.model},         {"n_params", model.num_params()}, {"micro_batch", o.micro_batch},
-      {"global_batch", global_batch}, {"micro_steps", micro_steps}, {"T", o.seq_len},
-      {"steps", o.steps},         {"lr", o.lr},                     {"optimizer", o.optimizer},
-      {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},               {"flops_per_token", flops_tok},
-      {"data", o.data},           {"device", o.device},             {"backend", comm.backend()},
-      {"mode", o.mode},           {"bucket_mb", o.bucket_mb},       {"num_buckets", sync.buckets().size()},
-      {"link", link.name},        {"link_slowdown", o.link_slowdown}, {"timeline_steps", o.timeline_steps}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_params", model.num_params()}, {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
+                 {"micro_steps", micro_steps}, {"backend", comm.backend()}, {"mode", o.mode},
+                 {"bucket_mb", o.bucket_mb}, {"num_buckets", sync.buckets().size()}, {"link", link.name},
+                 {"link_slowdown", o.link_slowdown}, {"timeline_steps", o.timeline_steps}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
@@ -91,8 +87,8 @@ static int run(const Options& o, Communicator& comm) {
   }
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 03's step
-  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, *data.train, *data.val,
+  // Training: the driver's loop around lab 03's step
+  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, data,
                          log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab03::train_step(model, optimizer, sync, micro, lr, o.grad_clip);  // YOUR step

@@ -3,7 +3,7 @@
 // The driver is shared by both tracks: it calls the functions of fsdp.h, which come from your
 // labs/04_fsdp/fsdp.cpp (bin/learner/lab04_fsdp) or from the reference solutions/04_fsdp/fsdp.cpp
 // (bin/reference/lab04_fsdp). The loop around the step (data, validation, logs, summary) is
-// labs/common/train_loop.h; what the driver measures around a step, step_probe.h and memory_report.h.
+// common/include/scalelab/driver/train_loop.h; what the driver measures around a step, step_probe.h and memory_report.h.
 // Lesson: labs/04_fsdp/README.md. Log schema: docs/log_schema.md.
 //
 //   mpirun -np 4 build/bin/reference/lab04_fsdp --model demo --stage 3 --steps 50
@@ -19,23 +19,24 @@
 #include <vector>
 
 #include "ddp.h"                                // defines: lab03::micro_steps_per_step (lab 03's reference)
-#include "driver.h"                             // defines: driver::DistributedOptions, make_link, ... (labs/common)
 #include "fsdp.h"                               // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
+#include "lab_parts.h"                          // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
 #include "memory_report.h"                      // defines: memory_summary, print_memory_table
 #include "scalelab/comm/comm.h"                 // defines: Communicator, run_on_all_ranks
 #include "scalelab/core/allocator.h"            // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/error.h"                // defines: OutOfMemory, SL_CHECK_HINT
 #include "scalelab/core/threads.h"              // defines: set_num_threads
+#include "scalelab/driver/driver.h"             // defines: driver::DistributedOptions, make_link, ... (common/)
+#include "scalelab/driver/train_loop.h"         // defines: driver::TrainLoop, open_data, out_of_memory_report
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, format_memory_table
 #include "scalelab/measure/metrics.h"           // defines: RunLogger
 #include "step_probe.h"                         // defines: StepProbe (exposed communication, timeline spans)
-#include "train_loop.h"                         // defines: driver::TrainLoop, open_data, out_of_memory_report
 #include "train_step.h"                         // defines: lab01::flops_per_token
 
 using namespace scalelab;
 using namespace scalelab::lab04_driver;
 
-// The options labs 03 and 04 share (labs/common/driver.h: --device ... --timeline-steps) and lab 04's own.
+// The options labs 03 and 04 share (scalelab/driver/driver.h: --device ... --timeline-steps) and lab 04's own.
 struct Options : driver::DistributedOptions {
   // FSDP
   int stage = 3;                 // ZeRO stage 1, 2 or 3
@@ -64,7 +65,7 @@ static int run(const Options& o, Communicator& comm) {
                 o.slow_rank, world);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // lab 03's rule
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
   const GPTConfig& cfg = data.cfg;
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   const OptimizerConfig::Kind opt_kind = OptimizerConfig::kind_from_name(o.optimizer);
@@ -79,7 +80,8 @@ static int run(const Options& o, Communicator& comm) {
   const double flops_tok = lab01::flops_per_token(cfg, o.seq_len);
   const double loader_alone_tok_s =
       o.loader_alone_batches > 0
-          ? driver::time_loader_alone(o.data, data.loader, o.loader_alone_batches, o.loader_delay_ms, &comm)
+          ? driver::time_loader_alone(data.parts.open_loader, o.data, data.loader, o.loader_alone_batches,
+                                      o.loader_delay_ms, &comm)
           : kNotMeasured;  // tokens/s of this rank
 
   RunLogger log("lab04", driver::run_id_all_ranks(comm, o.run_id), rank, o.log_dir);
@@ -97,31 +99,25 @@ static int run(const Options& o, Communicator& comm) {
   std::unique_ptr<lab04::FSDP> fsdp;
   std::unique_ptr<driver::TrainLoop> loop;
   try {
-    OptimizerConfig oc;
-    oc.kind = opt_kind;
-    oc.weight_decay = o.weight_decay;
     lab04::FsdpOptions fo;
     fo.stage = stage;
     fo.prefetch = o.prefetch;
     fo.overlap = o.overlap == "on";
-    fo.optimizer = oc;
+    fo.optimizer = driver::optimizer_config(o);
     fsdp = std::make_unique<lab04::FSDP>(cfg, policy, device, o.seed, comm, fo);  // YOUR TODO lab04-1 inside
     GPT2& model = fsdp->model();
     driver::apply_recompute(o, model);
     StepProbe probe(model, rank == o.slow_rank ? o.slow_ms : 0.0);  // times the hooks FSDP added
 
-    const nlohmann::json config = {
-        {"model", o.model},           {"n_params", model.num_params()}, {"stage", o.stage},
-        {"prefetch", o.prefetch},     {"overlap", o.overlap},           {"precision", policy.name()}, {"recompute", o.recompute},
-        {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", micro_steps},
-        {"world_size", world},        {"T", o.seq_len},                 {"steps", o.steps},
-        {"lr", o.lr},                 {"optimizer", o.optimizer},       {"seed", o.seed},
-        {"flops_per_token", flops_tok}, {"data", o.data},               {"device", o.device},
-        {"backend", comm.backend()},  {"link", link.name},              {"link_slowdown", o.link_slowdown},
-        {"loader_delay_ms", o.loader_delay_ms}, {"slow_rank", o.slow_rank}, {"slow_ms", o.slow_ms},
-        {"loader_alone_batches", o.loader_alone_batches}, {"memory_cap_bytes", cap_bytes},
-        {"memory_estimated_peak_bytes", est.total_peak_bytes()}, {"exposed_comm_method", "CommEvent::wait_ms"},
-        {"timeline_steps", o.timeline_steps}};
+    nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+    config.update({{"n_params", model.num_params()}, {"stage", o.stage}, {"prefetch", o.prefetch},
+                   {"overlap", o.overlap}, {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
+                   {"micro_steps", micro_steps}, {"world_size", world}, {"backend", comm.backend()},
+                   {"link", link.name}, {"link_slowdown", o.link_slowdown}, {"loader_delay_ms", o.loader_delay_ms},
+                   {"slow_rank", o.slow_rank}, {"slow_ms", o.slow_ms},
+                   {"loader_alone_batches", o.loader_alone_batches}, {"memory_cap_bytes", cap_bytes},
+                   {"memory_estimated_peak_bytes", est.total_peak_bytes()},
+                   {"exposed_comm_method", "CommEvent::wait_ms"}, {"timeline_steps", o.timeline_steps}});
     RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
     if (link.enabled() || cap_bytes > 0) run_rec.extra["simulated"] = true;
     log.log_run(run_rec);
@@ -136,10 +132,7 @@ static int run(const Options& o, Communicator& comm) {
       std::printf("global batch %d = micro-batch %d x %d ranks x %d micro-steps | T=%d | %s | %s | peak %.1f GFLOP/s "
                   "per rank (%s)\n", global_batch, o.micro_batch, world, micro_steps, o.seq_len,
                   policy.name().c_str(), o.optimizer.c_str(), peak.flops_per_s / 1e9, peak.source.c_str());
-      std::printf("memory per rank (estimator): persistent %.1f MiB, peak %.1f MiB (model state %.1f + activations "
-                  "%.1f)%s", est.persistent.total() / kMiB, est.total_peak_bytes() / kMiB, est.peak.total() / kMiB,
-                  est.activations_bytes / kMiB, cap_bytes > 0 ? "" : "\n");
-      if (cap_bytes > 0) std::printf(" | cap %.1f MiB per rank\n", cap_bytes / kMiB);
+      print_estimate_line(est, cap_bytes);
       if (o.loader_alone_batches > 0)
         std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s\n", o.loader_alone_batches,
                     loader_alone_tok_s);
@@ -150,10 +143,10 @@ static int run(const Options& o, Communicator& comm) {
     }
 
     // ----------------------------------------------------------------------------------------------
-    // Training: the loop of labs/common around lab 04's step
+    // Training: the driver's loop around lab 04's step
     loop = std::make_unique<driver::TrainLoop>(
         o, driver::LoopSpec{"lab04", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &comm,
-        model, *data.train, *data.val, log, peak, flops_tok, device);
+        model, data, log, peak, flops_tok, device);
     MemStats between_steps{};  // after the last step: what stays between steps (the persistent state)
     loop->step = [&](std::vector<MicroBatch>& micro, float lr) {
       return lab04::train_step(*fsdp, micro, lr, o.grad_clip);  // YOUR step (lab04-9)
@@ -161,19 +154,8 @@ static int run(const Options& o, Communicator& comm) {
     loop->loader_delay_ms = o.loader_delay_ms;
     loop->before_step = [&](double step_start_ms, double data_end_ms, bool) { probe.begin(step_start_ms, data_end_ms); };
     loop->after_step = [&](double step_ms, double data_wait_ms, bool want_timeline) {
-      driver::StepMeasure m;
-      const StepComm sc = probe.end(comm.events(), want_timeline ? &m.spans : nullptr);
+      const driver::StepMeasure m = probe.measure(comm.events(), step_ms, data_wait_ms, want_timeline);
       between_steps = Allocator::get(device).stats();
-      m.comm_ms = sc.exposed_ms;
-      m.comm_busy_ms = sc.totals.busy_ms;
-      m.comm_modeled_ms = sc.totals.modeled_ms;
-      m.simulated = sc.totals.simulated;
-      m.extra = {{"compute_ms", step_ms - data_wait_ms - sc.exposed_ms},
-                 {"comm_hooks_ms", sc.hooks_ms},
-                 {"comm_busy_ms", sc.totals.busy_ms},
-                 {"gather_payload_bytes", sc.totals.all_gather_bytes},
-                 {"reduce_scatter_payload_bytes", sc.totals.reduce_scatter_bytes},
-                 {"allreduce_payload_bytes", sc.totals.all_reduce_bytes}};
       return m;
     };
     loop->progress = [&](const driver::StepMeasure& m, double) {

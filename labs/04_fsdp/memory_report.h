@@ -21,6 +21,14 @@ constexpr double kMiB = 1024.0 * 1024.0;  // bytes
 inline int64_t current(const MemStats& m, MemCategory c) { return m.current_bytes[static_cast<int>(c)]; }
 inline int64_t peak(const MemStats& m, MemCategory c) { return m.peak_bytes[static_cast<int>(c)]; }
 
+// The header's line of the estimator's figures for this run (and the cap, when there is one).
+inline void print_estimate_line(const MemoryEstimate& est, int64_t cap_bytes) {
+  std::printf("memory per rank (estimator): persistent %.1f MiB, peak %.1f MiB (model state %.1f + activations %.1f)%s",
+              est.persistent.total() / kMiB, est.total_peak_bytes() / kMiB, est.peak.total() / kMiB,
+              est.activations_bytes / kMiB, cap_bytes > 0 ? "" : "\n");
+  if (cap_bytes > 0) std::printf(" | cap %.1f MiB per rank\n", cap_bytes / kMiB);
+}
+
 // between_steps: the allocator right after the last step (what stays between steps: the persistent
 // state); mem: at the end of the run (the peaks). cap_bytes: --memory-cap-mb (0: none).
 inline nlohmann::json memory_summary(const MemStats& between_steps, const MemStats& mem, const MemoryEstimate& est,

@@ -23,10 +23,11 @@
 #include <thread>     // defines: std::this_thread::sleep_for (--slow-rank)
 #include <vector>
 
-#include "driver.h"                    // defines: driver::CommStats, comm_stats (labs/common)
-#include "scalelab/comm/comm.h"        // defines: Communicator, CommEvent
-#include "scalelab/measure/metrics.h"  // defines: TimeSpan
-#include "scalelab/model/gpt2.h"       // defines: GPT2, HookPoint, HookOrder
+#include "scalelab/comm/comm.h"            // defines: Communicator, CommEvent
+#include "scalelab/driver/driver.h"        // defines: driver::CommStats, comm_stats (common/)
+#include "scalelab/driver/train_loop.h"    // defines: driver::StepMeasure
+#include "scalelab/measure/metrics.h"      // defines: TimeSpan
+#include "scalelab/model/gpt2.h"           // defines: GPT2, HookPoint, HookOrder
 
 namespace scalelab::lab04_driver {
 
@@ -72,6 +73,25 @@ class StepProbe {
     phase_ = Phase::None;
     hook_ms_ = gap_ms_ = 0;
     gap_start_ms_ = -1;
+  }
+
+  // end() as the training loop's after_step reports it (driver::StepMeasure): exposed and busy communication,
+  // the spans when want_timeline, and the step record's keys (compute_ms = step - data wait - exposed).
+  driver::StepMeasure measure(const std::vector<CommEvent>& events, double step_ms, double data_wait_ms,
+                              bool want_timeline) {
+    driver::StepMeasure m;
+    const StepComm sc = end(events, want_timeline ? &m.spans : nullptr);
+    m.comm_ms = sc.exposed_ms;
+    m.comm_busy_ms = sc.totals.busy_ms;
+    m.comm_modeled_ms = sc.totals.modeled_ms;
+    m.simulated = sc.totals.simulated;
+    m.extra = {{"compute_ms", step_ms - data_wait_ms - sc.exposed_ms},
+               {"comm_hooks_ms", sc.hooks_ms},
+               {"comm_busy_ms", sc.totals.busy_ms},
+               {"gather_payload_bytes", sc.totals.all_gather_bytes},
+               {"reduce_scatter_payload_bytes", sc.totals.reduce_scatter_bytes},
+               {"allreduce_payload_bytes", sc.totals.all_reduce_bytes}};
+    return m;
   }
 
   // After train_step returned (device synchronized): this step's communication and its spans.

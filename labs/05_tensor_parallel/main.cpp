@@ -3,7 +3,7 @@
 // The driver is shared by both tracks: it calls the functions of tensor_parallel.h, which come from your
 // labs/05_tensor_parallel/tensor_parallel.cpp (bin/learner/lab05_tensor_parallel) or from the reference
 // solutions/05_tensor_parallel/tensor_parallel.cpp (bin/reference/lab05_tensor_parallel). The loop around
-// the step is labs/common/train_loop.h. Lesson: labs/05_tensor_parallel/README.md.
+// the step is common/include/scalelab/driver/train_loop.h. Lesson: labs/05_tensor_parallel/README.md.
 //
 //   mpirun -np 2 build/bin/reference/lab05_tensor_parallel --tp 2 --model demo --steps 50
 //   mpirun -np 4 build/bin/reference/lab05_tensor_parallel --tp 4 --sequence-parallel --link nvlink
@@ -17,20 +17,21 @@
 #include <string>
 #include <vector>
 
-#include "ddp.h"                       // defines: lab03::micro_steps_per_step (lab 03's reference)
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
-#include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
-#include "scalelab/core/threads.h"     // defines: set_num_threads
-#include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "scalelab/model/gpt2.h"       // defines: GPT2
-#include "scalelab/model/optim.h"      // defines: Optimizer
-#include "tensor_parallel.h"           // defines: lab05::MegatronPoints, train_step, make_layout, ... (YOU)
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
-#include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
+#include "ddp.h"                         // defines: lab03::micro_steps_per_step (lab 03's reference)
+#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"    // defines: RunLogger
+#include "scalelab/model/gpt2.h"         // defines: GPT2
+#include "scalelab/model/optim.h"        // defines: Optimizer
+#include "tensor_parallel.h"             // defines: lab05::MegatronPoints, train_step, make_layout, ... (YOU)
+#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 
-// The options labs 03-05 share (labs/common/driver.h) and lab 05's own.
+// The options labs 03-05 share (scalelab/driver/driver.h) and lab 05's own.
 struct Options : driver::DistributedOptions, driver::ClusterOptions {
   Options() { sample_tokens = 0; }  // a shard's logits are a slice of the vocabulary: no sample by default
   int tp = 0;                       // ranks per tensor-parallel group (0: all ranks)
@@ -58,16 +59,14 @@ static int run(const Options& o, Communicator& world) {
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * layout.dp;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, layout.dp);  // lab 03's rule
   // Every rank of a tensor-parallel group reads the same windows: the data is split across replicas only.
-  driver::RunData data = driver::open_data(o, o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, lab05::shard_of(layout), policy, device, o.seed);  // the dense model's slices
   lab05::MegatronPoints points(*tp_group, o.sequence_parallel);
   model.set_tensor_parallel(&points);  // YOUR points: the model calls them inside every block
   driver::apply_recompute(o, model);   // full recompute calls them again in the backward
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
 
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world, o.calibration);
@@ -77,23 +76,18 @@ static int run(const Options& o, Communicator& world) {
   const LinkModel& link = tp_group->link_model();
   int owned_units = 0;
   for (int u = 0; u < model.num_units(); ++u) owned_units += model.owns_unit(u) ? 1 : 0;  // the link the tensor-parallel collectives cross
-  const nlohmann::json config = {
-      {"model", o.model},         {"n_layer", data.cfg.n_layer},    {"n_embd", data.cfg.n_embd},
-      {"n_params", gpt2_num_params(data.cfg)}, {"shard_params", model.num_params()},
-      {"tp", tp},                 {"dp", layout.dp},                {"sequence_parallel", o.sequence_parallel},
-      {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", micro_steps},
-      {"T", o.seq_len},           {"steps", o.steps},               {"lr", o.lr},
-      {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute},     {"seed", o.seed},
-      {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-      {"backend", world.backend()}, {"link", link.name},            {"link_slowdown", o.link_slowdown},
-      {"ranks_per_node", o.ranks_per_node}, {"dp_link", dp_group->link_model().name},
-      // the tp group's link, for the alpha-beta arithmetic (bench/tp_link_sweep.py, the lab 05 notebook)
-      {"link_alpha_s", link.alpha_s}, {"link_base_s", link.base_s},
-      {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
-      // and the data-parallel group's: one all-reduce per owned unit per step (lab05::average_over_replicas)
-      {"dp_link_alpha_s", dp_group->link_model().alpha_s}, {"dp_link_base_s", dp_group->link_model().base_s},
-      {"dp_link_bandwidth_bytes_per_s", dp_group->link_model().bandwidth_bytes_per_s},
-      {"owned_units", owned_units}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
+                 {"shard_params", model.num_params()}, {"tp", tp}, {"dp", layout.dp},
+                 {"sequence_parallel", o.sequence_parallel}, {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch}, {"micro_steps", micro_steps}, {"backend", world.backend()},
+                 {"link", link.name}, {"link_slowdown", o.link_slowdown}, {"ranks_per_node", o.ranks_per_node},
+                 {"dp_link", dp_group->link_model().name}, {"link_alpha_s", link.alpha_s},
+                 {"link_base_s", link.base_s}, {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
+                 {"dp_link_alpha_s", dp_group->link_model().alpha_s},
+                 {"dp_link_base_s", dp_group->link_model().base_s},
+                 {"dp_link_bandwidth_bytes_per_s", dp_group->link_model().bandwidth_bytes_per_s},
+                 {"owned_units", owned_units}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", tp}, {"pp", 1}, {"dp", layout.dp}, {"tp_rank", layout.tp_rank},
                              {"dp_rank", layout.dp_rank}};
@@ -111,9 +105,9 @@ static int run(const Options& o, Communicator& world) {
   }
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 05's step
+  // Training: the driver's loop around lab 05's step
   driver::TrainLoop loop(o, {"lab05", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true},
-                         &world, model, *data.train, *data.val, log, peak, flops_tok, device);
+                         &world, model, data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab05::train_step(model, optimizer, points, dp_group.get(), micro, lr, o.grad_clip);  // YOUR step
   };

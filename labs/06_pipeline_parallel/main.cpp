@@ -4,7 +4,7 @@
 // stage boundaries carried. The driver is shared by both tracks: it calls the functions of
 // pipeline_parallel.h, which come from your labs/06_pipeline_parallel/pipeline_parallel.cpp
 // (bin/learner/lab06_pipeline_parallel) or from the reference solutions/06_pipeline_parallel/pipeline_parallel.cpp
-// (bin/reference/lab06_pipeline_parallel). The loop around the step is labs/common/train_loop.h.
+// (bin/reference/lab06_pipeline_parallel). The loop around the step is common/include/scalelab/driver/train_loop.h.
 // Lesson: labs/06_pipeline_parallel/README.md.
 //
 //   mpirun -np 2 build/bin/reference/lab06_pipeline_parallel --schedule 1f1b --micro-batches 4 --steps 50
@@ -20,21 +20,22 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
-#include "pipeline_parallel.h"         // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
-#include "scalelab/comm/host_values.h" // defines: all_reduce_values (the summary per stage)
-#include "scalelab/comm/rank_grid.h"   // defines: RankGrid (the pipeline and the embedding group)
-#include "scalelab/core/threads.h"     // defines: set_num_threads
-#include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "scalelab/model/gpt2.h"       // defines: GPT2
-#include "scalelab/model/optim.h"      // defines: Optimizer
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
-#include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
+#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "pipeline_parallel.h"           // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
+#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h"   // defines: all_reduce_values (the summary per stage)
+#include "scalelab/comm/rank_grid.h"     // defines: RankGrid (the pipeline and the embedding group)
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"    // defines: RunLogger
+#include "scalelab/model/gpt2.h"         // defines: GPT2
+#include "scalelab/model/optim.h"        // defines: Optimizer
+#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 
-// The options labs 03-06 share and the pipeline's (labs/common/driver.h).
+// The options labs 03-06 share and the pipeline's (scalelab/driver/driver.h).
 struct Options : driver::DistributedOptions, driver::PipelineOptions {
   Options() { sample_tokens = 0; }  // a stage holds only some layers: no sample by default
 };
@@ -59,12 +60,10 @@ static int run(const Options& o, Communicator& world) {
   RankGrid grid(world, /*tp=*/1, /*pp=*/p, /*dp=*/1);  // the pipeline group and the embedding group
   lab06::StageExchange exchange(grid.pp(), layout);
   // Every stage reads the same windows (the first uses the tokens, the last the targets).
-  driver::RunData data = driver::open_data(o, o.micro_batch, layout.m, /*dp_rank=*/0, /*dp_size=*/1);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, layout.m, /*dp_rank=*/0, /*dp_size=*/1);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   std::vector<std::unique_ptr<GPT2>> models;  // this rank's chunks: the dense model's layers, sliced
   std::vector<std::unique_ptr<Optimizer>> optimizers;
   std::vector<GPT2*> chunks;
@@ -86,16 +85,12 @@ static int run(const Options& o, Communicator& world) {
   const double formula = lab06::bubble_formula(layout);
   std::string layers;
   for (GPT2* m : chunks) layers += (layers.empty() ? "" : ", ") + m->shard().str();
-  const nlohmann::json config = {
-      {"model", o.model},          {"n_layer", data.cfg.n_layer},  {"n_embd", data.cfg.n_embd},
-      {"n_params", gpt2_num_params(data.cfg)}, {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
-      {"micro_steps", layout.m},   {"pp", p},                      {"schedule", o.schedule},
-      {"micro_batches", layout.m}, {"chunks", layout.v},           {"uniform_compute_ms", o.uniform_compute_ms},
-      {"bubble_formula", formula}, {"stage_layers", layers},       {"T", o.seq_len},
-      {"steps", o.steps},          {"lr", o.lr},                   {"optimizer", o.optimizer},
-      {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},              {"flops_per_token", flops_tok},
-      {"data", o.data},            {"device", o.device},           {"backend", world.backend()},
-      {"link", link.name},         {"link_slowdown", o.link_slowdown}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
+                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", layout.m}, {"pp", p},
+                 {"schedule", o.schedule}, {"micro_batches", layout.m}, {"chunks", layout.v},
+                 {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula}, {"stage_layers", layers},
+                 {"backend", world.backend()}, {"link", link.name}, {"link_slowdown", o.link_slowdown}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, p, threads, policy, device, peak);
   run_rec.extra["layout"] = grid.to_json();
   if (link.enabled()) run_rec.extra["simulated"] = true;
@@ -112,9 +107,9 @@ static int run(const Options& o, Communicator& world) {
   }
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 06's step
-  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], *data.train,
-                         *data.val, log, peak, flops_tok, device);
+  // Training: the driver's loop around lab 06's step
+  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], data, log,
+                         peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab06::train_step(stage, exchange, grid.embedding(), optimizers, micro, lr, o.grad_clip);  // YOUR step
   };

@@ -4,7 +4,7 @@
 // cluster (--ranks-per-node, --link inside a node, --inter-link across). The driver is shared by both
 // tracks: it calls the functions of parallel_3d.h, which come from your labs/07_parallel_3d/parallel_3d.cpp
 // (bin/learner/lab07_parallel_3d) or from the reference solutions/07_parallel_3d/parallel_3d.cpp
-// (bin/reference/lab07_parallel_3d). The loop around the step is labs/common/train_loop.h.
+// (bin/reference/lab07_parallel_3d). The loop around the step is common/include/scalelab/driver/train_loop.h.
 // Lesson: labs/07_parallel_3d/README.md.
 //
 //   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --pp 2 --micro-batches 4 --steps 20
@@ -19,18 +19,20 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, make_link, comm_stats, ... (labs/common)
-#include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"        // defines: Communicator, Topology, run_on_all_ranks
-#include "scalelab/core/allocator.h"   // defines: Allocator (the --memory-cap-mb cap)
-#include "scalelab/core/threads.h"     // defines: set_num_threads
-#include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
-#include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
+#include "group_probe.h"                 // defines: lab07_driver::GroupProbe (per group: calls, bytes, waits; the bubble)
+#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "parallel_3d.h"                 // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
+#include "scalelab/comm/comm.h"          // defines: Communicator, Topology, run_on_all_ranks
+#include "scalelab/core/allocator.h"     // defines: Allocator (the --memory-cap-mb cap)
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"    // defines: RunLogger
+#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 
-// The options labs 03-07 share, the simulated cluster's and the pipeline's (labs/common/driver.h), and lab 07's.
+// The options labs 03-07 share, the simulated cluster's and the pipeline's (scalelab/driver/driver.h), and lab 07's.
 struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions {
   Options() {
     sample_tokens = 0;         // a rank holds a slice of some layers: no sample
@@ -42,24 +44,6 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
   double memory_cap_mb = 0;        // simulated device memory per rank (0: no cap)
   bool zero1 = false;              // shard the optimizer state across the dp group (ZeRO-1)
 };
-
-// What one group carried and cost in one step (events of its communicators).
-static nlohmann::json group_measure(const std::vector<Communicator*>& comms, double now) {
-  double wait = 0;
-  driver::CommStats total;
-  for (Communicator* c : comms) {
-    if (c == nullptr) continue;
-    const std::vector<CommEvent> events = c->events();
-    const driver::CommStats s = driver::comm_stats(events, now);
-    for (const CommEvent& e : events) wait += e.wait_ms;
-    total.payload_bytes += s.payload_bytes;
-    total.calls += s.calls;
-    total.modeled_ms += s.modeled_ms;
-    total.busy_ms += s.busy_ms;
-  }
-  return {{"wait_ms", wait}, {"busy_ms", total.busy_ms}, {"modeled_ms", total.modeled_ms},
-          {"payload_bytes", total.payload_bytes}, {"calls", total.calls}};
-}
 
 static int run(const Options& o, Communicator& world) {
   const int rank = world.rank(), n = world.size();
@@ -80,11 +64,9 @@ static int run(const Options& o, Communicator& world) {
                 "--global-batch %d with --micro-batch %d x --micro-batches %d x dp %d", o.global_batch, o.micro_batch,
                 o.micro_batches, grid.dp);
   // Every rank of one replica (its stages and tp ranks) reads the same windows; the replicas disjoint ones.
-  driver::RunData data = driver::open_data(o, o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  const OptimizerConfig oc = driver::optimizer_config(o);
   // The simulated device memory of this rank: from here on an allocation beyond it throws OutOfMemory (a
   // layout whose shards, optimizer state or in-flight activations do not fit ends with a report).
   if (o.memory_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.memory_cap_mb * 1048576.0));
@@ -102,20 +84,18 @@ static int run(const Options& o, Communicator& world) {
   const int global_batch = o.micro_batch * o.micro_batches * grid.dp;
   const double formula = lab06::bubble_formula(layout.pipeline);
   auto link_of = [](Communicator* c) { return c == nullptr ? std::string("-") : c->link_model().name; };
-  const nlohmann::json config = {
-      {"model", o.model},          {"n_layer", data.cfg.n_layer},   {"n_embd", data.cfg.n_embd},
-      {"n_params", gpt2_num_params(data.cfg)}, {"tp", grid.tp},     {"pp", grid.pp},
-      {"dp", grid.dp},             {"order", grid.order},           {"ranks_per_node", o.ranks_per_node},
-      {"placement_rule", o.placement_rule}, {"schedule", o.schedule}, {"micro_batches", o.micro_batches},
-      {"micro_steps", o.micro_batches}, {"chunks", v},              {"micro_batch", o.micro_batch},
-      {"global_batch", global_batch}, {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula},
-      {"T", o.seq_len},            {"steps", o.steps},              {"lr", o.lr},
-      {"optimizer", o.optimizer},  {"precision", policy.name()}, {"recompute", o.recompute},    {"seed", o.seed},
-      {"flops_per_token", flops_tok}, {"data", o.data},             {"device", o.device},
-      {"backend", world.backend()}, {"link", o.link},               {"inter_link", o.inter_link},
-      {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())}, {"pp_link", link_of(g.pp.get())},
-      {"dp_link", link_of(g.dp.get())}, {"embedding_link", link_of(g.embedding.get())},
-      {"memory_cap_mb", o.memory_cap_mb}, {"zero1", o.zero1}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
+                 {"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
+                 {"ranks_per_node", o.ranks_per_node}, {"placement_rule", o.placement_rule}, {"schedule", o.schedule},
+                 {"micro_batches", o.micro_batches}, {"micro_steps", o.micro_batches}, {"chunks", v},
+                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
+                 {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula},
+                 {"backend", world.backend()}, {"link", o.link}, {"inter_link", o.inter_link},
+                 {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())},
+                 {"pp_link", link_of(g.pp.get())}, {"dp_link", link_of(g.dp.get())},
+                 {"embedding_link", link_of(g.embedding.get())}, {"memory_cap_mb", o.memory_cap_mb},
+                 {"zero1", o.zero1}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
                              {"tp_rank", layout.coords.tp_rank}, {"pp_rank", layout.coords.pp_rank},
@@ -138,62 +118,16 @@ static int run(const Options& o, Communicator& world) {
   }
 
   // ------------------------------------------------------------------------------------------------
-  // Training: the loop of labs/common around lab 07's step
+  // Training: the driver's loop around lab 07's step
   driver::TrainLoop loop(o, {"lab07", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
-                         *data.train, *data.val, log, peak, flops_tok, device);
+                         data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab07::train_step(*part, micro, lr, o.grad_clip); };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.timeline_comm = g.tp.get();
-  std::vector<Communicator*> all = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
-                                    g.embedding.get()};
-  double start_ms = 0;
-  loop.before_step = [&](double, double, bool) {
-    for (Communicator* c : all)
-      if (c != nullptr) c->clear_events();
-    part->stage->clear();
-    world.barrier();  // every rank starts the step together: the idle time until its first action is bubble
-    start_ms = Communicator::now_ms();
-  };
-  loop.after_step = [&](double, double, bool want_timeline) {
-    world.barrier();
-    const double now = Communicator::now_ms(), window_ms = now - start_ms;
-    const nlohmann::json per_group = {{"tp", group_measure({g.tp.get()}, now)},
-                                      {"pp", group_measure({g.pp.get(), &part->exchange->gradient_channel()}, now)},
-                                      {"dp", group_measure({g.dp.get()}, now)},
-                                      {"embedding", group_measure({g.embedding.get()}, now)}};
-    driver::StepMeasure m;
-    m.comm_ms = 0;
-    for (const auto& [name, gm] : per_group.items()) {
-      m.comm_ms += gm["wait_ms"].get<double>();
-      m.comm_busy_ms += gm["busy_ms"].get<double>();
-      m.comm_modeled_ms += gm["modeled_ms"].get<double>();
-    }
-    m.simulated = simulated;
-    m.extra = {{"bubble", 1.0 - part->stage->compute_ms() / window_ms}, {"bubble_formula", formula},
-               {"compute_ms", part->stage->compute_ms()}, {"pipeline_ms", window_ms},
-               {"uniform_overruns", part->stage->overruns()}, {"groups", per_group}};
-    if (want_timeline) {  // the stage's spans, and every group's calls but tp's (the timeline record has those)
-      m.spans = part->stage->spans();
-      m.spans.push_back({"step", start_ms, now});
-      nlohmann::json calls = nlohmann::json::array();
-      for (Communicator* c : {g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(), g.embedding.get()})
-        if (c != nullptr)
-          for (const CommEvent& e : c->events())
-            calls.push_back({{"group", e.group}, {"op", e.op}, {"tag", e.tag}, {"start_ms", e.start_ms},
-                             {"end_ms", e.end_ms}, {"wait_ms", e.wait_ms}, {"payload_bytes", e.payload_bytes}});
-      m.extra["group_calls"] = calls;
-    }
-    return m;
-  };
-  loop.progress = [](const driver::StepMeasure& m, double) {
-    const nlohmann::json& gr = m.extra["groups"];
-    char s[160];
-    std::snprintf(s, sizeof(s), "waits tp %.1f pp %.1f dp %.1f emb %.1f ms | bubble %.3f",
-                  gr["tp"]["wait_ms"].get<double>(), gr["pp"]["wait_ms"].get<double>(),
-                  gr["dp"]["wait_ms"].get<double>(), gr["embedding"]["wait_ms"].get<double>(),
-                  m.extra.value("bubble", 0.0));
-    return std::string(s);
-  };
+  lab07_driver::GroupProbe probe(world, *part, formula, simulated);  // per group: calls, bytes, waits; the bubble
+  loop.before_step = [&](double, double, bool) { probe.begin(); };
+  loop.after_step = [&](double, double, bool want_timeline) { return probe.end(want_timeline); };
+  loop.progress = [](const driver::StepMeasure& m, double) { return lab07_driver::GroupProbe::progress(m); };
   const driver::Summary s = loop.run();
 
   // ------------------------------------------------------------------------------------------------

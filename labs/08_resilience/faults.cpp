@@ -75,7 +75,7 @@ void Faults::strike(const char* where, int64_t step) {
   for (;;) sleep(60);  // hang: alive but silent; the others wait in their next collective
 }
 
-void Faults::poison(lab02::Batch& b, int64_t step, int micro_batches) {
+void Faults::poison(data::Batch& b, int64_t step, int micro_batches) {
   if (step != o_.poison_at_step || rank_ != o_.poison_rank || poisoned_ >= micro_batches) return;
   std::fill(b.targets.begin(), b.targets.end(), 0);  // garbage: NUL bytes, as from a corrupted shard
   ++poisoned_;

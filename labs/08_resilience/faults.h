@@ -10,9 +10,9 @@
 
 #include <CLI/CLI.hpp>  // defines: CLI::App
 
-#include "scalelab/core/rng.h"  // defines: Rng
-#include "shard_loader.h"       // defines: lab02::Batch (lab 02's reference)
-#include "shard_state.h"        // defines: wall_ms
+#include "scalelab/core/rng.h"    // defines: Rng
+#include "scalelab/data/batch.h"  // defines: data::Batch
+#include "shard_state.h"          // defines: wall_ms
 
 namespace scalelab::lab08 {
 
@@ -48,7 +48,7 @@ class Faults {
   [[noreturn]] void strike(const char* where, int64_t step);
   // Poisons a batch this rank reads for step `step` (each of its micro_batches windows), once per process:
   // after a rollback the same step reads clean windows.
-  void poison(lab02::Batch& b, int64_t step, int micro_batches);
+  void poison(data::Batch& b, int64_t step, int micro_batches);
   // This rank's factor on the uniform compute time (slow_factor on slow_rank, 1 elsewhere).
   double compute_factor() const { return rank_ == o_.slow_rank ? o_.slow_factor : 1.0; }
 

@@ -6,7 +6,7 @@
 // scripts/supervise, which restarts the job when a rank dies or falls silent. Every step's loss goes to YOUR
 // decide_rollback: on a spike every rank rolls back to the newest complete checkpoint and skips the spike's
 // data windows (--poison-at-step provokes one). At the end YOUR find_stragglers names the slow ranks
-// (--slow-rank provokes one). The loop around the step is labs/common/train_loop.h; the step is lab 07's
+// (--slow-rank provokes one). The loop around the step is common/include/scalelab/driver/train_loop.h; the step is lab 07's
 // reference. Lesson: labs/08_resilience/README.md.
 //
 //   mpirun -np 2 build/bin/reference/lab08_resilience --checkpoint-dir runs/ckpt --checkpoint-every 5 --steps 20
@@ -24,18 +24,20 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                    // defines: driver::DistributedOptions, set_links, ... (labs/common)
-#include "faults.h"                    // defines: lab08::Faults, Heartbeat, add_fault_options (given)
-#include "parallel_3d.h"               // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
-#include "reshard.h"                   // defines: lab08::rebase_loader_state (given)
-#include "resilience.h"                // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
-#include "scalelab/comm/comm.h"        // defines: Communicator, run_on_all_ranks
-#include "scalelab/comm/host_values.h" // defines: broadcast_values (the resume step)
-#include "scalelab/core/error.h"       // defines: SL_CHECK_HINT
-#include "scalelab/core/threads.h"     // defines: set_num_threads
-#include "scalelab/measure/metrics.h"  // defines: RunLogger
-#include "train_loop.h"                // defines: driver::TrainLoop, open_data (labs/common)
-#include "train_step.h"                // defines: lab01::flops_per_token (lab 01's reference)
+#include "faults.h"                      // defines: lab08::Faults, Heartbeat, add_fault_options (given)
+#include "group_probe.h"                 // defines: lab07_driver::communicators, waited_ms
+#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "parallel_3d.h"                 // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
+#include "reshard.h"                     // defines: lab08::rebase_loader_state (given)
+#include "resilience.h"                  // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
+#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h"   // defines: broadcast_values (the resume step)
+#include "scalelab/core/error.h"         // defines: SL_CHECK_HINT
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, set_links, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"    // defines: RunLogger
+#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 using lab08::wall_ms;
@@ -83,10 +85,8 @@ static int run(const Options& o, Communicator& world) {
   const lab07::Layout layout = lab07::make_layout(GPTConfig::preset(o.model), grid, n, rank,
                                                   lab06::schedule_from_name(o.schedule), o.micro_batches, o.chunks,
                                                   o.ranks_per_node, /*placement_rule=*/false);
-  driver::RunData data = driver::open_data(o, o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
-  OptimizerConfig oc;
-  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
-  oc.weight_decay = o.weight_decay;
+  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  const OptimizerConfig oc = driver::optimizer_config(o);
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
   for (auto& m : part->models) driver::apply_recompute(o, *m);
@@ -107,7 +107,7 @@ static int run(const Options& o, Communicator& world) {
     const double t0 = wall_ms();
     const lab08::ResumeState st =
         lab08::load_checkpoint(world, lab08::step_dir(o.checkpoint_dir, s), *part, o.zero1, o.reshard);
-    data.train->restore(lab08::rebase_loader_state(lab02::LoaderState::from_bytes(st.loader), data.train->config()));
+    data.train->restore(lab08::rebase_loader_state(data::LoaderState::from_bytes(st.loader), data.train->config()));
     sample_rng.set_state(st.rng);
     start_step = st.step;
     if (rank == 0) std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
@@ -125,20 +125,19 @@ static int run(const Options& o, Communicator& world) {
   RunLogger log("lab08", driver::run_id_all_ranks(world, o.run_id), rank, o.log_dir);
   log.set_memory_device(device);
   const int global_batch = o.micro_batch * o.micro_batches * grid.dp;
-  const nlohmann::json config = {
-      {"model", o.model}, {"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
-      {"zero1", o.zero1}, {"schedule", o.schedule}, {"micro_batches", o.micro_batches}, {"chunks", o.chunks},
-      {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"T", o.seq_len}, {"steps", o.steps},
-      {"lr", o.lr}, {"optimizer", o.optimizer}, {"precision", policy.name()}, {"recompute", o.recompute}, {"seed", o.seed},
-      {"flops_per_token", flops_tok}, {"data", o.data}, {"backend", world.backend()},
-      {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"keep_last", o.keep_last},
-      {"resume", o.resume}, {"reshard", o.reshard}, {"start_step", start_step}, {"attempt", lab08::attempt()},
-      {"fail_at_step", o.fail_at_step}, {"fail_rank", o.fail_rank}, {"fail_mode", o.fail_mode},
-      {"fail_in_checkpoint", o.fail_in_checkpoint}, {"fail_mtbf_s", o.fail_mtbf_s}, {"spike_window", o.spike.window},
-      {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
-      {"poison_at_step", o.poison_at_step}, {"poison_rank", o.poison_rank}, {"skip_list", skip_path},
-      {"skipped_windows", skip.positions().size()}, {"uniform_compute_ms", o.uniform_compute_ms},
-      {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor}};
+  nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
+  config.update({{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order}, {"zero1", o.zero1},
+                 {"schedule", o.schedule}, {"micro_batches", o.micro_batches}, {"chunks", o.chunks},
+                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"backend", world.backend()},
+                 {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every},
+                 {"keep_last", o.keep_last}, {"resume", o.resume}, {"reshard", o.reshard}, {"start_step", start_step},
+                 {"attempt", lab08::attempt()}, {"fail_at_step", o.fail_at_step}, {"fail_rank", o.fail_rank},
+                 {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint},
+                 {"fail_mtbf_s", o.fail_mtbf_s}, {"spike_window", o.spike.window},
+                 {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
+                 {"poison_at_step", o.poison_at_step}, {"poison_rank", o.poison_rank}, {"skip_list", skip_path},
+                 {"skipped_windows", skip.positions().size()}, {"uniform_compute_ms", o.uniform_compute_ms},
+                 {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor}});
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak));
   if (rank == 0)
     std::printf("lab08 | %s | %d ranks = %s%s | checkpoints every %d steps in %s | attempt %d\n",
@@ -149,13 +148,11 @@ static int run(const Options& o, Communicator& world) {
   // Training: lab 07's step; around it the faults, the heartbeat, the rollback decision, the timings and the
   // checkpoints
   driver::TrainLoop loop(o, {"lab08", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
-                         *data.train, *data.val, log, peak, flops_tok, device);
+                         data, log, peak, flops_tok, device);
   loop.sample_rng = sample_rng;
-  lab07::Groups& g = part->groups;
   const double compute_f = o.uniform_compute_ms * faults.compute_factor();
   part->stage->set_uniform_compute(compute_f, 2 * compute_f);  // 0: as the compute takes
-  const std::vector<Communicator*> comms = {g.tp.get(), g.pp.get(), &part->exchange->gradient_channel(), g.dp.get(),
-                                            g.embedding.get()};
+  const std::vector<Communicator*> comms = lab07_driver::communicators(*part);
   int64_t step_i = start_step;                          // the step about to run
   const int64_t first_step = start_step;
   std::vector<float> history;                           // the losses of the accepted steps first_step, first_step + 1, ...
@@ -164,11 +161,11 @@ static int run(const Options& o, Communicator& world) {
   times.rank = rank;
   lab08::Heartbeat heartbeat(o.heartbeat_dir, rank);
   loop.next_batch = [&](MicroBatch& mb) {  // the loader, minus the skip list's windows
-    lab02::Batch b = data.train->next();
+    data::Batch b = data.train->next();
     while (skip.contains(b.epoch, b.batch_in_epoch)) b = data.train->next();
     step_windows.push_back({b.epoch, b.batch_in_epoch});
     faults.poison(b, step_i, o.micro_batches);
-    lab02::load_batch(b, mb.inputs, mb.targets);
+    data::load_batch(b, mb.inputs, mb.targets);
   };
   loop.before_step = [&](double, double, bool) {
     for (Communicator* c : comms)
@@ -187,10 +184,7 @@ static int run(const Options& o, Communicator& world) {
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.after_step = [&](double step_ms, double, bool) {
-    double wait = 0;
-    for (Communicator* c : comms)
-      if (c != nullptr)
-        for (const CommEvent& e : c->events()) wait += e.wait_ms;
+    const double wait = lab07_driver::waited_ms(comms);
     times.compute_ms.push_back(part->stage->compute_ms());
     times.wait_ms.push_back(wait);
     heartbeat.beat(step_i, step_ms);
@@ -261,12 +255,8 @@ static int run(const Options& o, Communicator& world) {
       report ? lab08::gather_rank_times(world, times, o.straggler_window) : std::vector<lab08::RankTimes>{};
   const std::vector<lab08::Straggler> slow = all.empty() ? std::vector<lab08::Straggler>{}
                                                          : lab08::find_stragglers(all, o.straggler_threshold);
-  nlohmann::json stragglers = nlohmann::json::array();
-  for (const lab08::Straggler& x : slow)
-    stragglers.push_back({{"rank", x.rank}, {"compute_ms", x.compute_ms}, {"typical_compute_ms", x.typical_compute_ms},
-                          {"ratio", x.ratio}, {"others_wait_ms", x.others_wait_ms}});
   nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/false);
-  summary["stragglers"] = stragglers;
+  summary["stragglers"] = lab08::stragglers_json(slow);
   log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
@@ -276,9 +266,7 @@ static int run(const Options& o, Communicator& world) {
     if (report)
       std::printf("\nstragglers over the last %zu steps:%s", all.front().compute_ms.size(), slow.empty() ? " none" : "");
     std::printf("\n");
-    for (const lab08::Straggler& x : slow)
-      std::printf("  rank %d computes %.1f ms a step, %.2fx the typical %.1f ms; the others wait %.1f ms a step for it\n",
-                  x.rank, x.compute_ms, x.ratio, x.typical_compute_ms, x.others_wait_ms);
+    lab08::print_stragglers(slow);
   }
   return 0;
 }

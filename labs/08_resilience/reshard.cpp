@@ -162,7 +162,7 @@ ResumeState load_resharded(const std::string& dir, const nlohmann::json& manifes
   return st;
 }
 
-lab02::LoaderState rebase_loader_state(const lab02::LoaderState& saved, const lab02::LoaderConfig& now) {
+data::LoaderState rebase_loader_state(const data::LoaderState& saved, const data::LoaderConfig& now) {
   if (saved.B == now.B && saved.dp_size == now.dp_size) return saved;
   const int64_t windows = static_cast<int64_t>(saved.B) * saved.dp_size;
   SL_CHECK_HINT(windows % now.dp_size == 0 && windows == static_cast<int64_t>(now.B) * now.dp_size,
@@ -172,7 +172,7 @@ lab02::LoaderState rebase_loader_state(const lab02::LoaderState& saved, const la
                     : "choose a dp that divides the checkpoint's windows per batch",
                 "the checkpoint's loader took %d windows x dp %d = %lld a batch; this run takes %d x dp %d",
                 saved.B, saved.dp_size, static_cast<long long>(windows), now.B, now.dp_size);
-  lab02::LoaderState s = saved;
+  data::LoaderState s = saved;
   s.B = now.B;
   s.dp_size = now.dp_size;
   s.dp_rank = now.dp_rank;

@@ -25,8 +25,8 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "shard_loader.h"  // defines: lab02::LoaderState, LoaderConfig (lab 02's reference)
-#include "shard_state.h"   // defines: lab08::ResumeState, ShardInfo, rank_state
+#include "scalelab/data/batch_source.h"  // defines: data::LoaderState, LoaderConfig
+#include "shard_state.h"                 // defines: lab08::ResumeState, ShardInfo, rank_state
 
 namespace scalelab::lab08 {
 
@@ -44,6 +44,6 @@ ResumeState load_resharded(const std::string& dir, const nlohmann::json& manifes
 // B x dp_size is the same; B, dp_size and dp_rank become `now`'s. Throws scalelab::Error naming the
 // --micro-batch that keeps the global batch when B x dp_size differs. At the same layout it returns the
 // state unchanged (restore then checks it as before).
-lab02::LoaderState rebase_loader_state(const lab02::LoaderState& saved, const lab02::LoaderConfig& now);
+data::LoaderState rebase_loader_state(const data::LoaderState& saved, const data::LoaderConfig& now);
 
 }  // namespace scalelab::lab08

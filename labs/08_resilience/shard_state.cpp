@@ -4,13 +4,13 @@
 
 #include <algorithm>   // defines: std::sort
 #include <chrono>      // defines: std::chrono::system_clock
-#include <cstdio>      // defines: std::snprintf
+#include <cstdio>      // defines: std::snprintf, std::printf
 #include <filesystem>  // defines: std::filesystem::directory_iterator
 #include <fstream>     // defines: std::ifstream
 #include <regex>       // defines: std::regex_match
 #include <thread>      // defines: std::this_thread::sleep_for
 
-#include "reshard.h"                    // defines: load_resharded; lab02::LoaderState
+#include "reshard.h"                    // defines: load_resharded; data::LoaderState
 #include "scalelab/comm/host_values.h"  // defines: any_rank, all_gather_values, broadcast_string (any backend)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointWriter, CheckpointReader, write_file_atomic, file_checksum
@@ -278,7 +278,7 @@ std::string broadcast_text(Communicator& world, const std::string& text, int roo
 static nlohmann::json describe_resume(const lab07::Rank3D& r, const ResumeState& st) {
   nlohmann::json loader;
   try {
-    const lab02::LoaderState l = lab02::LoaderState::from_bytes(st.loader);
+    const data::LoaderState l = data::LoaderState::from_bytes(st.loader);
     loader = {{"epoch", l.epoch}, {"batch_in_epoch", l.batch_in_epoch}, {"B", l.B}, {"dp_size", l.dp_size},
               {"seed", l.seed}};
   } catch (const Error&) {  // not a LoaderState record (a test's stand-in): the bytes as they are
@@ -347,6 +347,20 @@ SkipList SkipList::load(const std::string& path) {
 // =============================================================================================
 // Per-rank timings
 // =============================================================================================
+nlohmann::json stragglers_json(const std::vector<Straggler>& slow) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Straggler& x : slow)
+    out.push_back({{"rank", x.rank}, {"compute_ms", x.compute_ms}, {"typical_compute_ms", x.typical_compute_ms},
+                   {"ratio", x.ratio}, {"others_wait_ms", x.others_wait_ms}});
+  return out;
+}
+
+void print_stragglers(const std::vector<Straggler>& slow) {
+  for (const Straggler& x : slow)
+    std::printf("  rank %d computes %.1f ms a step, %.2fx the typical %.1f ms; the others wait %.1f ms a step for it\n",
+                x.rank, x.compute_ms, x.ratio, x.typical_compute_ms, x.others_wait_ms);
+}
+
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window) {
   const int n = std::min<int>(window, static_cast<int>(mine.compute_ms.size()));
   const size_t first = mine.compute_ms.size() - static_cast<size_t>(n);

@@ -58,7 +58,7 @@ std::vector<StateTensor> rank_state(lab07::Rank3D& r);
 // What a run needs besides the tensors to go on exactly where it stopped.
 struct ResumeState {
   int64_t step = 0;                       // optimizer steps completed
-  std::vector<uint8_t> loader;            // lab02::LoaderState::to_bytes() of this rank's loader
+  std::vector<uint8_t> loader;            // data::LoaderState::to_bytes() of this rank's loader
   std::array<uint64_t, 4> rng{};          // the driver's sampling RNG (Rng::state())
   std::vector<int64_t> optimizer_steps;   // per chunk (AdamW's t); filled by write_shard / read_shard
   bool resharded = false;                 // load_checkpoint read another layout's shards (the loader
@@ -107,7 +107,7 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
 //  "dense_shapes": {"wte": [V, C], "h.0.ln_1.weight": [C], ...}}: the dense model's tensors, which the
 // shards hold slices of. The vocabulary is never padded (ModelShard::validate), so V is the true size.
 // With `st` (rank 0's, when it writes the manifest) also where the run stands, for a reader of the manifest:
-//  "resume": {"loader": {epoch, batch_in_epoch, B, dp_size, seed} (lab02::LoaderState; the 64 bytes as hex
+//  "resume": {"loader": {epoch, batch_in_epoch, B, dp_size, seed} (data::LoaderState; the 64 bytes as hex
 //  when they are not one), "rng": [4 words], "optimizer_steps": [AdamW's t per chunk]}. The learning rate is
 // a function of the step and the run's options (TrainLoop), so the step is the scheduler's whole state.
 // Every shard holds its own rank's copy of the same; a load reads those.
@@ -119,7 +119,7 @@ std::string broadcast_text(Communicator& world, const std::string& text, int roo
 // ---------------------------------------------------------------------------------------------
 // The data windows a rollback skips (README.md#loss-spikes-roll-back-and-skip)
 
-// Batches by their loader position (lab02::Batch's epoch and batch_in_epoch): every data-parallel rank reads
+// Batches by their loader position (data::Batch's epoch and batch_in_epoch): every data-parallel rank reads
 // its own windows of batch i, so skipping position i on every rank skips the whole global batch of a step.
 class SkipList {
  public:
@@ -158,6 +158,10 @@ struct Straggler {
 // Every rank's RankTimes window (`mine` on this rank; each has the last `window` steps, or fewer when fewer
 // ran, the same count on every rank), in rank order, on every rank. Collective over world.
 std::vector<RankTimes> gather_rank_times(Communicator& world, const RankTimes& mine, int window);
+// The stragglers as the summary record's "stragglers" array (docs/log_schema.md), and as the lines rank 0
+// prints under "stragglers over the last N steps:".
+nlohmann::json stragglers_json(const std::vector<Straggler>& slow);
+void print_stragglers(const std::vector<Straggler>& slow);
 
 // ---------------------------------------------------------------------------------------------
 // The file log (for the checks: which file of a checkpoint was written when)

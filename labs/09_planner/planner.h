@@ -2,11 +2,12 @@
 //   labs/09_planner/planner.cpp       the learner's file (TODO blocks)   -> lab09_learner
 //   solutions/09_planner/planner.cpp  the reference (same file, filled)  -> lab09_ref
 //   labs/09_planner/layouts.cpp       the given code (the "Given" section below): compiled into both
-//                                     libraries, each calling its own track's functions
+//   labs/09_planner/plan_cli.cpp      libraries, each calling its own track's functions (plan_cli.cpp: the
+//                                     command line, run by lab 09's program and by bin/sl_plan)
 // The functions live in distinct inline namespaces (scalelab::lab09::learner / ::ref) chosen by
 // SL_TRACK_LAB09, which CMake sets per library; code that includes this header without it gets ref. The
 // plain types above them are shared by both tracks, so one test can hand the same Layout to either.
-// Lesson: labs/09_planner/README.md   Graded tests: tests/lab09/   CLI: labs/09_planner/main.cpp (bin/sl_plan)
+// Lesson: labs/09_planner/README.md   Graded tests: tests/lab09/   CLI: labs/09_planner/plan_cli.cpp (bin/sl_plan)
 //
 // Which layout trains this model fastest on this cluster, and does it fit? A layout is tp x pp x dp with a
 // micro-batch B, m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For
@@ -206,6 +207,11 @@ DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload
 
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
 std::string explain(const Candidate& c, const Cluster& cluster);
+
+// The planner's command line (plan_cli.cpp): lab 09's program and bin/sl_plan are this function on their
+// track. --help lists the options; exit code 0 when the answer fits, 1 when nothing does, 2 for bad input,
+// 3 for a TODO not written yet.
+int plan_main(int argc, char** argv);
 
 // ---------------------------------------------------------------------------------------------
 // Memory (README.md#memory-per-device)

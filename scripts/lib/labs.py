@@ -197,9 +197,11 @@ def check(root=REPO):
                     other = numbers.get(d)
                     if other is None or not other["twins"] or d >= lab["number"]:
                         problems.append(f"{rel}: {key} \"{d}\" is not an earlier lab with TODOs (lab{d}_ref)")
+                elif re.fullmatch(r"scalelab_[a-z_]+", d):
+                    pass  # a library of common/ (scalelab_driver): common/CMakeLists.txt makes it
                 elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", d) or not exists(f"{lab['dir']}/lab.cmake"):
-                    problems.append(f"{rel}: {key} \"{d}\" is neither a lab number nor a target of "
-                                    f"{lab['dir']}/lab.cmake")
+                    problems.append(f"{rel}: {key} \"{d}\" is neither a lab number, a library of common/ "
+                                    f"(scalelab_*) nor a target of {lab['dir']}/lab.cmake")
         if lab["graded"] and not lab["driver"] and lab["program_deps"]:
             problems.append(f"{rel}: \"program_deps\" without a \"driver\"")
         if lab["ranks"]["allowed"] != "any" and lab["ranks"]["default"] not in lab["ranks"]["allowed"]:

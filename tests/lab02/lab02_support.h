@@ -22,7 +22,8 @@
 #include <thread>              // defines: std::thread (finishes_within)
 #include <vector>
 
-#include "shard_loader.h"  // defines: lab02::write_shard, Batch, LoaderConfig (the track under test)
+#include "scalelab/data/shard.h"  // defines: data::write_shard
+#include "shard_loader.h"         // defines: lab02::Batch, LoaderConfig, ShardLoader (the track under test)
 
 namespace scalelab::lab02_test {
 
@@ -62,7 +63,7 @@ inline std::vector<std::string> counting_stream(const Scratch& scratch, const st
     for (int32_t& t : tokens) t = next++;
     char name[32];
     std::snprintf(name, sizeof(name), "train_%06zu.bin", s);
-    lab02::write_shard(scratch.path(name), tokens, kCountingVocab);
+    data::write_shard(scratch.path(name), tokens, kCountingVocab);
     files.push_back(scratch.path(name));
   }
   return files;

@@ -21,7 +21,7 @@
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
 #include "scalelab/model/optim.h"             // defines: OptimizerConfig
 #include "scalelab/core/precision.h"         // defines: PrecisionPolicy
-#include "shard_loader.h"               // defines: lab02::list_shards, read_shard_header (the corpus's V)
+#include "scalelab/data/shard.h"        // defines: data::list_shards, read_shard_header (the corpus's V)
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -149,11 +149,11 @@ TEST(Lab04Perf, PeakMemoryWithinEstimate) {
 
     // The estimator's bound, computed here from the same configuration (the corpus decides V).
     const std::string data = p.source_dir + "/data/kjv";
-    const std::vector<std::string> shards = lab02::list_shards(data, "train");
+    const std::vector<std::string> shards = data::list_shards(data, "train");
     SL_CHECK_HINT(!shards.empty(), "scripts/prepare_corpus.sh writes data/kjv", "no training shards in %s",
                   data.c_str());
     GPTConfig cfg = GPTConfig::preset("demo");
-    cfg.vocab_size = static_cast<int>(lab02::read_shard_header(shards[0], /*verify_checksum=*/false).vocab_size);
+    cfg.vocab_size = static_cast<int>(data::read_shard_header(shards[0], /*verify_checksum=*/false).vocab_size);
     const MemoryEstimate est =
         estimate_memory(cfg, kRanks, kStage, PrecisionPolicy::from_name("fp32"),
                         OptimizerConfig::kind_from_name("adamw"), kPrefetch, kMicroBatch, kSeqLen);

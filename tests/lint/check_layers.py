@@ -8,7 +8,9 @@
         ops      core, ops
         comm     core, comm                   (ops and comm are siblings: neither includes the other)
         model    core, ops, comm, model
-        measure  core, ops, comm, model, measure
+        data     core, data                   (token shards, tokenizer, batches: plain host data, no model)
+        measure  core, ops, comm, model, data, measure
+        driver   every layer                  (the training loop: a library above the layers, scalelab_driver)
   - any file of the repository (common/, labs/, solutions/, tests/, tools/, bench/) includes a scalelab
     header without naming its layer ("scalelab/gpt2.h" instead of "scalelab/model/gpt2.h"), or a header
     that does not exist;
@@ -26,7 +28,9 @@ ALLOWED = {
     "ops": {"core", "ops"},
     "comm": {"core", "comm"},
     "model": {"core", "ops", "comm", "model"},
-    "measure": {"core", "ops", "comm", "model", "measure"},
+    "data": {"core", "data"},
+    "measure": {"core", "ops", "comm", "model", "data", "measure"},
+    "driver": {"core", "ops", "comm", "model", "data", "measure", "driver"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"scalelab/([^"]+)"')
 SOURCE_EXT = {".h", ".cpp", ".cu", ".cuh", ".inc"}

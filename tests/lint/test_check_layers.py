@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_check_layers.py — the layer lint finds what it must, on tiny trees written to a temp dir: an
 include that points up, a sibling include (ops <-> comm), an include without its layer, a missing
-header, a file outside any layer; and passes a tree that keeps the rules.
+header, a file outside any layer, the data layer reaching for the model, a layer reaching up for the driver;
+and passes a tree that keeps the rules.
 
   python3 tests/lint/test_check_layers.py        (registered as ctest lint.check_layers_selftest)
 """
@@ -30,6 +31,9 @@ GOOD = {
     "common/include/scalelab/comm/comm.h": '#include "scalelab/core/tensor.h"\n',
     "common/include/scalelab/model/gpt2.h": '#include "scalelab/ops/ops.h"\n#include "scalelab/comm/comm.h"\n',
     "common/include/scalelab/measure/metrics.h": '#include "scalelab/model/gpt2.h"\n',
+    "common/include/scalelab/data/batch.h": '#include "scalelab/core/tensor.h"\n',
+    "common/include/scalelab/driver/train_loop.h": '#include "scalelab/measure/metrics.h"\n'
+                                                   '#include "scalelab/data/batch.h"\n',
     "common/src/ops/cpu/gelu.cpp": '#include "scalelab/ops/ops.h"\n',
     "labs/05_x/main.cpp": '#include "scalelab/measure/metrics.h"\n',
 }
@@ -62,6 +66,16 @@ class CheckLayers(unittest.TestCase):
         e = self.errors({"labs/05_x/tp.cpp": '#include "scalelab/model/nothing.h"\n'})
         self.assertEqual(len(e), 1)
         self.assertIn("no such header", e[0])
+
+    def test_data_including_the_model_fails(self):
+        e = self.errors({"common/src/data/shard.cpp": '#include "scalelab/model/gpt2.h"\n'})
+        self.assertEqual(len(e), 1)
+        self.assertIn("layer data includes \"scalelab/model/gpt2.h\" from layer model", e[0])
+
+    def test_a_layer_including_the_driver_fails(self):
+        e = self.errors({"common/src/measure/metrics.cpp": '#include "scalelab/driver/train_loop.h"\n'})
+        self.assertEqual(len(e), 1)
+        self.assertIn("points up", e[0])
 
     def test_file_outside_layers_fails(self):
         e = self.errors({"common/src/misc.cpp": "int x;\n"})

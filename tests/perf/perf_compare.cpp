@@ -27,7 +27,8 @@
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count
 #include "scalelab/core/error.h"   // defines: scalelab::Error, NotImplemented
 #include "scalelab/measure/calibration.h"  // defines: Calibration, load_or_calibrate, calibration_cache_path
-#include "shard_loader.h"          // defines: lab02::list_shards (is the corpus there?)
+#include "scalelab/data/shard.h"   // defines: data::list_shards (is the corpus there?)
+#include "scalelab/measure/stats.h"  // defines: median
 
 #ifndef SL_PERF_MPIEXEC
 #define SL_PERF_MPIEXEC ""
@@ -100,17 +101,7 @@ Machine check_machine(int ranks) {
 // Running a program
 
 double RunResult::median_tokens_per_s() const {
-  if (step_tokens_per_s.empty()) return 0;
-  std::vector<double> v = step_tokens_per_s;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double median(std::vector<double> v) {
-  RunResult r;
-  r.step_tokens_per_s = std::move(v);
-  return r.median_tokens_per_s();
+  return step_tokens_per_s.empty() ? 0 : median(step_tokens_per_s);
 }
 
 static std::string read_text(const std::string& path) {
@@ -293,8 +284,8 @@ std::string ensure_corpus() {
   const fs::path data = fs::path(p.source_dir) / "data" / "kjv";
   const auto has_shards = [&data] {
     std::error_code ec;
-    return fs::is_directory(data, ec) && !lab02::list_shards(data.string(), "train").empty() &&
-           !lab02::list_shards(data.string(), "val").empty();
+    return fs::is_directory(data, ec) && !data::list_shards(data.string(), "train").empty() &&
+           !data::list_shards(data.string(), "val").empty();
   };
   if (has_shards()) return "";
   // A fresh clone: make the corpus the way scripts/test.sh does (seconds; idempotent, so a half-made one is redone).
@@ -497,8 +488,8 @@ Comparison compare_with_reference(const CompareSpec& spec) {
   c.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   c.load_after = load_1min();
   c.others_during = other_cores(cpu0, sample_cpu());
-  c.track_tokens_per_s = median(track_steps);
-  c.ref_tokens_per_s = median(ref_steps);
+  c.track_tokens_per_s = track_steps.empty() ? 0 : median(track_steps);  // 0: no timed step
+  c.ref_tokens_per_s = ref_steps.empty() ? 0 : median(ref_steps);
   c.ratio = c.ref_tokens_per_s > 0 ? c.track_tokens_per_s / c.ref_tokens_per_s : 0;
   return c;
 }

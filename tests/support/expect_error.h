@@ -1,9 +1,10 @@
 // expect_error.h — helpers for tests that check an error's message (what was wrong, the values, a hint).
 #pragma once
 
-#include <gtest/gtest.h>  // defines: ADD_FAILURE
+#include <gtest/gtest.h>  // defines: ADD_FAILURE, EXPECT_TRUE
 
 #include <string>
+#include <vector>
 
 #include "scalelab/core/error.h"  // defines: scalelab::Error
 
@@ -23,5 +24,12 @@ std::string error_message(F&& f) {
 }
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// EXPECT that calling f throws scalelab::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error_containing(F&& f, const std::vector<std::string>& parts) {
+  const std::string msg = error_message(f);
+  for (const std::string& p : parts) EXPECT_TRUE(contains(msg, p)) << "missing '" << p << "' in:\n" << msg;
+}
 
 }  // namespace scalelab::test

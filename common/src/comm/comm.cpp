@@ -495,4 +495,15 @@ int run_on_all_ranks(const std::string& backend, const std::function<int(Communi
   return 1;  // not reached: abort() ends the job (some compilers cannot see that through the virtual call)
 }
 
+int run_single_process(const std::function<int()>& body, int error_exit) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    const bool todo = dynamic_cast<const NotImplemented*>(&e) != nullptr;
+    std::fflush(stdout);  // what was printed so far comes before the error
+    std::fprintf(stderr, "%s\n", e.what());
+    return todo ? 3 : error_exit;
+  }
+}
+
 }  // namespace scalelab

@@ -7,6 +7,8 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "scalelab/measure/stats.h"  // defines: median
+
 namespace scalelab {
 
 const char* const kCauseNames[4] = {"data-loader saturation", "exposed gradient communication",
@@ -39,12 +41,6 @@ std::string pct_str(double fraction) { return strf("%.1f %%", 100.0 * fraction);
 // 52x, 1.61x
 std::string ratio_str(double r) { return r >= 10 ? strf("%.0fx", r) : strf("%.2fx", r); }
 std::string ms_str(double ms) { return ms >= 100 ? strf("%.0f ms", ms) : strf("%.1f ms", ms); }
-
-double median(std::vector<double> v) {  // v non-empty
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Mean over ranks of part_ms / step_ms, over the ranks that logged both; kNotMeasured if none did.
 double mean_share(const std::vector<RankTiming>& ranks, double RankTiming::*part) {

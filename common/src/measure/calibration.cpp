@@ -30,6 +30,7 @@
 #include "scalelab/core/error.h"    // defines: SL_CHECK, SL_FAIL
 #include "scalelab/core/sim_gpu.h"  // defines: sim_gpu (the simulated GPU's peak)
 #include "scalelab/measure/metrics.h"  // defines: system_info (CPU model)
+#include "scalelab/measure/stats.h"    // defines: median
 #include "scalelab/ops/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend, cpu::blas_kernel
 #include "scalelab/core/threads.h"  // defines: set_num_threads, num_threads
 
@@ -69,12 +70,6 @@ std::string utc_date(const char* fmt) {
   char buf[32];
   std::strftime(buf, sizeof(buf), fmt, &tm);
   return buf;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace

@@ -77,22 +77,29 @@ float grad_norm(GPT2& model) {
   return static_cast<float>(std::sqrt(sq));
 }
 
-// Scales every gradient buffer of the model by clip_grad_norm_'s factor for `norm`.
-static void clip_to(GPT2& model, float norm, float max_norm) {
-  SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
-                "gradient norm is %g (not finite)", norm);
-  if (max_norm > 0.0f) {
-    const float scale = max_norm / (norm + 1e-6f);
-    if (scale < 1.0f)
-      for (int u = 0; u < model.num_units(); ++u)
-        if (model.unit_grads(u).defined()) scale_(model.unit_grads(u), scale);
-  }
+void scale_grads(GPT2& model, float s) {
+  for (int u = 0; u < model.num_units(); ++u)
+    if (model.unit_grads(u).defined()) scale_(model.unit_grads(u), s);
 }
 
 // As torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when < 1.
+float clip_factor(float norm, float max_norm) {
+  SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
+                "gradient norm is %g (not finite)", norm);
+  if (max_norm <= 0.0f) return 1.0f;
+  const float scale = max_norm / (norm + 1e-6f);
+  return scale < 1.0f ? scale : 1.0f;
+}
+
+void clip_grads(const std::vector<GPT2*>& models, float norm, float max_norm) {
+  const float scale = clip_factor(norm, max_norm);
+  if (scale < 1.0f)
+    for (GPT2* m : models) scale_grads(*m, scale);
+}
+
 float clip_grad_norm(GPT2& model, float max_norm) {
   const float norm = grad_norm(model);
-  clip_to(model, norm, max_norm);
+  clip_grads({&model}, norm, max_norm);
   return norm;
 }
 
@@ -119,7 +126,12 @@ double grad_sum_squares(GPT2& model) {
 }
 
 float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups) {
-  double sq = grad_sum_squares(model);
+  return global_grad_norm(std::vector<GPT2*>{&model}, groups);
+}
+
+float global_grad_norm(const std::vector<GPT2*>& models, const std::vector<Communicator*>& groups) {
+  double sq = 0.0;
+  for (GPT2* m : models) sq += grad_sum_squares(*m);
   for (Communicator* g : groups) {
     if (g == nullptr || g->size() == 1) continue;
     sq = all_reduce_value(*g, static_cast<float>(sq), ReduceOp::Sum, "grad norm");  // f32: the communicator's
@@ -128,8 +140,12 @@ float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups) {
 }
 
 float clip_grad_norm(GPT2& model, float max_norm, const std::vector<Communicator*>& groups) {
-  const float norm = global_grad_norm(model, groups);
-  clip_to(model, norm, max_norm);
+  return clip_grad_norm(std::vector<GPT2*>{&model}, max_norm, groups);
+}
+
+float clip_grad_norm(const std::vector<GPT2*>& models, float max_norm, const std::vector<Communicator*>& groups) {
+  const float norm = global_grad_norm(models, groups);
+  clip_grads(models, norm, max_norm);
   return norm;
 }
 

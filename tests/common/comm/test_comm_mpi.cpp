@@ -30,6 +30,7 @@
 #include "scalelab/core/device.h"  // defines: cuda_device_count
 #include "scalelab/core/threads.h" // defines: local_ranks_from_env
 #include "scalelab/core/tensor.h"  // defines: Tensor, DType
+#include "scalelab/measure/stats.h"  // defines: median
 
 namespace {
 
@@ -837,8 +838,7 @@ TEST(CommMpi, SmallBlockingAllReduceCostsLittleMoreThanPlainMpi) {
       for (int i = 0; i < kCalls; ++i) one_round();
       us.push_back(1e3 * (wall_ms() - t0) / kCalls);
     }
-    std::sort(us.begin(), us.end());
-    return us[2];
+    return scalelab::median(us);
   };
   const double comm_us = median_of_5([&] { w.all_reduce(x, ReduceOp::Sum, "8 B"); });
   const double plain_us = median_of_5([&] { MPI_Allreduce(MPI_IN_PLACE, y, 2, MPI_FLOAT, MPI_SUM, plain); });

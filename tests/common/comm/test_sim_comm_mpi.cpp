@@ -298,7 +298,7 @@ TEST(SimComm, HostTensorsAreRefusedWithTheNcclMessage) {
   EXPECT_EQ(sim->events().size(), 1u);
 }
 
-// The driver's old run-id broadcast (labs/common/driver.cpp before comm/host_values.h): a host tensor,
+// The driver's old run-id broadcast (the driver library's run_id_all_ranks before comm/host_values.h): a host tensor,
 // which NCCL cannot move. The helper stages it through the communicator's device.
 std::string old_broadcast_string(Communicator& comm, const std::string& s) {
   constexpr int kMaxChars = 128;

@@ -16,7 +16,8 @@
 #include "scalelab/core/bf16.h"       // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/core/error.h"      // defines: Error
 #include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig, ParamInfo
-#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig, LRSchedule, clip_grad_norm, grad_norm
+#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig, LRSchedule, clip_grad_norm, grad_norm,
+                                       //   scale_grads, clip_factor
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace {
@@ -186,6 +187,33 @@ TEST(ClipGradNorm, NonFiniteGradientNormThrowsWithHint) {
       EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
     }
   }
+}
+
+TEST(ScaleGrads, OneOverMTurnsTheSumOfMMicroBatchesIntoTheirMean) {
+  GPT2 model(tiny());
+  fill_grads(model, 6, 0.2f);
+  const std::vector<float> before = all_grads(model);
+  scalelab::scale_grads(model, 1.0f / 4.0f);
+  const std::vector<float> after = all_grads(model);
+  for (size_t i = 0; i < after.size(); ++i) ASSERT_EQ(after[i], before[i] / 4.0f) << "gradient " << i;
+}
+
+TEST(ClipFactor, IsTorchsFactorBelowOneElseOne) {
+  EXPECT_FLOAT_EQ(scalelab::clip_factor(10.0f, 1.0f), 1.0f / (10.0f + 1e-6f));
+  EXPECT_EQ(scalelab::clip_factor(0.5f, 1.0f), 1.0f) << "a norm below max_norm is not scaled";
+  EXPECT_EQ(scalelab::clip_factor(10.0f, 0.0f), 1.0f) << "max_norm 0: no clipping";
+  EXPECT_THROW(scalelab::clip_factor(std::numeric_limits<float>::infinity(), 1.0f), scalelab::Error);
+}
+
+TEST(ClipGradNorm, OverSeveralModelsUsesTheirOneNorm) {
+  // Two chunks holding the same gradients: one norm sqrt(2) x each one's, and one factor for both.
+  GPT2 a(tiny()), b(tiny());
+  const double norm_a = fill_grads(a, 7, 0.2f);
+  fill_grads(b, 7, 0.2f);
+  const float norm = scalelab::clip_grad_norm({&a, &b}, 1.0f, {});
+  EXPECT_NEAR(norm, std::sqrt(2.0) * norm_a, kClipRtol * norm);
+  EXPECT_NEAR(std::hypot(scalelab::grad_norm(a), scalelab::grad_norm(b)), 1.0, kClipRtol);
+  EXPECT_EQ(all_grads(a), all_grads(b));
 }
 
 // ---------------------------------------------------------------------------------------------

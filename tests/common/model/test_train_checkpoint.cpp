@@ -1,7 +1,8 @@
 // test_train_checkpoint.cpp — resume is exact (docs/style.md 33): training 20 steps equals training 10,
 // saving a checkpoint, loading it into a fresh model/optimizer/loader, and training 10 more, bit for
 // bit on the CPU; a damaged checkpoint is refused and the previous one stays usable.
-// Code under test: common/src/model/train_checkpoint.cpp, common/src/model/checkpoint.cpp, the lab 02 loader.
+// Code under test: common/src/model/train_checkpoint.cpp, common/src/model/checkpoint.cpp; the loader's
+// position travels as a data::LoaderState record (lab 02's loader is tested by tests/lab02).
 #include <gtest/gtest.h>  // defines: TEST, EXPECT_*
 
 #include <cstring>     // defines: std::memcmp
@@ -10,12 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/model/checkpoint.h"
 #include "scalelab/core/error.h"
+#include "scalelab/core/rng.h"            // defines: Rng
+#include "scalelab/data/batch.h"          // defines: data::Batch, LoaderState
+#include "scalelab/data/shard.h"          // defines: data::write_shard, read_shard
+#include "scalelab/model/checkpoint.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"
 #include "scalelab/model/train_checkpoint.h"
-#include "shard_loader.h"  // defines: scalelab::lab02::ShardLoader, write_shard
 
 namespace fs = std::filesystem;
 using namespace scalelab;
@@ -30,34 +33,72 @@ std::string make_corpus(const fs::path& dir) {
   std::vector<int32_t> tokens(4000);
   Rng rng(7);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i % 7) * 3 + rng.next_u64() % 5);
-  lab02::write_shard((dir / "train_000000.bin").string(), tokens, 64);
-  return dir.string();
+  data::write_shard((dir / "train_000000.bin").string(), tokens, 64);
+  return (dir / "train_000000.bin").string();
 }
+
+// A loader of this test's own, so that common/'s test links no lab: batch k of the stream is windows
+// k*B .. k*B+B-1 of T+1 tokens starting every T tokens, epochs one after the other; its position is a
+// data::LoaderState, as lab 02's loader's is. The position must survive the checkpoint exactly.
+class StreamLoader {
+ public:
+  explicit StreamLoader(const std::string& shard) : tokens_(data::read_shard(shard)) {}
+  data::Batch next() {
+    data::Batch b;
+    b.B = kB;
+    b.T = kT;
+    b.epoch = epoch_;
+    b.batch_in_epoch = batch_;
+    for (int r = 0; r < kB; ++r) {
+      const size_t start = static_cast<size_t>((batch_ * kB + r) * kT);
+      b.inputs.insert(b.inputs.end(), tokens_.begin() + start, tokens_.begin() + start + kT);
+      b.targets.insert(b.targets.end(), tokens_.begin() + start + 1, tokens_.begin() + start + kT + 1);
+    }
+    if (++batch_ == batches_per_epoch()) {
+      batch_ = 0;
+      ++epoch_;
+    }
+    return b;
+  }
+  data::LoaderState state() const {
+    data::LoaderState s;
+    s.seed = 11;
+    s.epoch = epoch_;
+    s.batch_in_epoch = batch_;
+    s.B = kB;
+    s.T = kT;
+    s.dp_size = 1;
+    s.tokens_total = static_cast<int64_t>(tokens_.size());
+    return s;
+  }
+  void restore(const data::LoaderState& s) {
+    ASSERT_EQ(s.tokens_total, static_cast<int64_t>(tokens_.size()));
+    epoch_ = s.epoch;
+    batch_ = s.batch_in_epoch;
+  }
+
+ private:
+  int64_t batches_per_epoch() const { return (static_cast<int64_t>(tokens_.size()) - 1) / kT / kB; }
+  std::vector<int32_t> tokens_;
+  int64_t epoch_ = 0, batch_ = 0;
+};
 
 // The training loop under test: loss per step, using a loader position, schedule and clipping,
 // so every piece of state that a checkpoint must carry is exercised.
 struct Trainer {
   GPT2 model;
   Optimizer opt;
-  lab02::ShardLoader loader;
+  StreamLoader loader;
   LRSchedule schedule{1e-2f, 1e-3f, 3, 20};
-  Trainer(const std::string& data_dir, bool prefetch)
+  explicit Trainer(const std::string& shard)
       : model(GPTConfig::preset("tiny"), PrecisionPolicy::fp32(), Device::CPU, /*seed=*/3),
         opt(model, OptimizerConfig{}),
-        loader(data_dir, "train", config(prefetch)) {}
-  static lab02::LoaderConfig config(bool prefetch) {
-    lab02::LoaderConfig c;
-    c.B = kB;
-    c.T = kT;
-    c.seed = 11;
-    c.prefetch = prefetch;
-    return c;
-  }
+        loader(shard) {}
   std::vector<float> train(int from_step, int to_step) {
     std::vector<float> losses;
     Tensor x = Tensor::empty({kB, kT}, DType::I32), y = Tensor::empty({kB, kT}, DType::I32);
     for (int step = from_step; step < to_step; ++step) {
-      lab02::Batch b = loader.next();
+      data::Batch b = loader.next();
       std::copy(b.inputs.begin(), b.inputs.end(), x.data<int32_t>());
       std::copy(b.targets.begin(), b.targets.end(), y.data<int32_t>());
       model.zero_grad();
@@ -76,7 +117,7 @@ struct Trainer {
   }
   int64_t load(const std::string& path) {
     TrainState st = load_train_checkpoint(path, model, opt);
-    loader.restore(lab02::LoaderState::from_bytes(st.loader_state));
+    loader.restore(data::LoaderState::from_bytes(st.loader_state));
     return st.step;
   }
 };
@@ -102,28 +143,25 @@ class ResumeTest : public ::testing::Test {
 }  // namespace
 
 TEST_F(ResumeTest, Train20EqualsTrain10SaveLoadTrain10BitExact) {
-  for (bool prefetch : {false, true}) {
-    Trainer straight(data_, prefetch);
-    const std::vector<float> all = straight.train(0, 20);
+  Trainer straight(data_);
+  const std::vector<float> all = straight.train(0, 20);
 
-    const std::string ckpt = (dir_ / "ckpt_10.bin").string();
-    {
-      Trainer first(data_, prefetch);
-      first.train(0, 10);
-      first.save(ckpt, 10);
-    }
-    Trainer resumed(data_, prefetch);  // fresh weights (same seed) are overwritten by the checkpoint
-    const int64_t step = resumed.load(ckpt);
-    ASSERT_EQ(step, 10);
-    const std::vector<float> second = resumed.train(10, 20);
-    for (int i = 0; i < 10; ++i)
-      EXPECT_EQ(second[i], all[10 + i]) << "step " << 10 + i << " differs after resume (prefetch=" << prefetch << ")";
-    EXPECT_TRUE(same_params(straight.model, resumed.model)) << "parameters differ after 20 steps";
+  const std::string ckpt = (dir_ / "ckpt_10.bin").string();
+  {
+    Trainer first(data_);
+    first.train(0, 10);
+    first.save(ckpt, 10);
   }
+  Trainer resumed(data_);  // fresh weights (same seed) are overwritten by the checkpoint, the loader moved on
+  const int64_t step = resumed.load(ckpt);
+  ASSERT_EQ(step, 10);
+  const std::vector<float> second = resumed.train(10, 20);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(second[i], all[10 + i]) << "step " << 10 + i << " differs after resume";
+  EXPECT_TRUE(same_params(straight.model, resumed.model)) << "parameters differ after 20 steps";
 }
 
 TEST_F(ResumeTest, DamagedCheckpointIsRefusedAndPreviousOneStillLoads) {
-  Trainer t(data_, false);
+  Trainer t(data_);
   t.train(0, 3);
   const std::string good = checkpoint_path(dir_.string(), 3);
   t.save(good, 3);
@@ -139,14 +177,14 @@ TEST_F(ResumeTest, DamagedCheckpointIsRefusedAndPreviousOneStillLoads) {
     c = static_cast<char>(c ^ 0x5a);
     f.write(&c, 1);
   }
-  Trainer fresh(data_, false);
+  Trainer fresh(data_);
   EXPECT_THROW(fresh.load(bad), Error);
   EXPECT_EQ(latest_checkpoint(dir_.string()), good) << "latest_checkpoint must skip the damaged newer file";
   EXPECT_EQ(fresh.load(good), 3);
 }
 
 TEST_F(ResumeTest, CheckpointOfAnotherModelShapeIsRefusedWithHint) {
-  Trainer t(data_, false);
+  Trainer t(data_);
   const std::string path = (dir_ / "ckpt_0.bin").string();
   t.save(path, 0);
   GPTConfig other = GPTConfig::preset("tiny");

@@ -328,6 +328,11 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend = "au
 // Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
 int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
 
+// Its twin for a program of one process (labs 01, 02 and 09, bin/sl_plan): runs body() and returns its exit
+// code. An exception is printed to stderr after what the program printed so far: exit code 3 for a learner's
+// TODO not written yet (scalelab::NotImplemented), `error_exit` for any other error.
+int run_single_process(const std::function<int()>& body, int error_exit = 1);
+
 // nccl-tests' bus-bandwidth factor for an op among n ranks (docs/references.md "Collectives"):
 // 2(n-1)/n all_reduce, (n-1)/n all_gather and reduce_scatter, 1 broadcast/send/recv; 0 for n == 1.
 double bus_factor(const std::string& op, int n);

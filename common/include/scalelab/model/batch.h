@@ -1,6 +1,6 @@
 // batch.h — what one training step consumes and returns, the same in every lab: a micro-batch of token
 // ids and the step's result. Lab 01's train_step, lab 03's and lab 04's, and the training loop every lab
-// driver runs (labs/common/train_loop.h) all speak these two types.
+// driver runs (common/include/scalelab/driver/train_loop.h) all speak these two types.
 #pragma once
 
 #include "scalelab/core/tensor.h"  // defines: Tensor

@@ -48,6 +48,18 @@ float clip_grad_norm(GPT2& model, float max_norm);
 // Global L2 norm of all gradients.
 float grad_norm(GPT2& model);
 
+// ---- The pieces every training step is made of (labs 01 and 03-07 scale and clip the same way)
+// Multiplies every gradient the model holds by s (units without storage are skipped): s = 1/m turns the
+// sum over m accumulated micro-batches into their mean, the gradient of the whole batch's mean loss.
+void scale_grads(GPT2& model, float s);
+// The factor torch.nn.utils.clip_grad_norm_ scales every gradient by when their global norm is `norm`:
+// max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1 for max_norm <= 0: no clipping). Throws
+// scalelab::Error, with a hint, for a norm that is not finite (a diverged step or a bad batch).
+float clip_factor(float norm, float max_norm);
+// Clips several models (a pipeline rank's chunks, or one) by ONE norm of them all: scale_grads of each by
+// clip_factor(norm, max_norm); nothing is touched when that factor is 1.
+void clip_grads(const std::vector<GPT2*>& models, float norm, float max_norm);
+
 // ---- A model split across ranks (ModelShard: tensor and pipeline parallel)
 // The sum of squares of this shard's part of the WHOLE model's gradient, in double: every tensor it owns,
 // except the tp-replicated ones on tp ranks other than 0 (each rank of the group holds the same values:
@@ -58,8 +70,12 @@ double grad_sum_squares(GPT2& model);
 // model's norm, not on its own part. Collective on every group given. The sums travel as fp32 (the
 // communicator reduces f32): the norm agrees with the dense one to about 1e-7 relative.
 float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups);
-// clip_grad_norm on global_grad_norm: every shard scales by the same factor.
+// The same over several models of this rank (a pipeline rank's chunks): their grad_sum_squares summed,
+// then over `groups`.
+float global_grad_norm(const std::vector<GPT2*>& models, const std::vector<Communicator*>& groups);
+// clip_grad_norm on global_grad_norm: every shard (every chunk of every shard) scales by the same factor.
 float clip_grad_norm(GPT2& model, float max_norm, const std::vector<Communicator*>& groups);
+float clip_grad_norm(const std::vector<GPT2*>& models, float max_norm, const std::vector<Communicator*>& groups);
 
 // Linear warmup to max_lr over warmup_steps, then cosine decay to min_lr at total_steps
 // (Loshchilov & Hutter 2017, SGDR, without restarts). step counts from 0.

@@ -1,5 +1,5 @@
-// driver.cpp — plumbing shared by the lab drivers (driver.h).
-#include "driver.h"
+// driver.cpp — plumbing shared by the lab drivers (scalelab/driver/driver.h).
+#include "scalelab/driver/driver.h"
 
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
@@ -191,6 +191,20 @@ std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
   return broadcast_string(comm, mine, /*root=*/0, "run id", /*max_bytes=*/511);
 }
 
+OptimizerConfig optimizer_config(const TrainOptions& o) {
+  OptimizerConfig oc;
+  oc.kind = OptimizerConfig::kind_from_name(o.optimizer);
+  oc.weight_decay = o.weight_decay;
+  return oc;
+}
+
+nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, double flops_per_token) {
+  return {{"model", o.model},         {"T", o.seq_len},           {"steps", o.steps},
+          {"lr", o.lr},               {"optimizer", o.optimizer}, {"precision", policy.name()},
+          {"recompute", o.recompute}, {"seed", o.seed},           {"flops_per_token", flops_per_token},
+          {"data", o.data},           {"device", o.device}};
+}
+
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
                           const PrecisionPolicy& policy, Device device, const Peak& peak) {
   RunRecord r;
@@ -213,26 +227,26 @@ float mean_over_ranks(Communicator& comm, float x, const std::string& tag) {
   return all_reduce_value(comm, x, ReduceOp::Avg, tag);
 }
 
-static lab02::LoaderConfig validation_config(const lab02::LoaderConfig& train_config) {
-  lab02::LoaderConfig vc = train_config;
+static data::LoaderConfig validation_config(const data::LoaderConfig& train_config) {
+  data::LoaderConfig vc = train_config;
   vc.shuffle = false;
   vc.prefetch = false;
   vc.on_assemble = nullptr;  // a simulated slow or failing read is the training loader's, not the validation pass's
   return vc;
 }
 
-ValidationSplit::ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config,
-                                 int64_t requested_batches)
-    : loader(data_dir, "val", validation_config(train_config)),
-      start(loader.state()),
-      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader.batches_per_epoch())))) {}
+ValidationSplit::ValidationSplit(const data::OpenBatchSource& open, const std::string& data_dir,
+                                 const data::LoaderConfig& train_config, int64_t requested_batches)
+    : loader(open(data_dir, "val", validation_config(train_config))),
+      start(loader->state()),
+      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader->batches_per_epoch())))) {}
 
 float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
                const std::function<float(const Tensor& tokens, const Tensor& targets)>& loss_of) {
-  val.loader.restore(val.start);
+  val.loader->restore(val.start);
   double sum = 0.0;
   for (int i = 0; i < val.n_batches; ++i) {
-    lab02::load_batch(val.loader.next(), x, y);
+    data::load_batch(val.loader->next(), x, y);
     sum += loss_of(x, y);
   }
   return static_cast<float>(sum / val.n_batches);

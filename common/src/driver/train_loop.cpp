@@ -1,5 +1,5 @@
-// train_loop.cpp — the training loop every lab driver runs (train_loop.h).
-#include "train_loop.h"
+// train_loop.cpp — the training loop every lab driver runs (scalelab/driver/train_loop.h).
+#include "scalelab/driver/train_loop.h"
 
 #include <algorithm>  // defines: std::max
 #include <chrono>     // defines: std::chrono::steady_clock (step timing)
@@ -7,11 +7,11 @@
 #include <cstdio>     // defines: std::printf, std::snprintf
 #include <thread>     // defines: std::this_thread::sleep_for (loader_delay_ms)
 
-#include "scalelab/core/device.h"  // defines: device_synchronize
+#include "scalelab/core/device.h"                // defines: device_synchronize
+#include "scalelab/core/error.h"                 // defines: SL_CHECK_HINT
+#include "scalelab/data/batch.h"                 // defines: data::Batch, load_batch
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
-#include "scalelab/model/sample.h" // defines: sample_text
-#include "train_step.h"            // defines: lab01::tokens_per_second, mfu (lab 01's reference: the defaults)
+#include "scalelab/model/sample.h"               // defines: sample_text
 
 namespace scalelab::driver {
 
@@ -20,16 +20,21 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------------------------
 // The data of a run
 
-RunData open_data(const TrainOptions& o, int micro_batch, int micro_steps, int dp_rank, int dp_size) {
+RunData open_data(const TrainOptions& o, const LabParts& parts, int micro_batch, int micro_steps, int dp_rank,
+                  int dp_size) {
+  SL_CHECK(parts.open_loader && parts.tokens_per_second != nullptr && parts.mfu != nullptr,
+           "open_data: give the lab parts (labs/common/lab_parts.h lab_parts()): a loader, tokens_per_second, mfu");
   RunData d;
+  d.parts = parts;
   d.cfg = GPTConfig::preset(o.model);
   d.loader.B = micro_batch;
   d.loader.T = o.seq_len;
   d.loader.seed = o.seed;
   d.loader.dp_rank = dp_rank;  // rank r takes every dp_size-th window of each global batch
   d.loader.dp_size = dp_size;
-  d.train = std::make_unique<lab02::ShardLoader>(o.data, "train", d.loader);
-  d.val = std::make_unique<ValidationSplit>(o.data, d.loader, static_cast<int64_t>(o.val_batches) * micro_steps);
+  d.train = parts.open_loader(o.data, "train", d.loader);
+  d.val = std::make_unique<ValidationSplit>(parts.open_loader, o.data, d.loader,
+                                            static_cast<int64_t>(o.val_batches) * micro_steps);
   d.cfg.vocab_size = d.train->vocab_size();  // the tokenizer decides V (256 for bytes)
   SL_CHECK_HINT(o.seq_len <= d.cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
                 "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, d.cfg.max_seq_len, o.model.c_str());
@@ -55,11 +60,11 @@ void check_train_options(const TrainOptions& o) {
 }
 
 // One micro-batch into mb, with delay_ms of sleep inside: the ms of the whole fetch (the data wait).
-static double fetch(lab02::ShardLoader& loader, MicroBatch& mb, double delay_ms) {
+static double fetch(data::BatchSource& loader, MicroBatch& mb, double delay_ms) {
   const auto t0 = Clock::now();
-  const lab02::Batch batch = loader.next();  // blocks only if the prefetch thread is behind
+  const data::Batch batch = loader.next();  // blocks only if the prefetch thread is behind
   if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
-  lab02::load_batch(batch, mb.inputs, mb.targets);
+  data::load_batch(batch, mb.inputs, mb.targets);
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
@@ -81,12 +86,12 @@ double time_source_alone(const FillBatch& fill, int B, int T, int batches, Commu
   return static_cast<double>(batches) * B * T / seconds;
 }
 
-double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
-                         Communicator* comm) {
-  lab02::ShardLoader loader(data_dir, "train", config);
+double time_loader_alone(const data::OpenBatchSource& open, const std::string& data_dir,
+                         const data::LoaderConfig& config, int batches, double delay_ms, Communicator* comm) {
+  const std::unique_ptr<data::BatchSource> loader = open(data_dir, "train", config);
   bool warm = false;  // the warm-up fetch sleeps no delay
   const FillBatch fill = [&](MicroBatch& mb) {
-    fetch(loader, mb, warm ? delay_ms : 0.0);
+    fetch(*loader, mb, warm ? delay_ms : 0.0);
     warm = true;
   };
   return time_source_alone(fill, config.B, config.T, batches, comm);
@@ -95,11 +100,18 @@ double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig&
 // ---------------------------------------------------------------------------------------------
 // The loop
 
-TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model,
-                     lab02::ShardLoader& train, ValidationSplit& val, RunLogger& log, const Peak& peak,
-                     double flops_per_token, Device device)
-    : sample_rng(o.seed ^ 0x5eedull), tokens_per_second(&lab01::tokens_per_second), mfu(&lab01::mfu), o_(o), spec_(spec), comm_(comm), model_(model), train_(train), val_(val),
-      log_(log), peak_(peak), flops_per_token_(flops_per_token), device_(device) {
+// data.train and data.val, checked: a loop without its loaders is a programming error, said plainly.
+static RunData& with_loaders(RunData& d) {
+  SL_CHECK(d.train != nullptr && d.val != nullptr, "TrainLoop: the run's training or validation loader is not open "
+           "(driver::open_data opens both)");
+  return d;
+}
+
+TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data,
+                     RunLogger& log, const Peak& peak, double flops_per_token, Device device)
+    : sample_rng(o.seed ^ 0x5eedull), tokens_per_second(data.parts.tokens_per_second), mfu(data.parts.mfu), o_(o),
+      spec_(spec), comm_(comm), model_(model), train_(*with_loaders(data).train), val_(*data.val), log_(log),
+      peak_(peak), flops_per_token_(flops_per_token), device_(device) {
   // HFU counts what the hardware computes: the model's FLOPs plus the backward's re-run (gpt2.h)
   const Recompute recompute = recompute_from_name(o.recompute);
   const int first = model.shard().first_layer;
@@ -125,6 +137,7 @@ float TrainLoop::mean_loss(float loss) {
 
 Summary TrainLoop::run(int64_t start_step) {
   SL_CHECK(static_cast<bool>(step), "TrainLoop::run: no step function was given (loop.step = ...)");
+  SL_CHECK(tokens_per_second != nullptr && mfu != nullptr, "TrainLoop::run: no tokens_per_second or mfu (LabParts)");
   // One micro-batch of tensors per micro-step, allocated once; validation reuses the first.
   std::vector<MicroBatch> micro(spec_.micro_steps);
   for (MicroBatch& mb : micro) {

@@ -1,10 +1,9 @@
-// driver.h — plumbing shared by the lab drivers (the main.cpp of labs 01 to 09): the options they all have, the --device check, the simulated link, the run id and run record,
-// the MFU peak, and the validation pass. What a lab teaches (its training step, what it measures) stays in its
-// main.cpp; only code that was the same, line for line, in two or three drivers lives here.
-// Implementation: labs/common/driver.cpp (library sl_lab_driver, linked into every lab program by
-// sl_add_lab in cmake/scalelab.cmake; lab 02's learner program gets sl_lab_driver_lab02_learner, the same
-// code on the learner's loader). Tested through the drivers (tests/perf, scripts/scale_demo.sh).
-// It lives under labs/, not common/, because the validation pass reads lab 02's ShardLoader.
+// driver.h — plumbing shared by the lab drivers (the main.cpp of labs 01 to 09): the options they all have, the
+// --device check, the simulated link, the run id and run record, the MFU peak, and the validation pass. What a
+// lab teaches (its training step, what it measures) stays in its main.cpp; only code that was the same, line
+// for line, in two or three drivers lives here. It links no lab: the loader it reads is the data::BatchSource a
+// lab program hands it (labs/common/lab_parts.h). Implementation: common/src/driver/driver.cpp (library
+// scalelab_driver, above common's layers). Tested through the drivers (scripts/compare_runs.py, tests/perf).
 #pragma once
 
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
@@ -12,18 +11,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>  // defines: std::unique_ptr
 #include <string>
 #include <utility>  // defines: std::pair
 #include <vector>
 
+#include "scalelab/comm/comm.h"            // defines: Communicator, CommEvent, LinkModel
+#include "scalelab/core/precision.h"       // defines: PrecisionPolicy
+#include "scalelab/core/tensor.h"          // defines: Device, Tensor
+#include "scalelab/data/batch_source.h"    // defines: data::BatchSource, OpenBatchSource, LoaderConfig, LoaderState
 #include "scalelab/measure/calibration.h"  // defines: Peak
-#include "scalelab/comm/comm.h"         // defines: Communicator, CommEvent, LinkModel
-#include "scalelab/model/gpt2.h"         // defines: GPT2
 #include "scalelab/measure/metrics.h"      // defines: RunRecord
-#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
-#include "scalelab/core/tensor.h"       // defines: Device, Tensor
-#include "shard_loader.h"          // defines: scalelab::lab02::ShardLoader, LoaderConfig (lab 02's reference;
-                                   //   YOURS in lab 02's learner program, labs/CMakeLists.txt)
+#include "scalelab/model/gpt2.h"           // defines: GPT2
+#include "scalelab/model/optim.h"          // defines: OptimizerConfig
 
 namespace scalelab::driver {
 
@@ -145,6 +145,14 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
 // differs per call, so rank 0 draws it and broadcasts it). At most 128 characters. Collective.
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested);
 
+// --optimizer and --weight-decay as the optimizer's config (the betas and eps: OptimizerConfig's defaults).
+OptimizerConfig optimizer_config(const TrainOptions& o);
+
+// The keys of the `run` record's config every training driver writes, from its options: model, T, steps, lr,
+// optimizer, precision (the policy's name), recompute, seed, data, device, and flops_per_token. A lab adds
+// its own (config.update({...})); the record's keys: docs/log_schema.md.
+nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, double flops_per_token);
+
 // The `run` record's fields every driver fills the same way: config, world size, track (SL_TRACK_NAME
 // of the calling program), threads per rank, precision, device name, peak FLOP/s per device
 // (kNotMeasured when unknown), its source and calibration id. The caller adds `extra` keys.
@@ -157,13 +165,14 @@ RunRecord make_run_record(const nlohmann::json& config, const std::string& track
 // The average of one float over all ranks (a loss). Collective.
 float mean_over_ranks(Communicator& comm, float x, const std::string& tag);
 
-// The validation split: a loader with the training loader's config (B, T, seed, dp_rank, dp_size) but
-// no shuffling and no prefetch thread, and the position every pass starts from, so that every pass
-// evaluates the same windows. n_batches = requested batches, at least 1, at most one epoch of this rank.
+// The validation split: a loader (opened by `open`) with the training loader's config (B, T, seed, dp_rank,
+// dp_size) but no shuffling and no prefetch thread, and the position every pass starts from, so that every
+// pass evaluates the same windows. n_batches = requested batches, at least 1, at most one epoch of this rank.
 struct ValidationSplit {
-  ValidationSplit(const std::string& data_dir, const lab02::LoaderConfig& train_config, int64_t requested_batches);
-  lab02::ShardLoader loader;
-  lab02::LoaderState start;
+  ValidationSplit(const data::OpenBatchSource& open, const std::string& data_dir,
+                  const data::LoaderConfig& train_config, int64_t requested_batches);
+  std::unique_ptr<data::BatchSource> loader;
+  data::LoaderState start;
   int n_batches = 0;  // loader batches per pass, each (B, T)
 };
 

@@ -4,14 +4,16 @@
 // periodic checkpoint, the mean throughput and MFU, a text sample at the end, and what an out-of-memory
 // says. What a lab teaches is the one call the loop makes per step (TrainLoop::step): lab 01's
 // train_step, lab 03's data-parallel step, lab 04's sharded one, up to lab 07's 3D-parallel one.
-// Everything around it is here, once.
+// Everything around it is here, once. It links no lab: the loader (lab 02's) and the throughput and MFU
+// formulas (lab 01's) come in as LabParts (labs/common/lab_parts.h gives a program its tracks' parts).
 //
-//   driver::TrainLoop loop(o, spec, &comm, model, *data.train, *data.val, log, peak, flops_per_token);
+//   driver::RunData data = driver::open_data(o, lab_parts(), micro_batch, micro_steps, dp_rank, dp_size);
+//   driver::TrainLoop loop(o, spec, &comm, model, data, log, peak, flops_per_token, device);
 //   loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab03::train_step(...); };
 //   const driver::Summary s = loop.run();
 //
-// Implementation: labs/common/train_loop.cpp (library sl_lab_driver, with driver.h). Tested through the
-// drivers: scripts/compare_runs.py (fixed runs, bit for bit), the perf checks, scripts/scale_demo.sh.
+// Implementation: common/src/driver/train_loop.cpp (library scalelab_driver, with driver.h). Tested through
+// the drivers: scripts/compare_runs.py (fixed runs, bit for bit), the perf checks, scripts/scale_demo.sh.
 #pragma once
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (extra keys of the step records)
@@ -22,20 +24,32 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"                         // defines: TrainOptions, ValidationSplit
 #include "scalelab/comm/comm.h"             // defines: Communicator
 #include "scalelab/core/allocator.h"        // defines: MemStats
 #include "scalelab/core/error.h"            // defines: OutOfMemory
+#include "scalelab/core/rng.h"              // defines: Rng
+#include "scalelab/data/batch_source.h"     // defines: data::BatchSource, OpenBatchSource, LoaderConfig
+#include "scalelab/driver/driver.h"         // defines: TrainOptions, ValidationSplit
 #include "scalelab/measure/calibration.h"   // defines: Peak
 #include "scalelab/measure/metrics.h"       // defines: RunLogger, TimeSpan, kNotMeasured
 #include "scalelab/model/batch.h"           // defines: MicroBatch, StepResult
 #include "scalelab/model/gpt2.h"            // defines: GPT2, GPTConfig
 #include "scalelab/model/optim.h"           // defines: LRSchedule
-#include "scalelab/core/rng.h"              // defines: Rng
-#include "shard_loader.h"                   // defines: lab02::ShardLoader, LoaderConfig (lab 02's reference;
-                                            //   YOURS in lab 02's learner program, labs/CMakeLists.txt)
 
 namespace scalelab::driver {
+
+// ---------------------------------------------------------------------------------------------
+// What a lab program plugs in
+
+// What the loop needs from the labs and cannot know itself: how to open a split's loader (lab 02's
+// open_shard_loader) and the throughput and MFU formulas (lab 01's tokens_per_second and mfu). Every
+// program passes the references; lab 01's and lab 02's own programs pass their track's, so a learner's
+// program runs the learner's code end to end (labs/common/lab_parts.h builds it).
+struct LabParts {
+  data::OpenBatchSource open_loader;
+  double (*tokens_per_second)(int64_t tokens, double seconds) = nullptr;
+  double (*mfu)(double tokens_per_s, double flops_per_token, double peak_flops_per_s, int num_devices) = nullptr;
+};
 
 // ---------------------------------------------------------------------------------------------
 // The data of a run
@@ -45,14 +59,17 @@ namespace scalelab::driver {
 // every dp_size-th window of each global batch from dp_rank on: disjoint across data-parallel ranks) and
 // the validation split (val_batches global batches: micro_steps loader batches per rank each, so every
 // run with the same global batch evaluates the same windows, however many ranks share them).
+// The parts it was opened with travel along (the loop reads its throughput and MFU from them).
 struct RunData {
   GPTConfig cfg;
-  lab02::LoaderConfig loader;
-  std::unique_ptr<lab02::ShardLoader> train;
+  data::LoaderConfig loader;
+  std::unique_ptr<data::BatchSource> train;
   std::unique_ptr<ValidationSplit> val;
+  LabParts parts;
 };
 // Throws with a hint for an unknown preset, a missing corpus, or --seq-len above the model's max_seq_len.
-RunData open_data(const TrainOptions& o, int micro_batch, int micro_steps, int dp_rank, int dp_size);
+RunData open_data(const TrainOptions& o, const LabParts& parts, int micro_batch, int micro_steps, int dp_rank,
+                  int dp_size);
 
 // One micro-batch from a source of batches: fills mb.inputs and mb.targets, (B, T) i32 each, on their device.
 using FillBatch = std::function<void(MicroBatch& mb)>;
@@ -61,10 +78,10 @@ using FillBatch = std::function<void(MicroBatch& mb)>;
 // warm-up fill (it may start a prefetch thread), then `batches` timed fills of (B, T) CPU tensors. With
 // comm, every rank starts together, as in training. Returns tokens per second of THIS rank (B x T per fill).
 double time_source_alone(const FillBatch& fill, int B, int T, int batches, Communicator* comm);
-// The same for a fresh loader of this rank with `config`, each fetch with delay_ms of sleep inside (a
-// slow loader, TrainLoop::loader_delay_ms).
-double time_loader_alone(const std::string& data_dir, const lab02::LoaderConfig& config, int batches, double delay_ms,
-                         Communicator* comm);
+// The same for a fresh loader of this rank (opened by `open` with `config`), each fetch with delay_ms of
+// sleep inside (a slow loader, TrainLoop::loader_delay_ms).
+double time_loader_alone(const data::OpenBatchSource& open, const std::string& data_dir,
+                         const data::LoaderConfig& config, int batches, double delay_ms, Communicator* comm);
 
 // --steps > 0, --lr > 0, 0 <= --min-lr <= --lr, 0 <= --warmup < --steps, --grad-clip >= 0, --weight-decay >= 0,
 // --optimizer adamw|sgd, --val-every >= 0, --val-batches > 0, --sample-tokens >= 0: otherwise a clear error
@@ -111,9 +128,10 @@ struct Summary {
 class TrainLoop {
  public:
   // comm: the data-parallel group's communicator, or nullptr for one device (lab 01: no collective is
-  // made). The loop keeps references to everything given; they must outlive run().
-  TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, lab02::ShardLoader& train,
-            ValidationSplit& val, RunLogger& log, const Peak& peak, double flops_per_token, Device device);
+  // made). data: the run's loaders (data.train, data.val: both open) and the parts' throughput and MFU.
+  // The loop keeps references to everything given; they must outlive run().
+  TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data,
+            RunLogger& log, const Peak& peak, double flops_per_token, Device device);
 
   // ---- what the lab plugs in
   // Required: one optimizer step over this rank's micro-batches (micro.size() == spec.micro_steps) at
@@ -125,9 +143,9 @@ class TrainLoop {
   // The communicator whose events a step's `timeline` record shows (default: the loop's own, `comm`).
   // Lab 05 points it at the tensor-parallel group, where its collectives are.
   Communicator* timeline_comm = nullptr;
-  // Optional: where the training batches come from instead of `train` (lab 02 compares its loader with a
-  // naive one). The loop times each call as data wait, like a fetch from `train`; loader_delay_ms is not
-  // added. Validation still reads `val`.
+  // Optional: where the training batches come from instead of data.train (lab 02 compares its loader with a
+  // naive one). The loop times each call as data wait, like a fetch from data.train; loader_delay_ms is not
+  // added. Validation still reads data.val.
   FillBatch next_batch;
   // Optional: the loss of one validation batch (tokens, targets: (B, T) i32), the same on every rank, instead
   // of model.forward(tokens, &targets): lab 06's pipeline runs it through every stage.
@@ -147,8 +165,9 @@ class TrainLoop {
   int checkpoint_every = 0;
   // The random stream of the sample at the end: Rng(--seed ^ 0x5eed) unless a resumed run restores it.
   Rng sample_rng;
-  // Throughput and MFU of each step and of the run: lab 01's functions (train_step.h). The reference by
-  // default; lab 01's own driver passes the track's, so a learner's program shows the learner's MFU.
+  // Throughput and MFU of each step and of the run: lab 01's functions (train_step.h), from data.parts: the
+  // reference's in every program but lab 01's own, which passes its track's (a learner's program shows the
+  // learner's MFU).
   double (*tokens_per_second)(int64_t tokens, double seconds);
   double (*mfu)(double tokens_per_s, double flops_per_token, double peak_flops_per_s, int num_devices);
 
@@ -168,7 +187,7 @@ class TrainLoop {
   LoopSpec spec_;
   Communicator* comm_;
   GPT2& model_;
-  lab02::ShardLoader& train_;
+  data::BatchSource& train_;
   ValidationSplit& val_;
   RunLogger& log_;
   Peak peak_;
