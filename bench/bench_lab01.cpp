@@ -22,17 +22,17 @@
 #include <vector>
 
 #include "scalelab/measure/calibration.h"  // defines: device_peak, Peak, memcpy_bytes_per_s
-#include "scalelab/core/device.h"       // defines: device_synchronize, cuda_device_count, cuda_device_name
+#include "scalelab/core/device.h"          // defines: device_synchronize, cuda_device_count, cuda_device_name
 #include "scalelab/core/error.h"
 #include "scalelab/model/gpt2.h"
-#include "scalelab/ops/op_profile.h"   // defines: op_profile_enable, op_profile_phase, op_profile_table
-#include "scalelab/ops/ops.h"          // defines: cpu::bf16_matmul_backend
+#include "scalelab/ops/op_profile.h"  // defines: op_profile_enable, op_profile_phase, op_profile_table
+#include "scalelab/ops/ops.h"         // defines: cpu::bf16_matmul_backend
 #include "scalelab/model/optim.h"
-#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 #include "scalelab/core/rng.h"
 #include "scalelab/core/threads.h"
 #include "scalelab/measure/stats.h"  // defines: median (of the timed steps)
-#include "train_step.h"  // defines: lab01::flops_per_token, tokens_per_second, mfu (reference track)
+#include "train_step.h"              // defines: lab01::flops_per_token, tokens_per_second, mfu (reference track)
 
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
@@ -40,7 +40,6 @@ using Clock = std::chrono::steady_clock;
 static double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
-
 
 static double mean(const std::vector<double>& v) {
   double s = 0;
@@ -85,10 +84,11 @@ static void print_adamw_bandwidth(int steps, int64_t params, int threads) {
   if (adamw_ms <= 0) return;
   static const double copy_bytes_per_s = memcpy_bytes_per_s(int64_t{256} << 20, threads);
   const double bytes = 28.0 * static_cast<double>(params);
-  std::printf("  adamw_update moves 28 B x %.2fM params = %.2f GB a step in %.1f ms: %.1f GB/s of reads and writes;\n"
-              "  memcpy of 256 MiB on %d threads: %.1f GB/s copied = %.1f GB/s of reads and writes (lab 00's figure)\n",
-              params / 1e6, bytes / 1e9, adamw_ms, bytes / (adamw_ms / 1e3) / 1e9, threads, copy_bytes_per_s / 1e9,
-              2 * copy_bytes_per_s / 1e9);
+  std::printf(
+      "  adamw_update moves 28 B x %.2fM params = %.2f GB a step in %.1f ms: %.1f GB/s of reads and writes;\n"
+      "  memcpy of 256 MiB on %d threads: %.1f GB/s copied = %.1f GB/s of reads and writes (lab 00's figure)\n",
+      params / 1e6, bytes / 1e9, adamw_ms, bytes / (adamw_ms / 1e3) / 1e9, threads, copy_bytes_per_s / 1e9,
+      2 * copy_bytes_per_s / 1e9);
 }
 
 struct BenchCase {
@@ -122,21 +122,26 @@ int main(int argc, char** argv) {
   std::string device_name = "cpu", precision = "fp32", attention = "materialized", jsonl;
   bool breakdown = false;
   app.add_option("--device", device_name, "cpu or cuda (a build with the CUDA backend and a GPU)")
-      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", precision,
                  "fp32, bf16 (= bf16-mixed: bf16 params, fp32 compute) or bf16-compute (bf16 matmul operands: "
                  "the GPU's bf16 tensor cores)")
-      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "bf16-mixed", "bf16-compute"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "bf16-mixed", "bf16-compute"}));
   app.add_option("--attention", attention,
                  "materialized (the (B,NH,T,T) scores, as PyTorch's explicit attention) or flash (saves (B,NH,T) and "
                  "recomputes the scores; PyTorch's counterpart is --sdpa)")
-      ->capture_default_str()->check(CLI::IsMember({"materialized", "flash"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"materialized", "flash"}));
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")->capture_default_str()
+  app.add_option("--steps", steps, "timed steps per case (after 1 warm-up step)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--configs", spec, "cases model:BxT, comma-separated")->capture_default_str();
   app.add_option("--jsonl", jsonl, "also append one JSON record per case to this file (bench_pytorch.py reads it)");
-  app.add_flag("--breakdown", breakdown, "also time every op of the timed steps (on a GPU: each op synchronized) "
+  app.add_flag("--breakdown", breakdown,
+               "also time every op of the timed steps (on a GPU: each op synchronized) "
                "and print each phase's ops with their share");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -153,15 +158,15 @@ int main(int argc, char** argv) {
     // On the CPU, bf16-compute's matmuls run on oneDNN's bf16 GEMM or on fp32 sgemm (ops.h): say which.
     // ... and which kernel set OpenBLAS's fp32 GEMMs run on (blas_kernel.cpp: sgemm on a generic set
     // ran at a quarter of the speed on the development VM).
-    const std::string matmuls = device == Device::CUDA ? ""
+    const std::string matmuls = device == Device::CUDA               ? ""
                                 : policy.matmul_dtype == DType::BF16 ? " | bf16 matmuls: " + cpu::bf16_matmul_backend()
                                                                      : " | sgemm: OpenBLAS " + cpu::blas_kernel();
     std::printf("device: %s (%s) | precision %s | %s attention%s\n", device_name.c_str(), where.c_str(),
                 policy.name().c_str(), attention.c_str(), matmuls.c_str());
     // bench_pytorch.py reads this line: "peak: <GFLOP/s> GFLOP/s (<source>)"; 0.0 means unknown.
     std::printf("peak: %.1f GFLOP/s (%s)\n\n", peak.flops_per_s / 1e9, peak.source.c_str());
-    std::printf("%-6s %4s %5s %10s | %9s %9s %9s %9s | %10s %7s\n", "model", "B", "T", "params", "fwd ms",
-                "bwd ms", "optim ms", "step ms", "tokens/s", "MFU");
+    std::printf("%-6s %4s %5s %10s | %9s %9s %9s %9s | %10s %7s\n", "model", "B", "T", "params", "fwd ms", "bwd ms",
+                "optim ms", "step ms", "tokens/s", "MFU");
     std::ofstream records;
     if (!jsonl.empty()) {
       records.open(jsonl, std::ios::app);
@@ -230,22 +235,33 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
       if (records.is_open()) {
-        nlohmann::json r = {{"impl", "ours"},          {"device", device_name},        {"precision", precision},
-                            {"model", c.model},        {"B", c.B},                     {"T", c.T},
-                            {"steps", steps},          {"step_ms", step_ms},           {"fwd_ms", median(fwd)},
-                            {"bwd_ms", median(bwd)},   {"optim_ms", median(upd)},      {"tokens_per_s", tok_s},
-                            {"flops_per_token", flops_tok}, {"peak_flops_per_s", peak.flops_per_s},
-                            {"peak_source", peak.source}, {"threads", threads},
+        nlohmann::json r = {{"impl", "ours"},
+                            {"device", device_name},
+                            {"precision", precision},
+                            {"model", c.model},
+                            {"B", c.B},
+                            {"T", c.T},
+                            {"steps", steps},
+                            {"step_ms", step_ms},
+                            {"fwd_ms", median(fwd)},
+                            {"bwd_ms", median(bwd)},
+                            {"optim_ms", median(upd)},
+                            {"tokens_per_s", tok_s},
+                            {"flops_per_token", flops_tok},
+                            {"peak_flops_per_s", peak.flops_per_s},
+                            {"peak_source", peak.source},
+                            {"threads", threads},
                             {"attention", attention}};
         if (peak.flops_per_s > 0) r["mfu"] = m;  // a fraction in [0, 1]; absent when the peak is unknown
-        if (breakdown) r["breakdown"] = ops;      // means of the timed steps (the phases above are medians)
+        if (breakdown) r["breakdown"] = ops;     // means of the timed steps (the phases above are medians)
         records << r.dump() << "\n";
         records.flush();
       }
     }
-    std::printf("\n(medians of %d steps%s; MFU = tokens/s x flops_per_token / peak, PaLM App. B convention; "
-                "see labs/01_single_device/README.md)\n", steps,
-                breakdown ? ", the breakdowns their means, with every op timed" : "");
+    std::printf(
+        "\n(medians of %d steps%s; MFU = tokens/s x flops_per_token / peak, PaLM App. B convention; "
+        "see labs/01_single_device/README.md)\n",
+        steps, breakdown ? ", the breakdowns their means, with every op timed" : "");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
   int iters = 50, warmup = 5;
   double seconds_per_size = 0.2;
   bool thread_multiple = false;
-  app.add_option("--sizes", sizes, "buffer sizes in bytes (K, M, G = powers of 1024)")->delimiter(',')->capture_default_str();
+  app.add_option("--sizes", sizes, "buffer sizes in bytes (K, M, G = powers of 1024)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--iters", iters, "timed calls per size, at most")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed calls per size, at most")->capture_default_str();
   app.add_option("--seconds-per-size", seconds_per_size, "time budget per size that limits the calls of big sizes")
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 1;
     }
-    const int count = static_cast<int>(bytes / 4);  // elements
+    const int count = static_cast<int>(bytes / 4);             // elements
     std::vector<float> buf(static_cast<size_t>(count), 0.0f);  // zeros: the sum in place stays finite
 
     // The first call times the size, so that big sizes make fewer calls (the same rule as lab00_setup).
@@ -84,16 +86,18 @@ int main(int argc, char** argv) {
     const int fit = static_cast<int>(std::min(1e6, std::floor(seconds_per_size / std::max(first_s, 1e-9))));
     const int n_warmup = 1 + std::min(warmup - 1, fit / 4);
     const int n_iters = std::max(1, std::min(iters, fit));
-    for (int w = 1; w < n_warmup; ++w) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int w = 1; w < n_warmup; ++w)
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = MPI_Wtime();
-    for (int it = 0; it < n_iters; ++it) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int it = 0; it < n_iters; ++it)
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     double time_s = (MPI_Wtime() - t0) / n_iters;
     MPI_Allreduce(MPI_IN_PLACE, &time_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);  // the slowest rank
 
     const double algbw = static_cast<double>(count) * 4 / time_s;  // bytes/s
-    const double busbw = algbw * 2.0 * (n - 1) / n;                 // 0 for one rank
+    const double busbw = algbw * 2.0 * (n - 1) / n;                // 0 for one rank
     if (rank == 0) {
       std::printf("%12lld %11d %6d %6d %11.1f %11.3f %11.3f\n", static_cast<long long>(count) * 4, count, n_warmup,
                   n_iters, time_s * 1e6, algbw / 1e9, busbw / 1e9);

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "scalelab/measure/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
-#include "scalelab/core/error.h"        // defines: scalelab::Error
-#include "scalelab/ops/twins.h"         // defines: cpu::blas_kernel_replaced
+#include "scalelab/core/error.h"           // defines: scalelab::Error
+#include "scalelab/ops/twins.h"            // defines: cpu::blas_kernel_replaced
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure CPU sgemm FLOP/s at GPT-2 d12 shapes (the MFU peak of CPU runs)"};

@@ -185,9 +185,10 @@ int main(int argc, char** argv) {
     const std::vector<std::string> val = write_split(out_dir, "val", tokens, cut, n, shard_tokens);
 
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("sl_make_shards: %zu input file(s), %zu bytes -> %zu tokens (byte-level, vocab %d), "
-                "%zu distinct byte values\n",
-                inputs.size(), text.size(), n, data::kByteVocab, distinct);
+    std::printf(
+        "sl_make_shards: %zu input file(s), %zu bytes -> %zu tokens (byte-level, vocab %d), "
+        "%zu distinct byte values\n",
+        inputs.size(), text.size(), n, data::kByteVocab, distinct);
     std::printf("  train: %10zu tokens in %zu shard(s) %s .. %s\n", cut, train.size(), train.front().c_str(),
                 train.back().c_str());
     if (!val.empty())

@@ -12,12 +12,12 @@
 #include <filesystem>  // defines: std::filesystem::directory_iterator (rank*.jsonl)
 #include <fstream>     // defines: std::ifstream
 #include <map>
-#include <sstream>     // defines: std::istringstream, std::ostringstream
+#include <sstream>  // defines: std::istringstream, std::ostringstream
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"       // defines: SL_CHECK_HINT, SL_FAIL
-#include "scalelab/measure/stats.h"    // defines: median
+#include "scalelab/core/error.h"     // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/measure/stats.h"  // defines: median
 
 namespace scalelab::scaling {
 
@@ -76,9 +76,9 @@ std::string ms(double x) { return measured(x) ? fmt("%.1f", x) : "n/a"; }
 std::string mib(double bytes) { return measured(bytes) ? fmt("%.1f", bytes / (1024.0 * 1024.0)) : "n/a"; }
 
 struct RankRecords {
-  json run;                       // the run record (null if none)
-  std::vector<json> steps;        // step records
-  json summary;                   // the summary record (null if none)
+  json run;                 // the run record (null if none)
+  std::vector<json> steps;  // step records
+  json summary;             // the summary record (null if none)
   double loader_alone = kNotMeasured;
 };
 
@@ -173,8 +173,8 @@ RunSummary parse_run(const std::string& name, const std::vector<std::string>& ra
       else if (type == "loader_alone") r.loader_alone = num(rec, "tokens_per_s");
     }
   }
-  SL_CHECK_HINT(!by_rank.empty(), "pass the folder <log-dir>/lab04/<run-id> of a finished run",
-                "run '%s': no records", name.c_str());
+  SL_CHECK_HINT(!by_rank.empty(), "pass the folder <log-dir>/lab04/<run-id> of a finished run", "run '%s': no records",
+                name.c_str());
 
   RunSummary s;
   s.name = name;
@@ -232,8 +232,8 @@ RunSummary read_run(const std::string& dir) {
     if (file.rfind("rank", 0) == 0 && entry.path().extension() == ".jsonl") files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
-  SL_CHECK_HINT(!files.empty(), "a run writes one rank<k>.jsonl per rank (docs/log_schema.md)",
-                "no rank*.jsonl in %s", dir.c_str());
+  SL_CHECK_HINT(!files.empty(), "a run writes one rank<k>.jsonl per rank (docs/log_schema.md)", "no rank*.jsonl in %s",
+                dir.c_str());
   std::vector<std::string> texts;
   for (const std::string& path : files) {
     std::ifstream in(path);
@@ -258,8 +258,10 @@ ScalingEvidence make_evidence(const RunSummary& single, const RunSummary& multi,
     note(fmt("the two runs differ: model %s vs %s, T %d vs %d; scaling efficiency compares different work",
              single.model.c_str(), multi.model.c_str(), single.seq_len, multi.seq_len));
   if (single.micro_batch != multi.micro_batch)
-    note(fmt("per-device batch differs: B=%d on 1 device, B=%d on each of %d (same global batch?); that alone can "
-             "be cause 3", single.micro_batch, multi.micro_batch, multi.world_size));
+    note(
+        fmt("per-device batch differs: B=%d on 1 device, B=%d on each of %d (same global batch?); that alone can "
+            "be cause 3",
+            single.micro_batch, multi.micro_batch, multi.world_size));
 
   // Cause 1: the loader timed alone vs what each rank's model eats when it never waits.
   std::vector<double> alone, consumption;
@@ -376,8 +378,9 @@ std::string format_report(const RunSummary& single, const RunSummary& multi, con
   row("peak memory per rank (MiB)", mib(s0.peak_bytes), mib(max_peak(multi)),
       n > 1 ? "largest; " + per_rank_list(multi.ranks, [](const RankSummary& r) { return mib(r.peak_bytes); }) : "");
   row("data wait (% of step)", pct(s0.data_wait_ms / s0.step_ms), pct(ev.data_wait_share),
-      n > 1 ? "mean; " + per_rank_list(multi.ranks, [](const RankSummary& r) { return pct(r.data_wait_ms / r.step_ms); })
-            : "");
+      n > 1
+          ? "mean; " + per_rank_list(multi.ranks, [](const RankSummary& r) { return pct(r.data_wait_ms / r.step_ms); })
+          : "");
   row("exposed comm (% of step)", pct(s0.comm_ms / s0.step_ms), pct(ev.exposed_comm_share),
       n > 1 ? "mean; " + per_rank_list(multi.ranks, [](const RankSummary& r) { return pct(r.comm_ms / r.step_ms); })
             : "");
@@ -403,8 +406,7 @@ std::string format_report(const RunSummary& single, const RunSummary& multi, con
   const double eff = v.scaling_efficiency;
   if (measured(eff))
     out += fmt("Scaling efficiency: %.0f %% (%.2fx on %d devices, %dx would be perfect)\n", 100.0 * eff, eff * n, n, n);
-  else
-    out += "Scaling efficiency: not measured\n";
+  else out += "Scaling efficiency: not measured\n";
   out += "\n" + format_verdict(v);
   return out;
 }

@@ -18,28 +18,28 @@ namespace scalelab::scaling {
 struct RankSummary {
   int rank = 0;
   int timed_steps = 0;
-  double step_ms = kNotMeasured;          // ms, mean `step_ms`
-  double median_step_ms = kNotMeasured;   // ms, median `step_ms` (the batch sweep: robust to a busy machine)
-  double data_wait_ms = kNotMeasured;     // ms, mean `data_wait_ms`
-  double comm_ms = kNotMeasured;          // ms, mean `comm_ms` (exposed communication)
-  double compute_ms = kNotMeasured;       // ms, mean `compute_ms` (else step - data wait - comm)
-  double comm_busy_ms = kNotMeasured;     // ms, mean `comm_busy_ms` (collectives in flight)
-  double tokens_per_step = kNotMeasured;  // tokens, mean `tokens` (all ranks together)
-  double peak_bytes = kNotMeasured;       // bytes, largest `memory_peak_bytes` of its step/summary records
+  double step_ms = kNotMeasured;                    // ms, mean `step_ms`
+  double median_step_ms = kNotMeasured;             // ms, median `step_ms` (the batch sweep: robust to a busy machine)
+  double data_wait_ms = kNotMeasured;               // ms, mean `data_wait_ms`
+  double comm_ms = kNotMeasured;                    // ms, mean `comm_ms` (exposed communication)
+  double compute_ms = kNotMeasured;                 // ms, mean `compute_ms` (else step - data wait - comm)
+  double comm_busy_ms = kNotMeasured;               // ms, mean `comm_busy_ms` (collectives in flight)
+  double tokens_per_step = kNotMeasured;            // tokens, mean `tokens` (all ranks together)
+  double peak_bytes = kNotMeasured;                 // bytes, largest `memory_peak_bytes` of its step/summary records
   double loader_alone_tokens_per_s = kNotMeasured;  // tokens/s of this rank, its `loader_alone` record
 };
 
 // One run (one <log-dir>/<lab>/<run-id>/ folder), from its run, loader_alone, step and summary records.
 struct RunSummary {
-  std::string name;            // the folder (or the name given to parse_run)
+  std::string name;  // the folder (or the name given to parse_run)
   int world_size = 0;
-  int micro_batch = 0;         // B per rank: config.micro_batch (lab 03: config.B)
-  int seq_len = 0;             // T: config.T
-  int stage = -1;              // config.stage (-1: not a ZeRO run)
-  std::string model;           // config.model
-  std::string link = "none";   // config.link
-  bool overlap = false;        // config.overlap == "on" (lab 04) or config.mode == "overlap" (lab 03)
-  int prefetch = -1;           // config.prefetch
+  int micro_batch = 0;                 // B per rank: config.micro_batch (lab 03: config.B)
+  int seq_len = 0;                     // T: config.T
+  int stage = -1;                      // config.stage (-1: not a ZeRO run)
+  std::string model;                   // config.model
+  std::string link = "none";           // config.link
+  bool overlap = false;                // config.overlap == "on" (lab 04) or config.mode == "overlap" (lab 03)
+  int prefetch = -1;                   // config.prefetch
   double tokens_per_s = kNotMeasured;  // all ranks together: rank 0's summary, else its timed steps
   double mfu = kNotMeasured;           // fraction: rank 0's summary `mfu`, else the mean of its steps'
   std::vector<RankSummary> ranks;      // sorted by rank

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"             // defines: scalelab::Error, SL_CHECK_HINT
-#include "scalelab/model/gpt2.h"              // defines: GPTConfig::preset
+#include "scalelab/core/error.h"                // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/model/gpt2.h"                // defines: GPTConfig::preset
 #include "scalelab/measure/memory_estimator.h"  // defines: format_memory_table, format_zero_table, format_fit_table
-#include "scalelab/model/optim.h"             // defines: OptimizerConfig::kind_from_name
-#include "scalelab/core/precision.h"         // defines: PrecisionPolicy::from_name
+#include "scalelab/model/optim.h"               // defines: OptimizerConfig::kind_from_name
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy::from_name
 
 int main(int argc, char** argv) {
   CLI::App app{"Per-rank memory of ZeRO stages 0..3 (params, grads, optimizer state, activations)"};
@@ -50,14 +50,13 @@ int main(int argc, char** argv) {
                   "--stage %d is not in 0..3", stage);
     SL_CHECK_HINT(prefetch >= 0, "--prefetch 0 gathers one unit at a time; 1 overlaps the next gather",
                   "--prefetch %d < 0", prefetch);
-    SL_CHECK_HINT(micro_batch >= 0, "e.g. --micro-batch 4 (0 = model state only)", "--micro-batch %d < 0",
-                  micro_batch);
+    SL_CHECK_HINT(micro_batch >= 0, "e.g. --micro-batch 4 (0 = model state only)", "--micro-batch %d < 0", micro_batch);
     SL_CHECK_HINT(device_gb >= 0.0, "e.g. --device-gb 80 for an 80 GB H100", "--device-gb %g < 0", device_gb);
     SL_CHECK_HINT(max_ranks >= 1, "e.g. --max-ranks 1024", "--max-ranks %d < 1", max_ranks);
     const std::vector<int> stages = stage >= 0 ? std::vector<int>{stage} : std::vector<int>{0, 1, 2, 3};
     const scalelab::OptimizerConfig::Kind opt = scalelab::OptimizerConfig::kind_from_name(optimizer);
-    const scalelab::PrecisionPolicy policy =
-        paper ? scalelab::zero_paper_policy() : scalelab::PrecisionPolicy::from_name(precision);
+    const scalelab::PrecisionPolicy policy = paper ? scalelab::zero_paper_policy()
+                                                   : scalelab::PrecisionPolicy::from_name(precision);
     const double device_bytes = device_gb * 1e9;
 
     if (!model.empty()) {
@@ -66,7 +65,7 @@ int main(int argc, char** argv) {
       SL_CHECK_HINT(seq_len <= cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
                     "--seq-len %d exceeds %s's max_seq_len %d", seq_len, model.c_str(), cfg.max_seq_len);
       std::printf("%s", scalelab::format_memory_table(cfg, ranks, stages, policy, opt, prefetch, micro_batch, seq_len,
-                                                       exact_bytes)
+                                                      exact_bytes)
                             .c_str());
       if (device_bytes > 0) {
         std::printf("\ndevices of %g GB needed (peak model state + activations, N a power of two <= %d):\n", device_gb,

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "scalelab/measure/bottleneck.h"  // defines: diagnose_scaling, format_verdict
-#include "scalelab/core/error.h"       // defines: scalelab::Error
-#include "scaling_report.h"       // defines: read_run, make_evidence, format_report
+#include "scalelab/core/error.h"          // defines: scalelab::Error
+#include "scaling_report.h"               // defines: read_run, make_evidence, format_report
 
 int main(int argc, char** argv) {
   CLI::App app{"Why not 2x? The 1-device run, the N-device run and a batch sweep -> the table and the verdict"};
@@ -23,8 +23,10 @@ int main(int argc, char** argv) {
   app.add_option("--single", single_dir, "run folder of the 1-device run (<log-dir>/lab04/<run-id>)")->required();
   app.add_option("--multi", multi_dir, "run folder of the N-device run")->required();
   app.add_option("--sweep", sweep_dirs, "run folders of 1-device runs at other micro-batches (same T)");
-  app.add_option("--expect-culprit", expect, "exit 1 unless this cause is marked CULPRIT: loader, comm, batch, "
-                 "straggler (the end-to-end checks)")->check(CLI::IsMember({"loader", "comm", "batch", "straggler"}));
+  app.add_option("--expect-culprit", expect,
+                 "exit 1 unless this cause is marked CULPRIT: loader, comm, batch, "
+                 "straggler (the end-to-end checks)")
+      ->check(CLI::IsMember({"loader", "comm", "batch", "straggler"}));
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (probe.json, log records)
 
 #include <algorithm>
-#include <chrono>   // defines: std::chrono::steady_clock (all timing)
-#include <cctype>   // defines: std::isdigit, std::toupper
-#include <cmath>    // defines: std::floor
-#include <cstdio>   // defines: std::printf, popen
+#include <chrono>  // defines: std::chrono::steady_clock (all timing)
+#include <cctype>  // defines: std::isdigit, std::toupper
+#include <cmath>   // defines: std::floor
+#include <cstdio>  // defines: std::printf, popen
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,13 +30,13 @@
 
 #include "scalelab/measure/calibration.h"  // defines: load_or_calibrate, calibration_cache_path, datasheet_peak,
                                            // memcpy_bytes_per_s
-#include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator, LinkModel, bus_factor
-#include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (the probe's own values)
-#include "scalelab/core/device.h"       // defines: cuda_device_count, cuda_device_name, built_with_cuda
-#include "scalelab/core/error.h"        // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/comm/comm.h"            // defines: Communicator, make_communicator, LinkModel, bus_factor
+#include "scalelab/comm/host_values.h"     // defines: broadcast_string, all_reduce_value (the probe's own values)
+#include "scalelab/core/device.h"          // defines: cuda_device_count, cuda_device_name, built_with_cuda
+#include "scalelab/core/error.h"           // defines: scalelab::Error, SL_CHECK_HINT
 #include "scalelab/measure/metrics.h"      // defines: RunLogger, system_info, make_run_id
-#include "scalelab/core/tensor.h"       // defines: Tensor
-#include "scalelab/core/threads.h"      // defines: set_num_threads, local_ranks_from_env
+#include "scalelab/core/tensor.h"          // defines: Tensor
+#include "scalelab/core/threads.h"         // defines: set_num_threads, local_ranks_from_env
 
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
@@ -45,14 +45,14 @@ const std::string kCalibrationDir = "runs/calibration";  // where the labs look 
 
 struct Options {
   std::string backend = "auto";
-  std::string min_bytes = "8";        // sweep sizes, bytes; K, M, G suffixes are powers of 1024
+  std::string min_bytes = "8";  // sweep sizes, bytes; K, M, G suffixes are powers of 1024
   std::string max_bytes = "256M";
-  int factor = 2;                     // each size is the previous one times this
-  int iters = 50;                     // timed calls per size, at most (see seconds_per_size)
-  int warmup = 5;                     // untimed calls per size before them, at most (at least 2)
-  double seconds_per_size = 0.2;      // big sizes get fewer calls, so each size takes about this long
-  std::string link = "none";          // simulated link model (comm.h LinkModel::preset)
-  int threads = 0;                    // CPU threads per rank (0: cores / ranks per node)
+  int factor = 2;                 // each size is the previous one times this
+  int iters = 50;                 // timed calls per size, at most (see seconds_per_size)
+  int warmup = 5;                 // untimed calls per size before them, at most (at least 2)
+  double seconds_per_size = 0.2;  // big sizes get fewer calls, so each size takes about this long
+  std::string link = "none";      // simulated link model (comm.h LinkModel::preset)
+  int threads = 0;                // CPU threads per rank (0: cores / ranks per node)
   bool skip_gemm = false;
   bool recalibrate = false;           // delete the calibration caches first, so they are measured again
   std::string memcpy_bytes = "256M";  // the buffer the memcpy bandwidth is measured on
@@ -60,9 +60,7 @@ struct Options {
   std::string run_id;
 };
 
-static double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+static double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // "8", "64K", "256M", "1G" -> bytes (K, M, G are powers of 1024, as in nccl-tests' -b/-e).
 static int64_t parse_bytes(const std::string& s) {
@@ -185,23 +183,33 @@ static nlohmann::ordered_json gemm_section(const Options& o, std::vector<int> co
       c = read_calibration_cache(path, t);
     }
     if (!c) {
-      std::printf("%7d %13s %15s  %-32s %s\n%7s   not measured: the other ranks of this node share the cores; run "
-                  "build/bin/lab00_setup with one rank\n", t, "-", "-", "-", used_by, "");
+      std::printf(
+          "%7d %13s %15s  %-32s %s\n%7s   not measured: the other ranks of this node share the cores; run "
+          "build/bin/lab00_setup with one rank\n",
+          t, "-", "-", "-", used_by, "");
       out.push_back({{"threads", t}, {"calibration_id", nullptr}, {"measured_now", false}, {"cache", path}});
       continue;
     }
     std::printf("%7d %13.1f %15.1f  %-32s %s%s\n", t, c->flops_per_s / 1e9, c->median_flops_per_s / 1e9, c->id.c_str(),
                 used_by, measure_now ? "" : "  [from the cache: the other ranks share the cores]");
     std::fflush(stdout);
-    out.push_back({{"threads", t}, {"calibration_id", c->id}, {"flops_per_s", c->flops_per_s},
-                   {"median_flops_per_s", c->median_flops_per_s}, {"source", c->source}, {"measured_now", measure_now},
+    out.push_back({{"threads", t},
+                   {"calibration_id", c->id},
+                   {"flops_per_s", c->flops_per_s},
+                   {"median_flops_per_s", c->median_flops_per_s},
+                   {"source", c->source},
+                   {"measured_now", measure_now},
                    {"cache", path}});
-    log.log("calibration", {{"threads", t}, {"calibration_id", c->id}, {"flops_per_s", c->flops_per_s},
-                            {"median_flops_per_s", c->median_flops_per_s}, {"source", c->source},
+    log.log("calibration", {{"threads", t},
+                            {"calibration_id", c->id},
+                            {"flops_per_s", c->flops_per_s},
+                            {"median_flops_per_s", c->median_flops_per_s},
+                            {"source", c->source},
                             {"measured_now", measure_now}});
   }
-  std::printf("peak = the fastest of the five shapes (calibration.cpp says why); rerun with --recalibrate if the "
-              "machine was busy\n");
+  std::printf(
+      "peak = the fastest of the five shapes (calibration.cpp says why); rerun with --recalibrate if the "
+      "machine was busy\n");
   // t threads should give nearly t times one thread's rate (a GEMM is compute-bound). Far less means
   // another program took cores while it was measured, or the "cores" are hyperthreads of fewer
   // physical cores (then a little over half of t times is normal).
@@ -210,8 +218,10 @@ static nlohmann::ordered_json gemm_section(const Options& o, std::vector<int> co
     const int t = out[i]["threads"];
     const double scaling = out[i]["flops_per_s"].get<double>() / out[0]["flops_per_s"].get<double>();
     if (scaling < 0.5 * t) {
-      std::printf("NOTE    %d threads reach only %.2fx of 1 thread (expected close to %dx): the machine was probably "
-                  "busy;\n        run `build/bin/lab00_setup --recalibrate` when it is quiet\n", t, scaling, t);
+      std::printf(
+          "NOTE    %d threads reach only %.2fx of 1 thread (expected close to %dx): the machine was probably "
+          "busy;\n        run `build/bin/lab00_setup --recalibrate` when it is quiet\n",
+          t, scaling, t);
     }
   }
   return out;
@@ -223,17 +233,17 @@ static nlohmann::ordered_json gemm_section(const Options& o, std::vector<int> co
 // One row of the table: one collective at one size.
 struct SweepRow {
   std::string op;
-  int64_t size_bytes = 0;    // S of nccl-tests: the buffer (all_reduce, broadcast); the TOTAL of n chunks
-                             // (all_gather's output, reduce_scatter's input)
-  int64_t elements = 0;      // S / 4 (f32)
-  int warmup = 0;            // untimed calls, the checked one included (at least 2)
-  int iters = 0;             // timed calls
-  double rank_time_s = 0;    // mean time of one call on this rank
-  double time_s = 0;         // the same, of the slowest rank: the number reported
-  double modeled_s = 0;      // the link model's time of one call (0 without --link)
-  double algbw = 0;          // bytes/s: S / time_s
-  double busbw = 0;          // bytes/s: algbw * bus_factor(op, n); 0 (n/a) for one rank
-  int64_t wrong = 0;         // elements of the checked call that differ from the exact result, all ranks
+  int64_t size_bytes = 0;  // S of nccl-tests: the buffer (all_reduce, broadcast); the TOTAL of n chunks
+                           // (all_gather's output, reduce_scatter's input)
+  int64_t elements = 0;    // S / 4 (f32)
+  int warmup = 0;          // untimed calls, the checked one included (at least 2)
+  int iters = 0;           // timed calls
+  double rank_time_s = 0;  // mean time of one call on this rank
+  double time_s = 0;       // the same, of the slowest rank: the number reported
+  double modeled_s = 0;    // the link model's time of one call (0 without --link)
+  double algbw = 0;        // bytes/s: S / time_s
+  double busbw = 0;        // bytes/s: algbw * bus_factor(op, n); 0 (n/a) for one rank
+  int64_t wrong = 0;       // elements of the checked call that differ from the exact result, all ranks
 };
 
 // Exact small integers (docs/style.md 27): element i of rank r holds (r + 1) + i % 7, so any sum over up to
@@ -260,8 +270,9 @@ struct Collective {
 };
 
 static const Collective kCollectives[] = {
-    {"all_reduce", " (sum)", false, true, [](int64_t e, int64_t) { return e; }, [](int64_t, int64_t) { return int64_t{0}; },
-     pattern, [](Communicator& c, Tensor& in, Tensor&) { c.all_reduce(in, ReduceOp::Sum, "probe"); },
+    {"all_reduce", " (sum)", false, true, [](int64_t e, int64_t) { return e; },
+     [](int64_t, int64_t) { return int64_t{0}; }, pattern,
+     [](Communicator& c, Tensor& in, Tensor&) { c.all_reduce(in, ReduceOp::Sum, "probe"); },
      [](int, int n, int64_t i, int64_t) { return static_cast<float>(n * (n + 1) / 2) + n * (i % 7); },
      [](int64_t e, int64_t) { return e; }},
     {"all_gather", "", true, false, [](int64_t, int64_t chunk) { return chunk; }, [](int64_t e, int64_t) { return e; },
@@ -351,7 +362,8 @@ static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int
 // The element counts of the sweep for collective `c`: min..max bytes in x`factor` steps, f32. A chunked
 // collective needs a multiple of n elements (equal chunks): rounded down, at least n. A size that rounds to
 // the previous one's count is skipped.
-static std::vector<int64_t> sweep_elements(const Collective& c, int64_t min_bytes, int64_t max_bytes, int factor, int n) {
+static std::vector<int64_t> sweep_elements(const Collective& c, int64_t min_bytes, int64_t max_bytes, int factor,
+                                           int n) {
   std::vector<int64_t> counts;
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     int64_t e = std::max<int64_t>(1, bytes / static_cast<int64_t>(dtype_size(DType::F32)));
@@ -372,7 +384,8 @@ static nlohmann::ordered_json row_json(const SweepRow& x, int n) {
           {"iters", x.iters},
           {"time_ms", x.time_s * 1e3},
           {"modeled_ms", x.modeled_s > 0 ? nlohmann::ordered_json(x.modeled_s * 1e3) : nlohmann::ordered_json(nullptr)},
-          {"time_over_model", x.modeled_s > 0 ? nlohmann::ordered_json(x.time_s / x.modeled_s) : nlohmann::ordered_json(nullptr)},
+          {"time_over_model",
+           x.modeled_s > 0 ? nlohmann::ordered_json(x.time_s / x.modeled_s) : nlohmann::ordered_json(nullptr)},
           {"algbw_bytes_per_s", x.algbw},
           {"bus_factor", bus_factor(x.op, n)},
           {"busbw_bytes_per_s", has_bus ? nlohmann::ordered_json(x.busbw) : nlohmann::ordered_json(nullptr)},
@@ -390,7 +403,8 @@ static int run(const Options& o, Communicator& comm) {
   const int ranks_per_node = local_ranks_from_env();
   const int64_t min_bytes = parse_bytes(o.min_bytes), max_bytes = parse_bytes(o.max_bytes);
   SL_CHECK_HINT(min_bytes >= 1 && min_bytes <= max_bytes, "give 1 <= --min-bytes <= --max-bytes",
-                "--min-bytes %lld --max-bytes %lld", static_cast<long long>(min_bytes), static_cast<long long>(max_bytes));
+                "--min-bytes %lld --max-bytes %lld", static_cast<long long>(min_bytes),
+                static_cast<long long>(max_bytes));
   SL_CHECK_HINT(o.factor >= 2, "use --factor 2 (every power of two) or 4", "--factor %d", o.factor);
   SL_CHECK_HINT(o.iters >= 1, "use --iters >= 1", "--iters %d", o.iters);
   comm.set_link_model(LinkModel::preset(o.link));
@@ -404,9 +418,15 @@ static int run(const Options& o, Communicator& comm) {
   const int cuda_devices = cuda_device_count();
 
   RunRecord run_rec;
-  run_rec.config = {{"backend", comm.backend()}, {"min_bytes", min_bytes},   {"max_bytes", max_bytes},
-                    {"factor", o.factor},        {"iters", o.iters},         {"warmup", o.warmup},
-                    {"seconds_per_size", o.seconds_per_size}, {"link", link.name}, {"skip_gemm", o.skip_gemm},
+  run_rec.config = {{"backend", comm.backend()},
+                    {"min_bytes", min_bytes},
+                    {"max_bytes", max_bytes},
+                    {"factor", o.factor},
+                    {"iters", o.iters},
+                    {"warmup", o.warmup},
+                    {"seconds_per_size", o.seconds_per_size},
+                    {"link", link.name},
+                    {"skip_gemm", o.skip_gemm},
                     {"memcpy_bytes", parse_bytes(o.memcpy_bytes)}};
   run_rec.world_size = n;
   run_rec.track = "reference";  // lab 00 has no learner code: all of it is the kit's
@@ -433,16 +453,22 @@ static int run(const Options& o, Communicator& comm) {
       std::printf("GPU      none listed by the NVIDIA driver\n");
     } else {
       for (size_t g = 0; g < gpus.size(); ++g) std::printf("GPU %zu    %s\n", g, gpus[g].c_str());
-      std::printf("         but the CUDA backend %s\n", built_with_cuda() ? "sees no device (CUDA_VISIBLE_DEVICES?)"
-                                                                        : "is not built (reconfigure where nvcc is found)");
+      std::printf("         but the CUDA backend %s\n", built_with_cuda()
+                                                            ? "sees no device (CUDA_VISIBLE_DEVICES?)"
+                                                            : "is not built (reconfigure where nvcc is found)");
     }
-    std::printf("link     %s\n\n", link.enabled() ? ("SIMULATED " + link.name + ": every collective lasts at least "
-                                                      "the link model's time (docs/communicator.md)").c_str()
-                                                   : "none: collective times are this machine's real transport");
+    std::printf("link     %s\n\n", link.enabled() ? ("SIMULATED " + link.name +
+                                                     ": every collective lasts at least "
+                                                     "the link model's time (docs/communicator.md)")
+                                                        .c_str()
+                                                  : "none: collective times are this machine's real transport");
     std::fflush(stdout);
   }
-  probe["device"] = {{"cpu_model", sys.cpu_model}, {"cpu_cores", sys.cores}, {"gpus", gpus},
-                     {"cuda_backend", built_with_cuda()}, {"cuda_devices", cuda_devices},
+  probe["device"] = {{"cpu_model", sys.cpu_model},
+                     {"cpu_cores", sys.cores},
+                     {"gpus", gpus},
+                     {"cuda_backend", built_with_cuda()},
+                     {"cuda_devices", cuda_devices},
                      {"cuda_device_name", cuda_devices > 0 ? cuda_device_name() : ""}};
 
   // ------------------------------------------------------------------------------------------------
@@ -460,12 +486,14 @@ static int run(const Options& o, Communicator& comm) {
     // GPU GEMM (fp32 and bf16 against the datasheet) is measured by the CUDA backend, not here.
     std::printf("GPU GEMM: not measured (CUDA backend)");
     for (const auto& g : gpus) {
-      if (auto p = datasheet_peak(g)) std::printf("; %s datasheet: %.0f TFLOP/s dense bf16", p->device.c_str(), p->bf16_flops_per_s / 1e12);
+      if (auto p = datasheet_peak(g))
+        std::printf("; %s datasheet: %.0f TFLOP/s dense bf16", p->device.c_str(), p->bf16_flops_per_s / 1e12);
     }
     std::printf("\n\n");
 
     const int64_t copy_bytes = parse_bytes(o.memcpy_bytes);
-    std::printf("== memory copy: memcpy of %s, best of 5 ==\n%7s %10s\n", human_bytes(copy_bytes).c_str(), "threads", "GB/s");
+    std::printf("== memory copy: memcpy of %s, best of 5 ==\n%7s %10s\n", human_bytes(copy_bytes).c_str(), "threads",
+                "GB/s");
     std::vector<int> copy_threads = {1, sys.cores};
     copy_threads.erase(std::unique(copy_threads.begin(), copy_threads.end()), copy_threads.end());
     for (int t : copy_threads) {
@@ -491,22 +519,25 @@ static int run(const Options& o, Communicator& comm) {
   if (root) {
     std::printf("== collectives: %s backend, %d rank%s, f32, %s .. %s in x%d steps ==\n", comm.backend().c_str(), n,
                 n == 1 ? "" : "s", human_bytes(min_bytes).c_str(), human_bytes(max_bytes).c_str(), o.factor);
-    std::printf("time    mean of `iters` calls after `warmup` calls, of the SLOWEST rank (nccl-tests -a 3; its\n"
-                "        default averages the ranks); the first call of each size is checked (`wrong` = 0)\n"
-                "algbw   S / time, S = bytes: the buffer (all_reduce, broadcast), the total of n chunks\n"
-                "        (all_gather, reduce_scatter), as in nccl-tests; GB/s = 1e9 bytes/s\n"
-                "busbw   algbw x 2(n-1)/n all_reduce, x (n-1)/n all_gather and reduce_scatter, x 1 broadcast%s\n",
-                n == 1 ? "\n        n/a here: with one rank nothing travels (the calls are local copies)" : "");
+    std::printf(
+        "time    mean of `iters` calls after `warmup` calls, of the SLOWEST rank (nccl-tests -a 3; its\n"
+        "        default averages the ranks); the first call of each size is checked (`wrong` = 0)\n"
+        "algbw   S / time, S = bytes: the buffer (all_reduce, broadcast), the total of n chunks\n"
+        "        (all_gather, reduce_scatter), as in nccl-tests; GB/s = 1e9 bytes/s\n"
+        "busbw   algbw x 2(n-1)/n all_reduce, x (n-1)/n all_gather and reduce_scatter, x 1 broadcast%s\n",
+        n == 1 ? "\n        n/a here: with one rank nothing travels (the calls are local copies)" : "");
     if (comm.backend() == "mpi") {
-      std::printf("NOTE    over MPI, busbw is a ring-model normalisation, not measured wire traffic: OpenMPI picks\n"
-                  "        its own algorithm and, on one machine, copies through shared memory\n");
+      std::printf(
+          "NOTE    over MPI, busbw is a ring-model normalisation, not measured wire traffic: OpenMPI picks\n"
+          "        its own algorithm and, on one machine, copies through shared memory\n");
     }
     if (link.enabled()) {
-      std::printf("NOTE    SIMULATED link '%s': each call lasts at least base %.1f us + hops x %.1f us + bus bytes /\n"
-                  "        %.0f GB/s (model_us). x_model = time / model_us: about 1 where the model decided the time;\n"
-                  "        above 1 where the real transport was slower than the simulated link (a model only slows\n"
-                  "        calls down) or the communication thread woke late from its sleep\n",
-                  link.name.c_str(), link.base_s * 1e6, link.alpha_s * 1e6, link.bandwidth_bytes_per_s / 1e9);
+      std::printf(
+          "NOTE    SIMULATED link '%s': each call lasts at least base %.1f us + hops x %.1f us + bus bytes /\n"
+          "        %.0f GB/s (model_us). x_model = time / model_us: about 1 where the model decided the time;\n"
+          "        above 1 where the real transport was slower than the simulated link (a model only slows\n"
+          "        calls down) or the communication thread woke late from its sleep\n",
+          link.name.c_str(), link.base_s * 1e6, link.alpha_s * 1e6, link.bandwidth_bytes_per_s / 1e9);
     }
     std::fflush(stdout);
   }
@@ -514,8 +545,8 @@ static int run(const Options& o, Communicator& comm) {
   const auto t_sweep = Clock::now();
   for (const Collective& c : kCollectives) {
     if (root) {
-      std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", c.op, c.heading, "bytes", "elements", "warmup",
-                  "iters", "time_us", "algbw_GB/s", "busbw_GB/s");
+      std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", c.op, c.heading, "bytes", "elements", "warmup", "iters",
+                  "time_us", "algbw_GB/s", "busbw_GB/s");
       if (link.enabled()) std::printf(" %11s %7s", "model_us", "x_model");
       std::printf(" %6s\n", "wrong");
     }
@@ -571,7 +602,8 @@ static int run(const Options& o, Communicator& comm) {
     for (const Collective& c : kCollectives) {
       const std::string op = c.op;
       double best = 0;
-      for (const auto& x : rows) if (x.op == op) best = std::max(best, x.busbw);
+      for (const auto& x : rows)
+        if (x.op == op) best = std::max(best, x.busbw);
       char b[32];
       std::snprintf(b, sizeof(b), "%.3f", best / 1e9);
       std::printf("%-15s %10s %10s %10s\n", op.c_str(), at(op, 1 << 20).c_str(), at(op, 64 << 20).c_str(), b);
@@ -595,17 +627,21 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 00: probe this machine: device, GEMM FLOP/s, memory copy and collective bandwidth"};
   Options o;
   app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun), local, mpi, nccl")
-      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}))->capture_default_str();
-  app.add_option("--min-bytes", o.min_bytes, "smallest collective size (K, M, G = powers of 1024)")->capture_default_str();
+      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--min-bytes", o.min_bytes, "smallest collective size (K, M, G = powers of 1024)")
+      ->capture_default_str();
   app.add_option("--max-bytes", o.max_bytes, "largest collective size")->capture_default_str();
   app.add_option("--factor", o.factor, "size step: each size is the previous one times this")->capture_default_str();
   app.add_option("--iters", o.iters, "timed calls per size, at most (big sizes get fewer, see --seconds-per-size)")
       ->capture_default_str();
-  app.add_option("--warmup", o.warmup, "untimed calls per size, at most (at least 2: the first is checked)")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed calls per size, at most (at least 2: the first is checked)")
+      ->capture_default_str();
   app.add_option("--seconds-per-size", o.seconds_per_size, "time budget per size that limits the calls of big sizes")
       ->capture_default_str();
   app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")
-      ->check(CLI::IsMember({"none", "nvlink", "pcie", "ethernet100", "infiniband"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "nvlink", "pcie", "ethernet100", "infiniband"}))
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks per node)")->capture_default_str();
   app.add_flag("--skip-gemm", o.skip_gemm, "do not calibrate the GEMM (quick runs, tests)");
   app.add_flag("--recalibrate", o.recalibrate, "measure the GEMM again even if runs/calibration has it");

@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "lab_parts.h"                        // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
-#include "scalelab/comm/comm.h"               // defines: run_single_process
-#include "scalelab/core/error.h"              // defines: SL_CHECK_HINT
-#include "scalelab/core/threads.h"            // defines: set_num_threads
-#include "scalelab/driver/driver.h"           // defines: driver::TrainOptions, make_run_record, ... (common/)
-#include "scalelab/driver/train_loop.h"       // defines: driver::TrainLoop, open_data (common/)
-#include "scalelab/measure/calibration.h"     // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
+#include "lab_parts.h"                   // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
+#include "scalelab/comm/comm.h"          // defines: run_single_process
+#include "scalelab/core/error.h"         // defines: SL_CHECK_HINT
+#include "scalelab/core/threads.h"       // defines: set_num_threads
+#include "scalelab/driver/driver.h"      // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/calibration.h"  // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
 #include "scalelab/measure/metrics.h"         // defines: RunLogger (JSONL logs)
 #include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
 #include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, AttentionImpl, choose_attention
@@ -34,14 +34,14 @@ using namespace scalelab;
 // and lab 01's own.
 struct Options : driver::TrainOptions {
   Options() {
-    steps = 300;       // one device and no communication: a longer run than labs 03 and 04 default to
+    steps = 300;         // one device and no communication: a longer run than labs 03 and 04 default to
     timeline_steps = 0;  // no communication to put on a timeline
   }
   int batch = 8;               // B: sequences per step
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 0;
-  std::string resume;          // a checkpoint file, or "latest" (in --checkpoint-dir)
-  double mem_cap_mb = 0;       // simulated device memory cap, MiB (0: none)
+  std::string resume;              // a checkpoint file, or "latest" (in --checkpoint-dir)
+  double mem_cap_mb = 0;           // simulated device memory cap, MiB (0: none)
   std::string attention = "auto";  // materialized, flash, or auto (common/include/scalelab/model/gpt2.h AttentionImpl)
 };
 
@@ -56,7 +56,8 @@ static int run(const Options& o) {
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, policy, device, o.seed);
-  const auto [attention, attention_why] = driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
+  const auto [attention, attention_why] =
+      driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);
   model.set_attention(attention);
   driver::apply_recompute(o, model);  // --recompute
   const OptimizerConfig oc = driver::optimizer_config(o);
@@ -92,8 +93,10 @@ static int run(const Options& o) {
   if (run_id.empty()) run_id = make_run_id();
   RunLogger log("lab01", run_id, /*rank=*/0, o.log_dir);
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"n_params", model.num_params()}, {"B", o.batch},
-                 {"attention", attention_impl_name(model.attention())}, {"attention_choice", attention_why}});
+  config.update({{"n_params", model.num_params()},
+                 {"B", o.batch},
+                 {"attention", attention_impl_name(model.attention())},
+                 {"attention_choice", attention_why}});
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
 
   std::printf("lab01 | %s | %lld params | B=%d T=%d | %s | %s attention (%s) | %d threads | peak %.1f GFLOP/s (%s)\n",
@@ -143,7 +146,8 @@ int main(int argc, char** argv) {
   app.get_option("--sample-tokens")->description("bytes of text to generate at the end");
   app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (empty: none)");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")
+      ->capture_default_str();
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
   app.add_option("--attention", o.attention,
                  "materialized (saves the (B,NH,T,T) scores), flash (saves (B,NH,T), recomputes the scores in the "

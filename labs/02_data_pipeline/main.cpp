@@ -17,7 +17,7 @@
 #include <cstdio>   // defines: std::printf
 #include <cstring>  // defines: std::memcmp (losses compared bit for bit)
 #include <string>
-#include <thread>   // defines: std::this_thread::sleep_for (--read-delay-ms)
+#include <thread>  // defines: std::this_thread::sleep_for (--read-delay-ms)
 #include <vector>
 
 #include "lab_parts.h"                     // defines: lab_parts (YOUR loader; lab 01's reference MFU)
@@ -39,20 +39,20 @@ using scalelab::lab02_driver::NaiveTextLoader;
 
 struct Options : driver::TrainOptions {
   Options() {
-    steps = 20;          // a short run: the data wait shows from step 1
-    val_every = 0;       // validation at the start and the end only
+    steps = 20;     // a short run: the data wait shows from step 1
+    val_every = 0;  // validation at the start and the end only
     val_batches = 2;
     sample_tokens = 0;   // no sample: this lab is about the data
     timeline_steps = 0;  // no communication
   }
-  int batch = 8;                   // B: sequences per step
-  std::string loader = "both";     // kit, naive or both (kit first, then naive, each on a fresh model)
-  std::string text;                // the raw text of the naive loader ("": <data>/kjv.txt)
-  std::string prefetch = "on";     // the kit loader's prefetch thread: on or off
-  int prefetch_depth = 2;          // batches it prepares ahead
-  double read_delay_ms = 0;        // ms slept before every kit batch is read (a simulated slow disk)
-  int alone_batches = 2000;        // batches of the kit loader timed alone
-  int naive_alone_batches = 100;   // batches of the naive loader timed alone (each reads the whole text)
+  int batch = 8;                  // B: sequences per step
+  std::string loader = "both";    // kit, naive or both (kit first, then naive, each on a fresh model)
+  std::string text;               // the raw text of the naive loader ("": <data>/kjv.txt)
+  std::string prefetch = "on";    // the kit loader's prefetch thread: on or off
+  int prefetch_depth = 2;         // batches it prepares ahead
+  double read_delay_ms = 0;       // ms slept before every kit batch is read (a simulated slow disk)
+  int alone_batches = 2000;       // batches of the kit loader timed alone
+  int naive_alone_batches = 100;  // batches of the naive loader timed alone (each reads the whole text)
 };
 
 // What one loader measured: alone, then feeding the training loop.
@@ -109,10 +109,11 @@ static int run(const Options& o) {
   if (o.loader != "naive") loaders.push_back("kit");
   if (o.loader != "kit") loaders.push_back("naive");
 
-  std::printf("lab02 | %s | B=%d T=%d | %s | %d thread%s | kit loader: prefetch %s (depth %d), read delay %g ms | "
-              "naive loader: %s\n", data.cfg.str().c_str(), o.batch, o.seq_len, policy.name().c_str(), threads,
-              threads == 1 ? "" : "s",
-              o.prefetch.c_str(), o.prefetch_depth, o.read_delay_ms, text_path.c_str());
+  std::printf(
+      "lab02 | %s | B=%d T=%d | %s | %d thread%s | kit loader: prefetch %s (depth %d), read delay %g ms | "
+      "naive loader: %s\n",
+      data.cfg.str().c_str(), o.batch, o.seq_len, policy.name().c_str(), threads, threads == 1 ? "" : "s",
+      o.prefetch.c_str(), o.prefetch_depth, o.read_delay_ms, text_path.c_str());
 
   std::vector<LoaderRun> runs;
   for (const std::string& which : loaders) {
@@ -121,8 +122,8 @@ static int run(const Options& o) {
     // --------------------------------------------------------------------------------------------
     // The loader alone, no model: a fresh one, so the training run below starts at batch 0 too
     if (which == "kit") {
-      r.alone_tokens_per_s = driver::time_loader_alone(data.parts.open_loader, o.data, kit_config, o.alone_batches, 0.0,
-                                                       nullptr);
+      r.alone_tokens_per_s =
+          driver::time_loader_alone(data.parts.open_loader, o.data, kit_config, o.alone_batches, 0.0, nullptr);
     } else {
       NaiveTextLoader alone(text_path, o.data, data.loader);
       const driver::FillBatch fill = [&](MicroBatch& mb) { data::load_batch(alone.next(), mb.inputs, mb.targets); };
@@ -139,9 +140,13 @@ static int run(const Options& o) {
     Optimizer optimizer(model, oc);
     RunLogger log("lab02", run_id + "-" + which, /*rank=*/0, o.log_dir);
     nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-    config.update({{"n_params", model.num_params()}, {"B", o.batch}, {"loader", which},
-                   {"prefetch", which == "kit" && kit_config.prefetch}, {"prefetch_depth", o.prefetch_depth},
-                   {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0}, {"text", text_path}});
+    config.update({{"n_params", model.num_params()},
+                   {"B", o.batch},
+                   {"loader", which},
+                   {"prefetch", which == "kit" && kit_config.prefetch},
+                   {"prefetch_depth", o.prefetch_depth},
+                   {"read_delay_ms", which == "kit" ? o.read_delay_ms : 0.0},
+                   {"text", text_path}});
     log.log_run(driver::make_run_record(config, SL_TRACK_NAME, /*world_size=*/1, threads, policy, device, peak));
     log.log("loader_alone", {{"tokens_per_s", r.alone_tokens_per_s},
                              {"batches", which == "kit" ? o.alone_batches : o.naive_alone_batches}});
@@ -161,8 +166,11 @@ static int run(const Options& o) {
     r.s = loop.run();
 
     nlohmann::json summary = driver::summary_record(r.s, peak, /*comm=*/false, /*simulated=*/false);
-    summary.update({{"loader", which}, {"steps", r.s.steps}, {"step_ms", r.s.step_ms},
-                    {"data_wait_ms", r.s.data_wait_ms}, {"data_wait_share", r.wait_share()},
+    summary.update({{"loader", which},
+                    {"steps", r.s.steps},
+                    {"step_ms", r.s.step_ms},
+                    {"data_wait_ms", r.s.data_wait_ms},
+                    {"data_wait_share", r.wait_share()},
                     {"loader_alone_tokens_per_s", r.alone_tokens_per_s},
                     {"consumption_tokens_per_s", r.consumption()}});
     log.log_summary(summary);
@@ -177,8 +185,8 @@ static int run(const Options& o) {
   std::printf("%-6s | %16s | %14s | %9s | %13s | %10s | %18s\n", "loader", "alone tokens/s", "train tokens/s",
               "step ms", "data wait ms", "wait share", "alone / model eats");
   for (const LoaderRun& r : runs) {
-    std::printf("%-6s | %16.0f | %14.0f | %9.2f | %13.3f | %9.1f%% | %18s\n", r.loader.c_str(),
-                r.alone_tokens_per_s, r.s.tokens_per_s, r.s.step_ms, r.s.data_wait_ms, 100.0 * r.wait_share(),
+    std::printf("%-6s | %16.0f | %14.0f | %9.2f | %13.3f | %9.1f%% | %18s\n", r.loader.c_str(), r.alone_tokens_per_s,
+                r.s.tokens_per_s, r.s.step_ms, r.s.data_wait_ms, 100.0 * r.wait_share(),
                 ratio_text(r.alone_tokens_per_s / r.consumption()).c_str());
   }
   std::printf("the model eats %.0f tokens/s when it never waits (tokens per step / (step - data wait), the %s run)\n",
@@ -200,20 +208,26 @@ static int run(const Options& o) {
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"lab 02: the data loader in isolation and under the model (kit loader vs a naive one); reports "
-               "tokens/s and the data-wait share of the step"};
+  CLI::App app{
+      "lab 02: the data loader in isolation and under the model (kit loader vs a naive one); reports "
+      "tokens/s and the data-wait share of the step"};
   Options o;
   driver::add_train_options(app, o, "lab02");  // --device --model --seq-len, the schedule, --precision ... --quiet
   app.get_option("--threads")->description("CPU threads (0: all cores)");
   app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--loader", o.loader, "kit (pre-tokenized shards, memory-mapped, prefetched), naive (raw text read "
-                 "and tokenized for every batch, no prefetch) or both")->capture_default_str();
+  app.add_option("--loader", o.loader,
+                 "kit (pre-tokenized shards, memory-mapped, prefetched), naive (raw text read "
+                 "and tokenized for every batch, no prefetch) or both")
+      ->capture_default_str();
   app.add_option("--text", o.text, "the raw text of the naive loader (default: <data>/kjv.txt)");
   app.add_option("--prefetch", o.prefetch, "the kit loader's prefetch thread: on or off")->capture_default_str();
   app.add_option("--prefetch-depth", o.prefetch_depth, "batches the prefetch thread prepares ahead")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--read-delay-ms", o.read_delay_ms, "sleep this long before every kit batch is read: a simulated "
-                 "slow disk (README 'Prefetch')")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--read-delay-ms", o.read_delay_ms,
+                 "sleep this long before every kit batch is read: a simulated "
+                 "slow disk (README 'Prefetch')")
+      ->capture_default_str();
   app.add_option("--loader-alone-batches", o.alone_batches, "batches of the kit loader timed alone, no model")
       ->capture_default_str();
   app.add_option("--naive-alone-batches", o.naive_alone_batches, "batches of the naive loader timed alone")

@@ -16,11 +16,11 @@
 #include <sys/stat.h>  // defines: fstat
 #include <unistd.h>    // defines: read, close
 
-#include <algorithm>   // defines: std::copy
-#include <cerrno>      // defines: errno
-#include <chrono>      // defines: std::chrono::steady_clock (wait_ms)
-#include <cstdint>     // defines: int64_t, uint8_t
-#include <cstring>     // defines: std::strerror
+#include <algorithm>  // defines: std::copy
+#include <cerrno>     // defines: errno
+#include <chrono>     // defines: std::chrono::steady_clock (wait_ms)
+#include <cstdint>    // defines: int64_t, uint8_t
+#include <cstring>    // defines: std::strerror
 #include <string>
 #include <vector>
 
@@ -53,8 +53,10 @@ inline std::string read_whole_file(const std::string& path) {
     if (got <= 0) {
       const int err = errno;
       ::close(fd);
-      SL_FAIL("is the file being rewritten? rerun scripts/prepare_corpus.sh", "reading text '%s' stopped at byte %zu "
-              "of %zu: %s", path.c_str(), done, text.size(), got == 0 ? "end of file" : std::strerror(err));
+      SL_FAIL("is the file being rewritten? rerun scripts/prepare_corpus.sh",
+              "reading text '%s' stopped at byte %zu "
+              "of %zu: %s",
+              path.c_str(), done, text.size(), got == 0 ? "end of file" : std::strerror(err));
     }
     done += static_cast<size_t>(got);
   }
@@ -96,8 +98,10 @@ class NaiveTextLoader {
     }
     n_windows_ = (n_tokens_ - 1) / cfg_.T;
     n_batches_ = n_windows_ / (static_cast<int64_t>(cfg_.B) * cfg_.dp_size);
-    SL_CHECK_HINT(n_batches_ >= 1, "use a smaller B or T", "%lld tokens make no global batch of B*dp_size=%d*%d "
-                  "windows of T+1=%d tokens", static_cast<long long>(n_tokens_), cfg_.B, cfg_.dp_size, cfg_.T + 1);
+    SL_CHECK_HINT(n_batches_ >= 1, "use a smaller B or T",
+                  "%lld tokens make no global batch of B*dp_size=%d*%d "
+                  "windows of T+1=%d tokens",
+                  static_cast<long long>(n_tokens_), cfg_.B, cfg_.dp_size, cfg_.T + 1);
   }
 
   // The next batch: (B, T) inputs and targets, the same windows as ShardLoader::next() at this position.

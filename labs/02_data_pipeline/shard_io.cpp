@@ -6,9 +6,9 @@
 // Tests: tests/lab02/test_shard_loader.cpp (this code), tests/lab02/test_lab02.cpp (graded, both tracks)
 #include "shard_loader.h"
 
-#include <algorithm>   // defines: std::upper_bound, std::min, std::copy
-#include <chrono>      // defines: std::chrono::steady_clock (wait_ms)
-#include <utility>     // defines: std::move
+#include <algorithm>  // defines: std::upper_bound, std::min, std::copy
+#include <chrono>     // defines: std::chrono::steady_clock (wait_ms)
+#include <utility>    // defines: std::move
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
 
@@ -28,14 +28,13 @@ ShardLoader::ShardLoader(const std::vector<std::string>& files, const LoaderConf
   SL_CHECK(cfg_.prefetch_depth >= 1, "prefetch_depth=%d must be >= 1 (or set prefetch=false)", cfg_.prefetch_depth);
   open_shards(files);
 
-  n_windows_ = n_tokens_ > 0 ? (n_tokens_ - 1) / cfg_.T : 0;             // W: windows start every T tokens
+  n_windows_ = n_tokens_ > 0 ? (n_tokens_ - 1) / cfg_.T : 0;                // W: windows start every T tokens
   n_batches_ = n_windows_ / (static_cast<int64_t>(cfg_.B) * cfg_.dp_size);  // whole global batches
   if (n_batches_ < 1) {
     shards_.clear();  // unmaps them
     SL_FAIL("use a smaller B or T, fewer ranks, or more text (for a val split: a larger --val-fraction)",
             "%lld tokens make %lld windows of T+1=%d tokens, fewer than one global batch of B*dp_size=%d*%d",
-            static_cast<long long>(n_tokens_), static_cast<long long>(n_windows_), cfg_.T + 1, cfg_.B,
-            cfg_.dp_size);
+            static_cast<long long>(n_tokens_), static_cast<long long>(n_windows_), cfg_.T + 1, cfg_.B, cfg_.dp_size);
   }
   if (cfg_.prefetch) start_prefetch();
 }
@@ -51,8 +50,8 @@ void ShardLoader::open_shards(const std::vector<std::string>& files) {
     n_tokens_ += shards_.back().token_count();
     const uint32_t vocab = shards_.back().header().vocab_size;
     SL_CHECK_HINT(vocab == shards_.front().header().vocab_size, "all shards of one loader come from one tokenizer",
-                  "shard '%s' has vocab_size %u but '%s' has %u", path.c_str(), vocab,
-                  shards_.front().path().c_str(), shards_.front().header().vocab_size);
+                  "shard '%s' has vocab_size %u but '%s' has %u", path.c_str(), vocab, shards_.front().path().c_str(),
+                  shards_.front().header().vocab_size);
   }
   vocab_size_ = static_cast<int>(shards_.front().header().vocab_size);
 }
@@ -61,8 +60,8 @@ void ShardLoader::copy_tokens(int64_t start, int64_t n, int32_t* out) const {
   SL_CHECK(start >= 0 && n >= 0 && start + n <= n_tokens_, "tokens [%lld, %lld) outside the stream of %lld",
            static_cast<long long>(start), static_cast<long long>(start + n), static_cast<long long>(n_tokens_));
   // The last shard whose first token is <= start holds token `start`.
-  size_t s = static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), start) -
-                                 first_token_.begin()) - 1;
+  size_t s =
+      static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), start) - first_token_.begin()) - 1;
   while (n > 0) {
     const int64_t local = start - first_token_[s];  // index within this shard
     const int64_t take = std::min(n, shards_[s].token_count() - local);
@@ -92,8 +91,8 @@ Batch ShardLoader::make_batch(int64_t epoch, int64_t batch_in_epoch) {
   batch.window_ids = rank_batch_windows(order_, batch_in_epoch, B, cfg_.dp_rank, cfg_.dp_size);
   SL_CHECK_HINT(static_cast<int>(batch.window_ids.size()) == B, "see TODO(lab02-2)",
                 "rank_batch_windows returned %zu windows, expected B=%d", batch.window_ids.size(), B);
-  batch.inputs.resize(static_cast<size_t>(B) * T);   // (B, T)
-  batch.targets.resize(static_cast<size_t>(B) * T);  // (B, T)
+  batch.inputs.resize(static_cast<size_t>(B) * T);          // (B, T)
+  batch.targets.resize(static_cast<size_t>(B) * T);         // (B, T)
   std::vector<int32_t> window(static_cast<size_t>(T) + 1);  // (T+1,) one window's tokens
   for (int b = 0; b < B; ++b) {
     const int64_t w = batch.window_ids[b];
@@ -187,8 +186,8 @@ LoaderState ShardLoader::state() const {
 
 void ShardLoader::check_restorable(const LoaderState& s) const {
   const char* hint = "restore a state into a loader built like the one that saved it (same shards, B, T, dp_size)";
-  SL_CHECK_HINT(s.B == cfg_.B && s.T == cfg_.T, hint, "state was saved with B=%d T=%d, this loader has B=%d T=%d",
-                s.B, s.T, cfg_.B, cfg_.T);
+  SL_CHECK_HINT(s.B == cfg_.B && s.T == cfg_.T, hint, "state was saved with B=%d T=%d, this loader has B=%d T=%d", s.B,
+                s.T, cfg_.B, cfg_.T);
   SL_CHECK_HINT(s.dp_size == cfg_.dp_size, hint, "state was saved with dp_size=%d, this loader has dp_size=%d",
                 s.dp_size, cfg_.dp_size);
   SL_CHECK_HINT(s.tokens_total == n_tokens_, hint, "state refers to a stream of %lld tokens, this loader has %lld",

@@ -70,8 +70,8 @@ std::vector<int64_t> epoch_window_order(int64_t n_windows, uint64_t seed, int64_
 // (not only when this rank's own rows run out: then one rank would step once more than the others), and
 // for B < 1, dp_size < 1, dp_rank outside [0, dp_size) or batch_in_epoch < 0. README "Ranks: disjoint
 // windows, equal steps".
-std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B,
-                                        int dp_rank, int dp_size);
+std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B, int dp_rank,
+                                        int dp_size);
 
 // =============================================================================================
 // ShardLoader
@@ -103,7 +103,7 @@ class ShardLoader : public data::BatchSource {
   int64_t windows_per_epoch() const { return n_windows_; }           // W = (N - 1) / T
   int64_t batches_per_epoch() const override { return n_batches_; }  // W / (B * dp_size)
   int vocab_size() const override { return vocab_size_; }
-  int64_t tokens_total() const { return n_tokens_; }                 // N, all shards
+  int64_t tokens_total() const { return n_tokens_; }  // N, all shards
   const LoaderConfig& config() const override { return cfg_; }
 
  private:
@@ -141,10 +141,10 @@ class ShardLoader : public data::BatchSource {
   // Prefetch: the producer thread builds the batches that follow the consumer's position into queue_.
   std::thread worker_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;   // signalled on every queue change and on stop
-  std::deque<Batch> queue_;      // prepared batches, in order; at most cfg_.prefetch_depth
+  std::condition_variable cv_;       // signalled on every queue change and on stop
+  std::deque<Batch> queue_;          // prepared batches, in order; at most cfg_.prefetch_depth
   std::exception_ptr worker_error_;  // an error in the producer, rethrown by next()
-  bool stop_ = false;              // asks the producer to return
+  bool stop_ = false;                // asks the producer to return
 };
 
 // A ShardLoader of split `split` of `dir`, as the driver opens its sources (data::OpenBatchSource): every lab

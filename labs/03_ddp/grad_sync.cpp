@@ -38,8 +38,8 @@ void check_bucket_layout(const GPT2& model, const std::vector<Bucket>& buckets) 
       SL_CHECK_HINT(r.unit >= 0 && r.unit < model.num_units() && r.offset >= 0 && r.count > 0 &&
                         r.offset + r.count <= unit_numel[r.unit],
                     "README 'Buckets': a range is [offset, offset + count) of ONE unit's gradient buffer",
-                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k,
-                    r.unit, static_cast<long long>(r.offset), static_cast<long long>(r.count));
+                    "bucket %zu: range (unit %d, offset %lld, count %lld) is outside the unit's gradients", k, r.unit,
+                    static_cast<long long>(r.offset), static_cast<long long>(r.count));
       tiles[r.unit].push_back({r.offset, r.count, k});
       numel += r.count;
       lowest_unit = std::min(lowest_unit, r.unit);

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp.h"                         // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
-#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "ddp.h"                     // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
+#include "lab_parts.h"               // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/comm/comm.h"      // defines: Communicator, run_on_all_ranks
+#include "scalelab/core/threads.h"   // defines: set_num_threads
+#include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger, TimeSpan
 #include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint
@@ -47,7 +47,8 @@ static int run(const Options& o, Communicator& comm) {
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // YOUR TODO lab03-7
-  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
+  driver::RunData data =
+      driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
@@ -58,7 +59,7 @@ static int run(const Options& o, Communicator& comm) {
   const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
   lab03::GradSync sync(model, comm, mode, o.bucket_mb);  // buckets (YOUR TODO lab03-3) and, for overlap, the hook
-  StepTimeline timeline(model);  // after GradSync: its hooks run after GradSync's
+  StepTimeline timeline(model);                          // after GradSync: its hooks run after GradSync's
 
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, comm, o.calibration);
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);
@@ -67,10 +68,17 @@ static int run(const Options& o, Communicator& comm) {
   log.set_memory_device(device);  // memory_*_bytes of the step records: this rank's device
   const LinkModel& link = comm.link_model();
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"n_params", model.num_params()}, {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
-                 {"micro_steps", micro_steps}, {"backend", comm.backend()}, {"mode", o.mode},
-                 {"bucket_mb", o.bucket_mb}, {"num_buckets", sync.buckets().size()}, {"link", link.name},
-                 {"link_slowdown", o.link_slowdown}, {"timeline_steps", o.timeline_steps}});
+  config.update({{"n_params", model.num_params()},
+                 {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch},
+                 {"micro_steps", micro_steps},
+                 {"backend", comm.backend()},
+                 {"mode", o.mode},
+                 {"bucket_mb", o.bucket_mb},
+                 {"num_buckets", sync.buckets().size()},
+                 {"link", link.name},
+                 {"link_slowdown", o.link_slowdown},
+                 {"timeline_steps", o.timeline_steps}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
@@ -80,16 +88,18 @@ static int run(const Options& o, Communicator& comm) {
                 static_cast<long long>(model.num_params()), world, comm.backend().c_str(), threads, o.mode.c_str());
     if (mode != lab03::SyncMode::Naive) std::printf(", %zu buckets of %g MiB", sync.buckets().size(), o.bucket_mb);
     std::printf(" | link %s%s\n", link.name.c_str(), link.enabled() ? " (simulated)" : "");
-    std::printf("global batch %d = micro-batch %d x %d ranks x %d micro-steps | T=%d | %s | peak %.1f GFLOP/s per "
-                "rank (%s)\n", global_batch, o.micro_batch, world, micro_steps, o.seq_len, policy.name().c_str(),
-                peak.flops_per_s / 1e9, peak.source.c_str());
+    std::printf(
+        "global batch %d = micro-batch %d x %d ranks x %d micro-steps | T=%d | %s | peak %.1f GFLOP/s per "
+        "rank (%s)\n",
+        global_batch, o.micro_batch, world, micro_steps, o.seq_len, policy.name().c_str(), peak.flops_per_s / 1e9,
+        peak.source.c_str());
     std::printf("logs: %s (one file per rank)\n", log.path().c_str());
   }
 
   // ------------------------------------------------------------------------------------------------
   // Training: the driver's loop around lab 03's step
-  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, data,
-                         log, peak, flops_tok, device);
+  driver::TrainLoop loop(o, {"lab03", o.micro_batch, micro_steps, global_batch}, &comm, model, data, log, peak,
+                         flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab03::train_step(model, optimizer, sync, micro, lr, o.grad_clip);  // YOUR step
   };
@@ -121,8 +131,10 @@ static int run(const Options& o, Communicator& comm) {
   log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, world);
-    std::printf("\ngradient all-reduce per step: the step waited %.1f ms for it (exposed); the transport was busy "
-                "%.1f ms", s.comm_ms, s.comm_busy_ms);
+    std::printf(
+        "\ngradient all-reduce per step: the step waited %.1f ms for it (exposed); the transport was busy "
+        "%.1f ms",
+        s.comm_ms, s.comm_busy_ms);
     if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", s.comm_modeled_ms);
     std::printf("\n");
     if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
@@ -134,18 +146,26 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 03: data-parallel GPT-2 on N ranks (mpirun -np N); reports loss, tokens/s, MFU, communication"};
   Options o;
   driver::add_distributed_options(app, o, "lab03");
-  app.get_option("--device")->description("cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
-                                          "with --backend nccl, or ranks sharing one through --backend mpi)");
+  app.get_option("--device")
+      ->description(
+          "cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
+          "with --backend nccl, or ranks sharing one through --backend mpi)");
   app.get_option("--seed")->description("seed of the weights (rank 0's) and the data order");
-  app.add_option("--mode", o.mode, "gradient all-reduce: naive (per tensor), bucketed, overlap (buckets during "
-                 "backward)")->capture_default_str();
+  app.add_option("--mode", o.mode,
+                 "gradient all-reduce: naive (per tensor), bucketed, overlap (buckets during "
+                 "backward)")
+      ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "MiB of fp32 gradients per bucket (0: one bucket per tensor)")
       ->capture_default_str();
   driver::add_link_options(app, o);
-  app.get_option("--link-slowdown")->description("make the simulated link this many times slower (README "
-                                                 "'Measured')");
-  app.get_option("--timeline-steps")->description("steps 1..N log a timeline record of their compute and "
-                                                  "communication (0: none)");
+  app.get_option("--link-slowdown")
+      ->description(
+          "make the simulated link this many times slower (README "
+          "'Measured')");
+  app.get_option("--timeline-steps")
+      ->description(
+          "steps 1..N log a timeline record of their compute and "
+          "communication (0: none)");
   CLI11_PARSE(app, argc, argv);
 
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

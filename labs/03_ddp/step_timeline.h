@@ -31,9 +31,8 @@ class StepTimeline {
     hooks_.push_back(model.add_hook(HookPoint::BeforeBackward, [this](const UnitHookArgs&) {
       if (recording_ && phase_ != Phase::Backward) open("backward", Phase::Backward);
     }));
-    hooks_.push_back(model.add_hook(HookPoint::AfterBackward, [this](const UnitHookArgs&) {
-      last_backward_ms_ = Communicator::now_ms();
-    }));
+    hooks_.push_back(model.add_hook(HookPoint::AfterBackward,
+                                    [this](const UnitHookArgs&) { last_backward_ms_ = Communicator::now_ms(); }));
   }
 
   void begin(double step_start_ms) {  // call just before train_step
@@ -44,7 +43,8 @@ class StepTimeline {
   std::vector<TimeSpan> end() {  // call once the step is done (device synchronized)
     close();
     const double now = Communicator::now_ms();
-    if (!spans_.empty() && spans_.back().name == "backward") spans_.push_back({"sync + optimizer", spans_.back().end_ms, now});
+    if (!spans_.empty() && spans_.back().name == "backward")
+      spans_.push_back({"sync + optimizer", spans_.back().end_ms, now});
     recording_ = false;
     return std::move(spans_);
   }

@@ -11,7 +11,7 @@
 #include <vector>     // defines: std::vector
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"    // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+#include "scalelab/ops/ops.h"     // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {

@@ -48,7 +48,7 @@ enum class ZeroStage : int {
   Zero2 = 2,  // P_os+g: and the gradients
   Zero3 = 3,  // P_os+g+p: and the parameters (FSDP FULL_SHARD)
 };
-ZeroStage zero_stage_from_int(int stage);  // 1, 2 or 3; throws scalelab::Error with a hint otherwise
+ZeroStage zero_stage_from_int(int stage);      // 1, 2 or 3; throws scalelab::Error with a hint otherwise
 const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ...
 
 // =============================================================================================
@@ -82,21 +82,21 @@ struct UnitShard {
   bool keep_gathered = true;  // the full parameters stay in memory between uses: every unit in ZeRO-1/2;
                               // in ZeRO-3 only the root units (0: embeddings + tied LM head, L+1: ln_f)
   // Parameters (policy.param_dtype, category Params)
-  Tensor full_params;   // (padded,) the gathered unit; the model's unit_params(u) is its view [0, n).
-                        // ZeRO-3 blocks: only between use_params and release_params
-  Tensor param_shard;   // (shard,) ZeRO-3 blocks: this rank's part, the only copy kept between uses.
-                        // Other units: a view of full_params at [begin, begin + shard)
-  WorkPtr gather;       // ZeRO-3: the all-gather filling full_params, while in flight
+  Tensor full_params;  // (padded,) the gathered unit; the model's unit_params(u) is its view [0, n).
+                       // ZeRO-3 blocks: only between use_params and release_params
+  Tensor param_shard;  // (shard,) ZeRO-3 blocks: this rank's part, the only copy kept between uses.
+                       // Other units: a view of full_params at [begin, begin + shard)
+  WorkPtr gather;      // ZeRO-3: the all-gather filling full_params, while in flight
   // Gradients (fp32, category Grads)
-  Tensor full_grads;    // (padded,) the model's unit_grads(u) is its view [0, n). ZeRO-1: always held;
-                        // ZeRO-2/3: only from the unit's before_backward until its reduce-scatter is done
-  Tensor grad_shard;    // (shard,) the averaged gradient of this rank's shard: what the optimizer reads.
-                        // ZeRO-1: a view of full_grads at [begin, begin + shard); ZeRO-2/3: its own buffer
-  Tensor rs_out;        // (shard,) fp32, category Comm: the output of the reduce-scatter in flight
+  Tensor full_grads;       // (padded,) the model's unit_grads(u) is its view [0, n). ZeRO-1: always held;
+                           // ZeRO-2/3: only from the unit's before_backward until its reduce-scatter is done
+  Tensor grad_shard;       // (shard,) the averaged gradient of this rank's shard: what the optimizer reads.
+                           // ZeRO-1: a view of full_grads at [begin, begin + shard); ZeRO-2/3: its own buffer
+  Tensor rs_out;           // (shard,) fp32, category Comm: the output of the reduce-scatter in flight
   WorkPtr reduce_scatter;  // the reduce-scatter of full_grads, while in flight
   // Optimizer state (fp32, category OptimizerState), all (shard,)
-  Tensor master;        // fp32 master weights when the policy stores parameters in bf16 (else empty)
-  Tensor m, v;          // AdamW moments (empty for SGD)
+  Tensor master;  // fp32 master weights when the policy stores parameters in bf16 (else empty)
+  Tensor m, v;    // AdamW moments (empty for SGD)
 };
 
 struct FsdpState {
@@ -104,9 +104,9 @@ struct FsdpState {
   Communicator& comm;
   ZeroStage stage;
   OptimizerConfig optimizer;
-  int prefetch = 1;               // ZeRO-3: gathers allowed in flight beyond the unit in use (0: none)
-  int64_t optimizer_steps = 0;    // AdamW's t: updates done so far
-  std::vector<UnitShard> units;   // units[u] for u = 0 .. L+1
+  int prefetch = 1;                            // ZeRO-3: gathers allowed in flight beyond the unit in use (0: none)
+  int64_t optimizer_steps = 0;                 // AdamW's t: updates done so far
+  std::vector<UnitShard> units;                // units[u] for u = 0 .. L+1
   std::vector<int> reduce_scatters_in_flight;  // units whose reduce-scatter is launched, not finished
 
   int num_units() const { return static_cast<int>(units.size()); }
@@ -195,9 +195,9 @@ StepResult train_step(FSDP& fsdp, const std::vector<MicroBatch>& micro_batches, 
 // =============================================================================================
 struct FsdpOptions {
   ZeroStage stage = ZeroStage::Zero3;
-  int prefetch = 1;                  // ZeRO-3 gathers in flight beyond the unit in use
-  bool overlap = true;               // false: every collective is waited for as soon as it is issued, and no
-                                     // prefetch (the lesson's "communication not overlapped" on purpose)
+  int prefetch = 1;     // ZeRO-3 gathers in flight beyond the unit in use
+  bool overlap = true;  // false: every collective is waited for as soon as it is issued, and no
+                        // prefetch (the lesson's "communication not overlapped" on purpose)
   OptimizerConfig optimizer;
 };
 

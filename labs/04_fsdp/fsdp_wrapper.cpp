@@ -10,7 +10,7 @@
 #include <vector>   // defines: std::vector
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
-#include "scalelab/ops/ops.h"    // defines: cast
+#include "scalelab/ops/ops.h"     // defines: cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {
@@ -78,8 +78,7 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
            const FsdpOptions& options)
     : model_(GPT2::without_storage(cfg, policy, device)),
       state_{model_, comm, options.stage, options.optimizer, options.overlap ? options.prefetch : 0, 0, {}, {}} {
-  SL_CHECK_HINT(options.prefetch >= 0, "use --prefetch 0 (no prefetch) or more", "prefetch %d < 0",
-                options.prefetch);
+  SL_CHECK_HINT(options.prefetch >= 0, "use --prefetch 0 (no prefetch) or more", "prefetch %d < 0", options.prefetch);
   const int U = model_.num_units(), N = comm.size(), rank = comm.rank();
   const DType pdt = policy.param_dtype;
   const bool adamw = options.optimizer.kind == OptimizerConfig::Kind::AdamW;
@@ -153,7 +152,7 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
     const int u = a.unit;
     if (!s.units[u].keep_gathered) release_params(s, u);
     if (s.stage == ZeroStage::Zero1) return;  // ZeRO-1 reduces once per step, after the last micro-step
-    reduce_scatter_grads_async(s, u);  // YOUR TODO lab04-5
+    reduce_scatter_grads_async(s, u);         // YOUR TODO lab04-5
     // At most one reduce-scatter in flight besides this unit's: the previous unit's full gradient is
     // freed now, so gradient memory stays at 1/N plus about two units (README "Reduce-scatter").
     // Without overlap, wait for this one too: backward stops until it is done.
@@ -179,7 +178,8 @@ void FSDP::zero_grad() {
 }
 
 void FSDP::finish_backward() {
-  while (!state_.reduce_scatters_in_flight.empty()) finish_reduce_scatter(state_, state_.reduce_scatters_in_flight.front());
+  while (!state_.reduce_scatters_in_flight.empty())
+    finish_reduce_scatter(state_, state_.reduce_scatters_in_flight.front());
 }
 
 void FSDP::reduce_scatter_all() {

@@ -55,9 +55,14 @@ inline void print_memory_table(const MemStats& between_steps, const MemStats& me
                                int64_t cap_bytes) {
   auto cur = [](const MemStats& m, MemCategory c) { return current(m, c); };
   auto pk = [](const MemStats& m, MemCategory c) { return peak(m, c); };
-  std::printf("\nmemory of rank 0, MiB       measured   estimated  |  measured  estimated\n"
-              "                           persistent persistent  |    peak       peak\n");
-  const struct { const char* name; MemCategory c; int64_t est_persistent, est_peak; } rows[] = {
+  std::printf(
+      "\nmemory of rank 0, MiB       measured   estimated  |  measured  estimated\n"
+      "                           persistent persistent  |    peak       peak\n");
+  const struct {
+    const char* name;
+    MemCategory c;
+    int64_t est_persistent, est_peak;
+  } rows[] = {
       {"params", MemCategory::Params, est.persistent.params, est.peak.params},
       {"grads", MemCategory::Grads, est.persistent.grads, est.peak.grads},
       {"optimizer state", MemCategory::OptimizerState, est.persistent.optimizer_state, est.peak.optimizer_state},
@@ -70,16 +75,17 @@ inline void print_memory_table(const MemStats& between_steps, const MemStats& me
   std::printf("%-26s %9s  %9s   | %9.2f  %9s\n", "comm (reduce-scatter out)", "-", "-",
               pk(mem, MemCategory::Comm) / kMiB, "-");
   std::printf("%-26s %9s  %9s   | %9.2f  %9s\n", "workspace + data + other", "-", "-",
-              (pk(mem, MemCategory::Workspace) + pk(mem, MemCategory::Data) + pk(mem, MemCategory::Other)) / kMiB,
-              "-");
+              (pk(mem, MemCategory::Workspace) + pk(mem, MemCategory::Data) + pk(mem, MemCategory::Other)) / kMiB, "-");
   const int64_t state_now = cur(between_steps, MemCategory::Params) + cur(between_steps, MemCategory::Grads) +
                             cur(between_steps, MemCategory::OptimizerState);
   const int64_t state_peaks = pk(mem, MemCategory::Params) + pk(mem, MemCategory::Grads) +
                               pk(mem, MemCategory::OptimizerState);
-  std::printf("%-26s %9.2f  %9.2f   | %9.2f  %9.2f   (sum of the three peaks)\n", "model state",
-              state_now / kMiB, est.persistent.total() / kMiB, state_peaks / kMiB, est.peak.total() / kMiB);
-  std::printf("%-26s %9s  %9s   | %9.2f  %9.2f   (measured: peak of the sum of all; estimated: model state "
-              "+ activations)\n", "total", "", "", mem.total_peak_bytes / kMiB, est.total_peak_bytes() / kMiB);
+  std::printf("%-26s %9.2f  %9.2f   | %9.2f  %9.2f   (sum of the three peaks)\n", "model state", state_now / kMiB,
+              est.persistent.total() / kMiB, state_peaks / kMiB, est.peak.total() / kMiB);
+  std::printf(
+      "%-26s %9s  %9s   | %9.2f  %9.2f   (measured: peak of the sum of all; estimated: model state "
+      "+ activations)\n",
+      "total", "", "", mem.total_peak_bytes / kMiB, est.total_peak_bytes() / kMiB);
   if (cap_bytes > 0)
     std::printf("memory per rank: peak %.1f MiB of the %.1f MiB cap (%.0f %%)\n", mem.total_peak_bytes / kMiB,
                 cap_bytes / kMiB, 100.0 * mem.total_peak_bytes / cap_bytes);

@@ -20,14 +20,14 @@
 #include <algorithm>  // defines: std::max
 #include <chrono>     // defines: std::chrono::duration
 #include <string>
-#include <thread>     // defines: std::this_thread::sleep_for (--slow-rank)
+#include <thread>  // defines: std::this_thread::sleep_for (--slow-rank)
 #include <vector>
 
-#include "scalelab/comm/comm.h"            // defines: Communicator, CommEvent
-#include "scalelab/driver/driver.h"        // defines: driver::CommStats, comm_stats (common/)
-#include "scalelab/driver/train_loop.h"    // defines: driver::StepMeasure
-#include "scalelab/measure/metrics.h"      // defines: TimeSpan
-#include "scalelab/model/gpt2.h"           // defines: GPT2, HookPoint, HookOrder
+#include "scalelab/comm/comm.h"          // defines: Communicator, CommEvent
+#include "scalelab/driver/driver.h"      // defines: driver::CommStats, comm_stats (common/)
+#include "scalelab/driver/train_loop.h"  // defines: driver::StepMeasure
+#include "scalelab/measure/metrics.h"    // defines: TimeSpan
+#include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint, HookOrder
 
 namespace scalelab::lab04_driver {
 
@@ -49,15 +49,18 @@ struct StepComm {
 class StepProbe {
  public:
   StepProbe(GPT2& model, double slow_ms) : slow_ms_(slow_ms) {
-    for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
-                              HookPoint::AfterBackward}) {
+    for (const HookPoint p :
+         {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward, HookPoint::AfterBackward}) {
       const Phase phase = p == HookPoint::BeforeForward || p == HookPoint::AfterForward ? Phase::Forward
-                                                                                         : Phase::Backward;
-      hooks_.push_back(model.add_hook(p, [this, p, phase](const UnitHookArgs& a) {
-        if (recording_ && p == HookPoint::BeforeForward && a.unit == 0 && slow_ms_ > 0)
-          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms_));  // --slow-rank:
-        enter(phase);                                       // compute that takes longer, once per micro-step
-      }, HookOrder::First));
+                                                                                        : Phase::Backward;
+      hooks_.push_back(model.add_hook(
+          p,
+          [this, p, phase](const UnitHookArgs& a) {
+            if (recording_ && p == HookPoint::BeforeForward && a.unit == 0 && slow_ms_ > 0)
+              std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms_));  // --slow-rank:
+            enter(phase);  // compute that takes longer, once per micro-step
+          },
+          HookOrder::First));
       // after_backward(0) is the last hook of a backward (gpt2.h)
       hooks_.push_back(model.add_hook(p, [this, p, phase](const UnitHookArgs& a) {
         leave(phase, p == HookPoint::AfterBackward && a.unit == 0);

@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp.h"                         // defines: lab03::micro_steps_per_step (lab 03's reference)
-#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "ddp.h"                     // defines: lab03::micro_steps_per_step (lab 03's reference)
+#include "lab_parts.h"               // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "scalelab/comm/comm.h"      // defines: Communicator, run_on_all_ranks
+#include "scalelab/core/threads.h"   // defines: set_num_threads
+#include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger
 #include "scalelab/model/gpt2.h"         // defines: GPT2
@@ -49,8 +49,10 @@ static int run(const Options& o, Communicator& world) {
   const int tp = o.tp > 0 ? o.tp : n;
   GPTConfig cfg = GPTConfig::preset(o.model);
   const lab05::Layout layout = lab05::make_layout(cfg, n, rank, tp, o.sequence_parallel);  // throws everywhere alike
-  SL_CHECK_HINT(o.sample_tokens == 0 || tp == 1, "a tensor-parallel shard holds a slice of the vocabulary's "
-                "logits: use --sample-tokens 0", "--sample-tokens %d with --tp %d", o.sample_tokens, tp);
+  SL_CHECK_HINT(o.sample_tokens == 0 || tp == 1,
+                "a tensor-parallel shard holds a slice of the vocabulary's "
+                "logits: use --sample-tokens 0",
+                "--sample-tokens %d with --tp %d", o.sample_tokens, tp);
   // tp fastest: ranks [g*tp, (g+1)*tp) form tensor-parallel group g; the ranks with the same tp_rank form
   // a data-parallel group (the replicas of one shard).
   // Each group takes the link of its members' placement (inside one simulated node or across nodes).
@@ -75,22 +77,34 @@ static int run(const Options& o, Communicator& world) {
   log.set_memory_device(device);
   const LinkModel& link = tp_group->link_model();
   int owned_units = 0;
-  for (int u = 0; u < model.num_units(); ++u) owned_units += model.owns_unit(u) ? 1 : 0;  // the link the tensor-parallel collectives cross
+  for (int u = 0; u < model.num_units(); ++u)
+    owned_units += model.owns_unit(u) ? 1 : 0;                       // the link the tensor-parallel collectives cross
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
-                 {"shard_params", model.num_params()}, {"tp", tp}, {"dp", layout.dp},
-                 {"sequence_parallel", o.sequence_parallel}, {"micro_batch", o.micro_batch},
-                 {"global_batch", global_batch}, {"micro_steps", micro_steps}, {"backend", world.backend()},
-                 {"link", link.name}, {"link_slowdown", o.link_slowdown}, {"ranks_per_node", o.ranks_per_node},
-                 {"dp_link", dp_group->link_model().name}, {"link_alpha_s", link.alpha_s},
-                 {"link_base_s", link.base_s}, {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
+  config.update({{"n_layer", data.cfg.n_layer},
+                 {"n_embd", data.cfg.n_embd},
+                 {"n_params", gpt2_num_params(data.cfg)},
+                 {"shard_params", model.num_params()},
+                 {"tp", tp},
+                 {"dp", layout.dp},
+                 {"sequence_parallel", o.sequence_parallel},
+                 {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch},
+                 {"micro_steps", micro_steps},
+                 {"backend", world.backend()},
+                 {"link", link.name},
+                 {"link_slowdown", o.link_slowdown},
+                 {"ranks_per_node", o.ranks_per_node},
+                 {"dp_link", dp_group->link_model().name},
+                 {"link_alpha_s", link.alpha_s},
+                 {"link_base_s", link.base_s},
+                 {"link_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
                  {"dp_link_alpha_s", dp_group->link_model().alpha_s},
                  {"dp_link_base_s", dp_group->link_model().base_s},
                  {"dp_link_bandwidth_bytes_per_s", dp_group->link_model().bandwidth_bytes_per_s},
                  {"owned_units", owned_units}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
-  run_rec.extra["layout"] = {{"tp", tp}, {"pp", 1}, {"dp", layout.dp}, {"tp_rank", layout.tp_rank},
-                             {"dp_rank", layout.dp_rank}};
+  run_rec.extra["layout"] = {
+      {"tp", tp}, {"pp", 1}, {"dp", layout.dp}, {"tp_rank", layout.tp_rank}, {"dp_rank", layout.dp_rank}};
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
   if (rank == 0) {
@@ -99,15 +113,17 @@ static int run(const Options& o, Communicator& world) {
                 static_cast<long long>(model.num_params()), n, tp, layout.dp,
                 o.sequence_parallel ? " (sequence parallel)" : "", threads, link.name.c_str(),
                 link.enabled() ? " (simulated)" : "");
-    std::printf("global batch %d = micro-batch %d x %d replicas x %d micro-steps | T=%d | %s | peak %.1f GFLOP/s per "
-                "rank (%s)\nlogs: %s (one file per rank)\n", global_batch, o.micro_batch, layout.dp, micro_steps,
-                o.seq_len, policy.name().c_str(), peak.flops_per_s / 1e9, peak.source.c_str(), log.path().c_str());
+    std::printf(
+        "global batch %d = micro-batch %d x %d replicas x %d micro-steps | T=%d | %s | peak %.1f GFLOP/s per "
+        "rank (%s)\nlogs: %s (one file per rank)\n",
+        global_batch, o.micro_batch, layout.dp, micro_steps, o.seq_len, policy.name().c_str(), peak.flops_per_s / 1e9,
+        peak.source.c_str(), log.path().c_str());
   }
 
   // ------------------------------------------------------------------------------------------------
   // Training: the driver's loop around lab 05's step
-  driver::TrainLoop loop(o, {"lab05", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true},
-                         &world, model, data, log, peak, flops_tok, device);
+  driver::TrainLoop loop(o, {"lab05", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &world,
+                         model, data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab05::train_step(model, optimizer, points, dp_group.get(), micro, lr, o.grad_clip);  // YOUR step
   };
@@ -126,8 +142,11 @@ static int run(const Options& o, Communicator& world) {
     m.comm_busy_ms = m.comm_ms;
     m.comm_modeled_ms = t.modeled_ms + d.modeled_ms;
     m.simulated = t.simulated || d.simulated;
-    m.extra = {{"tp_comm_ms", t.busy_ms}, {"tp_calls", t.calls}, {"tp_payload_bytes", t.payload_bytes},
-               {"dp_comm_ms", d.busy_ms}, {"dp_payload_bytes", d.payload_bytes}};
+    m.extra = {{"tp_comm_ms", t.busy_ms},
+               {"tp_calls", t.calls},
+               {"tp_payload_bytes", t.payload_bytes},
+               {"dp_comm_ms", d.busy_ms},
+               {"dp_payload_bytes", d.payload_bytes}};
     return m;
   };
   loop.progress = [](const driver::StepMeasure& m, double) {
@@ -146,7 +165,8 @@ static int run(const Options& o, Communicator& world) {
   log.log_summary(summary);
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
-    std::printf("\ncommunication per step: the step waited %.1f ms (tensor parallel collectives are blocking)", s.comm_ms);
+    std::printf("\ncommunication per step: the step waited %.1f ms (tensor parallel collectives are blocking)",
+                s.comm_ms);
     if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", s.comm_modeled_ms);
     std::printf(" | peak memory of rank 0: %.1f MiB (activations %.1f)\n", s.memory.total_peak_bytes / 1048576.0,
                 s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)] / 1048576.0);
@@ -155,12 +175,14 @@ static int run(const Options& o, Communicator& world) {
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"lab 05: tensor-parallel GPT-2 (Megatron-LM) on N ranks (mpirun -np N); loss, tokens/s, MFU, "
-               "communication"};
+  CLI::App app{
+      "lab 05: tensor-parallel GPT-2 (Megatron-LM) on N ranks (mpirun -np N); loss, tokens/s, MFU, "
+      "communication"};
   Options o;
   driver::add_distributed_options(app, o, "lab05");
   app.add_option("--tp", o.tp, "ranks per tensor-parallel group (0: all ranks); the rest are data-parallel replicas")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "split the layernorms and the residual stream across the group too (Korthikanti et al. 2022)");
   driver::add_link_options(app, o);

@@ -68,7 +68,8 @@ void MegatronPoints::g_backward(Tensor& dy) {
 // The vocabulary split: embedding and cross-entropy
 // =============================================================================================
 void MegatronPoints::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor& wpe) {
-  [[maybe_unused]] const int64_t Vl = wte_shard.size(0), begin = static_cast<int64_t>(rank()) * Vl;  // this rank's first row
+  [[maybe_unused]] const int64_t Vl = wte_shard.size(0),
+                                 begin = static_cast<int64_t>(rank()) * Vl;  // this rank's first row
   // TODO(lab05-4) BEGIN  out = wte[tokens] + wpe, from every rank's rows
   //   This rank holds wte rows [begin, begin + Vl). Look up what it can (ops.h encoder_forward_vocab_shard:
   //   other ranks' tokens give zeros), add the positions once in the whole group, and make out whole. With

@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
-#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "pipeline_parallel.h"           // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
-#include "scalelab/comm/host_values.h"   // defines: all_reduce_values (the summary per stage)
-#include "scalelab/comm/rank_grid.h"     // defines: RankGrid (the pipeline and the embedding group)
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "lab_parts.h"                  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "pipeline_parallel.h"          // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
+#include "scalelab/comm/comm.h"         // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_values (the summary per stage)
+#include "scalelab/comm/rank_grid.h"    // defines: RankGrid (the pipeline and the embedding group)
+#include "scalelab/core/threads.h"      // defines: set_num_threads
+#include "scalelab/driver/driver.h"     // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger
 #include "scalelab/model/gpt2.h"         // defines: GPT2
@@ -48,10 +48,13 @@ static int run(const Options& o, Communicator& world) {
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   world.set_link_model(driver::make_link(o.link, o.link_slowdown));  // every stage boundary crosses --link
-  world.set_wait_timeout(o.wait_timeout_s);  // the groups split from world inherit both
-  SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches, "a pipeline's global "
-                "batch is --micro-batch x --micro-batches: leave --global-batch out", "--global-batch %d with "
-                "--micro-batch %d x --micro-batches %d", o.global_batch, o.micro_batch, o.micro_batches);
+  world.set_wait_timeout(o.wait_timeout_s);                          // the groups split from world inherit both
+  SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches,
+                "a pipeline's global "
+                "batch is --micro-batch x --micro-batches: leave --global-batch out",
+                "--global-batch %d with "
+                "--micro-batch %d x --micro-batches %d",
+                o.global_batch, o.micro_batch, o.micro_batches);
   SL_CHECK_HINT(o.sample_tokens == 0 || p == 1, "a stage holds only some layers: use --sample-tokens 0",
                 "--sample-tokens %d with %d stages", o.sample_tokens, p);
   GPTConfig cfg = GPTConfig::preset(o.model);
@@ -86,30 +89,43 @@ static int run(const Options& o, Communicator& world) {
   std::string layers;
   for (GPT2* m : chunks) layers += (layers.empty() ? "" : ", ") + m->shard().str();
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
-                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"micro_steps", layout.m}, {"pp", p},
-                 {"schedule", o.schedule}, {"micro_batches", layout.m}, {"chunks", layout.v},
-                 {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula}, {"stage_layers", layers},
-                 {"backend", world.backend()}, {"link", link.name}, {"link_slowdown", o.link_slowdown}});
+  config.update({{"n_layer", data.cfg.n_layer},
+                 {"n_embd", data.cfg.n_embd},
+                 {"n_params", gpt2_num_params(data.cfg)},
+                 {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch},
+                 {"micro_steps", layout.m},
+                 {"pp", p},
+                 {"schedule", o.schedule},
+                 {"micro_batches", layout.m},
+                 {"chunks", layout.v},
+                 {"uniform_compute_ms", o.uniform_compute_ms},
+                 {"bubble_formula", formula},
+                 {"stage_layers", layers},
+                 {"backend", world.backend()},
+                 {"link", link.name},
+                 {"link_slowdown", o.link_slowdown}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, p, threads, policy, device, peak);
   run_rec.extra["layout"] = grid.to_json();
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
   if (rank == 0) {
-    std::printf("lab06 | %s | %lld params | %d stages x %d chunk%s | %s, m = %d micro-batches | %d threads | link %s%s\n",
-                data.cfg.str().c_str(), static_cast<long long>(gpt2_num_params(data.cfg)), p, layout.v,
-                layout.v == 1 ? "" : "s", o.schedule.c_str(), layout.m, threads, link.name.c_str(),
-                link.enabled() ? " (simulated)" : "");
-    std::printf("global batch %d = micro-batch %d x %d micro-batches | T=%d | %s | bubble formula %.3f | peak %.1f "
-                "GFLOP/s per rank (%s)\nstage 0 holds %s\nlogs: %s (one file per rank)\n", global_batch,
-                o.micro_batch, layout.m, o.seq_len, policy.name().c_str(), formula, peak.flops_per_s / 1e9,
-                peak.source.c_str(), layers.c_str(), log.path().c_str());
+    std::printf(
+        "lab06 | %s | %lld params | %d stages x %d chunk%s | %s, m = %d micro-batches | %d threads | link %s%s\n",
+        data.cfg.str().c_str(), static_cast<long long>(gpt2_num_params(data.cfg)), p, layout.v,
+        layout.v == 1 ? "" : "s", o.schedule.c_str(), layout.m, threads, link.name.c_str(),
+        link.enabled() ? " (simulated)" : "");
+    std::printf(
+        "global batch %d = micro-batch %d x %d micro-batches | T=%d | %s | bubble formula %.3f | peak %.1f "
+        "GFLOP/s per rank (%s)\nstage 0 holds %s\nlogs: %s (one file per rank)\n",
+        global_batch, o.micro_batch, layout.m, o.seq_len, policy.name().c_str(), formula, peak.flops_per_s / 1e9,
+        peak.source.c_str(), layers.c_str(), log.path().c_str());
   }
 
   // ------------------------------------------------------------------------------------------------
   // Training: the driver's loop around lab 06's step
-  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], data, log,
-                         peak, flops_tok, device);
+  driver::TrainLoop loop(o, {"lab06", o.micro_batch, layout.m, global_batch}, &world, *chunks[0], data, log, peak,
+                         flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
     return lab06::train_step(stage, exchange, grid.embedding(), optimizers, micro, lr, o.grad_clip);  // YOUR step
   };
@@ -139,9 +155,13 @@ static int run(const Options& o, Communicator& world) {
     const double bubble = 1.0 - stage.compute_ms() / window_ms;
     if (steps_seen++ > 0) bubble_sum += bubble;  // step 0 is the warm-up, not timed
     overruns += stage.overruns();
-    m.extra = {{"bubble", bubble}, {"bubble_formula", formula}, {"uniform_overruns", stage.overruns()},
-               {"compute_ms", stage.compute_ms()}, {"pipeline_ms", window_ms},
-               {"p2p_calls", a.calls + g.calls}, {"p2p_payload_bytes", a.payload_bytes + g.payload_bytes},
+    m.extra = {{"bubble", bubble},
+               {"bubble_formula", formula},
+               {"uniform_overruns", stage.overruns()},
+               {"compute_ms", stage.compute_ms()},
+               {"pipeline_ms", window_ms},
+               {"p2p_calls", a.calls + g.calls},
+               {"p2p_payload_bytes", a.payload_bytes + g.payload_bytes},
                {"ran", lab06::to_string(stage.ran())}};
     if (want_timeline) {
       m.spans = stage.spans();
@@ -160,7 +180,8 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Summary (every rank logs its own; rank 0 prints)
   nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/link.enabled());
-  summary.update({{"step_ms", s.step_ms}, {"bubble_formula", formula},
+  summary.update({{"step_ms", s.step_ms},
+                  {"bubble_formula", formula},
                   {"memory_peak_bytes", s.memory.total_peak_bytes},
                   {"memory_activations_peak_bytes", s.memory.peak_bytes[static_cast<int>(MemCategory::Activations)]}});
   const double bubble_mean = steps_seen > 1 ? bubble_sum / (steps_seen - 1) : 0.0;
@@ -185,8 +206,10 @@ static int run(const Options& o, Communicator& world) {
     int over = 0;
     for (int t = 0; t < p; ++t) over += static_cast<int>(per_stage[3 * t + 2]);
     if (over > 0)
-      std::printf("warning: %d forwards and backwards took longer than --uniform-compute-ms (the compute alone did): "
-                  "the bubble is then not the formula's; raise it, or use a smaller --micro-batch / --seq-len\n", over);
+      std::printf(
+          "warning: %d forwards and backwards took longer than --uniform-compute-ms (the compute alone did): "
+          "the bubble is then not the formula's; raise it, or use a smaller --micro-batch / --seq-len\n",
+          over);
   }
   return 0;
 }

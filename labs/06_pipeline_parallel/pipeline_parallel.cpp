@@ -153,8 +153,8 @@ void sync_tied_embedding(Stage& stage, Communicator* embedding) {
 // One training step
 // =============================================================================================
 StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embedding,
-                      std::vector<std::unique_ptr<Optimizer>>& optimizers,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
+                      std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
+                      float lr, float grad_clip) {
   StepResult r;
   // TODO(lab06-8) BEGIN  zero, the schedule, mean over m, tied embedding, clip on the whole model, step
   //   Zero, run the schedule, the mean over m, the tied embedding, the whole model's norm and its clip,

@@ -53,9 +53,9 @@ ScheduleKind schedule_from_name(const std::string& name);
 // for the interleaved schedule): chunk c of stage s is VIRTUAL stage c * p + s of the p * v, so the layers
 // go round the ranks v times (Narayanan et al. 2021, Fig. 4). One optimizer step runs m micro-batches.
 struct PipelineLayout {
-  int p = 1;      // stages: ranks of the pipeline group
-  int v = 1;      // model chunks per rank
-  int m = 1;      // micro-batches per optimizer step
+  int p = 1;  // stages: ranks of the pipeline group
+  int v = 1;  // model chunks per rank
+  int m = 1;  // micro-batches per optimizer step
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int stage = 0;  // this rank's stage, 0 .. p-1 (its rank in the pipeline group)
 };
@@ -81,9 +81,7 @@ struct Action {
   Kind kind = Forward;
   int micro_batch = 0;
   int chunk = 0;
-  bool operator==(const Action& o) const {
-    return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk;
-  }
+  bool operator==(const Action& o) const { return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk; }
 };
 // "F3" (chunk 0) or "F3.1" (chunk 1); a list: "F0 F1 B0 F2 B1 B2".
 std::string to_string(const Action& a);
@@ -172,7 +170,7 @@ class StageExchange {
  public:
   // pp_group: the pipeline group (rank = stage, size = p); the layout says v. Collective over pp_group.
   StageExchange(Communicator& pp_group, const PipelineLayout& layout);
-  Communicator& group() { return activations_; }          // the activations' channel (the pipeline group)
+  Communicator& group() { return activations_; }            // the activations' channel (the pipeline group)
   Communicator& gradient_channel() { return *gradients_; }  // the gradients' one
   const PipelineLayout& layout() const { return layout_; }
 
@@ -232,8 +230,8 @@ void sync_tied_embedding(Stage& stage, Communicator* embedding);
 // (optimizers[c] for chunk c). Returns the loss (the mean over the micro-batches) and the norm before
 // clipping, the same on every rank of the pipeline (the last stage's loss, broadcast). README.md#one-training-step
 StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embedding,
-                      std::vector<std::unique_ptr<Optimizer>>& optimizers,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+                      std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
+                      float lr, float grad_clip);
 
 // Given. The loss of one batch (tokens, targets: (B, T) i32) through the whole pipeline, forward only (no
 // activation kept, nothing recorded), the same on every rank: validation and evaluation.

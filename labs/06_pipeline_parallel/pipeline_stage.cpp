@@ -12,7 +12,7 @@
 #include <utility>  // defines: std::move
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 
 namespace scalelab::lab06 {
 inline namespace SL_TRACK_LAB06 {
@@ -124,10 +124,11 @@ void Stage::clear() {
 // The exchange between neighbouring stages: its channels, its tags, its sends
 // =============================================================================================
 StageExchange::StageExchange(Communicator& pp_group, const PipelineLayout& layout)
-    : activations_(pp_group), gradients_(pp_group.split(0, pp_group.rank(), pp_group.name() + " gradients")),
+    : activations_(pp_group),
+      gradients_(pp_group.split(0, pp_group.rank(), pp_group.name() + " gradients")),
       layout_(layout) {
-  SL_CHECK(pp_group.size() == layout.p, "StageExchange: a pipeline group of %d ranks for %d stages",
-           pp_group.size(), layout.p);
+  SL_CHECK(pp_group.size() == layout.p, "StageExchange: a pipeline group of %d ranks for %d stages", pp_group.size(),
+           layout.p);
 }
 
 std::string StageExchange::tag(const char* kind, int micro_batch, int chunk) {

@@ -47,8 +47,11 @@ inline nlohmann::json group_measure(const std::vector<Communicator*>& comms, dou
     total.modeled_ms += s.modeled_ms;
     total.busy_ms += s.busy_ms;
   }
-  return {{"wait_ms", wait}, {"busy_ms", total.busy_ms}, {"modeled_ms", total.modeled_ms},
-          {"payload_bytes", total.payload_bytes}, {"calls", total.calls}};
+  return {{"wait_ms", wait},
+          {"busy_ms", total.busy_ms},
+          {"modeled_ms", total.modeled_ms},
+          {"payload_bytes", total.payload_bytes},
+          {"calls", total.calls}};
 }
 
 // Around each step (TrainLoop's before_step and after_step): begin() clears every group's events and the
@@ -87,9 +90,12 @@ class GroupProbe {
     }
     m.simulated = simulated_;
     lab06::Stage& stage = *part_.stage;
-    m.extra = {{"bubble", 1.0 - stage.compute_ms() / window_ms}, {"bubble_formula", formula_},
-               {"compute_ms", stage.compute_ms()}, {"pipeline_ms", window_ms},
-               {"uniform_overruns", stage.overruns()}, {"groups", per_group}};
+    m.extra = {{"bubble", 1.0 - stage.compute_ms() / window_ms},
+               {"bubble_formula", formula_},
+               {"compute_ms", stage.compute_ms()},
+               {"pipeline_ms", window_ms},
+               {"uniform_overruns", stage.overruns()},
+               {"groups", per_group}};
     if (want_timeline) {  // the stage's spans, and every group's calls but tp's (the timeline record has those)
       m.spans = stage.spans();
       m.spans.push_back({"step", start_ms_, now});
@@ -97,8 +103,13 @@ class GroupProbe {
       for (Communicator* c : {g.pp.get(), gradients, g.dp.get(), g.embedding.get()})
         if (c != nullptr)
           for (const CommEvent& e : c->events())
-            calls.push_back({{"group", e.group}, {"op", e.op}, {"tag", e.tag}, {"start_ms", e.start_ms},
-                             {"end_ms", e.end_ms}, {"wait_ms", e.wait_ms}, {"payload_bytes", e.payload_bytes}});
+            calls.push_back({{"group", e.group},
+                             {"op", e.op},
+                             {"tag", e.tag},
+                             {"start_ms", e.start_ms},
+                             {"end_ms", e.end_ms},
+                             {"wait_ms", e.wait_ms},
+                             {"payload_bytes", e.payload_bytes}});
       m.extra["group_calls"] = calls;
     }
     return m;

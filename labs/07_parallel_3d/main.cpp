@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "group_probe.h"                 // defines: lab07_driver::GroupProbe (per group: calls, bytes, waits; the bubble)
-#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "parallel_3d.h"                 // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"          // defines: Communicator, Topology, run_on_all_ranks
-#include "scalelab/core/allocator.h"     // defines: Allocator (the --memory-cap-mb cap)
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
+#include "group_probe.h"              // defines: lab07_driver::GroupProbe (per group: calls, bytes, waits; the bubble)
+#include "lab_parts.h"                // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "parallel_3d.h"              // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
+#include "scalelab/comm/comm.h"       // defines: Communicator, Topology, run_on_all_ranks
+#include "scalelab/core/allocator.h"  // defines: Allocator (the --memory-cap-mb cap)
+#include "scalelab/core/threads.h"    // defines: set_num_threads
+#include "scalelab/driver/driver.h"   // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger
 #include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
@@ -35,7 +35,7 @@ using namespace scalelab;
 // The options labs 03-07 share, the simulated cluster's and the pipeline's (scalelab/driver/driver.h), and lab 07's.
 struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions {
   Options() {
-    sample_tokens = 0;         // a rank holds a slice of some layers: no sample
+    sample_tokens = 0;  // a rank holds a slice of some layers: no sample
     inter_link = "infiniband";
   }
   int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x pp)
@@ -64,14 +64,14 @@ static int run(const Options& o, Communicator& world) {
                 "--global-batch %d with --micro-batch %d x --micro-batches %d x dp %d", o.global_batch, o.micro_batch,
                 o.micro_batches, grid.dp);
   // Every rank of one replica (its stages and tp ranks) reads the same windows; the replicas disjoint ones.
-  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  driver::RunData data =
+      driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   const OptimizerConfig oc = driver::optimizer_config(o);
   // The simulated device memory of this rank: from here on an allocation beyond it throws OutOfMemory (a
   // layout whose shards, optimizer state or in-flight activations do not fit ends with a report).
   if (o.memory_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.memory_cap_mb * 1048576.0));
-  std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed,
-                                                                       o.zero1);
+  std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
   for (auto& m : part->models) driver::apply_recompute(o, *m);
   lab07::Groups& g = part->groups;
   const int v = layout.pipeline.v;
@@ -85,22 +85,44 @@ static int run(const Options& o, Communicator& world) {
   const double formula = lab06::bubble_formula(layout.pipeline);
   auto link_of = [](Communicator* c) { return c == nullptr ? std::string("-") : c->link_model().name; };
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"n_layer", data.cfg.n_layer}, {"n_embd", data.cfg.n_embd}, {"n_params", gpt2_num_params(data.cfg)},
-                 {"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
-                 {"ranks_per_node", o.ranks_per_node}, {"placement_rule", o.placement_rule}, {"schedule", o.schedule},
-                 {"micro_batches", o.micro_batches}, {"micro_steps", o.micro_batches}, {"chunks", v},
-                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch},
-                 {"uniform_compute_ms", o.uniform_compute_ms}, {"bubble_formula", formula},
-                 {"backend", world.backend()}, {"link", o.link}, {"inter_link", o.inter_link},
-                 {"link_slowdown", o.link_slowdown}, {"tp_link", link_of(g.tp.get())},
-                 {"pp_link", link_of(g.pp.get())}, {"dp_link", link_of(g.dp.get())},
-                 {"embedding_link", link_of(g.embedding.get())}, {"memory_cap_mb", o.memory_cap_mb},
+  config.update({{"n_layer", data.cfg.n_layer},
+                 {"n_embd", data.cfg.n_embd},
+                 {"n_params", gpt2_num_params(data.cfg)},
+                 {"tp", grid.tp},
+                 {"pp", grid.pp},
+                 {"dp", grid.dp},
+                 {"order", grid.order},
+                 {"ranks_per_node", o.ranks_per_node},
+                 {"placement_rule", o.placement_rule},
+                 {"schedule", o.schedule},
+                 {"micro_batches", o.micro_batches},
+                 {"micro_steps", o.micro_batches},
+                 {"chunks", v},
+                 {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch},
+                 {"uniform_compute_ms", o.uniform_compute_ms},
+                 {"bubble_formula", formula},
+                 {"backend", world.backend()},
+                 {"link", o.link},
+                 {"inter_link", o.inter_link},
+                 {"link_slowdown", o.link_slowdown},
+                 {"tp_link", link_of(g.tp.get())},
+                 {"pp_link", link_of(g.pp.get())},
+                 {"dp_link", link_of(g.dp.get())},
+                 {"embedding_link", link_of(g.embedding.get())},
+                 {"memory_cap_mb", o.memory_cap_mb},
                  {"zero1", o.zero1}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
-  run_rec.extra["layout"] = {{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order},
-                             {"tp_rank", layout.coords.tp_rank}, {"pp_rank", layout.coords.pp_rank},
-                             {"dp_rank", layout.coords.dp_rank}, {"tp_group", g.tp->world_ranks()},
-                             {"pp_group", g.pp->world_ranks()}, {"dp_group", g.dp->world_ranks()},
+  run_rec.extra["layout"] = {{"tp", grid.tp},
+                             {"pp", grid.pp},
+                             {"dp", grid.dp},
+                             {"order", grid.order},
+                             {"tp_rank", layout.coords.tp_rank},
+                             {"pp_rank", layout.coords.pp_rank},
+                             {"dp_rank", layout.coords.dp_rank},
+                             {"tp_group", g.tp->world_ranks()},
+                             {"pp_group", g.pp->world_ranks()},
+                             {"dp_group", g.dp->world_ranks()},
                              {"embedding_group", g.embedding ? nlohmann::json(g.embedding->world_ranks()) : nullptr},
                              {"stage_layers", part->models.front()->shard().str()}};
   const bool simulated = world.link_model().enabled() || o.ranks_per_node > 0;
@@ -110,18 +132,21 @@ static int run(const Options& o, Communicator& world) {
     std::printf("lab07 | %s | %lld params | %d ranks = %s%s | %s, m = %d, v = %d | %d threads\n",
                 data.cfg.str().c_str(), static_cast<long long>(gpt2_num_params(data.cfg)), n, grid.describe().c_str(),
                 o.zero1 ? " + ZeRO-1" : "", o.schedule.c_str(), o.micro_batches, v, threads);
-    std::printf("global batch %d = micro-batch %d x %d micro-batches x %d replicas | T=%d | %s | bubble formula %.3f\n"
-                "rank 0: %s | links: tp %s, pp %s, dp %s, embedding %s\nlogs: %s (one file per rank)\n",
-                global_batch, o.micro_batch, o.micro_batches, grid.dp, o.seq_len, policy.name().c_str(), formula,
-                part->models.front()->shard().str().c_str(), link_of(g.tp.get()).c_str(), link_of(g.pp.get()).c_str(),
-                link_of(g.dp.get()).c_str(), link_of(g.embedding.get()).c_str(), log.path().c_str());
+    std::printf(
+        "global batch %d = micro-batch %d x %d micro-batches x %d replicas | T=%d | %s | bubble formula %.3f\n"
+        "rank 0: %s | links: tp %s, pp %s, dp %s, embedding %s\nlogs: %s (one file per rank)\n",
+        global_batch, o.micro_batch, o.micro_batches, grid.dp, o.seq_len, policy.name().c_str(), formula,
+        part->models.front()->shard().str().c_str(), link_of(g.tp.get()).c_str(), link_of(g.pp.get()).c_str(),
+        link_of(g.dp.get()).c_str(), link_of(g.embedding.get()).c_str(), log.path().c_str());
   }
 
   // ------------------------------------------------------------------------------------------------
   // Training: the driver's loop around lab 07's step
   driver::TrainLoop loop(o, {"lab07", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
                          data, log, peak, flops_tok, device);
-  loop.step = [&](std::vector<MicroBatch>& micro, float lr) { return lab07::train_step(*part, micro, lr, o.grad_clip); };
+  loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
+    return lab07::train_step(*part, micro, lr, o.grad_clip);
+  };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.timeline_comm = g.tp.get();
   lab07_driver::GroupProbe probe(world, *part, formula, simulated);  // per group: calls, bytes, waits; the bubble
@@ -133,7 +158,8 @@ static int run(const Options& o, Communicator& world) {
   // ------------------------------------------------------------------------------------------------
   // Summary (every rank logs its own; rank 0 prints)
   nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, simulated);
-  summary.update({{"step_ms", s.step_ms}, {"bubble_formula", formula},
+  summary.update({{"step_ms", s.step_ms},
+                  {"bubble_formula", formula},
                   {"memory_peak_bytes", s.memory.total_peak_bytes}});
   log.log_summary(summary);
   if (rank == 0) {
@@ -161,10 +187,13 @@ int main(int argc, char** argv) {
   driver::add_cluster_options(app, o);
   driver::add_pipeline_options(app, o);
   app.get_option("--uniform-compute-ms")
-      ->description("a stage's forward of a micro-batch takes at least this long plus its tensor-parallel waits, its "
-                    "backward twice as long (0: as the compute takes)");
-  app.add_option("--memory-cap-mb", o.memory_cap_mb, "simulated device memory per rank, MiB (0: no cap); beyond it "
-                 "an allocation fails with an out-of-memory report")->capture_default_str()
+      ->description(
+          "a stage's forward of a micro-batch takes at least this long plus its tensor-parallel waits, its "
+          "backward twice as long (0: as the compute takes)");
+  app.add_option("--memory-cap-mb", o.memory_cap_mb,
+                 "simulated device memory per rank, MiB (0: no cap); beyond it "
+                 "an allocation fails with an out-of-memory report")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp.h"                     // defines: lab04::FsdpState, reduce_scatter_grads_async, optimizer_step (lab 04's reference)
-#include "pipeline_parallel.h"        // defines: lab06::PipelineLayout, Stage, StageExchange, ScheduleKind (lab 06's reference)
+#include "fsdp.h"  // defines: lab04::FsdpState, reduce_scatter_grads_async, optimizer_step (lab 04's reference)
+#include "pipeline_parallel.h"  // defines: lab06::PipelineLayout, Stage, StageExchange, ScheduleKind (lab 06's reference)
 #include "scalelab/comm/comm.h"       // defines: Communicator
 #include "scalelab/comm/rank_grid.h"  // defines: GridAxis, GridCoords (the types; the arithmetic is yours here)
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
@@ -55,7 +55,7 @@ struct Grid {
   std::string order = "tp-dp-pp";
   int size(GridAxis axis) const;  // tp, pp or dp
   int world_size() const { return tp * pp * dp; }
-  std::string describe() const;   // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
+  std::string describe() const;  // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
 };
 
 // Given. The order parsed, fastest axis first: "tp-dp-pp" -> {TP, DP, PP}. Throws scalelab::Error naming the
@@ -127,7 +127,7 @@ struct Rank3D {
   Groups groups;
   std::unique_ptr<lab05::MegatronPoints> points;
   std::vector<std::unique_ptr<GPT2>> models;
-  std::vector<std::unique_ptr<Optimizer>> optimizers;  // plain data parallel (empty with ZeRO-1)
+  std::vector<std::unique_ptr<Optimizer>> optimizers;    // plain data parallel (empty with ZeRO-1)
   std::vector<std::unique_ptr<lab04::FsdpState>> zero1;  // ZeRO-1: one per chunk (empty without)
   std::unique_ptr<lab06::Stage> stage;
   std::unique_ptr<lab06::StageExchange> exchange;

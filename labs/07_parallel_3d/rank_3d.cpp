@@ -11,8 +11,8 @@
 #include <vector>     // defines: std::vector
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
-#include "scalelab/core/error.h"  // defines: SL_CHECK
-#include "scalelab/ops/ops.h"     // defines: cast, sum_squares
+#include "scalelab/core/error.h"        // defines: SL_CHECK
+#include "scalelab/ops/ops.h"           // defines: cast, sum_squares
 
 namespace scalelab::lab07 {
 inline namespace SL_TRACK_LAB07 {
@@ -38,7 +38,7 @@ std::vector<GridAxis> parse_order(const std::string& order) {
 // =============================================================================================
 ModelShard chunk_shard(const GPTConfig& cfg, const Layout& layout, int chunk) {
   ModelShard s = lab06::chunk_shard(cfg, layout.pipeline, chunk);  // its layers, embedding, head
-  s.tp_rank = layout.coords.tp_rank;                                // and lab 05's slice of each
+  s.tp_rank = layout.coords.tp_rank;                               // and lab 05's slice of each
   s.tp_size = layout.grid.tp;
   return s;
 }
@@ -51,8 +51,8 @@ namespace {
 // this rank's shard of each a view, and the optimizer state (AdamW's m and v; the fp32 master copy under
 // a 16-bit policy) of that shard only. A unit the chunk does not own gets an empty layout.
 std::unique_ptr<lab04::FsdpState> make_zero1_state(GPT2& model, Communicator& dp, const OptimizerConfig& oc) {
-  auto s = std::make_unique<lab04::FsdpState>(
-      lab04::FsdpState{model, dp, lab04::ZeroStage::Zero1, oc, /*prefetch=*/0, /*optimizer_steps=*/0, {}, {}});
+  auto s = std::make_unique<lab04::FsdpState>(lab04::FsdpState{
+      model, dp, lab04::ZeroStage::Zero1, oc, /*prefetch=*/0, /*optimizer_steps=*/0, {}, {}});
   s->units.resize(model.num_units());
   const Device device = model.device();
   for (int u = 0; u < model.num_units(); ++u) {

@@ -23,24 +23,34 @@ int attempt() {
 
 void add_fault_options(CLI::App& app, FaultOptions& o) {
   if (const char* hb = std::getenv("SL_HEARTBEAT_DIR")) o.heartbeat_dir = hb;  // scripts/supervise sets it
-  app.add_option("--fail-at-step", o.fail_at_step, "inject a fault when this step is about to run (-1: none; "
-                 "only on the first attempt, SL_RESTART unset or 0)")->capture_default_str();
+  app.add_option("--fail-at-step", o.fail_at_step,
+                 "inject a fault when this step is about to run (-1: none; "
+                 "only on the first attempt, SL_RESTART unset or 0)")
+      ->capture_default_str();
   app.add_option("--fail-rank", o.fail_rank, "the rank that fails")->capture_default_str();
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL) or hang (alive, silent)")->capture_default_str();
-  app.add_flag("--fail-in-checkpoint", o.fail_in_checkpoint, "the fault strikes while the checkpoint of step "
+  app.add_flag("--fail-in-checkpoint", o.fail_in_checkpoint,
+               "the fault strikes while the checkpoint of step "
                "--fail-at-step is written: after this rank's shard, before the manifest and the marker");
-  app.add_option("--fail-mtbf-s", o.fail_mtbf_s, "every attempt is killed after an exponential time of this mean "
+  app.add_option("--fail-mtbf-s", o.fail_mtbf_s,
+                 "every attempt is killed after an exponential time of this mean "
                  "(seconds; a Poisson process of failures, for bench/resilience_interval.py; 0: none)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--poison-at-step", o.poison_at_step, "the windows --poison-rank reads for this step have every "
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--poison-at-step", o.poison_at_step,
+                 "the windows --poison-rank reads for this step have every "
                  "target byte 0 (a corrupted shard; -1: none; once: the rolled-back run does not see them)")
       ->capture_default_str();
   app.add_option("--poison-rank", o.poison_rank, "the rank that reads the poisoned windows")->capture_default_str();
-  app.add_option("--slow-rank", o.slow_rank, "this rank computes --slow-factor times longer (a straggler; needs "
-                 "--uniform-compute-ms)")->capture_default_str();
-  app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")->capture_default_str()
+  app.add_option("--slow-rank", o.slow_rank,
+                 "this rank computes --slow-factor times longer (a straggler; needs "
+                 "--uniform-compute-ms)")
+      ->capture_default_str();
+  app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--heartbeat-dir", o.heartbeat_dir, "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
+  app.add_option("--heartbeat-dir", o.heartbeat_dir,
+                 "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
                  "which scripts/supervise sets)");
 }
 
@@ -69,7 +79,8 @@ bool Faults::in_checkpoint(int64_t next_step) const {
 }
 
 void Faults::strike(const char* where, int64_t step) {
-  std::printf("rank %d: injected fault (%s) %s %lld\n", rank_, o_.fail_mode.c_str(), where, static_cast<long long>(step));
+  std::printf("rank %d: injected fault (%s) %s %lld\n", rank_, o_.fail_mode.c_str(), where,
+              static_cast<long long>(step));
   std::fflush(stdout);
   if (o_.fail_mode == "kill") raise(SIGKILL);
   for (;;) sleep(60);  // hang: alive but silent; the others wait in their next collective

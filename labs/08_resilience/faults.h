@@ -20,16 +20,16 @@ namespace scalelab::lab08 {
 int attempt();
 
 struct FaultOptions {
-  int fail_at_step = -1;           // rank fail_rank fails when step fail_at_step is about to run (-1: never)
+  int fail_at_step = -1;  // rank fail_rank fails when step fail_at_step is about to run (-1: never)
   int fail_rank = 0;
-  std::string fail_mode = "kill";  // kill (SIGKILL, a lost node) | hang (sleeps forever: alive and silent)
-  bool fail_in_checkpoint = false; // instead: in the checkpoint of step fail_at_step, after its own shard
-  double fail_mtbf_s = 0;          // > 0: every attempt is killed after an exponential time of this mean (s)
-  int poison_at_step = -1;         // rank poison_rank's windows of this step: every target byte 0
+  std::string fail_mode = "kill";   // kill (SIGKILL, a lost node) | hang (sleeps forever: alive and silent)
+  bool fail_in_checkpoint = false;  // instead: in the checkpoint of step fail_at_step, after its own shard
+  double fail_mtbf_s = 0;           // > 0: every attempt is killed after an exponential time of this mean (s)
+  int poison_at_step = -1;          // rank poison_rank's windows of this step: every target byte 0
   int poison_rank = 0;
-  int slow_rank = -1;              // this rank's uniform compute time is slow_factor times the others'
+  int slow_rank = -1;  // this rank's uniform compute time is slow_factor times the others'
   double slow_factor = 1.0;
-  std::string heartbeat_dir;       // one line per step and rank here (default: $SL_HEARTBEAT_DIR)
+  std::string heartbeat_dir;  // one line per step and rank here (default: $SL_HEARTBEAT_DIR)
 };
 // --fail-at-step --fail-rank --fail-mode --fail-in-checkpoint --fail-mtbf-s --poison-at-step --poison-rank
 // --slow-rank --slow-factor --heartbeat-dir.
@@ -57,7 +57,7 @@ class Faults {
   int rank_;
   bool first_attempt_;
   double fail_after_ms_ = 0, attempt_start_ms_ = 0;  // the MTBF fault
-  int poisoned_ = 0;                                  // windows poisoned so far
+  int poisoned_ = 0;                                 // windows poisoned so far
 };
 
 // One JSON line per step ({"attempt", "step", "step_ms", "wall_ms"}) appended to <dir>/rank_<r>.beats and

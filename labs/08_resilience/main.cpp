@@ -24,17 +24,17 @@
 #include <string>
 #include <vector>
 
-#include "faults.h"                      // defines: lab08::Faults, Heartbeat, add_fault_options (given)
-#include "group_probe.h"                 // defines: lab07_driver::communicators, waited_ms
-#include "lab_parts.h"                   // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "parallel_3d.h"                 // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
-#include "reshard.h"                     // defines: lab08::rebase_loader_state (given)
-#include "resilience.h"                  // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
-#include "scalelab/comm/comm.h"          // defines: Communicator, run_on_all_ranks
-#include "scalelab/comm/host_values.h"   // defines: broadcast_values (the resume step)
-#include "scalelab/core/error.h"         // defines: SL_CHECK_HINT
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::DistributedOptions, set_links, ... (common/)
+#include "faults.h"                     // defines: lab08::Faults, Heartbeat, add_fault_options (given)
+#include "group_probe.h"                // defines: lab07_driver::communicators, waited_ms
+#include "lab_parts.h"                  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
+#include "parallel_3d.h"                // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
+#include "reshard.h"                    // defines: lab08::rebase_loader_state (given)
+#include "resilience.h"                 // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
+#include "scalelab/comm/comm.h"         // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/host_values.h"  // defines: broadcast_values (the resume step)
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT
+#include "scalelab/core/threads.h"      // defines: set_num_threads
+#include "scalelab/driver/driver.h"     // defines: driver::DistributedOptions, set_links, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/metrics.h"    // defines: RunLogger
 #include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
@@ -44,18 +44,18 @@ using lab08::wall_ms;
 
 struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::PipelineOptions, lab08::FaultOptions {
   Options() { sample_tokens = 0; }
-  int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x pp)
+  int tp = 1, pp = 1, dp = 0;  // dp 0: the ranks / (tp x pp)
   std::string order = "tp-dp-pp";
   bool zero1 = false;
-  std::string checkpoint_dir;      // empty: no checkpoints
+  std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 10;
   int keep_last = 3;
-  std::string resume = "none";     // none | latest
-  bool reshard = false;            // --resume may load a checkpoint of another layout
-  lab08::SpikeConfig spike;        // the rollback decision's window, history and z threshold (0: off)
+  std::string resume = "none";  // none | latest
+  bool reshard = false;         // --resume may load a checkpoint of another layout
+  lab08::SpikeConfig spike;     // the rollback decision's window, history and z threshold (0: off)
   int max_rollbacks = 3;
-  std::string skip_list;           // a skip list to honour from the start (default: <checkpoint-dir>/skip_list.json)
-  int straggler_window = 20;       // steps the straggler report looks at (the last ones; 0: no report)
+  std::string skip_list;      // a skip list to honour from the start (default: <checkpoint-dir>/skip_list.json)
+  int straggler_window = 20;  // steps the straggler report looks at (the last ones; 0: no report)
   double straggler_threshold = 1.25;
 };
 
@@ -85,7 +85,8 @@ static int run(const Options& o, Communicator& world) {
   const lab07::Layout layout = lab07::make_layout(GPTConfig::preset(o.model), grid, n, rank,
                                                   lab06::schedule_from_name(o.schedule), o.micro_batches, o.chunks,
                                                   o.ranks_per_node, /*placement_rule=*/false);
-  driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
+  driver::RunData data =
+      driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   const OptimizerConfig oc = driver::optimizer_config(o);
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
@@ -110,14 +111,16 @@ static int run(const Options& o, Communicator& world) {
     data.train->restore(lab08::rebase_loader_state(data::LoaderState::from_bytes(st.loader), data.train->config()));
     sample_rng.set_state(st.rng);
     start_step = st.step;
-    if (rank == 0) std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
-                               static_cast<long long>(start_step), st.resharded ? ", resharded" : "", wall_ms() - t0);
+    if (rank == 0)
+      std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
+                  static_cast<long long>(start_step), st.resharded ? ", resharded" : "", wall_ms() - t0);
     return true;
   };
   if (o.resume == "latest" && !load_newest() && rank == 0)
     std::printf("no complete checkpoint in %s: starting at step 0\n", o.checkpoint_dir.c_str());
-  const std::string skip_path = !o.skip_list.empty() ? o.skip_list
-                                : o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/skip_list.json";
+  const std::string skip_path = !o.skip_list.empty()       ? o.skip_list
+                                : o.checkpoint_dir.empty() ? ""
+                                                           : o.checkpoint_dir + "/skip_list.json";
   lab08::SkipList skip = skip_path.empty() ? lab08::SkipList{} : lab08::SkipList::load(skip_path);
 
   const Peak peak = driver::device_peak_all_ranks(device, policy, threads, world, o.calibration);
@@ -126,18 +129,39 @@ static int run(const Options& o, Communicator& world) {
   log.set_memory_device(device);
   const int global_batch = o.micro_batch * o.micro_batches * grid.dp;
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
-  config.update({{"tp", grid.tp}, {"pp", grid.pp}, {"dp", grid.dp}, {"order", grid.order}, {"zero1", o.zero1},
-                 {"schedule", o.schedule}, {"micro_batches", o.micro_batches}, {"chunks", o.chunks},
-                 {"micro_batch", o.micro_batch}, {"global_batch", global_batch}, {"backend", world.backend()},
-                 {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every},
-                 {"keep_last", o.keep_last}, {"resume", o.resume}, {"reshard", o.reshard}, {"start_step", start_step},
-                 {"attempt", lab08::attempt()}, {"fail_at_step", o.fail_at_step}, {"fail_rank", o.fail_rank},
-                 {"fail_mode", o.fail_mode}, {"fail_in_checkpoint", o.fail_in_checkpoint},
-                 {"fail_mtbf_s", o.fail_mtbf_s}, {"spike_window", o.spike.window},
-                 {"spike_min_history", o.spike.min_history}, {"spike_z", o.spike.z_threshold},
-                 {"poison_at_step", o.poison_at_step}, {"poison_rank", o.poison_rank}, {"skip_list", skip_path},
-                 {"skipped_windows", skip.positions().size()}, {"uniform_compute_ms", o.uniform_compute_ms},
-                 {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor}});
+  config.update({{"tp", grid.tp},
+                 {"pp", grid.pp},
+                 {"dp", grid.dp},
+                 {"order", grid.order},
+                 {"zero1", o.zero1},
+                 {"schedule", o.schedule},
+                 {"micro_batches", o.micro_batches},
+                 {"chunks", o.chunks},
+                 {"micro_batch", o.micro_batch},
+                 {"global_batch", global_batch},
+                 {"backend", world.backend()},
+                 {"checkpoint_dir", o.checkpoint_dir},
+                 {"checkpoint_every", o.checkpoint_every},
+                 {"keep_last", o.keep_last},
+                 {"resume", o.resume},
+                 {"reshard", o.reshard},
+                 {"start_step", start_step},
+                 {"attempt", lab08::attempt()},
+                 {"fail_at_step", o.fail_at_step},
+                 {"fail_rank", o.fail_rank},
+                 {"fail_mode", o.fail_mode},
+                 {"fail_in_checkpoint", o.fail_in_checkpoint},
+                 {"fail_mtbf_s", o.fail_mtbf_s},
+                 {"spike_window", o.spike.window},
+                 {"spike_min_history", o.spike.min_history},
+                 {"spike_z", o.spike.z_threshold},
+                 {"poison_at_step", o.poison_at_step},
+                 {"poison_rank", o.poison_rank},
+                 {"skip_list", skip_path},
+                 {"skipped_windows", skip.positions().size()},
+                 {"uniform_compute_ms", o.uniform_compute_ms},
+                 {"slow_rank", o.slow_rank},
+                 {"slow_factor", o.slow_factor}});
   log.log_run(driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak));
   if (rank == 0)
     std::printf("lab08 | %s | %d ranks = %s%s | checkpoints every %d steps in %s | attempt %d\n",
@@ -153,9 +177,9 @@ static int run(const Options& o, Communicator& world) {
   const double compute_f = o.uniform_compute_ms * faults.compute_factor();
   part->stage->set_uniform_compute(compute_f, 2 * compute_f);  // 0: as the compute takes
   const std::vector<Communicator*> comms = lab07_driver::communicators(*part);
-  int64_t step_i = start_step;                          // the step about to run
+  int64_t step_i = start_step;  // the step about to run
   const int64_t first_step = start_step;
-  std::vector<float> history;                           // the losses of the accepted steps first_step, first_step + 1, ...
+  std::vector<float> history;  // the losses of the accepted steps first_step, first_step + 1, ...
   std::vector<lab08::SkipList::Position> step_windows;  // the loader positions this step read
   lab08::RankTimes times;                               // this rank's compute and wait per step
   times.rank = rank;
@@ -236,8 +260,12 @@ static int run(const Options& o, Communicator& world) {
                     rb.reason.c_str(), o.checkpoint_dir.c_str());
       loop.sample_rng = sample_rng;
       history.resize(static_cast<size_t>(std::max<int64_t>(0, start_step - first_step)));  // the steps kept
-      log.log("rollback", {{"step", rb.step}, {"loss", rb.loss}, {"reason", rb.reason}, {"to_step", start_step},
-                           {"skipped_windows", step_windows.size()}, {"skip_list", skip_path}});
+      log.log("rollback", {{"step", rb.step},
+                           {"loss", rb.loss},
+                           {"reason", rb.reason},
+                           {"to_step", start_step},
+                           {"skipped_windows", step_windows.size()},
+                           {"skip_list", skip_path}});
       if (rank == 0)
         std::printf("rollback at step %lld (%s): back to step %lld, skipping its %zu windows (%s)\n",
                     static_cast<long long>(rb.step), rb.reason.c_str(), static_cast<long long>(start_step),
@@ -251,8 +279,8 @@ static int run(const Options& o, Communicator& world) {
   // Summary: the straggler report (YOUR find_stragglers) over the last steps of every rank
   // (nothing ran when the run resumed at its last step: on every rank alike)
   const bool report = o.straggler_window > 0 && !times.compute_ms.empty();  // --straggler-window 0: none
-  const std::vector<lab08::RankTimes> all =
-      report ? lab08::gather_rank_times(world, times, o.straggler_window) : std::vector<lab08::RankTimes>{};
+  const std::vector<lab08::RankTimes> all = report ? lab08::gather_rank_times(world, times, o.straggler_window)
+                                                   : std::vector<lab08::RankTimes>{};
   const std::vector<lab08::Straggler> slow = all.empty() ? std::vector<lab08::Straggler>{}
                                                          : lab08::find_stragglers(all, o.straggler_threshold);
   nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/false);
@@ -261,10 +289,11 @@ static int run(const Options& o, Communicator& world) {
   if (rank == 0) {
     driver::print_summary_headline(s, peak, n);
     if (rollbacks > 0)
-      std::printf("\n(after %d rollback(s): the summary covers steps %lld to %d, the run since the last one)", rollbacks,
-                  static_cast<long long>(start_step), o.steps);
+      std::printf("\n(after %d rollback(s): the summary covers steps %lld to %d, the run since the last one)",
+                  rollbacks, static_cast<long long>(start_step), o.steps);
     if (report)
-      std::printf("\nstragglers over the last %zu steps:%s", all.front().compute_ms.size(), slow.empty() ? " none" : "");
+      std::printf("\nstragglers over the last %zu steps:%s", all.front().compute_ms.size(),
+                  slow.empty() ? " none" : "");
     std::printf("\n");
     lab08::print_stragglers(slow);
   }
@@ -284,25 +313,36 @@ int main(int argc, char** argv) {
   driver::add_pipeline_options(app, o);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write sharded checkpoints here (empty: none)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one after the last)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--keep-last", o.keep_last, "complete checkpoints kept (retention)")->capture_default_str();
   app.add_option("--resume", o.resume, "none, or latest: the newest complete checkpoint in --checkpoint-dir")
       ->capture_default_str();
   app.add_flag("--reshard", o.reshard, "--resume may load a checkpoint written at another layout (the same model)");
   lab08::add_fault_options(app, o);
   app.add_option("--spike-window", o.spike.window, "losses the z-score's mean and std are taken over")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--spike-min-history", o.spike.min_history, "accepted losses before the z-score applies")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--spike-z", o.spike.z_threshold, "a loss this many standard deviations above the mean is a spike "
-                 "(0: no rollback decision)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")->capture_default_str();
-  app.add_option("--skip-list", o.skip_list, "windows to skip from the start, {\"skip\": [[epoch, batch], ...]} "
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--spike-z", o.spike.z_threshold,
+                 "a loss this many standard deviations above the mean is a spike "
+                 "(0: no rollback decision)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")
+      ->capture_default_str();
+  app.add_option("--skip-list", o.skip_list,
+                 "windows to skip from the start, {\"skip\": [[epoch, batch], ...]} "
                  "(default: <checkpoint-dir>/skip_list.json, where rollbacks add theirs)");
   app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones; 0: no report)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--straggler-threshold", o.straggler_threshold, "a rank whose median compute exceeds this times "
-                 "the typical rank's is a straggler")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--straggler-threshold", o.straggler_threshold,
+                 "a rank whose median compute exceeds this times "
+                 "the typical rank's is a straggler")
+      ->capture_default_str();
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
   return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });

@@ -33,11 +33,12 @@ class OldLayout {
     const int world = manifest.at("world_size").get<int>();
     for (const nlohmann::json& j : manifest.at("shards")) {
       const ShardInfo info = ShardInfo::from_json(j);
-      const lab07::Layout layout = lab07::make_layout(
-          cfg, grid_, world, info.rank, lab06::schedule_from_name(l.at("schedule").get<std::string>()),
-          l.at("micro_batches").get<int>(), l.at("chunks").get<int>(), 0, /*placement_rule=*/false);
-      SL_CHECK(layout.coords == info.coords, "%s: shard %s has coordinates other than its rank's in %s",
-               dir.c_str(), info.file.c_str(), grid_.describe().c_str());
+      const lab07::Layout layout = lab07::make_layout(cfg, grid_, world, info.rank,
+                                                      lab06::schedule_from_name(l.at("schedule").get<std::string>()),
+                                                      l.at("micro_batches").get<int>(), l.at("chunks").get<int>(), 0,
+                                                      /*placement_rule=*/false);
+      SL_CHECK(layout.coords == info.coords, "%s: shard %s has coordinates other than its rank's in %s", dir.c_str(),
+               info.file.c_str(), grid_.describe().c_str());
       OldRank& r = ranks_[info.file];
       r.coords = info.coords;
       for (int c = 0; c < layout.pipeline.v; ++c) r.chunks.push_back(lab07::chunk_shard(cfg, layout, c));
@@ -74,7 +75,8 @@ class OldLayout {
       auto [flat, shard] = unit_buffer(kind, u, t, like);
       for (const ParamInfo& p : gpt2_param_table(cfg_, shard)) {
         if (p.unit != u || p.tied_copy || (p.tp_replicated && t > 0)) continue;  // the replicas are equal
-        auto it = dense.try_emplace(p.name, Tensor::zeros(p.dense_shape, like, Device::CPU, MemCategory::Workspace)).first;
+        auto it =
+            dense.try_emplace(p.name, Tensor::zeros(p.dense_shape, like, Device::CPU, MemCategory::Workspace)).first;
         copy_shard_to_dense(p, shard, flat.view(p.offset, p.shape), it->second);
       }
     }
@@ -84,7 +86,8 @@ class OldLayout {
   ResumeState resume_state_of_rank0() {
     for (auto& [file, r] : ranks_)
       if (r.coords == GridCoords{0, 0, 0}) return shard_resume_state(open(file, r));
-    SL_FAIL("a manifest lists the shard of every rank", "%s: the manifest has no shard of rank (0, 0, 0)", dir_.c_str());
+    SL_FAIL("a manifest lists the shard of every rank", "%s: the manifest has no shard of rank (0, 0, 0)",
+            dir_.c_str());
   }
 
  private:
@@ -168,10 +171,11 @@ data::LoaderState rebase_loader_state(const data::LoaderState& saved, const data
   SL_CHECK_HINT(windows % now.dp_size == 0 && windows == static_cast<int64_t>(now.B) * now.dp_size,
                 windows % now.dp_size == 0
                     ? ("keep the global batch: --micro-batch " + std::to_string(windows / now.dp_size) + " at dp " +
-                       std::to_string(now.dp_size)).c_str()
+                       std::to_string(now.dp_size))
+                          .c_str()
                     : "choose a dp that divides the checkpoint's windows per batch",
-                "the checkpoint's loader took %d windows x dp %d = %lld a batch; this run takes %d x dp %d",
-                saved.B, saved.dp_size, static_cast<long long>(windows), now.B, now.dp_size);
+                "the checkpoint's loader took %d windows x dp %d = %lld a batch; this run takes %d x dp %d", saved.B,
+                saved.dp_size, static_cast<long long>(windows), now.B, now.dp_size);
   data::LoaderState s = saved;
   s.B = now.B;
   s.dp_size = now.dp_size;

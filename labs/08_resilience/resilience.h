@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel_3d.h"        // defines: lab07::Rank3D (lab 07's reference)
+#include "parallel_3d.h"         // defines: lab07::Rank3D (lab 07's reference)
 #include "scalelab/comm/comm.h"  // defines: Communicator
-#include "shard_state.h"        // defines: ShardInfo, ResumeState, write_shard, write_checkpoint_file, ... (given)
+#include "shard_state.h"         // defines: ShardInfo, ResumeState, write_shard, write_checkpoint_file, ... (given)
 
 #ifndef SL_TRACK_LAB08
 #define SL_TRACK_LAB08 ref

@@ -244,8 +244,8 @@ ResumeState load_checkpoint(Communicator& world, const std::string& dir, lab07::
   }
   if (!any_rank(world, !problem.empty(), "checkpoint loaded?")) return st;
   SL_FAIL("the message of the rank that failed is above; fix that, or start without --resume",
-          "loading %s failed on at least one rank%s%s", dir.c_str(), problem.empty() ? "" : "; this rank: ",
-          problem.c_str());
+          "loading %s failed on at least one rank%s%s", dir.c_str(),
+          problem.empty() ? "" : "; this rank: ", problem.c_str());
 }
 
 std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& mine) {
@@ -265,7 +265,8 @@ std::vector<ShardInfo> gather_shard_infos(Communicator& world, const ShardInfo& 
     all[i].rank = q[0];
     all[i].coords = {q[1], q[2], q[3]};
     all[i].file = shard_file_name(q[0]);
-    all[i].bytes = static_cast<uint64_t>(static_cast<uint32_t>(q[4])) | (static_cast<uint64_t>(static_cast<uint32_t>(q[5])) << 32);
+    all[i].bytes = static_cast<uint64_t>(static_cast<uint32_t>(q[4])) |
+                   (static_cast<uint64_t>(static_cast<uint32_t>(q[5])) << 32);
     all[i].checksum = static_cast<uint32_t>(q[6]);
   }
   return all;
@@ -279,8 +280,8 @@ static nlohmann::json describe_resume(const lab07::Rank3D& r, const ResumeState&
   nlohmann::json loader;
   try {
     const data::LoaderState l = data::LoaderState::from_bytes(st.loader);
-    loader = {{"epoch", l.epoch}, {"batch_in_epoch", l.batch_in_epoch}, {"B", l.B}, {"dp_size", l.dp_size},
-              {"seed", l.seed}};
+    loader = {
+        {"epoch", l.epoch}, {"batch_in_epoch", l.batch_in_epoch}, {"B", l.B}, {"dp_size", l.dp_size}, {"seed", l.seed}};
   } catch (const Error&) {  // not a LoaderState record (a test's stand-in): the bytes as they are
     std::string hex;
     for (uint8_t x : st.loader) {
@@ -300,12 +301,23 @@ nlohmann::json describe_layout(const lab07::Rank3D& r, bool zero1, int world_siz
   nlohmann::json dense = nlohmann::json::object();
   for (const ParamInfo& p : gpt2_param_table(c)) dense[p.name] = p.dense_shape;
   nlohmann::json d = {{"format", 1},
-          {"world_size", world_size},
-          {"layout", {{"tp", g.tp}, {"pp", g.pp}, {"dp", g.dp}, {"order", g.order}, {"zero1", zero1},
-                      {"schedule", lab06::schedule_name(p.schedule)}, {"micro_batches", p.m}, {"chunks", p.v}}},
-          {"model", {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}, {"vocab_size", c.vocab_size},
-                     {"max_seq_len", c.max_seq_len}}},
-          {"dense_shapes", dense}};
+                      {"world_size", world_size},
+                      {"layout",
+                       {{"tp", g.tp},
+                        {"pp", g.pp},
+                        {"dp", g.dp},
+                        {"order", g.order},
+                        {"zero1", zero1},
+                        {"schedule", lab06::schedule_name(p.schedule)},
+                        {"micro_batches", p.m},
+                        {"chunks", p.v}}},
+                      {"model",
+                       {{"n_layer", c.n_layer},
+                        {"n_head", c.n_head},
+                        {"n_embd", c.n_embd},
+                        {"vocab_size", c.vocab_size},
+                        {"max_seq_len", c.max_seq_len}}},
+                      {"dense_shapes", dense}};
   if (st != nullptr) d["resume"] = describe_resume(r, *st);
   return d;
 }
@@ -350,8 +362,11 @@ SkipList SkipList::load(const std::string& path) {
 nlohmann::json stragglers_json(const std::vector<Straggler>& slow) {
   nlohmann::json out = nlohmann::json::array();
   for (const Straggler& x : slow)
-    out.push_back({{"rank", x.rank}, {"compute_ms", x.compute_ms}, {"typical_compute_ms", x.typical_compute_ms},
-                   {"ratio", x.ratio}, {"others_wait_ms", x.others_wait_ms}});
+    out.push_back({{"rank", x.rank},
+                   {"compute_ms", x.compute_ms},
+                   {"typical_compute_ms", x.typical_compute_ms},
+                   {"ratio", x.ratio},
+                   {"others_wait_ms", x.others_wait_ms}});
   return out;
 }
 

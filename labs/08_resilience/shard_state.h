@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "parallel_3d.h"              // defines: lab07::Rank3D, Grid, Layout (lab 07's reference)
-#include "scalelab/comm/comm.h"       // defines: Communicator
-#include "scalelab/comm/rank_grid.h"  // defines: GridCoords
+#include "parallel_3d.h"                // defines: lab07::Rank3D, Grid, Layout (lab 07's reference)
+#include "scalelab/comm/comm.h"         // defines: Communicator
+#include "scalelab/comm/rank_grid.h"    // defines: GridCoords
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointReader
 
 namespace scalelab::lab08 {
@@ -57,21 +57,21 @@ std::vector<StateTensor> rank_state(lab07::Rank3D& r);
 
 // What a run needs besides the tensors to go on exactly where it stopped.
 struct ResumeState {
-  int64_t step = 0;                       // optimizer steps completed
-  std::vector<uint8_t> loader;            // data::LoaderState::to_bytes() of this rank's loader
-  std::array<uint64_t, 4> rng{};          // the driver's sampling RNG (Rng::state())
-  std::vector<int64_t> optimizer_steps;   // per chunk (AdamW's t); filled by write_shard / read_shard
-  bool resharded = false;                 // load_checkpoint read another layout's shards (the loader
-                                          // state is then the old rank 0's: rebase_loader_state)
+  int64_t step = 0;                      // optimizer steps completed
+  std::vector<uint8_t> loader;           // data::LoaderState::to_bytes() of this rank's loader
+  std::array<uint64_t, 4> rng{};         // the driver's sampling RNG (Rng::state())
+  std::vector<int64_t> optimizer_steps;  // per chunk (AdamW's t); filled by write_shard / read_shard
+  bool resharded = false;                // load_checkpoint read another layout's shards (the loader
+                                         // state is then the old rank 0's: rebase_loader_state)
 };
 
 // One rank's entry in a manifest.
 struct ShardInfo {
-  int rank = 0;                 // world rank that wrote it
-  GridCoords coords;            // its (tp, pp, dp) coordinates
-  std::string file;             // shard_file_name(rank)
-  uint64_t bytes = 0;           // size of the file as written
-  uint32_t checksum = 0;        // Adler-32 of the whole file as written (file_checksum)
+  int rank = 0;           // world rank that wrote it
+  GridCoords coords;      // its (tp, pp, dp) coordinates
+  std::string file;       // shard_file_name(rank)
+  uint64_t bytes = 0;     // size of the file as written
+  uint32_t checksum = 0;  // Adler-32 of the whole file as written (file_checksum)
   nlohmann::json to_json() const;
   static ShardInfo from_json(const nlohmann::json& j);  // throws scalelab::Error on a missing key
 };
@@ -150,10 +150,10 @@ struct RankTimes {
 };
 struct Straggler {
   int rank = 0;
-  double compute_ms = 0;         // its median compute time per step
-  double typical_compute_ms = 0; // the median of every rank's median
-  double ratio = 0;              // compute_ms / typical_compute_ms
-  double others_wait_ms = 0;     // the mean over the OTHER ranks of their median wait per step
+  double compute_ms = 0;          // its median compute time per step
+  double typical_compute_ms = 0;  // the median of every rank's median
+  double ratio = 0;               // compute_ms / typical_compute_ms
+  double others_wait_ms = 0;      // the mean over the OTHER ranks of their median wait per step
 };
 // Every rank's RankTimes window (`mine` on this rank; each has the last `window` steps, or fewer when fewer
 // ran, the same count on every rank), in rank order, on every rank. Collective over world.

@@ -28,8 +28,8 @@ int shard_blocks(const GPTConfig& cfg, const ModelShard& s) { return s.last(cfg)
 
 std::string to_string(const Layout& x) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "tp %d pp %d dp %d | B %d x m %d | %s%s | zero %d%s | recompute %s", x.tp, x.pp,
-                x.dp, x.micro_batch, x.micro_batches, lab06::schedule_name(x.schedule),
+  std::snprintf(buf, sizeof buf, "tp %d pp %d dp %d | B %d x m %d | %s%s | zero %d%s | recompute %s", x.tp, x.pp, x.dp,
+                x.micro_batch, x.micro_batches, lab06::schedule_name(x.schedule),
                 x.chunks > 1 ? (" v " + std::to_string(x.chunks)).c_str() : "", x.zero_stage,
                 x.sequence_parallel ? " | sp" : "", recompute_name(x.recompute));
   return buf;
@@ -37,9 +37,11 @@ std::string to_string(const Layout& x) {
 
 std::string to_string(const Cluster& c) {
   char buf[220];
-  std::snprintf(buf, sizeof buf, "%d devices, %d a node, %.1f GB each, %.4g TFLOP/s x %.2f; links %s inside a "
-                "node, %s across", c.devices, c.devices_per_node, c.memory_bytes / 1e9, c.peak_flops_per_s / 1e12,
-                c.efficiency, c.intra.name.c_str(), c.inter.name.c_str());
+  std::snprintf(buf, sizeof buf,
+                "%d devices, %d a node, %.1f GB each, %.4g TFLOP/s x %.2f; links %s inside a "
+                "node, %s across",
+                c.devices, c.devices_per_node, c.memory_bytes / 1e9, c.peak_flops_per_s / 1e12, c.efficiency,
+                c.intra.name.c_str(), c.inter.name.c_str());
   return buf;
 }
 
@@ -50,8 +52,9 @@ void check_plan_inputs(const GPTConfig& cfg, const Workload& w, const Cluster& c
                 c.devices_per_node);
   SL_CHECK_HINT(c.flops_per_s() > 0, "give the devices' peak FLOP/s and an efficiency (--peak-tflops, --efficiency)",
                 "peak %g FLOP/s x efficiency %g: a cluster with no compute", c.peak_flops_per_s, c.efficiency);
-  SL_CHECK_HINT(w.global_batch >= 1 && w.seq_len >= 1, "the global batch and T are 1 or more (--global-batch, --seq-len)",
-                "global batch %d, T %d", w.global_batch, w.seq_len);
+  SL_CHECK_HINT(w.global_batch >= 1 && w.seq_len >= 1,
+                "the global batch and T are 1 or more (--global-batch, --seq-len)", "global batch %d, T %d",
+                w.global_batch, w.seq_len);
 }
 
 void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c) {
@@ -64,8 +67,8 @@ void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, cons
   SL_CHECK_HINT(static_cast<int64_t>(x.dp) * x.micro_batch * x.micro_batches == w.global_batch,
                 "every replica runs m micro-batches of B sequences: dp x B x m = the global batch",
                 "dp %d x B %d x m %d != global batch %d", x.dp, x.micro_batch, x.micro_batches, w.global_batch);
-  SL_CHECK_HINT(x.zero_stage >= 0 && x.zero_stage <= 3, "ZeRO stages are 0 (DDP), 1, 2 and 3",
-                "ZeRO stage %d", x.zero_stage);
+  SL_CHECK_HINT(x.zero_stage >= 0 && x.zero_stage <= 3, "ZeRO stages are 0 (DDP), 1, 2 and 3", "ZeRO stage %d",
+                x.zero_stage);
   SL_CHECK_HINT(w.seq_len >= 1 && w.seq_len <= cfg.max_seq_len,
                 "T is at most the model's position embeddings (maxT): a longer maxT, or a shorter T",
                 "T %d with maxT %d", w.seq_len, cfg.max_seq_len);
@@ -76,7 +79,7 @@ void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, cons
                 "the planner's LoRA fine-tune replicates the frozen base on every device: tp 1, pp 1, ZeRO 0",
                 "LoRA rank %d with %s", w.lora_rank, to_string(x).c_str());
   lab06::make_layout(cfg, x.pp, 0, x.schedule, x.micro_batches, x.chunks);  // lab 06's rules of the partition
-  chunk_shard(cfg, x, 0, 0).validate(cfg);                                   // the tp split of the model
+  chunk_shard(cfg, x, 0, 0).validate(cfg);                                  // the tp split of the model
 }
 
 ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chunk) {

@@ -50,8 +50,10 @@ struct GpuPreset {
   const char* intra;
 };
 const GpuPreset kGpus[] = {
-    {"a100", "NVIDIA A100-SXM4-80GB", 80, "nvlink"}, {"h100", "NVIDIA H100 80GB HBM3", 80, "nvlink"},
-    {"h200", "NVIDIA H200", 141, "nvlink"},           {"rtx4090", "NVIDIA GeForce RTX 4090", 24, "pcie"},
+    {"a100", "NVIDIA A100-SXM4-80GB", 80, "nvlink"},
+    {"h100", "NVIDIA H100 80GB HBM3", 80, "nvlink"},
+    {"h200", "NVIDIA H200", 141, "nvlink"},
+    {"rtx4090", "NVIDIA GeForce RTX 4090", 24, "pcie"},
 };
 
 // A refusal's kind, for the count: its first line with every number written as #.
@@ -72,17 +74,39 @@ nlohmann::json to_json(const lab09::Candidate& r) {
   const lab09::StepTime& t = r.time;
   const lab09::DeviceMemory& m = r.memory;
   const lab09::Layout& x = r.layout;
-  return {{"layout", lab09::to_string(x)}, {"fits", r.fits}, {"why_not", r.why_not},
-          {"tp", x.tp}, {"pp", x.pp}, {"dp", x.dp}, {"micro_batch", x.micro_batch}, {"micro_batches", x.micro_batches},
-          {"zero_stage", x.zero_stage}, {"sequence_parallel", x.sequence_parallel},
+  return {{"layout", lab09::to_string(x)},
+          {"fits", r.fits},
+          {"why_not", r.why_not},
+          {"tp", x.tp},
+          {"pp", x.pp},
+          {"dp", x.dp},
+          {"micro_batch", x.micro_batch},
+          {"micro_batches", x.micro_batches},
+          {"zero_stage", x.zero_stage},
+          {"sequence_parallel", x.sequence_parallel},
           {"recompute", recompute_name(x.recompute)},
-          {"memory", {{"stage", m.stage}, {"sets", m.sets}, {"params_bytes", m.state.params},
-                      {"grads_bytes", m.state.grads}, {"optimizer_state_bytes", m.state.optimizer_state},
-                      {"activations_bytes", m.activations}, {"total_bytes", m.total()}}},
-          {"time", {{"slowest_stage", t.slowest_stage}, {"compute_ms", t.compute_ms}, {"tp_ms", t.tp_ms},
-                    {"pp_ms", t.pp_ms}, {"slot_ms", t.slot_ms}, {"pipeline_ms", t.pipeline_ms},
-                    {"bubble_ms", t.bubble_ms}, {"dp_ms", t.dp_ms}, {"optimizer_ms", t.optimizer_ms},
-                    {"step_ms", t.step_ms}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu}, {"hfu", t.hfu}}}};
+          {"memory",
+           {{"stage", m.stage},
+            {"sets", m.sets},
+            {"params_bytes", m.state.params},
+            {"grads_bytes", m.state.grads},
+            {"optimizer_state_bytes", m.state.optimizer_state},
+            {"activations_bytes", m.activations},
+            {"total_bytes", m.total()}}},
+          {"time",
+           {{"slowest_stage", t.slowest_stage},
+            {"compute_ms", t.compute_ms},
+            {"tp_ms", t.tp_ms},
+            {"pp_ms", t.pp_ms},
+            {"slot_ms", t.slot_ms},
+            {"pipeline_ms", t.pipeline_ms},
+            {"bubble_ms", t.bubble_ms},
+            {"dp_ms", t.dp_ms},
+            {"optimizer_ms", t.optimizer_ms},
+            {"step_ms", t.step_ms},
+            {"tokens_per_s", t.tokens_per_s},
+            {"mfu", t.mfu},
+            {"hfu", t.hfu}}}};
 }
 
 }  // namespace
@@ -108,18 +132,21 @@ int plan_main(int argc, char** argv) {
   app.add_option("--global-batch", w.global_batch, "sequences per optimizer step, all replicas")->capture_default_str();
   app.add_option("--gpu", gpu, "a100 | h100 | h200 | rtx4090 (datasheet peak, memory, link) | cpu (give the rest)")
       ->capture_default_str();
-  app.add_option("--gpus", cluster.devices, "devices in the cluster (every layout uses all of them)")->capture_default_str();
+  app.add_option("--gpus", cluster.devices, "devices in the cluster (every layout uses all of them)")
+      ->capture_default_str();
   app.add_option("--gpus-per-node", cluster.devices_per_node, "devices per node")->capture_default_str();
   app.add_option("--memory-gb", memory_gb, "memory per device, GB (1e9 bytes); default: the --gpu's");
   app.add_option("--peak-tflops", peak_tflops, "dense peak per device, TFLOP/s; default: the --gpu's datasheet");
-  app.add_option("--efficiency", efficiency, "the fraction of the peak the model's FLOPs run at")->capture_default_str();
+  app.add_option("--efficiency", efficiency, "the fraction of the peak the model's FLOPs run at")
+      ->capture_default_str();
   app.add_option("--memory-bandwidth-gbs", bandwidth_gbs, "GB/s for the optimizer's pass (0: not modelled)");
   app.add_option("--intra", intra, "link inside a node: nvlink, pcie, infiniband, ethernet100 (default: the --gpu's)");
   app.add_option("--inter", inter, "link across nodes")->capture_default_str();
   app.add_option("--intra-gbs", intra_gbs, "the intra-node link's bus bandwidth, GB/s (default: its preset's)");
   app.add_option("--inter-gbs", inter_gbs, "the inter-node link's bus bandwidth, GB/s (default: its preset's)");
   app.add_option("--activation-bytes", w.activation_bytes,
-                 "bytes of an activation on the wire: 4 (this kit, fp32), 2 (16-bit frameworks)")->capture_default_str();
+                 "bytes of an activation on the wire: 4 (this kit, fp32), 2 (16-bit frameworks)")
+      ->capture_default_str();
   app.add_option("--link-slowdown", slowdown, "both links this many times slower (as the lab programs' option)")
       ->capture_default_str();
   app.add_option("--uniform-compute-ms", w.uniform_compute_ms,
@@ -145,155 +172,168 @@ int plan_main(int argc, char** argv) {
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
 
-  return run_single_process([&]() -> int {
-    GPTConfig cfg;
-    if (!model.empty()) {
-      cfg = GPTConfig::preset(model);
-    } else {
-      SL_CHECK_HINT(layers > 0 && hidden > 0 && heads > 0, "e.g. --model d24, or --layers 32 --hidden 4096 --heads 32",
-                    "give --model NAME, or --layers, --hidden and --heads (got %d, %d, %d)", layers, hidden, heads);
-      cfg.n_layer = layers;
-      cfg.n_embd = hidden;
-      cfg.n_head = heads;
-      cfg.vocab_size = vocab;
-    }
-    cfg.max_seq_len = std::max(cfg.max_seq_len, w.seq_len);
-    cfg.validate();
-    // The cluster: a known GPU's figures unless given, or a CPU whose figures are all given.
-    if (gpu != "cpu") {
-      const GpuPreset* g = nullptr;
-      for (const GpuPreset& p : kGpus)
-        if (gpu == p.name) g = &p;
-      SL_CHECK_HINT(g != nullptr, "--gpu a100, h100, h200, rtx4090, or cpu with --peak-tflops and --memory-gb",
-                    "unknown --gpu '%s'", gpu.c_str());
-      if (peak_tflops == 0) peak_tflops = datasheet_peak(g->datasheet)->bf16_flops_per_s / 1e12;
-      if (memory_gb == 0) memory_gb = g->memory_gb;
-      if (intra.empty()) intra = g->intra;
-    } else {
-      if (intra.empty()) intra = "none";
-    }
-    SL_CHECK_HINT(peak_tflops > 0 && efficiency > 0 && efficiency <= 1,
-                  gpu == "cpu" ? "a CPU's peak is its sgemm calibration: bin/sl_calibrate --threads 1 prints it in "
-                                 "GFLOP/s (e.g. 24.4 GFLOP/s: --peak-tflops 0.0244 --efficiency 1)"
-                               : "e.g. --peak-tflops 989 --efficiency 0.5",
-                  "--peak-tflops %g and --efficiency %g: the peak is > 0, the efficiency in (0, 1]", peak_tflops,
-                  efficiency);
-    SL_CHECK_HINT(memory_gb > 0, gpu == "cpu" ? "e.g. --memory-gb 1 (a CPU rank's memory is what you allow it)"
-                                              : "e.g. --memory-gb 80",
-                  "--memory-gb %g", memory_gb);
-    cluster.memory_bytes = memory_gb * 1e9;
-    cluster.peak_flops_per_s = peak_tflops * 1e12;
-    cluster.efficiency = efficiency;
-    cluster.memory_bandwidth_bytes_per_s = bandwidth_gbs * 1e9;
-    cluster.intra = driver::make_link(intra, slowdown);
-    cluster.inter = driver::make_link(inter, slowdown);
-    if (intra_gbs > 0) cluster.intra.bandwidth_bytes_per_s = intra_gbs * 1e9 / slowdown;
-    if (inter_gbs > 0) cluster.inter.bandwidth_bytes_per_s = inter_gbs * 1e9 / slowdown;
-    w.policy = PrecisionPolicy::from_name(precision);
-    w.optimizer = OptimizerConfig::kind_from_name(optimizer);
-
-    // The options of one layout mean nothing without --tp: say so rather than ignore them.
-    for (const char* opt : {"--pp", "--dp", "--micro-batch", "--micro-batches", "--schedule", "--chunks", "--zero",
-                            "--sp", "--recompute"})
-      SL_CHECK_HINT(*tp_opt || app.count(opt) == 0, "give --tp, --pp and --dp with it to predict that one layout, "
-                    "or leave the layout's options out to rank every layout", "%s without --tp", opt);
-    if (*tp_opt) {  // one layout, term by term
-      if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
-      if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
-        one.micro_batches = std::max(1, w.global_batch / (one.dp * one.micro_batch));  // the rest of the batch
-      one.schedule = lab06::schedule_from_name(schedule);
-      one.sequence_parallel = sp;
-      one.recompute = recompute_from_name(recompute);
-      lab09::check_layout(cfg, one, w, cluster);
-      lab09::Candidate r;
-      r.layout = one;
-      r.memory = lab09::device_memory(cfg, one, w);
-      r.time = lab09::step_time(cfg, one, w, cluster);
-      r.why_not = lab09::memory_refusal(r.memory, cluster);
-      r.fits = r.why_not.empty();
-      if (json) {
-        std::printf("%s\n", to_json(r).dump().c_str());
-      } else {
-        std::printf("model %s | %s\n%s\n", cfg.str().c_str(), lab09::to_string(cluster).c_str(),
-                    lab09::explain(r, cluster).c_str());
-        if (!r.fits) std::printf("=> does not fit: %s\n", r.why_not.c_str());
-      }
-      return r.fits ? 0 : 1;
-    }
-
-    if (!json)
-      std::printf("model %s, %.4g parameters | T %d, global batch %d sequences | %s + %s%s\n", cfg.str().c_str(),
-                  static_cast<double>(gpt2_num_params(cfg)), w.seq_len, w.global_batch, w.policy.name().c_str(),
-                  optimizer.c_str(), w.lora_rank > 0 ? (", LoRA rank " + std::to_string(w.lora_rank)).c_str() : "");
-    if (!json)
-      std::printf("activations are this kit's (fp32, llm.c's tensor set: docs/memory.md); compute at %.4g TFLOP/s "
-                  "a device (%.4g x %.2f)\n", cluster.flops_per_s() / 1e12, peak_tflops, efficiency);
-
-    if (tokens > 0 || days > 0) {  // the smallest power-of-two cluster that finishes in time
-      SL_CHECK_HINT(tokens > 0 && days > 0, "give both, e.g. --tokens 10e9 --days 1", "--tokens %g --days %g",
-                    tokens, days);
-      for (int n = 1; n <= max_gpus; n *= 2) {
-        lab09::Cluster c = cluster;
-        c.devices = n;
-        c.devices_per_node = std::min(cluster.devices_per_node, n);
-        const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, c);
-        if (rows.empty() || !rows.front().fits) {
-          std::printf("%5d GPUs: no layout fits\n", n);
-          continue;
+  return run_single_process(
+      [&]() -> int {
+        GPTConfig cfg;
+        if (!model.empty()) {
+          cfg = GPTConfig::preset(model);
+        } else {
+          SL_CHECK_HINT(layers > 0 && hidden > 0 && heads > 0,
+                        "e.g. --model d24, or --layers 32 --hidden 4096 --heads 32",
+                        "give --model NAME, or --layers, --hidden and --heads (got %d, %d, %d)", layers, hidden, heads);
+          cfg.n_layer = layers;
+          cfg.n_embd = hidden;
+          cfg.n_head = heads;
+          cfg.vocab_size = vocab;
         }
-        const double need_days = tokens / rows.front().time.tokens_per_s / 86400.0;
-        std::printf("%5d GPUs: %.3g days   %s\n", n, need_days, lab09::explain(rows.front(), c).c_str());
-        if (need_days <= days) {
-          std::printf("\n=> %d GPUs train %.3g tokens in %.3g days (predicted; data loading and host overheads "
-                      "are not in the model)\n", n, tokens, need_days);
-          return 0;
+        cfg.max_seq_len = std::max(cfg.max_seq_len, w.seq_len);
+        cfg.validate();
+        // The cluster: a known GPU's figures unless given, or a CPU whose figures are all given.
+        if (gpu != "cpu") {
+          const GpuPreset* g = nullptr;
+          for (const GpuPreset& p : kGpus)
+            if (gpu == p.name) g = &p;
+          SL_CHECK_HINT(g != nullptr, "--gpu a100, h100, h200, rtx4090, or cpu with --peak-tflops and --memory-gb",
+                        "unknown --gpu '%s'", gpu.c_str());
+          if (peak_tflops == 0) peak_tflops = datasheet_peak(g->datasheet)->bf16_flops_per_s / 1e12;
+          if (memory_gb == 0) memory_gb = g->memory_gb;
+          if (intra.empty()) intra = g->intra;
+        } else {
+          if (intra.empty()) intra = "none";
         }
-      }
-      std::printf("\n=> no cluster of up to %d GPUs trains %.3g tokens in %.3g days\n", max_gpus, tokens, days);
-      return 1;
-    }
+        SL_CHECK_HINT(peak_tflops > 0 && efficiency > 0 && efficiency <= 1,
+                      gpu == "cpu" ? "a CPU's peak is its sgemm calibration: bin/sl_calibrate --threads 1 prints it in "
+                                     "GFLOP/s (e.g. 24.4 GFLOP/s: --peak-tflops 0.0244 --efficiency 1)"
+                                   : "e.g. --peak-tflops 989 --efficiency 0.5",
+                      "--peak-tflops %g and --efficiency %g: the peak is > 0, the efficiency in (0, 1]", peak_tflops,
+                      efficiency);
+        SL_CHECK_HINT(memory_gb > 0,
+                      gpu == "cpu" ? "e.g. --memory-gb 1 (a CPU rank's memory is what you allow it)"
+                                   : "e.g. --memory-gb 80",
+                      "--memory-gb %g", memory_gb);
+        cluster.memory_bytes = memory_gb * 1e9;
+        cluster.peak_flops_per_s = peak_tflops * 1e12;
+        cluster.efficiency = efficiency;
+        cluster.memory_bandwidth_bytes_per_s = bandwidth_gbs * 1e9;
+        cluster.intra = driver::make_link(intra, slowdown);
+        cluster.inter = driver::make_link(inter, slowdown);
+        if (intra_gbs > 0) cluster.intra.bandwidth_bytes_per_s = intra_gbs * 1e9 / slowdown;
+        if (inter_gbs > 0) cluster.inter.bandwidth_bytes_per_s = inter_gbs * 1e9 / slowdown;
+        w.policy = PrecisionPolicy::from_name(precision);
+        w.optimizer = OptimizerConfig::kind_from_name(optimizer);
 
-    const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, cluster);
-    if (json) {  // the ranking for a script or a notebook: the top rows that fit, and the refusals by reason
-      nlohmann::json out = {{"model", cfg.str()}, {"cluster", lab09::to_string(cluster)}, {"candidates", rows.size()},
-                            {"rows", nlohmann::json::array()}, {"refused", nlohmann::json::object()}};
-      for (const lab09::Candidate& r : rows) {
-        if (r.fits && static_cast<int>(out["rows"].size()) < top) out["rows"].push_back(to_json(r));
-        if (!r.fits) out["refused"][reason_kind(r.why_not)] = out["refused"].value(reason_kind(r.why_not), 0) + 1;
-      }
-      if (!rows.empty() && rows.front().fits) out["explained"] = lab09::explain(rows.front(), cluster);
-      std::printf("%s\n", out.dump().c_str());
-      return rows.empty() || !rows.front().fits ? 1 : 0;
-    }
-    std::printf("cluster: %s: %zu candidate layouts\n\n", lab09::to_string(cluster).c_str(), rows.size());
-    std::printf("%4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "B", "m", "zero",
-                "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
-    int fit = 0;
-    std::map<std::string, std::pair<int, std::string>> refused;  // kind: how many, the first one in full
-    for (const lab09::Candidate& r : rows) {
-      if (!r.fits) {
-        auto& [n, first] = refused[reason_kind(r.why_not)];
-        if (n++ == 0) first = lab09::to_string(r.layout) + ": " + r.why_not;
-        continue;
-      }
-      if (fit++ >= top) continue;
-      const lab09::Layout& x = r.layout;
-      std::printf("%4d %4d %4d %4d %4d %4d %3s %-9s | %8.2f %9.4g %8.1f %6.1f %11.4g %6.1f\n", x.tp, x.pp, x.dp,
-                  x.micro_batch, x.micro_batches, x.zero_stage, x.sequence_parallel ? "yes" : "",
-                  recompute_name(x.recompute), r.memory.total() / 1e9, r.time.step_ms,
-                  100.0 * r.time.bubble_ms / r.time.step_ms, 100.0 * r.time.dp_ms / r.time.step_ms,
-                  r.time.tokens_per_s, 100.0 * r.time.mfu);
-    }
-    std::printf("\n%d layouts fit, %zu do not:\n", fit, rows.size() - fit);
-    for (const auto& [why, seen] : refused)
-      std::printf("  %6d  %s\n          e.g. %s\n", seen.first, why.c_str(), seen.second.c_str());
-    if (fit == 0) {
-      std::printf("\n=> no layout fits: more devices, more memory a device, a smaller global batch or T\n");
-      return 1;
-    }
-    std::printf("\n=> %s\n", lab09::explain(rows.front(), cluster).c_str());
-    return 0;
-  }, /*error_exit=*/2);
+        // The options of one layout mean nothing without --tp: say so rather than ignore them.
+        for (const char* opt : {"--pp", "--dp", "--micro-batch", "--micro-batches", "--schedule", "--chunks", "--zero",
+                                "--sp", "--recompute"})
+          SL_CHECK_HINT(*tp_opt || app.count(opt) == 0,
+                        "give --tp, --pp and --dp with it to predict that one layout, "
+                        "or leave the layout's options out to rank every layout",
+                        "%s without --tp", opt);
+        if (*tp_opt) {                                                    // one layout, term by term
+          if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
+          if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
+            one.micro_batches = std::max(1, w.global_batch / (one.dp * one.micro_batch));  // the rest of the batch
+          one.schedule = lab06::schedule_from_name(schedule);
+          one.sequence_parallel = sp;
+          one.recompute = recompute_from_name(recompute);
+          lab09::check_layout(cfg, one, w, cluster);
+          lab09::Candidate r;
+          r.layout = one;
+          r.memory = lab09::device_memory(cfg, one, w);
+          r.time = lab09::step_time(cfg, one, w, cluster);
+          r.why_not = lab09::memory_refusal(r.memory, cluster);
+          r.fits = r.why_not.empty();
+          if (json) {
+            std::printf("%s\n", to_json(r).dump().c_str());
+          } else {
+            std::printf("model %s | %s\n%s\n", cfg.str().c_str(), lab09::to_string(cluster).c_str(),
+                        lab09::explain(r, cluster).c_str());
+            if (!r.fits) std::printf("=> does not fit: %s\n", r.why_not.c_str());
+          }
+          return r.fits ? 0 : 1;
+        }
+
+        if (!json)
+          std::printf("model %s, %.4g parameters | T %d, global batch %d sequences | %s + %s%s\n", cfg.str().c_str(),
+                      static_cast<double>(gpt2_num_params(cfg)), w.seq_len, w.global_batch, w.policy.name().c_str(),
+                      optimizer.c_str(), w.lora_rank > 0 ? (", LoRA rank " + std::to_string(w.lora_rank)).c_str() : "");
+        if (!json)
+          std::printf(
+              "activations are this kit's (fp32, llm.c's tensor set: docs/memory.md); compute at %.4g TFLOP/s "
+              "a device (%.4g x %.2f)\n",
+              cluster.flops_per_s() / 1e12, peak_tflops, efficiency);
+
+        if (tokens > 0 || days > 0) {  // the smallest power-of-two cluster that finishes in time
+          SL_CHECK_HINT(tokens > 0 && days > 0, "give both, e.g. --tokens 10e9 --days 1", "--tokens %g --days %g",
+                        tokens, days);
+          for (int n = 1; n <= max_gpus; n *= 2) {
+            lab09::Cluster c = cluster;
+            c.devices = n;
+            c.devices_per_node = std::min(cluster.devices_per_node, n);
+            const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, c);
+            if (rows.empty() || !rows.front().fits) {
+              std::printf("%5d GPUs: no layout fits\n", n);
+              continue;
+            }
+            const double need_days = tokens / rows.front().time.tokens_per_s / 86400.0;
+            std::printf("%5d GPUs: %.3g days   %s\n", n, need_days, lab09::explain(rows.front(), c).c_str());
+            if (need_days <= days) {
+              std::printf(
+                  "\n=> %d GPUs train %.3g tokens in %.3g days (predicted; data loading and host overheads "
+                  "are not in the model)\n",
+                  n, tokens, need_days);
+              return 0;
+            }
+          }
+          std::printf("\n=> no cluster of up to %d GPUs trains %.3g tokens in %.3g days\n", max_gpus, tokens, days);
+          return 1;
+        }
+
+        const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, cluster);
+        if (json) {  // the ranking for a script or a notebook: the top rows that fit, and the refusals by reason
+          nlohmann::json out = {{"model", cfg.str()},
+                                {"cluster", lab09::to_string(cluster)},
+                                {"candidates", rows.size()},
+                                {"rows", nlohmann::json::array()},
+                                {"refused", nlohmann::json::object()}};
+          for (const lab09::Candidate& r : rows) {
+            if (r.fits && static_cast<int>(out["rows"].size()) < top) out["rows"].push_back(to_json(r));
+            if (!r.fits) out["refused"][reason_kind(r.why_not)] = out["refused"].value(reason_kind(r.why_not), 0) + 1;
+          }
+          if (!rows.empty() && rows.front().fits) out["explained"] = lab09::explain(rows.front(), cluster);
+          std::printf("%s\n", out.dump().c_str());
+          return rows.empty() || !rows.front().fits ? 1 : 0;
+        }
+        std::printf("cluster: %s: %zu candidate layouts\n\n", lab09::to_string(cluster).c_str(), rows.size());
+        std::printf("%4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "B", "m", "zero",
+                    "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
+        int fit = 0;
+        std::map<std::string, std::pair<int, std::string>> refused;  // kind: how many, the first one in full
+        for (const lab09::Candidate& r : rows) {
+          if (!r.fits) {
+            auto& [n, first] = refused[reason_kind(r.why_not)];
+            if (n++ == 0) first = lab09::to_string(r.layout) + ": " + r.why_not;
+            continue;
+          }
+          if (fit++ >= top) continue;
+          const lab09::Layout& x = r.layout;
+          std::printf("%4d %4d %4d %4d %4d %4d %3s %-9s | %8.2f %9.4g %8.1f %6.1f %11.4g %6.1f\n", x.tp, x.pp, x.dp,
+                      x.micro_batch, x.micro_batches, x.zero_stage, x.sequence_parallel ? "yes" : "",
+                      recompute_name(x.recompute), r.memory.total() / 1e9, r.time.step_ms,
+                      100.0 * r.time.bubble_ms / r.time.step_ms, 100.0 * r.time.dp_ms / r.time.step_ms,
+                      r.time.tokens_per_s, 100.0 * r.time.mfu);
+        }
+        std::printf("\n%d layouts fit, %zu do not:\n", fit, rows.size() - fit);
+        for (const auto& [why, seen] : refused)
+          std::printf("  %6d  %s\n          e.g. %s\n", seen.first, why.c_str(), seen.second.c_str());
+        if (fit == 0) {
+          std::printf("\n=> no layout fits: more devices, more memory a device, a smaller global batch or T\n");
+          return 1;
+        }
+        std::printf("\n=> %s\n", lab09::explain(rows.front(), cluster).c_str());
+        return 0;
+      },
+      /*error_exit=*/2);
 }
 
 }  // namespace SL_TRACK_LAB09

@@ -33,10 +33,10 @@
 #include <string>
 #include <vector>
 
-#include "pipeline_parallel.h"                  // defines: lab06::ScheduleKind, make_layout, chunk_shard (lab 06's reference)
-#include "scalelab/comm/comm.h"                 // defines: LinkModel
-#include "scalelab/core/error.h"                // defines: scalelab::Error
-#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
+#include "pipeline_parallel.h"        // defines: lab06::ScheduleKind, make_layout, chunk_shard (lab 06's reference)
+#include "scalelab/comm/comm.h"       // defines: LinkModel
+#include "scalelab/core/error.h"      // defines: scalelab::Error
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 #include "scalelab/measure/memory_estimator.h"  // defines: ModelStateBytes, estimate_model_state, gpt2_activation_bytes
 #include "scalelab/model/gpt2.h"                // defines: GPTConfig, ModelShard, Recompute, AttentionImpl
 #include "scalelab/model/optim.h"               // defines: OptimizerConfig::Kind
@@ -54,31 +54,31 @@ namespace scalelab::lab09 {
 // then dp, then pp (lab 07's default order tp-dp-pp, Megatron-LM's): a group whose members lie within
 // `extent` consecutive world ranks stays inside a node when extent <= devices_per_node (README.md#the-cluster).
 struct Cluster {
-  int devices = 8;                 // all of them; a layout uses every one (tp * pp * dp == devices)
+  int devices = 8;  // all of them; a layout uses every one (tp * pp * dp == devices)
   int devices_per_node = 8;
-  double memory_bytes = 80e9;      // bytes per device
+  double memory_bytes = 80e9;        // bytes per device
   double peak_flops_per_s = 989e12;  // FLOP/s of one device: MFU's denominator (a datasheet peak, or lab 00's
                                      // calibration on a CPU)
-  double efficiency = 0.5;         // the fraction of the peak the model's FLOPs run at (1 with a CPU calibration)
+  double efficiency = 0.5;           // the fraction of the peak the model's FLOPs run at (1 with a CPU calibration)
   double memory_bandwidth_bytes_per_s = 0;  // the optimizer step's pass over its state; 0: not modelled
-  LinkModel intra, inter;          // a group inside one node / one that spans nodes
+  LinkModel intra, inter;                   // a group inside one node / one that spans nodes
   double flops_per_s() const { return peak_flops_per_s * efficiency; }  // sustained, FLOP/s
 };
 
 // What is trained.
 struct Workload {
-  int seq_len = 1024;          // T
-  int global_batch = 8;        // sequences per optimizer step, all replicas together
+  int seq_len = 1024;    // T
+  int global_batch = 8;  // sequences per optimizer step, all replicas together
   PrecisionPolicy policy = PrecisionPolicy::bf16_mixed();
   OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::AdamW;
   AttentionImpl attention = AttentionImpl::Materialized;
-  int prefetch = 1;            // ZeRO-3: all-gathers in flight beyond the unit in use
-  int activation_bytes = 4;    // bytes of one activation element on the wire (tp, pp): 4 in this kit (fp32
-                               // activations); 2 in 16-bit frameworks (Megatron-LM). Memory stays this kit's.
-  int lora_rank = 0;           // > 0: a LoRA fine-tune (Hu et al. 2021, arXiv:2106.09685): the 16-bit base is
-                               // frozen; adapters of this rank on the four matrices of every block train
-  bool overlap_dp = false;     // dp's gradient communication runs during the backward it follows (lab 03's
-                               // overlap); false: after the last micro-batch, as labs 04-07 run
+  int prefetch = 1;               // ZeRO-3: all-gathers in flight beyond the unit in use
+  int activation_bytes = 4;       // bytes of one activation element on the wire (tp, pp): 4 in this kit (fp32
+                                  // activations); 2 in 16-bit frameworks (Megatron-LM). Memory stays this kit's.
+  int lora_rank = 0;              // > 0: a LoRA fine-tune (Hu et al. 2021, arXiv:2106.09685): the 16-bit base is
+                                  // frozen; adapters of this rank on the four matrices of every block train
+  bool overlap_dp = false;        // dp's gradient communication runs during the backward it follows (lab 03's
+                                  // overlap); false: after the last micro-batch, as labs 04-07 run
   double uniform_compute_ms = 0;  // a simulated device (labs 06 and 07's --uniform-compute-ms): a stage's
                                   // forward of one micro-batch takes this long whatever its FLOPs, its backward
                                   // twice; 0: the stage's FLOPs at Cluster::flops_per_s
@@ -87,11 +87,11 @@ struct Workload {
 // One candidate layout.
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
-  int micro_batch = 1;         // B: sequences per micro-batch
-  int micro_batches = 1;       // m: micro-batches per optimizer step per replica (pipeline or accumulation)
+  int micro_batch = 1;    // B: sequences per micro-batch
+  int micro_batches = 1;  // m: micro-batches per optimizer step per replica (pipeline or accumulation)
   lab06::ScheduleKind schedule = lab06::ScheduleKind::OneFOneB;  // lab 06's; the planner tries 1F1B
-  int chunks = 1;              // v: model chunks per pipeline rank (the interleaved schedule only)
-  int zero_stage = 0;          // 0..3 over the dp group (lab 04)
+  int chunks = 1;      // v: model chunks per pipeline rank (the interleaved schedule only)
+  int zero_stage = 0;  // 0..3 over the dp group (lab 04)
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
   int devices() const { return tp * pp * dp; }
@@ -99,41 +99,41 @@ struct Layout {
 
 // The memory of one device: at the fullest pipeline stage (device_memory), or at a given one (stage_memory).
 struct DeviceMemory {
-  int stage = 0;               // the pipeline stage these bytes are of
-  int sets = 0;                // activation sets it holds at once (per chunk with chunks > 1)
-  ModelStateBytes state;       // bytes: the largest params, grads and optimizer state during a step
-  int64_t activations = 0;     // bytes: the sets, the backward scratch and the recompute buffers
+  int stage = 0;            // the pipeline stage these bytes are of
+  int sets = 0;             // activation sets it holds at once (per chunk with chunks > 1)
+  ModelStateBytes state;    // bytes: the largest params, grads and optimizer state during a step
+  int64_t activations = 0;  // bytes: the sets, the backward scratch and the recompute buffers
   int64_t total() const { return state.total() + activations; }
 };
 
 // FLOPs of one micro-batch on one device of a stage (all its chunks), 2 FLOPs a multiply-add.
 struct StageFlops {
-  double forward = 0;          // the stage's blocks and (last stage) the tied LM head
-  double backward = 0;         // gradients of the inputs and of the weights
-  double recompute = 0;        // what the backward runs again (selective: attention; full: the blocks' forward)
+  double forward = 0;    // the stage's blocks and (last stage) the tied LM head
+  double backward = 0;   // gradients of the inputs and of the weights
+  double recompute = 0;  // what the backward runs again (selective: attention; full: the blocks' forward)
   double total() const { return forward + backward + recompute; }
 };
 
 // Seconds of one micro-batch's communication on one device of a stage, on the critical path.
 struct StageComm {
-  double tp_s = 0;             // the tensor-parallel collectives inside its forward and backward
-  double pp_s = 0;             // the sends to its neighbours: the activation forward, its gradient back
+  double tp_s = 0;  // the tensor-parallel collectives inside its forward and backward
+  double pp_s = 0;  // the sends to its neighbours: the activation forward, its gradient back
 };
 
 // The predicted step, milliseconds.
 struct StepTime {
-  int slowest_stage = 0;       // the stage whose slot sets the pace
-  double compute_ms = 0;       // one micro-batch's FLOPs on that stage at Cluster::flops_per_s
-  double tp_ms = 0, pp_ms = 0; // its communication (StageComm)
-  double slot_ms = 0;          // compute + tp + pp: one micro-batch through the slowest stage
-  double pipeline_ms = 0;      // the schedule: m slots of work and the bubble
-  double bubble_ms = 0;        // (p - 1) / v slots of it (0 for p = 1)
-  double dp_ms = 0;            // the dp group's gradient communication and the embedding group's, exposed
-  double optimizer_ms = 0;     // the optimizer's pass over its state at memory bandwidth (0: not modelled)
-  double step_ms = 0;          // pipeline + dp + optimizer
-  double tokens_per_s = 0;     // dp * m * B * T / step
-  double mfu = 0;              // lab 01's flops_per_token (the whole model's) x tokens/s / (devices x peak)
-  double hfu = 0;              // the same with the recompute's FLOPs (Korthikanti et al. 2022, Sec. 6)
+  int slowest_stage = 0;        // the stage whose slot sets the pace
+  double compute_ms = 0;        // one micro-batch's FLOPs on that stage at Cluster::flops_per_s
+  double tp_ms = 0, pp_ms = 0;  // its communication (StageComm)
+  double slot_ms = 0;           // compute + tp + pp: one micro-batch through the slowest stage
+  double pipeline_ms = 0;       // the schedule: m slots of work and the bubble
+  double bubble_ms = 0;         // (p - 1) / v slots of it (0 for p = 1)
+  double dp_ms = 0;             // the dp group's gradient communication and the embedding group's, exposed
+  double optimizer_ms = 0;      // the optimizer's pass over its state at memory bandwidth (0: not modelled)
+  double step_ms = 0;           // pipeline + dp + optimizer
+  double tokens_per_s = 0;      // dp * m * B * T / step
+  double mfu = 0;               // lab 01's flops_per_token (the whole model's) x tokens/s / (devices x peak)
+  double hfu = 0;               // the same with the recompute's FLOPs (Korthikanti et al. 2022, Sec. 6)
 };
 
 // One row of the plan.
@@ -142,7 +142,7 @@ struct Candidate {
   DeviceMemory memory;
   StepTime time;
   bool fits = false;
-  std::string why_not;         // "" when it fits; else what refused it (the model, the batch, the memory)
+  std::string why_not;  // "" when it fits; else what refused it (the model, the batch, the memory)
 };
 
 // The groups' links of a layout on a cluster: tp spans tp ranks, dp tp*dp, pp all of them (the order above).

@@ -48,11 +48,11 @@ std::vector<int64_t> epoch_window_order(int64_t n_windows, uint64_t seed, int64_
   // TODO(lab02-1) END
 }
 
-std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B,
-                                        int dp_rank, int dp_size) {
+std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B, int dp_rank,
+                                        int dp_size) {
   SL_CHECK(B >= 1 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size && batch_in_epoch >= 0,
-           "B=%d dp_rank=%d dp_size=%d batch_in_epoch=%lld: need B >= 1, 0 <= dp_rank < dp_size", B, dp_rank,
-           dp_size, static_cast<long long>(batch_in_epoch));
+           "B=%d dp_rank=%d dp_size=%d batch_in_epoch=%lld: need B >= 1, 0 <= dp_rank < dp_size", B, dp_rank, dp_size,
+           static_cast<long long>(batch_in_epoch));
   // TODO(lab02-2) BEGIN  the B windows of rank dp_rank for batch batch_in_epoch
   //   Must: rank r's row i is its strided share of global batch b (shard_loader.h); ranks never share a
   //   window; and every rank refuses the same batch indices: refuse b when the WHOLE global batch does not
@@ -64,10 +64,11 @@ std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64
   SL_CHECK_HINT((batch_in_epoch + 1) * global <= static_cast<int64_t>(order.size()),
                 "batch_in_epoch must be < batches_per_epoch() = W / (B*dp_size)",
                 "batch %lld needs order entries [%lld, %lld) but the epoch has %zu windows (%lld whole global "
-                "batches of B*dp_size=%d*%d)", static_cast<long long>(batch_in_epoch),
-                static_cast<long long>(batch_in_epoch * global), static_cast<long long>((batch_in_epoch + 1) * global),
-                order.size(), static_cast<long long>(static_cast<int64_t>(order.size()) / global), B, dp_size);
-  std::vector<int64_t> ids(static_cast<size_t>(B));  // (B,) window ids
+                "batches of B*dp_size=%d*%d)",
+                static_cast<long long>(batch_in_epoch), static_cast<long long>(batch_in_epoch * global),
+                static_cast<long long>((batch_in_epoch + 1) * global), order.size(),
+                static_cast<long long>(static_cast<int64_t>(order.size()) / global), B, dp_size);
+  std::vector<int64_t> ids(static_cast<size_t>(B));                                          // (B,) window ids
   for (int i = 0; i < B; ++i) ids[i] = order[(batch_in_epoch * B + i) * dp_size + dp_rank];  // strided share
   return ids;
   // TODO(lab02-2) END

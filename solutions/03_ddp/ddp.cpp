@@ -9,8 +9,8 @@
 #include <string>   // defines: std::string, std::to_string
 #include <vector>   // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"    // defines: scale_ (t *= s)
+#include "scalelab/core/error.h"   // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"      // defines: scale_ (t *= s)
 #include "scalelab/model/optim.h"  // defines: clip_grad_norm
 
 namespace scalelab::lab03 {
@@ -109,10 +109,11 @@ void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, i
 }
 
 void wait_for_buckets(GPT2& model, BucketState& state) {
-  SL_CHECK_HINT(state.pending.size() == state.buckets.size(), "README 'Overlap': launch_ready_buckets must have "
+  SL_CHECK_HINT(state.pending.size() == state.buckets.size(),
+                "README 'Overlap': launch_ready_buckets must have "
                 "launched every bucket by after_backward(0); and the step's last backward needs "
-                "sync.set_require_sync(true)", "only %zu of %zu buckets were launched during backward",
-                state.pending.size(), state.buckets.size());
+                "sync.set_require_sync(true)",
+                "only %zu of %zu buckets were launched during backward", state.pending.size(), state.buckets.size());
   // TODO(lab03-6) BEGIN  overlap: wait for every launched bucket, put the averages back
   //   Done when: every gradient holds its average over the ranks (the optimizer reads it next).
   //   The idea: README "Overlap: all-reduce while backward is still running".
@@ -138,13 +139,13 @@ int micro_steps_per_step(int global_batch, int micro_batch, int world_size) {
   //   Hints, one tier at a time: scripts/hint 03-7
   const int per_micro_step = micro_batch * world_size;  // sequences, all ranks together
   const int below = global_batch / per_micro_step * per_micro_step, above = below + per_micro_step;
-  const std::string hint = "the global batch must be a multiple of micro_batch x world_size = " +
-                           std::to_string(per_micro_step) + ": use --global-batch " +
-                           (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above) +
-                           ", or change --micro-batch";
+  const std::string hint =
+      "the global batch must be a multiple of micro_batch x world_size = " + std::to_string(per_micro_step) +
+      ": use --global-batch " + (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above) +
+      ", or change --micro-batch";
   SL_CHECK_HINT(global_batch % per_micro_step == 0, hint,
-                "global batch %d is not a multiple of micro_batch %d x world_size %d = %d", global_batch,
-                micro_batch, world_size, per_micro_step);
+                "global batch %d is not a multiple of micro_batch %d x world_size %d = %d", global_batch, micro_batch,
+                world_size, per_micro_step);
   return global_batch / per_micro_step;
   // TODO(lab03-7) END
 }

@@ -11,7 +11,7 @@
 #include <vector>     // defines: std::vector
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"    // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+#include "scalelab/ops/ops.h"     // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {
@@ -46,8 +46,7 @@ void gather_params_async(FsdpState& s, int unit) {
   //   category Params) holds every rank's shard in its place; nothing was waited for.
   //   The idea: README "ZeRO-3". Hints, one tier at a time: scripts/hint 04-2
   const ShardLayout& l = us.layout;
-  us.full_params =
-      Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params);
+  us.full_params = Tensor::empty({l.padded}, s.model.policy().param_dtype, s.model.device(), MemCategory::Params);
   Tensor mine = us.full_params.view(l.begin, {l.shard});
   mine.copy_from(us.param_shard);
   us.gather = s.comm.all_gather_async(mine, us.full_params, gather_tag(unit));

@@ -21,13 +21,18 @@ inline namespace SL_TRACK_LAB05 {
 Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, bool sequence_parallel) {
   Layout l;
   // TODO(lab05-1) BEGIN  this rank's place in the layout, or a clear error on every rank
-  SL_CHECK_HINT(tp >= 1 && tp <= world_size, "--tp is the size of one tensor-parallel group: 1 .. the number "
-                "of ranks (mpirun -np)", "--tp %d with %d ranks", tp, world_size);
-  SL_CHECK_HINT(world_size % tp == 0, "--tp must divide the number of ranks (the rest are data-parallel "
-                "replicas of the group), e.g. -np 4 with --tp 2 or 4", "--tp %d does not divide %d ranks", tp,
-                world_size);
-  SL_CHECK_HINT(!sequence_parallel || tp > 1, "sequence parallelism splits the token rows across a "
-                "tensor-parallel group: use it with --tp 2 or more", "--sequence-parallel with --tp %d", tp);
+  SL_CHECK_HINT(tp >= 1 && tp <= world_size,
+                "--tp is the size of one tensor-parallel group: 1 .. the number "
+                "of ranks (mpirun -np)",
+                "--tp %d with %d ranks", tp, world_size);
+  SL_CHECK_HINT(world_size % tp == 0,
+                "--tp must divide the number of ranks (the rest are data-parallel "
+                "replicas of the group), e.g. -np 4 with --tp 2 or 4",
+                "--tp %d does not divide %d ranks", tp, world_size);
+  SL_CHECK_HINT(!sequence_parallel || tp > 1,
+                "sequence parallelism splits the token rows across a "
+                "tensor-parallel group: use it with --tp 2 or more",
+                "--sequence-parallel with --tp %d", tp);
   l.tp = tp;
   l.dp = world_size / tp;
   l.tp_rank = rank % tp;  // tp fastest: ranks 0..tp-1 form the first group
@@ -70,7 +75,8 @@ void MegatronPoints::g_backward(Tensor& dy) {
 // The vocabulary split: embedding and cross-entropy
 // =============================================================================================
 void MegatronPoints::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte_shard, const Tensor& wpe) {
-  [[maybe_unused]] const int64_t Vl = wte_shard.size(0), begin = static_cast<int64_t>(rank()) * Vl;  // this rank's first row
+  [[maybe_unused]] const int64_t Vl = wte_shard.size(0),
+                                 begin = static_cast<int64_t>(rank()) * Vl;  // this rank's first row
   // TODO(lab05-4) BEGIN  out = wte[tokens] + wpe, from every rank's rows
   const Tensor* my_wpe = rank() == 0 ? &wpe : nullptr;  // the positions once, not tp times
   if (!sequence_parallel_) {

@@ -24,8 +24,8 @@ PipelineLayout make_layout(const GPTConfig& cfg, int p, int stage, ScheduleKind 
   PipelineLayout l;
   // TODO(lab06-1) BEGIN  the layout, or a clear error on every rank
   const int L = cfg.n_layer;
-  SL_CHECK_HINT(p >= 1 && stage >= 0 && stage < p, "run one stage per rank (mpirun -np P)",
-                "stage %d of %d stages", stage, p);
+  SL_CHECK_HINT(p >= 1 && stage >= 0 && stage < p, "run one stage per rank (mpirun -np P)", "stage %d of %d stages",
+                stage, p);
   SL_CHECK_HINT(m >= 1, "--micro-batches is at least 1", "--micro-batches %d", m);
   SL_CHECK_HINT(v >= 1, "--chunks is at least 1", "--chunks %d", v);
   SL_CHECK_HINT(p <= L, "every stage needs at least one layer: fewer ranks, or a deeper model",
@@ -35,10 +35,14 @@ PipelineLayout make_layout(const GPTConfig& cfg, int p, int stage, ScheduleKind 
   if (schedule == ScheduleKind::Interleaved) {
     SL_CHECK_HINT(p >= 2, "the interleaved schedule needs at least 2 stages (mpirun -np 2 or more)",
                   "--schedule interleaved with %d stage", p);
-    SL_CHECK_HINT(m % p == 0, "the interleaved schedule sends micro-batches round the ranks in groups of p: "
-                  "use --micro-batches a multiple of the number of stages", "--micro-batches %d with %d stages", m, p);
-    SL_CHECK_HINT(L % (p * v) == 0, "every chunk must hold the same number of layers: L divisible by stages x "
-                  "chunks (another --chunks, or another model)", "%d layers over %d stages x %d chunks", L, p, v);
+    SL_CHECK_HINT(m % p == 0,
+                  "the interleaved schedule sends micro-batches round the ranks in groups of p: "
+                  "use --micro-batches a multiple of the number of stages",
+                  "--micro-batches %d with %d stages", m, p);
+    SL_CHECK_HINT(L % (p * v) == 0,
+                  "every chunk must hold the same number of layers: L divisible by stages x "
+                  "chunks (another --chunks, or another model)",
+                  "%d layers over %d stages x %d chunks", L, p, v);
   }
   l.p = p;
   l.v = v;
@@ -99,12 +103,8 @@ std::vector<Action> interleaved_schedule(int p, int m, int v, int stage) {
   // The k-th forward of a rank: groups of p micro-batches go through chunk 0, then the same group through
   // chunk 1, ...; backwards in the same order with the chunks reversed (Megatron-LM's get_model_chunk_id).
   const int total = m * v;
-  auto forward = [&](int k) {
-    return Action{Action::Forward, (k / (p * v)) * p + k % p, (k % (p * v)) / p};
-  };
-  auto backward = [&](int k) {
-    return Action{Action::Backward, (k / (p * v)) * p + k % p, v - 1 - (k % (p * v)) / p};
-  };
+  auto forward = [&](int k) { return Action{Action::Forward, (k / (p * v)) * p + k % p, (k % (p * v)) / p}; };
+  auto backward = [&](int k) { return Action{Action::Backward, (k / (p * v)) * p + k % p, v - 1 - (k % (p * v)) / p}; };
   const int warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
   for (int k = 0; k < warmup; ++k) a.push_back(forward(k));
   for (int k = 0; k < total - warmup; ++k) {
@@ -228,8 +228,8 @@ void sync_tied_embedding(Stage& stage, Communicator* embedding) {
 // One training step
 // =============================================================================================
 StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embedding,
-                      std::vector<std::unique_ptr<Optimizer>>& optimizers,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
+                      std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
+                      float lr, float grad_clip) {
   StepResult r;
   // TODO(lab06-8) BEGIN  zero, the schedule, mean over m, tied embedding, clip on the whole model, step
   const PipelineLayout& l = stage.layout();

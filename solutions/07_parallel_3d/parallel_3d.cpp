@@ -23,8 +23,8 @@ inline namespace SL_TRACK_LAB07 {
 GridCoords coords_of(const Grid& g, int rank) {
   GridCoords c;
   // TODO(lab07-1) BEGIN  the digits of rank, the order's first axis the least significant
-  SL_CHECK_HINT(rank >= 0 && rank < g.world_size(), "grid ranks are 0 .. tp x pp x dp - 1", "%s: rank %d is out of range",
-                g.describe().c_str(), rank);
+  SL_CHECK_HINT(rank >= 0 && rank < g.world_size(), "grid ranks are 0 .. tp x pp x dp - 1",
+                "%s: rank %d is out of range", g.describe().c_str(), rank);
   int rest = rank;
   for (GridAxis a : parse_order(g.order)) {  // fastest first: rank = c[a0] + size[a0] * (c[a1] + size[a1] * c[a2])
     c[a] = rest % g.size(a);
@@ -87,11 +87,10 @@ Layout make_layout(const GPTConfig& cfg, const Grid& grid, int world_size, int r
                 "%s: every size must be >= 1", grid.describe().c_str());
   if (grid.world_size() != world_size) {
     const int tp_pp = grid.tp * grid.pp;
-    const std::string hint = world_size % tp_pp == 0
-                                 ? "give --dp " + std::to_string(world_size / tp_pp) + " (= " +
-                                       std::to_string(world_size) + " ranks / (tp x pp))"
-                                 : "choose --tp and --pp whose product divides the " + std::to_string(world_size) +
-                                       " ranks (mpirun -np)";
+    const std::string hint = world_size % tp_pp == 0 ? "give --dp " + std::to_string(world_size / tp_pp) +
+                                                           " (= " + std::to_string(world_size) + " ranks / (tp x pp))"
+                                                     : "choose --tp and --pp whose product divides the " +
+                                                           std::to_string(world_size) + " ranks (mpirun -np)";
     SL_FAIL(hint, "%s = %d ranks, but there are %d", grid.describe().c_str(), grid.world_size(), world_size);
   }
   l.grid = grid;
@@ -148,7 +147,8 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp) {
     GPT2& model = stage.chunk(c);
     for (int u = 0; u < model.num_units(); ++u)
       if (model.owns_unit(u))
-        dp.all_reduce(model.unit_grads(u), ReduceOp::Avg, "dp chunk " + std::to_string(c) + " unit " + std::to_string(u));
+        dp.all_reduce(model.unit_grads(u), ReduceOp::Avg,
+                      "dp chunk " + std::to_string(c) + " unit " + std::to_string(u));
   }
   // TODO(lab07-5) END
 }

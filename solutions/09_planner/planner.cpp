@@ -24,7 +24,7 @@ int activation_sets(const Layout& x, int stage) {
   // TODO(lab09-1) BEGIN  the sets a stage holds at its peak, for each schedule
   const int p = x.pp, m = x.micro_batches, v = x.chunks;
   switch (x.schedule) {
-    case lab06::ScheduleKind::GPipe: return m;                           // every forward before any backward
+    case lab06::ScheduleKind::GPipe: return m;                          // every forward before any backward
     case lab06::ScheduleKind::OneFOneB: return std::min(m, p - stage);  // the warm-up's forwards, then one in one out
     case lab06::ScheduleKind::Interleaved: return std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
   }
@@ -54,8 +54,8 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
       d.state.grads += peak.grads;
       d.state.optimizer_state += peak.optimizer_state;
     }
-    d.activations += gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, chunk_sets(x, d.sets, chunk),
-                                           x.recompute, w.attention);
+    d.activations +=
+        gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, chunk_sets(x, d.sets, chunk), x.recompute, w.attention);
   }
   // TODO(lab09-2) END
   return d;
@@ -124,8 +124,8 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard s = chunk_shard(cfg, x, stage, chunk);
     for (int64_t numel : gpt2_unit_numel(cfg, s)) {  // one call per unit, as labs 04 and 07 sync (FSDP: per block)
-      if (numel == 0) continue;  // a unit this chunk does not hold
-      if (w.lora_rank > 0) {     // only the adapters train: one all-reduce of all of them
+      if (numel == 0) continue;                      // a unit this chunk does not hold
+      if (w.lora_rank > 0) {                         // only the adapters train: one all-reduce of all of them
         numel = lora_adapter_numel(cfg, s, w.lora_rank);
         t += dl.seconds("all_reduce", numel * Br, n);
         break;
@@ -134,7 +134,9 @@ double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupL
       switch (x.zero_stage) {
         case 0: t += dl.seconds("all_reduce", numel * Br, n); break;
         case 1: t += dl.seconds("reduce_scatter", n * shard * Br, n) + dl.seconds("all_gather", shard * Bp, n); break;
-        case 2: t += m * dl.seconds("reduce_scatter", n * shard * Br, n) + dl.seconds("all_gather", shard * Bp, n); break;
+        case 2:
+          t += m * dl.seconds("reduce_scatter", n * shard * Br, n) + dl.seconds("all_gather", shard * Bp, n);
+          break;
         default:  // gathered for every micro-batch's forward and backward, its gradient reduce-scattered
           t += m * (2.0 * dl.seconds("all_gather", shard * Bp, n) + dl.seconds("reduce_scatter", n * shard * Br, n));
       }
@@ -201,8 +203,8 @@ StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, con
   // lab 01's model FLOPs (the whole model's, whatever the split); LoRA runs no weight gradients: 2/3 of them
   const double model = lab01::flops_per_token(cfg, w.seq_len) * (w.lora_rank > 0 ? 2.0 / 3.0 : 1.0);
   t.mfu = lab01::mfu(t.tokens_per_s, model, c.peak_flops_per_s, x.devices());
-  t.hfu = lab01::mfu(t.tokens_per_s, model + recompute_flops_per_token(cfg, w.seq_len, x.recompute),
-                     c.peak_flops_per_s, x.devices());
+  t.hfu = lab01::mfu(t.tokens_per_s, model + recompute_flops_per_token(cfg, w.seq_len, x.recompute), c.peak_flops_per_s,
+                     x.devices());
   // TODO(lab09-5) END
   return t;
 }

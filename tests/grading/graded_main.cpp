@@ -22,9 +22,9 @@
 
 #include "grading.h"
 #include "failures_only_printer.h"  // defines: test::FailuresOnlyPrinter
-#include "rank_reducer.h"       // defines: test::make_rank_reducer
-#include "scalelab/comm/comm.h"      // defines: make_communicator
-#include "scalelab/core/error.h"     // defines: scalelab::Error
+#include "rank_reducer.h"           // defines: test::make_rank_reducer
+#include "scalelab/comm/comm.h"     // defines: make_communicator
+#include "scalelab/core/error.h"    // defines: scalelab::Error
 
 #ifndef SL_GRADED_TRACK
 #define SL_GRADED_TRACK "unknown"
@@ -128,8 +128,10 @@ int main(int argc, char** argv) {
   // recvs alone do not hold up MPI_Finalize), since mpirun fails any rank that skips it.
   if (rc != 0 && scalelab::comm_wait_timed_out()) {
     std::fflush(stdout);
-    std::fprintf(stderr, "[scalelab] rank %d: a communicator wait timed out; exiting now (code %d) without "
-                 "MPI_Finalize, which could wait forever for a stuck peer\n", rank, rc);
+    std::fprintf(stderr,
+                 "[scalelab] rank %d: a communicator wait timed out; exiting now (code %d) without "
+                 "MPI_Finalize, which could wait forever for a stuck peer\n",
+                 rank, rc);
     std::fflush(stderr);
     std::_Exit(rc);
   }

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "grading.h"            // defines: grading::run, grading::all_ranks, RankReducer
-#include "scalelab/core/error.h"     // defines: scalelab::NotImplemented, scalelab::Error
+#include "grading.h"              // defines: grading::run, grading::all_ranks, RankReducer
+#include "scalelab/core/error.h"  // defines: scalelab::NotImplemented, scalelab::Error
 
 namespace grading = scalelab::grading;
 
@@ -27,15 +27,13 @@ TEST(GradingSelftest, FailsAnExpectation) {
 }
 
 TEST(GradingSelftest, ThrowsNotImplemented) {
-  grading::run({"lab99.throws_not_implemented", 1, "a TODO", "write it"}, [](grading::Record&) {
-    throw scalelab::NotImplemented("lab99-4 some_function");
-  });
+  grading::run({"lab99.throws_not_implemented", 1, "a TODO", "write it"},
+               [](grading::Record&) { throw scalelab::NotImplemented("lab99-4 some_function"); });
 }
 
 TEST(GradingSelftest, ThrowsError) {
-  grading::run({"lab99.throws_error", 1, "no error", "read the error"}, [](grading::Record&) {
-    SL_CHECK(1 > 2, "planted check failure: %d > %d", 1, 2);
-  });
+  grading::run({"lab99.throws_error", 1, "no error", "read the error"},
+               [](grading::Record&) { SL_CHECK(1 > 2, "planted check failure: %d > %d", 1, 2); });
 }
 
 TEST(GradingSelftest, Skips) {
@@ -57,23 +55,24 @@ TEST(GradingSelftest, IdDoesNotMatchName) {
 // The combined record must say failed and carry rank 1's message: what a real communicator delivers.
 TEST(GradingSelftest, OtherRankFails) {
   int gathers = 0;
-  grading::set_rank_reducer({/*rank=*/0, /*size=*/2, [](bool) { return false; }  /* rank 1 fails */,
+  grading::set_rank_reducer({/*rank=*/0, /*size=*/2, [](bool) { return false; } /* rank 1 fails */,
                              [&gathers](const std::string& local) {
                                // run() gathers the statuses first, then the messages.
                                const std::string rank1 = (gathers++ % 2 == 0) ? "failed" : "planted failure on rank 1";
                                return std::vector<std::string>{local, rank1};
                              }});
-  grading::run({"lab99.other_rank_fails", 1, "all ranks pass", "-"}, [](grading::Record& record) {
-    record.measured("rank 0 fine");
-  });
+  grading::run({"lab99.other_rank_fails", 1, "all ranks pass", "-"},
+               [](grading::Record& record) { record.measured("rank 0 fine"); });
   grading::set_rank_reducer({});  // back to a world of one
 }
 
 // all_ranks: true only when every rank's flag is; the failure lists the failing ranks' messages.
 TEST(GradingSelftest, AllRanksReports) {
   grading::run({"lab99.all_ranks_reports", 1, "-", "-"}, [](grading::Record&) {
-    grading::set_rank_reducer({0, 2, [](bool) { return false; }  /* rank 1 fails */,
-                               [](const std::string& local) { return std::vector<std::string>{local, "err 0.5"}; }});
+    grading::set_rank_reducer({0, 2, [](bool) { return false; } /* rank 1 fails */,
+                               [](const std::string& local) {
+                                 return std::vector<std::string>{local, "err 0.5"};
+                               }});
     const ::testing::AssertionResult combined = grading::all_ranks(true, "unused");
     grading::set_rank_reducer({});
     EXPECT_FALSE(combined);
@@ -86,12 +85,14 @@ TEST(GradingSelftest, AllRanksReports) {
 TEST(GradingSelftest, AllRanksGroupsIdenticalMessages) {
   grading::run({"lab99.all_ranks_groups_identical_messages", 1, "-", "-"}, [](grading::Record&) {
     // 4 ranks that all fail the same way, each having put its own "rank r: " in front (on_rank)
-    grading::set_rank_reducer({0, 4, [](bool) { return false; }, [](const std::string&) {
-                                 return std::vector<std::string>{"rank 0: err 0.5", "rank 1: err 0.5",
-                                                                 "rank 2: err 0.5", "rank 3: err 0.5"};
-                               }});
+    grading::set_rank_reducer(
+        {0, 4, [](bool) { return false; },
+         [](const std::string&) {
+           return std::vector<std::string>{"rank 0: err 0.5", "rank 1: err 0.5", "rank 2: err 0.5", "rank 3: err 0.5"};
+         }});
     const ::testing::AssertionResult agree = grading::all_ranks(false, "rank 0: err 0.5");
-    grading::set_rank_reducer({0, 4, [](bool) { return false; }, [](const std::string&) {
+    grading::set_rank_reducer({0, 4, [](bool) { return false; },
+                               [](const std::string&) {
                                  return std::vector<std::string>{"a", "", "a", "b"};
                                }});
     const ::testing::AssertionResult differ = grading::all_ranks(false, "a");

@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "fixture.h"            // defines: scalelab::test::Fixture (the PyTorch reference)
-#include "grading.h"            // defines: grading::Check, grading::run, grading::Record
-#include "scale_factor.h"       // defines: test::ScaleFit, describe_scale (a wrong scale, named)
-#include "scalelab/core/error.h"     // defines: scalelab::Error
-#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
-#include "scalelab/core/rng.h"       // defines: Rng
-#include "scalelab/core/tensor.h"    // defines: Tensor
-#include "train_step.h"         // defines: lab01::train_step, flops_per_token, tokens_per_second, mfu
+#include "fixture.h"               // defines: scalelab::test::Fixture (the PyTorch reference)
+#include "grading.h"               // defines: grading::Check, grading::run, grading::Record
+#include "scale_factor.h"          // defines: test::ScaleFit, describe_scale (a wrong scale, named)
+#include "scalelab/core/error.h"   // defines: scalelab::Error
+#include "scalelab/model/gpt2.h"   // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"  // defines: Optimizer, OptimizerConfig, clip_grad_norm
+#include "scalelab/core/rng.h"     // defines: Rng
+#include "scalelab/core/tensor.h"  // defines: Tensor
+#include "train_step.h"            // defines: lab01::train_step, flops_per_token, tokens_per_second, mfu
 
 namespace {
 
@@ -68,9 +68,11 @@ std::string bitwise_difference(const std::string& name, const Tensor& got, const
   fit.add(g, w, want.numel());
   const std::string scaled = test::describe_scale(fit, {});
   char buf[320];
-  std::snprintf(buf, sizeof(buf), "%s: %lld of %lld elements differ; first at [%lld]: %.9g, expected %.9g; "
-                "max abs error %.3g%s", name.c_str(), static_cast<long long>(count),
-                static_cast<long long>(want.numel()), static_cast<long long>(first), g[first], w[first], max_abs,
+  std::snprintf(buf, sizeof(buf),
+                "%s: %lld of %lld elements differ; first at [%lld]: %.9g, expected %.9g; "
+                "max abs error %.3g%s",
+                name.c_str(), static_cast<long long>(count), static_cast<long long>(want.numel()),
+                static_cast<long long>(first), g[first], w[first], max_abs,
                 scaled.empty() ? "" : ("; every element is " + scaled).c_str());
   return buf;
 }
@@ -90,12 +92,12 @@ std::string first_model_difference(const GPT2& got, const GPT2& want, bool grads
 // (after clipping) and every parameter must be bit-identical: on the CPU the same calls in the same
 // order are deterministic. The gradients are compared before the parameters: an optimizer (AdamW)
 // can hide a wrong gradient; the gradient itself cannot.
-void expect_steps_equal_reference(grading::Record& record, const OptimizerConfig& opt_cfg, float lr,
-                                  float grad_clip, int steps) {
+void expect_steps_equal_reference(grading::Record& record, const OptimizerConfig& opt_cfg, float lr, float grad_clip,
+                                  int steps) {
   const GPTConfig cfg = GPTConfig::preset("tiny");
   const int B = 4, T = cfg.max_seq_len;
-  GPT2 model(cfg, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);      // trained by train_step
-  GPT2 expected(cfg, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);   // trained by the steps below
+  GPT2 model(cfg, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);     // trained by train_step
+  GPT2 expected(cfg, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);  // trained by the steps below
   Optimizer optimizer(model, opt_cfg);
   Optimizer expected_optimizer(expected, opt_cfg);
   Rng rng(kDataSeed);
@@ -122,8 +124,7 @@ void expect_steps_equal_reference(grading::Record& record, const OptimizerConfig
       diff = buf;
     } else if (bits_of(got.grad_norm) != bits_of(norm)) {
       char buf[160];
-      std::snprintf(buf, sizeof(buf), "grad_norm %.9g, expected %.9g (the norm BEFORE clipping)", got.grad_norm,
-                    norm);
+      std::snprintf(buf, sizeof(buf), "grad_norm %.9g, expected %.9g (the norm BEFORE clipping)", got.grad_norm, norm);
       diff = buf;
     } else if (!(diff = first_model_difference(model, expected, /*grads=*/true)).empty()) {
     } else {
@@ -149,8 +150,8 @@ void expect_steps_equal_reference(grading::Record& record, const OptimizerConfig
 // Deliberately not gpt2_num_params(): the check must not trust the code it checks.
 double gpt2_params_by_hand(const GPTConfig& cfg) {
   const double V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer;
-  const double wte = V * C;                  // token embedding = LM head (tied)
-  const double per_layer = 2 * C             // ln_1 weight, bias
+  const double wte = V * C;                     // token embedding = LM head (tied)
+  const double per_layer = 2 * C                // ln_1 weight, bias
                            + 3 * C * C + 3 * C  // attn.c_attn (3C, C) + bias
                            + C * C + C          // attn.c_proj (C, C) + bias
                            + 2 * C              // ln_2
@@ -166,10 +167,12 @@ double gpt2_params_by_hand(const GPTConfig& cfg) {
 TEST(Lab01SingleDevice, TrainStepMatchesReference) {
   const grading::Check check{
       "lab01.train_step_matches_reference", /*points=*/4,
-      /*target=*/"5 AdamW steps with grad_clip 0.05 on the tiny model: loss, grad_norm, every gradient and "
-                 "every parameter bit-identical to zero_grad, forward, backward, clip_grad_norm, step",
-      /*hint=*/"README 'One training step': the order of the five calls, and why gradients must be zeroed "
-               "(backward adds into them)"};
+      /*target=*/
+      "5 AdamW steps with grad_clip 0.05 on the tiny model: loss, grad_norm, every gradient and "
+      "every parameter bit-identical to zero_grad, forward, backward, clip_grad_norm, step",
+      /*hint=*/
+      "README 'One training step': the order of the five calls, and why gradients must be zeroed "
+      "(backward adds into them)"};
   grading::run(check, [](grading::Record& record) {
     OptimizerConfig adamw;  // AdamW, betas 0.9/0.95, eps 1e-8, weight decay 0.1
     expect_steps_equal_reference(record, adamw, /*lr=*/1e-3f, /*grad_clip=*/0.05f, /*steps=*/5);
@@ -179,10 +182,12 @@ TEST(Lab01SingleDevice, TrainStepMatchesReference) {
 TEST(Lab01SingleDevice, TrainStepSgd) {
   const grading::Check check{
       "lab01.train_step_sgd", /*points=*/2,
-      /*target=*/"5 plain-SGD steps (lr 0.1, no weight decay, no clipping) on the tiny model: loss, gradients "
-                 "and parameters bit-identical to the reference step",
-      /*hint=*/"README 'One training step': AdamW and clipping hide a wrongly scaled gradient, SGD does not; "
-               "the gradient of the MEAN loss goes to the optimizer unchanged"};
+      /*target=*/
+      "5 plain-SGD steps (lr 0.1, no weight decay, no clipping) on the tiny model: loss, gradients "
+      "and parameters bit-identical to the reference step",
+      /*hint=*/
+      "README 'One training step': AdamW and clipping hide a wrongly scaled gradient, SGD does not; "
+      "the gradient of the MEAN loss goes to the optimizer unchanged"};
   grading::run(check, [](grading::Record& record) {
     OptimizerConfig sgd;
     sgd.kind = OptimizerConfig::Kind::SGD;
@@ -196,12 +201,13 @@ TEST(Lab01SingleDevice, LossMatchesPytorch) {
   // and AdamW's division by sqrt(v) put the difference around 1e-7 (measured 1.5e-7); a wrong step
   // (no zero_grad, loss after the update) is off by 1e-2 or more.
   constexpr double kLossAtol = 1e-4;  // nats
-  const grading::Check check{
-      "lab01.loss_matches_pytorch", /*points=*/2,
-      /*target=*/"10 train_step calls (AdamW lr 1e-2, betas 0.9/0.95, eps 1e-8, wd 0.1, no clipping) on "
-                 "tests/fixtures/gpt2_tiny.json reproduce PyTorch's 10 losses within 1e-4 nats",
-      /*hint=*/"README 'One training step': train_step returns the loss of the forward pass, computed "
-               "before the update"};
+  const grading::Check check{"lab01.loss_matches_pytorch", /*points=*/2,
+                             /*target=*/
+                             "10 train_step calls (AdamW lr 1e-2, betas 0.9/0.95, eps 1e-8, wd 0.1, no clipping) on "
+                             "tests/fixtures/gpt2_tiny.json reproduce PyTorch's 10 losses within 1e-4 nats",
+                             /*hint=*/
+                             "README 'One training step': train_step returns the loss of the forward pass, computed "
+                             "before the update"};
   grading::run(check, [&](grading::Record& record) {
     const test::Fixture& fx = test::Fixture::load("gpt2_tiny.json");
     GPT2 model(fx.config(), PrecisionPolicy::fp32(), Device::CPU, /*seed=*/0);
@@ -241,10 +247,12 @@ TEST(Lab01SingleDevice, FlopsPerToken) {
   constexpr double kRelTol = 1e-9;  // the formula is exact; this only absorbs double rounding
   const grading::Check check{
       "lab01.flops_per_token", /*points=*/3,
-      /*target=*/"6N + 12LTC (N without wpe, tied wte counted once) for tiny, d12 at T=256 and 1024, d24 at "
-                 "T=1024; relative error <= 1e-9",
-      /*hint=*/"README 'Counting FLOPs': which parameters N counts (position embeddings? the tied LM head?) "
-               "and the attention term, counted without the causal saving"};
+      /*target=*/
+      "6N + 12LTC (N without wpe, tied wte counted once) for tiny, d12 at T=256 and 1024, d24 at "
+      "T=1024; relative error <= 1e-9",
+      /*hint=*/
+      "README 'Counting FLOPs': which parameters N counts (position embeddings? the tied LM head?) "
+      "and the attention term, counted without the causal saving"};
   grading::run(check, [&](grading::Record& record) {
     struct Case {
       const char* preset;
@@ -274,17 +282,21 @@ TEST(Lab01SingleDevice, MfuAndTokensPerS) {
   constexpr double kRelTol = 1e-12;  // one division and one multiplication in double
   const grading::Check check{
       "lab01.mfu_and_tokens_per_s", /*points=*/1,
-      /*target=*/"tokens_per_second(4096, 2 s) = 2048; mfu(2048 tok/s, 1e9 FLOP/tok, 1e13 FLOP/s, 2 devices) = "
-                 "0.1024; seconds <= 0 rejected with scalelab::Error",
-      /*hint=*/"README 'Tokens per second and MFU': MFU is achieved FLOP/s over the peak of ALL devices, a "
-               "fraction (not a percentage)"};
+      /*target=*/
+      "tokens_per_second(4096, 2 s) = 2048; mfu(2048 tok/s, 1e9 FLOP/tok, 1e13 FLOP/s, 2 devices) = "
+      "0.1024; seconds <= 0 rejected with scalelab::Error",
+      /*hint=*/
+      "README 'Tokens per second and MFU': MFU is achieved FLOP/s over the peak of ALL devices, a "
+      "fraction (not a percentage)"};
   grading::run(check, [&](grading::Record& record) {
     // The valid inputs first: an unfinished TODO then reports "not implemented", not a wrong rejection.
     const double tps = lab01::tokens_per_second(4096, 2.0);
     const double u2 = lab01::mfu(2048.0, 1e9, 1e13, 2);
     const double u1 = lab01::mfu(1000.0, 6e8, 1.2e12, 1);
-    record.measured("tokens_per_second(4096, 2) = %.9g; mfu(2048, 1e9, 1e13, 2) = %.9g; mfu(1000, 6e8, 1.2e12, 1) = "
-                    "%.9g", tps, u2, u1);
+    record.measured(
+        "tokens_per_second(4096, 2) = %.9g; mfu(2048, 1e9, 1e13, 2) = %.9g; mfu(1000, 6e8, 1.2e12, 1) = "
+        "%.9g",
+        tps, u2, u1);
     const auto expect_close = [&](const char* what, double got, double want) {
       if (!(std::fabs(got - want) <= kRelTol * want))
         ADD_FAILURE() << what << " = " << std::setprecision(10) << got << ", expected " << want;

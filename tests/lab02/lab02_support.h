@@ -19,7 +19,7 @@
 #include <mutex>               // defines: std::mutex
 #include <sstream>             // defines: std::ostringstream (describe)
 #include <string>
-#include <thread>              // defines: std::thread (finishes_within)
+#include <thread>  // defines: std::thread (finishes_within)
 #include <vector>
 
 #include "scalelab/data/shard.h"  // defines: data::write_shard

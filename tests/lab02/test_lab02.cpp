@@ -13,7 +13,7 @@
 #include <memory>     // defines: std::make_shared, std::unique_ptr
 #include <set>        // defines: std::set (disjointness)
 #include <string>
-#include <thread>     // defines: std::this_thread::sleep_for (a consumer slower than the producer)
+#include <thread>  // defines: std::this_thread::sleep_for (a consumer slower than the producer)
 #include <vector>
 
 #include "grading.h"              // defines: grading::Check, grading::run, grading::Record
@@ -91,12 +91,14 @@ std::string compare_next(lab02::ShardLoader& loader, lab02::ShardLoader& referen
 TEST(Lab02DataPipeline, WindowOrder) {
   const grading::Check check{
       "lab02.window_order", /*points=*/3,
-      /*target=*/"epoch_window_order equals docs/formats.md 'Loader order' rule 3 entry for entry: the identity "
-                 "without shuffle (W = 10, 1000), the Fisher-Yates permutation of a fresh Rng(seed + "
-                 "0xD1B54A32D192ED03 * epoch) with it, for W = 0, 1, 2, 10, 1000, 30708, epochs 0, 1, 7, 2^40, seeds "
-                 "1, 42, 43, 1337, 2^64-1; the same arguments give the same order in any order of calls",
-      /*hint=*/"README 'The order of an epoch': where the generator comes from (its seed, and when it is created), "
-               "which positions the loop visits and the range of j"};
+      /*target=*/
+      "epoch_window_order equals docs/formats.md 'Loader order' rule 3 entry for entry: the identity "
+      "without shuffle (W = 10, 1000), the Fisher-Yates permutation of a fresh Rng(seed + "
+      "0xD1B54A32D192ED03 * epoch) with it, for W = 0, 1, 2, 10, 1000, 30708, epochs 0, 1, 7, 2^40, seeds "
+      "1, 42, 43, 1337, 2^64-1; the same arguments give the same order in any order of calls",
+      /*hint=*/
+      "README 'The order of an epoch': where the generator comes from (its seed, and when it is created), "
+      "which positions the loop visits and the range of j"};
   grading::run(check, [](grading::Record& record) {
     struct Case {
       int64_t W;
@@ -104,10 +106,13 @@ TEST(Lab02DataPipeline, WindowOrder) {
       int64_t epoch;
       bool shuffle;
     };
-    const Case cases[] = {{1000, 42, 0, true},    {1000, 42, 1, true},  {1000, 42, 7, true},  {1000, 43, 0, true},
-                          {10, 1, 3, false},      {1000, 42, 1, false}, {0, 1, 0, true},      {1, 5, 3, true},
-                          {2, 7, 0, true},        {2, 7, 1, true},      {10, 42, 0, true},    {30708, 1337, 2, true},
-                          {500, ~0ull, 3, true},  {64, 9, int64_t{1} << 40, true}};
+    const Case cases[] = {{1000, 42, 0, true},   {1000, 42, 1, true},
+                          {1000, 42, 7, true},   {1000, 43, 0, true},
+                          {10, 1, 3, false},     {1000, 42, 1, false},
+                          {0, 1, 0, true},       {1, 5, 3, true},
+                          {2, 7, 0, true},       {2, 7, 1, true},
+                          {10, 42, 0, true},     {30708, 1337, 2, true},
+                          {500, ~0ull, 3, true}, {64, 9, int64_t{1} << 40, true}};
     int compared = 0;
     for (const Case& c : cases) {
       const std::string d = first_difference(lab02::epoch_window_order(c.W, c.seed, c.epoch, c.shuffle),
@@ -117,7 +122,8 @@ TEST(Lab02DataPipeline, WindowOrder) {
       ++compared;
     }
     // Pure: called again after all the others, the first case gives the same order.
-    const std::string again = first_difference(lab02::epoch_window_order(1000, 42, 0, true), rule_order(1000, 42, 0, true));
+    const std::string again =
+        first_difference(lab02::epoch_window_order(1000, 42, 0, true), rule_order(1000, 42, 0, true));
     EXPECT_TRUE(again.empty()) << "epoch_window_order(1000, 42, 0, true) called a second time: " << again
                                << " (does state survive between calls?)";
     record.measured("%d orders compared with rule 3 entry for entry, then the first again: %s", compared,
@@ -131,11 +137,13 @@ TEST(Lab02DataPipeline, WindowOrder) {
 TEST(Lab02DataPipeline, RankWindows) {
   const grading::Check check{
       "lab02.rank_windows", /*points=*/3,
-      /*target=*/"rank_batch_windows(order, b, B, r, dp_size) row i = order[(b*B + i)*dp_size + r] for B = 1..3, "
-                 "dp_size = 1..4, every rank and every whole global batch of a 60-window order; the README's example "
-                 "(order 100..123, B=2, dp_size=3, batch 1, rank 1) gives {107, 110}",
-      /*hint=*/"README 'Ranks: disjoint windows, equal steps': a global batch is B*dp_size consecutive entries of "
-               "the order, and a rank takes a strided share of it (every dp_size-th entry), not a block"};
+      /*target=*/
+      "rank_batch_windows(order, b, B, r, dp_size) row i = order[(b*B + i)*dp_size + r] for B = 1..3, "
+      "dp_size = 1..4, every rank and every whole global batch of a 60-window order; the README's example "
+      "(order 100..123, B=2, dp_size=3, batch 1, rank 1) gives {107, 110}",
+      /*hint=*/
+      "README 'Ranks: disjoint windows, equal steps': a global batch is B*dp_size consecutive entries of "
+      "the order, and a rank takes a strided share of it (every dp_size-th entry), not a block"};
   grading::run(check, [](grading::Record& record) {
     std::vector<int64_t> example(24);
     for (int k = 0; k < 24; ++k) example[k] = 100 + k;
@@ -170,12 +178,14 @@ TEST(Lab02DataPipeline, RankWindows) {
 TEST(Lab02DataPipeline, RanksDisjointCoverGlobalBatch) {
   const grading::Check check{
       "lab02.ranks_disjoint_cover_global_batch", /*points=*/2,
-      /*target=*/"dp_size loaders (dp_rank 0..dp_size-1; dp_size 4 with B=3 and 3 with B=2, 125 windows of T=10, "
-                 "2 epochs, no prefetch): in every batch the ranks' windows are disjoint and together are the global "
-                 "batch (order entries [b*B*dp_size, (b+1)*B*dp_size) of rule 3's order); no window twice in an "
-                 "epoch; each row holds its window's tokens",
-      /*hint=*/"README 'Ranks: disjoint windows, equal steps': which entries of the epoch order batch b spans, and "
-               "which of them rank r takes"};
+      /*target=*/
+      "dp_size loaders (dp_rank 0..dp_size-1; dp_size 4 with B=3 and 3 with B=2, 125 windows of T=10, "
+      "2 epochs, no prefetch): in every batch the ranks' windows are disjoint and together are the global "
+      "batch (order entries [b*B*dp_size, (b+1)*B*dp_size) of rule 3's order); no window twice in an "
+      "epoch; each row holds its window's tokens",
+      /*hint=*/
+      "README 'Ranks: disjoint windows, equal steps': which entries of the epoch order batch b spans, and "
+      "which of them rank r takes"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {700, 555});  // N = 1255: W = 125 at T = 10
@@ -227,12 +237,14 @@ TEST(Lab02DataPipeline, RanksDisjointCoverGlobalBatch) {
 TEST(Lab02DataPipeline, EqualBatchesPerRank) {
   const grading::Check check{
       "lab02.equal_batches_per_rank", /*points=*/2,
-      /*target=*/"for (W, B, dp_size) = (125, 3, 4), (125, 1, 4), (10, 1, 3), (23, 2, 5), (12, 3, 4): every rank's "
-                 "rank_batch_windows serves batches 0 .. W/(B*dp_size) - 1 and refuses (scalelab::Error) the next "
-                 "one, although some ranks' own rows would still fit; every rank's loader steps W/(B*dp_size) batches "
-                 "per epoch, then moves to epoch 1",
-      /*hint=*/"README 'Ranks: disjoint windows, equal steps': what happens in an all-reduce when one rank has a "
-               "batch more than the others; a batch exists only if the WHOLE global batch fits"};
+      /*target=*/
+      "for (W, B, dp_size) = (125, 3, 4), (125, 1, 4), (10, 1, 3), (23, 2, 5), (12, 3, 4): every rank's "
+      "rank_batch_windows serves batches 0 .. W/(B*dp_size) - 1 and refuses (scalelab::Error) the next "
+      "one, although some ranks' own rows would still fit; every rank's loader steps W/(B*dp_size) batches "
+      "per epoch, then moves to epoch 1",
+      /*hint=*/
+      "README 'Ranks: disjoint windows, equal steps': what happens in an all-reduce when one rank has a "
+      "batch more than the others; a batch exists only if the WHOLE global batch fits"};
   grading::run(check, [](grading::Record& record) {
     struct Case {
       int64_t W;
@@ -287,12 +299,14 @@ TEST(Lab02DataPipeline, EqualBatchesPerRank) {
 TEST(Lab02DataPipeline, ResumeMidEpoch) {
   const grading::Check check{
       "lab02.resume_mid_epoch", /*points=*/2,
-      /*target=*/"a loader (no prefetch) that saved its state after 5 batches (to_bytes, from_bytes) and one that "
-                 "restores it, seeded 7 instead of 42 and 3 batches into epoch 0, then give the same 8 batches as the "
-                 "uninterrupted run (positions, windows, tokens); the same restoring into a loader that is already "
-                 "in epoch 1",
-      /*hint=*/"README 'Resume': what the position is, which seed the order after restore() uses, and what the "
-               "loader keeps from before restore() that belongs to the old seed or position"};
+      /*target=*/
+      "a loader (no prefetch) that saved its state after 5 batches (to_bytes, from_bytes) and one that "
+      "restores it, seeded 7 instead of 42 and 3 batches into epoch 0, then give the same 8 batches as the "
+      "uninterrupted run (positions, windows, tokens); the same restoring into a loader that is already "
+      "in epoch 1",
+      /*hint=*/
+      "README 'Resume': what the position is, which seed the order after restore() uses, and what the "
+      "loader keeps from before restore() that belongs to the old seed or position"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {300, 211});  // W = 42 at T = 12: 21 batches
@@ -324,12 +338,14 @@ TEST(Lab02DataPipeline, ResumeMidEpoch) {
 TEST(Lab02DataPipeline, ResumeAcrossEpochBoundary) {
   const grading::Check check{
       "lab02.resume_across_epoch_boundary", /*points=*/2,
-      /*target=*/"states saved after k = 20, 21, 22 and 41 batches (21 per epoch: the last batch of epoch 0, the "
-                 "first and second of epoch 1, the last of epoch 1) restored into a fresh loader that has read one "
-                 "batch: the next 5 batches, across the boundary, equal the uninterrupted run; skip_batches(k) "
-                 "equals reading k batches",
-      /*hint=*/"README 'Resume': after restore() every epoch's order must be the one of THAT epoch (an order "
-               "cached for another epoch is not it), and the epoch after the last batch is the next one"};
+      /*target=*/
+      "states saved after k = 20, 21, 22 and 41 batches (21 per epoch: the last batch of epoch 0, the "
+      "first and second of epoch 1, the last of epoch 1) restored into a fresh loader that has read one "
+      "batch: the next 5 batches, across the boundary, equal the uninterrupted run; skip_batches(k) "
+      "equals reading k batches",
+      /*hint=*/
+      "README 'Resume': after restore() every epoch's order must be the one of THAT epoch (an order "
+      "cached for another epoch is not it), and the epoch after the last batch is the next one"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {300, 211});  // 21 batches per epoch
@@ -354,18 +370,21 @@ TEST(Lab02DataPipeline, ResumeAcrossEpochBoundary) {
       EXPECT_TRUE(s.empty()) << s;
       if (problem.empty()) problem = s;
     }
-    record.measured(problem.empty() ? "4 saved positions around the boundaries: 5 batches each equal the run" : problem);
+    record.measured(problem.empty() ? "4 saved positions around the boundaries: 5 batches each equal the run"
+                                    : problem);
   });
 }
 
 TEST(Lab02DataPipeline, ResumeDropsPrefetchedBatches) {
   const grading::Check check{
       "lab02.resume_drops_prefetched_batches", /*points=*/2,
-      /*target=*/"with prefetch on (depth 2 and 3), restore() into a loader whose thread has already filled its "
-                 "queue (2 batches read, then 50 ms): the next 6 batches equal the uninterrupted run, restoring "
-                 "forward (to batch 5) and back (to batch 1); every call returns within 3 s",
-      /*hint=*/"README 'Resume': the prefetch thread has already built batches for the OLD position; what must "
-               "happen to it and to them, and from which position does it start again?"};
+      /*target=*/
+      "with prefetch on (depth 2 and 3), restore() into a loader whose thread has already filled its "
+      "queue (2 batches read, then 50 ms): the next 6 batches equal the uninterrupted run, restoring "
+      "forward (to batch 5) and back (to batch 1); every call returns within 3 s",
+      /*hint=*/
+      "README 'Resume': the prefetch thread has already built batches for the OLD position; what must "
+      "happen to it and to them, and from which position does it start again?"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {300, 211});
@@ -383,8 +402,9 @@ TEST(Lab02DataPipeline, ResumeDropsPrefetchedBatches) {
           resumed.next();
           std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its queue now holds batches 2, 3, ...
           resumed.restore(saved);
-          const std::string d = compare_next(resumed, saver, 6, "depth " + std::to_string(depth) +
-                                                                    ": restored at (0, " + std::to_string(target) + ")");
+          const std::string d =
+              compare_next(resumed, saver, 6,
+                           "depth " + std::to_string(depth) + ": restored at (0, " + std::to_string(target) + ")");
           if (!d.empty() && problem->empty()) *problem = d;
         }
       }
@@ -404,11 +424,13 @@ TEST(Lab02DataPipeline, ResumeDropsPrefetchedBatches) {
 TEST(Lab02DataPipeline, PrefetchOnOffIdentical) {
   const grading::Check check{
       "lab02.prefetch_on_off_identical", /*points=*/2,
-      /*target=*/"3 epochs (45 batches of B=4, T=32 from 3 uneven shards) with prefetch on at depth 1, 2 and 4 "
-                 "equal those with prefetch off: positions, windows and tokens, in order; every call returns "
-                 "within 3 s",
-      /*hint=*/"README 'Prefetch: a producer and a consumer': which batch of the queue next() must take, that it "
-               "leaves the queue, and how the producer learns there is room for the next one"};
+      /*target=*/
+      "3 epochs (45 batches of B=4, T=32 from 3 uneven shards) with prefetch on at depth 1, 2 and 4 "
+      "equal those with prefetch off: positions, windows and tokens, in order; every call returns "
+      "within 3 s",
+      /*hint=*/
+      "README 'Prefetch: a producer and a consumer': which batch of the queue next() must take, that it "
+      "leaves the queue, and how the producer learns there is room for the next one"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {1000, 1000, 17});  // W = 63: 15 batches
@@ -433,11 +455,13 @@ TEST(Lab02DataPipeline, PrefetchOnOffIdentical) {
 TEST(Lab02DataPipeline, PrefetchHidesSlowReads) {
   const grading::Check check{
       "lab02.prefetch_hides_slow_reads", /*points=*/2,
-      /*target=*/"every batch read takes 20 ms (on_assemble sleeps), the consumer spends 40 ms between next() calls: "
-                 "with prefetch on (depth 2) the median wait_ms of batches 2..10 is below 5 ms; with prefetch off it "
-                 "is at least 20 ms (the reads are really that slow)",
-      /*hint=*/"README 'Prefetch: a producer and a consumer': next() takes a batch the thread built while the "
-               "model computed; it must not wait for the thread to build another one"};
+      /*target=*/
+      "every batch read takes 20 ms (on_assemble sleeps), the consumer spends 40 ms between next() calls: "
+      "with prefetch on (depth 2) the median wait_ms of batches 2..10 is below 5 ms; with prefetch off it "
+      "is at least 20 ms (the reads are really that slow)",
+      /*hint=*/
+      "README 'Prefetch: a producer and a consumer': next() takes a batch the thread built while the "
+      "model computed; it must not wait for the thread to build another one"};
   grading::run(check, [&](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {4000});
@@ -454,15 +478,17 @@ TEST(Lab02DataPipeline, PrefetchHidesSlowReads) {
           w.push_back(loader.next().wait_ms);
           std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kStepMs));
         }
-        std::sort(w.begin() + 1, w.end());        // batch 1 waits for the first read either way
+        std::sort(w.begin() + 1, w.end());                // batch 1 waits for the first read either way
         waits->push_back(w[1 + (kSlowBatches - 1) / 2]);  // the median of batches 2..10
       }
     });
     ASSERT_TRUE(finished) << "next() with prefetch on did not return within " << kSlowDeadlineS << " s: does the "
                           << "producer learn that a batch was taken?";
     const double on = (*waits)[0], off = (*waits)[1];
-    record.measured("median wait_ms of batches 2..%d: %.3f ms with prefetch on, %.3f ms off (reads %.0f ms, steps "
-                    "%.0f ms)", kSlowBatches, on, off, kReadMs, kStepMs);
+    record.measured(
+        "median wait_ms of batches 2..%d: %.3f ms with prefetch on, %.3f ms off (reads %.0f ms, steps "
+        "%.0f ms)",
+        kSlowBatches, on, off, kReadMs, kStepMs);
     EXPECT_LT(on, kMaxWaitMs) << "with prefetch on, next() still waited for the read (median " << on << " ms)";
     EXPECT_GE(off, kReadMs) << "with prefetch off every next() must wait for its read";
   });
@@ -471,11 +497,13 @@ TEST(Lab02DataPipeline, PrefetchHidesSlowReads) {
 TEST(Lab02DataPipeline, PrefetchErrorsReachNext) {
   const grading::Check check{
       "lab02.prefetch_errors_reach_next", /*points=*/1,
-      /*target=*/"with prefetch on, a read error at batch 3 (on_assemble throws scalelab::Error): next() returns "
-                 "batches 0, 1, 2 (the consumer is slow, 30 ms per step, so the thread failed before it took them), "
-                 "then the 4th and the 5th call throw that error; every call returns within 3 s",
-      /*hint=*/"README 'Prefetch: a producer and a consumer': what next() waits for besides a batch, and why the "
-               "batches the thread built before it failed still come first"};
+      /*target=*/
+      "with prefetch on, a read error at batch 3 (on_assemble throws scalelab::Error): next() returns "
+      "batches 0, 1, 2 (the consumer is slow, 30 ms per step, so the thread failed before it took them), "
+      "then the 4th and the 5th call throw that error; every call returns within 3 s",
+      /*hint=*/
+      "README 'Prefetch: a producer and a consumer': what next() waits for besides a batch, and why the "
+      "batches the thread built before it failed still come first"};
   grading::run(check, [](grading::Record& record) {
     Scratch scratch;
     const std::vector<std::string> files = counting_stream(scratch, {4000});
@@ -488,8 +516,8 @@ TEST(Lab02DataPipeline, PrefetchErrorsReachNext) {
       lab02::ShardLoader loader(files, cfg);
       for (int k = 0; k < 3; ++k) {
         const lab02::Batch b = loader.next();
-        if (b.batch_in_epoch != k && problem->empty()) *problem = "call " + std::to_string(k + 1) + " returned batch " +
-                                                                   std::to_string(b.batch_in_epoch);
+        if (b.batch_in_epoch != k && problem->empty())
+          *problem = "call " + std::to_string(k + 1) + " returned batch " + std::to_string(b.batch_in_epoch);
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
       }
       for (int call = 4; call <= 5; ++call) {

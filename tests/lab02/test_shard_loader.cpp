@@ -6,15 +6,15 @@
 // Rules checked here are written down in docs/formats.md ("Loader order").
 #include <gtest/gtest.h>  // defines: TEST, EXPECT_*
 
-#include <set>     // defines: std::set (the windows an epoch visits)
+#include <set>  // defines: std::set (the windows an epoch visits)
 #include <string>
 #include <vector>
 
-#include "expect_error.h"             // defines: test::expect_error_containing
-#include "lab02_support.h"            // defines: Scratch, counting_stream, loader_config
-#include "scalelab/core/error.h"      // defines: scalelab::Error
-#include "scalelab/data/shard.h"      // defines: data::write_shard
-#include "shard_loader.h"             // defines: scalelab::lab02::* (reference track)
+#include "expect_error.h"         // defines: test::expect_error_containing
+#include "lab02_support.h"        // defines: Scratch, counting_stream, loader_config
+#include "scalelab/core/error.h"  // defines: scalelab::Error
+#include "scalelab/data/shard.h"  // defines: data::write_shard
+#include "shard_loader.h"         // defines: scalelab::lab02::* (reference track)
 
 namespace lab02 = scalelab::lab02;
 using scalelab::lab02_test::counting_stream;
@@ -92,8 +92,11 @@ TEST_F(ShardTest, LoaderErrorsAreClear) {
   expect_error_containing([&] { lab02::ShardLoader(files, small_config(8, 16)); },
                           {"50 tokens make 3 windows", "smaller B or T"});
   scalelab::data::write_shard(path("bytes.bin"), {1, 2, 3}, 256);
-  expect_error_containing([&] { lab02::ShardLoader({files[0], path("bytes.bin")}, small_config(1, 2)); },
-                          {"vocab_size 256"});
+  expect_error_containing(
+      [&] {
+        lab02::ShardLoader({files[0], path("bytes.bin")}, small_config(1, 2));
+      },
+      {"vocab_size 256"});
   expect_error_containing([&] { lab02::ShardLoader(scratch_.dir(), "val", small_config(1, 2)); },
                           {"no 'val_*.bin' shards"});
   lab02::LoaderConfig bad_rank = small_config(1, 2);

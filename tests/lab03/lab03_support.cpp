@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>  // defines: EXPECT_*
 
-#include "grading.h"         // defines: grading::all_ranks, rank_reducer
+#include "grading.h"               // defines: grading::all_ranks, rank_reducer
 #include "scalelab/model/optim.h"  // defines: Optimizer
 
 namespace scalelab::lab03_test {
@@ -53,9 +53,11 @@ Comparison compare_tensors(const std::vector<ParamInfo>& table, bool grads, cons
     }
     if (n_bad > 0 && c.ok) {
       char buf[256];
-      std::snprintf(buf, sizeof(buf), "%s%s: %d of %lld elements off by more than %.3g (max abs error %.3g, "
-                    "largest |expected| %.3g): ", grads ? "grad of " : "", p.name.c_str(), n_bad,
-                    static_cast<long long>(p.numel), bound, max_err, max_abs_want);
+      std::snprintf(buf, sizeof(buf),
+                    "%s%s: %d of %lld elements off by more than %.3g (max abs error %.3g, "
+                    "largest |expected| %.3g): ",
+                    grads ? "grad of " : "", p.name.c_str(), n_bad, static_cast<long long>(p.numel), bound, max_err,
+                    max_abs_want);
       c.failure = buf + bad;
       const std::string scaled = test::describe_scale(fit, {});
       if (!scaled.empty()) c.failure += "; every element is " + scaled;
@@ -135,11 +137,12 @@ std::string expect_reduced_gradients_match(lab03::SyncMode mode) {
       << "reduced gradients differ from the one-process gradients";
   EXPECT_TRUE(grading::all_ranks(differ.empty(), mode_name + " mode: " + differ))
       << "ranks must hold identical reduced gradients";
-  const std::string scaled = test::describe_scale(c.scale, test::data_parallel_factors(n, 1), "the one-process gradient");
+  const std::string scaled =
+      test::describe_scale(c.scale, test::data_parallel_factors(n, 1), "the one-process gradient");
   char buf[320];
   if (!scaled.empty()) {
-    std::snprintf(buf, sizeof(buf), "%s, %d ranks: every reduced gradient is %s; %s",
-                  mode_name.c_str(), n, scaled.c_str(), differ.empty() ? "identical on every rank" : differ.c_str());
+    std::snprintf(buf, sizeof(buf), "%s, %d ranks: every reduced gradient is %s; %s", mode_name.c_str(), n,
+                  scaled.c_str(), differ.empty() ? "identical on every rank" : differ.c_str());
   } else {
     std::snprintf(buf, sizeof(buf), "%s, %d ranks: max |reduced - one-process| / max |one-process| = %.2e (%s); %s",
                   mode_name.c_str(), n, c.worst, c.worst_name.c_str(),
@@ -164,8 +167,7 @@ std::string expect_steps_match(lab03::SyncMode mode, const OptimizerConfig& opt_
   for (int step = 0; step < steps; ++step) {
     const GlobalBatch g =
         random_global_batch(kDataSeed + step, kMicroBatch * n * micro_steps, cfg.max_seq_len, cfg.vocab_size);
-    lab03::train_step(*model, optimizer, sync, rank_micro_batches(g, rank, n, micro_steps, kMicroBatch), lr,
-                      grad_clip);
+    lab03::train_step(*model, optimizer, sync, rank_micro_batches(g, rank, n, micro_steps, kMicroBatch), lr, grad_clip);
     const float norm = one_process_step(*expected, expected_optimizer, g, lr, grad_clip);
     if (grad_clip > 0 && norm > grad_clip) ++clipped;
     // The gradients stay in the buffers after the step: without clipping they are what the optimizer got.

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "data_parallel.h"      // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
-#include "scale_factor.h"       // defines: test::ScaleFit (a constant-factor mismatch, named)
-#include "ddp.h"                // defines: lab03::MicroBatch, GradSync, SyncMode (the track under test)
-#include "scalelab/comm/comm.h"      // defines: Communicator
-#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"     // defines: OptimizerConfig
+#include "data_parallel.h"         // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
+#include "scale_factor.h"          // defines: test::ScaleFit (a constant-factor mismatch, named)
+#include "ddp.h"                   // defines: lab03::MicroBatch, GradSync, SyncMode (the track under test)
+#include "scalelab/comm/comm.h"    // defines: Communicator
+#include "scalelab/model/gpt2.h"   // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"  // defines: OptimizerConfig
 
 namespace scalelab::lab03_test {
 

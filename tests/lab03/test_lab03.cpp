@@ -11,10 +11,10 @@
 #include <utility>  // defines: std::pair
 #include <vector>
 
-#include "ddp.h"             // defines: lab03::make_buckets, micro_steps_per_step
-#include "grading.h"         // defines: grading::Check, grading::run, grading::Record
+#include "ddp.h"                  // defines: lab03::make_buckets, micro_steps_per_step
+#include "grading.h"              // defines: grading::Check, grading::run, grading::Record
 #include "scalelab/core/error.h"  // defines: scalelab::Error
-#include "scalelab/model/gpt2.h"   // defines: gpt2_param_table, GPTConfig
+#include "scalelab/model/gpt2.h"  // defines: gpt2_param_table, GPTConfig
 
 namespace {
 
@@ -99,15 +99,17 @@ bool same(const lab03::Bucket& a, const lab03::Bucket& b) {
 TEST(Lab03Ddp, BucketLayout) {
   const grading::Check check{
       "lab03.bucket_layout", /*points=*/3,
-      /*target=*/"make_buckets equals the README's rule (table walked backwards, whole tensors, a bucket closes "
-                 "once it holds >= cap = floor(bucket_mb * 2^20 / 4) elements, one range per unit, ready_unit = "
-                 "lowest unit) at every boundary of the rule on the tiny model and a model of odd sizes (C=9): "
-                 "caps of S-1, S, S+0.5, S+0.75 and S+1 elements for every running size S of the walk, every cap "
-                 "dividing the total exactly, 0 and the total; demo at 1 MiB and d12 at 25 MiB; bucket_mb < 0 "
-                 "throws scalelab::Error",
-      /*hint=*/"README 'Buckets': the walk order (the order backward produces gradients), when exactly a bucket "
-               "closes (the cap is a whole number of elements, rounded down), what happens at the end of the walk, "
-               "and why a bucket holding part of unit 0 is ready only after after_backward(0)"};
+      /*target=*/
+      "make_buckets equals the README's rule (table walked backwards, whole tensors, a bucket closes "
+      "once it holds >= cap = floor(bucket_mb * 2^20 / 4) elements, one range per unit, ready_unit = "
+      "lowest unit) at every boundary of the rule on the tiny model and a model of odd sizes (C=9): "
+      "caps of S-1, S, S+0.5, S+0.75 and S+1 elements for every running size S of the walk, every cap "
+      "dividing the total exactly, 0 and the total; demo at 1 MiB and d12 at 25 MiB; bucket_mb < 0 "
+      "throws scalelab::Error",
+      /*hint=*/
+      "README 'Buckets': the walk order (the order backward produces gradients), when exactly a bucket "
+      "closes (the cap is a whole number of elements, rounded down), what happens at the end of the walk, "
+      "and why a bucket holding part of unit 0 is ready only after after_backward(0)"};
   grading::run(check, [](grading::Record& record) {
     struct Case {
       std::string model;
@@ -140,19 +142,19 @@ TEST(Lab03Ddp, BucketLayout) {
                   "; the first expected: " + describe(want[0]) + (got.empty() ? "" : ", got: " + describe(got[0]));
       } else {
         for (size_t k = 0; k < want.size() && problem.empty(); ++k) {
-          if (!same(got[k], want[k])) problem = "bucket " + std::to_string(k) + " is " + describe(got[k]) +
-                                                ", expected " + describe(want[k]);
+          if (!same(got[k], want[k]))
+            problem = "bucket " + std::to_string(k) + " is " + describe(got[k]) + ", expected " + describe(want[k]);
         }
       }
       if (!problem.empty() && failures++ < 3) ADD_FAILURE() << where << problem;  // the first 3 layouts that differ
       if (c.model == "demo" || c.model == "d12") {
-        summary += "; " + c.model + " at " + std::to_string(static_cast<int>(c.bucket_mb)) + " MiB: " +
-                   std::to_string(got.size()) + " buckets";
+        summary += "; " + c.model + " at " + std::to_string(static_cast<int>(c.bucket_mb)) +
+                   " MiB: " + std::to_string(got.size()) + " buckets";
       }
     }
     if (failures > 3) ADD_FAILURE() << failures << " of " << layouts << " layouts differ in all";
-    record.measured(std::to_string(layouts - failures) + " of " + std::to_string(layouts) + " layouts as the rule says" +
-                    summary);
+    record.measured(std::to_string(layouts - failures) + " of " + std::to_string(layouts) +
+                    " layouts as the rule says" + summary);
     EXPECT_THROW(lab03::make_buckets(gpt2_param_table(GPTConfig::preset("tiny")), -1.0), scalelab::Error)
         << "bucket_mb < 0 must be refused";
   });
@@ -161,8 +163,9 @@ TEST(Lab03Ddp, BucketLayout) {
 TEST(Lab03Ddp, MicroStepsPerStep) {
   const grading::Check check{
       "lab03.micro_steps_per_step", /*points=*/1,
-      /*target=*/"micro_steps_per_step(global, micro, world) = global / (micro x world) for (8,2,2) = 2, (8,8,1) = 1, "
-                 "(48,4,4) = 3, (512,4,8) = 16; (10,2,4) and (4,8,1) throw scalelab::Error",
+      /*target=*/
+      "micro_steps_per_step(global, micro, world) = global / (micro x world) for (8,2,2) = 2, (8,8,1) = 1, "
+      "(48,4,4) = 3, (512,4,8) = 16; (10,2,4) and (4,8,1) throw scalelab::Error",
       /*hint=*/"README 'Gradient accumulation': one micro-step processes micro_batch sequences on EVERY rank"};
   grading::run(check, [](grading::Record& record) {
     struct Case {

@@ -8,20 +8,20 @@
 // one rank never leaves the other waiting. Lesson: labs/03_ddp/README.md ("What the tests check").
 #include <gtest/gtest.h>
 
-#include <cstdint>  // defines: int64_t
+#include <cstdint>    // defines: int64_t
 #include <algorithm>  // defines: std::min, std::max
 #include <cmath>      // defines: std::fabs
 #include <map>
 #include <string>
 #include <vector>
 
-#include "ddp.h"              // defines: lab03::* (the track under test)
-#include "grading.h"          // defines: grading::Check, grading::run, grading::all_ranks
-#include "lab03_support.h"    // defines: world, fresh_comm, reference helpers, comparisons
-#include "scale_factor.h"     // defines: test::describe_scale, describe_ratio, data_parallel_factors
+#include "ddp.h"                   // defines: lab03::* (the track under test)
+#include "grading.h"               // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab03_support.h"         // defines: world, fresh_comm, reference helpers, comparisons
+#include "scale_factor.h"          // defines: test::describe_scale, describe_ratio, data_parallel_factors
 #include "scalelab/comm/comm.h"    // defines: Communicator, CommEvent, LinkModel
 #include "scalelab/core/error.h"   // defines: scalelab::Error
-#include "scalelab/model/optim.h"   // defines: Optimizer, OptimizerConfig
+#include "scalelab/model/optim.h"  // defines: Optimizer, OptimizerConfig
 
 namespace {
 
@@ -35,11 +35,11 @@ const lab03::SyncMode kModes[] = {lab03::SyncMode::Naive, lab03::SyncMode::Bucke
 
 // ---------------------------------------------------------------------------------------------
 TEST(Lab03Ddp, BroadcastMakesReplicasIdentical) {
-  const grading::Check check{
-      "lab03.broadcast_makes_replicas_identical", /*points=*/1,
-      /*target=*/"ranks initialised with different seeds hold rank 0's parameters bit for bit after "
-                 "broadcast_parameters; one broadcast per unit, root 0",
-      /*hint=*/"README 'Start identical': every unit's parameter buffer, from root 0"};
+  const grading::Check check{"lab03.broadcast_makes_replicas_identical", /*points=*/1,
+                             /*target=*/
+                             "ranks initialised with different seeds hold rank 0's parameters bit for bit after "
+                             "broadcast_parameters; one broadcast per unit, root 0",
+                             /*hint=*/"README 'Start identical': every unit's parameter buffer, from root 0"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = tiny_config();
     std::unique_ptr<Communicator> comm = fresh_comm();
@@ -67,11 +67,13 @@ TEST(Lab03Ddp, BroadcastMakesReplicasIdentical) {
 TEST(Lab03Ddp, NaiveGradsEqualSingleProcess) {
   const grading::Check check{
       "lab03.naive_grads_equal_single_process", /*points=*/2,
-      /*target=*/"naive mode, 2 ranks x 2 sequences: every reduced gradient tensor equals the one-process "
-                 "gradient of the 4 sequences within 1e-5 of its largest entry, before clipping and the "
-                 "optimizer; identical on every rank",
-      /*hint=*/"README 'Naive data parallel': each rank's gradient is the mean over ITS sequences; the global "
-               "mean is the average (not the sum) of the ranks' gradients"};
+      /*target=*/
+      "naive mode, 2 ranks x 2 sequences: every reduced gradient tensor equals the one-process "
+      "gradient of the 4 sequences within 1e-5 of its largest entry, before clipping and the "
+      "optimizer; identical on every rank",
+      /*hint=*/
+      "README 'Naive data parallel': each rank's gradient is the mean over ITS sequences; the global "
+      "mean is the average (not the sum) of the ranks' gradients"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_reduced_gradients_match(lab03::SyncMode::Naive));
   });
@@ -80,8 +82,9 @@ TEST(Lab03Ddp, NaiveGradsEqualSingleProcess) {
 TEST(Lab03Ddp, BucketedGradsEqualSingleProcess) {
   const grading::Check check{
       "lab03.bucketed_grads_equal_single_process", /*points=*/3,
-      /*target=*/"bucketed mode (0.0038 MiB buckets: 7 on the tiny model), 2 ranks: every reduced gradient "
-                 "tensor equals the one-process gradient within 1e-5 of its largest entry; identical on every rank",
+      /*target=*/
+      "bucketed mode (0.0038 MiB buckets: 7 on the tiny model), 2 ranks: every reduced gradient "
+      "tensor equals the one-process gradient within 1e-5 of its largest entry; identical on every rank",
       /*hint=*/"README 'Buckets': pack, all-reduce the flat buffer (Avg), unpack, for EVERY bucket"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_reduced_gradients_match(lab03::SyncMode::Bucketed));
@@ -91,10 +94,12 @@ TEST(Lab03Ddp, BucketedGradsEqualSingleProcess) {
 TEST(Lab03Ddp, OverlapGradsEqualSingleProcess) {
   const grading::Check check{
       "lab03.overlap_grads_equal_single_process", /*points=*/3,
-      /*target=*/"overlap mode (buckets launched from the after_backward hook), 2 ranks: every reduced gradient "
-                 "tensor equals the one-process gradient within 1e-5 of its largest entry; identical on every rank",
-      /*hint=*/"README 'Overlap': a bucket may go only when ALL its gradients are final (ready_unit; wte is "
-               "final only at after_backward(0)); wait for every bucket and unpack it before the optimizer"};
+      /*target=*/
+      "overlap mode (buckets launched from the after_backward hook), 2 ranks: every reduced gradient "
+      "tensor equals the one-process gradient within 1e-5 of its largest entry; identical on every rank",
+      /*hint=*/
+      "README 'Overlap': a bucket may go only when ALL its gradients are final (ready_unit; wte is "
+      "final only at after_backward(0)); wait for every bucket and unpack it before the optimizer"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_reduced_gradients_match(lab03::SyncMode::Overlap));
   });
@@ -108,12 +113,14 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
   constexpr double kHeldMs = 200.0;
   const grading::Check check{
       "lab03.overlap_launches_during_backward", /*points=*/3,
-      /*target=*/"event log, 2 ranks, every all-reduce held >= 200 ms by a simulated link: each bucket is "
-                 "all-reduced once, asynchronously, issued after its ready_unit's backward and before the "
-                 "backward of the unit below it starts, still in flight when backward ends, complete when "
-                 "finish() returns",
-      /*hint=*/"README 'Overlap': launch from the after_backward hook with all_reduce_async, keep the handle, and "
-               "wait only in wait_for_buckets (a blocking all_reduce, or wait() in the hook, serialises them)"};
+      /*target=*/
+      "event log, 2 ranks, every all-reduce held >= 200 ms by a simulated link: each bucket is "
+      "all-reduced once, asynchronously, issued after its ready_unit's backward and before the "
+      "backward of the unit below it starts, still in flight when backward ends, complete when "
+      "finish() returns",
+      /*hint=*/
+      "README 'Overlap': launch from the after_backward hook with all_reduce_async, keep the handle, and "
+      "wait only in wait_for_buckets (a blocking all_reduce, or wait() in the hook, serialises them)"};
   grading::run(check, [&](grading::Record& record) {
     const GPTConfig cfg = tiny_config();
     std::unique_ptr<Communicator> comm = fresh_comm();
@@ -136,9 +143,12 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
       backward_start[a.unit] = Communicator::now_ms();
     });
     // Around GradSync's hook (which calls launch_ready_buckets): one before it, one after.
-    const HookHandle before = model->add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
-      ready[a.unit] = Communicator::now_ms();  // unit's gradients are final from here on
-    }, HookOrder::First);
+    const HookHandle before = model->add_hook(
+        HookPoint::AfterBackward,
+        [&](const UnitHookArgs& a) {
+          ready[a.unit] = Communicator::now_ms();  // unit's gradients are final from here on
+        },
+        HookOrder::First);
     const HookHandle after = model->add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
       hook_done[a.unit] = Communicator::now_ms();
     });
@@ -196,9 +206,10 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
     }
     const double backward_ms = backward_end - backward_start[U - 1];
     if (problem.empty()) {
-      record.measured("%zu buckets, each all-reduced once, asynchronously, issued from after_backward(ready_unit); "
-                      "backward took %.1f ms; the buckets completed %.0f to %.0f ms after it ended",
-                      buckets.size(), backward_ms, first_end - backward_end, last_end - backward_end);
+      record.measured(
+          "%zu buckets, each all-reduced once, asynchronously, issued from after_backward(ready_unit); "
+          "backward took %.1f ms; the buckets completed %.0f to %.0f ms after it ended",
+          buckets.size(), backward_ms, first_end - backward_end, last_end - backward_end);
     } else {
       record.measured("%zu buckets; backward took %.1f ms; %s", buckets.size(), backward_ms, problem.c_str());
     }
@@ -209,12 +220,14 @@ TEST(Lab03Ddp, OverlapLaunchesDuringBackward) {
 TEST(Lab03Ddp, AccumulationGradsEqualSingleProcess) {
   const grading::Check check{
       "lab03.accumulation_grads_equal_single_process", /*points=*/3,
-      /*target=*/"train_step with 2 micro-steps per rank on 2 ranks (global batch 8), SGD and grad_clip 0 (so the "
-                 "gradient buffers hold what the optimizer received), naive, bucketed and overlap: every "
-                 "gradient tensor equals the one-process gradient of the 8 sequences within 1e-5 of its largest "
-                 "entry; identical on every rank",
-      /*hint=*/"README 'Gradient accumulation': zero once, backward adds; only the last micro-step synchronises "
-               "(set_require_sync); divide by the number of micro-steps"};
+      /*target=*/
+      "train_step with 2 micro-steps per rank on 2 ranks (global batch 8), SGD and grad_clip 0 (so the "
+      "gradient buffers hold what the optimizer received), naive, bucketed and overlap: every "
+      "gradient tensor equals the one-process gradient of the 8 sequences within 1e-5 of its largest "
+      "entry; identical on every rank",
+      /*hint=*/
+      "README 'Gradient accumulation': zero once, backward adds; only the last micro-step synchronises "
+      "(set_require_sync); divide by the number of micro-steps"};
   grading::run(check, [](grading::Record& record) {
     constexpr int kMicroSteps = 2;
     const GPTConfig cfg = tiny_config();
@@ -245,7 +258,8 @@ TEST(Lab03Ddp, AccumulationGradsEqualSingleProcess) {
       std::snprintf(buf, sizeof(buf), "%s %.2e%s", lab03::sync_mode_name(mode), c.worst,
                     scaled.empty() ? "" : (": every gradient is " + scaled).c_str());
       measured += (measured.empty() ? "" : ", ") + std::string(buf);
-      if (!c.ok && ok) failure = std::string(lab03::sync_mode_name(mode)) + " mode: " + gradient_failure(c, n, kMicroSteps);
+      if (!c.ok && ok)
+        failure = std::string(lab03::sync_mode_name(mode)) + " mode: " + gradient_failure(c, n, kMicroSteps);
       ok = ok && c.ok;
       if (!differ.empty() && identical) differ_all = std::string(lab03::sync_mode_name(mode)) + " mode: " + differ;
       identical = identical && differ.empty();
@@ -259,11 +273,13 @@ TEST(Lab03Ddp, AccumulationGradsEqualSingleProcess) {
 TEST(Lab03Ddp, CommunicatesOncePerStep) {
   const grading::Check check{
       "lab03.communicates_once_per_step", /*points=*/2,
-      /*target=*/"one train_step of 2 micro-steps, each mode: the all-reduced elements sum to the gradient size "
-                 "(7,872 on the tiny model) exactly once; one all-reduce per tensor (naive, tagged with its name) "
-                 "or per bucket (tagged bucket_tag(k)); nothing else is sent",
-      /*hint=*/"README 'Gradient accumulation': micro-steps before the last must not communicate "
-               "(set_require_sync(false) is PyTorch's no_sync); README 'Buckets' for the tags"};
+      /*target=*/
+      "one train_step of 2 micro-steps, each mode: the all-reduced elements sum to the gradient size "
+      "(7,872 on the tiny model) exactly once; one all-reduce per tensor (naive, tagged with its name) "
+      "or per bucket (tagged bucket_tag(k)); nothing else is sent",
+      /*hint=*/
+      "README 'Gradient accumulation': micro-steps before the last must not communicate "
+      "(set_require_sync(false) is PyTorch's no_sync); README 'Buckets' for the tags"};
   grading::run(check, [](grading::Record& record) {
     constexpr int kMicroSteps = 2;
     const GPTConfig cfg = tiny_config();
@@ -307,14 +323,16 @@ TEST(Lab03Ddp, CommunicatesOncePerStep) {
         }
       }
       for (const auto& [tag, count] : tags_seen) {
-        if (problem.empty() && count != 1) problem = name + ": '" + tag + "' all-reduced " + std::to_string(count) + " times";
+        if (problem.empty() && count != 1)
+          problem = name + ": '" + tag + "' all-reduced " + std::to_string(count) + " times";
       }
       if (problem.empty() && elements != model->num_params()) {
         problem = name + ": " + std::to_string(elements) + " elements all-reduced per step, the gradient has " +
                   std::to_string(model->num_params());
       }
       if (problem.empty() && calls != static_cast<int>(tags_expected.size())) {
-        problem = name + ": " + std::to_string(calls) + " all-reduces, expected " + std::to_string(tags_expected.size());
+        problem = name + ": " + std::to_string(calls) + " all-reduces, expected " +
+                  std::to_string(tags_expected.size());
       }
       measured += (measured.empty() ? "" : "; ") + name + " " + std::to_string(calls) + " all-reduces, " +
                   std::to_string(elements) + " elements";
@@ -331,11 +349,13 @@ TEST(Lab03Ddp, SgdStepsMatchSingleProcess) {
   constexpr double kParamAtol = 1e-5;
   const grading::Check check{
       "lab03.sgd_steps_match_single_process", /*points=*/3,
-      /*target=*/"3 train_steps of plain SGD (lr 0.5, no weight decay, no clipping), 2 ranks x 2 micro-steps, in "
-                 "each mode: gradients (1e-5 relative) and parameters (1e-5 absolute) match one process training on "
-                 "the global batch; parameters identical on every rank after every step",
-      /*hint=*/"README 'Gradient accumulation': SGD applies the gradient as it is, so a missing average or 1/m "
-               "shows here even when AdamW would hide it"};
+      /*target=*/
+      "3 train_steps of plain SGD (lr 0.5, no weight decay, no clipping), 2 ranks x 2 micro-steps, in "
+      "each mode: gradients (1e-5 relative) and parameters (1e-5 absolute) match one process training on "
+      "the global batch; parameters identical on every rank after every step",
+      /*hint=*/
+      "README 'Gradient accumulation': SGD applies the gradient as it is, so a missing average or 1/m "
+      "shows here even when AdamW would hide it"};
   grading::run(check, [](grading::Record& record) {
     OptimizerConfig sgd;
     sgd.kind = OptimizerConfig::Kind::SGD;
@@ -357,11 +377,13 @@ TEST(Lab03Ddp, AdamwStepsMatchSingleProcess) {
   constexpr double kParamAtol = 1e-4;
   const grading::Check check{
       "lab03.adamw_steps_match_single_process", /*points=*/2,
-      /*target=*/"3 train_steps of AdamW (lr 1e-3, wd 0.1) with clipping at 0.05 (active), overlap mode, 2 ranks x "
-                 "2 micro-steps: parameters within 1e-4 of one process training on the global batch; identical on "
-                 "every rank after every step",
-      /*hint=*/"README 'Gradient accumulation': clip AFTER the gradients are synchronised and divided by m, so "
-               "every rank clips the same global gradient"};
+      /*target=*/
+      "3 train_steps of AdamW (lr 1e-3, wd 0.1) with clipping at 0.05 (active), overlap mode, 2 ranks x "
+      "2 micro-steps: parameters within 1e-4 of one process training on the global batch; identical on "
+      "every rank after every step",
+      /*hint=*/
+      "README 'Gradient accumulation': clip AFTER the gradients are synchronised and divided by m, so "
+      "every rank clips the same global gradient"};
   grading::run(check, [](grading::Record& record) {
     OptimizerConfig adamw;  // betas 0.9/0.95, eps 1e-8, weight decay 0.1
     record.measured(expect_steps_match(lab03::SyncMode::Overlap, adamw, /*lr=*/1e-3f, /*grad_clip=*/0.05f,
@@ -383,11 +405,13 @@ TEST(Lab03Ddp, StepReportsLossAndNorm) {
   constexpr float kGradClip = 0.05f;  // active: the tiny model's gradient norm is above it
   const grading::Check check{
       "lab03.step_reports_loss_and_norm", /*points=*/1,
-      /*target=*/"one train_step of 2 micro-steps on 2 ranks, each mode, clipping at 0.05 (active): loss = the mean "
-                 "of this rank's 2 micro-batch losses (1e-6 relative); grad_norm = the norm of the one-process "
-                 "gradient of the global batch before clipping (1e-4 relative)",
-      /*hint=*/"README 'Gradient accumulation': the step's loss is the MEAN over its micro-batches; the norm is "
-               "measured by clip_grad_norm on the synchronised gradient, after the 1/m and before clipping"};
+      /*target=*/
+      "one train_step of 2 micro-steps on 2 ranks, each mode, clipping at 0.05 (active): loss = the mean "
+      "of this rank's 2 micro-batch losses (1e-6 relative); grad_norm = the norm of the one-process "
+      "gradient of the global batch before clipping (1e-4 relative)",
+      /*hint=*/
+      "README 'Gradient accumulation': the step's loss is the MEAN over its micro-batches; the norm is "
+      "measured by clip_grad_norm on the synchronised gradient, after the 1/m and before clipping"};
   grading::run(check, [&](grading::Record& record) {
     const GPTConfig cfg = tiny_config();
     std::string measured, problem;
@@ -418,16 +442,18 @@ TEST(Lab03Ddp, StepReportsLossAndNorm) {
       char buf[480];
       if (problem.empty() && !(std::fabs(got.loss - want_loss) <= kLossRtol * std::fabs(want_loss))) {
         const std::string ratio = test::describe_ratio(got.loss, want_loss, factors);
-        std::snprintf(buf, sizeof(buf), "%s mode: loss %.7g, expected %.7g (the mean of this rank's %d micro-batch "
-                      "losses)%s", name.c_str(), got.loss, want_loss, kMicroSteps,
-                      ratio.empty() ? "" : ("; " + ratio).c_str());
+        std::snprintf(buf, sizeof(buf),
+                      "%s mode: loss %.7g, expected %.7g (the mean of this rank's %d micro-batch "
+                      "losses)%s",
+                      name.c_str(), got.loss, want_loss, kMicroSteps, ratio.empty() ? "" : ("; " + ratio).c_str());
         problem = buf;
       }
       if (problem.empty() && !(std::fabs(got.grad_norm - want_norm) <= kNormRtol * want_norm)) {
         const std::string ratio = test::describe_ratio(got.grad_norm, want_norm, factors);
-        std::snprintf(buf, sizeof(buf), "%s mode: grad_norm %.7g, expected %.7g (the global gradient's norm before "
-                      "clipping at %g)%s", name.c_str(), got.grad_norm, want_norm, kGradClip,
-                      ratio.empty() ? "" : ("; " + ratio).c_str());
+        std::snprintf(buf, sizeof(buf),
+                      "%s mode: grad_norm %.7g, expected %.7g (the global gradient's norm before "
+                      "clipping at %g)%s",
+                      name.c_str(), got.grad_norm, want_norm, kGradClip, ratio.empty() ? "" : ("; " + ratio).c_str());
         problem = buf;
       }
       std::snprintf(buf, sizeof(buf), "%s loss %.5f (want %.5f) grad_norm %.5f (want %.5f)", name.c_str(), got.loss,

@@ -35,13 +35,14 @@ constexpr double kMinFraction = 0.70;
 
 TEST(Lab03Perf, ThroughputVsReference) {
   char target[1024];
-  std::snprintf(target, sizeof(target),
-                "tokens/s of your lab03_ddp >= %.2f x the reference's, both run alternately just before on this "
-                "machine: %d ranks x 1 thread, demo model, --mode overlap, --link %s --link-slowdown %s, %d timed "
-                "steps per run, %d pairs of runs "
-                "(median over the timed steps); MFU of both, against one calibration. Optional (skipped, and not in the "
-                "total) without a core (GPU) per rank or when other processes share the cores",
-                kMinFraction, kRanks, kLink, kLinkSlowdown, kSteps - 1, kPairs);
+  std::snprintf(
+      target, sizeof(target),
+      "tokens/s of your lab03_ddp >= %.2f x the reference's, both run alternately just before on this "
+      "machine: %d ranks x 1 thread, demo model, --mode overlap, --link %s --link-slowdown %s, %d timed "
+      "steps per run, %d pairs of runs "
+      "(median over the timed steps); MFU of both, against one calibration. Optional (skipped, and not in the "
+      "total) without a core (GPU) per rank or when other processes share the cores",
+      kMinFraction, kRanks, kLink, kLinkSlowdown, kSteps - 1, kPairs);
   const grading::Check check{
       "lab03.throughput_vs_reference", /*points=*/2, target,
       "README 'Overlap': compare comm_ms (exposed) and comm_busy_ms of the two runs' step records "

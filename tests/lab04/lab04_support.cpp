@@ -8,16 +8,22 @@
 
 #include <gtest/gtest.h>  // defines: EXPECT_*
 
-#include "grading.h"                     // defines: grading::all_ranks
-#include "scalelab/core/allocator.h"          // defines: Allocator, MemStats, MemCategory
-#include "scalelab/measure/memory_estimator.h"   // defines: estimate_memory
-#include "scalelab/ops/ops.h"                // defines: cast
+#include "grading.h"                            // defines: grading::all_ranks
+#include "scalelab/core/allocator.h"            // defines: Allocator, MemStats, MemCategory
+#include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
+#include "scalelab/ops/ops.h"                   // defines: cast
 
 namespace scalelab::lab04_test {
 
-GPTConfig uneven_config() { return GPTConfig{/*max_seq_len=*/15, /*vocab_size=*/64, /*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9}; }
-GPTConfig sliver_config() { return GPTConfig{/*max_seq_len=*/8, /*vocab_size=*/16, /*n_layer=*/1, /*n_head=*/1, /*n_embd=*/3}; }
-GPTConfig memory_config() { return GPTConfig{/*max_seq_len=*/32, /*vocab_size=*/256, /*n_layer=*/8, /*n_head=*/4, /*n_embd=*/64}; }
+GPTConfig uneven_config() {
+  return GPTConfig{/*max_seq_len=*/15, /*vocab_size=*/64, /*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9};
+}
+GPTConfig sliver_config() {
+  return GPTConfig{/*max_seq_len=*/8, /*vocab_size=*/16, /*n_layer=*/1, /*n_head=*/1, /*n_embd=*/3};
+}
+GPTConfig memory_config() {
+  return GPTConfig{/*max_seq_len=*/32, /*vocab_size=*/256, /*n_layer=*/8, /*n_head=*/4, /*n_embd=*/64};
+}
 
 // ---------------------------------------------------------------------------------------------
 // The sharded side
@@ -127,9 +133,11 @@ Comparison compare_grad_shards(lab04::FSDP& fsdp, const GPT2& want, double rtol,
           ++shown;
         }
       }
-      std::snprintf(buf, sizeof(buf), "unit %d, elements [%lld, %lld): ||got - want|| = %.3g > %.0e x ||want|| (%.3g) "
-                    "+ %.0e; max abs error %.3g, largest |want| %.3g: ", u, static_cast<long long>(l.begin),
-                    static_cast<long long>(l.begin + n), err, rtol, norm, atol, max_err, max_abs_want);
+      std::snprintf(buf, sizeof(buf),
+                    "unit %d, elements [%lld, %lld): ||got - want|| = %.3g > %.0e x ||want|| (%.3g) "
+                    "+ %.0e; max abs error %.3g, largest |want| %.3g: ",
+                    u, static_cast<long long>(l.begin), static_cast<long long>(l.begin + n), err, rtol, norm, atol,
+                    max_err, max_abs_want);
       c.failure = buf + bad;
       c.ok = false;
     }
@@ -145,8 +153,9 @@ Comparison compare_params(lab04::FSDP& fsdp, const GPT2& want, const ParamTolera
     const std::vector<float> g = as_f32(fsdp.gather_unit_f32(u));  // collective: every rank, every unit
     const std::vector<float> x = as_f32(w.unit_params(u));
     if (g.size() != x.size()) {
-      if (c.ok) c.failure = "unit " + std::to_string(u) + ": gather_unit_f32 returned " + std::to_string(g.size()) +
-                            " elements, the unit has " + std::to_string(x.size());
+      if (c.ok)
+        c.failure = "unit " + std::to_string(u) + ": gather_unit_f32 returned " + std::to_string(g.size()) +
+                    " elements, the unit has " + std::to_string(x.size());
       c.ok = false;
       continue;
     }
@@ -173,8 +182,8 @@ Comparison compare_params(lab04::FSDP& fsdp, const GPT2& want, const ParamTolera
     }
     if (n_bad > 0 && c.ok) {
       char buf[256];
-      std::snprintf(buf, sizeof(buf), "unit %d: %d of %zu parameters off by more than %.3g%s (max abs error %.3g): ",
-                    u, n_bad, g.size(), tol.atol,
+      std::snprintf(buf, sizeof(buf), "unit %d: %d of %zu parameters off by more than %.3g%s (max abs error %.3g): ", u,
+                    n_bad, g.size(), tol.atol,
                     tol.bf16_ulps > 0 ? (" and " + std::to_string(tol.bf16_ulps) + " bf16 ulp").c_str() : "", max_err);
       c.failure = buf + bad;
       c.ok = false;
@@ -200,8 +209,10 @@ std::string kept_units_consistent(lab04::FSDP& fsdp) {
     for (size_t i = 0; i < mine.size(); ++i) {
       if (mine[i] != all[i]) {
         char buf[256];
-        std::snprintf(buf, sizeof(buf), "unit %d (kept gathered): the model's parameter [%zu] = %.8g but the ranks' "
-                      "shards hold %.8g: the new parameters were not all-gathered after the update", u, i, mine[i], all[i]);
+        std::snprintf(buf, sizeof(buf),
+                      "unit %d (kept gathered): the model's parameter [%zu] = %.8g but the ranks' "
+                      "shards hold %.8g: the new parameters were not all-gathered after the update",
+                      u, i, mine[i], all[i]);
         problem = buf;
         break;
       }
@@ -225,8 +236,7 @@ std::string kept_units_consistent(lab04::FSDP& fsdp) {
 std::string expect_grad_shards_match(const GPTConfig& cfg, lab04::ZeroStage stage, int micro_steps) {
   std::unique_ptr<Communicator> comm = fresh_comm();
   const int rank = comm->rank(), n = comm->size();
-  const GlobalBatch g =
-      random_global_batch(kDataSeed, kMicroBatch * n * micro_steps, cfg.max_seq_len, cfg.vocab_size);
+  const GlobalBatch g = random_global_batch(kDataSeed, kMicroBatch * n * micro_steps, cfg.max_seq_len, cfg.vocab_size);
   std::unique_ptr<lab04::FSDP> fsdp = make_fsdp(cfg, PrecisionPolicy::fp32(), *comm, stage, adamw());
   // No clipping: after the step the grad shards hold what the optimizer received, the averaged gradient.
   lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, micro_steps, kMicroBatch), /*lr=*/1e-3f, /*grad_clip=*/0.0f);
@@ -248,8 +258,10 @@ std::string expect_grad_shards_match(const GPTConfig& cfg, lab04::ZeroStage stag
     std::snprintf(buf, sizeof(buf), "%s, %d ranks x %d micro-steps: every gradient shard is %s (rank %d)",
                   stage_short(stage).c_str(), n, micro_steps, scaled.c_str(), rank);
   } else {
-    std::snprintf(buf, sizeof(buf), "%s, %d ranks x %d micro-steps: max ||shard - one-process|| / ||one-process|| = "
-                  "%.2e (%s, rank %d)", stage_short(stage).c_str(), n, micro_steps, c.worst, c.worst_name.c_str(), rank);
+    std::snprintf(buf, sizeof(buf),
+                  "%s, %d ranks x %d micro-steps: max ||shard - one-process|| / ||one-process|| = "
+                  "%.2e (%s, rank %d)",
+                  stage_short(stage).c_str(), n, micro_steps, c.worst, c.worst_name.c_str(), rank);
   }
   return buf;
 }
@@ -269,8 +281,8 @@ std::string expect_steps_match(const StepsSpec& spec) {
   for (int step = 0; step < spec.steps; ++step) {
     const GlobalBatch g = random_global_batch(kDataSeed + step, kMicroBatch * n * spec.micro_steps,
                                               spec.cfg.max_seq_len, spec.cfg.vocab_size);
-    const lab04::StepResult r =
-        lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, spec.micro_steps, kMicroBatch), spec.lr, spec.grad_clip);
+    const lab04::StepResult r = lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, spec.micro_steps, kMicroBatch),
+                                                  spec.lr, spec.grad_clip);
     const OneProcessStep want = one_process_train_step(*expected, expected_optimizer, g, spec.lr, spec.grad_clip);
     if (spec.grad_clip > 0 && want.grad_norm > spec.grad_clip) ++clipped;
 
@@ -280,8 +292,8 @@ std::string expect_steps_match(const StepsSpec& spec) {
     std::snprintf(loss_text, sizeof(loss_text), "%.9g", r.loss);  // exact for a float
     const grading::RankReducer& rr = grading::rank_reducer();
     double loss_sum = 0.0;
-    for (const std::string& s : rr.size > 1 && rr.all_gather ? rr.all_gather(loss_text)
-                                                              : std::vector<std::string>{loss_text}) {
+    for (const std::string& s :
+         rr.size > 1 && rr.all_gather ? rr.all_gather(loss_text) : std::vector<std::string>{loss_text}) {
       loss_sum += std::stod(s);
     }
     const double mean_loss = loss_sum / n;
@@ -294,8 +306,8 @@ std::string expect_steps_match(const StepsSpec& spec) {
     const std::string where = stage_short(spec.stage) + " " + spec.policy.name() + ", step " + std::to_string(step + 1);
     if (ok && !(loss_err <= spec.loss_rtol)) {
       const std::string ratio = test::describe_ratio(mean_loss, want.loss, factors);
-      std::snprintf(buf, sizeof(buf), "%s: mean loss over the ranks %.7g, one process %.7g%s", where.c_str(),
-                    mean_loss, want.loss, ratio.empty() ? "" : ("; " + ratio).c_str());
+      std::snprintf(buf, sizeof(buf), "%s: mean loss over the ranks %.7g, one process %.7g%s", where.c_str(), mean_loss,
+                    want.loss, ratio.empty() ? "" : ("; " + ratio).c_str());
       failure = buf;
       ok = false;
     }
@@ -330,9 +342,11 @@ std::string expect_steps_match(const StepsSpec& spec) {
   EXPECT_TRUE(grading::all_ranks(ok, failure))
       << stage_short(spec.stage) << " " << spec.policy.name() << ": steps against the one-process reference";
   char buf[320];
-  std::snprintf(buf, sizeof(buf), "%s %s: max parameter error %.2e (%s), %lld elements differ; loss %.1e, grad norm "
-                "%.1e relative", stage_short(spec.stage).c_str(), spec.policy.name().c_str(), worst_param,
-                worst_name.c_str(), static_cast<long long>(max_differ), worst_loss, worst_norm);
+  std::snprintf(buf, sizeof(buf),
+                "%s %s: max parameter error %.2e (%s), %lld elements differ; loss %.1e, grad norm "
+                "%.1e relative",
+                stage_short(spec.stage).c_str(), spec.policy.name().c_str(), worst_param, worst_name.c_str(),
+                static_cast<long long>(max_differ), worst_loss, worst_norm);
   return buf;
 }
 
@@ -376,8 +390,9 @@ std::string expect_memory_matches_estimate() {
           const double rel = std::fabs(static_cast<double>(got - want)) / std::max<double>(1.0, want);
           worst = std::max(worst, rel);
           if (problem.empty() && !(rel <= kMemoryRtol)) {
-            std::snprintf(buf, sizeof(buf), "ZeRO-%d %s, %d ranks: %s %s %lld bytes measured, %lld estimated (%.1f %% off)",
-                          st, policy.name().c_str(), n, which == 0 ? "persistent" : "peak", cat_names[c],
+            std::snprintf(buf, sizeof(buf),
+                          "ZeRO-%d %s, %d ranks: %s %s %lld bytes measured, %lld estimated (%.1f %% off)", st,
+                          policy.name().c_str(), n, which == 0 ? "persistent" : "peak", cat_names[c],
                           static_cast<long long>(got), static_cast<long long>(want), 100.0 * rel);
             problem = buf;
           }
@@ -404,8 +419,8 @@ std::string expect_communication_volume(const GPTConfig& cfg) {
       const lab04::ZeroStage stage = stage_of(st);
       std::unique_ptr<Communicator> comm = fresh_comm();
       const int rank = comm->rank(), n = comm->size();
-      const GlobalBatch g = random_global_batch(kDataSeed, kMicroBatch * n * kMicroSteps, cfg.max_seq_len,
-                                                cfg.vocab_size);
+      const GlobalBatch g =
+          random_global_batch(kDataSeed, kMicroBatch * n * kMicroSteps, cfg.max_seq_len, cfg.vocab_size);
       std::unique_ptr<lab04::FSDP> fsdp = make_fsdp(cfg, policy, *comm, stage, adamw());
       comm->clear_events();
       lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, kMicroSteps, kMicroBatch), 1e-3f, 1.0f);

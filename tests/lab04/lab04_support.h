@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "data_parallel.h"       // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
-#include "scale_factor.h"        // defines: test::ScaleFit (a constant-factor mismatch, named)
-#include "fsdp.h"                // defines: lab04::FSDP, ZeroStage, MicroBatch (the track under test)
+#include "data_parallel.h"            // defines: dp_test::world, random_global_batch, make_model, ... (tests/support)
+#include "scale_factor.h"             // defines: test::ScaleFit (a constant-factor mismatch, named)
+#include "fsdp.h"                     // defines: lab04::FSDP, ZeroStage, MicroBatch (the track under test)
 #include "scalelab/comm/comm.h"       // defines: Communicator
-#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab::lab04_test {
@@ -66,10 +66,10 @@ inline std::vector<lab04::MicroBatch> rank_micro_batches(const GlobalBatch& g, i
 // The sharded model on `comm`: FSDP(cfg, policy, CPU, kModelSeed, comm, {stage, prefetch, overlap, opt}).
 std::unique_ptr<lab04::FSDP> make_fsdp(const GPTConfig& cfg, const PrecisionPolicy& policy, Communicator& comm,
                                        lab04::ZeroStage stage, const OptimizerConfig& opt, int prefetch = 1);
-OptimizerConfig adamw();                                    // betas 0.9/0.95, eps 1e-8, weight decay 0.1
-OptimizerConfig sgd();                                      // plain SGD, no weight decay
-lab04::ZeroStage stage_of(int s);                           // 1, 2, 3 -> ZeroStage
-std::string stage_short(lab04::ZeroStage stage);            // "ZeRO-1"
+OptimizerConfig adamw();                                                  // betas 0.9/0.95, eps 1e-8, weight decay 0.1
+OptimizerConfig sgd();                                                    // plain SGD, no weight decay
+lab04::ZeroStage stage_of(int s);                                         // 1, 2, 3 -> ZeroStage
+std::string stage_short(lab04::ZeroStage stage);                          // "ZeRO-1"
 std::vector<int64_t> padded_sizes(const GPTConfig& cfg, int world_size);  // P_u = N * ceil(n_u / N)
 
 // ---------------------------------------------------------------------------------------------
@@ -77,10 +77,10 @@ std::vector<int64_t> padded_sizes(const GPTConfig& cfg, int world_size);  // P_u
 
 struct Comparison {
   bool ok = true;
-  double worst = 0.0;      // the largest error found (see each function)
+  double worst = 0.0;                 // the largest error found (see each function)
   std::string worst_name = "unit 0";  // "unit 3"
-  std::string failure;     // "" when ok: the first slice over the bound, its first 5 bad indices, values
-  test::ScaleFit scale;    // compare_grad_shards: got ~ k x want over every slice (a wrong scale is one k)
+  std::string failure;                // "" when ok: the first slice over the bound, its first 5 bad indices, values
+  test::ScaleFit scale;               // compare_grad_shards: got ~ k x want over every slice (a wrong scale is one k)
 };
 // Per unit u: grad_shard_owned(u) against want.unit_grads(u)[begin, begin + owned) (this rank's slice),
 // || got - want || <= rtol || want || + atol. worst = the largest || got - want || / || want ||.

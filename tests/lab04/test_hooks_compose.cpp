@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp.h"                          // defines: lab03::GradSync (reference track)
-#include "fsdp.h"                         // defines: lab04::FSDP (reference track)
-#include "scalelab/comm/comm.h"           // defines: make_communicator, CommEvent
-#include "scalelab/model/gpt2.h"          // defines: GPTConfig, HookPoint, UnitHookArgs
-#include "scalelab/model/optim.h"         // defines: OptimizerConfig
+#include "ddp.h"                   // defines: lab03::GradSync (reference track)
+#include "fsdp.h"                  // defines: lab04::FSDP (reference track)
+#include "scalelab/comm/comm.h"    // defines: make_communicator, CommEvent
+#include "scalelab/model/gpt2.h"   // defines: GPTConfig, HookPoint, UnitHookArgs
+#include "scalelab/model/optim.h"  // defines: OptimizerConfig
 
 namespace {
 
@@ -28,8 +28,8 @@ std::vector<std::string> one_pass(lab04::FSDP& fsdp, Communicator& comm) {
   int unit = -1;
   size_t next_event = 0;
   // First in line at after_backward: names the unit; last in line: collects what the others issued.
-  const HookHandle name = model.add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) { unit = a.unit; },
-                                         HookOrder::First);
+  const HookHandle name = model.add_hook(
+      HookPoint::AfterBackward, [&](const UnitHookArgs& a) { unit = a.unit; }, HookOrder::First);
   const HookHandle collect = model.add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs&) {
     const std::vector<CommEvent> events = comm.events();
     for (; next_event < events.size(); ++next_event)

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "fsdp.h"            // defines: lab04::shard_layout, ZeroStage (the track under test)
-#include "grading.h"         // defines: grading::Check, grading::run, grading::Record
-#include "lab04_support.h"   // defines: tiny_config, expect_grad_shards_match, expect_steps_match, ...
+#include "fsdp.h"                 // defines: lab04::shard_layout, ZeroStage (the track under test)
+#include "grading.h"              // defines: grading::Check, grading::run, grading::Record
+#include "lab04_support.h"        // defines: tiny_config, expect_grad_shards_match, expect_steps_match, ...
 #include "scalelab/core/error.h"  // defines: scalelab::Error, scalelab::NotImplemented
 
 namespace {
@@ -27,22 +27,25 @@ namespace grading = scalelab::grading;
 TEST(Lab04Fsdp, ShardLayoutPadsToEqualChunks) {
   const grading::Check check{
       "lab04.shard_layout_pads_to_equal_chunks", /*points=*/2,
-      /*target=*/"for numel/ranks 12/4, 10/4, 5/4, 3/4, 1/8, 7/1, 1089/4, 711/2, 2^33+1/3 and every rank: shard = "
-                 "ceil(n/N), padded = N*shard, begin = rank*shard, owned = clamp(n - begin, 0, shard); the owned "
-                 "ranges tile [0, n) exactly; numel < 1, rank outside [0, N), N < 1 throw scalelab::Error",
-      /*hint=*/"README 'Shards and padding': collectives need equal chunks; the last ranks may own fewer real "
-               "elements, or none (10 elements on 4 ranks: 3, 3, 3, 1)"};
+      /*target=*/
+      "for numel/ranks 12/4, 10/4, 5/4, 3/4, 1/8, 7/1, 1089/4, 711/2, 2^33+1/3 and every rank: shard = "
+      "ceil(n/N), padded = N*shard, begin = rank*shard, owned = clamp(n - begin, 0, shard); the owned "
+      "ranges tile [0, n) exactly; numel < 1, rank outside [0, N), N < 1 throw scalelab::Error",
+      /*hint=*/
+      "README 'Shards and padding': collectives need equal chunks; the last ranks may own fewer real "
+      "elements, or none (10 elements on 4 ranks: 3, 3, 3, 1)"};
   grading::run(check, [](grading::Record& record) {
     struct Case {
       int64_t numel;
       int world;
     };
-    const Case cases[] = {{12, 4}, {10, 4}, {5, 4}, {3, 4}, {1, 8}, {7, 1}, {1089, 4}, {711, 2}, {(int64_t{1} << 33) + 1, 3}};
+    const Case cases[] = {
+        {12, 4}, {10, 4}, {5, 4}, {3, 4}, {1, 8}, {7, 1}, {1089, 4}, {711, 2}, {(int64_t{1} << 33) + 1, 3}};
     std::string problem;
     int layouts = 0;
     for (const Case& c : cases) {
       const int64_t shard = (c.numel + c.world - 1) / c.world;  // the README's rule, written here
-      int64_t covered = 0;                                       // owned ranges must tile [0, numel)
+      int64_t covered = 0;                                      // owned ranges must tile [0, numel)
       for (int r = 0; r < c.world; ++r) {
         const lab04::ShardLayout l = lab04::shard_layout(c.numel, r, c.world);
         ++layouts;
@@ -99,9 +102,10 @@ TEST(Lab04Fsdp, OneRankTrainsLikeGpt2) {
   // order of a few float sums (the sharded gradient norm adds the units' sums of squares itself).
   const grading::Check check{
       "lab04.one_rank_trains_like_gpt2", /*points=*/1,
-      /*target=*/"1 rank (local communicator), tiny model, stages 1, 2, 3: the gradient shard equals the GPT2 "
-                 "gradient (1e-5 relative per unit); 3 AdamW steps (lr 1e-3, clip 0.05 active): parameters within "
-                 "1e-6 of GPT2 + Optimizer, loss and gradient norm within 1e-5 relative",
+      /*target=*/
+      "1 rank (local communicator), tiny model, stages 1, 2, 3: the gradient shard equals the GPT2 "
+      "gradient (1e-5 relative per unit); 3 AdamW steps (lr 1e-3, clip 0.05 active): parameters within "
+      "1e-6 of GPT2 + Optimizer, loss and gradient norm within 1e-5 relative",
       /*hint=*/"README 'The picture': with N = 1 each shard is the whole unit; start with ZeRO-1 and one rank"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
@@ -123,9 +127,11 @@ TEST(Lab04Fsdp, OneRankTrainsLikeGpt2) {
 TEST(Lab04Fsdp, MemoryMatchesEstimateOneRank) {
   const grading::Check check{
       "lab04.memory_matches_estimate_one_rank", /*points=*/1,
-      /*target=*/"1 rank, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: the allocator's params, "
-                 "grads and optimizer_state bytes (persistent and peak during a step) within 5 % of estimate_memory",
-      /*hint=*/"README 'Reduce-scatter' and 'ZeRO-3': ZeRO-2/3 free the full gradient once reduce-scattered; ZeRO-3 frees gathered "
-               "blocks after use; the optimizer keeps m, v (and the bf16 policy's fp32 master) of its shard only"};
+      /*target=*/
+      "1 rank, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: the allocator's params, "
+      "grads and optimizer_state bytes (persistent and peak during a step) within 5 % of estimate_memory",
+      /*hint=*/
+      "README 'Reduce-scatter' and 'ZeRO-3': ZeRO-2/3 free the full gradient once reduce-scattered; ZeRO-3 frees gathered "
+      "blocks after use; the optimizer keeps m, v (and the bf16 policy's fp32 master) of its shard only"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_memory_matches_estimate()); });
 }

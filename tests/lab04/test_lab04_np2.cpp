@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "fsdp.h"                       // defines: lab04::* (the track under test)
-#include "grading.h"                    // defines: grading::Check, grading::run, grading::all_ranks
-#include "lab04_support.h"              // defines: fresh_comm, the reference, comparisons, shared bodies
-#include "scalelab/core/allocator.h"         // defines: Allocator, MemStats
-#include "scalelab/comm/comm.h"              // defines: Communicator, CommEvent
+#include "fsdp.h"                               // defines: lab04::* (the track under test)
+#include "grading.h"                            // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab04_support.h"                      // defines: fresh_comm, the reference, comparisons, shared bodies
+#include "scalelab/core/allocator.h"            // defines: Allocator, MemStats
+#include "scalelab/comm/comm.h"                 // defines: Communicator, CommEvent
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
-#include "scalelab/model/optim.h"             // defines: OptimizerConfig
+#include "scalelab/model/optim.h"               // defines: OptimizerConfig
 
 namespace {
 
@@ -38,11 +38,13 @@ namespace grading = scalelab::grading;
 TEST(Lab04Fsdp, Zero1GradShardsEqualSingleProcess) {
   const grading::Check check{
       "lab04.zero1_grad_shards_equal_single_process", /*points=*/2,
-      /*target=*/"ZeRO-1, 2 ranks x 2 sequences, one train_step (fp32, AdamW, no clipping): on every rank and unit "
-                 "grad_shard_owned equals its slice of the one-process gradient of the 4 sequences, "
-                 "||got - want|| <= 1e-5 ||want|| + 1e-9",
-      /*hint=*/"README 'Reduce-scatter': ReduceOp::Avg over the PADDED full gradient; rank r receives chunk r; "
-               "ZeRO-1 reduces once, after the last micro-step"};
+      /*target=*/
+      "ZeRO-1, 2 ranks x 2 sequences, one train_step (fp32, AdamW, no clipping): on every rank and unit "
+      "grad_shard_owned equals its slice of the one-process gradient of the 4 sequences, "
+      "||got - want|| <= 1e-5 ||want|| + 1e-9",
+      /*hint=*/
+      "README 'Reduce-scatter': ReduceOp::Avg over the PADDED full gradient; rank r receives chunk r; "
+      "ZeRO-1 reduces once, after the last micro-step"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_grad_shards_match(tiny_config(), lab04::ZeroStage::Zero1, 1));
   });
@@ -51,10 +53,12 @@ TEST(Lab04Fsdp, Zero1GradShardsEqualSingleProcess) {
 TEST(Lab04Fsdp, Zero2GradShardsEqualSingleProcess) {
   const grading::Check check{
       "lab04.zero2_grad_shards_equal_single_process", /*points=*/2,
-      /*target=*/"ZeRO-2, 2 ranks x 2 sequences, one train_step: every rank's grad_shard_owned equals its slice of the "
-                 "one-process gradient, ||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
-      /*hint=*/"README 'Reduce-scatter': the hooks reduce-scatter each unit after its backward; finish_reduce_scatter "
-               "ADDS rs_out into grad_shard and frees the full gradient"};
+      /*target=*/
+      "ZeRO-2, 2 ranks x 2 sequences, one train_step: every rank's grad_shard_owned equals its slice of the "
+      "one-process gradient, ||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
+      /*hint=*/
+      "README 'Reduce-scatter': the hooks reduce-scatter each unit after its backward; finish_reduce_scatter "
+      "ADDS rs_out into grad_shard and frees the full gradient"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_grad_shards_match(tiny_config(), lab04::ZeroStage::Zero2, 1));
   });
@@ -63,10 +67,12 @@ TEST(Lab04Fsdp, Zero2GradShardsEqualSingleProcess) {
 TEST(Lab04Fsdp, Zero3GradShardsEqualSingleProcess) {
   const grading::Check check{
       "lab04.zero3_grad_shards_equal_single_process", /*points=*/2,
-      /*target=*/"ZeRO-3 (prefetch 1), 2 ranks x 2 sequences, one train_step: every rank's grad_shard_owned equals "
-                 "its slice of the one-process gradient, ||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
-      /*hint=*/"README 'ZeRO-3': a block's parameters must be gathered (whole, in the right order) before its "
-               "forward AND its backward; install the view [0, n) of the padded buffer"};
+      /*target=*/
+      "ZeRO-3 (prefetch 1), 2 ranks x 2 sequences, one train_step: every rank's grad_shard_owned equals "
+      "its slice of the one-process gradient, ||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
+      /*hint=*/
+      "README 'ZeRO-3': a block's parameters must be gathered (whole, in the right order) before its "
+      "forward AND its backward; install the view [0, n) of the padded buffer"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_grad_shards_match(tiny_config(), lab04::ZeroStage::Zero3, 1));
   });
@@ -78,31 +84,37 @@ TEST(Lab04Fsdp, Zero3GradShardsEqualSingleProcess) {
 TEST(Lab04Fsdp, Zero1AdamwStepsMatchSingleProcess) {
   const grading::Check check{
       "lab04.zero1_adamw_steps_match_single_process", /*points=*/2,
-      /*target=*/"ZeRO-1, 3 train_steps of AdamW (lr 1e-3, wd 0.1, clip 0.05 active), 2 ranks x 2 sequences: after "
-                 "every step the gathered parameters within 1e-4 of one process (GPT2 + Optimizer), the mean loss "
-                 "and the gradient norm within 1e-5 relative, the kept units' full parameters equal the shards",
-      /*hint=*/"README 'The update': weight decay per parameter (ParamInfo::decay) on the intersection of each "
-               "parameter with your shard; t counts steps, not units; all-gather the new shards"};
+      /*target=*/
+      "ZeRO-1, 3 train_steps of AdamW (lr 1e-3, wd 0.1, clip 0.05 active), 2 ranks x 2 sequences: after "
+      "every step the gathered parameters within 1e-4 of one process (GPT2 + Optimizer), the mean loss "
+      "and the gradient norm within 1e-5 relative, the kept units' full parameters equal the shards",
+      /*hint=*/
+      "README 'The update': weight decay per parameter (ParamInfo::decay) on the intersection of each "
+      "parameter with your shard; t counts steps, not units; all-gather the new shards"};
   grading::run(check, [](grading::Record& record) { record.measured(adamw_steps(1, tiny_config())); });
 }
 
 TEST(Lab04Fsdp, Zero2AdamwStepsMatchSingleProcess) {
   const grading::Check check{
       "lab04.zero2_adamw_steps_match_single_process", /*points=*/2,
-      /*target=*/"ZeRO-2, 3 AdamW steps (lr 1e-3, clip 0.05 active), 2 ranks: parameters within 1e-4 of one process, "
-                 "loss and gradient norm within 1e-5 relative after every step",
-      /*hint=*/"README 'The update': the global norm is the sqrt of the SUM over ranks of each shard's sum of "
-               "squares; zero the grad shards at the start of each step"};
+      /*target=*/
+      "ZeRO-2, 3 AdamW steps (lr 1e-3, clip 0.05 active), 2 ranks: parameters within 1e-4 of one process, "
+      "loss and gradient norm within 1e-5 relative after every step",
+      /*hint=*/
+      "README 'The update': the global norm is the sqrt of the SUM over ranks of each shard's sum of "
+      "squares; zero the grad shards at the start of each step"};
   grading::run(check, [](grading::Record& record) { record.measured(adamw_steps(2, tiny_config())); });
 }
 
 TEST(Lab04Fsdp, Zero3AdamwStepsMatchSingleProcess) {
   const grading::Check check{
       "lab04.zero3_adamw_steps_match_single_process", /*points=*/2,
-      /*target=*/"ZeRO-3, 3 AdamW steps (lr 1e-3, clip 0.05 active), 2 ranks: parameters within 1e-4 of one process, "
-                 "loss and gradient norm within 1e-5 relative after every step; root units consistent",
-      /*hint=*/"README 'ZeRO-3': blocks keep only param_shard between uses, so the update must write it (and "
-               "the root units' full_params are refreshed by the all-gather after the update)"};
+      /*target=*/
+      "ZeRO-3, 3 AdamW steps (lr 1e-3, clip 0.05 active), 2 ranks: parameters within 1e-4 of one process, "
+      "loss and gradient norm within 1e-5 relative after every step; root units consistent",
+      /*hint=*/
+      "README 'ZeRO-3': blocks keep only param_shard between uses, so the update must write it (and "
+      "the root units' full_params are refreshed by the all-gather after the update)"};
   grading::run(check, [](grading::Record& record) { record.measured(adamw_steps(3, tiny_config())); });
 }
 
@@ -116,10 +128,12 @@ TEST(Lab04Fsdp, SgdStepsMatchSingleProcess) {
   constexpr double kSgdParamAtol = 1e-5;
   const grading::Check check{
       "lab04.sgd_steps_match_single_process", /*points=*/3,
-      /*target=*/"stages 1, 2, 3: 3 train_steps of plain SGD (lr 0.5, weight decay 0.1, no clipping), 2 ranks x 2 "
-                 "sequences: parameters within 1e-5 of one process, loss and gradient norm within 1e-5 relative",
-      /*hint=*/"README 'Reduce-scatter': SGD applies the gradient as it is, so a sum instead of an average "
-               "(ReduceOp::Avg) shows here even when AdamW would hide it"};
+      /*target=*/
+      "stages 1, 2, 3: 3 train_steps of plain SGD (lr 0.5, weight decay 0.1, no clipping), 2 ranks x 2 "
+      "sequences: parameters within 1e-5 of one process, loss and gradient norm within 1e-5 relative",
+      /*hint=*/
+      "README 'Reduce-scatter': SGD applies the gradient as it is, so a sum instead of an average "
+      "(ReduceOp::Avg) shows here even when AdamW would hide it"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
     for (int st = 1; st <= 3; ++st) {
@@ -141,11 +155,13 @@ TEST(Lab04Fsdp, AccumulationMatchesSingleProcess) {
   constexpr double kSgdParamAtol = 1e-5;  // as lab04.sgd_steps_match_single_process
   const grading::Check check{
       "lab04.accumulation_matches_single_process", /*points=*/3,
-      /*target=*/"stages 1, 2, 3 with 2 micro-steps per rank (global batch 8): after one train_step the grad shards "
-                 "equal the one-process gradient of the 8 sequences (1e-5 relative per unit); 3 SGD steps (lr 0.5) "
-                 "give parameters within 1e-5 of one process",
-      /*hint=*/"README 'The training step': ZeRO-2/3 reduce-scatter every micro-step and ADD into grad_shard, "
-               "ZeRO-1 only after the last; then divide by the number of micro-steps, once"};
+      /*target=*/
+      "stages 1, 2, 3 with 2 micro-steps per rank (global batch 8): after one train_step the grad shards "
+      "equal the one-process gradient of the 8 sequences (1e-5 relative per unit); 3 SGD steps (lr 0.5) "
+      "give parameters within 1e-5 of one process",
+      /*hint=*/
+      "README 'The training step': ZeRO-2/3 reduce-scatter every micro-step and ADD into grad_shard, "
+      "ZeRO-1 only after the last; then divide by the number of micro-steps, once"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
     for (int st = 1; st <= 3; ++st) {
@@ -177,11 +193,13 @@ TEST(Lab04Fsdp, Bf16MixedMatchesSingleProcess) {
   constexpr ParamTolerance kBf16Tol{/*atol=*/1e-6, /*bf16_ulps=*/2};
   const grading::Check check{
       "lab04.bf16_mixed_matches_single_process", /*points=*/2,
-      /*target=*/"PrecisionPolicy::bf16_mixed(), stages 1, 2, 3, 3 AdamW steps (lr 1e-3, clip 0.05), 2 ranks: every "
-                 "parameter within 2 bf16 ulp (or 1e-6) of one process under the same policy, the loss and "
-                 "gradient norm within 1e-3 relative",
-      /*hint=*/"README 'The update': with a master copy update the fp32 master shard, then cast it into the bf16 "
-               "param_shard; gathers move the param dtype, reduce-scatters fp32"};
+      /*target=*/
+      "PrecisionPolicy::bf16_mixed(), stages 1, 2, 3, 3 AdamW steps (lr 1e-3, clip 0.05), 2 ranks: every "
+      "parameter within 2 bf16 ulp (or 1e-6) of one process under the same policy, the loss and "
+      "gradient norm within 1e-3 relative",
+      /*hint=*/
+      "README 'The update': with a master copy update the fp32 master shard, then cast it into the bf16 "
+      "param_shard; gathers move the param dtype, reduce-scatters fp32"};
   grading::run(check, [&](grading::Record& record) {
     std::string measured;
     for (int st = 1; st <= 3; ++st) {
@@ -205,24 +223,28 @@ TEST(Lab04Fsdp, Bf16MixedMatchesSingleProcess) {
 TEST(Lab04Fsdp, MemoryMatchesEstimate) {
   const grading::Check check{
       "lab04.memory_matches_estimate", /*points=*/3,
-      /*target=*/"2 ranks, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: each rank's params, grads "
-                 "and optimizer_state bytes (allocator, persistent after a step and peak during one) within 5 % of "
-                 "estimate_memory",
-      /*hint=*/"README 'Reduce-scatter' and 'ZeRO-3': the full gradient and the gathered copy must be FREED (every "
-               "view of them dropped, model.unit_grads/unit_params too), not just zeroed; the peak counts 1 + "
-               "prefetch gathered blocks (README 'Prefetch')"};
+      /*target=*/
+      "2 ranks, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: each rank's params, grads "
+      "and optimizer_state bytes (allocator, persistent after a step and peak during one) within 5 % of "
+      "estimate_memory",
+      /*hint=*/
+      "README 'Reduce-scatter' and 'ZeRO-3': the full gradient and the gathered copy must be FREED (every "
+      "view of them dropped, model.unit_grads/unit_params too), not just zeroed; the peak counts 1 + "
+      "prefetch gathered blocks (README 'Prefetch')"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_memory_matches_estimate()); });
 }
 
 TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
   const grading::Check check{
       "lab04.gathered_copies_freed_after_use", /*points=*/2,
-      /*target=*/"ZeRO-3, L=8 model, prefetch 0, 1, 2, 2 ranks: during forward and backward gathered_count() <= 1 + "
-                 "prefetch after every hook; a block's gathered copy (full_params and the model's view) is gone after "
-                 "its forward and its backward; peak params bytes <= estimate_memory's peak; after the step no block "
-                 "is gathered and params bytes are back to the persistent estimate",
-      /*hint=*/"README 'ZeRO-3' and 'Prefetch': release_params drops BOTH references (a Tensor frees its bytes when "
-               "the last view goes); prefetch at most s.prefetch blocks ahead, counting those already in flight"};
+      /*target=*/
+      "ZeRO-3, L=8 model, prefetch 0, 1, 2, 2 ranks: during forward and backward gathered_count() <= 1 + "
+      "prefetch after every hook; a block's gathered copy (full_params and the model's view) is gone after "
+      "its forward and its backward; peak params bytes <= estimate_memory's peak; after the step no block "
+      "is gathered and params bytes are back to the persistent estimate",
+      /*hint=*/
+      "README 'ZeRO-3' and 'Prefetch': release_params drops BOTH references (a Tensor frees its bytes when "
+      "the last view goes); prefetch at most s.prefetch blocks ahead, counting those already in flight"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = memory_config();
     Allocator& alloc = Allocator::get(Device::CPU);
@@ -231,8 +253,8 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
       std::unique_ptr<Communicator> comm = fresh_comm();
       const int rank = comm->rank(), n = comm->size();
       const MemStats base = alloc.stats();
-      std::unique_ptr<lab04::FSDP> fsdp = make_fsdp(cfg, PrecisionPolicy::fp32(), *comm, lab04::ZeroStage::Zero3,
-                                                    adamw(), /*prefetch=*/k);
+      std::unique_ptr<lab04::FSDP> fsdp =
+          make_fsdp(cfg, PrecisionPolicy::fp32(), *comm, lab04::ZeroStage::Zero3, adamw(), /*prefetch=*/k);
       const lab04::FsdpState& s = fsdp->state();
       GPT2& model = fsdp->model();
       int max_gathered = 0;
@@ -250,8 +272,8 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
         }
       };
       std::vector<HookHandle> observers;  // after FSDP's hooks at each point: what they left gathered
-      for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
-                                HookPoint::AfterBackward})
+      for (const HookPoint p :
+           {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward, HookPoint::AfterBackward})
         observers.push_back(model.add_hook(p, [&, p](const UnitHookArgs& a) {
           observe(hook_point_name(p), a.unit, p == HookPoint::AfterForward || p == HookPoint::AfterBackward);
         }));
@@ -265,7 +287,8 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
       const int P = static_cast<int>(MemCategory::Params);
       const int64_t peak = after.peak_bytes[P] - base.current_bytes[P];
       const int64_t now = after.current_bytes[P] - base.current_bytes[P];
-      const MemoryEstimate e = estimate_memory(cfg, n, 3, PrecisionPolicy::fp32(), OptimizerConfig::Kind::AdamW, k, 0, 0);
+      const MemoryEstimate e =
+          estimate_memory(cfg, n, 3, PrecisionPolicy::fp32(), OptimizerConfig::Kind::AdamW, k, 0, 0);
       if (problem.empty() && peak > e.peak.params) {
         problem = "prefetch " + std::to_string(k) + ": peak params " + std::to_string(peak) + " bytes > " +
                   std::to_string(e.peak.params) + " (persistent + " + std::to_string(std::min(1 + k, cfg.n_layer)) +
@@ -276,7 +299,8 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
         still += !s.units[u].keep_gathered && (s.units[u].full_params.defined() || model.unit_params(u).defined());
       }
       if (problem.empty() && (still > 0 || s.gathered_count() != 0)) {
-        problem = "prefetch " + std::to_string(k) + ": " + std::to_string(still) + " blocks still gathered after the step";
+        problem = "prefetch " + std::to_string(k) + ": " + std::to_string(still) +
+                  " blocks still gathered after the step";
       }
       if (problem.empty() && now != e.persistent.params) {
         problem = "prefetch " + std::to_string(k) + ": params bytes after the step " + std::to_string(now) +
@@ -297,25 +321,29 @@ TEST(Lab04Fsdp, GatheredCopiesFreedAfterUse) {
 TEST(Lab04Fsdp, CommunicationVolumePerStage) {
   const grading::Check check{
       "lab04.communication_volume_per_stage", /*points=*/3,
-      /*target=*/"one train_step of 2 micro-steps, 2 ranks, stages 1-3, fp32 and bf16, from the event log: per unit "
-                 "ZeRO-1 one reduce_scatter (padded unit, fp32) + one all_gather (one shard, param dtype); ZeRO-2 a "
-                 "reduce_scatter per micro-step + one all_gather; ZeRO-3 blocks gathered twice per micro-step, root "
-                 "units once after the update; nothing else but the scalar norm all_reduce; ZeRO-1's bus bytes equal "
-                 "an fp32 all_reduce of the padded gradient (DDP's)",
-      /*hint=*/"README 'Reduce-scatter' and 'The update': tag every collective with gather_tag(u) / "
-               "reduce_scatter_tag(u); ZeRO-1 communicates once per step, ZeRO-3 blocks are gathered when used"};
+      /*target=*/
+      "one train_step of 2 micro-steps, 2 ranks, stages 1-3, fp32 and bf16, from the event log: per unit "
+      "ZeRO-1 one reduce_scatter (padded unit, fp32) + one all_gather (one shard, param dtype); ZeRO-2 a "
+      "reduce_scatter per micro-step + one all_gather; ZeRO-3 blocks gathered twice per micro-step, root "
+      "units once after the update; nothing else but the scalar norm all_reduce; ZeRO-1's bus bytes equal "
+      "an fp32 all_reduce of the padded gradient (DDP's)",
+      /*hint=*/
+      "README 'Reduce-scatter' and 'The update': tag every collective with gather_tag(u) / "
+      "reduce_scatter_tag(u); ZeRO-1 communicates once per step, ZeRO-3 blocks are gathered when used"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_communication_volume(tiny_config())); });
 }
 
 TEST(Lab04Fsdp, PrefetchIssuesNextGatherEarly) {
   const grading::Check check{
       "lab04.prefetch_issues_next_gather_early", /*points=*/2,
-      /*target=*/"ZeRO-3, prefetch 1, L=8 model, 2 ranks, one micro-step: the all-gather of block u+1 is issued "
-                 "(asynchronously) before block u's forward ends (after_forward(u)), and in backward the gather of "
-                 "block u-1 before block u's backward ends, for every block (event issue_ms vs hook stamps on "
-                 "Communicator::now_ms)",
-      /*hint=*/"README 'Prefetch': after waiting for unit u, use_params starts the gathers of the next blocks in "
-               "`order` (forward 1..L, backward L..1) with all_gather_async, and does not wait for them"};
+      /*target=*/
+      "ZeRO-3, prefetch 1, L=8 model, 2 ranks, one micro-step: the all-gather of block u+1 is issued "
+      "(asynchronously) before block u's forward ends (after_forward(u)), and in backward the gather of "
+      "block u-1 before block u's backward ends, for every block (event issue_ms vs hook stamps on "
+      "Communicator::now_ms)",
+      /*hint=*/
+      "README 'Prefetch': after waiting for unit u, use_params starts the gathers of the next blocks in "
+      "`order` (forward 1..L, backward L..1) with all_gather_async, and does not wait for them"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = memory_config();
     const int L = cfg.n_layer;
@@ -326,12 +354,12 @@ TEST(Lab04Fsdp, PrefetchIssuesNextGatherEarly) {
     GPT2& model = fsdp->model();
     std::vector<double> forward_end(L + 2, -1.0), backward_end(L + 2, -1.0);  // ms, Communicator::now_ms
     // Before FSDP's hooks (HookOrder::First): the moment unit u's computation is done.
-    HookHandle fwd = model.add_hook(HookPoint::AfterForward, [&](const UnitHookArgs& a) {
-      forward_end[a.unit] = Communicator::now_ms();
-    }, HookOrder::First);
-    HookHandle bwd = model.add_hook(HookPoint::AfterBackward, [&](const UnitHookArgs& a) {
-      backward_end[a.unit] = Communicator::now_ms();
-    }, HookOrder::First);
+    HookHandle fwd = model.add_hook(
+        HookPoint::AfterForward, [&](const UnitHookArgs& a) { forward_end[a.unit] = Communicator::now_ms(); },
+        HookOrder::First);
+    HookHandle bwd = model.add_hook(
+        HookPoint::AfterBackward, [&](const UnitHookArgs& a) { backward_end[a.unit] = Communicator::now_ms(); },
+        HookOrder::First);
     const GlobalBatch g = random_global_batch(kDataSeed, n, 16, cfg.vocab_size);
     comm->clear_events();
     lab04::train_step(*fsdp, rank_micro_batches(g, rank, n, 1, 1), 1e-3f, 1.0f);
@@ -355,7 +383,8 @@ TEST(Lab04Fsdp, PrefetchIssuesNextGatherEarly) {
       }
       const CommEvent& e = v[index];
       if (!e.async && problem.empty()) {
-        problem = std::string(pass) + ": the gather of block " + std::to_string(next) + " is blocking (all_gather "
+        problem = std::string(pass) + ": the gather of block " + std::to_string(next) +
+                  " is blocking (all_gather "
                   "instead of all_gather_async)";
       }
       if (e.issue_ms < end[current]) {
@@ -363,8 +392,10 @@ TEST(Lab04Fsdp, PrefetchIssuesNextGatherEarly) {
         lead_sum += end[current] - e.issue_ms;
       } else if (problem.empty()) {
         char buf[200];
-        std::snprintf(buf, sizeof(buf), "%s: the gather of block %d was issued %.3f ms AFTER block %d's %s had ended "
-                      "(not prefetched)", pass, next, e.issue_ms - end[current], current, pass);
+        std::snprintf(buf, sizeof(buf),
+                      "%s: the gather of block %d was issued %.3f ms AFTER block %d's %s had ended "
+                      "(not prefetched)",
+                      pass, next, e.issue_ms - end[current], current, pass);
         problem = buf;
       }
     };

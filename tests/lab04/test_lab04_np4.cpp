@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "fsdp.h"            // defines: lab04::* (the track under test)
-#include "grading.h"         // defines: grading::Check, grading::run, grading::all_ranks
-#include "lab04_support.h"   // defines: configs, expect_grad_shards_match, expect_steps_match, ...
-#include "scalelab/model/gpt2.h"   // defines: gpt2_unit_numel
+#include "fsdp.h"                 // defines: lab04::* (the track under test)
+#include "grading.h"              // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab04_support.h"        // defines: configs, expect_grad_shards_match, expect_steps_match, ...
+#include "scalelab/model/gpt2.h"  // defines: gpt2_unit_numel
 
 namespace {
 
@@ -26,11 +26,13 @@ namespace grading = scalelab::grading;
 TEST(Lab04Fsdp4, GradShardsEqualSingleProcessFourRanks) {
   const grading::Check check{
       "lab04.grad_shards_equal_single_process_four_ranks", /*points=*/2,
-      /*target=*/"4 ranks x 2 sequences, stages 1, 2, 3, one train_step (fp32, AdamW, no clipping): every rank's "
-                 "grad_shard_owned equals its slice of the one-process gradient of the 8 sequences, "
-                 "||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
-      /*hint=*/"README 'Reduce-scatter': ReduceOp::Avg divides by the world size, whatever it is; rank r's chunk "
-               "starts at r * shard"};
+      /*target=*/
+      "4 ranks x 2 sequences, stages 1, 2, 3, one train_step (fp32, AdamW, no clipping): every rank's "
+      "grad_shard_owned equals its slice of the one-process gradient of the 8 sequences, "
+      "||got - want|| <= 1e-5 ||want|| + 1e-9 per unit",
+      /*hint=*/
+      "README 'Reduce-scatter': ReduceOp::Avg divides by the world size, whatever it is; rank r's chunk "
+      "starts at r * shard"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
     for (int st = 1; st <= 3; ++st) {
@@ -43,8 +45,9 @@ TEST(Lab04Fsdp4, GradShardsEqualSingleProcessFourRanks) {
 TEST(Lab04Fsdp4, AdamwStepsMatchSingleProcessFourRanks) {
   const grading::Check check{
       "lab04.adamw_steps_match_single_process_four_ranks", /*points=*/2,
-      /*target=*/"4 ranks, stages 1, 2, 3, 3 AdamW steps (lr 1e-3, wd 0.1, clip 0.05 active): parameters within 1e-4 "
-                 "of one process, loss and gradient norm within 1e-5 relative, kept units consistent, every step",
+      /*target=*/
+      "4 ranks, stages 1, 2, 3, 3 AdamW steps (lr 1e-3, wd 0.1, clip 0.05 active): parameters within 1e-4 "
+      "of one process, loss and gradient norm within 1e-5 relative, kept units consistent, every step",
       /*hint=*/"README 'The update': the gradient norm sums the squares of ALL ranks' shards (one all_reduce)"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
@@ -56,11 +59,13 @@ TEST(Lab04Fsdp4, AdamwStepsMatchSingleProcessFourRanks) {
 TEST(Lab04Fsdp4, UnevenUnitsMatchSingleProcess) {
   const grading::Check check{
       "lab04.uneven_units_match_single_process", /*points=*/3,
-      /*target=*/"4 ranks, units that 4 does not divide (C=9 model: 711, 1089, 1089, 18 elements; C=3 model: 72, 147, "
-                 "6, where rank 3 owns none of ln_f), stages 1, 2, 3: grad shards equal the one-process gradient "
-                 "(1e-5 relative per unit), 3 AdamW steps within 1e-4 of one process, padding stays zero",
-      /*hint=*/"README 'Shards and padding': the model sees [0, n) only; the optimizer updates [0, owned) of the "
-               "shard (owned may be 0); padding is never written"};
+      /*target=*/
+      "4 ranks, units that 4 does not divide (C=9 model: 711, 1089, 1089, 18 elements; C=3 model: 72, 147, "
+      "6, where rank 3 owns none of ln_f), stages 1, 2, 3: grad shards equal the one-process gradient "
+      "(1e-5 relative per unit), 3 AdamW steps within 1e-4 of one process, padding stays zero",
+      /*hint=*/
+      "README 'Shards and padding': the model sees [0, n) only; the optimizer updates [0, owned) of the "
+      "shard (owned may be 0); padding is never written"};
   grading::run(check, [](grading::Record& record) {
     std::string measured;
     for (const GPTConfig& cfg : {uneven_config(), sliver_config()}) {
@@ -86,20 +91,23 @@ TEST(Lab04Fsdp4, UnevenUnitsMatchSingleProcess) {
 TEST(Lab04Fsdp4, MemoryMatchesEstimateFourRanks) {
   const grading::Check check{
       "lab04.memory_matches_estimate_four_ranks", /*points=*/2,
-      /*target=*/"4 ranks, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: each rank's params, grads "
-                 "and optimizer_state bytes (persistent and peak during a step) within 5 % of estimate_memory",
-      /*hint=*/"README 'Reduce-scatter' and 'ZeRO-3': the optimizer state, the gradient shards and (ZeRO-3) the "
-               "parameter shards are 1/N of the PADDED unit on every rank"};
+      /*target=*/
+      "4 ranks, L=8 C=64 model, AdamW, prefetch 1, stages 1-3, fp32 and bf16: each rank's params, grads "
+      "and optimizer_state bytes (persistent and peak during a step) within 5 % of estimate_memory",
+      /*hint=*/
+      "README 'Reduce-scatter' and 'ZeRO-3': the optimizer state, the gradient shards and (ZeRO-3) the "
+      "parameter shards are 1/N of the PADDED unit on every rank"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_memory_matches_estimate()); });
 }
 
 TEST(Lab04Fsdp4, CommunicationVolumeFourRanks) {
   const grading::Check check{
       "lab04.communication_volume_four_ranks", /*points=*/2,
-      /*target=*/"4 ranks, the C=9 model (every unit padded), one train_step of 2 micro-steps, stages 1-3, fp32 and "
-                 "bf16: per unit the collectives of lab04.communication_volume_per_stage with the PADDED sizes "
-                 "(reduce_scatter 4 * ceil(n/4) elements, all_gather ceil(n/4)); ZeRO-1's bus bytes equal an fp32 "
-                 "all_reduce of the padded gradient",
+      /*target=*/
+      "4 ranks, the C=9 model (every unit padded), one train_step of 2 micro-steps, stages 1-3, fp32 and "
+      "bf16: per unit the collectives of lab04.communication_volume_per_stage with the PADDED sizes "
+      "(reduce_scatter 4 * ceil(n/4) elements, all_gather ceil(n/4)); ZeRO-1's bus bytes equal an fp32 "
+      "all_reduce of the padded gradient",
       /*hint=*/"README 'Shards and padding': collectives move the padded buffer (equal chunks), never the unit's n"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_communication_volume(uneven_config())); });
 }

@@ -14,14 +14,14 @@
 
 #include <gtest/gtest.h>
 
-#include "grading.h"                    // defines: grading::run, Check, Record
-#include "perf_compare.h"               // defines: perf_test::compare_with_reference, run_program
-#include "scalelab/core/error.h"             // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
-#include "scalelab/model/gpt2.h"              // defines: GPTConfig, gpt2_num_params
+#include "grading.h"                            // defines: grading::run, Check, Record
+#include "perf_compare.h"                       // defines: perf_test::compare_with_reference, run_program
+#include "scalelab/core/error.h"                // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
+#include "scalelab/model/gpt2.h"                // defines: GPTConfig, gpt2_num_params
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
-#include "scalelab/model/optim.h"             // defines: OptimizerConfig
-#include "scalelab/core/precision.h"         // defines: PrecisionPolicy
-#include "scalelab/data/shard.h"        // defines: data::list_shards, read_shard_header (the corpus's V)
+#include "scalelab/model/optim.h"               // defines: OptimizerConfig
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
+#include "scalelab/data/shard.h"                // defines: data::list_shards, read_shard_header (the corpus's V)
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -154,9 +154,9 @@ TEST(Lab04Perf, PeakMemoryWithinEstimate) {
                   data.c_str());
     GPTConfig cfg = GPTConfig::preset("demo");
     cfg.vocab_size = static_cast<int>(data::read_shard_header(shards[0], /*verify_checksum=*/false).vocab_size);
-    const MemoryEstimate est =
-        estimate_memory(cfg, kRanks, kStage, PrecisionPolicy::from_name("fp32"),
-                        OptimizerConfig::kind_from_name("adamw"), kPrefetch, kMicroBatch, kSeqLen);
+    const MemoryEstimate est = estimate_memory(cfg, kRanks, kStage, PrecisionPolicy::from_name("fp32"),
+                                               OptimizerConfig::kind_from_name("adamw"), kPrefetch, kMicroBatch,
+                                               kSeqLen);
 
     // One run of the track's program, on CPU: its counting allocator is exact there (docs/log_schema.md).
     const std::string program = p.binary_dir + "/bin/" + grading::track() + "/lab04_fsdp";

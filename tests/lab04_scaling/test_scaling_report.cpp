@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.h"         // defines: error_message, contains
+#include "expect_error.h"                 // defines: error_message, contains
 #include "scalelab/measure/bottleneck.h"  // defines: diagnose_scaling, kCauseNames
-#include "scaling_report.h"       // defines: parse_run, make_evidence, format_report
+#include "scaling_report.h"               // defines: parse_run, make_evidence, format_report
 
 using scalelab::kCauseNames;
 using scalelab::ScalingEvidence;
@@ -47,8 +47,8 @@ std::string step_line(int rank, int step, double step_ms, double data_ms, const 
   return s + "}\n";
 }
 std::string loader_line(int rank, double tok_s) {
-  return "{\"type\":\"loader_alone\",\"rank\":" + std::to_string(rank) + ",\"batches\":5,\"tokens_per_s\":" +
-         std::to_string(tok_s) + "}\n";
+  return "{\"type\":\"loader_alone\",\"rank\":" + std::to_string(rank) +
+         ",\"batches\":5,\"tokens_per_s\":" + std::to_string(tok_s) + "}\n";
 }
 std::string summary_line(int rank, double tok_s, double mfu, double peak_bytes) {
   return "{\"type\":\"summary\",\"rank\":" + std::to_string(rank) + ",\"tokens_per_s\":" + std::to_string(tok_s) +
@@ -80,7 +80,7 @@ RunSummary two_ranks(double data0, double comm0, double data1, double comm1, dou
 
 TEST(ScalingReport, MeansOverTimedStepsLeaveOutTheWarmUpStep) {
   std::string r0 = run_line(0, 2, 8, 128, "ethernet100/300", "off") + loader_line(0, 2048);
-  r0 += step_line(0, 0, 1000, 500, "400", 2048, 100);                // warm-up: left out
+  r0 += step_line(0, 0, 1000, 500, "400", 2048, 100);  // warm-up: left out
   r0 += step_line(0, 1, 100, 10, "20", 2048, 300, "70", 40);
   r0 += step_line(0, 2, 300, 30, "60", 2048, 200, "210", 80);
   r0 += summary_line(0, 10240, 0.125, 400);
@@ -213,11 +213,11 @@ TEST(ScalingReport, TableShowsBothColumnsPerRankTimesAndTheVerdict) {
   const ScalingEvidence ev = make_evidence(single, multi, {one_device(16, 128, 100, "b16")}, &notes);
   const Verdict v = diagnose_scaling(ev);
   const std::string t = format_report(single, multi, ev, v, notes);
-  for (const char* part : {"Why not 2x? model demo, ZeRO-3, T=128", "1 device", "2 devices", "tokens/s per device",
-                           "MFU", "25.0 %", "peak memory per rank (MiB)", "exposed comm (% of step)",
-                           "rank 0 35.0 %, rank 1 5.0 %", "compute time (ms)", "rank 0 65.0, rank 1 95.0",
-                           "spread 46.2 %", "B=8 20.5k | B=16 20.5k", "note: a note",
-                           "Scaling efficiency: 70 % (1.40x on 2 devices", "straggling device               CULPRIT"})
+  for (const char* part :
+       {"Why not 2x? model demo, ZeRO-3, T=128", "1 device", "2 devices", "tokens/s per device", "MFU", "25.0 %",
+        "peak memory per rank (MiB)", "exposed comm (% of step)", "rank 0 35.0 %, rank 1 5.0 %", "compute time (ms)",
+        "rank 0 65.0, rank 1 95.0", "spread 46.2 %", "B=8 20.5k | B=16 20.5k", "note: a note",
+        "Scaling efficiency: 70 % (1.40x on 2 devices", "straggling device               CULPRIT"})
     EXPECT_TRUE(contains(t, part)) << "missing '" << part << "' in\n" << t;
   EXPECT_EQ(t.back(), '\n');
 }

@@ -7,10 +7,10 @@
 #include <map>
 #include <random>
 
-#include "grading.h"                   // defines: grading::all_ranks
-#include "scalelab/core/allocator.h"   // defines: Allocator, MemCategory
-#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig
-#include "scalelab/ops/ops.h"          // defines: encoder_*, softmax_crossentropy_*
+#include "grading.h"                  // defines: grading::all_ranks
+#include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
+#include "scalelab/ops/ops.h"         // defines: encoder_*, softmax_crossentropy_*
 
 namespace scalelab::lab05_test {
 
@@ -90,7 +90,8 @@ std::string expect_f_and_g_exact() {
   expect("f_backward (sum over the group)", dx, summed);
   Tensor y = per_rank();
   points.g_forward(y, &bias);
-  expect("g_forward with a bias (sum, then the bias once)", y, [&](int i) { return summed(i) + 1000.0f * (i % 4 + 1); });
+  expect("g_forward with a bias (sum, then the bias once)", y,
+         [&](int i) { return summed(i) + 1000.0f * (i % 4 + 1); });
   Tensor y2 = per_rank();
   points.g_forward(y2, nullptr);
   expect("g_forward without a bias (sum)", y2, summed);
@@ -125,7 +126,9 @@ std::string expect_embedding_matches_dense(bool sp) {
   Tensor dwte_shard = Tensor::zeros({Vl, C}, DType::F32), dwpe_got = Tensor::zeros({cfg.max_seq_len, C}, DType::F32);
   const Tensor my_dout = sp ? rows_of(dout, first, rows, C).view(0, {rows, C}) : dout;
   points.embedding_backward(dwte_shard, dwpe_got, my_dout, g.inputs);
-  if (bad.empty()) bad = compare_tensors("dwte (this rank's rows)", dwte_shard, rows_of(dwte, static_cast<int64_t>(r) * Vl, Vl, C), 0, 0);
+  if (bad.empty())
+    bad = compare_tensors("dwte (this rank's rows)", dwte_shard, rows_of(dwte, static_cast<int64_t>(r) * Vl, Vl, C), 0,
+                          0);
   if (bad.empty()) bad = compare_tensors("dwpe", dwpe_got, dwpe, 0, 0);
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   return bad.empty() ? std::string("out, dwte and dwpe equal the dense embedding's bit for bit") +
@@ -155,11 +158,16 @@ std::string expect_cross_entropy_matches_dense() {
   double worst = 0;
   constexpr double kRtol = 1e-6;  // an exp-sum over V in tp parts instead of one: fp32 rounding
   std::string bad = compare_tensors("losses", my_losses, losses, kRtol, 0, &worst);
-  if (bad.empty()) bad = compare_tensors("probs (this rank's columns)", my_probs, columns(probs, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
-  if (bad.empty()) bad = compare_tensors("dlogits (this rank's columns)", my_dlogits, columns(dlogits, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
+  if (bad.empty())
+    bad = compare_tensors("probs (this rank's columns)", my_probs, columns(probs, static_cast<int64_t>(r) * Vl, Vl),
+                          kRtol, 1e-9, &worst);
+  if (bad.empty())
+    bad = compare_tensors("dlogits (this rank's columns)", my_dlogits,
+                          columns(dlogits, static_cast<int64_t>(r) * Vl, Vl), kRtol, 1e-9, &worst);
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   char buf[128];
-  std::snprintf(buf, sizeof(buf), "losses, probs and dlogits within %.2g of the dense cross-entropy's (relative)", worst);
+  std::snprintf(buf, sizeof(buf), "losses, probs and dlogits within %.2g of the dense cross-entropy's (relative)",
+                worst);
   return bad.empty() ? buf : bad;
 }
 
@@ -183,8 +191,10 @@ std::string expect_gradients_match_dense(bool sp) {
   if (bad.empty()) bad = compare_with_dense_slices(*s.model, *dense, /*grads=*/true, kGradRtol, 0, &worst);
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "loss %.6f as dense; every gradient within %.2g (relative) of its dense slice, "
-                "tp = %d%s", loss, worst, s.points->size(), sp ? ", sequence parallel" : "");
+  std::snprintf(buf, sizeof(buf),
+                "loss %.6f as dense; every gradient within %.2g (relative) of its dense slice, "
+                "tp = %d%s",
+                loss, worst, s.points->size(), sp ? ", sequence parallel" : "");
   return bad.empty() ? buf : bad;
 }
 
@@ -221,8 +231,10 @@ std::string expect_sgd_steps_match_dense(bool sp) {
   }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "%d SGD steps (clip %.1f on the whole model's norm): losses, norms and every "
-                "parameter as the dense model's (parameters within 1e-6)", kSteps, kClip);
+  std::snprintf(buf, sizeof(buf),
+                "%d SGD steps (clip %.1f on the whole model's norm): losses, norms and every "
+                "parameter as the dense model's (parameters within 1e-6)",
+                kSteps, kClip);
   return bad.empty() ? buf : bad;
 }
 
@@ -237,8 +249,8 @@ std::string expect_collectives_per_layer(bool sp) {
     std::map<std::string, int> c;
     const int n = s.tp_group->size();
     for (const CommEvent& e : events) {
-      const int64_t whole = e.op == "all_reduce" ? e.payload_bytes
-                            : e.op == "all_gather" ? e.payload_bytes * n
+      const int64_t whole = e.op == "all_reduce"       ? e.payload_bytes
+                            : e.op == "all_gather"     ? e.payload_bytes * n
                             : e.op == "reduce_scatter" ? e.payload_bytes
                                                        : 0;
       if (whole == btc_bytes) ++c[e.op];
@@ -255,10 +267,12 @@ std::string expect_collectives_per_layer(bool sp) {
   // Without sequence parallelism: g (2 per layer) and the embedding all-reduce forward, f (2 per layer and
   // the head) backward. With it: the all-gathers before the column-parallel regions (2 per layer and the
   // head), the reduce-scatters after the row-parallel ones and the embedding's; backward the reverse.
-  const std::map<std::string, int> want_fwd = sp ? std::map<std::string, int>{{"all_gather", 2 * L + 1}, {"reduce_scatter", 2 * L + 1}}
-                                                 : std::map<std::string, int>{{"all_reduce", 2 * L + 1}};
-  const std::map<std::string, int> want_bwd = sp ? std::map<std::string, int>{{"all_gather", 2 * L + 1}, {"reduce_scatter", 2 * L + 1}}
-                                                 : std::map<std::string, int>{{"all_reduce", 2 * L + 1}};
+  const std::map<std::string, int> want_fwd =
+      sp ? std::map<std::string, int>{{"all_gather", 2 * L + 1}, {"reduce_scatter", 2 * L + 1}}
+         : std::map<std::string, int>{{"all_reduce", 2 * L + 1}};
+  const std::map<std::string, int> want_bwd =
+      sp ? std::map<std::string, int>{{"all_gather", 2 * L + 1}, {"reduce_scatter", 2 * L + 1}}
+         : std::map<std::string, int>{{"all_reduce", 2 * L + 1}};
   auto str = [](const std::map<std::string, int>& m) {
     std::string out;
     for (const auto& [op, k] : m) out += (out.empty() ? "" : ", ") + std::to_string(k) + " " + op;
@@ -266,7 +280,8 @@ std::string expect_collectives_per_layer(bool sp) {
   };
   const bool ok = fwd == want_fwd && bwd == want_bwd;
   const std::string got = "forward " + str(fwd) + "; backward " + str(bwd) + " of (B,T,C) tensors";
-  EXPECT_TRUE(grading::all_ranks(ok, on_rank(got + ", expected forward " + str(want_fwd) + "; backward " + str(want_bwd))));
+  EXPECT_TRUE(grading::all_ranks(ok,
+                                 on_rank(got + ", expected forward " + str(want_fwd) + "; backward " + str(want_bwd))));
   return got + " (L = " + std::to_string(L) + ")";
 }
 
@@ -276,7 +291,7 @@ int64_t activation_set_bytes(const GPTConfig& cfg, int B, int T, int tp, bool sp
   const int64_t R = sp ? BT / tp : BT;          // one value per token row (layernorm mean, rstd)
   const int64_t gathered = sp ? BT * C : 0;     // a layernorm's output gathered for the column-parallel matmul
   const int64_t layer = 6 * S + 4 * R + 2 * gathered + (3 + 1 + 8) * BT * C / tp + B * (NH / tp) * T * T;
-  const int64_t embedding = S + BT;                               // encoded; tokens (i32)
+  const int64_t embedding = S + BT;                                       // encoded; tokens (i32)
   const int64_t head = S + 2 * R + gathered + 2 * BT * V / tp + BT + BT;  // lnf, stats, logits, probs, losses, targets
   return 4 * (embedding + cfg.n_layer * layer + head);
 }
@@ -295,8 +310,8 @@ std::string expect_activation_memory_matches_formula(bool sp) {
   const GlobalBatch g = random_global_batch(kDataSeed, B, T, cfg.vocab_size);
   s.model->forward(set, g.inputs, &g.targets);
   const int64_t after = acts() - before;
-  EXPECT_TRUE(grading::all_ranks(after == measured, on_rank("the forward allocated " +
-                                                            std::to_string(after - measured) + " more bytes")));
+  EXPECT_TRUE(grading::all_ranks(after == measured,
+                                 on_rank("the forward allocated " + std::to_string(after - measured) + " more bytes")));
   const int tp = s.points->size();
   const int64_t want = activation_set_bytes(cfg, B, T, tp, sp), dense = activation_set_bytes(cfg, B, T, 1, false);
   const double rel = std::fabs(static_cast<double>(measured - want)) / want;
@@ -304,10 +319,11 @@ std::string expect_activation_memory_matches_formula(bool sp) {
   EXPECT_TRUE(grading::all_ranks(rel <= kWithin, on_rank("measured " + std::to_string(measured) + " bytes, formula " +
                                                          std::to_string(want))));
   char buf[200];
-  std::snprintf(buf, sizeof(buf), "one (B=%d, T=%d) set: %lld bytes measured, %lld by the formula (%.1f %% off); "
-                "the dense model's set: %lld bytes (%.2fx)", B, T, static_cast<long long>(measured),
-                static_cast<long long>(want), 100 * rel, static_cast<long long>(dense),
-                static_cast<double>(dense) / measured);
+  std::snprintf(buf, sizeof(buf),
+                "one (B=%d, T=%d) set: %lld bytes measured, %lld by the formula (%.1f %% off); "
+                "the dense model's set: %lld bytes (%.2fx)",
+                B, T, static_cast<long long>(measured), static_cast<long long>(want), 100 * rel,
+                static_cast<long long>(dense), static_cast<double>(dense) / measured);
   return buf;
 }
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "data_parallel.h"         // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
-#include "scalelab/comm/comm.h"    // defines: Communicator
-#include "scalelab/model/gpt2.h"   // defines: GPT2, GPTConfig, ModelShard
-#include "tensor_parallel.h"       // defines: lab05::* (the track under test)
+#include "data_parallel.h"        // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
+#include "scalelab/comm/comm.h"   // defines: Communicator
+#include "scalelab/model/gpt2.h"  // defines: GPT2, GPTConfig, ModelShard
+#include "tensor_parallel.h"      // defines: lab05::* (the track under test)
 
 namespace scalelab::lab05_test {
 
@@ -29,7 +29,6 @@ struct TpSetup {
   std::unique_ptr<GPT2> model;
 };
 TpSetup make_tp_model(const GPTConfig& cfg, bool sequence_parallel);
-
 
 // Sums of B*T terms in another order (per rank, then across the group) than the dense model's: rounding.
 // Measured relative to each tensor's largest entry on tp_config: at most 6e-7 (tp 2 and 4, with and

@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <string>
 
-#include "grading.h"             // defines: grading::Check, grading::run, grading::all_ranks
-#include "lab05_support.h"       // defines: the shared check bodies, tp_config, make_tp_model
-#include "scalelab/core/error.h" // defines: scalelab::Error
+#include "grading.h"              // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab05_support.h"        // defines: the shared check bodies, tp_config, make_tp_model
+#include "scalelab/core/error.h"  // defines: scalelab::Error
 
 namespace {
 
@@ -115,7 +115,8 @@ TEST(Lab05Tp, ActivationMemoryMatchesFormula) {
 TEST(Lab05Tp, AdamwLossCurveFollowsOneRank) {
   const grading::Check check{"lab05.adamw_loss_curve_follows_one_rank", 2,
                              "6 AdamW steps at tp = 2: every step's loss within 1e-5 (relative) of the one-process "
-                             "run's", "README 'One training step'"};
+                             "run's",
+                             "README 'One training step'"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = tp_config();
     OptimizerConfig adamw;

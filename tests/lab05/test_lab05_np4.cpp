@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "grading.h"        // defines: grading::Check, grading::run, grading::all_ranks
-#include "lab05_support.h"  // defines: the shared check bodies, tp_config
+#include "grading.h"              // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab05_support.h"        // defines: the shared check bodies, tp_config
 #include "scalelab/core/error.h"  // defines: scalelab::Error, NotImplemented
 
 namespace {
@@ -36,7 +36,8 @@ TEST(Lab05Tp4, SequenceParallelGradientsMatchDenseFourRanks) {
 TEST(Lab05Tp4, CollectivesPerLayerFourRanks) {
   const grading::Check check{"lab05.collectives_per_layer_four_ranks", 1,
                              "tp = 4: the same collectives per layer as at tp = 2, with and without sequence "
-                             "parallelism", "README 'What each collective carries'"};
+                             "parallelism",
+                             "README 'What each collective carries'"};
   grading::run(check, [](grading::Record& record) {
     const std::string a = expect_collectives_per_layer(false);
     record.measured(a + " | sequence parallel: " + expect_collectives_per_layer(true));
@@ -101,7 +102,8 @@ TEST(Lab05Tp4, BadLayoutsFailOnEveryRankFourRanks) {
   const grading::Check check{"lab05.bad_layouts_fail_on_every_rank_four_ranks", 1,
                              "make_layout gives tp = 4 on 4 ranks (tp_rank = rank, dp 1) and refuses, on every rank "
                              "and before any collective, tp = 3 (not dividing 4 ranks), tp = 8 (more than the ranks), "
-                             "NH = 3 heads with tp = 2", "README 'The layout'"};
+                             "NH = 3 heads with tp = 2",
+                             "README 'The layout'"};
   grading::run(check, [](grading::Record& record) {
     const int n = world().size(), r = world().rank();
     GPTConfig three_heads = tp_config();  // NH = 3 heads of 16 channels: not divisible by tp = 2
@@ -110,8 +112,8 @@ TEST(Lab05Tp4, BadLayoutsFailOnEveryRankFourRanks) {
     const lab05::Layout good = lab05::make_layout(tp_config(), n, r, n, false);  // a NotImplemented ends it here
     const bool good_ok = good.tp == n && good.dp == 1 && good.tp_rank == r && good.dp_rank == 0;
     EXPECT_TRUE(grading::all_ranks(good_ok, on_rank("tp " + std::to_string(good.tp) + " dp " + std::to_string(good.dp) +
-                                                    " tp_rank " + std::to_string(good.tp_rank) + " for tp = " +
-                                                    std::to_string(n))));
+                                                    " tp_rank " + std::to_string(good.tp_rank) +
+                                                    " for tp = " + std::to_string(n))));
     const GPTConfig thirds{16, 96, 2, 6, 48};  // NH, 4C and V divide by 3: only the ranks do not
     int refused = 0;
     for (const auto& [cfg, tp] : {std::pair<GPTConfig, int>{thirds, 3}, {tp_config(), 2 * n}, {three_heads, 2}}) {

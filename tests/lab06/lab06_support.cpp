@@ -157,7 +157,8 @@ std::string expect_gradients_match_dense(const std::vector<ScheduleCase>& cases)
     measured += (measured.empty() ? "" : ", ") + case_name(sc, p);
   }
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "; worst gradient error %.2g of its tensor's scale (bound %.0e)", worst_all, kGradRtol);
+  std::snprintf(buf, sizeof(buf), "; worst gradient error %.2g of its tensor's scale (bound %.0e)", worst_all,
+                kGradRtol);
   return measured + buf;
 }
 
@@ -183,9 +184,10 @@ std::string expect_activation_memory(const std::vector<ScheduleCase>& cases) {
     std::string bad;
     if (got != want || leaked != 0) {
       char buf[256];
-      std::snprintf(buf, sizeof(buf), "stage %d held %lld bytes of activations at most (%.2f sets of %lld), the "
-                    "schedule holds %d sets = %lld bytes; %lld bytes still held after the step", s,
-                    static_cast<long long>(got), static_cast<double>(got) / set_bytes.back(),
+      std::snprintf(buf, sizeof(buf),
+                    "stage %d held %lld bytes of activations at most (%.2f sets of %lld), the "
+                    "schedule holds %d sets = %lld bytes; %lld bytes still held after the step",
+                    s, static_cast<long long>(got), static_cast<double>(got) / set_bytes.back(),
                     static_cast<long long>(set_bytes.back()), sets, static_cast<long long>(want),
                     static_cast<long long>(leaked));
       bad = buf;
@@ -234,8 +236,9 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, 
     own.data<float>()[0] = static_cast<float>(cpu1.own_s - cpu0.own_s);
     pl.world->all_reduce(own, ReduceOp::Sum, "ranks' cpu seconds");
     Tensor others = Tensor::empty({1}, DType::F32);
-    others.data<float>()[0] = static_cast<float>(
-        test::other_cores(cpu0, cpu1, own.data<float>()[0] - static_cast<float>(cpu1.own_s - cpu0.own_s)));
+    others.data<float>()[0] =
+        static_cast<float>(test::other_cores(cpu0, cpu1,
+                                             own.data<float>()[0] - static_cast<float>(cpu1.own_s - cpu0.own_s)));
     pl.world->all_reduce(others, ReduceOp::Max, "others' cores");
     others_max = std::max(others_max, static_cast<double>(others.data<float>()[0]));
     std::sort(bubbles.begin(), bubbles.end());
@@ -259,11 +262,13 @@ std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases, 
     record.optional("scripts/grade 06 again when nothing else runs (the bubble needs idle cores)");
     [&] {  // GTEST_SKIP returns from a void function; the test is marked skipped
       GTEST_SKIP() << "the machine is shared: other processes used " << others_max << " cores while the bubble "
-                   << "was measured (more than " << kMaxOtherCores << "), so message latencies were theirs: " << measured;
+                   << "was measured (more than " << kMaxOtherCores
+                   << "), so message latencies were theirs: " << measured;
     }();
     return measured + busy;
   }
-  EXPECT_TRUE(grading::all_ranks(failed.empty(), on_rank_if(failed.empty() ? failed : failed + " (more than 10 % apart)")));
+  EXPECT_TRUE(grading::all_ranks(failed.empty(),
+                                 on_rank_if(failed.empty() ? failed : failed + " (more than 10 % apart)")));
   return measured + busy;
 }
 

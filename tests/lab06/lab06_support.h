@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "data_parallel.h"           // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
-#include "grading.h"                 // defines: grading::Record
-#include "pipeline_parallel.h"       // defines: lab06::* (the track under test)
-#include "scalelab/comm/comm.h"      // defines: Communicator
-#include "scalelab/comm/rank_grid.h" // defines: RankGrid
-#include "scalelab/model/gpt2.h"     // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"    // defines: Optimizer, OptimizerConfig
+#include "data_parallel.h"            // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
+#include "grading.h"                  // defines: grading::Record
+#include "pipeline_parallel.h"        // defines: lab06::* (the track under test)
+#include "scalelab/comm/comm.h"       // defines: Communicator
+#include "scalelab/comm/rank_grid.h"  // defines: RankGrid
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
 
 namespace scalelab::lab06_test {
 

@@ -31,9 +31,10 @@ std::string schedules_against_definition(ScheduleKind kind) {
       for (int v : {1, 2, 4}) {
         if ((kind == ScheduleKind::Interleaved) != (v > 1) || (v > 1 && (p < 2 || m % p != 0))) continue;
         for (int s = 0; s < p && bad.empty(); ++s) {
-          const std::vector<lab06::Action> got = kind == ScheduleKind::GPipe      ? lab06::gpipe_schedule(p, m, s)
-                                                 : kind == ScheduleKind::OneFOneB ? lab06::one_f_one_b_schedule(p, m, s)
-                                                                                  : lab06::interleaved_schedule(p, m, v, s);
+          const std::vector<lab06::Action> got = kind == ScheduleKind::GPipe ? lab06::gpipe_schedule(p, m, s)
+                                                 : kind == ScheduleKind::OneFOneB
+                                                     ? lab06::one_f_one_b_schedule(p, m, s)
+                                                     : lab06::interleaved_schedule(p, m, v, s);
           const std::vector<lab06::Action> want = expected_schedule(kind, p, m, v, s);
           ++tested;
           if (!(got == want))
@@ -79,8 +80,8 @@ TEST(Lab06Pp, PartitionIsBalanced) {
                 sh.has_head != (vs == n - 1) || sh.tp_size != 1)
               bad = "L " + std::to_string(L) + ", p " + std::to_string(p) + ", v " + std::to_string(v) +
                     ": virtual stage " + std::to_string(vs) + " got \"" + sh.str() + "\", expected layers " +
-                    std::to_string(next) + "-" + std::to_string(next + size - 1) + (vs == 0 ? " with the embedding" : "") +
-                    (vs == n - 1 ? " with the head" : "");
+                    std::to_string(next) + "-" + std::to_string(next + size - 1) +
+                    (vs == 0 ? " with the embedding" : "") + (vs == n - 1 ? " with the head" : "");
             next += size;
           }
         }
@@ -104,7 +105,8 @@ TEST(Lab06Pp, GpipeScheduleOrder) {
   const grading::Check check{"lab06.gpipe_schedule_order", 2,
                              "gpipe_schedule for p 1, 2, 4, m 1..8, every stage: F0 .. F(m-1) then B0 .. B(m-1)",
                              "README 'GPipe'"};
-  grading::run(check, [](grading::Record& record) { record.measured(schedules_against_definition(ScheduleKind::GPipe)); });
+  grading::run(check,
+               [](grading::Record& record) { record.measured(schedules_against_definition(ScheduleKind::GPipe)); });
 }
 
 TEST(Lab06Pp, OneForwardOneBackwardScheduleOrder) {
@@ -112,9 +114,8 @@ TEST(Lab06Pp, OneForwardOneBackwardScheduleOrder) {
                              "one_f_one_b_schedule for p 1, 2, 4, m 1..8, every stage: min(p - s - 1, m) warm-up "
                              "forwards, then F/B pairs, then the cool-down backwards (Narayanan et al. 2021, Fig. 3)",
                              "README '1F1B': when can the first backward reach stage s?"};
-  grading::run(check, [](grading::Record& record) {
-    record.measured(schedules_against_definition(ScheduleKind::OneFOneB));
-  });
+  grading::run(check,
+               [](grading::Record& record) { record.measured(schedules_against_definition(ScheduleKind::OneFOneB)); });
 }
 
 TEST(Lab06Pp, InterleavedScheduleOrder) {
@@ -129,12 +130,13 @@ TEST(Lab06Pp, InterleavedScheduleOrder) {
 }
 
 TEST(Lab06Pp, GpipeGradientsMatchDense) {
-  const grading::Check check{"lab06.gpipe_gradients_match_dense", 3,
-                             "GPipe at p = 2, m = 1 and 4: the step's loss within 1e-6 of the dense model's on the same "
-                             "global batch, every gradient of each stage within 1e-5 (relative to the tensor) of the "
-                             "dense one, and the order the stage ran equal to the schedule",
-                             "README 'The exchange' and 'The executor': what crosses a boundary in each direction; "
-                             "the tensor named in the failure says which stage lost it"};
+  const grading::Check check{
+      "lab06.gpipe_gradients_match_dense", 3,
+      "GPipe at p = 2, m = 1 and 4: the step's loss within 1e-6 of the dense model's on the same "
+      "global batch, every gradient of each stage within 1e-5 (relative to the tensor) of the "
+      "dense one, and the order the stage ran equal to the schedule",
+      "README 'The exchange' and 'The executor': what crosses a boundary in each direction; "
+      "the tensor named in the failure says which stage lost it"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_gradients_match_dense({{ScheduleKind::GPipe, 1, 1}, {ScheduleKind::GPipe, 4, 1}}));
   });
@@ -145,8 +147,9 @@ TEST(Lab06Pp, OneForwardOneBackwardGradientsMatchDense) {
                              "the same for 1F1B at p = 2, m = 1, 3 and 8",
                              "README 'The executor': a backward needs the activations of ITS micro-batch"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_gradients_match_dense(
-        {{ScheduleKind::OneFOneB, 1, 1}, {ScheduleKind::OneFOneB, 3, 1}, {ScheduleKind::OneFOneB, 8, 1}}));
+    record.measured(expect_gradients_match_dense({{ScheduleKind::OneFOneB, 1, 1},
+                                                  {ScheduleKind::OneFOneB, 3, 1},
+                                                  {ScheduleKind::OneFOneB, 8, 1}}));
   });
 }
 
@@ -156,8 +159,9 @@ TEST(Lab06Pp, InterleavedGradientsMatchDense) {
                              "gradients",
                              "README 'Interleaved 1F1B': the last rank's chunk c feeds the first rank's chunk c + 1"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_gradients_match_dense(
-        {{ScheduleKind::Interleaved, 2, 2}, {ScheduleKind::Interleaved, 4, 2}, {ScheduleKind::Interleaved, 4, 4}}));
+    record.measured(expect_gradients_match_dense({{ScheduleKind::Interleaved, 2, 2},
+                                                  {ScheduleKind::Interleaved, 4, 2},
+                                                  {ScheduleKind::Interleaved, 4, 4}}));
   });
 }
 
@@ -192,7 +196,8 @@ TEST(Lab06Pp, TiedEmbeddingCopiesEqual) {
             bad = buf;
           }
       }
-      if (bad.empty()) bad = compare_tensors("wte after step " + std::to_string(step), wte, dense->param("wte"), 1e-5, 0, &worst);
+      if (bad.empty())
+        bad = compare_tensors("wte after step " + std::to_string(step), wte, dense->param("wte"), 1e-5, 0, &worst);
     }
     EXPECT_TRUE(grading::all_ranks(bad.empty(), bad.empty() ? bad : on_rank(bad)));
     record.measured("the two copies bit-equal after each of 4 steps; worst distance to the dense wte %.2g of its scale",
@@ -231,8 +236,8 @@ TEST(Lab06Pp, SgdStepsMatchDense) {
       if (bad.empty()) bad = compare_with_dense_slices(pl.stage->chunk(0), *dense, /*grads=*/false, 1e-5, 0, &worst);
     }
     EXPECT_TRUE(grading::all_ranks(bad.empty(), bad.empty() ? bad : on_rank(bad)));
-    record.measured("3 steps: loss, norm (%.3g at the last, clipped to 0.5) and parameters as dense; worst %.2g", last_norm,
-                    worst);
+    record.measured("3 steps: loss, norm (%.3g at the last, clipped to 0.5) and parameters as dense; worst %.2g",
+                    last_norm, worst);
   });
 }
 
@@ -269,23 +274,26 @@ TEST(Lab06Pp, AdamwLossCurveFollowsOneRank) {
 }
 
 TEST(Lab06Pp, ActivationMemoryPerSchedule) {
-  const grading::Check check{"lab06.activation_memory_per_schedule", 3,
-                             "the allocator's peak of activations during a step, minus before it, equals exactly the "
-                             "sets each schedule holds: GPipe m = 4 (4 on every stage), 1F1B m = 4 (min(m, p - s): 2, 1), "
-                             "interleaved v = 2 m = 4 (its warm-up + 1 chunk sets: 5, 3); nothing left after the step",
-                             "README 'Why 1F1B': when is a micro-batch's activation set made, and when freed?"};
+  const grading::Check check{
+      "lab06.activation_memory_per_schedule", 3,
+      "the allocator's peak of activations during a step, minus before it, equals exactly the "
+      "sets each schedule holds: GPipe m = 4 (4 on every stage), 1F1B m = 4 (min(m, p - s): 2, 1), "
+      "interleaved v = 2 m = 4 (its warm-up + 1 chunk sets: 5, 3); nothing left after the step",
+      "README 'Why 1F1B': when is a micro-batch's activation set made, and when freed?"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_activation_memory(
-        {{ScheduleKind::GPipe, 4, 1}, {ScheduleKind::OneFOneB, 4, 1}, {ScheduleKind::Interleaved, 4, 2}}));
+    record.measured(expect_activation_memory({{ScheduleKind::GPipe, 4, 1},
+                                              {ScheduleKind::OneFOneB, 4, 1},
+                                              {ScheduleKind::Interleaved, 4, 2}}));
   });
 }
 
 TEST(Lab06Pp, BubbleMatchesFormula) {
-  const grading::Check check{"lab06.bubble_matches_formula", 3,
-                             "uniform compute (forward F ms, backward 2F per stage): each stage's idle share of the "
-                             "step within 10 % of the formula: GPipe and 1F1B m = 4, F 100, (p - 1)/(m + p - 1) = 0.200; "
-                             "interleaved v = 2 m = 2, F 150, (p - 1)/(v m + p - 1) = 0.200",
-                             "README 'Measuring the bubble': a schedule that waits where it need not has a larger one"};
+  const grading::Check check{
+      "lab06.bubble_matches_formula", 3,
+      "uniform compute (forward F ms, backward 2F per stage): each stage's idle share of the "
+      "step within 10 % of the formula: GPipe and 1F1B m = 4, F 100, (p - 1)/(m + p - 1) = 0.200; "
+      "interleaved v = 2 m = 2, F 150, (p - 1)/(v m + p - 1) = 0.200",
+      "README 'Measuring the bubble': a schedule that waits where it need not has a larger one"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_bubble_matches_formula({{{ScheduleKind::GPipe, 4, 1}, 100.0},
                                                    {{ScheduleKind::OneFOneB, 4, 1}, 100.0},

@@ -15,11 +15,12 @@ namespace grading = scalelab::grading;
 }  // namespace
 
 TEST(Lab06Pp4, GradientsMatchDenseFourStages) {
-  const grading::Check check{"lab06.gradients_match_dense_four_stages", 3,
-                             "p = 4: GPipe m = 2 (m < p), 1F1B m = 3 and 8, interleaved v = 2 m = 4: loss within 1e-6 and "
-                             "every gradient of every stage and chunk within 1e-5 of the dense model's, each stage's "
-                             "order as the schedule",
-                             "README 'The exchange': a middle stage receives and sends in both directions"};
+  const grading::Check check{
+      "lab06.gradients_match_dense_four_stages", 3,
+      "p = 4: GPipe m = 2 (m < p), 1F1B m = 3 and 8, interleaved v = 2 m = 4: loss within 1e-6 and "
+      "every gradient of every stage and chunk within 1e-5 of the dense model's, each stage's "
+      "order as the schedule",
+      "README 'The exchange': a middle stage receives and sends in both directions"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_gradients_match_dense({{ScheduleKind::GPipe, 2, 1},
                                                   {ScheduleKind::OneFOneB, 3, 1},
@@ -29,24 +30,28 @@ TEST(Lab06Pp4, GradientsMatchDenseFourStages) {
 }
 
 TEST(Lab06Pp4, ActivationMemoryFourStages) {
-  const grading::Check check{"lab06.activation_memory_four_stages", 2,
-                             "p = 4, m = 8: GPipe holds 8 sets on every stage, 1F1B 4, 3, 2, 1; interleaved v = 2 m = 4 "
-                             "8, 8, 7, 5 chunk sets: the allocator's peak equals the schedule's exactly",
-                             "README 'Why 1F1B'"};
+  const grading::Check check{
+      "lab06.activation_memory_four_stages", 2,
+      "p = 4, m = 8: GPipe holds 8 sets on every stage, 1F1B 4, 3, 2, 1; interleaved v = 2 m = 4 "
+      "8, 8, 7, 5 chunk sets: the allocator's peak equals the schedule's exactly",
+      "README 'Why 1F1B'"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_activation_memory(
-        {{ScheduleKind::GPipe, 8, 1}, {ScheduleKind::OneFOneB, 8, 1}, {ScheduleKind::Interleaved, 4, 2}}));
+    record.measured(expect_activation_memory({{ScheduleKind::GPipe, 8, 1},
+                                              {ScheduleKind::OneFOneB, 8, 1},
+                                              {ScheduleKind::Interleaved, 4, 2}}));
   });
 }
 
 TEST(Lab06Pp4, BubbleMatchesFormulaFourStages) {
-  const grading::Check check{"lab06.bubble_matches_formula_four_stages", 2,
-                             "p = 4, uniform compute (forward F, backward 2F per stage): 1F1B m = 4 at F = 60 ms, bubble "
-                             "3/7 = 0.429, and interleaved v = 2 m = 4 at F = 150 ms, 3/11 = 0.273, each stage within 10 %",
-                             "README 'Measuring the bubble'"};
+  const grading::Check check{
+      "lab06.bubble_matches_formula_four_stages", 2,
+      "p = 4, uniform compute (forward F, backward 2F per stage): 1F1B m = 4 at F = 60 ms, bubble "
+      "3/7 = 0.429, and interleaved v = 2 m = 4 at F = 150 ms, 3/11 = 0.273, each stage within 10 %",
+      "README 'Measuring the bubble'"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(
-        expect_bubble_matches_formula({{{ScheduleKind::OneFOneB, 4, 1}, 60.0}, {{ScheduleKind::Interleaved, 4, 2}, 150.0}}, record));
+    record.measured(expect_bubble_matches_formula({{{ScheduleKind::OneFOneB, 4, 1}, 60.0},
+                                                   {{ScheduleKind::Interleaved, 4, 2}, 150.0}},
+                                                  record));
   });
 }
 

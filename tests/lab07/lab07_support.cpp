@@ -17,7 +17,8 @@ namespace scalelab::lab07_test {
 GPTConfig grid_config() { return GPTConfig{16, 64, 4, 2, 16}; }
 
 const std::vector<std::string>& all_orders() {
-  static const std::vector<std::string> orders = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
+  static const std::vector<std::string> orders = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp",
+                                                  "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
   return orders;
 }
 
@@ -68,8 +69,8 @@ std::vector<TableRow> expected_table(const lab07::Grid& g) {
     row.pp = strided_group(g, "pp", r);
     row.dp = strided_group(g, "dp", r);
     if (row.coords.pp_rank == 0 || row.coords.pp_rank == g.pp - 1) {
-      row.embedding.push_back(row.pp.front());                  // the first stage of my pipeline
-      if (g.pp > 1) row.embedding.push_back(row.pp.back());     // and the last
+      row.embedding.push_back(row.pp.front());               // the first stage of my pipeline
+      if (g.pp > 1) row.embedding.push_back(row.pp.back());  // and the last
     }
     rows.push_back(row);
   }
@@ -88,8 +89,8 @@ Run3D make_run(const GPTConfig& cfg, const Case& c, OptimizerConfig::Kind optimi
   run.layout = lab07::make_layout(cfg, c.grid, run.world->size(), run.world->rank(), c.schedule, c.m, c.v, 0, false);
   OptimizerConfig oc;
   oc.kind = optimizer;
-  run.rank = lab07::build_rank(*run.world, cfg, run.layout, oc, PrecisionPolicy::fp32(), Device::CPU, kModelSeed,
-                               c.zero1);
+  run.rank =
+      lab07::build_rank(*run.world, cfg, run.layout, oc, PrecisionPolicy::fp32(), Device::CPU, kModelSeed, c.zero1);
   return run;
 }
 
@@ -118,14 +119,15 @@ std::string expect_grid_arithmetic(const std::vector<lab07::Grid>& grids) {
         const GridCoords got = lab07::coords_of(g, r);
         char buf[256];
         if (!(got == want.coords)) {
-          std::snprintf(buf, sizeof(buf), "%s: coords_of(%d) = (tp %d, pp %d, dp %d), the table's (tp %d, pp %d, dp %d)",
+          std::snprintf(buf, sizeof(buf),
+                        "%s: coords_of(%d) = (tp %d, pp %d, dp %d), the table's (tp %d, pp %d, dp %d)",
                         g.describe().c_str(), r, got.tp_rank, got.pp_rank, got.dp_rank, want.coords.tp_rank,
                         want.coords.pp_rank, want.coords.dp_rank);
           bad = buf;
         } else if (lab07::rank_of(g, want.coords) != r) {
           std::snprintf(buf, sizeof(buf), "%s: rank_of(tp %d, pp %d, dp %d) = %d, the table's %d", g.describe().c_str(),
-                        want.coords.tp_rank, want.coords.pp_rank, want.coords.dp_rank,
-                        lab07::rank_of(g, want.coords), r);
+                        want.coords.tp_rank, want.coords.pp_rank, want.coords.dp_rank, lab07::rank_of(g, want.coords),
+                        r);
           bad = buf;
         }
         const std::pair<GridAxis, const std::vector<int>*> groups[] = {
@@ -133,8 +135,8 @@ std::string expect_grid_arithmetic(const std::vector<lab07::Grid>& grids) {
         for (const auto& [axis, members] : groups) {
           const std::vector<int> got_members = lab07::group_members(g, axis, r);
           if (bad.empty() && got_members != *members)
-            bad = g.describe() + ": group_members(" + grid_axis_name(axis) + ", " + std::to_string(r) + ") = " +
-                  list(got_members) + ", the table's " + list(*members);
+            bad = g.describe() + ": group_members(" + grid_axis_name(axis) + ", " + std::to_string(r) +
+                  ") = " + list(got_members) + ", the table's " + list(*members);
         }
         const std::vector<int> got_emb = lab07::embedding_members(g, r);
         if (bad.empty() && got_emb != want.embedding)
@@ -256,7 +258,8 @@ std::string expect_gradients_match_dense(const std::vector<Case>& cases) {
     measured += (measured.empty() ? "" : ", ") + case_name(c);
   }
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "; worst gradient error %.2g of its tensor's scale (bound %.0e)", worst_all, kGradRtol);
+  std::snprintf(buf, sizeof(buf), "; worst gradient error %.2g of its tensor's scale (bound %.0e)", worst_all,
+                kGradRtol);
   return measured + buf;
 }
 
@@ -346,7 +349,8 @@ std::string expect_group_bytes(const std::vector<Case>& cases) {
       if (c.grid.tp > 1) {
         // per micro-batch: each block's g forward (attention, MLP) and f backward (their inputs), the
         // embedding's sum, the head's f backward and the cross-entropy's max and two sums over the rows
-        const int64_t per_mb = layers * 4 * btc + (sh.has_embedding ? btc : 0) + (sh.has_head ? btc + 3 * n_rows * 4 : 0);
+        const int64_t per_mb = layers * 4 * btc + (sh.has_embedding ? btc : 0) +
+                               (sh.has_head ? btc + 3 * n_rows * 4 : 0);
         want_tp += c.m * per_mb;
       }
       // per micro-batch: an activation sent and a gradient received unless last; the reverse unless first
@@ -360,10 +364,12 @@ std::string expect_group_bytes(const std::vector<Case>& cases) {
     const int64_t got_pp = tensor_bytes(r.groups.pp.get()) + tensor_bytes(&r.exchange->gradient_channel());
     const int64_t got_dp = tensor_bytes(r.groups.dp.get()), got_emb = tensor_bytes(r.groups.embedding.get());
     char buf[320];
-    std::snprintf(buf, sizeof(buf), "tp %lld, pp %lld, dp %lld, embedding %lld bytes; the layout's tp %lld, pp %lld, "
-                  "dp %lld, embedding %lld", static_cast<long long>(got_tp), static_cast<long long>(got_pp),
-                  static_cast<long long>(got_dp), static_cast<long long>(got_emb), static_cast<long long>(want_tp),
-                  static_cast<long long>(want_pp), static_cast<long long>(want_dp), static_cast<long long>(want_emb));
+    std::snprintf(buf, sizeof(buf),
+                  "tp %lld, pp %lld, dp %lld, embedding %lld bytes; the layout's tp %lld, pp %lld, "
+                  "dp %lld, embedding %lld",
+                  static_cast<long long>(got_tp), static_cast<long long>(got_pp), static_cast<long long>(got_dp),
+                  static_cast<long long>(got_emb), static_cast<long long>(want_tp), static_cast<long long>(want_pp),
+                  static_cast<long long>(want_dp), static_cast<long long>(want_emb));
     if (bad.empty() && (got_tp != want_tp || got_pp != want_pp || got_dp != want_dp || got_emb != want_emb))
       bad = case_name(c) + ", rank " + std::to_string(run.world->rank()) + ": " + buf;
     if (run.world->rank() == 0) measured += (measured.empty() ? "" : "; ") + case_name(c) + " rank 0: " + buf;
@@ -406,13 +412,16 @@ std::string expect_zero1_state_sharded(const Case& c) {
   for (const CommEvent& e : r.groups.dp->events())
     if (e.count > kScalarElements && e.op != "reduce_scatter" && e.op != "all_gather") other_ops += " " + e.op;
   char buf[320];
-  std::snprintf(buf, sizeof(buf), "rank %d: optimizer state %lld bytes (ZeRO-1 of dp %d: %lld; unsharded %lld), dp "
-                "group %lld bytes a step (%lld)", run.world->rank(), static_cast<long long>(got_state), dp,
-                static_cast<long long>(want_state), static_cast<long long>(full_state),
-                static_cast<long long>(got_dp), static_cast<long long>(want_dp));
+  std::snprintf(buf, sizeof(buf),
+                "rank %d: optimizer state %lld bytes (ZeRO-1 of dp %d: %lld; unsharded %lld), dp "
+                "group %lld bytes a step (%lld)",
+                run.world->rank(), static_cast<long long>(got_state), dp, static_cast<long long>(want_state),
+                static_cast<long long>(full_state), static_cast<long long>(got_dp), static_cast<long long>(want_dp));
   const bool ok = got_state == want_state && got_dp == want_dp && other_ops.empty();
-  EXPECT_TRUE(grading::all_ranks(ok, on_rank_if(ok ? "" : case_name(c) + ": " + buf +
-                                                     (other_ops.empty() ? "" : "; the dp group also did" + other_ops))));
+  EXPECT_TRUE(grading::all_ranks(ok, on_rank_if(ok ? ""
+                                                   : case_name(c) + ": " + buf +
+                                                         (other_ops.empty() ? ""
+                                                                            : "; the dp group also did" + other_ops))));
   return case_name(c) + ": " + buf;
 }
 
@@ -438,14 +447,33 @@ std::string expect_bad_layouts_refused() {
       {"not a permutation", {2, half, 1, "tp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "tp-pp"},
       {"a size of 0", {0, 2, half, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "0"},
       {"more stages than layers", {1, n, 1, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, 0, false, "layer"},
-      {"interleaved with m not a multiple of pp", {2, 2, half / 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 3, 2, 0,
-       false, "3"},
-      {"a tp group across nodes under the rule", {2, 2, half / 2, "pp-dp-tp"}, ScheduleKind::OneFOneB, 2, 1, half,
-       true, "node"},
+      {"interleaved with m not a multiple of pp",
+       {2, 2, half / 2, "tp-dp-pp"},
+       ScheduleKind::Interleaved,
+       3,
+       2,
+       0,
+       false,
+       "3"},
+      {"a tp group across nodes under the rule",
+       {2, 2, half / 2, "pp-dp-tp"},
+       ScheduleKind::OneFOneB,
+       2,
+       1,
+       half,
+       true,
+       "node"},
   };
   // The good ones: the rule kept (tp first, tp dividing the node), and the same placement without the rule.
   const std::vector<Bad> good = {
-      {"the lesson's placement under the rule", {2, 2, half / 2, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1, half, true, ""},
+      {"the lesson's placement under the rule",
+       {2, 2, half / 2, "tp-dp-pp"},
+       ScheduleKind::OneFOneB,
+       2,
+       1,
+       half,
+       true,
+       ""},
       {"tp across nodes without the rule", {2, 2, half / 2, "pp-dp-tp"}, ScheduleKind::OneFOneB, 2, 1, half, false, ""},
   };
   std::string missed, unclear, refused_good;
@@ -461,7 +489,8 @@ std::string expect_bad_layouts_refused() {
     } catch (const Error& e) {
       ++refused;
       if (std::string(e.what()).find(b.must_say) == std::string::npos)
-        unclear += (unclear.empty() ? "" : "; ") + std::string(b.what) + " (no '" + b.must_say + "' in: " + e.what() + ")";
+        unclear += (unclear.empty() ? "" : "; ") + std::string(b.what) + " (no '" + b.must_say + "' in: " + e.what() +
+                   ")";
     }
   }
   for (const Bad& b : good) {
@@ -477,9 +506,11 @@ std::string expect_bad_layouts_refused() {
     }
   }
   EXPECT_TRUE(grading::all_ranks(missed.empty(), on_rank_if(missed.empty() ? missed : "accepted: " + missed)));
-  EXPECT_TRUE(grading::all_ranks(refused_good.empty(), on_rank_if(refused_good.empty() ? "" : "refused: " + refused_good)));
+  EXPECT_TRUE(grading::all_ranks(refused_good.empty(),
+                                 on_rank_if(refused_good.empty() ? "" : "refused: " + refused_good)));
   EXPECT_TRUE(grading::all_ranks(unclear.empty(), on_rank_if(unclear.empty() ? "" : "unclear: " + unclear)));
-  return std::to_string(refused) + " of " + std::to_string(cases) + " bad layouts refused on every rank, naming the "
+  return std::to_string(refused) + " of " + std::to_string(cases) +
+         " bad layouts refused on every rank, naming the "
          "numbers; the 2 good ones accepted";
 }
 

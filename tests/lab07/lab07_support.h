@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "data_parallel.h"            // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
-#include "grading.h"                  // defines: grading::Record
-#include "parallel_3d.h"              // defines: lab07::* (the track under test)
-#include "scalelab/comm/comm.h"       // defines: Communicator
-#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"     // defines: OptimizerConfig
+#include "data_parallel.h"         // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
+#include "grading.h"               // defines: grading::Record
+#include "parallel_3d.h"           // defines: lab07::* (the track under test)
+#include "scalelab/comm/comm.h"    // defines: Communicator
+#include "scalelab/model/gpt2.h"   // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"  // defines: OptimizerConfig
 
 namespace scalelab::lab07_test {
 

@@ -27,8 +27,8 @@ TEST(Lab07Grid, GridArithmetic) {
                              "and 2x3x4 in all 6 orders, every rank, equal a table computed another way (strides)",
                              "README 'Coordinates' and 'The groups'"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_grid_arithmetic(
-        {{2, 2, 1, ""}, {2, 1, 2, ""}, {1, 2, 2, ""}, {2, 2, 2, ""}, {2, 3, 4, ""}}));
+    record
+        .measured(expect_grid_arithmetic({{2, 2, 1, ""}, {2, 1, 2, ""}, {1, 2, 2, ""}, {2, 2, 2, ""}, {2, 3, 4, ""}}));
   });
 }
 

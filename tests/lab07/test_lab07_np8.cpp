@@ -22,9 +22,7 @@ TEST(Lab07Grid8, GroupsFromSplitsEightRanks) {
                              "make_groups on 8 ranks, 4 per simulated node, 2x2x2 in all 6 orders: members, names, "
                              "ranks and links of the four groups as the table (docs/rank_grid.md for tp-dp-pp)",
                              "README 'The groups' and 'The placement rule'"};
-  grading::run(check, [](grading::Record& record) {
-    record.measured(expect_groups_from_splits({2, 2, 2, ""}, 4));
-  });
+  grading::run(check, [](grading::Record& record) { record.measured(expect_groups_from_splits({2, 2, 2, ""}, 4)); });
 }
 
 TEST(Lab07Step8, GradientsMatchDenseEightRanks) {
@@ -50,7 +48,8 @@ TEST(Lab07Step8, AdamwLossCurveEightRanks) {
 TEST(Lab07Step8, GroupBytesEightRanks) {
   const grading::Check check{"lab07.group_bytes_eight_ranks", 2,
                              "one step of tp2 x pp2 x dp2: the bytes of tensors in each group's event log equal what "
-                             "the layout must move", "README 'What each group carries'"};
+                             "the layout must move",
+                             "README 'What each group carries'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_group_bytes({k3D})); });
 }
 

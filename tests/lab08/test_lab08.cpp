@@ -59,7 +59,8 @@ void make_checkpoint(const std::string& root, int64_t step, bool marker) {
 
 std::string steps_left(const std::string& root) {
   std::string s;
-  for (const std::string& d : lab08::list_step_dirs(root)) s += (s.empty() ? "" : " ") + std::to_string(lab08::step_of_dir(d));
+  for (const std::string& d : lab08::list_step_dirs(root))
+    s += (s.empty() ? "" : " ") + std::to_string(lab08::step_of_dir(d));
   return s;
 }
 
@@ -94,7 +95,8 @@ void rethrow_not_implemented(const Ran& r) {
   const std::string todo = r.output.substr(at + mark.size(), open - 1 - at - mark.size());
   const size_t close = r.output.find(')', open);
   const std::string where = open != std::string::npos && r.output[open] == '(' && close != std::string::npos
-                                ? r.output.substr(open + 1, close - open - 1) : "";
+                                ? r.output.substr(open + 1, close - open - 1)
+                                : "";
   const size_t colon = where.rfind(':');
   if (colon == std::string::npos) throw NotImplemented(todo);
   throw NotImplemented(todo, ("/" + where.substr(0, colon)).c_str(), std::atoi(where.c_str() + colon + 1));
@@ -152,7 +154,8 @@ std::string compare_final(const std::string& a, const std::string& b, int steps 
 }
 
 // The uninterrupted run, then the supervised one with `fault`; returns the supervisor's report.
-nlohmann::json faulted_run(const std::string& name, const std::string& fault, double heartbeat_s, std::string& problem) {
+nlohmann::json faulted_run(const std::string& name, const std::string& fault, double heartbeat_s,
+                           std::string& problem) {
   const std::string plain = fresh_dir(name + "_plain"), faulted = fresh_dir(name + "_faulted");
   const Ran a = run_command(job(plain, kRestartOnly));
   rethrow_not_implemented(a);
@@ -165,7 +168,8 @@ nlohmann::json faulted_run(const std::string& name, const std::string& fault, do
   std::snprintf(hb, sizeof(hb), "%g", heartbeat_s);
   const Ran b = run_command(env_or("SL_SOURCE_DIR", ".") + "/scripts/supervise --max-restarts 2 --backoff-s 0.2 " +
                             "--heartbeat-timeout-s " + hb + " --startup-timeout-s 60 --heartbeat-dir " + faulted +
-                            "/heartbeat --report " + report + " -- " + job(faulted, kRestartOnly + " --resume latest " + fault));
+                            "/heartbeat --report " + report + " -- " +
+                            job(faulted, kRestartOnly + " --resume latest " + fault));
   rethrow_not_implemented(b);
   nlohmann::json rep;
   try {
@@ -178,12 +182,14 @@ nlohmann::json faulted_run(const std::string& name, const std::string& fault, do
   if (b.status != 0 || !rep.value("finished", false))
     problem = "the supervised run did not finish (status " + std::to_string(b.status) + "):\n" + b.output;
   else if (rep.value("restarts", -1) != 1)
-    problem = "expected exactly 1 restart, the supervisor made " + std::to_string(rep.value("restarts", -1)) + "\n" + b.output;
+    problem = "expected exactly 1 restart, the supervisor made " + std::to_string(rep.value("restarts", -1)) + "\n" +
+              b.output;
   else if (rep.value("steps_repeated", -1) < 1 || rep.value("steps_repeated", -1) > kEvery)
-    problem = std::to_string(rep.value("steps_repeated", -1)) + " steps were repeated; a restart from the newest "
-              "complete checkpoint repeats 1 to " + std::to_string(kEvery) + " (the interval)\n" + b.output;
-  else
-    problem = compare_final(plain, faulted);
+    problem = std::to_string(rep.value("steps_repeated", -1)) +
+              " steps were repeated; a restart from the newest "
+              "complete checkpoint repeats 1 to " +
+              std::to_string(kEvery) + " (the interval)\n" + b.output;
+  else problem = compare_final(plain, faulted);
   if (problem.empty()) {
     fs::remove_all(plain);
     fs::remove_all(faulted);
@@ -292,15 +298,17 @@ TEST(Lab08Straggler, StragglerStatistic) {
       return s;
     };
     // Rank 1 computes 20 ms, the others 10 and wait 10 for it: only rank 1.
-    std::vector<lab08::Straggler> got = lab08::find_stragglers(
-        {window(0, 10, 10, 7), window(1, 20, 0.2, 7), window(2, 10, 10, 7), window(3, 10, 10, 7)}, 1.25);
+    std::vector<lab08::Straggler> got = lab08::find_stragglers({window(0, 10, 10, 7), window(1, 20, 0.2, 7),
+                                                                window(2, 10, 10, 7), window(3, 10, 10, 7)},
+                                                               1.25);
     EXPECT_EQ(names(got), "1") << "rank 1 computes twice as long; ranks 0, 2, 3 only wait for it";
     if (got.size() == 1) {
       EXPECT_NEAR(got[0].ratio, 2.0, 0.05) << "ratio = its median compute / the median of the medians";
       EXPECT_NEAR(got[0].others_wait_ms, 10.0, 1e-9) << "others_wait_ms: the mean of the other ranks' median waits";
       EXPECT_NEAR(got[0].typical_compute_ms, 10.1, 0.05);
     }
-    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 1, 6), window(1, 10.9, 0, 6), window(2, 10, 1, 6)}, 1.25)), "")
+    EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 1, 6), window(1, 10.9, 0, 6), window(2, 10, 1, 6)}, 1.25)),
+              "")
         << "every rank within 10 %: no straggler";
     EXPECT_EQ(names(lab08::find_stragglers({window(0, 10, 1, 8, 100), window(1, 10, 1, 8), window(2, 10, 1, 8)}, 1.25)),
               "")
@@ -332,9 +340,10 @@ TEST(Lab08Rollback, PoisonedWindowRollsBack) {
     rethrow_not_implemented(a);
     ASSERT_EQ(a.status, 0) << "the run with the poisoned windows failed:\n" << a.output;
     ASSERT_NE(a.output.find("rollback at step 105"), std::string::npos)
-        << "no rollback at step 105 (the loss there is far above the last 8):\n" << a.output;
+        << "no rollback at step 105 (the loss there is far above the last 8):\n"
+        << a.output;
     ASSERT_NE(a.output.find("back to step 100"), std::string::npos) << "the rollback should go back to step 100:\n"
-                                                                     << a.output;
+                                                                    << a.output;
     int ranks_rolled_back = 0;  // every rank's log has its own rollback record
     for (const auto& e : fs::recursive_directory_iterator(spiked + "/logs")) {
       if (e.path().extension() != ".jsonl") continue;
@@ -352,7 +361,8 @@ TEST(Lab08Rollback, PoisonedWindowRollsBack) {
     EXPECT_EQ(b.output.find("rollback"), std::string::npos) << "the clean run rolled back:\n" << b.output;
     const std::string diff = compare_final(spiked, clean, kLong);
     ASSERT_TRUE(diff.empty()) << diff;
-    record.measured("rolled back 105 -> 100 on both ranks, 2 windows skipped, final state identical to the clean run's");
+    record
+        .measured("rolled back 105 -> 100 on both ranks, 2 windows skipped, final state identical to the clean run's");
     fs::remove_all(spiked);
     fs::remove_all(clean);
   });
@@ -366,8 +376,8 @@ TEST(Lab08Reshard, ReshardedContinuesWithinBound) {
                              "going on at their own layout to 1e-4 nats",
                              "README 'Resharding'"};
   grading::run(check, [](grading::Record& record) {
-    constexpr int kFirst = 4, kLast = 8;   // checkpoint after step 4; go on to 8
-    constexpr double kBound = 1e-4;        // nats per step (README 'Resharding': measured 0 at the log's float32)
+    constexpr int kFirst = 4, kLast = 8;  // checkpoint after step 4; go on to 8
+    constexpr double kBound = 1e-4;       // nats per step (README 'Resharding': measured 0 at the log's float32)
     const std::string first = fresh_dir("reshard_first"), same = fresh_dir("reshard_same"),
                       other = fresh_dir("reshard_other");
     const std::string dp2tp2 = "--tp 2 --micro-batch 2", pp2 = "--pp 2 --micro-batch 4";
@@ -377,13 +387,14 @@ TEST(Lab08Reshard, ReshardedContinuesWithinBound) {
     ASSERT_EQ(a.status, 0) << "4 ranks, dp 2 x tp 2, failed:\n" << a.output;
     const std::string ckpt = lab08::step_dir(first, kFirst);
     ASSERT_TRUE(lab08::checkpoint_problem(ckpt).empty()) << lab08::checkpoint_problem(ckpt);
-    for (const std::string& to : {same, other}) fs::copy(ckpt, lab08::step_dir(to, kFirst), fs::copy_options::recursive);
+    for (const std::string& to : {same, other})
+      fs::copy(ckpt, lab08::step_dir(to, kFirst), fs::copy_options::recursive);
 
     const std::string resume = quiet + " --resume latest";
     const Ran refused = run_command(job_at(2, pp2, other, resume, kLast, kLast));
     EXPECT_NE(refused.status, 0) << "a checkpoint of another layout was loaded without --reshard:\n" << refused.output;
-    EXPECT_NE(refused.output.find("--reshard"), std::string::npos)
-        << "the refusal should name --reshard:\n" << refused.output;
+    EXPECT_NE(refused.output.find("--reshard"), std::string::npos) << "the refusal should name --reshard:\n"
+                                                                   << refused.output;
     fs::remove_all(other + "/logs");
     const Ran b = run_command(job_at(4, dp2tp2, same, resume, kLast, kLast));
     ASSERT_EQ(b.status, 0) << "going on at dp 2 x tp 2 failed:\n" << b.output;
@@ -397,8 +408,8 @@ TEST(Lab08Reshard, ReshardedContinuesWithinBound) {
       ASSERT_TRUE(want.count(step) && got.count(step)) << "no loss of step " << step << " in both runs' logs";
       const double gap = std::abs(got.at(step) - want.at(step));
       worst = std::max(worst, gap);
-      EXPECT_LE(gap, kBound) << "step " << step << ": loss " << got.at(step) << " after resharding, "
-                             << want.at(step) << " at the checkpoint's own layout";
+      EXPECT_LE(gap, kBound) << "step " << step << ": loss " << got.at(step) << " after resharding, " << want.at(step)
+                             << " at the checkpoint's own layout";
     }
     record.measured("steps %d-%d: the largest loss gap %.1e nats (bound %.0e)", kFirst, kLast - 1, worst, kBound);
     if (!::testing::Test::HasFailure())

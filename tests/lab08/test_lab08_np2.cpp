@@ -52,8 +52,8 @@ void train(Job& run) {
   const int dp = run.world->size(), d = run.world->rank();
   const dp_test::GlobalBatch g =
       dp_test::random_global_batch(dp_test::kDataSeed + run.steps, dp * dp_test::kMicroBatch, kT, 64);
-  const dp_test::GlobalBatch rows = dp_test::batch_rows(g, static_cast<int64_t>(d) * dp_test::kMicroBatch,
-                                                        dp_test::kMicroBatch);
+  const dp_test::GlobalBatch rows =
+      dp_test::batch_rows(g, static_cast<int64_t>(d) * dp_test::kMicroBatch, dp_test::kMicroBatch);
   lab07::train_step(*run.rank, {{rows.inputs, rows.targets}}, 1e-2f, 1.0f);
   ++run.steps;
 }
@@ -68,7 +68,8 @@ lab08::ResumeState state_at(const Job& run) {
 
 // A fresh directory shared by the ranks (rank 0 makes it; every rank gets its name).
 std::string shared_dir(Communicator& world, const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() / ("sl_lab08_" + name + "_" + std::to_string(::getppid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("sl_lab08_" + name + "_" + std::to_string(::getppid()))).string();
   if (world.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -110,8 +111,8 @@ std::string manifest_problems(const std::string& dir, const Job& run, int64_t st
       return e.what();
     }
     const std::string file = (fs::path(dir) / lab08::shard_file_name(r)).string();
-    if (s.rank != r || s.file != lab08::shard_file_name(r)) return "shards[" + std::to_string(r) + "] is not rank " +
-                                                                  std::to_string(r) + "'s " + lab08::shard_file_name(r);
+    if (s.rank != r || s.file != lab08::shard_file_name(r))
+      return "shards[" + std::to_string(r) + "] is not rank " + std::to_string(r) + "'s " + lab08::shard_file_name(r);
     if (!exists(file) || s.bytes != fs::file_size(file) || s.checksum != file_checksum(file))
       return "shards[" + std::to_string(r) + "]: bytes or adler32 differ from " + file;
   }
@@ -121,12 +122,13 @@ std::string manifest_problems(const std::string& dir, const Job& run, int64_t st
 }  // namespace
 
 TEST(Lab08Save, MarkerWrittenLastTwoRanks) {
-  const grading::Check check{"lab08.marker_written_last_two_ranks", 4,
-                             "save_checkpoint on 2 ranks, one with a slow disk (300 ms a file): both shards, then "
-                             "(rank 0 only) the manifest (step, layout, each shard's bytes and adler32), then the "
-                             "marker (by their modification times, the slow disk's 300 ms per file telling the order); the marker there on every rank "
-                             "when save_checkpoint returns",
-                             "README 'A sharded checkpoint'"};
+  const grading::Check check{
+      "lab08.marker_written_last_two_ranks", 4,
+      "save_checkpoint on 2 ranks, one with a slow disk (300 ms a file): both shards, then "
+      "(rank 0 only) the manifest (step, layout, each shard's bytes and adler32), then the "
+      "marker (by their modification times, the slow disk's 300 ms per file telling the order); the marker there on every rank "
+      "when save_checkpoint returns",
+      "README 'A sharded checkpoint'"};
   grading::run(check, [](grading::Record& record) {
     Job run = make_run();
     Communicator& w = *run.world;
@@ -219,8 +221,10 @@ TEST(Lab08Load, PartialCheckpointsSkippedTwoRanks) {
         std::string bad;
         if (p.empty()) bad = "checkpoint_problem found nothing wrong";
         else if (p.find(file) == std::string::npos) bad = "checkpoint_problem \"" + p + "\" does not name " + file;
-        else if (!word.empty() && p.find(word) == std::string::npos) bad = "checkpoint_problem \"" + p + "\" does not say " + word;
-        else if (c.step != 2 || c.dir != d2.string()) bad = "newest_complete_checkpoint chose " + (c.dir.empty() ? "none" : c.dir);
+        else if (!word.empty() && p.find(word) == std::string::npos)
+          bad = "checkpoint_problem \"" + p + "\" does not say " + word;
+        else if (c.step != 2 || c.dir != d2.string())
+          bad = "newest_complete_checkpoint chose " + (c.dir.empty() ? "none" : c.dir);
         else if (c.skipped.size() != 1 || c.skipped[0].find(d4.string()) != 0)
           bad = "skipped should be one line that starts with " + d4.string();
         if (!bad.empty() && problem.empty()) problem = what + ": " + bad;
@@ -315,7 +319,13 @@ TEST(Lab08Spike, RollbackDecidedTogetherTwoRanks) {
         {"z 8 on both ranks", calm, {3.08f, 3.08f}, {1, 1}, true, 0, ""},
         {"z 4", calm, {3.04f, 3.04f}, {1, 1}, false, -1, ""},
         {"far below the mean", calm, {2.5f, 2.5f}, {1, 1}, false, -1, ""},
-        {"5 losses of history", std::vector<float>(calm.begin(), calm.begin() + 5), {9.0f, 9.0f}, {1, 1}, false, -1, ""},
+        {"5 losses of history",
+         std::vector<float>(calm.begin(), calm.begin() + 5),
+         {9.0f, 9.0f},
+         {1, 1},
+         false,
+         -1,
+         ""},
         {"a constant history", std::vector<float>(10, 3.0f), {3.001f, 3.001f}, {1, 1}, false, -1, ""},
         {"older losses outside the window", drifted, {3.08f, 3.0f}, {1, 1}, true, 0, ""},
     };
@@ -331,7 +341,8 @@ TEST(Lab08Spike, RollbackDecidedTogetherTwoRanks) {
         for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
         if (lower.find(k.word) == std::string::npos) bad = "reason \"" + d.reason + "\" should say " + k.word;
       }
-      if (!bad.empty() && problem.empty()) problem = std::string(k.what) + ": " + bad + " (rank " + std::to_string(r) + ")";
+      if (!bad.empty() && problem.empty())
+        problem = std::string(k.what) + ": " + bad + " (rank " + std::to_string(r) + ")";
     }
     ASSERT_TRUE(grading::all_ranks(problem.empty(), problem));
     record.measured("%zu cases decided alike on both ranks", cases.size());

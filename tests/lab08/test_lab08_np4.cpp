@@ -35,8 +35,8 @@ lab08::RankTimes run_with_slow_rank(int slow) {
   for (int step = 0; step < kSteps; ++step) {
     const dp_test::GlobalBatch g =
         dp_test::random_global_batch(dp_test::kDataSeed + step, world->size() * dp_test::kMicroBatch, kT, 64);
-    const dp_test::GlobalBatch rows = dp_test::batch_rows(g, int64_t{world->rank()} * dp_test::kMicroBatch,
-                                                          dp_test::kMicroBatch);
+    const dp_test::GlobalBatch rows =
+        dp_test::batch_rows(g, int64_t{world->rank()} * dp_test::kMicroBatch, dp_test::kMicroBatch);
     part->groups.dp->clear_events();
     part->stage->clear();
     lab07::train_step(*part, {{rows.inputs, rows.targets}}, 1e-2f, 1.0f);

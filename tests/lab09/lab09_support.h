@@ -7,8 +7,8 @@ namespace scalelab::lab09_test {
 
 // A layout in one line: tp x pp x dp, B sequences x m micro-batches, and the options.
 inline lab09::Layout layout(int tp, int pp, int dp, int B, int m, int zero = 0, bool sp = false,
-                            Recompute r = Recompute::None,
-                            lab06::ScheduleKind schedule = lab06::ScheduleKind::OneFOneB, int chunks = 1) {
+                            Recompute r = Recompute::None, lab06::ScheduleKind schedule = lab06::ScheduleKind::OneFOneB,
+                            int chunks = 1) {
   lab09::Layout x;
   x.tp = tp;
   x.pp = pp;

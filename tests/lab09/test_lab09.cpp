@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "grading.h"                // defines: grading::Check, grading::run
-#include "lab09_support.h"          // defines: lab09_test::layout
-#include "oracle.h"                 // defines: lab09::oracle_model (the model)
-#include "planner.h"                // defines: lab09::* (the track's terms)
-#include "scalelab/core/error.h"    // defines: scalelab::Error, scalelab::NotImplemented
+#include "grading.h"              // defines: grading::Check, grading::run
+#include "lab09_support.h"        // defines: lab09_test::layout
+#include "oracle.h"               // defines: lab09::oracle_model (the model)
+#include "planner.h"              // defines: lab09::* (the track's terms)
+#include "scalelab/core/error.h"  // defines: scalelab::Error, scalelab::NotImplemented
 
 namespace {
 
@@ -68,8 +68,8 @@ std::vector<Case> cases() {
       {"demo, one device", demo, workload(64, 4, fp32), layout(1, 1, 1, 4, 1)},
       {"demo, pp 2 1F1B m 4", demo, workload(64, 8, fp32), layout(1, 2, 1, 2, 4)},
       {"demo, pp 4 GPipe m 8", demo, workload(64, 8, fp32), layout(1, 4, 1, 1, 8, 0, false, Recompute::None, S::GPipe)},
-      {"demo, pp 2 interleaved v 2 m 4", demo, workload(64, 8), layout(1, 2, 1, 2, 4, 0, false, Recompute::None,
-                                                                       S::Interleaved, 2)},
+      {"demo, pp 2 interleaved v 2 m 4", demo, workload(64, 8),
+       layout(1, 2, 1, 2, 4, 0, false, Recompute::None, S::Interleaved, 2)},
       {"demo, tp 2 pp 2 dp 2 ZeRO-1 sp selective", demo, workload(64, 16),
        layout(2, 2, 2, 2, 4, 1, true, Recompute::Selective)},
       {"demo, tp 2 dp 2 flash full", demo, workload(128, 8, fp32, 0, AttentionImpl::Flash),
@@ -123,15 +123,17 @@ std::string memory_diff(const DeviceMemory& got, const DeviceMemory& want) {
 }
 
 std::string time_diff(const StepTime& got, const StepTime& want) {
-  if (got.slowest_stage != want.slowest_stage) return bytes_diff("slowest stage", got.slowest_stage, want.slowest_stage);
+  if (got.slowest_stage != want.slowest_stage)
+    return bytes_diff("slowest stage", got.slowest_stage, want.slowest_stage);
   for (const std::string& d :
        {field_diff("compute_ms", got.compute_ms, want.compute_ms), field_diff("tp_ms", got.tp_ms, want.tp_ms),
         field_diff("pp_ms", got.pp_ms, want.pp_ms), field_diff("slot_ms", got.slot_ms, want.slot_ms),
         field_diff("pipeline_ms", got.pipeline_ms, want.pipeline_ms),
         field_diff("bubble_ms", got.bubble_ms, want.bubble_ms), field_diff("dp_ms", got.dp_ms, want.dp_ms),
         field_diff("optimizer_ms", got.optimizer_ms, want.optimizer_ms),
-        field_diff("step_ms", got.step_ms, want.step_ms), field_diff("tokens_per_s", got.tokens_per_s, want.tokens_per_s),
-        field_diff("mfu", got.mfu, want.mfu), field_diff("hfu", got.hfu, want.hfu)})
+        field_diff("step_ms", got.step_ms, want.step_ms),
+        field_diff("tokens_per_s", got.tokens_per_s, want.tokens_per_s), field_diff("mfu", got.mfu, want.mfu),
+        field_diff("hfu", got.hfu, want.hfu)})
     if (!d.empty()) return d;
   return "";
 }
@@ -164,7 +166,8 @@ TEST(Lab09Planner, ActivationSetsPerSchedule) {
     using S = lab06::ScheduleKind;
     const std::vector<int> gpipe = {8, 8, 8, 8}, ofob = {4, 3, 2, 1}, inter = {8, 8, 7, 5};  // lab 06's allocator
     for (int s = 0; s < 4; ++s) {
-      EXPECT_EQ(activation_sets(layout(1, 4, 1, 1, 8, 0, false, Recompute::None, S::GPipe), s), gpipe[s]) << "GPipe stage " << s;
+      EXPECT_EQ(activation_sets(layout(1, 4, 1, 1, 8, 0, false, Recompute::None, S::GPipe), s), gpipe[s])
+          << "GPipe stage " << s;
       EXPECT_EQ(activation_sets(layout(1, 4, 1, 1, 8), s), ofob[s]) << "1F1B stage " << s;
       EXPECT_EQ(activation_sets(layout(1, 4, 1, 1, 4, 0, false, Recompute::None, S::Interleaved, 2), s), inter[s])
           << "interleaved stage " << s;
@@ -232,9 +235,9 @@ TEST(Lab09Planner, ComputeTermsMatchTheModel) {
       double forward = 0;
       for (int s = 0; s < c.x.pp; ++s) {
         const StageFlops got = stage_flops(c.cfg, c.x, s, c.w), want = model::stage_flops(c.cfg, c.x, s, c.w);
-        for (const std::string& d : {field_diff("forward", got.forward, want.forward),
-                                     field_diff("backward", got.backward, want.backward),
-                                     field_diff("recompute", got.recompute, want.recompute)})
+        for (const std::string& d :
+             {field_diff("forward", got.forward, want.forward), field_diff("backward", got.backward, want.backward),
+              field_diff("recompute", got.recompute, want.recompute)})
           ASSERT_TRUE(d.empty()) << c.name << ", stage " << s << ": " << d;
         forward += got.forward * c.x.tp;
       }
@@ -261,10 +264,9 @@ TEST(Lab09Planner, CommunicationTermsMatchTheModel) {
         for (int s = 0; s < c.x.pp; ++s, ++n) {
           const StageComm got = stage_comm(c.cfg, c.x, s, links, c.w);
           const StageComm want = model::stage_comm(c.cfg, c.x, s, links, c.w);
-          for (const std::string& d :
-               {field_diff("tp_s", got.tp_s, want.tp_s), field_diff("pp_s", got.pp_s, want.pp_s),
-                field_diff("dp_seconds", dp_seconds(c.cfg, c.x, s, links, c.w),
-                           model::dp_seconds(c.cfg, c.x, s, links, c.w))})
+          for (const std::string& d : {field_diff("tp_s", got.tp_s, want.tp_s), field_diff("pp_s", got.pp_s, want.pp_s),
+                                       field_diff("dp_seconds", dp_seconds(c.cfg, c.x, s, links, c.w),
+                                                  model::dp_seconds(c.cfg, c.x, s, links, c.w))})
             ASSERT_TRUE(d.empty()) << c.name << ", nodes of " << per_node << ", stage " << s << ": " << d;
         }
         const GroupLinks none = group_links(cluster_for(c.x, per_node, true), c.x);
@@ -342,8 +344,8 @@ TEST(Lab09Planner, PlannerPicksTheReferenceLayout) {
         ASSERT_EQ(got[i].fits, want[i].fits) << sc.name << ": row " << i << " " << to_string(want[i].layout);
         ASSERT_EQ(got[i].why_not.empty(), want[i].why_not.empty()) << sc.name << ": row " << i;
       }
-      const std::string d = time_diff(got.front().time, want.front().time) + memory_diff(got.front().memory,
-                                                                                        want.front().memory);
+      const std::string d = time_diff(got.front().time, want.front().time) +
+                            memory_diff(got.front().memory, want.front().memory);
       ASSERT_TRUE(d.empty()) << sc.name << ", the first choice: " << d;
       firsts += std::string(firsts.empty() ? "" : "; ") + sc.name + ": " + to_string(got.front().layout);
     }

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.h"              // defines: error_message, contains
-#include "lab09_support.h"             // defines: lab09_test::layout
-#include "planner.h"                   // defines: lab09::* (the reference: this program links lab09_ref)
-#include "scalelab/core/allocator.h"   // defines: Allocator, MemStats, MemCategory
-#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig
-#include "scalelab/model/gpt2.h"       // defines: GPT2, gpt2_num_params
+#include "expect_error.h"             // defines: error_message, contains
+#include "lab09_support.h"            // defines: lab09_test::layout
+#include "planner.h"                  // defines: lab09::* (the reference: this program links lab09_ref)
+#include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
+#include "scalelab/model/gpt2.h"      // defines: GPT2, gpt2_num_params
 
 namespace {
 
@@ -229,7 +229,9 @@ TEST(PlannerModel, TheBestLayoutKeepsTensorParallelInsideANode) {
 TEST(PlannerModel, BadLayoutsAreRefusedWithTheNumbers) {
   const GPTConfig cfg = GPTConfig::preset("demo");  // NH = 4, L = 4
   const Workload w = workload(64, 8);
-  auto msg = [&](const Layout& x, int devices) { return error_message([&] { check_layout(cfg, x, w, cpu(devices)); }); };
+  auto msg = [&](const Layout& x, int devices) {
+    return error_message([&] { check_layout(cfg, x, w, cpu(devices)); });
+  };
   EXPECT_TRUE(contains(msg(layout(3, 1, 1, 8, 1), 3), "NH=4")) << msg(layout(3, 1, 1, 8, 1), 3);
   EXPECT_TRUE(contains(msg(layout(1, 5, 1, 8, 1), 5), "5 stages")) << msg(layout(1, 5, 1, 8, 1), 5);
   EXPECT_TRUE(contains(msg(layout(1, 1, 2, 8, 1), 2), "global batch 8")) << msg(layout(1, 1, 2, 8, 1), 2);

@@ -24,11 +24,11 @@
 #include <sstream>  // defines: std::istringstream
 #include <thread>   // defines: std::this_thread::sleep_for
 
-#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count
-#include "scalelab/core/error.h"   // defines: scalelab::Error, NotImplemented
+#include "scalelab/core/device.h"          // defines: built_with_cuda, cuda_device_count
+#include "scalelab/core/error.h"           // defines: scalelab::Error, NotImplemented
 #include "scalelab/measure/calibration.h"  // defines: Calibration, load_or_calibrate, calibration_cache_path
-#include "scalelab/data/shard.h"   // defines: data::list_shards (is the corpus there?)
-#include "scalelab/measure/stats.h"  // defines: median
+#include "scalelab/data/shard.h"           // defines: data::list_shards (is the corpus there?)
+#include "scalelab/measure/stats.h"        // defines: median
 
 #ifndef SL_PERF_MPIEXEC
 #define SL_PERF_MPIEXEC ""
@@ -65,8 +65,8 @@ Machine check_machine(int ranks) {
   Machine m;
   cpu_set_t set;
   CPU_ZERO(&set);
-  m.cores =
-      sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  m.cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                         : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   m.gpus = built_with_cuda() ? cuda_device_count() : 0;
   m.load_1min = load_1min();
   char why[256];
@@ -100,9 +100,7 @@ Machine check_machine(int ranks) {
 // ---------------------------------------------------------------------------------------------
 // Running a program
 
-double RunResult::median_tokens_per_s() const {
-  return step_tokens_per_s.empty() ? 0 : median(step_tokens_per_s);
-}
+double RunResult::median_tokens_per_s() const { return step_tokens_per_s.empty() ? 0 : median(step_tokens_per_s); }
 
 static std::string read_text(const std::string& path) {
   std::ifstream f(path);
@@ -304,8 +302,8 @@ std::string ensure_corpus() {
     return "";
   }
   return "the corpus the runs train on is missing (" + data.string() + ") and making it failed (" +
-         (timed_out ? std::string("timed out") : "exit " + std::to_string(rc)) + "): " +
-         last_lines(read_text(out_path), 2) + ". Run scripts/prepare_corpus.sh yourself, then grade again";
+         (timed_out ? std::string("timed out") : "exit " + std::to_string(rc)) +
+         "): " + last_lines(read_text(out_path), 2) + ". Run scripts/prepare_corpus.sh yourself, then grade again";
 }
 
 SharedCalibration shared_calibration(int threads) {
@@ -344,12 +342,14 @@ SharedCalibration shared_calibration(int threads) {
   } else {
     std::snprintf(b, sizeof(b), "every run divides by %.1f GFLOP/s, measured now (%s): %s", c.flops_per_s / 1e9,
                   c.source.c_str(),
-                  cached > 0 ? "the cached peak was stale (for another machine, or a quick pass beat it by 1.5x: it had "
-                               "been measured on a busy machine)"
-                             : "no calibration was cached");
+                  cached > 0
+                      ? "the cached peak was stale (for another machine, or a quick pass beat it by 1.5x: it had "
+                        "been measured on a busy machine)"
+                      : "no calibration was cached");
   }
   out.note = b;
-  out.file = (fs::path(p.binary_dir) / "perf-runs" / ("calibration_cpu_" + std::to_string(threads) + "t.json")).string();
+  out.file =
+      (fs::path(p.binary_dir) / "perf-runs" / ("calibration_cpu_" + std::to_string(threads) + "t.json")).string();
   fs::create_directories(fs::path(out.file).parent_path());
   std::ofstream(out.file) << c.to_json().dump(2) << "\n";
   return out;
@@ -360,13 +360,14 @@ std::string by_hand(const CompareSpec& spec, bool shared_machine) {
   const std::string nn = spec.lab.substr(3);  // "lab03" -> "03"
   if (shared_machine) {
     return "time it anyway (the record then says 'not a grade'; the table shows the ratio): SL_PERF_IGNORE_BUSY=1 "
-           "scripts/grade " + nn + (spec.track == "reference" ? " --track reference" : "") + " --build-dir " +
-           p.binary_dir;
+           "scripts/grade " +
+           nn + (spec.track == "reference" ? " --track reference" : "") + " --build-dir " + p.binary_dir;
   }
   std::string args;
   for (const std::string& a : spec.args) args += " " + a;
   return "compare the two programs yourself, one after the other: scripts/run " + nn + " --np " +
-         std::to_string(spec.ranks) + " --track " + spec.track + " --" + args + "; then the same with --track "
+         std::to_string(spec.ranks) + " --track " + spec.track + " --" + args +
+         "; then the same with --track "
          "reference (tokens/s in each summary line)";
 }
 
@@ -403,8 +404,10 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     const double left_s = spec.budget_s - std::chrono::duration<double>(Clock::now() - t0).count();
     if (left_s <= 5) {  // the machine is too slow or too busy to finish the runs in time: not the code's fault
       char b[256];
-      std::snprintf(b, sizeof(b), "the check's time budget of %.0f s was spent after %d runs: this machine is too "
-                    "slow or too busy to time the runs now", spec.budget_s, run_no);
+      std::snprintf(b, sizeof(b),
+                    "the check's time budget of %.0f s was spent after %d runs: this machine is too "
+                    "slow or too busy to time the runs now",
+                    spec.budget_s, run_no);
       budget_spent = b;
       return false;
     }
@@ -427,12 +430,9 @@ Comparison compare_with_reference(const CompareSpec& spec) {
     }
     if (!r.ok() || r.step_tokens_per_s.empty()) {
       char head[256];
-      if (r.timed_out)
-        std::snprintf(head, sizeof(head), "timed out (killed after %.0f s)", r.wall_s);
-      else if (!r.ok())
-        std::snprintf(head, sizeof(head), "failed (exit %d after %.0f s)", r.exit_code, r.wall_s);
-      else
-        std::snprintf(head, sizeof(head), "finished, but its logs hold no timed step");
+      if (r.timed_out) std::snprintf(head, sizeof(head), "timed out (killed after %.0f s)", r.wall_s);
+      else if (!r.ok()) std::snprintf(head, sizeof(head), "failed (exit %d after %.0f s)", r.exit_code, r.wall_s);
+      else std::snprintf(head, sizeof(head), "finished, but its logs hold no timed step");
       throw Error(std::string(track ? "the track's " : "the reference's ") + spec.program + " " + head +
                   "\nlast lines of its output (" + log_dir + "/" + id + ".out):\n" + r.output_tail);
     }
@@ -483,8 +483,8 @@ Comparison compare_with_reference(const CompareSpec& spec) {
   c.pairs_dropped = dropped;
   if (valid < spec.pairs)
     c.unfair = !budget_spent.empty() ? budget_spent
-                                     : last_unfair + " (" + std::to_string(dropped) + " of " + std::to_string(attempts) +
-                                           " pairs of runs shared the cores)";
+                                     : last_unfair + " (" + std::to_string(dropped) + " of " +
+                                           std::to_string(attempts) + " pairs of runs shared the cores)";
   c.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   c.load_after = load_1min();
   c.others_during = other_cores(cpu0, sample_cpu());
@@ -544,6 +544,5 @@ void throughput_check(grading::Record& record, CompareSpec spec, const Machine& 
   }
   EXPECT_GE(c.ratio, min_fraction) << "the track reached " << c.ratio << " of the reference's tokens/s";
 }
-
 
 }  // namespace scalelab::perf_test

@@ -7,9 +7,9 @@
 #include <cmath>      // defines: std::fabs
 #include <cstdio>     // defines: std::snprintf
 
-#include "grading.h"        // defines: grading::rank_reducer, set_rank_reducer
-#include "rank_reducer.h"   // defines: test::make_rank_reducer
-#include "scalelab/core/rng.h"   // defines: Rng
+#include "grading.h"            // defines: grading::rank_reducer, set_rank_reducer
+#include "rank_reducer.h"       // defines: test::make_rank_reducer
+#include "scalelab/core/rng.h"  // defines: Rng
 
 namespace scalelab::dp_test {
 
@@ -50,9 +50,7 @@ Communicator& world() {
 
 std::unique_ptr<Communicator> fresh_comm() { return world().split(/*color=*/0, /*key=*/world().rank()); }
 
-std::string on_rank(const std::string& message) {
-  return "rank " + std::to_string(world().rank()) + ": " + message;
-}
+std::string on_rank(const std::string& message) { return "rank " + std::to_string(world().rank()) + ": " + message; }
 
 // ---------------------------------------------------------------------------------------------
 // Data
@@ -93,7 +91,8 @@ float one_process_gradients(GPT2& model, const GlobalBatch& g) {
   return loss;
 }
 
-OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip) {
+OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr,
+                                      float grad_clip) {
   OneProcessStep r;
   r.loss = one_process_gradients(model, g);
   r.grad_norm = clip_grad_norm(model, grad_clip);
@@ -111,7 +110,8 @@ std::string compare_tensors(const std::string& name, const Tensor& got, const Te
     return name + ": " + std::to_string(got.numel()) + " elements, expected " + std::to_string(want.numel());
   double scale = 0, err = 0;
   int64_t first = -1;
-  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::fabs(static_cast<double>(want.data<float>()[i])));
+  for (int64_t i = 0; i < want.numel(); ++i)
+    scale = std::max(scale, std::fabs(static_cast<double>(want.data<float>()[i])));
   const double bound = rtol * scale + atol;
   for (int64_t i = 0; i < want.numel(); ++i) {
     const double d = std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]);
@@ -122,9 +122,8 @@ std::string compare_tensors(const std::string& name, const Tensor& got, const Te
   if (first < 0) return "";
   char buf[256];
   const double ratio = want.data<float>()[first] != 0 ? got.data<float>()[first] / want.data<float>()[first] : 0;
-  std::snprintf(buf, sizeof(buf), "%s[%lld] = %.7g, expected %.7g (%.3gx; max |error| %.3g > bound %.3g)",
-                name.c_str(), static_cast<long long>(first), got.data<float>()[first], want.data<float>()[first],
-                ratio, err, bound);
+  std::snprintf(buf, sizeof(buf), "%s[%lld] = %.7g, expected %.7g (%.3gx; max |error| %.3g > bound %.3g)", name.c_str(),
+                static_cast<long long>(first), got.data<float>()[first], want.data<float>()[first], ratio, err, bound);
   return buf;
 }
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "scalelab/comm/comm.h"       // defines: Communicator
-#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"      // defines: Optimizer
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"     // defines: Optimizer
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab::dp_test {
@@ -83,7 +83,8 @@ struct OneProcessStep {
   float loss = 0.0f;       // mean loss of the global batch, nats per token
   float grad_norm = 0.0f;  // global L2 norm of the gradient before clipping
 };
-OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr, float grad_clip);
+OneProcessStep one_process_train_step(GPT2& model, Optimizer& optimizer, const GlobalBatch& g, float lr,
+                                      float grad_clip);
 
 // ---------------------------------------------------------------------------------------------
 // Comparisons

@@ -13,8 +13,8 @@ class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
   explicit FailuresOnlyPrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& part) override {
     if (!part.failed()) return;
-    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, part.file_name() ? part.file_name() : "?",
-                part.line_number(), part.message());
+    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, part.file_name() ? part.file_name() : "?", part.line_number(),
+                part.message());
     std::fflush(stdout);
   }
 

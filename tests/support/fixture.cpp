@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
-#include "scalelab/ops/ops.h"    // defines: cast
+#include "scalelab/ops/ops.h"     // defines: cast
 
 #ifndef SL_SOURCE_DIR
 #error "SL_SOURCE_DIR (the repository root) must be defined by CMake (tests/CMakeLists.txt)"
@@ -153,8 +153,8 @@ void Fixture::load_params(GPT2& model, const std::string& prefix) const {
 
   if (finite && err <= bound) {
     // margin = bound / error: how many times the error would have to grow before the test fails
-    std::printf("  [fixture] ok  %-38s n=%-5lld max|a-b|=%.2e @%-5lld ||a-b||/||b||=%.2e  margin %.0fx\n",
-                name.c_str(), static_cast<long long>(n), max_abs, static_cast<long long>(max_idx), rel,
+    std::printf("  [fixture] ok  %-38s n=%-5lld max|a-b|=%.2e @%-5lld ||a-b||/||b||=%.2e  margin %.0fx\n", name.c_str(),
+                static_cast<long long>(n), max_abs, static_cast<long long>(max_idx), rel,
                 err > 0 ? bound / err : INFINITY);
     return ::testing::AssertionSuccess();
   }

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "scalelab/model/gpt2.h"    // defines: GPTConfig, GPT2
+#include "scalelab/model/gpt2.h"   // defines: GPTConfig, GPT2
 #include "scalelab/core/tensor.h"  // defines: Tensor, Shape
 
 namespace scalelab::test {
@@ -26,9 +26,9 @@ class Fixture {
   const nlohmann::json& json() const { return json_; }  // the whole document
   const std::string& path() const { return path_; }
 
-  GPTConfig config() const;                 // "config" as a GPTConfig
-  int B() const;                            // batch size of "tokens"/"targets"
-  int T() const;                            // sequence length
+  GPTConfig config() const;                     // "config" as a GPTConfig
+  int B() const;                                // batch size of "tokens"/"targets"
+  int T() const;                                // sequence length
   double number(const std::string& key) const;  // a top-level number, e.g. "loss"
 
   // Named arrays under "tensors" (parameters "<name>", gradients "grad.<name>", "logits", ...),

@@ -38,12 +38,11 @@ std::string snake_case(const std::string& camel) {
 std::string id_problem(const std::string& id, const ::testing::TestInfo& info) {
   const size_t dot = id.find('.');
   const std::string lab = id.substr(0, dot);
-  const bool lab_ok = lab.size() == 5 && lab.compare(0, 3, "lab") == 0 && std::isdigit(lab[3]) &&
-                      std::isdigit(lab[4]);
+  const bool lab_ok = lab.size() == 5 && lab.compare(0, 3, "lab") == 0 && std::isdigit(lab[3]) && std::isdigit(lab[4]);
   const std::string expected = lab + "." + snake_case(info.name());
   if (lab_ok && id == expected) return "";
-  return "check id '" + id + "' does not match TEST(" + info.test_suite_name() + ", " + info.name() +
-         "): expected '" + (lab_ok ? expected : "labNN." + snake_case(info.name())) +
+  return "check id '" + id + "' does not match TEST(" + info.test_suite_name() + ", " + info.name() + "): expected '" +
+         (lab_ok ? expected : "labNN." + snake_case(info.name())) +
          "' (sl_add_graded_test names the ctest after the TEST name; rename one of them)";
 }
 
@@ -190,9 +189,9 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
   }
   // "lab01-2 flops_per_token" -> "TODO(lab01-2) flops_per_token": the fence to look for in the lab's file.
   const size_t space = todo.find(' ');
-  std::string message = status == kNotImplemented
-                            ? "TODO(" + todo.substr(0, space) + ")" + (space == std::string::npos ? "" : todo.substr(space))
-                            : collect_messages(/*want_skip=*/status == kSkipped);
+  std::string message = status == kNotImplemented ? "TODO(" + todo.substr(0, space) + ")" +
+                                                        (space == std::string::npos ? "" : todo.substr(space))
+                                                  : collect_messages(/*want_skip=*/status == kSkipped);
 
   // 3. Combine the ranks (identity for one rank): the worst status wins, every rank's message is kept.
   const RankReducer& rr = g_reducer;
@@ -227,7 +226,8 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
   Test::RecordProperty("check_measured", record.measured_text());
   if (!message.empty()) Test::RecordProperty("check_message", message);
   if (!todo.empty()) Test::RecordProperty("check_todo", todo);
-  if (status == kSkipped && !record.optional_text().empty()) Test::RecordProperty("check_optional", record.optional_text());
+  if (status == kSkipped && !record.optional_text().empty())
+    Test::RecordProperty("check_optional", record.optional_text());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ const RankReducer& rank_reducer();
 // ranks that sent it ("all 4 ranks", "rank 1", "ranks 0, 2-3"), in order of the lowest such rank.
 // How all_ranks and run() report.
 struct RankGroup {
-  std::string ranks;    // "all 4 ranks", "rank 1", "ranks 0, 2-3"
+  std::string ranks;  // "all 4 ranks", "rank 1", "ranks 0, 2-3"
   std::string message;
 };
 std::vector<RankGroup> group_by_message(const std::vector<std::string>& messages);

@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "grading.h"          // defines: grading::RankReducer
-#include "scalelab/comm/comm.h"    // defines: Communicator
+#include "grading.h"             // defines: grading::RankReducer
+#include "scalelab/comm/comm.h"  // defines: Communicator
 
 namespace scalelab::test {
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <utility>
 
-#include "comm_internal.h"    // defines: EventLog, make_event, check_*, backend factories
+#include "comm_internal.h"        // defines: EventLog, make_event, check_*, backend factories
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
 #include "scalelab/core/clock.h"  // defines: clock_now_ms, clock_wall_origin_steady_ms, VirtualClock
 
@@ -39,8 +39,8 @@ double bus_factor(const std::string& op, int n) {
   if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
   if (op == "broadcast" || op == "send" || op == "recv" || op == "reduce") return 1.0;
   if (op == "barrier") return 0.0;
-  SL_FAIL("use all_reduce, all_gather, reduce_scatter, broadcast, send, recv or barrier",
-          "bus_factor: unknown op '%s'", op.c_str());
+  SL_FAIL("use all_reduce, all_gather, reduce_scatter, broadcast, send, recv or barrier", "bus_factor: unknown op '%s'",
+          op.c_str());
 }
 
 // The communication clock is the kit's clock (core/clock.h): steady ms, 0 at its first use (make_communicator
@@ -73,8 +73,8 @@ const LinkModel& Topology::link_for(const std::vector<int>& world_ranks) const {
 
 // The launcher's count of ranks on this node; "4(x2),3" (Slurm's compressed list) gives 4.
 int ranks_per_node_from_env(int world_size) {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
-                          "SLURM_TASKS_PER_NODE"}) {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
     if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);  // atoi stops at '('
   }
   return std::max(1, world_size);
@@ -94,8 +94,7 @@ void Communicator::set_link_model(const LinkModel& link) {
 }
 
 void Communicator::set_topology(const Topology& topology) {
-  SL_CHECK_HINT(topology.ranks_per_node >= 0,
-                "give the ranks per node (e.g. 4), or 0 to keep the launcher's count",
+  SL_CHECK_HINT(topology.ranks_per_node >= 0, "give the ranks per node (e.g. 4), or 0 to keep the launcher's count",
                 "set_topology on rank %d of %d ('%s'): ranks_per_node %d", rank(), size(), name_.c_str(),
                 topology.ranks_per_node);
   const int ranks_per_node = topology.ranks_per_node > 0 ? topology.ranks_per_node : topology_.ranks_per_node;
@@ -164,11 +163,12 @@ const char* wait_timeout_reason(const std::string& waited_for) {
 }
 
 std::string wait_timeout_hint(double timeout_s) {
-  return detail::format("match every rank's message: each recv needs the peer's send, issued in the same order "
-                        "(the tags say which); a slow but correct step needs a longer timeout (this one %g s: "
-                        "set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S; 0 waits forever). This communicator takes "
-                        "no new calls: destroy it",
-                        timeout_s);
+  return detail::format(
+      "match every rank's message: each recv needs the peer's send, issued in the same order "
+      "(the tags say which); a slow but correct step needs a longer timeout (this one %g s: "
+      "set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S; 0 waits forever). This communicator takes "
+      "no new calls: destroy it",
+      timeout_s);
 }
 }  // namespace comm_detail
 
@@ -210,8 +210,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
   };
 
   if (chosen == "local") {
-    SL_CHECK_HINT(launched <= 1,
-                  "use --backend mpi (or auto) under mpirun: with 'local' every rank would train alone",
+    SL_CHECK_HINT(launched <= 1, "use --backend mpi (or auto) under mpirun: with 'local' every rank would train alone",
                   "backend 'local' has world size 1, but the launcher started %d ranks", launched);
     return with_timeout(comm_detail::make_local_communicator());
   }
@@ -242,9 +241,10 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
 #ifdef SL_WITH_NCCL
     return with_timeout(comm_detail::make_nccl_communicator());
 #else
-    SL_FAIL("the nccl backend needs CUDA, NCCL (nccl.h, libnccl) and MPI at configure time; on a CPU "
-            "machine use --backend mpi",
-            "backend 'nccl' requested but this build has no NCCL backend");
+    SL_FAIL(
+        "the nccl backend needs CUDA, NCCL (nccl.h, libnccl) and MPI at configure time; on a CPU "
+        "machine use --backend mpi",
+        "backend 'nccl' requested but this build has no NCCL backend");
 #endif
   }
   SL_FAIL("use auto, local, mpi, nccl or sim", "unknown communicator backend '%s'", backend.c_str());
@@ -391,8 +391,7 @@ void check_reduce_scatter(int rank, int size, const Tensor& in, const Tensor& ou
             "reduce_scatter of %lld elements over %d ranks on rank %d: %lld is not a multiple of %d",
             static_cast<long long>(n_in), size, rank, static_cast<long long>(n_in), size);
   }
-  SL_CHECK_HINT(n_in == static_cast<int64_t>(size) * n_out,
-                "out holds one chunk: in.numel() / size() elements",
+  SL_CHECK_HINT(n_in == static_cast<int64_t>(size) * n_out, "out holds one chunk: in.numel() / size() elements",
                 "reduce_scatter of %lld elements over %d ranks on rank %d: out has %lld elements, expected %lld",
                 static_cast<long long>(n_in), size, rank, static_cast<long long>(n_out),
                 static_cast<long long>(n_in / size));

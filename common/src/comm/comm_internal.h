@@ -26,7 +26,7 @@ namespace scalelab::comm_detail {
 // clear(): an op issued before clear() and finished after it simply no longer appears.
 class EventLog {
  public:
-  uint64_t add(const CommEvent& event);                      // returns the event's id
+  uint64_t add(const CommEvent& event);  // returns the event's id
   uint64_t add(CommEvent&& event);
   void set_start(uint64_t id, double start_ms);
   void set_end(uint64_t id, double end_ms);
@@ -126,7 +126,7 @@ std::string describe_call(const std::string& op, int64_t count, DType dtype, int
 int launcher_world_size();
 
 // Backend factories (make_communicator in comm.cpp picks one).
-std::unique_ptr<Communicator> make_local_communicator();              // local.cpp
+std::unique_ptr<Communicator> make_local_communicator();  // local.cpp
 #ifdef SL_WITH_MPI
 // sim_transport: the sim backend's transport, which also moves SIM tensors (their memory is host memory);
 // otherwise SIM tensors are refused (they go through --backend sim).
@@ -138,7 +138,7 @@ void mpi_init_once();  // MPI_Init_thread(MPI_THREAD_MULTIPLE) once; MPI_Finaliz
 std::unique_ptr<Communicator> make_sim_communicator(std::unique_ptr<Communicator> bytes,
                                                     std::unique_ptr<Communicator> clock);
 #ifdef SL_WITH_NCCL
-std::unique_ptr<Communicator> make_nccl_communicator();               // nccl.cpp
+std::unique_ptr<Communicator> make_nccl_communicator();  // nccl.cpp
 #endif
 
 }  // namespace scalelab::comm_detail

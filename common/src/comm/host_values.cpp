@@ -137,8 +137,7 @@ std::vector<float> all_gather_values(Communicator& comm, const std::vector<float
   return all_gather_on_device(comm, values, tag);
 }
 
-std::vector<int32_t> all_gather_values(Communicator& comm, const std::vector<int32_t>& values,
-                                       const std::string& tag) {
+std::vector<int32_t> all_gather_values(Communicator& comm, const std::vector<int32_t>& values, const std::string& tag) {
   return all_gather_on_device(comm, values, tag);
 }
 

@@ -18,15 +18,15 @@
 #include <cmath>
 #include <string>
 
-#include "comm_internal.h"    // defines: bus_bytes, latency_hops
-#include "scalelab/comm/comm.h"    // defines: LinkModel
-#include "scalelab/core/error.h"   // defines: SL_FAIL, SL_CHECK_HINT
+#include "comm_internal.h"        // defines: bus_bytes, latency_hops
+#include "scalelab/comm/comm.h"   // defines: LinkModel
+#include "scalelab/core/error.h"  // defines: SL_FAIL, SL_CHECK_HINT
 
 namespace scalelab {
 
 namespace {
-constexpr double kUs = 1e-6;  // seconds per microsecond
-constexpr double kGB = 1e9;   // bytes per GB (decimal, as nccl-tests reports)
+constexpr double kUs = 1e-6;                     // seconds per microsecond
+constexpr double kGB = 1e9;                      // bytes per GB (decimal, as nccl-tests reports)
 constexpr double kNcclBaseLatencyS = 8.4 * kUs;  // per collective, Simple protocol
 }  // namespace
 
@@ -48,8 +48,7 @@ LinkModel LinkModel::preset(const std::string& name) {
     m.alpha_s = 14 * kUs;
     m.bandwidth_bytes_per_s = 46 * kGB;
   } else {
-    SL_FAIL("use one of: none, nvlink, pcie, ethernet100, infiniband",
-            "unknown link model preset '%s'", name.c_str());
+    SL_FAIL("use one of: none, nvlink, pcie, ethernet100, infiniband", "unknown link model preset '%s'", name.c_str());
   }
   return m;
 }

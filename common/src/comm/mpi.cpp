@@ -53,9 +53,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm_internal.h"  // defines: EventLog, make_event, check_*, describe_call, MessageHeader
-#include "mpi_internal.h"   // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
-#include "scalelab/core/bf16.h"     // defines: bf16, float_to_bf16, bf16_to_float
+#include "comm_internal.h"       // defines: EventLog, make_event, check_*, describe_call, MessageHeader
+#include "mpi_internal.h"        // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
+#include "scalelab/core/bf16.h"  // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/comm/comm.h"
 #include "scalelab/core/error.h"
 
@@ -240,10 +240,10 @@ struct PendingOps {
 
 // One call on its way through the communication thread, shared with the Work that waits for it.
 struct Op {
-  std::string what;       // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
-  uint64_t event_id = 0;  // its CommEvent in the log
+  std::string what;               // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
+  uint64_t event_id = 0;          // its CommEvent in the log
   std::shared_ptr<EventLog> log;  // that log (shared: a Work may outlive its communicator); null: no event
-  double modeled_ms = 0;  // the link model's time: the op completes no earlier than start + this
+  double modeled_ms = 0;          // the link model's time: the op completes no earlier than start + this
 
   // A collective (or barrier, split): the blocking MPI call(s), staging included.
   std::function<void()> run;
@@ -257,19 +257,19 @@ struct Op {
   MessageHeader header;  // p2p: the send's start, sent ahead of the payload (a recv's: received)
   MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // p2p: header, payload
   MPI_Status statuses[2] = {};
-  bool transferred = false;   // p2p: MPI says both requests are done
-  double not_before_ms = 0;   // start + modeled_ms; a recv: the send's start + modeled_ms
+  bool transferred = false;  // p2p: MPI says both requests are done
+  double not_before_ms = 0;  // start + modeled_ms; a recv: the send's start + modeled_ms
 
   // Delivery at wait: the output, written by the Work's wait() (or destructor); null otherwise.
   std::shared_ptr<Delivery> delivery;
 
   // The wait timeout (set by submit()): its limit and the words of its message.
-  double timeout_s = 0;    // the communicator's wait timeout when the op was issued, seconds; 0: forever
-  std::string who;         // "rank 1 of group 'pp' (world rank 1)"
-  std::string waited_for;  // "recv from rank 0 (world rank 0), tag 'activation mb 3'"
+  double timeout_s = 0;                 // the communicator's wait timeout when the op was issued, seconds; 0: forever
+  std::string who;                      // "rank 1 of group 'pp' (world rank 1)"
+  std::string waited_for;               // "recv from rank 0 (world rank 0), tag 'activation mb 3'"
   std::shared_ptr<PendingOps> pending;  // the communicator's list, where this op is entry pending_id
   uint64_t pending_id = 0;
-  bool leaked = false;     // the thread freed requests MPI could not cancel: the op is kept for good
+  bool leaked = false;  // the thread freed requests MPI could not cancel: the op is kept for good
 
   std::mutex mu;
   std::condition_variable cv;
@@ -351,8 +351,8 @@ class MpiWork : public Work {
     note_wait_timed_out();
     const std::string others = op_->pending ? op_->pending->others(op_->pending_id) : std::string();
     try {
-      SL_FAIL(wait_timeout_hint(op_->timeout_s), "%s waited %.1f s for %s: %s. %s", op_->who.c_str(),
-              waited_ms / 1e3, op_->waited_for.c_str(), wait_timeout_reason(op_->waited_for),
+      SL_FAIL(wait_timeout_hint(op_->timeout_s), "%s waited %.1f s for %s: %s. %s", op_->who.c_str(), waited_ms / 1e3,
+              op_->waited_for.c_str(), wait_timeout_reason(op_->waited_for),
               others.empty() ? "Nothing else is pending on this communicator"
                              : ("Still pending on this communicator: " + others).c_str());
     } catch (const Error&) {
@@ -498,8 +498,8 @@ class MpiCommunicator : public Communicator {
     o->post = [this, buf, peer, dev, stage, op](MPI_Request* requests) {
       *stage = std::make_unique<HostStage>(buf, dev, /*copy_in=*/true);
       SL_MPI_CALL(MPI_Isend(&op->header, sizeof(MessageHeader), MPI_BYTE, peer, kHeaderTag, comm_, &requests[0]));
-      SL_MPI_CALL(MPI_Isend((*stage)->ptr(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag,
-                            comm_, &requests[1]));
+      SL_MPI_CALL(MPI_Isend((*stage)->ptr(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag, comm_,
+                            &requests[1]));
     };
     o->complete = [stage](const MPI_Status&) { stage->reset(); };
     return submit(o);
@@ -548,7 +548,9 @@ class MpiCommunicator : public Communicator {
     o->waited_for = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ", '" + name + "')";
     o->what = o->waited_for + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
     o->event_id = kNoEvent;
-    o->run = [this, color, key, child] { SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, child.get())); };
+    o->run = [this, color, key, child] {
+      SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, child.get()));
+    };
     submit(o)->wait();
     if (*child == MPI_COMM_NULL) return nullptr;  // kNoColor: this rank joins no group
     auto sub = std::make_unique<MpiCommunicator>(*child, name, topology(), moves_sim_memory_);
@@ -614,8 +616,8 @@ class MpiCommunicator : public Communicator {
       in_copy.assign(static_cast<const char*>(in), static_cast<const char*>(in) + chunk_bytes);
       send = in_copy.data();
     }
-    SL_MPI_CALL(MPI_Allgather(send, static_cast<int>(chunk), mpi_type(dt), out, static_cast<int>(chunk),
-                              mpi_type(dt), comm_));
+    SL_MPI_CALL(MPI_Allgather(send, static_cast<int>(chunk), mpi_type(dt), out, static_cast<int>(chunk), mpi_type(dt),
+                              comm_));
   }
 
   // --- issuing (caller thread) -------------------------------------------------------------
@@ -629,7 +631,8 @@ class MpiCommunicator : public Communicator {
   // After a wait timed out, the abandoned sends and recvs are still posted and would match the next
   // messages out of order: the communicator takes no new calls.
   void check_not_timed_out(const char* op) const {
-    SL_CHECK_HINT(!pending_ops_->timed_out, "destroy it (its destructor cancels its sends and recvs) and make a "
+    SL_CHECK_HINT(!pending_ops_->timed_out,
+                  "destroy it (its destructor cancels its sends and recvs) and make a "
                   "new one: make_communicator, or split() of a communicator that did not time out",
                   "%s on %s: a wait on this communicator timed out, it takes no new calls", op, who_.c_str());
   }
@@ -915,7 +918,7 @@ class MpiCommunicator : public Communicator {
   }
 
   static constexpr std::chrono::microseconds kPollInterval{50};  // while sends/recvs are in flight
-  static constexpr double kCancelGraceMs = 100;  // how long cancel() lets MPI complete cancellations
+  static constexpr double kCancelGraceMs = 100;                  // how long cancel() lets MPI complete cancellations
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -925,16 +928,16 @@ class MpiCommunicator : public Communicator {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Op>> queue_;  // issued, not yet started
-  std::atomic<int> pending_{0};  // ops handed to the thread and not finished (queued, running or in flight)
+  std::atomic<int> pending_{0};            // ops handed to the thread and not finished (queued, running or in flight)
   std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
-  std::string who_;     // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
-  std::string running_;           // the collective the thread is inside, or "" (queue_mu_)
-  bool abandon_ = false;          // stop after a wait timed out: cancel, do not finish (queue_mu_)
-  double stop_deadline_ms_ = 0;   // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
+  std::string who_;              // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
+  std::string running_;          // the collective the thread is inside, or "" (queue_mu_)
+  bool abandon_ = false;         // stop after a wait timed out: cancel, do not finish (queue_mu_)
+  double stop_deadline_ms_ = 0;  // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
   bool stop_ = false;
-  bool deliver_at_wait_ = false;  // SL_COMM_DELIVER_AT_WAIT (file comment)
-  bool moves_sim_memory_ = false; // the sim backend's transport: SIM tensors too (staging_device)
-  std::thread thread_;  // the communication thread, started by the constructor's body
+  bool deliver_at_wait_ = false;   // SL_COMM_DELIVER_AT_WAIT (file comment)
+  bool moves_sim_memory_ = false;  // the sim backend's transport: SIM tensors too (staging_device)
+  std::thread thread_;             // the communication thread, started by the constructor's body
 };
 
 }  // namespace

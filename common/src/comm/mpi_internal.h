@@ -16,17 +16,17 @@
 #include "scalelab/core/error.h"  // defines: detail::fail, detail::format
 
 // SL_MPI_CALL(call): like SL_MPI_CHECK (error.h), with MPI's own words for the error.
-#define SL_MPI_CALL(call)                                                                          \
-  do {                                                                                             \
-    const int sl_rc_ = (call);                                                                     \
-    if (sl_rc_ != MPI_SUCCESS) {                                                                   \
-      char sl_msg_[MPI_MAX_ERROR_STRING] = {0};                                                    \
-      int sl_len_ = 0;                                                                             \
-      MPI_Error_string(sl_rc_, sl_msg_, &sl_len_);                                                 \
-      ::scalelab::detail::fail("MPI", #call, __FILE__, __LINE__, __func__,                        \
-                               ::scalelab::detail::format("MPI error %d: %s", sl_rc_, sl_msg_),   \
-                               "a peer may have failed first: read every rank's output");         \
-    }                                                                                              \
+#define SL_MPI_CALL(call)                                                                       \
+  do {                                                                                          \
+    const int sl_rc_ = (call);                                                                  \
+    if (sl_rc_ != MPI_SUCCESS) {                                                                \
+      char sl_msg_[MPI_MAX_ERROR_STRING] = {0};                                                 \
+      int sl_len_ = 0;                                                                          \
+      MPI_Error_string(sl_rc_, sl_msg_, &sl_len_);                                              \
+      ::scalelab::detail::fail("MPI", #call, __FILE__, __LINE__, __func__,                      \
+                               ::scalelab::detail::format("MPI error %d: %s", sl_rc_, sl_msg_), \
+                               "a peer may have failed first: read every rank's output");       \
+    }                                                                                           \
   } while (0)
 
 namespace scalelab::comm_detail {

@@ -43,20 +43,20 @@
 #include <thread>
 #include <vector>
 
-#include "comm_internal.h"     // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader, describe_wait
-#include "mpi_internal.h"      // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
+#include "comm_internal.h"  // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader, describe_wait
+#include "mpi_internal.h"   // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/comm/comm.h"
 #include "scalelab/core/cuda_check.h"  // defines: SL_CUDA_CHECK (cuda_runtime.h)
 #include "scalelab/core/error.h"
 
-#define SL_NCCL_CHECK(call)                                                                         \
-  do {                                                                                              \
-    const ncclResult_t sl_nccl_rc_ = (call);                                                        \
-    if (sl_nccl_rc_ != ncclSuccess)                                                                 \
-      ::scalelab::detail::fail("NCCL", #call, __FILE__, __LINE__, __func__,                        \
+#define SL_NCCL_CHECK(call)                                                                                    \
+  do {                                                                                                         \
+    const ncclResult_t sl_nccl_rc_ = (call);                                                                   \
+    if (sl_nccl_rc_ != ncclSuccess)                                                                            \
+      ::scalelab::detail::fail("NCCL", #call, __FILE__, __LINE__, __func__,                                    \
                                ::scalelab::detail::format("NCCL error '%s'", ncclGetErrorString(sl_nccl_rc_)), \
-                               "NCCL_DEBUG=INFO shows what NCCL tried; with several ranks on one GPU "    \
-                               "use --backend mpi");                                                \
+                               "NCCL_DEBUG=INFO shows what NCCL tried; with several ranks on one GPU "         \
+                               "use --backend mpi");                                                           \
   } while (0)
 
 namespace scalelab::comm_detail {
@@ -91,11 +91,11 @@ struct Op {
   double modeled_ms = 0;     // the link model's time
   double not_before_ms = 0;  // start + modelled (link model); a recv: its send's start + modelled
   bool is_send = false, is_recv = false;
-  MessageHeader header;      // sends and recvs: the send's start, over MPI (posted at launch)
+  MessageHeader header;  // sends and recvs: the send's start, over MPI (posted at launch)
   MPI_Request header_request = MPI_REQUEST_NULL;
   cudaEvent_t done = nullptr;
-  int peer = -1;             // sends and recvs: the other rank
-  bool launched = false;     // sends/recvs wait in State::pending until launched together
+  int peer = -1;          // sends and recvs: the other rank
+  bool launched = false;  // sends/recvs wait in State::pending until launched together
   bool finished = false;
   std::function<void()> launch;  // sends and recvs: the ncclSend / ncclRecv call (it holds its tensor)
   // Collectives: the tensors NCCL reads or writes, held until wait() has seen the done event. Without
@@ -113,15 +113,15 @@ struct Op {
 // What the communicator and its Works share (a Work may outlive its communicator).
 struct State {
   ncclComm_t comm = nullptr;
-  MPI_Comm mpi = MPI_COMM_NULL;   // the MPI twin: the same members in the same order
+  MPI_Comm mpi = MPI_COMM_NULL;  // the MPI twin: the same members in the same order
   int device = 0;
   cudaStream_t stream = nullptr;  // the communication stream
   cudaEvent_t ready = nullptr;    // "the compute stream got this far", recorded before each call
   EventLog log;
-  std::mutex mu;                  // pending and the Ops' flags
+  std::mutex mu;                             // pending and the Ops' flags
   std::vector<std::shared_ptr<Op>> pending;  // sends/recvs not yet launched
-  std::string who;                // "rank 1 of group 'pp' (world rank 1)", for timeouts' messages
-  std::atomic<bool> timed_out{false};  // a wait timed out: no new calls; abort NCCL at the end
+  std::string who;                           // "rank 1 of group 'pp' (world rank 1)", for timeouts' messages
+  std::atomic<bool> timed_out{false};        // a wait timed out: no new calls; abort NCCL at the end
 
   ~State() {
     cudaSetDevice(device);
@@ -329,8 +329,8 @@ class NcclCommunicator : public Communicator {
     check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
     check_count_fits_int("all_reduce", rank_, buf.numel());
     return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, {buf}, [&] {
-      SL_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op),
-                                  st_->comm, st_->stream));
+      SL_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op), st_->comm,
+                                  st_->stream));
     });
   }
 
@@ -341,8 +341,8 @@ class NcclCommunicator : public Communicator {
     check_reduce_scatter(rank_, size_, in, out);
     check_count_fits_int("reduce_scatter", rank_, in.numel());
     return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, {in, out}, [&] {
-      SL_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype()), nccl_op(op),
-                                      st_->comm, st_->stream));
+      SL_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype()), nccl_op(op), st_->comm,
+                                      st_->stream));
     });
   }
 
@@ -427,8 +427,8 @@ class NcclCommunicator : public Communicator {
     auto op = std::make_shared<Op>();
     op->timeout_s = wait_timeout();
     op->waited_for = describe_wait(*this, name, peer, tag);
-    CommEvent e = make_event(*this, name, tag, count, dtype, /*async=*/!issuing_blocking_call() && name != "barrier",
-                             peer);
+    CommEvent e =
+        make_event(*this, name, tag, count, dtype, /*async=*/!issuing_blocking_call() && name != "barrier", peer);
     e.start_ms = e.issue_ms;
     op->start_ms = e.start_ms;
     op->modeled_ms = e.modeled_ms;

@@ -33,8 +33,8 @@ std::vector<GridAxis> parse_order(const std::string& order) {
   for (;;) {
     const size_t end = order.find('-', begin);
     const std::string name = order.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    const GridAxis* axis = std::find_if(std::begin(kAxes), std::end(kAxes),
-                                        [&](GridAxis a) { return name == grid_axis_name(a); });
+    const GridAxis* axis =
+        std::find_if(std::begin(kAxes), std::end(kAxes), [&](GridAxis a) { return name == grid_axis_name(a); });
     if (axis == std::end(kAxes) || std::count(axes.begin(), axes.end(), *axis) > 0) return {};
     axes.push_back(*axis);
     if (end == std::string::npos) break;
@@ -46,8 +46,9 @@ std::vector<GridAxis> parse_order(const std::string& order) {
 Problem find_problem(const GridLayout& g, int world_size) {
   const std::string sizes = detail::format("tp %d x pp %d x dp %d", g.tp_size, g.pp_size, g.dp_size);
   if (g.tp_size < 1 || g.pp_size < 1 || g.dp_size < 1) {
-    return {"rank grid " + sizes + ": every size must be >= 1", "use 1 for an axis that is not split (tp 1 x pp 1 x dp " +
-                                                                    std::to_string(world_size) + " is plain data parallel)"};
+    return {"rank grid " + sizes + ": every size must be >= 1",
+            "use 1 for an axis that is not split (tp 1 x pp 1 x dp " + std::to_string(world_size) +
+                " is plain data parallel)"};
   }
   if (parse_order(g.order).empty()) {
     return {"rank grid order '" + g.order + "' is not a permutation of tp, pp and dp",
@@ -175,8 +176,8 @@ RankGrid::RankGrid(Communicator& world, int tp_size, int pp_size, int dp_size, c
   //    any split, whether one rank or all of them got a bad layout.
   const Problem mine = find_problem(layout_, n);
   const int code = mine.empty() ? order_code(parse_order(order)) : -1;
-  const std::vector<int32_t> ballot = {mine.empty() ? 0 : 1, tp_size, pp_size, dp_size, code,
-                                       -tp_size, -pp_size, -dp_size, -code};
+  const std::vector<int32_t> ballot = {
+      mine.empty() ? 0 : 1, tp_size, pp_size, dp_size, code, -tp_size, -pp_size, -dp_size, -code};
   const std::vector<int32_t> v = all_reduce_values(world, ballot, ReduceOp::Max, "rank grid: layout check");
   if (!mine.empty()) SL_FAIL(mine.hint, "rank %d of %d: %s", me, n, mine.message.c_str());
   SL_CHECK_HINT(v[0] == 0, "read the error of the rank(s) that refused it: every rank must pass the same good layout",

@@ -38,10 +38,10 @@
 #include <utility>
 #include <vector>
 
-#include "comm_internal.h"         // defines: EventLog, make_event, check_*, check_on_device, default_topology
+#include "comm_internal.h"  // defines: EventLog, make_event, check_*, check_on_device, default_topology
 #include "scalelab/comm/comm.h"
-#include "scalelab/core/clock.h"   // defines: VirtualClock
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
+#include "scalelab/core/clock.h"  // defines: VirtualClock
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
 
 namespace scalelab::comm_detail {
 
@@ -49,14 +49,14 @@ namespace {
 
 // One call on the communication stream, shared by its Work and the stream.
 struct SimCall {
-  bool collective = false;   // else a send or a recv
-  double start_s = 0;        // this rank's start on its stream, virtual seconds
-  double modeled_s = 0;      // the link model's seconds for the call
-  bool resolved = false;     // end_s is known
-  double end_s = 0;          // when the call ends, virtual seconds
-  WorkPtr bytes;             // the payload's call on the `bytes` transport (null: a barrier; dropped once waited)
-  WorkPtr times;             // a collective: the all-gather of the starts; a recv: the send's start; a send: it
-  Tensor times_out;          // (2 size) i32 every member's start, or (2) i32 the send's start: doubles' bytes
+  bool collective = false;  // else a send or a recv
+  double start_s = 0;       // this rank's start on its stream, virtual seconds
+  double modeled_s = 0;     // the link model's seconds for the call
+  bool resolved = false;    // end_s is known
+  double end_s = 0;         // when the call ends, virtual seconds
+  WorkPtr bytes;            // the payload's call on the `bytes` transport (null: a barrier; dropped once waited)
+  WorkPtr times;            // a collective: the all-gather of the starts; a recv: the send's start; a send: it
+  Tensor times_out;         // (2 size) i32 every member's start, or (2) i32 the send's start: doubles' bytes
   std::shared_ptr<EventLog> log;
   uint64_t event_id = 0;
 };
@@ -262,7 +262,7 @@ class SimCommunicator : public Communicator {
     auto call = issue("send", tag, buf.numel(), buf.dtype(), peer, e);
     call->bytes = bytes_->send_async(buf, peer, tag);
     call->times = clock_->send_async(time_tensor(call->start_s), peer, tag);  // its start, after the payload
-    call->end_s = call->start_s + call->modeled_s;  // a send's end is its own
+    call->end_s = call->start_s + call->modeled_s;                            // a send's end is its own
     call->resolved = true;
     e.end_ms = 1e3 * call->end_s;
     return record(call, std::move(e));
@@ -353,8 +353,8 @@ class SimCommunicator : public Communicator {
     return record(call, std::move(e));
   }
 
-  std::unique_ptr<Communicator> bytes_;  // moves the payloads (SIM tensors)
-  std::unique_ptr<Communicator> clock_;  // moves the virtual times
+  std::unique_ptr<Communicator> bytes_;                           // moves the payloads (SIM tensors)
+  std::unique_ptr<Communicator> clock_;                           // moves the virtual times
   std::shared_ptr<EventLog> log_ = std::make_shared<EventLog>();  // shared with the calls (a Work may outlive us)
 };
 

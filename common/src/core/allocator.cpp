@@ -103,14 +103,15 @@ void* Allocator::allocate(size_t nbytes, MemCategory category) {
   // Counting only after a successful allocation keeps current AND peak bytes exact on every failure.
   auto over_cap = [&](int64_t want) { return cap_bytes_ > 0 && want > cap_bytes_; };
   auto fail_cap = [&](int64_t want) {
-    detail::fail_oom(__FILE__, __LINE__, __func__,
-                     detail::format("out of memory on %s: %zu bytes for %s would make %lld bytes in use, "
-                                    "cap is %lld bytes (simulated device memory)",
-                                    device_name(device_), nbytes, mem_category_name(category),
-                                    static_cast<long long>(want), static_cast<long long>(cap_bytes_)),
-                     "use a smaller batch or model, --recompute selective or full (keep fewer activations), --attention "
-                     "flash (lab 01: no (B,NH,T,T) scores), more ranks, "
-                     "or a higher ZeRO stage; or raise --memory-cap-mb");
+    detail::fail_oom(
+        __FILE__, __LINE__, __func__,
+        detail::format("out of memory on %s: %zu bytes for %s would make %lld bytes in use, "
+                       "cap is %lld bytes (simulated device memory)",
+                       device_name(device_), nbytes, mem_category_name(category), static_cast<long long>(want),
+                       static_cast<long long>(cap_bytes_)),
+        "use a smaller batch or model, --recompute selective or full (keep fewer activations), --attention "
+        "flash (lab 01: no (B,NH,T,T) scores), more ranks, "
+        "or a higher ZeRO stage; or raise --memory-cap-mb");
   };
   bool from_cache_path = false;  // caching was on: the block is a whole size class and may be cached later
   size_t block_bytes = nbytes;   // what the system is asked for
@@ -232,7 +233,7 @@ std::vector<void*> Allocator::take_cache_locked() {
 }
 
 void* Allocator::raw_allocate(size_t nbytes) {
-  if (device_ != Device::CUDA) {  // CPU, and the simulated GPU's memory, which is host memory
+  if (device_ != Device::CUDA) {                  // CPU, and the simulated GPU's memory, which is host memory
     const size_t rounded = round_up(nbytes, 64);  // aligned_alloc needs a multiple of the alignment
     if (rounded % 64 != 0) return nullptr;        // only where rounding would overflow: no system grants it
     return std::aligned_alloc(64, rounded);

@@ -30,16 +30,16 @@ static std::string rank_suffix() {
 
 static std::string report(const char* kind, const char* stmt, const char* file, int line, const char* func,
                           const std::string& message, const std::string& hint) {
-  std::string r = "[scalelab] " + std::string(kind) + " failed in " + func + " (" + file + ":" +
-                  std::to_string(line) + ")" + rank_suffix();
+  std::string r = "[scalelab] " + std::string(kind) + " failed in " + func + " (" + file + ":" + std::to_string(line) +
+                  ")" + rank_suffix();
   if (!message.empty()) r += "\n[scalelab]   " + message;
   if (stmt && *stmt) r += "\n[scalelab]   stmt: " + std::string(stmt);
   if (!hint.empty()) r += "\n[scalelab]   hint: " + hint;
   return r;
 }
 
-void fail(const char* kind, const char* stmt, const char* file, int line, const char* func,
-          const std::string& message, const std::string& hint) {
+void fail(const char* kind, const char* stmt, const char* file, int line, const char* func, const std::string& message,
+          const std::string& hint) {
   throw Error(report(kind, stmt, file, line, func, message, hint));
 }
 

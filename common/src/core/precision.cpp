@@ -9,9 +9,10 @@ PrecisionPolicy PrecisionPolicy::from_name(const std::string& name) {
   if (name == "fp32") return fp32();
   if (name == "bf16" || name == "bf16-mixed") return bf16_mixed();
   if (name == "bf16-compute") return bf16_compute();
-  SL_FAIL("use --precision fp32, bf16 (= bf16-mixed: bf16 params, fp32 compute) or bf16-compute (bf16 matmul "
-          "operands, fp32 accumulation)",
-          "unknown precision '%s'", name.c_str());
+  SL_FAIL(
+      "use --precision fp32, bf16 (= bf16-mixed: bf16 params, fp32 compute) or bf16-compute (bf16 matmul "
+      "operands, fp32 accumulation)",
+      "unknown precision '%s'", name.c_str());
 }
 
 std::string PrecisionPolicy::name() const {

@@ -41,7 +41,7 @@ struct PresetRow {
   double memory_gb;                 // GB (1e9 bytes)
   double host_gb_per_s;             // GB/s, one direction
   const char* host_link;
-  const char* intra_node_link;      // LinkModel preset between the GPUs of one node
+  const char* intra_node_link;  // LinkModel preset between the GPUs of one node
 };
 constexpr PresetRow kPresets[] = {
     {"h100", "simulated H100 SXM", 989, 67, 3.35, 80, 50, "PCIe 5.0 x16", "nvlink"},
@@ -135,9 +135,9 @@ void sim_gpu_set(const GpuModel& model) {
   SL_CHECK(model.bf16_flops_per_s > 0 && model.fp32_flops_per_s > 0 && model.hbm_bytes_per_s > 0 &&
                model.host_link_bytes_per_s > 0 && model.memory_bytes > 0 && model.launch_s >= 0,
            "simulated GPU '%s': every peak, bandwidth and the memory must be > 0 (bf16 %g, fp32 %g FLOP/s, HBM %g, "
-           "host link %g bytes/s, memory %lld bytes)", model.name.c_str(), model.bf16_flops_per_s,
-           model.fp32_flops_per_s, model.hbm_bytes_per_s, model.host_link_bytes_per_s,
-           static_cast<long long>(model.memory_bytes));
+           "host link %g bytes/s, memory %lld bytes)",
+           model.name.c_str(), model.bf16_flops_per_s, model.fp32_flops_per_s, model.hbm_bytes_per_s,
+           model.host_link_bytes_per_s, static_cast<long long>(model.memory_bytes));
   for (const double eff : {model.eff_matmul, model.eff_attention, model.eff_memory})
     SL_CHECK(eff > 0 && eff <= 1, "simulated GPU '%s': an efficiency of %g is outside (0, 1]", model.name.c_str(), eff);
   {

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "scalelab/core/clock.h"    // defines: VirtualClock (SIM copies are charged to its compute stream)
+#include "scalelab/core/clock.h"  // defines: VirtualClock (SIM copies are charged to its compute stream)
 #include "scalelab/core/error.h"
 #include "scalelab/core/sim_gpu.h"  // defines: sim_gpu, sim_gpu_active, GpuModel::copy_seconds
 
@@ -111,11 +111,17 @@ int64_t Tensor::size(int dim) const {
 template <typename T>
 static constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::BF16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::I32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 
 namespace {
 thread_local int device_code_depth = 0;  // open DeviceCodeScopes of this thread
@@ -158,7 +164,7 @@ void zero_bytes_streaming(char* p, size_t n) {
   size_t i = head;
   for (; i + 16 <= n; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), zeros);
   std::memset(p + i, 0, n - i);  // the last bytes, less than 16
-  _mm_sfence();  // streaming stores are weakly ordered: make them visible before anything that follows
+  _mm_sfence();                  // streaming stores are weakly ordered: make them visible before anything that follows
 #else
   std::memset(p, 0, n);
 #endif

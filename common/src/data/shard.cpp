@@ -64,8 +64,7 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t file_bytes, const std::stri
                 "make one with sl_make_shards (scripts/prepare_corpus.sh runs it)",
                 "'%s' is not a scalelab shard (first 8 bytes are not \"SLSHARD1\")", path.c_str());
   SL_CHECK_HINT(file_bytes >= kShardHeaderBytes, kRegenerateHint,
-                "truncated shard '%s': header needs %zu bytes, found %zu", path.c_str(), kShardHeaderBytes,
-                file_bytes);
+                "truncated shard '%s': header needs %zu bytes, found %zu", path.c_str(), kShardHeaderBytes, file_bytes);
   ShardHeader h;
   h.version = static_cast<uint32_t>(load_le(bytes + 8, 4));
   h.bytes_per_token = static_cast<uint32_t>(load_le(bytes + 12, 4));
@@ -85,21 +84,19 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t file_bytes, const std::stri
 
   // The body must be exactly token_count tokens: shorter is a cut-off copy, longer is not our file.
   const uint64_t expected = kShardHeaderBytes + h.token_count * h.bytes_per_token;  // bytes
-  SL_CHECK_HINT(file_bytes >= expected, "the file was cut short (interrupted write or copy?); " +
-                std::string(kRegenerateHint),
+  SL_CHECK_HINT(file_bytes >= expected,
+                "the file was cut short (interrupted write or copy?); " + std::string(kRegenerateHint),
                 "truncated shard '%s': expected %llu bytes (64-byte header + %llu tokens x %u bytes) found %zu",
-                path.c_str(), static_cast<unsigned long long>(expected),
-                static_cast<unsigned long long>(h.token_count), h.bytes_per_token, file_bytes);
+                path.c_str(), static_cast<unsigned long long>(expected), static_cast<unsigned long long>(h.token_count),
+                h.bytes_per_token, file_bytes);
   SL_CHECK_HINT(file_bytes == expected, kRegenerateHint,
-                "shard '%s' has %zu bytes, expected %llu: %llu bytes after the last token", path.c_str(),
-                file_bytes, static_cast<unsigned long long>(expected),
-                static_cast<unsigned long long>(file_bytes - expected));
+                "shard '%s' has %zu bytes, expected %llu: %llu bytes after the last token", path.c_str(), file_bytes,
+                static_cast<unsigned long long>(expected), static_cast<unsigned long long>(file_bytes - expected));
   if (verify_checksum) {
     const uint64_t actual = fnv1a64(bytes + kShardHeaderBytes, expected - kShardHeaderBytes);
     SL_CHECK_HINT(actual == h.checksum, "the file is corrupted; " + std::string(kRegenerateHint),
                   "checksum mismatch in '%s': header says 0x%016llx, body hashes to 0x%016llx (FNV-1a 64)",
-                  path.c_str(), static_cast<unsigned long long>(h.checksum),
-                  static_cast<unsigned long long>(actual));
+                  path.c_str(), static_cast<unsigned long long>(h.checksum), static_cast<unsigned long long>(actual));
   }
   return h;
 }
@@ -128,8 +125,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
     const int32_t t = tokens[i];
     if (t < 0 || t >= vocab_size)
       SL_FAIL("every token must be in [0, vocab_size); is vocab_size right for this tokenizer?",
-              "token %d at index %zu is outside [0, vocab_size=%d) (writing '%s')", t, i, vocab_size,
-              path.c_str());
+              "token %d at index %zu is outside [0, vocab_size=%d) (writing '%s')", t, i, vocab_size, path.c_str());
     store_le(body.data() + i * bytes_per_token, static_cast<uint32_t>(t), bytes_per_token);
   }
 
@@ -195,11 +191,11 @@ std::vector<std::string> list_shards(const std::string& dir, const std::string& 
   std::sort(files.begin(), files.end());  // zero-padded numbers: name order is shard order
   SL_CHECK_HINT(!files.empty(),
                 "make shards: scripts/prepare_corpus.sh (the default corpus) or scripts/prepare_corpus.sh --text "
-                "FILE... --out " + dir,
+                "FILE... --out " +
+                    dir,
                 "no '%s_*.bin' shards in '%s'", split.c_str(), dir.c_str());
   return files;
 }
-
 
 // =============================================================================================
 // MappedShard

@@ -7,7 +7,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
 
 namespace scalelab::driver {
 
@@ -34,13 +34,15 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
                  "with bf16 matmul operands: the GPU's bf16 tensor cores)")
       ->capture_default_str();
   app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
-  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")->capture_default_str();
+  app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")
+      ->capture_default_str();
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
   app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
   app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")
       ->capture_default_str();
   app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")->capture_default_str();
+  app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
   app.add_option("--calibration", o.calibration,
                  "CPU runs: divide MFU by exactly this calibration file (bin/sl_calibrate writes them to "
@@ -56,45 +58,53 @@ void apply_recompute(const TrainOptions& o, GPT2& model) { model.set_recompute(r
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
   add_train_options(app, o, lab);
-  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")->capture_default_str()
+  app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.get_option("--val-batches")->description("validation batches of --global-batch sequences");
   app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
       ->capture_default_str();
 }
 
 void add_link_options(CLI::App& app, DistributedOptions& o) {
-  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")->capture_default_str();
+  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")
+      ->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
       ->capture_default_str();
   app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record (0: none)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 void add_cluster_options(CLI::App& app, ClusterOptions& o) {
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "simulate nodes of this many ranks (world-rank order): a group inside one node crosses --link, a "
                  "group across nodes --inter-link (0: every group crosses --link)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
       ->capture_default_str();
 }
 
 void add_pipeline_options(CLI::App& app, PipelineOptions& o) {
   app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
-  app.add_option("--micro-batches", o.micro_batches, "m: micro-batches per optimizer step (each --micro-batch sequences)")
+  app.add_option("--micro-batches", o.micro_batches,
+                 "m: micro-batches per optimizer step (each --micro-batch sequences)")
       ->capture_default_str();
   app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
   app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
                  "every stage's forward of a micro-batch takes at least this long, its backward twice as long (0: as "
                  "the compute takes); the bubble formula's assumption")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--wait-timeout-s", o.wait_timeout_s,
                  "a receive or collective that waits longer than this fails, naming the peer and the message it waited "
                  "for (a schedule that deadlocks); 0: wait for ever")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -123,8 +133,8 @@ Device device_from_option(const std::string& name) {
   return device;
 }
 
-std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B,
-                                                            int T, Device device) {
+std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B, int T,
+                                                            Device device) {
   if (name != "auto") return {attention_impl_from_name(name), "--attention " + name};
   const int64_t cap = Allocator::get(device).capacity_bytes();
   const int64_t budget = cap > 0 ? cap : device == Device::CUDA ? cuda_device_memory_bytes() : 0;
@@ -199,10 +209,17 @@ OptimizerConfig optimizer_config(const TrainOptions& o) {
 }
 
 nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, double flops_per_token) {
-  return {{"model", o.model},         {"T", o.seq_len},           {"steps", o.steps},
-          {"lr", o.lr},               {"optimizer", o.optimizer}, {"precision", policy.name()},
-          {"recompute", o.recompute}, {"seed", o.seed},           {"flops_per_token", flops_per_token},
-          {"data", o.data},           {"device", o.device}};
+  return {{"model", o.model},
+          {"T", o.seq_len},
+          {"steps", o.steps},
+          {"lr", o.lr},
+          {"optimizer", o.optimizer},
+          {"precision", policy.name()},
+          {"recompute", o.recompute},
+          {"seed", o.seed},
+          {"flops_per_token", flops_per_token},
+          {"data", o.data},
+          {"device", o.device}};
 }
 
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
@@ -239,7 +256,8 @@ ValidationSplit::ValidationSplit(const data::OpenBatchSource& open, const std::s
                                  const data::LoaderConfig& train_config, int64_t requested_batches)
     : loader(open(data_dir, "val", validation_config(train_config))),
       start(loader->state()),
-      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches, loader->batches_per_epoch())))) {}
+      n_batches(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(requested_batches,
+                                                                        loader->batches_per_epoch())))) {}
 
 float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
                const std::function<float(const Tensor& tokens, const Tensor& targets)>& loss_of) {
@@ -253,7 +271,8 @@ float evaluate(ValidationSplit& val, Tensor& x, Tensor& y,
 }
 
 float evaluate(GPT2& model, ValidationSplit& val, Tensor& x, Tensor& y) {
-  return evaluate(val, x, y, [&](const Tensor& tokens, const Tensor& targets) { return model.forward(tokens, &targets); });
+  return evaluate(val, x, y,
+                  [&](const Tensor& tokens, const Tensor& targets) { return model.forward(tokens, &targets); });
 }
 
 float evaluate_all_ranks(GPT2& model, Communicator& comm, ValidationSplit& val, Tensor& x, Tensor& y) {

@@ -7,11 +7,11 @@
 #include <cstdio>     // defines: std::printf, std::snprintf
 #include <thread>     // defines: std::this_thread::sleep_for (loader_delay_ms)
 
-#include "scalelab/core/device.h"                // defines: device_synchronize
-#include "scalelab/core/error.h"                 // defines: SL_CHECK_HINT
-#include "scalelab/data/batch.h"                 // defines: data::Batch, load_batch
+#include "scalelab/core/device.h"               // defines: device_synchronize
+#include "scalelab/core/error.h"                // defines: SL_CHECK_HINT
+#include "scalelab/data/batch.h"                // defines: data::Batch, load_batch
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
-#include "scalelab/model/sample.h"               // defines: sample_text
+#include "scalelab/model/sample.h"              // defines: sample_text
 
 namespace scalelab::driver {
 
@@ -102,16 +102,27 @@ double time_loader_alone(const data::OpenBatchSource& open, const std::string& d
 
 // data.train and data.val, checked: a loop without its loaders is a programming error, said plainly.
 static RunData& with_loaders(RunData& d) {
-  SL_CHECK(d.train != nullptr && d.val != nullptr, "TrainLoop: the run's training or validation loader is not open "
+  SL_CHECK(d.train != nullptr && d.val != nullptr,
+           "TrainLoop: the run's training or validation loader is not open "
            "(driver::open_data opens both)");
   return d;
 }
 
 TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data,
                      RunLogger& log, const Peak& peak, double flops_per_token, Device device)
-    : sample_rng(o.seed ^ 0x5eedull), tokens_per_second(data.parts.tokens_per_second), mfu(data.parts.mfu), o_(o),
-      spec_(spec), comm_(comm), model_(model), train_(*with_loaders(data).train), val_(*data.val), log_(log),
-      peak_(peak), flops_per_token_(flops_per_token), device_(device) {
+    : sample_rng(o.seed ^ 0x5eedull),
+      tokens_per_second(data.parts.tokens_per_second),
+      mfu(data.parts.mfu),
+      o_(o),
+      spec_(spec),
+      comm_(comm),
+      model_(model),
+      train_(*with_loaders(data).train),
+      val_(*data.val),
+      log_(log),
+      peak_(peak),
+      flops_per_token_(flops_per_token),
+      device_(device) {
   // HFU counts what the hardware computes: the model's FLOPs plus the backward's re-run (gpt2.h)
   const Recompute recompute = recompute_from_name(o.recompute);
   const int first = model.shard().first_layer;
@@ -131,9 +142,7 @@ float TrainLoop::evaluate_now(Tensor& x, Tensor& y) {
   return comm_ != nullptr ? evaluate_all_ranks(model_, *comm_, val_, x, y) : evaluate(model_, val_, x, y);
 }
 
-float TrainLoop::mean_loss(float loss) {
-  return comm_ != nullptr ? mean_over_ranks(*comm_, loss, "loss") : loss;
-}
+float TrainLoop::mean_loss(float loss) { return comm_ != nullptr ? mean_over_ranks(*comm_, loss, "loss") : loss; }
 
 Summary TrainLoop::run(int64_t start_step) {
   SL_CHECK(static_cast<bool>(step), "TrainLoop::run: no step function was given (loop.step = ...)");
@@ -172,7 +181,7 @@ Summary TrainLoop::run(int64_t start_step) {
     if (before_step) before_step(t0_ms, Communicator::now_ms(), want_timeline);
 
     const StepResult r = step(micro, lr);  // the lab's step
-    device_synchronize(device_);            // GPU work is asynchronous: the step ends when the device is done
+    device_synchronize(device_);           // GPU work is asynchronous: the step ends when the device is done
 
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     StepMeasure m = after_step ? after_step(seconds * 1e3, data_wait_ms, want_timeline) : StepMeasure{};
@@ -180,8 +189,8 @@ Summary TrainLoop::run(int64_t start_step) {
     if (want_timeline && shown != nullptr) log_.log_timeline(step_i, shown->events(), m.spans);
     const int64_t tokens = static_cast<int64_t>(spec_.global_batch) * o_.seq_len;  // all ranks together
     const double tok_s = tokens_per_second(tokens, seconds);
-    const double step_mfu =
-        peak_.flops_per_s > 0 ? mfu(tok_s, flops_per_token_, peak_.flops_per_s, world_) : kNotMeasured;
+    const double step_mfu = peak_.flops_per_s > 0 ? mfu(tok_s, flops_per_token_, peak_.flops_per_s, world_)
+                                                  : kNotMeasured;
     const float loss = mean_loss(r.loss);  // outside the timed step: only for the log
     if (step_i > start_step) {
       timed_seconds += seconds;
@@ -216,7 +225,8 @@ Summary TrainLoop::run(int64_t start_step) {
     const bool last = step_i + 1 == o_.steps;
     if (rank_ == 0 && !o_.quiet && (step_i % 10 == 0 || last)) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_run).count();
-      const double eta = elapsed / static_cast<double>(step_i + 1 - start_step) * static_cast<double>(o_.steps - step_i - 1);
+      const double eta = elapsed / static_cast<double>(step_i + 1 - start_step) *
+                         static_cast<double>(o_.steps - step_i - 1);
       char wait[64];
       std::snprintf(wait, sizeof(wait), "data wait %.2f ms", data_wait_ms);
       const std::string middle = progress ? progress(m, data_wait_ms) : std::string(wait);
@@ -264,9 +274,12 @@ Summary TrainLoop::run(int64_t start_step) {
 }
 
 nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated) {
-  nlohmann::json r = {{"final_loss", s.final_loss},         {"val_loss_start", s.val_loss_start},
-                      {"val_loss_end", s.val_loss_end},     {"tokens_per_s", s.tokens_per_s},
-                      {"mfu", s.mfu},                       {"hfu", s.hfu},
+  nlohmann::json r = {{"final_loss", s.final_loss},
+                      {"val_loss_start", s.val_loss_start},
+                      {"val_loss_end", s.val_loss_end},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"mfu", s.mfu},
+                      {"hfu", s.hfu},
                       {"peak_flops_per_s", peak.flops_per_s},
                       {"peak_source", peak.source}};
   if (comm) {
@@ -304,34 +317,39 @@ std::string out_of_memory_report(const OutOfMemory& e, const OomContext& c) {
   char buf[1024];
   std::string r = e.what();
   if (!r.empty() && r.back() != '\n') r += '\n';
-  std::snprintf(buf, sizeof(buf),
-                "[scalelab] %s: rank %d of %d ran out of simulated device memory while %s\n"
-                "[scalelab]   cap %.1f MiB per rank (--memory-cap-mb); most in use before it: %.1f MiB (peaks: params "
-                "%.1f, grads %.1f, optimizer state %.1f, activations %.1f)\n"
-                "[scalelab]   estimator for this run (%s, %d rank%s, ZeRO-%d, %s, %s, B=%d, T=%d): persistent %.1f MiB, "
-                "peak %.1f MiB per rank (model state %.1f + activations %.1f)\n",
-                c.lab.c_str(), c.rank, c.world, c.doing.c_str(), cap / kMiB, now.total_peak_bytes / kMiB,
-                peak(MemCategory::Params), peak(MemCategory::Grads), peak(MemCategory::OptimizerState),
-                peak(MemCategory::Activations), c.model.c_str(), c.world, c.world == 1 ? "" : "s", c.zero_stage,
-                c.policy.name().c_str(), OptimizerConfig::kind_name(c.optimizer), c.micro_batch, c.seq_len,
-                est.persistent.total() / kMiB, est.total_peak_bytes() / kMiB, est.peak.total() / kMiB,
-                est.activations_bytes / kMiB);
+  std::snprintf(
+      buf, sizeof(buf),
+      "[scalelab] %s: rank %d of %d ran out of simulated device memory while %s\n"
+      "[scalelab]   cap %.1f MiB per rank (--memory-cap-mb); most in use before it: %.1f MiB (peaks: params "
+      "%.1f, grads %.1f, optimizer state %.1f, activations %.1f)\n"
+      "[scalelab]   estimator for this run (%s, %d rank%s, ZeRO-%d, %s, %s, B=%d, T=%d): persistent %.1f MiB, "
+      "peak %.1f MiB per rank (model state %.1f + activations %.1f)\n",
+      c.lab.c_str(), c.rank, c.world, c.doing.c_str(), cap / kMiB, now.total_peak_bytes / kMiB,
+      peak(MemCategory::Params), peak(MemCategory::Grads), peak(MemCategory::OptimizerState),
+      peak(MemCategory::Activations), c.model.c_str(), c.world, c.world == 1 ? "" : "s", c.zero_stage,
+      c.policy.name().c_str(), OptimizerConfig::kind_name(c.optimizer), c.micro_batch, c.seq_len,
+      est.persistent.total() / kMiB, est.total_peak_bytes() / kMiB, est.peak.total() / kMiB,
+      est.activations_bytes / kMiB);
   r += buf;
   for (int stage = std::max(1, c.zero_stage); stage <= 3; ++stage) {
-    const int n = min_devices_to_fit(c.cfg, stage, c.policy, c.optimizer, c.prefetch, c.micro_batch, c.seq_len, cap,
-                                     1024);
-    if (n > 0) std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d fits in this cap on %d rank%s (estimator)\n",
-                             stage, n, n == 1 ? "" : "s");
+    const int n =
+        min_devices_to_fit(c.cfg, stage, c.policy, c.optimizer, c.prefetch, c.micro_batch, c.seq_len, cap, 1024);
+    if (n > 0)
+      std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d fits in this cap on %d rank%s (estimator)\n", stage, n,
+                    n == 1 ? "" : "s");
     else std::snprintf(buf, sizeof(buf), "[scalelab]   ZeRO-%d does not fit in this cap on up to 1024 ranks\n", stage);
     r += buf;
   }
   if (static_cast<double>(est.activations_bytes) >= cap) {
-    std::snprintf(buf, sizeof(buf), "[scalelab]   the activations alone need %.1f MiB (B=%d, T=%d): ZeRO does not shard "
-                  "them, lower --micro-batch or --seq-len\n", est.activations_bytes / kMiB, c.micro_batch, c.seq_len);
+    std::snprintf(buf, sizeof(buf),
+                  "[scalelab]   the activations alone need %.1f MiB (B=%d, T=%d): ZeRO does not shard "
+                  "them, lower --micro-batch or --seq-len\n",
+                  est.activations_bytes / kMiB, c.micro_batch, c.seq_len);
     r += buf;
   }
   r += "[scalelab]   hint: more ranks or a higher --stage (or a smaller --micro-batch / --seq-len, or a higher "
-       "--memory-cap-mb); build/bin/sl_memory --model " + c.model + " prints the table\n";
+       "--memory-cap-mb); build/bin/sl_memory --model " +
+       c.model + " prints the table\n";
   return r;
 }
 

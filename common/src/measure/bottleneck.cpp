@@ -75,8 +75,9 @@ CauseFinding not_measured(CauseFinding f, const std::string& what) {
 
 CauseFinding check_loader(const ScalingEvidence& ev, const VerdictThresholds& th) {
   CauseFinding f = start(1);
-  f.fix = "more loader threads or a deeper prefetch queue (lab 02), pre-tokenized memory-mapped shards; "
-          "then time the loader alone again";
+  f.fix =
+      "more loader threads or a deeper prefetch queue (lab 02), pre-tokenized memory-mapped shards; "
+      "then time the loader alone again";
   double consume = ev.consumption_tokens_per_s;
   bool consume_derived = false;
   if (!is_rate(consume) && is_rate(ev.multi_tokens_per_s) && ev.world_size > 0) {
@@ -104,8 +105,8 @@ CauseFinding check_loader(const ScalingEvidence& ev, const VerdictThresholds& th
   std::string e;
   if (is_set(headroom)) {
     e = "loader alone " + rate_str(ev.loader_alone_tokens_per_s) + " vs model " + rate_str(consume) + " per rank" +
-        (consume_derived ? " (run rate / N)" : "") + ": " + ratio_str(headroom) + " headroom (needs >= " +
-        ratio_str(th.loader_headroom_min) + ")";
+        (consume_derived ? " (run rate / N)" : "") + ": " + ratio_str(headroom) +
+        " headroom (needs >= " + ratio_str(th.loader_headroom_min) + ")";
   } else {
     e = "loader alone not timed";
   }
@@ -132,7 +133,8 @@ CauseFinding check_comm(const ScalingEvidence& ev, const VerdictThresholds& th) 
   if (ev.link_simulated)
     f.fix += "; the link is simulated (" + (ev.link_name.empty() ? std::string("?") : ev.link_name) +
              "): measure again on the real one";
-  if (ev.world_size < 2) return not_measured(f, strf("world_size %d: no gradient communication below 2 ranks", ev.world_size));
+  if (ev.world_size < 2)
+    return not_measured(f, strf("world_size %d: no gradient communication below 2 ranks", ev.world_size));
 
   const double mean = is_set(ev.exposed_comm_share) ? ev.exposed_comm_share
                                                     : mean_share(ev.ranks, &RankTiming::exposed_comm_ms);
@@ -152,8 +154,10 @@ CauseFinding check_comm(const ScalingEvidence& ev, const VerdictThresholds& th) 
 
   std::string e = "exposed comm " + pct_str(share) + " of the step (limit " + pct_str(th.exposed_comm_share_max) + ")";
   if (use_last && is_set(mean) && mean - share > 0.05) {
-    e += strf(" on rank %d, the last to reach the collectives; the mean over ranks, %s, also holds peers waiting "
-              "for it (see cause 4)", last->rank, pct_str(mean).c_str());
+    e += strf(
+        " on rank %d, the last to reach the collectives; the mean over ranks, %s, also holds peers waiting "
+        "for it (see cause 4)",
+        last->rank, pct_str(mean).c_str());
   } else if (!use_last) {
     e += ", mean over ranks";
   }
@@ -181,8 +185,10 @@ CauseFinding check_batch(const ScalingEvidence& ev, const VerdictThresholds& th)
     if (p.micro_batch <= ev.micro_batch || !is_rate(p.tokens_per_s_per_device)) continue;
     if (!best || p.tokens_per_s_per_device > best->tokens_per_s_per_device) best = &p;
   }
-  f.fix = strf("a larger micro-batch (B=%d if memory allows; gradient accumulation keeps the global batch), or "
-               "fewer, bigger kernels (fusion)", best ? best->micro_batch : 2 * std::max(ev.micro_batch, 1));
+  f.fix = strf(
+      "a larger micro-batch (B=%d if memory allows; gradient accumulation keeps the global batch), or "
+      "fewer, bigger kernels (fusion)",
+      best ? best->micro_batch : 2 * std::max(ev.micro_batch, 1));
   if (!used) return not_measured(f, strf("the batch sweep has no point at the used B=%d", ev.micro_batch));
   if (!best) return not_measured(f, strf("the batch sweep has no batch above the used B=%d", ev.micro_batch));
 
@@ -211,10 +217,12 @@ CauseFinding check_straggler(const ScalingEvidence& ev, const VerdictThresholds&
   const RankTiming* slow = nullptr;
   for (const RankTiming* r : valid)
     if (!slow || r->compute_ms > slow->compute_ms) slow = r;
-  f.fix = strf("find why rank %d is slow: throttling (clocks, temperature: nvidia-smi -q -d PERFORMANCE), placement "
-               "(two ranks on one core or socket: taskset, numactl), another process on its device (top, nvidia-smi)",
-               slow ? slow->rank : -1);
-  if (valid.size() < 2) return not_measured(f, strf("per-rank compute time of %zu rank(s); needs 2 or more", valid.size()));
+  f.fix = strf(
+      "find why rank %d is slow: throttling (clocks, temperature: nvidia-smi -q -d PERFORMANCE), placement "
+      "(two ranks on one core or socket: taskset, numactl), another process on its device (top, nvidia-smi)",
+      slow ? slow->rank : -1);
+  if (valid.size() < 2)
+    return not_measured(f, strf("per-rank compute time of %zu rank(s); needs 2 or more", valid.size()));
 
   std::vector<double> other_compute, other_exposed, other_step;
   for (const RankTiming* r : valid) {
@@ -239,9 +247,10 @@ CauseFinding check_straggler(const ScalingEvidence& ev, const VerdictThresholds&
     const double others_wait = median(other_exposed);
     const double gap = slow->compute_ms - med;
     if (others_wait - slow->exposed_comm_ms >= th.hidden_wait_fraction * gap) {
-      e += strf(": hidden in the others' communication wait (their exposed comm %s vs rank %d's %s), so step times "
-                "alone do not show it",
-                ms_str(others_wait).c_str(), slow->rank, ms_str(slow->exposed_comm_ms).c_str());
+      e += strf(
+          ": hidden in the others' communication wait (their exposed comm %s vs rank %d's %s), so step times "
+          "alone do not show it",
+          ms_str(others_wait).c_str(), slow->rank, ms_str(slow->exposed_comm_ms).c_str());
     }
   }
   f.evidence = e;
@@ -265,7 +274,8 @@ std::string conclude(const Verdict& v, const ScalingEvidence& ev, const VerdictT
   if (is_set(v.scaling_efficiency) && v.scaling_efficiency < th.healthy_efficiency_min)
     return "Verdict: " + eff + ": none of the four causes fired, yet efficiency is below " +
            pct_str(th.healthy_efficiency_min) + ": measure what is marked not measured, and check the timing itself.";
-  if (unmeasured > 0) return "Verdict: " + eff + strf("; no culprit among the causes measured (%d of 4 unchecked).", unmeasured);
+  if (unmeasured > 0)
+    return "Verdict: " + eff + strf("; no culprit among the causes measured (%d of 4 unchecked).", unmeasured);
   return "Verdict: " + eff + "; no culprit among the four causes.";
 }
 

@@ -8,9 +8,9 @@
 // thread, so the choice moves MFU little (bin/sl_calibrate prints the per-shape table).
 #include "scalelab/measure/calibration.h"
 
-#include <cblas.h>  // defines: cblas_sgemm (OpenBLAS, OpenMP build)
+#include <cblas.h>   // defines: cblas_sgemm (OpenBLAS, OpenMP build)
 #include <omp.h>     // defines: omp_get_thread_num (memcpy_bytes_per_s)
-#include <unistd.h> // defines: getpid
+#include <unistd.h>  // defines: getpid
 
 #include <algorithm>
 #include <cctype>
@@ -25,14 +25,14 @@
 #include <mutex>
 #include <sstream>
 
-#include "scalelab/core/bf16.h"     // defines: bf16, float_to_bf16
-#include "scalelab/core/device.h"   // defines: cuda_device_name
-#include "scalelab/core/error.h"    // defines: SL_CHECK, SL_FAIL
-#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu (the simulated GPU's peak)
+#include "scalelab/core/bf16.h"        // defines: bf16, float_to_bf16
+#include "scalelab/core/device.h"      // defines: cuda_device_name
+#include "scalelab/core/error.h"       // defines: SL_CHECK, SL_FAIL
+#include "scalelab/core/sim_gpu.h"     // defines: sim_gpu (the simulated GPU's peak)
 #include "scalelab/measure/metrics.h"  // defines: system_info (CPU model)
 #include "scalelab/measure/stats.h"    // defines: median
-#include "scalelab/ops/ops.h"      // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend, cpu::blas_kernel
-#include "scalelab/core/threads.h"  // defines: set_num_threads, num_threads
+#include "scalelab/ops/ops.h"          // defines: cpu::matmul_forward_bf16, cpu::bf16_matmul_backend, cpu::blas_kernel
+#include "scalelab/core/threads.h"     // defines: set_num_threads, num_threads
 
 #ifndef SL_BLAS_BUILD
 #define SL_BLAS_BUILD "unknown"
@@ -91,11 +91,11 @@ std::vector<GemmShapeResult> d12_gemm_shapes() {
     return s;
   };
   return {
-      shape("qkv_forward", BT, 3 * C, C, false, true),         // (BT, C) @ (3C, C)^T
-      shape("fc_forward", BT, 4 * C, C, false, true),          // (BT, C) @ (4C, C)^T
-      shape("fcproj_forward", BT, C, 4 * C, false, true),      // (BT, 4C) @ (C, 4C)^T
-      shape("fc_backward_dinp", BT, C, 4 * C, false, false),   // dinp (BT, C) = dout (BT, 4C) @ W (4C, C)
-      shape("fc_backward_dweight", 4 * C, C, BT, true, false), // dW (4C, C) = dout^T (4C, BT) @ inp (BT, C)
+      shape("qkv_forward", BT, 3 * C, C, false, true),          // (BT, C) @ (3C, C)^T
+      shape("fc_forward", BT, 4 * C, C, false, true),           // (BT, C) @ (4C, C)^T
+      shape("fcproj_forward", BT, C, 4 * C, false, true),       // (BT, 4C) @ (C, 4C)^T
+      shape("fc_backward_dinp", BT, C, 4 * C, false, false),    // dinp (BT, C) = dout (BT, 4C) @ W (4C, C)
+      shape("fc_backward_dweight", 4 * C, C, BT, true, false),  // dW (4C, C) = dout^T (4C, BT) @ inp (BT, C)
   };
 }
 
@@ -112,8 +112,7 @@ Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind, co
     for (const auto& s : shapes) names += (names.empty() ? "" : ", ") + s.name;
     shapes.erase(std::remove_if(shapes.begin(), shapes.end(), [&](const auto& s) { return s.name != only_shape; }),
                  shapes.end());
-    SL_CHECK_HINT(!shapes.empty(), ("one of: " + names).c_str(), "no GEMM shape '%s' to calibrate",
-                  only_shape.c_str());
+    SL_CHECK_HINT(!shapes.empty(), ("one of: " + names).c_str(), "no GEMM shape '%s' to calibrate", only_shape.c_str());
   }
   const int previous_threads = num_threads();
   set_num_threads(threads);
@@ -145,13 +144,14 @@ Calibration calibrate_gemm(int threads, double seconds_budget, GemmKind kind, co
         cpu::matmul_forward_bf16(Cout.data(), A16.data(), B16.data(), nullptr, s.M, s.K, s.N);
         return;
       }
-      cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.M,
-                  s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cout.data(), s.N);
+      cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.M, s.N,
+                  s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cout.data(), s.N);
     };
     call();  // warm-up: BLAS threads start, pages fault in, caches fill. Not timed.
     std::vector<double> times_ms;
     double spent_s = 0;
-    while (times_ms.empty() || (spent_s < budget_per_shape_s && static_cast<int>(times_ms.size()) < kMaxRepeatsPerShape)) {
+    while (times_ms.empty() ||
+           (spent_s < budget_per_shape_s && static_cast<int>(times_ms.size()) < kMaxRepeatsPerShape)) {
       const auto t0 = std::chrono::steady_clock::now();
       call();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -203,8 +203,14 @@ nlohmann::json Calibration::to_json() const {
   j["date"] = date;
   j["shapes"] = nlohmann::json::array();
   for (const auto& s : shapes) {
-    j["shapes"].push_back({{"name", s.name}, {"M", s.M}, {"N", s.N}, {"K", s.K}, {"trans_a", s.trans_a},
-                           {"trans_b", s.trans_b}, {"repeats", s.repeats}, {"median_ms", s.median_ms},
+    j["shapes"].push_back({{"name", s.name},
+                           {"M", s.M},
+                           {"N", s.N},
+                           {"K", s.K},
+                           {"trans_a", s.trans_a},
+                           {"trans_b", s.trans_b},
+                           {"repeats", s.repeats},
+                           {"median_ms", s.median_ms},
                            {"flops_per_s", s.flops_per_s}});
   }
   return j;
@@ -236,8 +242,7 @@ Calibration Calibration::from_json(const nlohmann::json& j) {
     }
     return c;
   } catch (const nlohmann::json::exception& e) {
-    SL_FAIL("delete the calibration file; the next run measures again", "calibration JSON is incomplete: %s",
-            e.what());
+    SL_FAIL("delete the calibration file; the next run measures again", "calibration JSON is incomplete: %s", e.what());
   }
 }
 
@@ -271,7 +276,7 @@ const Calibration* already_checked(const std::string& path) {
   std::lock_guard<std::mutex> lock(checked_mutex);
   const auto it = checked_files.find(path);
   return it != checked_files.end() && it->second.mtime == mtime && it->second.size == size ? &it->second.calibration
-                                                                                        : nullptr;
+                                                                                           : nullptr;
 }
 
 void remember_checked(const std::string& path, const Calibration& c) {
@@ -310,11 +315,13 @@ Calibration load_or_calibrate(int threads, const std::string& cache_dir, double 
           remember_checked(path, c);
           return c;
         }
-        std::fprintf(stderr, "[scalelab] calibration %s (%.1f GFLOP/s) is below a quick check (%.1f GFLOP/s): it was "
+        std::fprintf(stderr,
+                     "[scalelab] calibration %s (%.1f GFLOP/s) is below a quick check (%.1f GFLOP/s): it was "
                      "probably measured on a busy machine; measuring again\n",
                      path.c_str(), c.flops_per_s / 1e9, quick.flops_per_s / 1e9);
       } else {
-        std::fprintf(stderr, "[scalelab] calibration %s is for '%s', %d threads, %s; measuring again for this machine\n",
+        std::fprintf(stderr,
+                     "[scalelab] calibration %s is for '%s', %d threads, %s; measuring again for this machine\n",
                      path.c_str(), c.cpu_model.c_str(), c.threads, c.blas_build.c_str());
       }
     } catch (const std::exception& e) {  // unreadable or incomplete: measure again
@@ -358,21 +365,33 @@ const std::vector<PeakPattern>& peak_patterns() {
   static const std::vector<PeakPattern> table = {
       // CUDA names the SXM part "NVIDIA H100 80GB HBM3"; the PCIe and NVL parts have lower peaks.
       {{"NVIDIA H100 SXM", 989 * T, 494.5 * T, 67 * T, "NVIDIA H100 Tensor Core GPU datasheet, SXM5, dense"},
-       {"h100"}, {"sxm", "hbm3"}, {"pcie", "nvl"}},
+       {"h100"},
+       {"sxm", "hbm3"},
+       {"pcie", "nvl"}},
       {{"NVIDIA H100 PCIe", 756 * T, 378 * T, 51 * T, "NVIDIA H100 Tensor Core GPU datasheet, PCIe, dense"},
-       {"h100", "pcie"}, {}, {}},
+       {"h100", "pcie"},
+       {},
+       {}},
       {{"NVIDIA H200 SXM", 989 * T, 494.5 * T, 67 * T, "NVIDIA H200 Tensor Core GPU datasheet, SXM, dense"},
-       {"h200"}, {}, {"nvl"}},
+       {"h200"},
+       {},
+       {"nvl"}},
       // A100 SXM and PCIe, 40 and 80 GB, share the tensor peak.
       {{"NVIDIA A100", 312 * T, 156 * T, 19.5 * T, "NVIDIA A100 Tensor Core GPU datasheet, dense"}, {"a100"}, {}, {}},
       {{"NVIDIA B200", 2250 * T, 0, 0, "NVIDIA HGX B200 datasheet (per GPU, dense bf16; tf32/fp32 not tabled here)"},
-       {"b200"}, {}, {}},
+       {"b200"},
+       {},
+       {}},
       {{"AMD Instinct MI300X", 1307 * T, 653.7 * T, 163.4 * T, "AMD Instinct MI300X datasheet, dense (fp32: matrix)"},
-       {"mi300x"}, {}, {}},
+       {"mi300x"},
+       {},
+       {}},
       {{"NVIDIA L4", 121 * T, 60 * T, 30.3 * T, "NVIDIA L4 datasheet, dense"}, {"l4"}, {}, {"l40"}},
       {{"NVIDIA GeForce RTX 4090", 165 * T, 82.6 * T, 82.6 * T,
         "NVIDIA Ada Lovelace architecture whitepaper, RTX 4090, fp32 accumulate, dense"},
-       {"4090"}, {}, {"4090 d"}},
+       {"4090"},
+       {},
+       {"4090 d"}},
   };
   return table;
 }

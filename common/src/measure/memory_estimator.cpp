@@ -17,14 +17,14 @@ namespace scalelab {
 
 namespace {
 
-constexpr double kGB = 1e9;                  // bytes: the paper's GB
+constexpr double kGB = 1e9;                    // bytes: the paper's GB
 constexpr double kGiB = 1024.0 * 1024 * 1024;  // bytes
 
 void check_stage_world(int world_size, int stage) {
   SL_CHECK_HINT(stage >= 0 && stage <= 3, "ZeRO stages are 0 (DDP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)",
                 "ZeRO stage %d is not in 0..3", stage);
-  SL_CHECK_HINT(world_size > 0, "the world size (number of data-parallel ranks) is 1 or more",
-                "world size %d <= 0", world_size);
+  SL_CHECK_HINT(world_size > 0, "the world size (number of data-parallel ranks) is 1 or more", "world size %d <= 0",
+                world_size);
 }
 
 const char* stage_label(int stage) {
@@ -36,9 +36,7 @@ const char* stage_label(int stage) {
   }
 }
 
-std::string optimizer_name(OptimizerConfig::Kind opt) {
-  return opt == OptimizerConfig::Kind::AdamW ? "AdamW" : "SGD";
-}
+std::string optimizer_name(OptimizerConfig::Kind opt) { return opt == OptimizerConfig::Kind::AdamW ? "AdamW" : "SGD"; }
 
 // "bf16-mixed: params bf16 2 B, grads f32 4 B, optimizer K = 12 B/param (AdamW m,v + fp32 master)"
 std::string policy_line(const PrecisionPolicy& policy, OptimizerConfig::Kind opt) {
@@ -116,17 +114,17 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int
     return 6 * S + 12 * F + 4 * R + 2 * gathered + scores;
   };
   int64_t set = shard.num_blocks(cfg) * block(recompute);
-  set += shard.has_embedding ? S + BT : S;                                        // encoded + tokens, or input
-  if (shard.has_head) set += S + 2 * R + gathered + 2 * BT * Vl + 2 * BT;         // lnf, logits, probs, losses, targets
-  int64_t once = 2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered;          // the backward scratch
-  if (recompute == Recompute::Full) once += block(Recompute::None);               // the working block
-  if (recompute == Recompute::Selective && materialized) once += K;               // the recomputed scores
+  set += shard.has_embedding ? S + BT : S;                                 // encoded + tokens, or input
+  if (shard.has_head) set += S + 2 * R + gathered + 2 * BT * Vl + 2 * BT;  // lnf, logits, probs, losses, targets
+  int64_t once = 2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered;   // the backward scratch
+  if (recompute == Recompute::Full) once += block(Recompute::None);        // the working block
+  if (recompute == Recompute::Selective && materialized) once += K;        // the recomputed scores
   return 4 * (sets * set + once);
 }
 
 int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
   const int64_t s = seq_len, b = micro_batch, h = cfg.n_embd, a = cfg.n_head, L = cfg.n_layer;
-  if (recompute == Recompute::Full) return L * 2 * s * b * h;       // the layer's 16-bit input
+  if (recompute == Recompute::Full) return L * 2 * s * b * h;        // the layer's 16-bit input
   if (recompute == Recompute::Selective) return L * 34 * s * b * h;  // without the 5*a*s/h term
   // s*b*h*(34 + 5*a*s/h) = 34*s*b*h + 5*a*s^2*b, exact in integers
   return L * (34 * s * b * h + 5 * a * s * s * b);
@@ -255,7 +253,8 @@ std::string format_memory_table(const GPTConfig& cfg, const std::vector<int>& wo
   };
   const std::string h1 = cell("%-11s", "stage") + cell(" %5s", "ranks") + " |" + cell(col, "params") + cell(col, "") +
                          " |" + cell(col, "grads") + cell(col, "") + " |" + cell(col, "optim") + " |" +
-                         cell(col, "state") + " |" + cell(col, "activ") + " |" + cell(col, "total") + cell(col, "total");
+                         cell(col, "state") + " |" + cell(col, "activ") + " |" + cell(col, "total") +
+                         cell(col, "total");
   const std::string u = unit, bu = bunit;
   const std::string h2 = cell("%-11s", "") + cell(" %5s", "") + " |" + cell(col, ("pers " + u).c_str()) +
                          cell(col, ("peak " + u).c_str()) + " |" + cell(col, ("pers " + u).c_str()) +
@@ -334,8 +333,7 @@ std::string format_fit_table(double psi, const std::vector<int>& stages, const P
   for (int stage : stages) {
     const int N = min_devices_to_fit(psi, stage, policy, opt, device_bytes, extra_bytes, max_world);
     const int shown = N > 0 ? N : (stage == 0 ? 1 : max_world);
-    const double b =
-        static_cast<double>(zero_model_state_bytes(psi, shown, stage, policy, opt).total() + extra_bytes);
+    const double b = static_cast<double>(zero_model_state_bytes(psi, shown, stage, policy, opt).total() + extra_bytes);
     if (N > 0) {
       std::snprintf(line, sizeof line, "%-11s %8d %14.1f %14.1f\n", stage_label(stage), N, b / kGB, b / kGiB);
     } else {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
-#include "scalelab/ops/ops.h"      // defines: cpu::bf16_matmul_backend, cpu::blas_kernel
+#include "scalelab/ops/ops.h"       // defines: cpu::bf16_matmul_backend, cpu::blas_kernel
 #include "scalelab/core/threads.h"  // defines: num_threads
 
 // Set on scalelab_common by common/CMakeLists.txt; the fallbacks keep other build systems working.
@@ -118,8 +118,8 @@ nlohmann::json memory_fields(const MemStats& stats) {
 
 RunLogger::RunLogger(const std::string& lab, const std::string& run_id, int rank, const std::string& dir)
     : lab_(lab), run_id_(run_id), rank_(rank), start_(std::chrono::steady_clock::now()) {
-  SL_CHECK(!lab.empty() && !run_id.empty() && rank >= 0, "lab='%s' run_id='%s' rank=%d", lab.c_str(),
-           run_id.c_str(), rank);
+  SL_CHECK(!lab.empty() && !run_id.empty() && rank >= 0, "lab='%s' run_id='%s' rank=%d", lab.c_str(), run_id.c_str(),
+           rank);
   namespace fs = std::filesystem;
   const fs::path run_dir = fs::path(dir) / lab / run_id;
   std::error_code ec;

@@ -20,11 +20,11 @@
 // file length in the header catches truncation before any checksum is computed.
 #include "scalelab/model/checkpoint.h"
 
-#include <fcntl.h>      // defines: open, O_* flags
-#include <signal.h>     // defines: kill (is a process alive?)
-#include <sys/stat.h>   // defines: fstat
-#include <unistd.h>     // defines: write, pread, fsync, close, getpid
-#include <zlib.h>       // defines: crc32, adler32
+#include <fcntl.h>     // defines: open, O_* flags
+#include <signal.h>    // defines: kill (is a process alive?)
+#include <sys/stat.h>  // defines: fstat
+#include <unistd.h>    // defines: write, pread, fsync, close, getpid
+#include <zlib.h>      // defines: crc32, adler32
 
 #include <algorithm>
 #include <cerrno>
@@ -146,8 +146,7 @@ std::string damaged_hint(const std::string& path) {
   if (!previous.empty()) {
     hint += "the previous one is " + previous + "; pass --resume with that one";
   } else {
-    hint += "there is no earlier ckpt_<step>.bin in " + dir_of(path) +
-            "; start without --resume";
+    hint += "there is no earlier ckpt_<step>.bin in " + dir_of(path) + "; start without --resume";
   }
   return hint;
 }
@@ -227,8 +226,7 @@ void fsync_dir(const fs::path& dir) {
 
 void CheckpointWriter::check_new_name(const std::string& name) const {
   SL_CHECK_HINT(!name.empty() && name.size() <= kMaxNameBytes, "use a short path-like name, e.g. params/unit0",
-                "checkpoint section name '%s' has %zu bytes; allowed 1..%zu", name.c_str(), name.size(),
-                kMaxNameBytes);
+                "checkpoint section name '%s' has %zu bytes; allowed 1..%zu", name.c_str(), name.size(), kMaxNameBytes);
   for (const Section& s : sections_) {
     SL_CHECK_HINT(s.name != name, "give each section a distinct name (params/unit0, params/unit1, ...)",
                   "checkpoint section '%s' added twice", name.c_str());
@@ -361,8 +359,9 @@ CheckpointReader::CheckpointReader(const std::string& path, bool verify_file_che
     const int err = errno;
     const auto others = list_checkpoints(dir_of(path));
     const std::string hint =
-        others.empty() ? "there is no ckpt_<step>.bin in " + dir_of(path) + "; check the path, or start without --resume"
-                       : "check the path; the newest checkpoint in " + dir_of(path) + " is " + others.front().second;
+        others.empty()
+            ? "there is no ckpt_<step>.bin in " + dir_of(path) + "; check the path, or start without --resume"
+            : "check the path; the newest checkpoint in " + dir_of(path) + " is " + others.front().second;
     SL_FAIL(hint, "cannot open checkpoint %s: %s", p, std::strerror(err));
   }
   struct stat st {};
@@ -490,8 +489,7 @@ void CheckpointReader::read(const std::string& name, void* dst, size_t nbytes) c
                 "checkpoint %s: section '%s' holds %llu bytes, the caller expects %zu", path_.c_str(), name.c_str(),
                 static_cast<unsigned long long>(e.size_bytes), nbytes);
   Fd f(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  SL_CHECK_HINT(f.fd >= 0, damaged_hint(path_), "cannot reopen checkpoint %s: %s", path_.c_str(),
-                std::strerror(errno));
+  SL_CHECK_HINT(f.fd >= 0, damaged_hint(path_), "cannot reopen checkpoint %s: %s", path_.c_str(), std::strerror(errno));
   pread_exact(f.fd, path_, dst, nbytes, e.offset);
   // Checked again here: the file may have been damaged (or replaced) since the constructor ran.
   const uint32_t crc = crc32_of(static_cast<const uint8_t*>(dst), nbytes);

@@ -40,8 +40,7 @@ GPT2::GPT2(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
   init_weights(seed);
 }
 
-GPT2::GPT2(const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device,
-           uint64_t seed)
+GPT2::GPT2(const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device, uint64_t seed)
     : GPT2(/*allocate=*/true, cfg, shard, policy, device) {
   init_weights(seed);
 }
@@ -50,14 +49,16 @@ GPT2 GPT2::without_storage(const GPTConfig& cfg, const PrecisionPolicy& policy, 
   return GPT2(/*allocate=*/false, cfg, ModelShard::dense(), policy, device);
 }
 
-GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy,
-           Device device)
-    : cfg_(cfg), shard_(shard), policy_(policy), device_(device), table_(gpt2_param_table(cfg, shard)),
+GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device)
+    : cfg_(cfg),
+      shard_(shard),
+      policy_(policy),
+      device_(device),
+      table_(gpt2_param_table(cfg, shard)),
       hooks_(std::make_shared<HookLists>()) {
   SL_CHECK_HINT(policy.grad_dtype == DType::F32 && policy.master_dtype == DType::F32,
                 "use --precision fp32 or bf16 (bf16 parameters, fp32 gradients and master weights)",
-                "unsupported precision policy %s: gradients and master weights must be f32",
-                policy.name().c_str());
+                "unsupported precision policy %s: gradients and master weights must be f32", policy.name().c_str());
   SL_CHECK(policy.param_dtype == DType::F32 || policy.param_dtype == DType::BF16,
            "parameter dtype %s is not f32 or bf16", dtype_name(policy.param_dtype));
   SL_CHECK_HINT(policy.matmul_dtype == DType::F32 ||
@@ -133,8 +134,8 @@ const ParamInfo& GPT2::info(const std::string& name) const { return table_[index
 
 Tensor GPT2::param_at(int i) const {
   const ParamInfo& p = table_[i];
-  SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)",
-           p.unit, p.name.c_str());
+  SL_CHECK(params_[p.unit].defined(), "unit %d's parameters (for %s) are not in memory (no buffer installed)", p.unit,
+           p.name.c_str());
   return params_[p.unit].view(p.offset, p.shape);
 }
 
@@ -153,7 +154,8 @@ Tensor GPT2::grad(const std::string& name) const { return grad_at(index_of(name)
 TensorParallel& GPT2::tp() const {
   static TensorParallel identity;  // stateless: the dense model's points
   if (tp_ != nullptr) return *tp_;
-  SL_CHECK_HINT(shard_.tp_size == 1, "a tensor-parallel shard needs set_tensor_parallel(...) with the points "
+  SL_CHECK_HINT(shard_.tp_size == 1,
+                "a tensor-parallel shard needs set_tensor_parallel(...) with the points "
                 "of its tp group (lab 05) before its first forward",
                 "tp=%d shard without tensor-parallel points", shard_.tp_size);
   return identity;
@@ -364,8 +366,8 @@ void GPT2::policy_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w
   matmul_forward_bf16(out, inp_bf16, weight, bias);
 }
 
-void GPT2::policy_matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                                  const Tensor& inp, const Tensor& weight) {
+void GPT2::policy_matmul_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                                  const Tensor& weight) {
   if (policy_.matmul_dtype == DType::F32) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight);
     return;
@@ -411,15 +413,13 @@ void GPT2::block_forward(BlockActivations& ba, const Tensor& x, const Tensor& w,
   if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln1, ba.ln1_full);
   else points.f_forward(ba.ln1_full);
   policy_matmul_forward(ba.qkv, ba.ln1_full, matmul_weight(w, b.c_attn_w), &qkv_b);
-  if (attention_ == AttentionImpl::Flash)
-    attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
+  if (attention_ == AttentionImpl::Flash) attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
   else  // Selective keeps no att: the scores go to the shared buffer and are recomputed in the backward
     attention_forward(ba.atty, ba.att.defined() ? ba.att : scratch_.att_recompute, ba.qkv, NHl);
   row_parallel_forward(ba.attproj, ba.atty, matmul_weight(w, b.attn_proj_w), proj_b);
   residual_forward(ba.residual2, x, ba.attproj);
   // MLP: residual2 + c_proj(gelu(c_fc(ln_2(residual2)))), c_fc column-parallel, c_proj row-parallel
-  layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.residual2, weight_view(w, b.ln_2_w),
-                    weight_view(w, b.ln_2_b));
+  layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.residual2, weight_view(w, b.ln_2_w), weight_view(w, b.ln_2_b));
   if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln2, ba.ln2_full);
   else points.f_forward(ba.ln2_full);
   policy_matmul_forward(ba.fch, ba.ln2_full, matmul_weight(w, b.c_fc_w), &fc_b);
@@ -460,8 +460,8 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
   if (targets) {
     SL_CHECK_HINT(shard_.has_head, "only the last stage (the one with the head) computes a loss",
                   "forward with targets on a stage without the head (%s)", shard_.str().c_str());
-    SL_CHECK(targets->shape() == (Shape{B, T}) && targets->dtype() == DType::I32,
-             "targets %s must be (B=%d, T=%d) i32", shape_str(targets->shape()).c_str(), B, T);
+    SL_CHECK(targets->shape() == (Shape{B, T}) && targets->dtype() == DType::I32, "targets %s must be (B=%d, T=%d) i32",
+             shape_str(targets->shape()).c_str(), B, T);
     a.targets.copy_from(*targets);
   }
 
@@ -482,8 +482,8 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
     BlockActivations& ba = a.blocks[l - shard_.first_layer];
     const BlockParams& b = blocks_[l];
     SL_CHECK_HINT(ba.mode == recompute_[l], "make a new set (model.make_activations) after set_recompute",
-                  "block %d: the activation set keeps '%s', the model now recomputes '%s'", l,
-                  recompute_name(ba.mode), recompute_name(recompute_[l]));
+                  "block %d: the activation set keeps '%s', the model now recomputes '%s'", l, recompute_name(ba.mode),
+                  recompute_name(recompute_[l]));
     run_hooks(HookPoint::BeforeForward, unit);
     if (ba.mode == Recompute::Full) {
       // the whole block runs in the shared working set; only its output stays in this set
@@ -617,7 +617,8 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
   Tensor& dln_full = sp ? s.dln_full : s.dln;
 
   if (shard_.has_head) {
-    SL_CHECK_HINT(d_output == nullptr && a.have_targets, "the last stage's backward starts from the loss: "
+    SL_CHECK_HINT(d_output == nullptr && a.have_targets,
+                  "the last stage's backward starts from the loss: "
                   "forward(acts, input, &targets), then backward(acts, nullptr, ...)",
                   "backward on the stage with the head needs a forward with targets and no d_output");
     Tensor dlogits = a.head_logits;  // logits are not needed any more: reuse their memory for dlogits
@@ -685,8 +686,10 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     points.embedding_backward(dwte, dwpe, s.dresidual, a.tokens);
     run_hooks(HookPoint::AfterBackward, 0);
   } else {
-    SL_CHECK_HINT(d_input != nullptr, "a stage without the embedding hands d(loss)/d(input) to the previous stage: "
-                  "pass a tensor of acts.output()'s shape as d_input", "backward without d_input on a stage without the embedding");
+    SL_CHECK_HINT(d_input != nullptr,
+                  "a stage without the embedding hands d(loss)/d(input) to the previous stage: "
+                  "pass a tensor of acts.output()'s shape as d_input",
+                  "backward without d_input on a stage without the embedding");
     d_input->copy_from(s.dresidual);
   }
 }

@@ -20,9 +20,10 @@ const char* attention_impl_name(AttentionImpl impl) {
 AttentionImpl attention_impl_from_name(const std::string& name) {
   if (name == "materialized") return AttentionImpl::Materialized;
   if (name == "flash") return AttentionImpl::Flash;
-  SL_FAIL("use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
-          "(B,NH,T) and recomputes the scores in the backward) or auto",
-          "unknown attention implementation '%s'", name.c_str());
+  SL_FAIL(
+      "use --attention materialized (saves the (B,NH,T,T) scores; fastest while they fit), flash (saves "
+      "(B,NH,T) and recomputes the scores in the backward) or auto",
+      "unknown attention implementation '%s'", name.c_str());
 }
 
 int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
@@ -33,7 +34,7 @@ int64_t attention_scores_bytes(const GPTConfig& cfg, int B, int T) {
 AttentionImpl choose_attention(const GPTConfig& cfg, int B, int T, int64_t memory_budget_bytes) {
   if (memory_budget_bytes <= 0) return AttentionImpl::Materialized;
   return attention_scores_bytes(cfg, B, T) > memory_budget_bytes / 4 ? AttentionImpl::Flash
-                                                                       : AttentionImpl::Materialized;
+                                                                     : AttentionImpl::Materialized;
 }
 
 const char* recompute_name(Recompute mode) {
@@ -47,9 +48,10 @@ const char* recompute_name(Recompute mode) {
 Recompute recompute_from_name(const std::string& name) {
   for (Recompute m : {Recompute::None, Recompute::Selective, Recompute::Full})
     if (name == recompute_name(m)) return m;
-  SL_FAIL("use --recompute none (keep every activation), selective (recompute attention's scores in the "
-          "backward) or full (keep only each block's input and re-run the block in the backward)",
-          "unknown recompute mode '%s'", name.c_str());
+  SL_FAIL(
+      "use --recompute none (keep every activation), selective (recompute attention's scores in the "
+      "backward) or full (keep only each block's input and re-run the block in the backward)",
+      "unknown recompute mode '%s'", name.c_str());
 }
 
 double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode) {
@@ -124,15 +126,14 @@ BlockActivations allocate_block_activations(const ActivationSpec& spec, int B, i
   auto act = [&](const Shape& s) { return activation(spec, s); };
   BlockActivations b;
   b.mode = mode;
-  b.residual3 = act(stream);  // the block's output: kept in every mode (the next block's input)
+  b.residual3 = act(stream);              // the block's output: kept in every mode (the next block's input)
   if (mode == Recompute::Full) return b;  // the rest lives in the model's BackwardScratch::work while it is needed
   b.ln1 = act(stream);
   b.ln1_mean = act(rows);
   b.ln1_rstd = act(rows);
   b.ln1_full = sp ? act({B, T, C}) : b.ln1;
   b.qkv = act({B, T, 3 * C / tp});
-  if (spec.attention == AttentionImpl::Flash)
-    b.lse = act({B, NHl, T});
+  if (spec.attention == AttentionImpl::Flash) b.lse = act({B, NHl, T});
   else if (mode == Recompute::None)
     b.att = act({B, NHl, T, T});  // Selective: recomputed into BackwardScratch::att_recompute in the backward
   b.atty = act({B, T, C / tp});

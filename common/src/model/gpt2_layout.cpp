@@ -18,9 +18,9 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   // Comments: parameters with this V (gpt2_num_params); in quotes, what GPT-2's 50,257-token vocabulary
   // makes of the same shapes, the size GPT-2 is known by.
   //                              maxT   V     L   NH  C
-  if (name == "tiny") c = GPTConfig{16, 64, 2, 2, 16};       // 7,872: tests; matches tests/fixtures/gpt2_tiny.json
-  else if (name == "demo") c = GPTConfig{256, 256, 4, 4, 192};  // 1.88M: the CPU demo
-  else if (name == "d12") c = GPTConfig{1024, 256, 12, 12, 768};   // 86.0M (GPT-2 small's shapes, "124M")
+  if (name == "tiny") c = GPTConfig{16, 64, 2, 2, 16};            // 7,872: tests; matches tests/fixtures/gpt2_tiny.json
+  else if (name == "demo") c = GPTConfig{256, 256, 4, 4, 192};    // 1.88M: the CPU demo
+  else if (name == "d12") c = GPTConfig{1024, 256, 12, 12, 768};  // 86.0M (GPT-2 small's shapes, "124M")
   else if (name == "d24") c = GPTConfig{1024, 256, 24, 16, 1024};  // 303.6M (GPT-2 medium's, "355M")
   else if (name == "d36") c = GPTConfig{1024, 256, 36, 20, 1280};  // 710.0M (GPT-2 large's, "774M")
   else if (name == "d48") c = GPTConfig{1024, 256, 48, 25, 1600};  // 1477.6M (GPT-2 XL's, "1558M")
@@ -50,20 +50,24 @@ void ModelShard::validate(const GPTConfig& cfg) const {
   const int L = cfg.n_layer, NH = cfg.n_head, C = cfg.n_embd, V = cfg.vocab_size;
   SL_CHECK_HINT(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tp_rank is 0 .. tp_size-1",
                 "tensor-parallel rank %d of %d", tp_rank, tp_size);
-  SL_CHECK_HINT(NH % tp_size == 0, "the tensor-parallel degree must divide the number of heads (each rank "
+  SL_CHECK_HINT(NH % tp_size == 0,
+                "the tensor-parallel degree must divide the number of heads (each rank "
                 "computes NH/tp whole heads): pick tp among the divisors of NH",
                 "NH=%d heads not divisible by tp=%d", NH, tp_size);
   SL_CHECK_HINT((4 * C) % tp_size == 0, "the tensor-parallel degree must divide the MLP width 4C",
                 "4C=%d not divisible by tp=%d", 4 * C, tp_size);
-  SL_CHECK_HINT(V % tp_size == 0, "the vocabulary is split into tp equal row blocks and is never padded "
+  SL_CHECK_HINT(V % tp_size == 0,
+                "the vocabulary is split into tp equal row blocks and is never padded "
                 "silently: pick tp dividing V (V=256: 1, 2, 4, 8, ...)",
                 "vocabulary V=%d not divisible by tp=%d", V, tp_size);
   const int last_l = last(cfg);
   SL_CHECK_HINT(first_layer >= 0 && first_layer <= last_l && last_l < L,
                 "a shard owns a non-empty range of blocks inside [0, L): more pipeline stages than layers?",
                 "layers %d..%d of a model with L=%d", first_layer, last_l, L);
-  SL_CHECK_HINT(!sequence_parallel || tp_size > 1, "sequence parallelism splits along T within a "
-                "tensor-parallel group: it needs tp > 1", "sequence parallel with tp=%d", tp_size);
+  SL_CHECK_HINT(!sequence_parallel || tp_size > 1,
+                "sequence parallelism splits along T within a "
+                "tensor-parallel group: it needs tp > 1",
+                "sequence parallel with tp=%d", tp_size);
 }
 
 bool ModelShard::owns_unit(int unit, const GPTConfig& cfg) const {
@@ -117,7 +121,10 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
     t.push_back(p);
     offset += n;
   };
-  auto start_unit = [&](int u) { unit = u; offset = 0; };
+  auto start_unit = [&](int u) {
+    unit = u;
+    offset = 0;
+  };
   // unit 0: embeddings. wte is vocabulary-parallel (rows), wpe replicated.
   if (shard.has_embedding) {
     start_unit(0);
@@ -185,8 +192,7 @@ static void for_each_slice_run(const ParamInfo& p, const ModelShard& shard,
     for (int64_t b = 0; b < p.split_blocks; ++b)
       fn((b * block_rows + r * chunk_rows) * row, b * chunk_rows * row, chunk_rows * row);
   } else {
-    SL_CHECK(p.dense_shape.size() == 2 && p.split_blocks == 1, "%s: a column split needs a 2-D tensor",
-             p.name.c_str());
+    SL_CHECK(p.dense_shape.size() == 2 && p.split_blocks == 1, "%s: a column split needs a 2-D tensor", p.name.c_str());
     const int64_t rows = p.dense_shape[0], cols = p.dense_shape[1], chunk = cols / tp;
     for (int64_t i = 0; i < rows; ++i) fn(i * cols + r * chunk, i * chunk, chunk);
   }

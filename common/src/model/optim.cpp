@@ -155,7 +155,7 @@ float LRSchedule::at(int step) const {
   const int decay_steps = total_steps - warmup_steps;
   if (decay_steps <= 0 || step >= total_steps) return min_lr;
   const double progress = static_cast<double>(step - warmup_steps) / decay_steps;  // in [0, 1)
-  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));                 // 1 -> 0
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));                   // 1 -> 0
   return static_cast<float>(min_lr + (max_lr - min_lr) * cosine);
 }
 

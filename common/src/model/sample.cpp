@@ -12,7 +12,8 @@ namespace scalelab {
 std::string sample_text(GPT2& model, const std::string& prompt, int n, Rng& rng) {
   SL_CHECK_HINT(model.shard().tp_size == 1 && model.shard().has_embedding && model.shard().has_head,
                 "sampling needs the whole model on one rank (a shard's logits are a slice of the vocabulary, or on "
-                "another stage): use --sample-tokens 0", "sample_text on a shard (%s)", model.shard().str().c_str());
+                "another stage): use --sample-tokens 0",
+                "sample_text on a shard (%s)", model.shard().str().c_str());
   const int maxT = model.config().max_seq_len, V = model.config().vocab_size;
   SL_CHECK_HINT(V >= 256, "sample_text is for the byte tokenizer (scripts/prepare_corpus.sh)",
                 "vocab_size %d < 256: tokens are not bytes", V);

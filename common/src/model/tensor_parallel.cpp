@@ -23,13 +23,11 @@ void TensorParallel::embedding_backward(Tensor& dwte_shard, Tensor& dwpe, const 
   encoder_backward(dwte_shard, dwpe, dout, tokens);
 }
 
-void TensorParallel::cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
-                                           const Tensor& targets) {
+void TensorParallel::cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& targets) {
   softmax_crossentropy_forward(losses, probs, logits, targets);
 }
 
-void TensorParallel::cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                                            float dloss) {
+void TensorParallel::cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
   softmax_crossentropy_backward(dlogits, probs, targets, dloss);
 }
 

@@ -28,8 +28,12 @@ static void read_into(const CheckpointReader& r, const std::string& name, Tensor
 
 static nlohmann::json shape_meta(GPT2& model, Optimizer& opt) {
   const GPTConfig& c = model.config();
-  return {{"max_seq_len", c.max_seq_len}, {"vocab_size", c.vocab_size}, {"n_layer", c.n_layer},
-          {"n_head", c.n_head},           {"n_embd", c.n_embd},         {"precision", model.policy().name()},
+  return {{"max_seq_len", c.max_seq_len},
+          {"vocab_size", c.vocab_size},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_embd", c.n_embd},
+          {"precision", model.policy().name()},
           {"optimizer", opt.config().kind == OptimizerConfig::Kind::AdamW ? "adamw" : "sgd"}};
 }
 

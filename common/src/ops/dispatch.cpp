@@ -20,8 +20,8 @@
 #include "scalelab/core/sim_gpu.h"    // defines: sim_gpu (the active GPU model)
 #include "scalelab/ops/op_cost.h"     // defines: OpCost, op_seconds, op_cost::<op>
 #include "scalelab/ops/op_profile.h"  // defines: op_profile_enabled, op_profile_add
-#include "scalelab/ops/ops.h"     // defines: the scalelab:: ops implemented here
-#include "scalelab/ops/twins.h"   // defines: their cpu:: and cuda:: twins (the cuda:: ones exist with CUDA only)
+#include "scalelab/ops/ops.h"         // defines: the scalelab:: ops implemented here
+#include "scalelab/ops/twins.h"       // defines: their cpu:: and cuda:: twins (the cuda:: ones exist with CUDA only)
 
 namespace scalelab {
 
@@ -78,16 +78,16 @@ void check_index_range(const char* op, const char* what, const Tensor& indices, 
 
 // The checks below expand inside each op, so an error report names the op (its function) and the line.
 // SL_OPS_DTYPE(t, dt): tensor t has dtype dt.
-#define SL_OPS_DTYPE(t, dt)                                                                               \
-  SL_CHECK((t).dtype() == (dt), "%s must be %s, got %s with shape %s", #t, dtype_name(dt),                 \
-           dtype_name((t).dtype()), shape_str((t).shape()).c_str())
+#define SL_OPS_DTYPE(t, dt)                                                                                         \
+  SL_CHECK((t).dtype() == (dt), "%s must be %s, got %s with shape %s", #t, dtype_name(dt), dtype_name((t).dtype()), \
+           shape_str((t).shape()).c_str())
 // SL_OPS_SHAPE(t, expected): tensor t has exactly the shape expected (a Shape).
 #define SL_OPS_SHAPE(t, expected)                                                                         \
   SL_CHECK((t).shape() == (expected), "%s has shape %s, expected %s", #t, shape_str((t).shape()).c_str(), \
            shape_str(expected).c_str())
 // SL_OPS_NUMEL(t, n): tensor t has n elements (any shape).
-#define SL_OPS_NUMEL(t, n)                                                                                \
-  SL_CHECK((t).numel() == (n), "%s has shape %s (%lld elements), expected %lld elements", #t,             \
+#define SL_OPS_NUMEL(t, n)                                                                    \
+  SL_CHECK((t).numel() == (n), "%s has shape %s (%lld elements), expected %lld elements", #t, \
            shape_str((t).shape()).c_str(), static_cast<long long>((t).numel()), static_cast<long long>(n))
 // SL_OPS_NDIM(t, n): tensor t has n dimensions.
 #define SL_OPS_NDIM(t, n) \
@@ -296,8 +296,8 @@ LinearDims check_linear(const char* op, const char* y_name, const Tensor& y, DTy
   SL_CHECK(weight.ndim() == 2, "%s: weight has shape %s, expected 2 dimensions (OC, C)", op,
            shape_str(weight.shape()).c_str());
   const int64_t OC = weight.size(0), C = weight.size(1);
-  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "%s: inp has shape %s, expected (..., C=%lld) to match weight %s",
-           op, shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
+  SL_CHECK(inp.ndim() >= 2 && inp.size(-1) == C, "%s: inp has shape %s, expected (..., C=%lld) to match weight %s", op,
+           shape_str(inp.shape()).c_str(), static_cast<long long>(C), shape_str(weight.shape()).c_str());
   const int64_t N = C > 0 ? inp.numel() / C : 0;
   for (const auto& [name, v] : {std::pair<const char*, int64_t>{"OC", OC}, {"C", C}, {"N", N}})
     SL_CHECK(v > 0 && v <= INT_MAX, "%s: %s = %lld must be in [1, INT_MAX]", op, name, static_cast<long long>(v));
@@ -420,8 +420,7 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) {
            out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C, NH);
 }
 
-void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                        int NH) {
+void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH) {
   DeviceCodeScope device_code;
   SL_OPS_DTYPE(dqkv, DType::F32);
   SL_OPS_DTYPE(datt, DType::F32);
@@ -451,8 +450,8 @@ void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH
            SL_TWINS(attention_forward_flash), out.data<float>(), lse.data<float>(), qkv.data<float>(), B, T, C, NH);
 }
 
-void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH) {
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              int NH) {
   DeviceCodeScope device_code;
   SL_OPS_DTYPE(dqkv, DType::F32);
   SL_OPS_DTYPE(dout, DType::F32);
@@ -572,15 +571,17 @@ void softmax_crossentropy_backward(Tensor& dlogits, const Tensor& probs, const T
 namespace {
 // The rows of a logits-shaped tensor: (..., Vl) -> N = numel / Vl.
 int64_t vocab_rows(const char* op, const Tensor& logits) {
-  SL_CHECK(logits.dtype() == DType::F32 && logits.ndim() >= 2, "%s: logits must be f32 (N, Vl) or (B, T, Vl), got "
-           "%s %s", op, dtype_name(logits.dtype()), shape_str(logits.shape()).c_str());
+  SL_CHECK(logits.dtype() == DType::F32 && logits.ndim() >= 2,
+           "%s: logits must be f32 (N, Vl) or (B, T, Vl), got "
+           "%s %s",
+           op, dtype_name(logits.dtype()), shape_str(logits.shape()).c_str());
   const int64_t Vl = logits.size(-1);
   SL_CHECK(Vl > 0 && Vl <= INT_MAX, "%s: Vl = %lld must be in [1, INT_MAX]", op, static_cast<long long>(Vl));
   return logits.numel() / Vl;
 }
 void check_rows(const char* op, const char* name, const Tensor& t, DType dt, int64_t N) {
-  SL_CHECK(t.dtype() == dt && t.numel() == N, "%s: %s must be %s with %lld elements (one per row), got %s %s", op,
-           name, dtype_name(dt), static_cast<long long>(N), dtype_name(t.dtype()), shape_str(t.shape()).c_str());
+  SL_CHECK(t.dtype() == dt && t.numel() == N, "%s: %s must be %s with %lld elements (one per row), got %s %s", op, name,
+           dtype_name(dt), static_cast<long long>(N), dtype_name(t.dtype()), shape_str(t.shape()).c_str());
 }
 }  // namespace
 
@@ -642,8 +643,8 @@ void logits_row_max(Tensor& maxes, const Tensor& logits) {
            maxes.data<float>(), logits.data<float>(), N, static_cast<int>(logits.size(-1)));
 }
 
-void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
-                                       const Tensor& maxes, const Tensor& targets, int64_t vocab_begin) {
+void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& maxes,
+                                       const Tensor& targets, int64_t vocab_begin) {
   DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, logits);
   check_rows(__func__, "sumexp", sumexp, DType::F32, N);
@@ -661,8 +662,10 @@ void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor
   DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, logits);
   SL_OPS_SHAPE(probs, logits.shape());
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"losses", &losses}, {"maxes", &maxes},
-                                {"sumexp", &sumexp}, {"target_logit", &target_logit}})
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"losses", &losses},
+                                {"maxes", &maxes},
+                                {"sumexp", &sumexp},
+                                {"target_logit", &target_logit}})
     check_rows(__func__, name, *t, DType::F32, N);
   run_twin(__func__, {&losses, &probs, &logits, &maxes, &sumexp, &target_logit},
            op_cost::crossentropy_vocab_shard_finish(N, logits.size(-1)), SL_TWINS(crossentropy_vocab_shard_finish),
@@ -670,8 +673,8 @@ void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor
            target_logit.data<float>(), N, static_cast<int>(logits.size(-1)));
 }
 
-void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                                       int64_t vocab_begin, float dloss) {
+void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, int64_t vocab_begin,
+                                       float dloss) {
   DeviceCodeScope device_code;
   const int64_t N = vocab_rows(__func__, probs);
   SL_OPS_SHAPE(dlogits, probs.shape());

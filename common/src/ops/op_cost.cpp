@@ -76,7 +76,7 @@ OpCost matmul_forward(int64_t N, int64_t C, int64_t OC, bool bias, DType operand
   cost.math = operand;
   cost.flops = 2 * n * c * oc;
   cost.bytes = s * (n * c + oc * c) + kF32 * (n * oc + (bias ? oc : 0));  // r inp, weight, bias; w out
-  cost.launches = 1;  // cublasLt with the bias in its epilogue
+  cost.launches = 1;                                                      // cublasLt with the bias in its epilogue
   return cost;
 }
 
@@ -134,8 +134,8 @@ OpCost attention_forward_flash(int64_t B, int64_t T, int64_t C, int64_t NH) {
   const double pairs_x_hs = X * (static_cast<double>(T) + 1) / 2;  // sum over heads of HS x T(T+1)/2 pairs
   OpCost cost;
   cost.op_class = OpClass::Attention;
-  cost.flops = 4 * pairs_x_hs;              // per causal pair: q.k and p v, HS multiply-adds each
-  cost.bytes = kF32 * (3 * X + X + R);      // r q, k, v; w out, lse
+  cost.flops = 4 * pairs_x_hs;          // per causal pair: q.k and p v, HS multiply-adds each
+  cost.bytes = kF32 * (3 * X + X + R);  // r q, k, v; w out, lse
   cost.launches = 1;
   return cost;
 }
@@ -185,8 +185,8 @@ OpCost encoder_forward_vocab_shard(int64_t B, int64_t T, int64_t C, bool wpe) {
 
 OpCost encoder_backward_vocab_shard(int64_t B, int64_t T, int64_t C, int64_t Vl, bool dwpe) {
   const double N = static_cast<double>(B) * T;
-  const double dwte = N + N * C + 2.0 * Vl * C;                  // r tokens, dout rows, r+w dwte_shard
-  const double dwpe_kernel = N * C + 2.0 * T * C;                // r dout, r+w dwpe rows [0,T)
+  const double dwte = N + N * C + 2.0 * Vl * C;    // r tokens, dout rows, r+w dwte_shard
+  const double dwpe_kernel = N * C + 2.0 * T * C;  // r dout, r+w dwpe rows [0,T)
   return memory_bound(dwte + (dwpe ? dwpe_kernel : 0), dwpe ? 2 : 1);
 }
 

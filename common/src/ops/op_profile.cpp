@@ -5,7 +5,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
-#include <utility>    // defines: std::pair
+#include <utility>  // defines: std::pair
 
 namespace scalelab {
 
@@ -14,8 +14,8 @@ struct Profile {
   std::mutex mu;
   std::atomic<bool> on{false};
   std::string phase;
-  std::vector<std::string> phases;                                  // in the order first set
-  std::map<std::pair<std::string, std::string>, OpTime> entries;    // (phase, op) -> time
+  std::vector<std::string> phases;                                // in the order first set
+  std::map<std::pair<std::string, std::string>, OpTime> entries;  // (phase, op) -> time
 };
 Profile& profile() {
   static Profile p;

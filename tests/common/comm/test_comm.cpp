@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "expect_error.h"     // defines: error_message, contains
+#include "expect_error.h"          // defines: error_message, contains
 #include "scalelab/core/bf16.h"    // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/comm/comm.h"    // defines: Communicator, make_communicator, LinkModel, bus_factor, CommEvent
 #include "scalelab/core/tensor.h"  // defines: Tensor, DType
@@ -105,7 +105,8 @@ TEST(CommLocal, BadArgumentsNameTheRankTheOpAndTheSizes) {
   Tensor in = Tensor::zeros({10});
   Tensor out3 = Tensor::zeros({3});
   std::string msg = error_message([&] { c->reduce_scatter(in, out3, ReduceOp::Sum); });
-  EXPECT_TRUE(contains(msg, "reduce_scatter of 10 elements over 1 ranks on rank 0: out has 3 elements, expected 10")) << msg;
+  EXPECT_TRUE(contains(msg, "reduce_scatter of 10 elements over 1 ranks on rank 0: out has 3 elements, expected 10"))
+      << msg;
   msg = error_message([&] { c->all_gather(out3, in); });
   EXPECT_TRUE(contains(msg, "all_gather of 3 elements per rank over 1 ranks on rank 0: out has 10 elements")) << msg;
   Tensor ints = Tensor::zeros({4}, DType::I32);
@@ -199,7 +200,7 @@ TEST(CommLocal, GroupsAreNamedAndEventsSayWhichGroupCarriedThem) {
   auto tp = c->split(0, 0, "tp");
   EXPECT_EQ(tp->name(), "tp");
   EXPECT_EQ(tp->world_ranks(), std::vector<int>{0});
-  EXPECT_EQ(tp->split(1, 0)->name(), "tp");  // the two-argument form keeps the name
+  EXPECT_EQ(tp->split(1, 0)->name(), "tp");                         // the two-argument form keeps the name
   EXPECT_EQ(c->split(Communicator::kNoColor, 0, "none"), nullptr);  // joins no group
   Tensor g = iota(4);
   tp->all_reduce(g, ReduceOp::Sum);
@@ -224,8 +225,8 @@ TEST(CommLocal, WaitTimeoutComesFromTheEnvironmentAndBadValuesAreRefused) {
   unsetenv("SL_COMM_WAIT_TIMEOUT_S");
   EXPECT_EQ(scalelab::wait_timeout_from_env(), 0.0);
   EXPECT_EQ(make_communicator("local")->wait_timeout(), 0.0);  // the default: wait forever
-  for (const auto& [value, seconds] : std::vector<std::pair<const char*, double>>{
-           {"", 0.0}, {"0", 0.0}, {"30", 30.0}, {"2.5", 2.5}, {"1e-3", 1e-3}}) {
+  for (const auto& [value, seconds] :
+       std::vector<std::pair<const char*, double>>{{"", 0.0}, {"0", 0.0}, {"30", 30.0}, {"2.5", 2.5}, {"1e-3", 1e-3}}) {
     ScopedEnv env("SL_COMM_WAIT_TIMEOUT_S", value);
     EXPECT_EQ(scalelab::wait_timeout_from_env(), seconds) << "'" << value << "'";
   }
@@ -298,7 +299,7 @@ TEST(CommTopology, SetTopologyChoosesTheLinkSetLinkModelMeansOneLinkForAll) {
   t.inter = LinkModel::preset("ethernet100");
   c->set_topology(t);
   EXPECT_EQ(c->topology().ranks_per_node, 1);
-  EXPECT_EQ(c->link_model().name, "nvlink");  // one rank: inside one node
+  EXPECT_EQ(c->link_model().name, "nvlink");                                 // one rank: inside one node
   EXPECT_EQ(c->split(0, 0, "child")->topology().inter.name, "ethernet100");  // inherited
   c->set_link_model(LinkModel::preset("pcie"));
   EXPECT_EQ(c->link_model().name, "pcie");
@@ -331,8 +332,8 @@ TEST(CommLinkModel, PresetsCarryTheirFigures) {
     const char* name;
     double alpha_us, gb_per_s;
   };
-  for (const Want& w : {Want{"nvlink", 3.4, 370}, Want{"pcie", 5.7, 25}, Want{"ethernet100", 14, 12},
-                        Want{"infiniband", 14, 46}}) {
+  for (const Want& w :
+       {Want{"nvlink", 3.4, 370}, Want{"pcie", 5.7, 25}, Want{"ethernet100", 14, 12}, Want{"infiniband", 14, 46}}) {
     const LinkModel m = LinkModel::preset(w.name);
     EXPECT_TRUE(m.enabled());
     EXPECT_EQ(m.name, w.name);
@@ -367,8 +368,8 @@ TEST(CommLinkModel, EveryOpFollowsItsFormula) {
   const int n = 8;
   auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-15 + kRel * want); };
   near(m.seconds("all_reduce", 8000, n), 1e-6 + 14 * 10e-6 + 2.0 * 7 / 8 * S / 1e9);
-  near(m.seconds("reduce_scatter", 8000, n), 1e-6 + 7 * 10e-6 + 7.0 / 8 * S / 1e9);       // S = the input
-  near(m.seconds("all_gather", 8000, n), 1e-6 + 7 * 10e-6 + 7.0 / 8 * (n * S) / 1e9);     // S = one chunk
+  near(m.seconds("reduce_scatter", 8000, n), 1e-6 + 7 * 10e-6 + 7.0 / 8 * S / 1e9);    // S = the input
+  near(m.seconds("all_gather", 8000, n), 1e-6 + 7 * 10e-6 + 7.0 / 8 * (n * S) / 1e9);  // S = one chunk
   near(m.seconds("broadcast", 8000, n), 1e-6 + 7 * 10e-6 + S / 1e9);
   near(m.seconds("send", 8000, n), 1e-6 + 10e-6 + S / 1e9);
   near(m.seconds("recv", 8000, n), 1e-6 + 10e-6 + S / 1e9);
@@ -382,9 +383,10 @@ TEST(CommLinkModel, EveryOpFollowsItsFormula) {
 TEST(RunOnAllRanks, ReturnsTheBodysCodeThreeForATodoOneForOtherErrors) {
   EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator& c) { return c.size() == 1 ? 7 : 0; }), 7);
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator&) -> int {
-              throw scalelab::NotImplemented("lab03-2 all_reduce_grads_naive");
-            }),
+  EXPECT_EQ(scalelab::run_on_all_ranks("local",
+                                       [](scalelab::Communicator&) -> int {
+                                         throw scalelab::NotImplemented("lab03-2 all_reduce_grads_naive");
+                                       }),
             3);
   EXPECT_EQ(scalelab::run_on_all_ranks("local", [](scalelab::Communicator&) -> int { SL_FAIL("", "boom"); }), 1);
   EXPECT_EQ(scalelab::run_on_all_ranks("no-such-backend", [](scalelab::Communicator&) { return 0; }), 1);

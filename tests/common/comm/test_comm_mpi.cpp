@@ -21,16 +21,16 @@
 #include <utility>
 #include <vector>
 
-#include "expect_error.h"     // defines: error_message, contains
-#include "grading.h"          // defines: grading::all_ranks
-#include "mpi_test.h"         // defines: test::world
-#include "scalelab/core/allocator.h" // defines: Allocator, MemCategory
-#include "scalelab/core/bf16.h"    // defines: float_to_bf16, bf16_to_float, round_to_bf16
-#include "scalelab/comm/comm.h"    // defines: Communicator, ReduceOp, LinkModel, Topology, CommEvent, bus_factor
-#include "scalelab/core/device.h"  // defines: cuda_device_count
-#include "scalelab/core/threads.h" // defines: local_ranks_from_env
-#include "scalelab/core/tensor.h"  // defines: Tensor, DType
-#include "scalelab/measure/stats.h"  // defines: median
+#include "expect_error.h"             // defines: error_message, contains
+#include "grading.h"                  // defines: grading::all_ranks
+#include "mpi_test.h"                 // defines: test::world
+#include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
+#include "scalelab/core/bf16.h"       // defines: float_to_bf16, bf16_to_float, round_to_bf16
+#include "scalelab/comm/comm.h"       // defines: Communicator, ReduceOp, LinkModel, Topology, CommEvent, bus_factor
+#include "scalelab/core/device.h"     // defines: cuda_device_count
+#include "scalelab/core/threads.h"    // defines: local_ranks_from_env
+#include "scalelab/core/tensor.h"     // defines: Tensor, DType
+#include "scalelab/measure/stats.h"   // defines: median
 
 namespace {
 
@@ -95,18 +95,21 @@ void check_all_reduce(Communicator& c, int64_t n, DType dt) {
 
   Tensor sum = ranked(n, r, dt);
   c.all_reduce(sum, ReduceOp::Sum);
-  expect_values(sum, [&](int64_t i) { return rank_sum + static_cast<double>(p) * i; }, "all_reduce sum " + where);
+  expect_values(
+      sum, [&](int64_t i) { return rank_sum + static_cast<double>(p) * i; }, "all_reduce sum " + where);
 
   Tensor mx = ranked(n, r, dt);
   c.all_reduce(mx, ReduceOp::Max);
-  expect_values(mx, [&](int64_t i) { return 100.0 * (p - 1) + i; }, "all_reduce max " + where);
+  expect_values(
+      mx, [&](int64_t i) { return 100.0 * (p - 1) + i; }, "all_reduce max " + where);
 
   if (dt == DType::F32) {
     // Avg = sum * (1/p): exact for p a power of two (the 2- and 4-rank runs).
     Tensor avg = ranked(n, r, dt);
     c.all_reduce(avg, ReduceOp::Avg);
-    expect_values(avg, [&](int64_t i) { return static_cast<float>((rank_sum + static_cast<double>(p) * i) / p); },
-                  "all_reduce avg " + where);
+    expect_values(
+        avg, [&](int64_t i) { return static_cast<float>((rank_sum + static_cast<double>(p) * i) / p); },
+        "all_reduce avg " + where);
   }
 }
 
@@ -117,10 +120,12 @@ void check_reduce_scatter(Communicator& c, int64_t chunk, DType dt) {
   Tensor out = Tensor::empty({chunk}, dt);
   c.reduce_scatter(in, out, ReduceOp::Sum);
   // out[k] = sum over ranks q of in_q[r*chunk + k] = sum_q (100 q + r*chunk + k)
-  expect_values(out, [&](int64_t k) { return 100.0 * p * (p - 1) / 2 + static_cast<double>(p) * (r * chunk + k); },
-                "reduce_scatter sum " + where);
+  expect_values(
+      out, [&](int64_t k) { return 100.0 * p * (p - 1) / 2 + static_cast<double>(p) * (r * chunk + k); },
+      "reduce_scatter sum " + where);
   c.reduce_scatter(in, out, ReduceOp::Max);
-  expect_values(out, [&](int64_t k) { return 100.0 * (p - 1) + r * chunk + k; }, "reduce_scatter max " + where);
+  expect_values(
+      out, [&](int64_t k) { return 100.0 * (p - 1) + r * chunk + k; }, "reduce_scatter max " + where);
 }
 
 void check_all_gather(Communicator& c, int64_t chunk, DType dt) {
@@ -129,22 +134,25 @@ void check_all_gather(Communicator& c, int64_t chunk, DType dt) {
   Tensor in = ranked(chunk, r, dt);  // (chunk): 100*rank + k
   Tensor out = Tensor::empty({chunk * p}, dt);
   c.all_gather(in, out);
-  expect_values(out, [&](int64_t j) { return 100.0 * (j / chunk) + j % chunk; }, "all_gather " + where);
+  expect_values(
+      out, [&](int64_t j) { return 100.0 * (j / chunk) + j % chunk; }, "all_gather " + where);
 
   // In place, as NCCL allows: in is this rank's own chunk of out.
   Tensor out2 = Tensor::zeros({chunk * p}, dt);
   Tensor mine = out2.view(r * chunk, {chunk});
   mine.copy_from(in);
   c.all_gather(mine, out2);
-  expect_values(out2, [&](int64_t j) { return 100.0 * (j / chunk) + j % chunk; }, "all_gather in place " + where);
+  expect_values(
+      out2, [&](int64_t j) { return 100.0 * (j / chunk) + j % chunk; }, "all_gather in place " + where);
 }
 
 void check_broadcast(Communicator& c, int64_t n) {
   for (int root = 0; root < c.size(); ++root) {
     Tensor buf = ranked(n, c.rank());
     c.broadcast(buf, root);
-    expect_values(buf, [&](int64_t i) { return 100.0 * root + i; },
-                  "broadcast from root " + std::to_string(root) + " n=" + std::to_string(n));
+    expect_values(
+        buf, [&](int64_t i) { return 100.0 * root + i; },
+        "broadcast from root " + std::to_string(root) + " n=" + std::to_string(n));
   }
 }
 
@@ -160,7 +168,8 @@ void check_ring(Communicator& c, int64_t n) {
   WorkPtr v = c.recv_async(in, prev, "ring recv");
   v->wait();
   s->wait();
-  expect_values(in, [&](int64_t i) { return 100.0 * prev + i; }, "ring recv n=" + std::to_string(n));
+  expect_values(
+      in, [&](int64_t i) { return 100.0 * prev + i; }, "ring recv n=" + std::to_string(n));
 }
 
 void check_everything(Communicator& c) {
@@ -199,7 +208,8 @@ TEST(CommMpi, AllReduceBf16ReducesInFp32) {
     Tensor buf = Tensor::empty({n}, DType::BF16);
     for (int64_t i = 0; i < n; ++i) buf.data<bf16>()[i] = scalelab::float_to_bf16(static_cast<float>(r + i % 16));
     w.all_reduce(buf, ReduceOp::Sum);
-    expect_values(buf, [&](int64_t i) { return p * (p - 1) / 2.0 + static_cast<double>(p) * (i % 16); }, "bf16 sum");
+    expect_values(
+        buf, [&](int64_t i) { return p * (p - 1) / 2.0 + static_cast<double>(p) * (i % 16); }, "bf16 sum");
   }
   // Reduced in fp32, rounded to bf16 once: rank 0 gives 256, the others 1 each. Adding in bf16 step
   // by step would round 256 + 1 back to 256 every time (bf16 has a step of 2 there); the fp32 sum
@@ -207,7 +217,8 @@ TEST(CommMpi, AllReduceBf16ReducesInFp32) {
   Tensor buf = Tensor::empty({4}, DType::BF16);
   for (int64_t i = 0; i < 4; ++i) buf.data<bf16>()[i] = scalelab::float_to_bf16(r == 0 ? 256.0f : 1.0f);
   w.all_reduce(buf, ReduceOp::Sum);
-  expect_values(buf, [&](int64_t) { return scalelab::round_to_bf16(256.0f + (p - 1)); }, "bf16 sum rounded once");
+  expect_values(
+      buf, [&](int64_t) { return scalelab::round_to_bf16(256.0f + (p - 1)); }, "bf16 sum rounded once");
 }
 
 TEST(CommMpi, CollectivesExactOnSplitEvenOdd) {
@@ -222,7 +233,8 @@ TEST(CommMpi, CollectivesExactOnSplitEvenOdd) {
   me.data<int32_t>()[0] = r;
   Tensor all = Tensor::empty({sub->size()}, DType::I32);
   sub->all_gather(me, all);
-  expect_values(all, [&](int64_t j) { return static_cast<double>(2 * j + r % 2); }, "even/odd members");
+  expect_values(
+      all, [&](int64_t j) { return static_cast<double>(2 * j + r % 2); }, "even/odd members");
   check_everything(*sub);
 }
 
@@ -236,7 +248,8 @@ TEST(CommMpi, CollectivesExactOnSplitWithReversedKeys) {
   me.data<int32_t>()[0] = r;
   Tensor all = Tensor::empty({p}, DType::I32);
   sub->all_gather(me, all);
-  expect_values(all, [&](int64_t j) { return static_cast<double>(p - 1 - j); }, "reversed members");
+  expect_values(
+      all, [&](int64_t j) { return static_cast<double>(p - 1 - j); }, "reversed members");
   check_everything(*sub);
 }
 
@@ -253,7 +266,8 @@ TEST(CommMpi, RankReducerCombinesEveryRank) {
   const std::string mine(static_cast<size_t>(r * 4 + (r % 2)), static_cast<char>('a' + r));
   const std::vector<std::string> all = grading::rank_reducer().all_gather(mine);
   ASSERT_EQ(all.size(), static_cast<size_t>(p));  // the same on every rank: safe to ASSERT
-  for (int q = 0; q < p; ++q) EXPECT_EQ(all[q], std::string(static_cast<size_t>(q * 4 + (q % 2)), static_cast<char>('a' + q)));
+  for (int q = 0; q < p; ++q)
+    EXPECT_EQ(all[q], std::string(static_cast<size_t>(q * 4 + (q % 2)), static_cast<char>('a' + q)));
 }
 
 // When wait() returns, the communicator holds no reference to the op's tensors any more: a caller
@@ -336,7 +350,8 @@ TEST(CommMpi, UnevenReduceScatterIsRefusedWithAHint) {
   Tensor in = Tensor::zeros({3 * p + 1});
   Tensor out = Tensor::zeros({3});
   const std::string msg = scalelab::test::error_message([&] { w.reduce_scatter(in, out, ReduceOp::Sum); });
-  const std::string sizes = "reduce_scatter of " + std::to_string(3 * p + 1) + " elements over " + std::to_string(p) + " ranks";
+  const std::string sizes = "reduce_scatter of " + std::to_string(3 * p + 1) + " elements over " + std::to_string(p) +
+                            " ranks";
   EXPECT_TRUE(scalelab::test::contains(msg, sizes)) << msg;
   EXPECT_TRUE(scalelab::test::contains(msg, "rank " + std::to_string(w.rank()))) << msg;
   EXPECT_TRUE(scalelab::test::contains(msg, "pad to a multiple of " + std::to_string(p))) << msg;
@@ -440,8 +455,9 @@ TEST(CommMpi, LinkModelSetsTheEarliestCompletion) {
   EXPECT_GE(ev[0].end_ms - ev[0].start_ms, modeled_ms);
   EXPECT_GE(wall, modeled_ms);
   if (sub->rank() == 0) {
-    std::printf("[  INFO    ] ethernet100 all_reduce 4 MB over %d ranks: modelled %.3f ms, event %.3f ms, wall %.3f ms\n",
-                p, modeled_ms, ev[0].end_ms - ev[0].start_ms, wall);
+    std::printf(
+        "[  INFO    ] ethernet100 all_reduce 4 MB over %d ranks: modelled %.3f ms, event %.3f ms, wall %.3f ms\n", p,
+        modeled_ms, ev[0].end_ms - ev[0].start_ms, wall);
   }
   // A link slow enough to see: 100 MB/s, so 4 MB take tens of ms; the split inherits the model.
   LinkModel slow = eth;
@@ -467,7 +483,7 @@ TEST(CommMpi, WaitMsIsTheTimeTheCallerWasBlocked) {
   auto held = w.split(0, w.rank());
   LinkModel link;
   link.name = "held 200 ms";
-  link.base_s = 0.200;  // every call completes no earlier than 200 ms after it started
+  link.base_s = 0.200;                // every call completes no earlier than 200 ms after it started
   link.bandwidth_bytes_per_s = 1e12;  // bytes/s: the 4-byte payload adds nothing
   held->set_link_model(link);
   const double modeled_ms = 1e3 * link.seconds("all_reduce", 4, p);
@@ -492,13 +508,14 @@ TEST(CommMpi, WaitMsIsTheTimeTheCallerWasBlocked) {
   if (p > 1) {
     constexpr double kIssueSlackMs = 10.0;  // issue -> wait() and thread pickup, on a busy machine
     EXPECT_GE(ev[0].wait_ms, modeled_ms - kIssueSlackMs) << "modelled " << modeled_ms << " ms";
-    EXPECT_LE(ev[0].wait_ms, blocked_ms + 1e-6);            // never more than the caller really spent
+    EXPECT_LE(ev[0].wait_ms, blocked_ms + 1e-6);  // never more than the caller really spent
     EXPECT_GE(ev[2].wait_ms, modeled_ms - kIssueSlackMs);
   }
   EXPECT_EQ(ev[1].wait_ms, 0.0);  // finished before the wait: fully hidden
   if (w.rank() == 0) {
-    std::printf("[  INFO    ] %d ranks, all_reduce held %.0f ms: wait_ms at once %.1f, after test() %.1f, blocking %.1f\n",
-                p, modeled_ms, ev[0].wait_ms, ev[1].wait_ms, ev[2].wait_ms);
+    std::printf(
+        "[  INFO    ] %d ranks, all_reduce held %.0f ms: wait_ms at once %.1f, after test() %.1f, blocking %.1f\n", p,
+        modeled_ms, ev[0].wait_ms, ev[1].wait_ms, ev[2].wait_ms);
   }
 }
 
@@ -535,7 +552,8 @@ OverlapTimes measure_overlap(Communicator& c, int64_t iters) {
   c.barrier();
   t0 = wall_ms();
   std::vector<WorkPtr> works;
-  for (int k = 0; k < kCalls; ++k) works.push_back(c.all_reduce_async(bufs[k], ReduceOp::Sum, "bucket " + std::to_string(k)));
+  for (int k = 0; k < kCalls; ++k)
+    works.push_back(c.all_reduce_async(bufs[k], ReduceOp::Sum, "bucket " + std::to_string(k)));
   compute(iters);
   for (const WorkPtr& wk : works) t.done_before_wait += wk->test() ? 1 : 0;
   for (const WorkPtr& wk : works) wk->wait();
@@ -559,7 +577,9 @@ TEST(CommMpi, AsyncAllReducesProgressDuringCompute) {
   const int p = w.size();
   const bool ranks_fit_cores = p <= static_cast<int>(std::thread::hardware_concurrency());
   const int64_t iters = calibrate_compute(w, 100.0);
-  if (w.rank() == 0 && !ranks_fit_cores) std::printf("[  INFO    ] %d ranks on %u cores: times below are for reading only\n", p, std::thread::hardware_concurrency());
+  if (w.rank() == 0 && !ranks_fit_cores)
+    std::printf("[  INFO    ] %d ranks on %u cores: times below are for reading only\n", p,
+                std::thread::hardware_concurrency());
 
   // 1. The real transport: printed, never asserted (4 busy threads on 2 cores time whatever they like).
   const OverlapTimes real = measure_overlap(w, iters);
@@ -574,9 +594,10 @@ TEST(CommMpi, AsyncAllReducesProgressDuringCompute) {
 
   if (w.rank() == 0) {
     for (const auto& [name, t] : {std::pair<const char*, OverlapTimes>{"mpi", real}, {"simulated 160 MB/s", sim}}) {
-      std::printf("[  INFO    ] %d ranks, %s: 8 x 4 MB all_reduce %.1f ms, compute %.1f ms, serial sum %.1f ms, "
-                  "overlapped %.1f ms (%d of 8 done before wait)\n",
-                  p, name, t.comm_ms, t.compute_ms, t.comm_ms + t.compute_ms, t.overlapped_ms, t.done_before_wait);
+      std::printf(
+          "[  INFO    ] %d ranks, %s: 8 x 4 MB all_reduce %.1f ms, compute %.1f ms, serial sum %.1f ms, "
+          "overlapped %.1f ms (%d of 8 done before wait)\n",
+          p, name, t.comm_ms, t.compute_ms, t.comm_ms + t.compute_ms, t.overlapped_ms, t.done_before_wait);
     }
     std::fflush(stdout);
   }
@@ -604,7 +625,8 @@ TEST(CommMpi, AsyncCallCompletesWhileTheCallerOnlyComputes) {
   const double took_ms = wall_ms() - t0;
   EXPECT_TRUE(grading::all_ranks(done, "not complete after " + std::to_string(took_ms) + " ms of compute"));
   work->wait();
-  expect_values(buf, [&](int64_t i) { return 100.0 * p * (p - 1) / 2 + static_cast<double>(p) * i; }, "progress");
+  expect_values(
+      buf, [&](int64_t i) { return 100.0 * p * (p - 1) / 2 + static_cast<double>(p) * i; }, "progress");
   if (r == 0) std::printf("[  INFO    ] 4 MB all_reduce completed during compute after %.1f ms\n", took_ms);
 }
 
@@ -660,8 +682,8 @@ TEST(CommMpi, TopologyGivesEachGroupItsLink) {
   t.inter = LinkModel::preset("infiniband");
   copy->set_topology(t);
   EXPECT_EQ(copy->link_model().name, p <= 2 ? "nvlink" : "infiniband");  // the world spans p / 2 nodes
-  auto inside = copy->split(r / 2, r, "inside");   // the ranks of one node
-  auto across = copy->split(r % 2, r, "across");   // one rank of every node
+  auto inside = copy->split(r / 2, r, "inside");                         // the ranks of one node
+  auto across = copy->split(r % 2, r, "across");                         // one rank of every node
   EXPECT_EQ(inside->link_model().name, "nvlink");
   EXPECT_EQ(across->link_model().name, p <= 2 ? "nvlink" : "infiniband");
   EXPECT_EQ(across->topology().ranks_per_node, 2);
@@ -711,8 +733,8 @@ TEST(CommMpi, RecvCompletesNoEarlierThanTheSendsStartPlusTheModelledTime) {
   auto pair = w.split(r < 2 ? 0 : Communicator::kNoColor, r, "pipeline pair");  // ranks 0 and 1
   LinkModel slow;
   slow.name = "200 ms per message";
-  slow.base_s = 0.200;                 // seconds every message pays
-  slow.bandwidth_bytes_per_s = 1e12;   // bytes/s: 4 KB add nothing
+  slow.base_s = 0.200;                // seconds every message pays
+  slow.bandwidth_bytes_per_s = 1e12;  // bytes/s: 4 KB add nothing
   constexpr double kSenderLateMs = 100.0;
   double send_start_ms = 0, recv_posted_ms = 0, recv_end_ms = 0, recv_returned_ms = 0;  // shared clock (wall_ms)
   double modeled_ms = 0;
@@ -727,7 +749,8 @@ TEST(CommMpi, RecvCompletesNoEarlierThanTheSendsStartPlusTheModelledTime) {
       v->wait();
       recv_returned_ms = wall_ms();
       recv_end_ms = pair->events().back().end_ms + now_ms_to_wall_ms();
-      expect_values(buf, [](int64_t i) { return static_cast<double>(i); }, "recv from rank 0");
+      expect_values(
+          buf, [](int64_t i) { return static_cast<double>(i); }, "recv from rank 0");
     } else {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kSenderLateMs));
       pair->send(buf, 1, "activation");
@@ -742,9 +765,10 @@ TEST(CommMpi, RecvCompletesNoEarlierThanTheSendsStartPlusTheModelledTime) {
     EXPECT_GE(recv_end_ms, send_start_ms + modeled_ms - kClockSlackMs)
         << "the recv completed " << send_start_ms + modeled_ms - recv_end_ms << " ms before the message could arrive";
     EXPECT_GE(recv_returned_ms, send_start_ms + modeled_ms - kClockSlackMs);
-    std::printf("[  INFO    ] the send started %.1f ms after the recv was posted; the recv completed %.1f ms after "
-                "the send started (modelled %.1f ms)\n",
-                send_start_ms - recv_posted_ms, recv_end_ms - send_start_ms, modeled_ms);
+    std::printf(
+        "[  INFO    ] the send started %.1f ms after the recv was posted; the recv completed %.1f ms after "
+        "the send started (modelled %.1f ms)\n",
+        send_start_ms - recv_posted_ms, recv_end_ms - send_start_ms, modeled_ms);
   }
 }
 
@@ -759,7 +783,8 @@ TEST(CommMpi, SendrecvExchangesWithBothNeighbours) {
     Tensor out = ranked(n, r), in = Tensor::zeros({n});
     w.clear_events();
     w.sendrecv(out, next, in, prev, "activations");
-    expect_values(in, [&](int64_t i) { return 100.0 * prev + i; }, "sendrecv n=" + std::to_string(n));
+    expect_values(
+        in, [&](int64_t i) { return 100.0 * prev + i; }, "sendrecv n=" + std::to_string(n));
     const std::vector<CommEvent> ev = w.events();
     ASSERT_EQ(ev.size(), 2u);
     EXPECT_EQ(ev[0].op, "send");
@@ -773,7 +798,8 @@ TEST(CommMpi, SendrecvExchangesWithBothNeighbours) {
     Tensor back = Tensor::zeros({n});
     WorkPtr wk = w.sendrecv_async(in, prev, back, next, "gradients");  // the other way round
     wk->wait();
-    expect_values(back, [&](int64_t i) { return 100.0 * r + i; }, "sendrecv back n=" + std::to_string(n));
+    expect_values(
+        back, [&](int64_t i) { return 100.0 * r + i; }, "sendrecv back n=" + std::to_string(n));
   }
   // Both checked before anything is posted, so a refusal leaves nothing behind (on every rank alike).
   Tensor buf = ranked(10, r);
@@ -812,10 +838,14 @@ TEST(CommMpi, BlockingCallsKeepTheirPlaceBehindPendingAsyncCalls) {
   for (size_t i = 0; i < ev.size(); ++i) EXPECT_GE(ev[i].end_ms - ev[i].start_ms, p > 1 ? 50.0 : 0.0) << i;
   EXPECT_GE(ev[3].wait_ms, p > 1 ? 50.0 - 1.0 : 0.0) << "a blocking call's wait is the whole call";
   const double sum0 = 100.0 * p * (p - 1) / 2;
-  expect_values(a, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "async 1");
-  expect_values(b, [&](int64_t i) { return 100.0 * (p - 1) + i; }, "blocking max");
-  expect_values(d, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "async 2");
-  expect_values(e, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "blocking sum");
+  expect_values(
+      a, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "async 1");
+  expect_values(
+      b, [&](int64_t i) { return 100.0 * (p - 1) + i; }, "blocking max");
+  expect_values(
+      d, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "async 2");
+  expect_values(
+      e, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "blocking sum");
 }
 
 // What the communicator adds to a small blocking all_reduce, beside a plain MPI_Allreduce loop in the
@@ -846,8 +876,9 @@ TEST(CommMpi, SmallBlockingAllReduceCostsLittleMoreThanPlainMpi) {
   w.clear_events();
   const double ratio = comm_us / plain_us;
   if (w.rank() == 0) {
-    std::printf("[  INFO    ] 8-byte all_reduce on %d ranks: communicator %.2f us, plain MPI_Allreduce %.2f us (%.1fx)\n",
-                w.size(), comm_us, plain_us, ratio);
+    std::printf(
+        "[  INFO    ] 8-byte all_reduce on %d ranks: communicator %.2f us, plain MPI_Allreduce %.2f us (%.1fx)\n",
+        w.size(), comm_us, plain_us, ratio);
   }
   if (const char* limit = std::getenv("SL_MAX_SMALL_ALLREDUCE_RATIO")) {
     EXPECT_TRUE(grading::all_ranks(ratio <= std::atof(limit), "ratio " + std::to_string(ratio) + " > " + limit));
@@ -866,7 +897,7 @@ TEST(CommMpi, WaitTimeoutNamesWhatEachRankWaitedFor) {
   const int r = w.rank();
   if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
   constexpr double kTimeoutS = 1.0;
-  constexpr double kMostS = 3.0;      // the wait throws by then (the timeout + a slow, busy machine)
+  constexpr double kMostS = 3.0;         // the wait throws by then (the timeout + a slow, busy machine)
   constexpr double kDestroyMostS = 1.0;  // the destructor cancels instead of waiting: well under this
   std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, /*key=*/-r, "pp");
   if (pair) {
@@ -884,11 +915,13 @@ TEST(CommMpi, WaitTimeoutNamesWhatEachRankWaitedFor) {
     EXPECT_LE(waited_s, kMostS);
     using scalelab::test::contains;
     EXPECT_TRUE(contains(msg, "rank " + std::to_string(me) + " of group 'pp' (world rank " + std::to_string(r) +
-                                  ") waited ")) << msg;
+                                  ") waited "))
+        << msg;
     EXPECT_TRUE(contains(msg, " s for recv from " + peer_is + ", tag 'activation mb 3 chunk 0': it never arrived"))
         << msg;
-    EXPECT_TRUE(contains(msg, "Still pending on this communicator: recv from " + peer_is +
-                                  ", tag 'gradient mb 2 chunk 0'")) << msg;
+    EXPECT_TRUE(contains(msg,
+                         "Still pending on this communicator: recv from " + peer_is + ", tag 'gradient mb 2 chunk 0'"))
+        << msg;
     EXPECT_TRUE(contains(msg, "hint: match every rank's message")) << msg;
     EXPECT_TRUE(scalelab::comm_wait_timed_out());
     // Abandoned: a second wait rethrows at once; the communicator takes no new calls.
@@ -902,8 +935,10 @@ TEST(CommMpi, WaitTimeoutNamesWhatEachRankWaitedFor) {
     pair.reset();   // cancels both posted recvs
     const double destroyed_s = (wall_ms() - destroy_ms) / 1e3;
     EXPECT_LE(destroyed_s, kDestroyMostS);
-    std::printf("[  INFO    ] rank %d: the wait threw after %.2f s (timeout %.1f s); Works and communicator "
-                "destroyed in %.3f s\n", r, waited_s, kTimeoutS, destroyed_s);
+    std::printf(
+        "[  INFO    ] rank %d: the wait threw after %.2f s (timeout %.1f s); Works and communicator "
+        "destroyed in %.3f s\n",
+        r, waited_s, kTimeoutS, destroyed_s);
   }
   std::unique_ptr<Communicator> fresh = scalelab::make_communicator();  // every rank, ranks 2.. too
   check_all_reduce(*fresh, 1000, DType::F32);
@@ -954,14 +989,17 @@ TEST(CommMpi, WaitTimeoutLetsMatchedMessagesThrough) {
         pair->recv(in, 0, "activation");
         pair->send(out, 0, "gradient");
       }
-      expect_values(in, [&](int64_t i) { return 100.0 * peer + i; }, "recv n=" + std::to_string(n));
+      expect_values(
+          in, [&](int64_t i) { return 100.0 * peer + i; }, "recv n=" + std::to_string(n));
       Tensor back = Tensor::zeros({n});
       pair->sendrecv(out, peer, back, peer, "exchange");
-      expect_values(back, [&](int64_t i) { return 100.0 * peer + i; }, "sendrecv n=" + std::to_string(n));
+      expect_values(
+          back, [&](int64_t i) { return 100.0 * peer + i; }, "sendrecv n=" + std::to_string(n));
     }
     Tensor sum = ranked(1000, r);
     pair->all_reduce_async(sum, ReduceOp::Sum, "bucket 0")->wait();
-    expect_values(sum, [](int64_t i) { return 100.0 + 2.0 * i; }, "all_reduce");
+    expect_values(
+        sum, [](int64_t i) { return 100.0 + 2.0 * i; }, "all_reduce");
     // The late send: rank 1 waits about 300 ms, well inside its 2 s.
     pair->barrier();
     Tensor buf = r == 0 ? ranked(1024, 0) : Tensor::zeros({1024});
@@ -971,7 +1009,8 @@ TEST(CommMpi, WaitTimeoutLetsMatchedMessagesThrough) {
     } else {
       WorkPtr v = pair->recv_async(buf, 0, "late activation");
       EXPECT_NO_THROW(v->wait());
-      expect_values(buf, [](int64_t i) { return static_cast<double>(i); }, "late recv");
+      expect_values(
+          buf, [](int64_t i) { return static_cast<double>(i); }, "late recv");
       const CommEvent e = pair->events().back();
       EXPECT_GE(e.wait_ms, kSenderLateMs * 0.8) << "the recv waited for the late send";
       EXPECT_LT(e.wait_ms, 1e3 * kTimeoutS);
@@ -984,4 +1023,3 @@ TEST(CommMpi, WaitTimeoutLetsMatchedMessagesThrough) {
 }
 
 }  // namespace
-

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "mpi_test.h"                  // defines: test::world
-#include "scalelab/comm/comm.h"        // defines: Communicator, make_communicator
-#include "scalelab/comm/host_values.h" // defines: all_reduce_value(s), any_rank, broadcast_*, all_gather_*
-#include "scalelab/core/clock.h"       // defines: VirtualClock
-#include "scalelab/core/tensor.h"      // defines: Tensor, DType
+#include "mpi_test.h"                   // defines: test::world
+#include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value(s), any_rank, broadcast_*, all_gather_*
+#include "scalelab/core/clock.h"        // defines: VirtualClock
+#include "scalelab/core/tensor.h"       // defines: Tensor, DType
 
 namespace {
 
@@ -69,11 +69,10 @@ TEST(HostValues, DoublesAreExactAndEqualOnEveryRank) {
 TEST(HostValues, VectorsReduceGatherAndBroadcast) {
   on_both_backends([](Communicator& comm) {
     const int r = comm.rank(), n = comm.size();
-    const std::vector<float> sums = all_reduce_values(comm, std::vector<float>{1.0f, static_cast<float>(r), 0.5f},
-                                                      ReduceOp::Sum, "v sum");
+    const std::vector<float> sums =
+        all_reduce_values(comm, std::vector<float>{1.0f, static_cast<float>(r), 0.5f}, ReduceOp::Sum, "v sum");
     EXPECT_EQ(sums, (std::vector<float>{1.0f * n, n * (n - 1) / 2.0f, 0.5f * n}));
-    const std::vector<int32_t> maxes =
-        all_reduce_values(comm, std::vector<int32_t>{r, -r, 7}, ReduceOp::Max, "v max");
+    const std::vector<int32_t> maxes = all_reduce_values(comm, std::vector<int32_t>{r, -r, 7}, ReduceOp::Max, "v max");
     EXPECT_EQ(maxes, (std::vector<int32_t>{n - 1, 0, 7}));
     const std::vector<int32_t> got = scalelab::broadcast_values(comm, {100 * r, 100 * r + 1}, n - 1, "bcast");
     EXPECT_EQ(got, (std::vector<int32_t>{100 * (n - 1), 100 * (n - 1) + 1}));

@@ -68,12 +68,12 @@ TEST(GridLayout, EveryOrderFollowsTheMixedRadixFormula) {
 }
 
 TEST(GridLayout, EmbeddingGroupIsFirstAndLastStageOrNone) {
-  const GridLayout deep{1, 4, 2};  // tp 1, pp 4, dp 2: rank = dp + 2 pp
+  const GridLayout deep{1, 4, 2};                     // tp 1, pp 4, dp 2: rank = dp + 2 pp
   EXPECT_EQ(deep.embedding_group(1), (Ranks{1, 7}));  // dp 1, stage 0 -> stages 0 and 3
   EXPECT_EQ(deep.embedding_group(6), (Ranks{0, 6}));  // dp 0, stage 3
   EXPECT_TRUE(deep.embedding_group(3).empty());       // stage 1 holds no embedding
   EXPECT_TRUE(deep.embedding_group(4).empty());       // stage 2
-  const GridLayout flat{4, 1, 2};  // no pipeline: the rank holds both ends itself
+  const GridLayout flat{4, 1, 2};                     // no pipeline: the rank holds both ends itself
   for (int r = 0; r < 8; ++r) EXPECT_EQ(flat.embedding_group(r), (Ranks{r}));
 }
 

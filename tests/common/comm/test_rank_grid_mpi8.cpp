@@ -38,14 +38,10 @@ struct Row {
 };
 const Row kTable[8] = {
     //  tp pp dp   tp group  pp group  dp group  embedding
-    {0, 0, 0, {0, 1}, {0, 4}, {0, 2}, {0, 4}},
-    {1, 0, 0, {0, 1}, {1, 5}, {1, 3}, {1, 5}},
-    {0, 0, 1, {2, 3}, {2, 6}, {0, 2}, {2, 6}},
-    {1, 0, 1, {2, 3}, {3, 7}, {1, 3}, {3, 7}},
-    {0, 1, 0, {4, 5}, {0, 4}, {4, 6}, {0, 4}},
-    {1, 1, 0, {4, 5}, {1, 5}, {5, 7}, {1, 5}},
-    {0, 1, 1, {6, 7}, {2, 6}, {4, 6}, {2, 6}},
-    {1, 1, 1, {6, 7}, {3, 7}, {5, 7}, {3, 7}},
+    {0, 0, 0, {0, 1}, {0, 4}, {0, 2}, {0, 4}}, {1, 0, 0, {0, 1}, {1, 5}, {1, 3}, {1, 5}},
+    {0, 0, 1, {2, 3}, {2, 6}, {0, 2}, {2, 6}}, {1, 0, 1, {2, 3}, {3, 7}, {1, 3}, {3, 7}},
+    {0, 1, 0, {4, 5}, {0, 4}, {4, 6}, {0, 4}}, {1, 1, 0, {4, 5}, {1, 5}, {5, 7}, {1, 5}},
+    {0, 1, 1, {6, 7}, {2, 6}, {4, 6}, {2, 6}}, {1, 1, 1, {6, 7}, {3, 7}, {5, 7}, {3, 7}},
 };
 // Inside one node (intra link) or across nodes (inter), the same for every rank: TP and DP stay inside
 // a node, PP and the embedding group cross nodes.
@@ -76,7 +72,8 @@ void expect_members_agree(Communicator& g, const Ranks& want, const std::string&
   g.all_gather(list, lists, what + ": whose list");
   for (int i = 0; i < n; ++i) {
     EXPECT_EQ(all.data<int32_t>()[i], want[i]) << what << ": member " << i;
-    for (int q = 0; q < n; ++q) EXPECT_EQ(lists.data<int32_t>()[q * n + i], want[i]) << what << ": rank " << q << "'s list";
+    for (int q = 0; q < n; ++q)
+      EXPECT_EQ(lists.data<int32_t>()[q * n + i], want[i]) << what << ": rank " << q << "'s list";
   }
 }
 
@@ -139,7 +136,8 @@ TEST(RankGridMpi8, BadLayoutsAreRefusedOnEveryRank) {
   std::string msg = error_message([&] { RankGrid g(*world, 2, 2, 3); });
   EXPECT_TRUE(contains(msg, "tp 2 x pp 2 x dp 3 = 12 ranks, but the communicator has 8")) << msg;
   msg = error_message([&] { RankGrid g(*world, 2, 2, 2, r == 5 ? "tp-dp-ep" : "tp-dp-pp"); });
-  EXPECT_TRUE(contains(msg, r == 5 ? "order 'tp-dp-ep' is not a permutation" : "another rank refused its layout")) << msg;
+  EXPECT_TRUE(contains(msg, r == 5 ? "order 'tp-dp-ep' is not a permutation" : "another rank refused its layout"))
+      << msg;
   msg = error_message([&] { RankGrid g(*world, r == 3 ? 4 : 2, r == 3 ? 1 : 2, 2); });
   EXPECT_TRUE(contains(msg, "the ranks disagree on the layout (tp 2..4, pp 1..2, dp 2..2")) << msg;
   world->barrier();  // everyone is still here, and the communicator still works

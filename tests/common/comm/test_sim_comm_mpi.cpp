@@ -6,21 +6,21 @@
 // and mpi_main's own calls keep the wall clock. Every rank runs every collective; checks are EXPECT_.
 #include <gtest/gtest.h>
 
-#include <chrono>   // defines: std::chrono::milliseconds
+#include <chrono>  // defines: std::chrono::milliseconds
 #include <cstdint>
 #include <cstring>  // defines: std::memcmp
 #include <memory>
 #include <string>
-#include <thread>   // defines: std::this_thread::sleep_for
+#include <thread>  // defines: std::this_thread::sleep_for
 #include <vector>
 
-#include "expect_error.h"              // defines: error_message, contains
-#include "mpi_test.h"                  // defines: test::world
-#include "scalelab/comm/comm.h"        // defines: Communicator, make_communicator, LinkModel, Topology, CommEvent
-#include "scalelab/comm/host_values.h" // defines: broadcast_string
-#include "scalelab/core/bf16.h"        // defines: float_to_bf16
-#include "scalelab/core/clock.h"       // defines: VirtualClock
-#include "scalelab/core/tensor.h"      // defines: Tensor, DType, Device
+#include "expect_error.h"               // defines: error_message, contains
+#include "mpi_test.h"                   // defines: test::world
+#include "scalelab/comm/comm.h"         // defines: Communicator, make_communicator, LinkModel, Topology, CommEvent
+#include "scalelab/comm/host_values.h"  // defines: broadcast_string
+#include "scalelab/core/bf16.h"         // defines: float_to_bf16
+#include "scalelab/core/clock.h"        // defines: VirtualClock
+#include "scalelab/core/tensor.h"       // defines: Tensor, DType, Device
 
 namespace {
 
@@ -104,7 +104,7 @@ TEST(SimComm, CollectiveStartsAtTheLatestMemberAndEndsAfterTheLink) {
   VirtualTime vt;
   auto sim = sim_world();
   const int r = sim->rank(), n = sim->size();
-  Tensor d = to_sim(ragged(1000, r));  // 4000 bytes
+  Tensor d = to_sim(ragged(1000, r));              // 4000 bytes
   VirtualClock::get().advance_compute(0.010 * r);  // rank r issues at 10 r ms
   WorkPtr w = sim->all_reduce_async(d, ReduceOp::Sum, "late members");
   w->wait();
@@ -250,8 +250,8 @@ TEST(SimComm, ResultsEqualTheMpiBackendBitForBit) {
         Tensor h = ragged(count, r, dt), d = to_sim(h);
         mpi.all_reduce(h, op, "mpi");
         sim->all_reduce(d, op, "sim");
-        EXPECT_TRUE(same_bytes(h, to_host(d))) << "all_reduce " << scalelab::reduce_op_name(op) << " of " << count
-                                               << " " << scalelab::dtype_name(dt);
+        EXPECT_TRUE(same_bytes(h, to_host(d)))
+            << "all_reduce " << scalelab::reduce_op_name(op) << " of " << count << " " << scalelab::dtype_name(dt);
       }
       Tensor in = ragged(count * n, r, dt), out = Tensor::empty({count}, dt), d_out = to_sim(out);
       mpi.reduce_scatter(in, out, ReduceOp::Sum, "mpi");
@@ -347,7 +347,7 @@ TEST(SimComm, SplitGivesSimGroupsWithTheirTopologysLink) {
   t.intra = LinkModel::preset("nvlink");
   t.inter = round_link();
   sim->set_topology(t);
-  std::unique_ptr<Communicator> pairs = sim->split(r / 2, r, "pairs");  // within a node
+  std::unique_ptr<Communicator> pairs = sim->split(r / 2, r, "pairs");    // within a node
   std::unique_ptr<Communicator> across = sim->split(r % 2, r, "across");  // across nodes when n = 4
   EXPECT_EQ(pairs->backend(), "sim");
   EXPECT_EQ(pairs->name(), "pairs");

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "expect_error.h"        // defines: error_message, contains
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory, MemStats
 #include "scalelab/core/error.h"      // defines: OutOfMemory
 #include "scalelab/core/tensor.h"     // defines: Tensor, DType
@@ -127,9 +127,9 @@ TEST(AllocatorCache, AllocatedCountsStayTheBytesAskedForAndReservedHoldsTheClass
   alloc.reset_peak();
   const MemStats s0 = alloc.stats();
   {
-    Tensor params = Tensor::empty({1001}, DType::F32, Device::CPU, MemCategory::Params);     // 4004 -> 4096
-    Tensor grads = Tensor::zeros({3, 7}, DType::BF16, Device::CPU, MemCategory::Grads);      // 42 -> 512
-    Tensor acts = Tensor::empty({5}, DType::I32, Device::CPU, MemCategory::Activations);     // 20 -> 512
+    Tensor params = Tensor::empty({1001}, DType::F32, Device::CPU, MemCategory::Params);  // 4004 -> 4096
+    Tensor grads = Tensor::zeros({3, 7}, DType::BF16, Device::CPU, MemCategory::Grads);   // 42 -> 512
+    Tensor acts = Tensor::empty({5}, DType::I32, Device::CPU, MemCategory::Activations);  // 20 -> 512
     const MemStats s1 = alloc.stats();
     EXPECT_EQ(current(s1, MemCategory::Params) - current(s0, MemCategory::Params), 4004);
     EXPECT_EQ(current(s1, MemCategory::Grads) - current(s0, MemCategory::Grads), 42);
@@ -152,7 +152,7 @@ TEST(AllocatorCache, EmptyCacheReturnsReservedToTheBlocksInUse) {
   CachingGuard caching;
   Allocator& alloc = cpu_allocator();
   const MemStats s0 = alloc.stats();
-  Tensor kept = Tensor::empty({300}, DType::F32, Device::CPU, MemCategory::Activations);  // 1200 -> 1536
+  Tensor kept = Tensor::empty({300}, DType::F32, Device::CPU, MemCategory::Activations);              // 1200 -> 1536
   { Tensor freed = Tensor::empty({3 * kMiB / 4}, DType::F32, Device::CPU, MemCategory::Workspace); }  // 3 MiB -> 4 MiB
   const MemStats s1 = alloc.stats();
   EXPECT_EQ(s1.reserved_bytes - s0.reserved_bytes, 1536 + 4 * static_cast<int64_t>(kMiB));
@@ -174,7 +174,7 @@ TEST(AllocatorCache, TurningCachingOffEmptiesTheCacheAndBlocksInUseGoBackWhenFre
   Tensor in_use;
   {
     CachingGuard caching;
-    in_use = Tensor::empty({250}, DType::F32, Device::CPU, MemCategory::Other);  // 1000 -> 1024
+    in_use = Tensor::empty({250}, DType::F32, Device::CPU, MemCategory::Other);           // 1000 -> 1024
     { Tensor freed = Tensor::empty({10}, DType::F32, Device::CPU, MemCategory::Other); }  // 40 -> 512, cached
     EXPECT_EQ(alloc.stats().reserved_bytes - s0.reserved_bytes, 1024 + 512);
   }  // caching off: the cached 512 go back
@@ -224,14 +224,15 @@ TEST(AllocatorCache, CapAppliesToAllocatedBytesAndARefusalCountsNothing) {
   Allocator& alloc = cpu_allocator();
   alloc.reset_peak();
   const MemStats s0 = alloc.stats();
-  CapGuard cap(s0.total_current_bytes + 10000);  // bytes: 10000 of headroom
+  CapGuard cap(s0.total_current_bytes + 10000);                                              // bytes: 10000 of headroom
   { Tensor t = Tensor::empty({4500}, DType::BF16, Device::CPU, MemCategory::Activations); }  // 9000 -> 9216, cached
   Tensor again = Tensor::empty({4500}, DType::BF16, Device::CPU, MemCategory::Activations);  // from the cache
   const MemStats s1 = alloc.stats();
   EXPECT_EQ(s1.raw_alloc_count - s0.raw_alloc_count, 1);
 
-  const std::string msg = error_message<scalelab::OutOfMemory>(
-      [&] { alloc.allocate(2000, MemCategory::Activations); });  // 11000 in use would pass the cap
+  const std::string msg = error_message<scalelab::OutOfMemory>([&] {
+    alloc.allocate(2000, MemCategory::Activations);
+  });  // 11000 in use would pass the cap
   EXPECT_TRUE(contains(msg, "cap")) << msg;
   const MemStats s2 = alloc.stats();
   EXPECT_EQ(s2.total_current_bytes, s1.total_current_bytes);
@@ -260,8 +261,9 @@ TEST(AllocatorCache, RefusedSystemAllocationEmptiesTheCacheAndRetriesOnce) {
   EXPECT_EQ(s1.total_current_bytes - s0.total_current_bytes, 3000);
 
   t3 = Tensor();  // cached: 3072 reserved
-  const std::string msg = error_message<scalelab::OutOfMemory>(
-      [&] { alloc.allocate(8 * kKiB, MemCategory::Comm); });  // 8 KiB > 4 KiB even with the cache empty
+  const std::string msg = error_message<scalelab::OutOfMemory>([&] {
+    alloc.allocate(8 * kKiB, MemCategory::Comm);
+  });  // 8 KiB > 4 KiB even with the cache empty
   EXPECT_TRUE(contains(msg, "refused")) << msg;
   EXPECT_TRUE(contains(msg, "3072 cached bytes")) << msg;
   const MemStats s2 = alloc.stats();

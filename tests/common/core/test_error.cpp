@@ -9,9 +9,9 @@
 #include <string>
 #include <type_traits>
 
-#include "expect_error.h"  // defines: error_message, contains
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/error.h"      // defines: Error, NotImplemented, SL_CHECK, SL_CHECK_HINT, SL_FAIL
-#include "scalelab/model/gpt2.h"       // defines: GPTConfig
+#include "scalelab/model/gpt2.h"      // defines: GPTConfig
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace {
@@ -56,7 +56,7 @@ class ScopedEnv {
 TEST(Error, CheckReportHasValuesFileLineFunctionAndStatement) {
   EXPECT_NO_THROW(check_heads(768, 12));
   const std::string msg = error_message([] { check_heads(100, 3); });
-  EXPECT_EQ(msg.rfind("[scalelab] check failed", 0), 0u) << msg;  // the block starts with what failed
+  EXPECT_EQ(msg.rfind("[scalelab] check failed", 0), 0u) << msg;     // the block starts with what failed
   EXPECT_TRUE(contains(msg, "C=100 not divisible by NH=3")) << msg;  // the formatted values
   EXPECT_TRUE(contains(msg, "test_error.cpp:" + std::to_string(kCheckLine))) << msg;
   EXPECT_TRUE(contains(msg, "check_heads")) << msg;  // the function
@@ -83,8 +83,14 @@ TEST(Error, FailThrowsWithMessageAndHint) {
 // The condition is evaluated once, and the message is formatted only when the check fails.
 TEST(Error, CheckEvaluatesItsConditionOnceAndFormatsOnlyOnFailure) {
   int evaluations = 0, formats = 0;
-  auto cond = [&] { ++evaluations; return true; };
-  auto value = [&] { ++formats; return 1; };
+  auto cond = [&] {
+    ++evaluations;
+    return true;
+  };
+  auto value = [&] {
+    ++formats;
+    return 1;
+  };
   SL_CHECK(cond(), "value %d", value());
   EXPECT_EQ(evaluations, 1);
   EXPECT_EQ(formats, 0);
@@ -112,9 +118,8 @@ TEST(Error, ErrorTypesFormOneHierarchy) {
 }
 
 TEST(Error, NotImplementedCarriesItsTodoId) {
-  const std::string msg = error_message<scalelab::NotImplemented>([] {
-    throw scalelab::NotImplemented("lab01-2 flops_per_token");
-  });
+  const std::string msg =
+      error_message<scalelab::NotImplemented>([] { throw scalelab::NotImplemented("lab01-2 flops_per_token"); });
   EXPECT_TRUE(contains(msg, "not implemented: lab01-2 flops_per_token")) << msg;
   EXPECT_TRUE(contains(msg, "TODO(lab01-2)")) << "the hint names the fence to fill in:\n" << msg;
   // ... and the file of the throw, relative to the repository (a learner looks there, not in a header)

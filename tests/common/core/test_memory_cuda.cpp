@@ -51,7 +51,10 @@ TEST(AllocatorCache, CudaFreeIsCachedAndTheNextSameClassRequestReusesIt) {
   Allocator& alloc = Allocator::get(Device::CUDA);
   if (!alloc.caching()) GTEST_SKIP() << "SL_NO_MEMORY_CACHING=1 turned caching off";
   void* block = nullptr;
-  { Tensor d_a = Tensor::empty({3 * kMiB}, DType::F32, Device::CUDA, MemCategory::Activations); block = d_a.raw(); }
+  {
+    Tensor d_a = Tensor::empty({3 * kMiB}, DType::F32, Device::CUDA, MemCategory::Activations);
+    block = d_a.raw();
+  }
   const MemStats s0 = alloc.stats();
   Tensor d_b = Tensor::empty({3 * kMiB - 100}, DType::F32, Device::CUDA, MemCategory::Activations);  // same class
   const MemStats s1 = alloc.stats();

@@ -6,13 +6,13 @@
 #include <cstring>
 #include <string>
 
-#include "expect_error.h"                 // defines: error_message, contains
-#include "scalelab/core/allocator.h"      // defines: Allocator, Device
-#include "scalelab/core/clock.h"          // defines: VirtualClock, clock_is_virtual
-#include "scalelab/core/error.h"          // defines: Error, OutOfMemory
-#include "scalelab/core/precision.h"      // defines: PrecisionPolicy
-#include "scalelab/core/sim_gpu.h"        // defines: GpuModel, sim_gpu_set, sim_gpu, sim_gpu_clear
-#include "scalelab/core/tensor.h"         // defines: Tensor, DeviceCodeScope
+#include "expect_error.h"                  // defines: error_message, contains
+#include "scalelab/core/allocator.h"       // defines: Allocator, Device
+#include "scalelab/core/clock.h"           // defines: VirtualClock, clock_is_virtual
+#include "scalelab/core/error.h"           // defines: Error, OutOfMemory
+#include "scalelab/core/precision.h"       // defines: PrecisionPolicy
+#include "scalelab/core/sim_gpu.h"         // defines: GpuModel, sim_gpu_set, sim_gpu, sim_gpu_clear
+#include "scalelab/core/tensor.h"          // defines: Tensor, DeviceCodeScope
 #include "scalelab/measure/calibration.h"  // defines: datasheet_peak, device_peak (the MFU peaks)
 
 namespace scalelab {
@@ -35,7 +35,7 @@ GpuModel round_gpu() {
   GpuModel m = GpuModel::preset("h100");
   m.launch_s = 0.25;
   m.hbm_bytes_per_s = 1024;
-  m.eff_memory = 0.5;        // 512 bytes/s achieved
+  m.eff_memory = 0.5;  // 512 bytes/s achieved
   m.host_link_bytes_per_s = 64;
   return m;
 }
@@ -67,9 +67,10 @@ TEST(SimGpu, PresetsCarryTheirFiguresAndTheirLinks) {
 // The peaks are the MFU table's (common/src/measure/calibration.cpp): a simulated MFU and a real one on the
 // same GPU divide by the same number.
 TEST(SimGpu, PeaksAreTheDatasheetTableOfTheMfuPeaks) {
-  const std::pair<const char*, const char*> devices[] = {
-      {"h100", "NVIDIA H100 80GB HBM3"}, {"h200", "NVIDIA H200"}, {"a100", "NVIDIA A100-SXM4-80GB"},
-      {"rtx4090", "NVIDIA GeForce RTX 4090"}};
+  const std::pair<const char*, const char*> devices[] = {{"h100", "NVIDIA H100 80GB HBM3"},
+                                                         {"h200", "NVIDIA H200"},
+                                                         {"a100", "NVIDIA A100-SXM4-80GB"},
+                                                         {"rtx4090", "NVIDIA GeForce RTX 4090"}};
   for (const auto& [name, cuda_name] : devices) {
     const auto entry = datasheet_peak(cuda_name);
     ASSERT_TRUE(entry.has_value()) << cuda_name;

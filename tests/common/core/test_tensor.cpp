@@ -13,12 +13,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "expect_error.h"  // defines: error_message, contains
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory, MemStats, mem_category_name
 #include "scalelab/core/bf16.h"       // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/core/device.h"     // defines: built_with_cuda
 #include "scalelab/core/error.h"      // defines: Error, OutOfMemory
-#include "scalelab/ops/ops.h"        // defines: cast (fp32 <-> bf16 tensors)
+#include "scalelab/ops/ops.h"         // defines: cast (fp32 <-> bf16 tensors)
 #include "scalelab/core/tensor.h"     // defines: Tensor, DType, Shape, shape_str
 
 namespace {
@@ -69,8 +69,8 @@ TEST(Allocator, CountsCurrentAndPeakBytesPerCategoryExactly) {
   alloc.reset_peak();  // peak := current, so below peak delta == current delta while nothing is freed
   const MemStats s0 = alloc.stats();
   std::vector<int64_t> want(kNumCat, 0);
-  want[static_cast<int>(MemCategory::Params)] = 1001 * 4;     // (1001,) f32
-  want[static_cast<int>(MemCategory::Grads)] = 3 * 7 * 2;     // (3, 7) bf16
+  want[static_cast<int>(MemCategory::Params)] = 1001 * 4;    // (1001,) f32
+  want[static_cast<int>(MemCategory::Grads)] = 3 * 7 * 2;    // (3, 7) bf16
   want[static_cast<int>(MemCategory::Activations)] = 5 * 4;  // (5,) i32
   {
     Tensor params = Tensor::empty({1001}, DType::F32, Device::CPU, MemCategory::Params);
@@ -101,8 +101,8 @@ TEST(Allocator, RequestTheSystemRefusesThrowsAndLeavesCurrentAndPeakUnchanged) {
   Allocator& alloc = cpu_allocator();
   const MemStats s0 = alloc.stats();
   const size_t absurd = size_t{1} << 62;  // bytes (4 EiB): no machine grants it
-  const std::string msg = error_message<scalelab::OutOfMemory>(
-      [&] { alloc.allocate(absurd, MemCategory::Activations); });
+  const std::string msg =
+      error_message<scalelab::OutOfMemory>([&] { alloc.allocate(absurd, MemCategory::Activations); });
   EXPECT_TRUE(contains(msg, "refused")) << msg;
   const MemStats s1 = alloc.stats();
   EXPECT_EQ(s1.total_current_bytes, s0.total_current_bytes);
@@ -197,8 +197,9 @@ TEST(Allocator, AllocationBeyondCapThrowsOutOfMemoryNamingCategoryCountsAndHint)
 
   const MemStats before = alloc.stats();
   const int64_t would_be = before.total_current_bytes + 404;
-  const std::string msg = error_message<scalelab::OutOfMemory>(
-      [] { Tensor::empty({101}, DType::F32, Device::CPU, MemCategory::Grads); });  // 404 > the 400 left
+  const std::string msg = error_message<scalelab::OutOfMemory>([] {
+    Tensor::empty({101}, DType::F32, Device::CPU, MemCategory::Grads);
+  });  // 404 > the 400 left
   EXPECT_TRUE(contains(msg, "out of memory")) << msg;
   EXPECT_TRUE(contains(msg, "404 bytes for grads")) << msg;  // the request and its category
   EXPECT_TRUE(contains(msg, std::to_string(would_be) + " bytes in use")) << msg;
@@ -356,8 +357,8 @@ TEST(Bf16, RoundTripOfEveryRepresentableValueIsExact) {
 // The same through tensors and scalelab::cast, the path the model's bf16 parameters take.
 TEST(Bf16, TensorCastRoundTripOfRepresentableValuesIsExact) {
   // bf16 keeps 8 significant bits: 1 + 1/128 is representable, and so is the smallest subnormal 2^-133.
-  const std::vector<float> values = {0.0f, -0.0f, 1.0f, -2.5f, 0.15625f, std::ldexp(1.0f, -133),
-                                     65280.0f, -0.01953125f, 1.0f + 1.0f / 128.0f};
+  const std::vector<float> values = {
+      0.0f, -0.0f, 1.0f, -2.5f, 0.15625f, std::ldexp(1.0f, -133), 65280.0f, -0.01953125f, 1.0f + 1.0f / 128.0f};
   Tensor f = Tensor::empty({static_cast<int64_t>(values.size())});
   Tensor h = Tensor::empty(f.shape(), DType::BF16);
   Tensor back = Tensor::empty(f.shape());

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.h"             // defines: test::expect_error_containing
-#include "scalelab/core/error.h"      // defines: scalelab::Error
-#include "scalelab/core/tensor.h"     // defines: Tensor (load_batch)
-#include "scalelab/data/batch.h"      // defines: data::Batch, LoaderState, load_batch
-#include "scalelab/data/shard.h"      // defines: data::write_shard, read_shard_header, read_shard, list_shards, MappedShard
+#include "expect_error.h"          // defines: test::expect_error_containing
+#include "scalelab/core/error.h"   // defines: scalelab::Error
+#include "scalelab/core/tensor.h"  // defines: Tensor (load_batch)
+#include "scalelab/data/batch.h"   // defines: data::Batch, LoaderState, load_batch
+#include "scalelab/data/shard.h"  // defines: data::write_shard, read_shard_header, read_shard, list_shards, MappedShard
 #include "scalelab/data/tokenizer.h"  // defines: data::encode_bytes, decode_bytes
 
 namespace fs = std::filesystem;
@@ -85,13 +85,13 @@ TEST_F(ShardFileTest, HeaderIsLittleEndianAsDocumented) {
   std::vector<uint8_t> b(64 + 6);
   in.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(b.size()));
   EXPECT_EQ(std::string(b.begin(), b.begin() + 8), "SLSHARD1");
-  EXPECT_EQ(b[8], 1);    // version
-  EXPECT_EQ(b[12], 2);   // bytes_per_token
-  EXPECT_EQ(b[16], 0);   // vocab_size 256 = 0x100, little-endian
+  EXPECT_EQ(b[8], 1);   // version
+  EXPECT_EQ(b[12], 2);  // bytes_per_token
+  EXPECT_EQ(b[16], 0);  // vocab_size 256 = 0x100, little-endian
   EXPECT_EQ(b[17], 1);
-  EXPECT_EQ(b[24], 3);   // token_count
+  EXPECT_EQ(b[24], 3);  // token_count
   for (int i = 40; i < 64; ++i) EXPECT_EQ(b[i], 0) << "padding byte " << i;
-  EXPECT_EQ(b[64], 1);   // first token, low byte first
+  EXPECT_EQ(b[64], 1);  // first token, low byte first
   EXPECT_EQ(b[65], 0);
   const uint8_t body[6] = {1, 0, 2, 0, 3, 0};
   EXPECT_EQ(data::read_shard_header(path("h.bin")).checksum, data::fnv1a64(body, 6));
@@ -105,8 +105,11 @@ TEST(ShardFormat, Fnv1aMatchesPublishedTestVectors) {
 }
 
 TEST_F(ShardFileTest, WriteRejectsTokenOutsideVocabAndLeavesNoFile) {
-  expect_error_containing([&] { data::write_shard(path("bad.bin"), {1, 256}, 256); },
-                          {"token 256 at index 1", "vocab_size=256"});
+  expect_error_containing(
+      [&] {
+        data::write_shard(path("bad.bin"), {1, 256}, 256);
+      },
+      {"token 256 at index 1", "vocab_size=256"});
   EXPECT_FALSE(fs::exists(path("bad.bin")));
   EXPECT_FALSE(fs::exists(path("bad.bin.tmp")));
 }

@@ -85,8 +85,8 @@ TEST(Bottleneck, HealthyRunNamesNoCulprit) {
 
 TEST(Bottleneck, SlowLoaderAloneIsTheOnlyCulprit) {
   ScalingEvidence ev = healthy();
-  ev.multi_tokens_per_s = 14000;          // the lesson's 1.4x
-  ev.loader_alone_tokens_per_s = 12000;   // per rank: 1.22x what the model eats
+  ev.multi_tokens_per_s = 14000;         // the lesson's 1.4x
+  ev.loader_alone_tokens_per_s = 12000;  // per rank: 1.22x what the model eats
   ev.data_wait_share = 0.22;
   for (RankTiming& r : ev.ranks) r.data_wait_ms = 22.0;
   const Verdict v = scalelab::diagnose_scaling(ev);
@@ -373,7 +373,7 @@ TEST(Bottleneck, StragglerRatioThresholdEdges) {
 TEST(Bottleneck, CustomThresholdsAreHonored) {
   const ScalingEvidence ev = healthy();  // healthy under the defaults
   scalelab::VerdictThresholds strict;
-  strict.loader_headroom_min = 300;  // 214x is not enough now
+  strict.loader_headroom_min = 300;    // 214x is not enough now
   strict.straggler_ratio_max = 1.005;  // rank 1 computes 95 vs 94 ms: 1.011x
   const Verdict v = scalelab::diagnose_scaling(ev, strict);
   EXPECT_EQ(v.culprits(), (std::vector<std::string>{kLoader, kStraggler}));

@@ -13,7 +13,7 @@
 
 #include "scalelab/measure/calibration.h"
 #include "scalelab/core/error.h"
-#include "scalelab/ops/ops.h"        // defines: cpu::bf16_matmul_backend
+#include "scalelab/ops/ops.h"         // defines: cpu::bf16_matmul_backend
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 #include "scalelab/core/threads.h"
 
@@ -24,8 +24,8 @@ namespace {
 constexpr double kTinyBudgetS = 0.01;  // seconds: every shape is still timed once (after warm-up)
 
 std::string temp_dir(const char* tag) {
-  const std::string d = (fs::temp_directory_path() / (std::string("sl_test_calib_") + tag + "_" +
-                                                      std::to_string(::getpid()))).string();
+  const std::string d =
+      (fs::temp_directory_path() / (std::string("sl_test_calib_") + tag + "_" + std::to_string(::getpid()))).string();
   fs::remove_all(d);
   return d;
 }
@@ -64,7 +64,8 @@ TEST(Calibration, Bf16CalibrationTimesTheBf16MatmulAtTheForwardShapesWithItsOwnC
   EXPECT_EQ(c.blas_build, scalelab::cpu::bf16_matmul_backend());
   EXPECT_EQ(c.id.rfind("cpu-bf16gemm-", 0), 0u) << c.id;
   EXPECT_NE(c.source.find("calibrated bf16 matmul (" + c.blas_build + "), d12 forward shapes, 1 thread"),
-            std::string::npos) << c.source;
+            std::string::npos)
+      << c.source;
   std::printf("  bf16 matmul peak %.1f GFLOP/s (1 thread, tiny budget: indicative only), %s\n", c.flops_per_s / 1e9,
               c.blas_build.c_str());
 
@@ -145,8 +146,8 @@ TEST(Calibration, CacheMeasuredOnABusyMachineIsMeasuredAgain) {
 
 // The cache's quick check times one shape (calibrate_gemm's only_shape): every rank of every run pays for it.
 TEST(Calibration, OneShapeAloneIsTimedAndAnUnknownOneIsRefused) {
-  const scalelab::Calibration c = scalelab::calibrate_gemm(/*threads=*/1, kTinyBudgetS, scalelab::GemmKind::Fp32,
-                                                           "fc_forward");
+  const scalelab::Calibration c =
+      scalelab::calibrate_gemm(/*threads=*/1, kTinyBudgetS, scalelab::GemmKind::Fp32, "fc_forward");
   ASSERT_EQ(c.shapes.size(), 1u);
   EXPECT_EQ(c.shapes[0].name, "fc_forward");
   EXPECT_EQ(c.flops_per_s, c.shapes[0].flops_per_s);

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/allocator.h"         // defines: Allocator, MemCategory
-#include "scalelab/core/error.h"             // defines: Error
-#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, gpt2_unit_numel, gpt2_num_params
+#include "scalelab/core/allocator.h"            // defines: Allocator, MemCategory
+#include "scalelab/core/error.h"                // defines: Error
+#include "scalelab/model/gpt2.h"                // defines: GPT2, GPTConfig, gpt2_unit_numel, gpt2_num_params
 #include "scalelab/measure/memory_estimator.h"  // defines: zero_model_state_bytes, estimate_memory, ...
-#include "scalelab/core/precision.h"         // defines: PrecisionPolicy
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
 
 namespace {
 
@@ -166,8 +166,10 @@ TEST(MemoryEstimator, Stage3PrefetchAddsGatheredBlocksUpToL) {
   const PrecisionPolicy p = PrecisionPolicy::bf16_mixed();
   const MemoryEstimate base = scalelab::estimate_memory(cfg, 4, 3, p, kAdamW, 0, 0, 0);
   EXPECT_EQ(base.peak.params - base.persistent.params, 1 * 3280 * 2);
-  EXPECT_EQ(scalelab::estimate_memory(cfg, 4, 3, p, kAdamW, 1, 0, 0).peak.params - base.persistent.params, 2 * 3280 * 2);
-  EXPECT_EQ(scalelab::estimate_memory(cfg, 4, 3, p, kAdamW, 5, 0, 0).peak.params - base.persistent.params, 2 * 3280 * 2);
+  EXPECT_EQ(scalelab::estimate_memory(cfg, 4, 3, p, kAdamW, 1, 0, 0).peak.params - base.persistent.params,
+            2 * 3280 * 2);
+  EXPECT_EQ(scalelab::estimate_memory(cfg, 4, 3, p, kAdamW, 5, 0, 0).peak.params - base.persistent.params,
+            2 * 3280 * 2);
   // grads: unit 0 (1280) + two blocks (3280 + 3280), fp32
   EXPECT_EQ(base.peak.grads - base.persistent.grads, 4 * (1280 + 2 * 3280));
 }
@@ -225,8 +227,9 @@ TEST(MemoryEstimator, ActivationsEqualAllocatorAfterForwardBackward) {
     int B, T;
     PrecisionPolicy policy;
   };
-  for (const Case& c : {Case{"tiny", 2, 16, PrecisionPolicy::fp32()}, Case{"tiny", 3, 7, PrecisionPolicy::bf16_mixed()},
-                        Case{"demo", 2, 32, PrecisionPolicy::fp32()}, Case{"demo", 1, 64, PrecisionPolicy::bf16_mixed()}}) {
+  for (const Case& c :
+       {Case{"tiny", 2, 16, PrecisionPolicy::fp32()}, Case{"tiny", 3, 7, PrecisionPolicy::bf16_mixed()},
+        Case{"demo", 2, 32, PrecisionPolicy::fp32()}, Case{"demo", 1, 64, PrecisionPolicy::bf16_mixed()}}) {
     const GPTConfig cfg = GPTConfig::preset(c.preset);
     const int64_t before = activations_now();
     {
@@ -270,11 +273,11 @@ TEST(MemoryEstimator, ShardActivationsWithSetsInFlightEqualTheAllocator) {
   };
   const std::vector<ModelShard> shards = {
       ModelShard::dense(),
-      shard(1, 2, false, 0, -1, true, true),  // tp 2
-      shard(0, 4, true, 0, -1, true, true),   // tp 4, sequence parallel
-      shard(0, 1, false, 0, 1, true, false),  // pp: the first of two stages
-      shard(0, 1, false, 1, 2, false, false), // a middle stage
-      shard(1, 2, true, 2, 3, false, true),   // the last stage of tp 2 x pp 2, sequence parallel
+      shard(1, 2, false, 0, -1, true, true),   // tp 2
+      shard(0, 4, true, 0, -1, true, true),    // tp 4, sequence parallel
+      shard(0, 1, false, 0, 1, true, false),   // pp: the first of two stages
+      shard(0, 1, false, 1, 2, false, false),  // a middle stage
+      shard(1, 2, true, 2, 3, false, true),    // the last stage of tp 2 x pp 2, sequence parallel
   };
   const int B = 2, T = 32;
   for (const ModelShard& sh : shards) {
@@ -288,8 +291,7 @@ TEST(MemoryEstimator, ShardActivationsWithSetsInFlightEqualTheAllocator) {
             model.set_recompute(r);
             std::vector<scalelab::GPT2Activations> in_flight;
             for (int i = 0; i < sets; ++i) in_flight.push_back(model.make_activations(B, T));
-            EXPECT_EQ(activations_now() - before,
-                      scalelab::gpt2_activation_bytes(cfg, sh, B, T, sets, r, attention))
+            EXPECT_EQ(activations_now() - before, scalelab::gpt2_activation_bytes(cfg, sh, B, T, sets, r, attention))
                 << sh.str() << ", " << scalelab::attention_impl_name(attention) << ", recompute "
                 << scalelab::recompute_name(r) << ", " << sets << " sets";
           }
@@ -368,8 +370,8 @@ TEST(MemoryEstimator, BadArgumentsThrow) {
 
 TEST(MemoryEstimator, TablesPrintEveryRow) {
   const GPTConfig cfg = GPTConfig::preset("d24");
-  const std::string t = scalelab::format_memory_table(cfg, {1, 2, 4, 8}, {0, 1, 2, 3}, PrecisionPolicy::bf16_mixed(),
-                                                      kAdamW, 1, 4, 1024);
+  const std::string t =
+      scalelab::format_memory_table(cfg, {1, 2, 4, 8}, {0, 1, 2, 3}, PrecisionPolicy::bf16_mixed(), kAdamW, 1, 4, 1024);
   for (const char* s : {"0 DDP", "1 P_os", "2 P_os+g", "3 P_os+g+p", "GiB", "Korthikanti"})
     EXPECT_NE(t.find(s), std::string::npos) << s << " not in\n" << t;
   const std::string f = scalelab::format_fit_table(7e9, {0, 1, 2, 3}, PrecisionPolicy::bf16_mixed(), kAdamW, 80e9);

@@ -27,7 +27,8 @@ class MetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (fs::temp_directory_path() / ("sl_test_metrics_" + std::to_string(::getpid()) + "_" + info->name())).string();
+    dir_ =
+        (fs::temp_directory_path() / ("sl_test_metrics_" + std::to_string(::getpid()) + "_" + info->name())).string();
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -75,10 +76,10 @@ class MetricsTest : public ::testing::Test {
 };
 
 // Keys that are counts, ratios or nats and so carry no unit suffix (docs/log_schema.md, "Units").
-const std::set<std::string> kUnitless = {"step",      "loss",       "lr",         "tokens",      "mfu",
-                                         "grad_norm", "rank",       "world_size", "threads",     "cpu_cores",
-                                         "val_loss",  "steps",      "last_step",  "timed_steps", "mean_mfu",
-                                         "final_loss", "best_val_loss", "val_loss_start", "val_loss_end"};
+const std::set<std::string> kUnitless = {
+    "step",          "loss",           "lr",          "tokens", "mfu",       "grad_norm",   "rank",     "world_size",
+    "threads",       "cpu_cores",      "val_loss",    "steps",  "last_step", "timed_steps", "mean_mfu", "final_loss",
+    "best_val_loss", "val_loss_start", "val_loss_end"};
 
 bool has_unit_suffix(const std::string& key) {
   for (const char* suffix : {"_ms", "_s", "_bytes"}) {
@@ -146,16 +147,16 @@ TEST_F(MetricsTest, RunRecordHasTheKeysTheNotebooksRead) {
 
 TEST_F(MetricsTest, StepRecordHasRequiredKeysAndMemoryPerCategory) {
   // Hold some parameter bytes so the allocator counters are visibly non-zero.
-  scalelab::Tensor params = scalelab::Tensor::zeros({1024}, scalelab::DType::F32, scalelab::Device::CPU,
-                                                    scalelab::MemCategory::Params);
+  scalelab::Tensor params =
+      scalelab::Tensor::zeros({1024}, scalelab::DType::F32, scalelab::Device::CPU, scalelab::MemCategory::Params);
   RunLogger log("lab01", "r", 0, dir_);
   scalelab::StepRecord s = step_record(3, 120.0);
   s.extra = {{"bucket_mb", 25}, {"simulated", true}};
   log.log_step(s);
   const json step = read_records(log.path()).at(0);
-  for (const char* key : {"step", "loss", "lr", "tokens", "step_ms", "data_wait_ms", "comm_ms", "tokens_per_s", "mfu",
-                          "grad_norm", "memory_peak_bytes", "memory_current_bytes", "memory_reserved_bytes",
-                          "memory_reserved_peak_bytes"}) {
+  for (const char* key :
+       {"step", "loss", "lr", "tokens", "step_ms", "data_wait_ms", "comm_ms", "tokens_per_s", "mfu", "grad_norm",
+        "memory_peak_bytes", "memory_current_bytes", "memory_reserved_bytes", "memory_reserved_peak_bytes"}) {
     EXPECT_TRUE(step.contains(key)) << "step record lacks '" << key << "': " << step.dump();
   }
   for (int c = 0; c < scalelab::kNumMemCategories; ++c) {

@@ -134,8 +134,8 @@ TEST_F(CheckpointTest, TruncatedFileIsRefusedAndThePreviousOneIsNamed) {
   fs::resize_file(path, full / 2);
   const std::string msg = error_of([&] { CheckpointReader r(path); });
   EXPECT_CONTAINS(msg, "is truncated");
-  EXPECT_CONTAINS(msg, std::to_string(full));          // expected size ...
-  EXPECT_CONTAINS(msg, std::to_string(full / 2));      // ... and found size
+  EXPECT_CONTAINS(msg, std::to_string(full));      // expected size ...
+  EXPECT_CONTAINS(msg, std::to_string(full / 2));  // ... and found size
   EXPECT_CONTAINS(msg, "the previous one is " + scalelab::checkpoint_path(dir_, 100));
   EXPECT_CONTAINS(msg, "--resume");
 
@@ -223,7 +223,7 @@ TEST_F(CheckpointTest, PartialTempFileFromACrashLeavesThePreviousCheckpointIntac
 
   EXPECT_EQ(file_bytes(path), before);
   EXPECT_EQ(CheckpointReader(path).json("meta")["step"], 100);
-  EXPECT_EQ(scalelab::latest_checkpoint(dir_), path);  // tmp files are not checkpoints
+  EXPECT_EQ(scalelab::latest_checkpoint(dir_), path);       // tmp files are not checkpoints
   EXPECT_EQ(scalelab::remove_old_checkpoints(dir_, 1), 1);  // ... and the dead writer's tmp is cleaned up
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_TRUE(fs::exists(path));

@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.h"        // defines: error_message, contains
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/bf16.h"       // defines: bf16, round_to_bf16, bf16_to_float
 #include "scalelab/core/error.h"      // defines: Error
-#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig, ParamInfo, gpt2_param_table, gpt2_num_params
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig, ParamInfo, gpt2_param_table, gpt2_num_params
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
-#include "scalelab/model/sample.h"     // defines: sample_text
+#include "scalelab/model/sample.h"    // defines: sample_text
 #include "scalelab/core/threads.h"    // defines: set_num_threads, num_threads
 
 namespace {
@@ -52,11 +52,7 @@ Tensor random_tokens(int B, int T, int V, uint32_t seed) {
   return t;
 }
 
-int64_t current_bytes(MemCategory c) {
-  return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)];
-}
-
-
+int64_t current_bytes(MemCategory c) { return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)]; }
 
 // All values of one tensor as double (fp32 or bf16 storage).
 std::vector<double> values(const Tensor& t) {
@@ -158,7 +154,7 @@ TEST(Gpt2ParamTable, PresetCountsAreTheDocumentedOnes) {
     int64_t params;       // V = 256
     int64_t gpt2_params;  // the same shapes with V = 50257, in millions (rounded); 0: no GPT-2 size claimed
   };
-  const Want wants[] = {{"tiny", 7872, 0}, {"demo", 1878144, 0}, {"d12", 86039040, 124},
+  const Want wants[] = {{"tiny", 7872, 0},       {"demo", 1878144, 0},    {"d12", 86039040, 124},
                         {"d24", 303622144, 355}, {"d36", 710028800, 774}, {"d48", 1477609600, 1558}};
   for (const Want& w : wants) {
     GPTConfig cfg = GPTConfig::preset(w.preset);
@@ -179,8 +175,8 @@ TEST(Gpt2Hooks, FireInTheDocumentedOrder) {
   GPT2 model(tiny());
   std::vector<std::string> seen;
   std::vector<HookHandle> hooks;
-  for (const HookPoint p : {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward,
-                            HookPoint::AfterBackward})
+  for (const HookPoint p :
+       {HookPoint::BeforeForward, HookPoint::AfterForward, HookPoint::BeforeBackward, HookPoint::AfterBackward})
     hooks.push_back(model.add_hook(p, [&, p](const UnitHookArgs& a) {
       seen.push_back(std::string(hook_point_name(p)) + " " + std::to_string(a.unit));
     }));
@@ -231,7 +227,7 @@ TEST(Gpt2Hooks, ListsRunInOrderAndHandlesRemoveOnlyTheirOwn) {
 
   seen.clear();
   { HookHandle gone = std::move(first); }  // destroyed: removed
-  HookHandle moved = std::move(b);          // moved: still installed, now owned by `moved`
+  HookHandle moved = std::move(b);         // moved: still installed, now owned by `moved`
   EXPECT_FALSE(b.active());
   model.forward(tokens, nullptr);
   EXPECT_EQ(seen, (std::vector<std::string>{"b"}));

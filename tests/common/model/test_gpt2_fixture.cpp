@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "fixture.h"              // defines: Fixture, tensors_close
-#include "scalelab/model/gpt2.h"        // defines: GPT2, GPTConfig, ParamInfo
-#include "scalelab/model/optim.h"       // defines: Optimizer, OptimizerConfig
-#include "scalelab/core/precision.h"   // defines: PrecisionPolicy
+#include "fixture.h"                  // defines: Fixture, tensors_close
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig, ParamInfo
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace {
 
@@ -149,17 +149,16 @@ TEST(Gpt2Fixture, TenAdamWStepsMatchPyTorchLossesAndParams) {
   const float lr = a["lr"].get<float>();
   OptimizerConfig cfg;
   cfg.kind = OptimizerConfig::Kind::AdamW;
-  cfg.beta1 = a["beta1"].get<float>();         // 0.9
-  cfg.beta2 = a["beta2"].get<float>();         // 0.95
-  cfg.eps = a["eps"].get<float>();             // 1e-8
+  cfg.beta1 = a["beta1"].get<float>();                // 0.9
+  cfg.beta2 = a["beta2"].get<float>();                // 0.95
+  cfg.eps = a["eps"].get<float>();                    // 1e-8
   cfg.weight_decay = a["weight_decay"].get<float>();  // 0.1, where ParamInfo::decay
 
   GPT2 model = make_model();  // parameters loaded BEFORE the optimizer copies any state from them
   Optimizer opt(model, cfg);
   const std::vector<float> losses = train_on_fixture_batch(model, opt, lr, steps);
   EXPECT_EQ(opt.step_count(), steps);
-  EXPECT_TRUE(tensors_close("adamw losses", losses.data(), fixture().values({"adamw", "losses"}), kRtol,
-                            kLossAtol));
+  EXPECT_TRUE(tensors_close("adamw losses", losses.data(), fixture().values({"adamw", "losses"}), kRtol, kLossAtol));
 
   const double key_bias_bound = 1.02 * steps * lr;  // the most AdamW moves an undecayed parameter (above)
   const int C = model.config().n_embd;
@@ -183,8 +182,7 @@ TEST(Gpt2Fixture, TenAdamWStepsMatchPyTorchLossesAndParams) {
     for (int i = 0; i < C; ++i) {
       const double drift = std::fabs(h_p[C + i] - k[i]);
       max_drift = std::max(max_drift, drift);
-      EXPECT_LE(drift, key_bias_bound) << key << "[k] index " << i << ": actual " << h_p[C + i] << " expected "
-                                       << k[i];
+      EXPECT_LE(drift, key_bias_bound) << key << "[k] index " << i << ": actual " << h_p[C + i] << " expected " << k[i];
     }
     std::printf("  [fixture] %s[k]: max|a-b| = %.2e (noise bound 1.02*steps*lr = %.2e)\n", key.c_str(), max_drift,
                 key_bias_bound);
@@ -200,8 +198,7 @@ TEST(Gpt2Fixture, TenSgdStepsMatchPyTorchLosses) {
   cfg.weight_decay = s["weight_decay"].get<float>();  // 0
   GPT2 model = make_model();
   Optimizer opt(model, cfg);
-  const std::vector<float> losses =
-      train_on_fixture_batch(model, opt, s["lr"].get<float>(), s["steps"].get<int>());
+  const std::vector<float> losses = train_on_fixture_batch(model, opt, s["lr"].get<float>(), s["steps"].get<int>());
   EXPECT_TRUE(tensors_close("sgd losses", losses.data(), fixture().values({"sgd", "losses"}), kRtol, kLossAtol));
 }
 
@@ -231,11 +228,10 @@ TEST(Gpt2Fixture, Bf16MixedLossWithinRoundingBoundOfFp32) {
   }
   const double loss_fp32 = fixture().number("loss");
   const double bound = kBf16MaxRelRounding * sum_abs_wg + kRtol * loss_fp32;  // + the fp32 compute tolerance
-  std::printf("  [fixture] bf16 loss %.7f, fp32 loss %.7f, |diff| %.2e, first-order bound %.2e\n", loss_bf16,
-              loss_fp32, std::fabs(loss_bf16 - loss_fp32), bound);
+  std::printf("  [fixture] bf16 loss %.7f, fp32 loss %.7f, |diff| %.2e, first-order bound %.2e\n", loss_bf16, loss_fp32,
+              std::fabs(loss_bf16 - loss_fp32), bound);
   EXPECT_LE(std::fabs(loss_bf16 - loss_fp32), bound);
 
   const float h_loss = static_cast<float>(loss_bf16);
-  EXPECT_TRUE(tensors_close("loss_bf16_params", &h_loss, {fixture().number("loss_bf16_params")}, kRtol,
-                            kLossAtol));
+  EXPECT_TRUE(tensors_close("loss_bf16_params", &h_loss, {fixture().number("loss_bf16_params")}, kRtol, kLossAtol));
 }

@@ -11,15 +11,15 @@
 #include <random>
 #include <vector>
 
-#include "scalelab/core/allocator.h"  // defines: Allocator, Device
-#include "scalelab/core/clock.h"      // defines: VirtualClock
-#include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
-#include "scalelab/core/tensor.h"     // defines: Tensor
-#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, clip_grad_norm
-#include "scalelab/model/sample.h"    // defines: sample_text
+#include "scalelab/core/allocator.h"          // defines: Allocator, Device
+#include "scalelab/core/clock.h"              // defines: VirtualClock
+#include "scalelab/core/sim_gpu.h"            // defines: GpuModel, sim_gpu_set, sim_gpu_clear
+#include "scalelab/core/tensor.h"             // defines: Tensor
+#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"             // defines: Optimizer, OptimizerConfig, clip_grad_norm
+#include "scalelab/model/sample.h"            // defines: sample_text
 #include "scalelab/model/train_checkpoint.h"  // defines: save_train_checkpoint, load_train_checkpoint
-#include "scalelab/ops/op_cost.h"     // defines: op_seconds, op_cost::<op>
+#include "scalelab/ops/op_cost.h"             // defines: op_seconds, op_cost::<op>
 
 namespace scalelab {
 namespace {
@@ -54,7 +54,7 @@ struct Variant {
 struct StepResult {
   float loss = 0;
   std::vector<std::vector<uint8_t>> grads, params;  // per unit, after the step
-  double step_s = 0;                                 // virtual seconds of the second step (0 on CPU)
+  double step_s = 0;                                // virtual seconds of the second step (0 on CPU)
 };
 
 // Two training steps of the tiny model on `device` (zero_grad, forward from host tokens, backward, AdamW);
@@ -68,7 +68,8 @@ StepResult train(Device device, const GpuModel* gpu, const Variant& v = Variant{
   Optimizer opt(model, OptimizerConfig{});
   StepResult r;
   for (int step = 0; step < 2; ++step) {
-    const Tensor tokens = random_tokens(cfg.vocab_size, 100 + step), targets = random_tokens(cfg.vocab_size, 200 + step);
+    const Tensor tokens = random_tokens(cfg.vocab_size, 100 + step),
+                 targets = random_tokens(cfg.vocab_size, 200 + step);
     const double t0 = VirtualClock::get().compute_s();
     model.zero_grad();
     r.loss = model.forward(tokens, &targets);
@@ -215,7 +216,8 @@ TEST(Gpt2Sim, SamplingAndTrainCheckpointsWorkOnSim) {
   GPT2 cpu_model(cfg, PrecisionPolicy::fp32(), Device::CPU, /*seed=*/3);
   GPT2 sim_model(cfg, PrecisionPolicy::fp32(), Device::SIM, /*seed=*/3);
   Rng rng_cpu(11), rng_sim(11);
-  EXPECT_EQ(sample_text(sim_model, "In the beginning", 8, rng_sim), sample_text(cpu_model, "In the beginning", 8, rng_cpu));
+  EXPECT_EQ(sample_text(sim_model, "In the beginning", 8, rng_sim),
+            sample_text(cpu_model, "In the beginning", 8, rng_cpu));
 
   Optimizer opt(sim_model, OptimizerConfig{});
   TrainState state;

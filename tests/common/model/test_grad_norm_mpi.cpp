@@ -8,9 +8,9 @@
 #include <cmath>
 #include <random>
 
-#include "mpi_test.h"                // defines: test::world
-#include "scalelab/model/gpt2.h"     // defines: GPT2, ModelShard
-#include "scalelab/model/optim.h"    // defines: grad_norm, global_grad_norm, clip_grad_norm
+#include "mpi_test.h"              // defines: test::world
+#include "scalelab/model/gpt2.h"   // defines: GPT2, ModelShard
+#include "scalelab/model/optim.h"  // defines: grad_norm, global_grad_norm, clip_grad_norm
 
 namespace {
 

@@ -102,8 +102,8 @@ TEST(ModelShard, TwoStagesOneAfterTheOtherEqualTheWholeModel) {
   for (const GPT2* s : {&s0, &s1}) {
     for (const ParamInfo& p : s->param_table()) {
       if (p.name == "wte") continue;
-      EXPECT_TRUE(same_bits(s->grad(p.name), dense.grad(p.name))) << first_difference(p.name, s->grad(p.name),
-                                                                                       dense.grad(p.name));
+      EXPECT_TRUE(same_bits(s->grad(p.name), dense.grad(p.name)))
+          << first_difference(p.name, s->grad(p.name), dense.grad(p.name));
       ++compared;
     }
   }
@@ -111,8 +111,8 @@ TEST(ModelShard, TwoStagesOneAfterTheOtherEqualTheWholeModel) {
   const Tensor g0 = s0.grad("wte"), g1 = s1.grad("wte"), gd = dense.grad("wte");
   double worst = 0, scale = 0;
   for (int64_t i = 0; i < gd.numel(); ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(g0.data<float>()[i]) + g1.data<float>()[i] -
-                                      gd.data<float>()[i]));
+    worst = std::max(worst,
+                     std::fabs(static_cast<double>(g0.data<float>()[i]) + g1.data<float>()[i] - gd.data<float>()[i]));
     scale = std::max(scale, std::fabs(static_cast<double>(gd.data<float>()[i])));
   }
   constexpr double kReassociation = 1e-6;  // fp32: a few ulps of the largest element
@@ -143,10 +143,22 @@ TEST(ModelShard, StageHoldsOnlyItsUnits) {
 // (this base class) the result is the model without points, bit for bit.
 struct CountingPoints : TensorParallel {
   std::map<std::string, int> calls;
-  void f_forward(Tensor& x) override { ++calls["f_forward"]; TensorParallel::f_forward(x); }
-  void f_backward(Tensor& dx) override { ++calls["f_backward"]; TensorParallel::f_backward(dx); }
-  void g_forward(Tensor& y, const Tensor* bias) override { ++calls["g_forward"]; TensorParallel::g_forward(y, bias); }
-  void g_backward(Tensor& dy) override { ++calls["g_backward"]; TensorParallel::g_backward(dy); }
+  void f_forward(Tensor& x) override {
+    ++calls["f_forward"];
+    TensorParallel::f_forward(x);
+  }
+  void f_backward(Tensor& dx) override {
+    ++calls["f_backward"];
+    TensorParallel::f_backward(dx);
+  }
+  void g_forward(Tensor& y, const Tensor* bias) override {
+    ++calls["g_forward"];
+    TensorParallel::g_forward(y, bias);
+  }
+  void g_backward(Tensor& dy) override {
+    ++calls["g_backward"];
+    TensorParallel::g_backward(dy);
+  }
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) override {
     ++calls["embedding_forward"];
     TensorParallel::embedding_forward(out, tokens, wte, wpe);

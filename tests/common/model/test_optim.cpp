@@ -15,9 +15,9 @@
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/bf16.h"       // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/core/error.h"      // defines: Error
-#include "scalelab/model/gpt2.h"       // defines: GPT2, GPTConfig, ParamInfo
-#include "scalelab/model/optim.h"      // defines: Optimizer, OptimizerConfig, LRSchedule, clip_grad_norm, grad_norm,
-                                       //   scale_grads, clip_factor
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig, ParamInfo
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, LRSchedule, clip_grad_norm, grad_norm,
+                                      //   scale_grads, clip_factor
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace {
@@ -45,9 +45,7 @@ constexpr double kClipRtol = 1e-6;
 
 GPTConfig tiny() { return GPTConfig::preset("tiny"); }  // maxT=16, V=64, L=2, NH=2, C=16: 7872 params
 
-int64_t current_bytes(MemCategory c) {
-  return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)];
-}
+int64_t current_bytes(MemCategory c) { return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)]; }
 
 // Fills every gradient of the model with values uniform in [-scale, scale) from a fixed seed, and
 // returns their L2 norm computed here in double (the reference for grad_norm / clip_grad_norm).
@@ -81,7 +79,8 @@ std::vector<float> all_params(GPT2& model) {
   for (int u = 0; u < model.num_units(); ++u) {
     const Tensor& t = model.unit_params(u);
     for (int64_t i = 0; i < t.numel(); ++i)
-      out.push_back(t.dtype() == DType::F32 ? t.data<float>()[i] : scalelab::bf16_to_float(t.data<scalelab::bf16>()[i]));
+      out.push_back(t.dtype() == DType::F32 ? t.data<float>()[i]
+                                            : scalelab::bf16_to_float(t.data<scalelab::bf16>()[i]));
   }
   return out;
 }
@@ -101,7 +100,7 @@ TEST(LRSchedule, WarmupIsLinearFromMaxOverWarmupToMax) {
 
 TEST(LRSchedule, CosineStartsAtMaxHalvesAtTheMidpointAndReachesMinAtTotalSteps) {
   const LRSchedule s{1e-3f, 1e-4f, 10, 110};
-  EXPECT_NEAR(s.at(10), 1e-3f, kLrRtol * 1e-3f);  // the first decay step: cosine(0) = 1
+  EXPECT_NEAR(s.at(10), 1e-3f, kLrRtol * 1e-3f);                // the first decay step: cosine(0) = 1
   EXPECT_NEAR(s.at(60), (1e-3f + 1e-4f) / 2, kLrRtol * 1e-3f);  // progress 1/2: cos(pi/2) = 0
   EXPECT_EQ(s.at(110), 1e-4f);
   EXPECT_EQ(s.at(1000), 1e-4f);  // stays at min_lr after total_steps
@@ -235,8 +234,7 @@ TEST(Optimizer, KindFromNameListsTheAcceptedNames) {
 // Decay goes to matrices and embeddings (2-D), never to biases or layernorm parameters (1-D), as in
 // GPT-2/nanoGPT's optimizer groups.
 TEST(Optimizer, DecayFlagsMarkExactlyTheMatricesAndEmbeddings) {
-  for (const ParamInfo& p : scalelab::gpt2_param_table(tiny()))
-    EXPECT_EQ(p.decay, p.shape.size() == 2) << p.name;
+  for (const ParamInfo& p : scalelab::gpt2_param_table(tiny())) EXPECT_EQ(p.decay, p.shape.size() == 2) << p.name;
 }
 
 // With zero gradients AdamW's m and v stay 0 and its update m / (sqrt(v) + eps) is exactly 0, so one

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "expect_error.h"                     // defines: error_message, contains
-#include "scalelab/core/allocator.h"          // defines: Allocator, MemCategory
-#include "scalelab/core/error.h"              // defines: Error
-#include "scalelab/core/precision.h"          // defines: PrecisionPolicy
+#include "expect_error.h"                       // defines: error_message, contains
+#include "scalelab/core/allocator.h"            // defines: Allocator, MemCategory
+#include "scalelab/core/error.h"                // defines: Error
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
 #include "scalelab/measure/memory_estimator.h"  // defines: gpt2_activation_bytes
-#include "scalelab/model/gpt2.h"              // defines: GPT2, Recompute, GPT2Activations
+#include "scalelab/model/gpt2.h"                // defines: GPT2, Recompute, GPT2Activations
 
 namespace {
 
@@ -147,7 +147,8 @@ TEST(Recompute, ActivationBytesEqualTheFormulaInEveryMode) {
   };
   for (const Case& c : {Case{"tiny", 3, 16}, Case{"demo", 2, 64}}) {
     const GPTConfig cfg = GPTConfig::preset(c.preset);
-    const Tensor tokens = random_tokens(c.B, c.T, cfg.vocab_size, 8), targets = random_tokens(c.B, c.T, cfg.vocab_size, 9);
+    const Tensor tokens = random_tokens(c.B, c.T, cfg.vocab_size, 8),
+                 targets = random_tokens(c.B, c.T, cfg.vocab_size, 9);
     int64_t bytes[3];
     for (int m = 0; m < 3; ++m) {
       const int64_t before = activations_now();

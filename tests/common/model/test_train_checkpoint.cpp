@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "scalelab/core/error.h"
-#include "scalelab/core/rng.h"            // defines: Rng
-#include "scalelab/data/batch.h"          // defines: data::Batch, LoaderState
-#include "scalelab/data/shard.h"          // defines: data::write_shard, read_shard
+#include "scalelab/core/rng.h"    // defines: Rng
+#include "scalelab/data/batch.h"  // defines: data::Batch, LoaderState
+#include "scalelab/data/shard.h"  // defines: data::write_shard, read_shard
 #include "scalelab/model/checkpoint.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "close_to_scale.h"      // defines: close_to_scale (the kTol criterion)
-#include "expect_error.h"        // defines: error_message, contains
+#include "close_to_scale.h"           // defines: close_to_scale (the kTol criterion)
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
-#include "scalelab/ops/ops.h"        // defines: the Tensor-level ops and the scalelab::cpu:: twins under test
+#include "scalelab/ops/ops.h"         // defines: the Tensor-level ops and the scalelab::cpu:: twins under test
 #include "scalelab/core/tensor.h"     // defines: Tensor, DType, Shape
 #include "scalelab/core/threads.h"    // defines: num_threads, set_num_threads
 
@@ -63,11 +63,11 @@ struct AttShape {
   }
 };
 const AttShape kShapes[] = {
-    {3, 17, 36, 3},   // HS = 12, T = 17: a partial row block and one partial key tile
-    {2, 64, 64, 4},   // powers of two: whole blocks and tiles
-    {1, 130, 100, 4}, // HS = 25, T = 130: five key tiles, the last with 2 keys
-    {2, 1, 8, 2},     // T = 1: one row, one key
-    {1, 257, 48, 2},  // HS = 24, T = 257 = 8 * 32 + 1: a tile of one key at the end
+    {3, 17, 36, 3},    // HS = 12, T = 17: a partial row block and one partial key tile
+    {2, 64, 64, 4},    // powers of two: whole blocks and tiles
+    {1, 130, 100, 4},  // HS = 25, T = 130: five key tiles, the last with 2 keys
+    {2, 1, 8, 2},      // T = 1: one row, one key
+    {1, 257, 48, 2},   // HS = 24, T = 257 = 8 * 32 + 1: a tile of one key at the end
 };
 
 // n values uniform in [lo, hi) from a fixed seed (mt19937's sequence is fixed by the C++ standard).
@@ -77,7 +77,6 @@ std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi =
   for (auto& v : x) v = lo + (hi - lo) * static_cast<float>(gen() / 4294967296.0);
   return x;
 }
-
 
 // lse (B,NH,T) in double, straight from the definition: log sum_{s<=t} exp(q_t . k_s / sqrt(HS)),
 // with the max subtracted so that exp cannot overflow.
@@ -141,8 +140,7 @@ TEST(AttentionFlashCpu, BackwardMatchesMaterializedAttentionFromNonzeroGradients
     std::vector<float> f_out(n_out), lse(size_t(s.B) * s.NH * s.T);
     cpu::attention_forward_flash(f_out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     std::vector<float> got = dqkv0;
-    cpu::attention_backward_flash(got.data(), dout.data(), qkv.data(), f_out.data(), lse.data(), s.B, s.T, s.C,
-                                  s.NH);
+    cpu::attention_backward_flash(got.data(), dout.data(), qkv.data(), f_out.data(), lse.data(), s.B, s.T, s.C, s.NH);
     EXPECT_TRUE(close_to_scale("flash dqkv " + s.str(), got, want, kTol));
     // The increment alone (got - dqkv0 vs want - dqkv0): dqkv0 is O(1) and would hide a small wrong term.
     std::vector<float> d_got(n_qkv), d_want(n_qkv);
@@ -169,8 +167,8 @@ TEST(AttentionFlashCpu, IsBitIdenticalForAnyThreadCount) {
     lse[run].assign(size_t(s.B) * s.NH * s.T, 0.0f);
     dqkv[run].assign(n_qkv, 0.0f);
     cpu::attention_forward_flash(out[run].data(), lse[run].data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    cpu::attention_backward_flash(dqkv[run].data(), dout.data(), qkv.data(), out[run].data(), lse[run].data(), s.B,
-                                  s.T, s.C, s.NH);
+    cpu::attention_backward_flash(dqkv[run].data(), dout.data(), qkv.data(), out[run].data(), lse[run].data(), s.B, s.T,
+                                  s.C, s.NH);
   }
   scalelab::set_num_threads(threads_before);
   EXPECT_EQ(out[0], out[1]);

@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "close_to_scale.h"      // defines: close_to_scale (the kTol criterion)
-#include "expect_error.h"        // defines: error_message, contains
+#include "close_to_scale.h"           // defines: close_to_scale (the kTol criterion)
+#include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
-#include "scalelab/ops/twins.h"   // defines: the scalelab::cuda:: twins under test
+#include "scalelab/ops/twins.h"       // defines: the scalelab::cuda:: twins under test
 #include "scalelab/core/device.h"     // defines: SL_REQUIRE_GPU
 #include "scalelab/core/error.h"      // defines: scalelab::Error
-#include "scalelab/ops/ops.h"        // defines: the Tensor-level ops and the scalelab::cpu:: twins (the oracle)
+#include "scalelab/ops/ops.h"         // defines: the Tensor-level ops and the scalelab::cpu:: twins (the oracle)
 #include "scalelab/core/tensor.h"     // defines: Tensor, DType, Shape
 
 namespace {
@@ -60,13 +60,13 @@ struct AttShape {
   }
 };
 const AttShape kShapes[] = {
-    {3, 17, 36, 3},     // HS = 12: a partial row block and one partial key tile
-    {2, 64, 64, 4},     // powers of two: whole blocks and tiles
-    {1, 130, 100, 4},   // HS = 25: not a multiple of the warp; five key tiles, the last with 2 keys
-    {2, 1, 8, 2},       // T = 1: one row, one key; HS = 4 < the warp
-    {1, 257, 48, 2},    // T = 257 = 8 * 32 + 1: a last tile of one key
-    {2, 70, 256, 2},    // HS = 128: the limit, every lane's 4 channels in use
-    {1, 1024, 768, 12}, // GPT-2 d12's attention (HS = 64) at its context length, one sequence
+    {3, 17, 36, 3},      // HS = 12: a partial row block and one partial key tile
+    {2, 64, 64, 4},      // powers of two: whole blocks and tiles
+    {1, 130, 100, 4},    // HS = 25: not a multiple of the warp; five key tiles, the last with 2 keys
+    {2, 1, 8, 2},        // T = 1: one row, one key; HS = 4 < the warp
+    {1, 257, 48, 2},     // T = 257 = 8 * 32 + 1: a last tile of one key
+    {2, 70, 256, 2},     // HS = 128: the limit, every lane's 4 channels in use
+    {1, 1024, 768, 12},  // GPT-2 d12's attention (HS = 64) at its context length, one sequence
 };
 
 std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -90,7 +90,6 @@ std::vector<float> to_host(const Tensor& t) {
   h_t.copy_from(t);
   return std::vector<float>(h_t.data<float>(), h_t.data<float>() + h_t.numel());
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // The raw twins against the CPU twin
@@ -121,11 +120,10 @@ TEST(CudaAttentionFlash, BackwardAccumulatesAndMatchesCpuTwin) {
     std::vector<float> out(n_out), lse(n_lse);
     cpu::attention_forward_flash(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);  // saved by the forward
     std::vector<float> dqkv = uniform(qkv.size(), 54);  // earlier gradients: the += rule
-    Tensor d_dqkv = to_gpu(dqkv), d_dout = to_gpu(dout), d_qkv = to_gpu(qkv), d_out = to_gpu(out),
-           d_lse = to_gpu(lse);
+    Tensor d_dqkv = to_gpu(dqkv), d_dout = to_gpu(dout), d_qkv = to_gpu(qkv), d_out = to_gpu(out), d_lse = to_gpu(lse);
     cpu::attention_backward_flash(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
-    cuda::attention_backward_flash(d_dqkv.data<float>(), d_dout.data<float>(), d_qkv.data<float>(),
-                                   d_out.data<float>(), d_lse.data<float>(), s.B, s.T, s.C, s.NH);
+    cuda::attention_backward_flash(d_dqkv.data<float>(), d_dout.data<float>(), d_qkv.data<float>(), d_out.data<float>(),
+                                   d_lse.data<float>(), s.B, s.T, s.C, s.NH);
     EXPECT_TRUE(close_to_scale("cuda flash dqkv " + s.str(), to_host(d_dqkv), dqkv, kTol));
   }
 }
@@ -141,8 +139,8 @@ TEST(CudaAttentionFlash, BackwardIsBitIdenticalAcrossRuns) {
   std::vector<float> runs[2];
   for (auto& r : runs) {
     Tensor d_dqkv = to_gpu(std::vector<float>(n_out * 3, 0.0f));
-    cuda::attention_backward_flash(d_dqkv.data<float>(), d_dout.data<float>(), d_qkv.data<float>(),
-                                   d_out.data<float>(), d_lse.data<float>(), s.B, s.T, s.C, s.NH);
+    cuda::attention_backward_flash(d_dqkv.data<float>(), d_dout.data<float>(), d_qkv.data<float>(), d_out.data<float>(),
+                                   d_lse.data<float>(), s.B, s.T, s.C, s.NH);
     r = to_host(d_dqkv);
   }
   EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)));

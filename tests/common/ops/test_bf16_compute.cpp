@@ -16,17 +16,17 @@
 #include <utility>
 #include <vector>
 
-#include "expect_error.h"               // defines: error_message, contains
-#include "bit_identical.h"              // defines: bit_identical
-#include "scalelab/core/allocator.h"         // defines: Allocator, MemCategory
-#include "scalelab/core/bf16.h"              // defines: round_to_bf16
-#include "scalelab/core/error.h"             // defines: Error
-#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, ParamInfo, gpt2_unit_numel
+#include "expect_error.h"                       // defines: error_message, contains
+#include "bit_identical.h"                      // defines: bit_identical
+#include "scalelab/core/allocator.h"            // defines: Allocator, MemCategory
+#include "scalelab/core/bf16.h"                 // defines: round_to_bf16
+#include "scalelab/core/error.h"                // defines: Error
+#include "scalelab/model/gpt2.h"                // defines: GPT2, GPTConfig, ParamInfo, gpt2_unit_numel
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
-#include "scalelab/ops/ops.h"               // defines: matmul_forward(_bf16), matmul_backward(_bf16), cast
-#include "scalelab/model/optim.h"             // defines: Optimizer, OptimizerConfig
-#include "scalelab/core/precision.h"         // defines: PrecisionPolicy
-#include "scalelab/core/threads.h"           // defines: num_threads, set_num_threads
+#include "scalelab/ops/ops.h"                   // defines: matmul_forward(_bf16), matmul_backward(_bf16), cast
+#include "scalelab/model/optim.h"               // defines: Optimizer, OptimizerConfig
+#include "scalelab/core/precision.h"            // defines: PrecisionPolicy
+#include "scalelab/core/threads.h"              // defines: num_threads, set_num_threads
 
 namespace {
 
@@ -91,18 +91,15 @@ Tensor random_tokens(int B, int T, int V, uint32_t seed) {
   }
   if (misses == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": " << misses << " of " << want.size()
-                                       << " outside the fp32 tolerance, max abs error " << max_err << "\n" << report;
+                                       << " outside the fp32 tolerance, max abs error " << max_err << "\n"
+                                       << report;
 }
 ::testing::AssertionResult close_fp32(const std::string& what, const Tensor& got, const std::vector<double>& want) {
   return close_fp32(what, got.data<float>(), want);
 }
 
-int64_t current_bytes(MemCategory c) {
-  return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)];
-}
+int64_t current_bytes(MemCategory c) { return Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(c)]; }
 int64_t peak_bytes(MemCategory c) { return Allocator::get(Device::CPU).stats().peak_bytes[static_cast<int>(c)]; }
-
-
 
 GPTConfig tiny() { return GPTConfig::preset("tiny"); }  // maxT=16, V=64, L=2, NH=2, C=16
 
@@ -217,10 +214,12 @@ TEST(Bf16Compute, CpuOpMatchesTheCastSgemmOracleOnOddShapesAndOffsets) {
   uint32_t seed = 100;
   for (const Case& k : cases) {
     const int64_t N = k.N, C = k.C, OC = k.OC;
-    const std::string shape = "(N,C,OC)=(" + std::to_string(N) + "," + std::to_string(C) + "," + std::to_string(OC) + ")";
+    const std::string shape = "(N,C,OC)=(" + std::to_string(N) + "," + std::to_string(C) + "," + std::to_string(OC) +
+                              ")";
     // Buffers one or three elements longer than the view; each view starts at that offset.
     auto bf16_buffer = [&](int64_t n, int64_t offset) { return to_dtype(randn({n + offset}, seed++), DType::BF16); };
-    const Tensor inp_buf = bf16_buffer(N * C, 1), weight_buf = bf16_buffer(OC * C, 3), dout_buf = bf16_buffer(N * OC, 1);
+    const Tensor inp_buf = bf16_buffer(N * C, 1), weight_buf = bf16_buffer(OC * C, 3),
+                 dout_buf = bf16_buffer(N * OC, 1);
     const Tensor bias_buf = randn({OC + 1}, seed++);
     const bf16* inp = inp_buf.data<bf16>() + 1;        // (N,C)
     const bf16* weight = weight_buf.data<bf16>() + 3;  // (OC,C)
@@ -241,9 +240,11 @@ TEST(Bf16Compute, CpuOpMatchesTheCastSgemmOracleOnOddShapesAndOffsets) {
     }
 
     // Backward from nonzero gradients: the same starting values on both sides, outputs at offset 1.
-    const Tensor dinp0 = randn({N * C + 1}, seed++), dweight0 = randn({OC * C + 1}, seed++), dbias0 = randn({OC + 1}, seed++);
+    const Tensor dinp0 = randn({N * C + 1}, seed++), dweight0 = randn({OC * C + 1}, seed++),
+                 dbias0 = randn({OC + 1}, seed++);
     for (const bool all_outputs : {true, false}) {
-      Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32), dbias = to_dtype(dbias0, DType::F32);
+      Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32),
+             dbias = to_dtype(dbias0, DType::F32);
       Tensor dinp_ref = to_dtype(dinp0, DType::F32), dweight_ref = to_dtype(dweight0, DType::F32),
              dbias_ref = to_dtype(dbias0, DType::F32);
       auto at1 = [&](Tensor& t) { return all_outputs ? t.data<float>() + 1 : nullptr; };
@@ -279,7 +280,7 @@ TEST(Bf16Compute, CpuBackwardApartGivesTheBitsOfOneCall) {
   const Tensor weight = to_dtype(randn({OC, C}, 72), DType::BF16);
   const Tensor dinp0 = randn({N, C}, 73), dweight0 = randn({OC, C}, 74), dbias0 = randn({OC}, 75);
   auto ptr = [](Tensor* t) { return t != nullptr ? t->data<float>() : nullptr; };
-  using Backward = std::function<void(Tensor* dinp, Tensor* dweight, Tensor* dbias)>;
+  using Backward = std::function<void(Tensor * dinp, Tensor * dweight, Tensor * dbias)>;
   const std::pair<std::string, Backward> paths[] = {
       {"matmul_backward_bf16",
        [&](Tensor* dx, Tensor* dw, Tensor* db) { scalelab::matmul_backward_bf16(dx, dw, db, dout, inp, weight); }},
@@ -294,7 +295,8 @@ TEST(Bf16Compute, CpuBackwardApartGivesTheBitsOfOneCall) {
   };
   for (const auto& [name, backward] : paths) {
     // copies of the starting gradients (to_dtype to the same dtype copies)
-    Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32), dbias = to_dtype(dbias0, DType::F32);
+    Tensor dinp = to_dtype(dinp0, DType::F32), dweight = to_dtype(dweight0, DType::F32),
+           dbias = to_dtype(dbias0, DType::F32);
     backward(&dinp, &dweight, &dbias);  // one call: all three
     for (const bool b_first : {true, false}) {
       const std::string which = name + (b_first ? ", dinp first" : ", dweight and dbias first");
@@ -361,8 +363,8 @@ TEST(Bf16Compute, PolicyNamesAndWhereItIsRefused) {
   EXPECT_TRUE(contains(error_message([&] { GPT2 m(tiny(), odd); }), "need bf16 parameters"));
 
   // the memory estimator (lab 04, sl_memory) models fp32 and bf16-mixed only: a clear refusal, not numbers
-  const std::string msg = error_message(
-      [&] { scalelab::estimate_memory(tiny(), 1, 0, p, OptimizerConfig::Kind::AdamW, 0, 2, 16); });
+  const std::string msg =
+      error_message([&] { scalelab::estimate_memory(tiny(), 1, 0, p, OptimizerConfig::Kind::AdamW, 0, 2, 16); });
   EXPECT_TRUE(contains(msg, "bf16-compute is not modelled")) << msg;
   EXPECT_TRUE(contains(msg, "--precision fp32 and bf16")) << msg;
 }
@@ -384,19 +386,20 @@ TEST(Bf16Compute, PolicyNamesAndWhereItIsRefused) {
 //  loss (1e-5 relative, test_gpt2_fixture.cpp's kRtol), second-order terms u^2 smaller.
 TEST(Bf16Compute, TinyLossWithinRoundingBoundOfFp32AndBf16Mixed) {
   const Tensor tokens = random_tokens(4, 16, 64, 11), targets = random_tokens(4, 16, 64, 12);
-  GPT2 fp32(tiny(), PrecisionPolicy::fp32(), Device::CPU, 5), mixed(tiny(), PrecisionPolicy::bf16_mixed(),
-                                                                    Device::CPU, 5),
+  GPT2 fp32(tiny(), PrecisionPolicy::fp32(), Device::CPU, 5),
+      mixed(tiny(), PrecisionPolicy::bf16_mixed(), Device::CPU, 5),
       compute(tiny(), PrecisionPolicy::bf16_compute(), Device::CPU, 5);
   const double l_fp32 = loss_and_grads(fp32, tokens, targets), l_mixed = loss_and_grads(mixed, tokens, targets),
                l_compute = loss_and_grads(compute, tokens, targets);
   double s_w = 0;  // sum_i |w_i * dL/dw_i| of the fp32 model
   for (const ParamInfo& p : fp32.param_table()) {
     const Tensor w = fp32.param(p.name), g = fp32.grad(p.name);
-    for (int64_t i = 0; i < p.numel; ++i) s_w += std::fabs(static_cast<double>(w.data<float>()[i]) * g.data<float>()[i]);
+    for (int64_t i = 0; i < p.numel; ++i)
+      s_w += std::fabs(static_cast<double>(w.data<float>()[i]) * g.data<float>()[i]);
   }
   const double fp32_tol = 1e-5 * l_fp32;
-  std::printf("  [bf16-compute] loss fp32 %.7f, bf16-mixed %.7f, bf16-compute %.7f; u*S_w = %.2e\n", l_fp32,
-              l_mixed, l_compute, kBf16U * s_w);
+  std::printf("  [bf16-compute] loss fp32 %.7f, bf16-mixed %.7f, bf16-compute %.7f; u*S_w = %.2e\n", l_fp32, l_mixed,
+              l_compute, kBf16U * s_w);
   std::printf("  [bf16-compute] |compute - mixed| %.2e (bound %.2e), |compute - fp32| %.2e (bound %.2e)\n",
               std::fabs(l_compute - l_mixed), kBf16U * s_w + fp32_tol, std::fabs(l_compute - l_fp32),
               2 * kBf16U * s_w + fp32_tol);
@@ -468,7 +471,8 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
   const int threads_before = scalelab::num_threads();
   scalelab::set_num_threads(1);
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
-  const Tensor tokens = random_tokens(B, T, static_cast<int>(V), 41), targets = random_tokens(B, T, static_cast<int>(V), 42);
+  const Tensor tokens = random_tokens(B, T, static_cast<int>(V), 41),
+               targets = random_tokens(B, T, static_cast<int>(V), 42);
   const std::vector<int64_t> unit_numel = scalelab::gpt2_unit_numel(cfg);
   const int64_t block_bytes = unit_numel[1] * 4;  // an fp32 copy of one block (3280 floats here)
   // Largest scratch of one CPU bf16 matmul (forward or backward) over the model's shapes (C -> OC): qkv
@@ -477,7 +481,8 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
   // weight (OC,C) of the largest backward.
   const int64_t N = B * T;
   int64_t one_matmul_bytes = 0;
-  for (const auto& [c_in, c_out] : std::vector<std::pair<int64_t, int64_t>>{{C, 3 * C}, {C, C}, {4 * C, C}, {C, 4 * C}, {C, V}}) {
+  for (const auto& [c_in, c_out] :
+       std::vector<std::pair<int64_t, int64_t>>{{C, 3 * C}, {C, C}, {4 * C, C}, {C, 4 * C}, {C, V}}) {
     const Tensor x = Tensor::zeros({N, c_in}, DType::BF16), w = Tensor::zeros({c_out, c_in}, DType::BF16),
                  dy = Tensor::zeros({N, c_out}, DType::BF16), b = Tensor::zeros({c_out});
     Tensor y = Tensor::zeros({N, c_out}), dx = Tensor::zeros({N, c_in}), dw = Tensor::zeros({c_out, c_in}),
@@ -504,10 +509,11 @@ TEST(Bf16Compute, NoPerPassFp32CopyOfAWholeUnit) {
     extra[k] = peak_bytes(MemCategory::Workspace) - before;
     EXPECT_EQ(current_bytes(MemCategory::Workspace), before) << policies[k].name() << ": a pass leaks Workspace";
   }
-  std::printf("  [bf16-compute] Workspace peak above resting during a step: bf16-mixed %lld B, bf16-compute %lld B "
-              "(an fp32 block copy is %lld B; one bf16 matmul's scratch at most %lld B, backend %s)\n",
-              static_cast<long long>(extra[0]), static_cast<long long>(extra[1]), static_cast<long long>(block_bytes),
-              static_cast<long long>(one_matmul_bytes), scalelab::cpu::bf16_matmul_backend().c_str());
+  std::printf(
+      "  [bf16-compute] Workspace peak above resting during a step: bf16-mixed %lld B, bf16-compute %lld B "
+      "(an fp32 block copy is %lld B; one bf16 matmul's scratch at most %lld B, backend %s)\n",
+      static_cast<long long>(extra[0]), static_cast<long long>(extra[1]), static_cast<long long>(block_bytes),
+      static_cast<long long>(one_matmul_bytes), scalelab::cpu::bf16_matmul_backend().c_str());
   EXPECT_GE(extra[0], block_bytes) << "bf16-mixed copies a whole unit per pass (so the check below can see one)";
   EXPECT_LE(extra[1], one_matmul_bytes) << "bf16-compute should add only one matmul's scratch at a time (CPU twin)";
   EXPECT_LT(extra[1], block_bytes);

@@ -44,13 +44,11 @@ TEST(BlasKernel, SaysWhichKernelsAndWhoChoseThem) {
   // SL_BLAS_KERNEL_REPLACED beside another OPENBLAS_CORETYPE claims nothing).
   const char* asked = std::getenv("OPENBLAS_CORETYPE");
   const char* replaced = std::getenv("SL_BLAS_KERNEL_REPLACED");
-  const bool expect_replaced =
-      asked != nullptr && replaced != nullptr && strcasecmp(asked, openblas_get_corename()) == 0;
+  const bool expect_replaced = asked != nullptr && replaced != nullptr &&
+                               strcasecmp(asked, openblas_get_corename()) == 0;
   EXPECT_EQ(scalelab::cpu::blas_kernel_replaced(), expect_replaced);
-  if (expect_replaced)
-    EXPECT_NE(said.find(std::string("took this CPU for ") + replaced), std::string::npos) << said;
-  else
-    EXPECT_EQ(said, openblas_get_corename());
+  if (expect_replaced) EXPECT_NE(said.find(std::string("took this CPU for ") + replaced), std::string::npos) << said;
+  else EXPECT_EQ(said, openblas_get_corename());
 }
 
 // The re-execution itself, in a child of this test started without the variables (a script's export, as

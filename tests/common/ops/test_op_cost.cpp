@@ -74,8 +74,8 @@ TEST(OpCost, MaterializedAttentionCountsTheWholeSquareAndTheScoresRoundTrips) {
   expect_cost(op_cost::attention_forward(1, 4, 8, 2), 512, 4 * (4 * 32 + 4 * 32), 5, OpClass::Attention, DType::F32,
               "forward");
   // backward: 4 products (1024 FLOPs); bytes 4*(11X + 7A); 4 GEMMs per head + the softmax backward
-  expect_cost(op_cost::attention_backward(1, 4, 8, 2), 1024, 4 * (11 * 32 + 7 * 32), 9, OpClass::Attention,
-              DType::F32, "backward");
+  expect_cost(op_cost::attention_backward(1, 4, 8, 2), 1024, 4 * (11 * 32 + 7 * 32), 9, OpClass::Attention, DType::F32,
+              "backward");
 }
 
 TEST(OpCost, FlashAttentionCountsTheCausalPairsAndTheBackwardsRecomputation) {

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "bit_identical.h"         // defines: bit_identical
-#include "scalelab/core/bf16.h"    // defines: bf16, float_to_bf16, bf16_to_float
-#include "scalelab/core/error.h"   // defines: scalelab::Error
-#include "scalelab/ops/ops.h"     // defines: the ops under test, scalelab:: (Tensor) and scalelab::cpu:: (pointers)
-#include "scalelab/core/tensor.h"  // defines: Tensor, Shape
+#include "bit_identical.h"          // defines: bit_identical
+#include "scalelab/core/bf16.h"     // defines: bf16, float_to_bf16, bf16_to_float
+#include "scalelab/core/error.h"    // defines: scalelab::Error
+#include "scalelab/ops/ops.h"       // defines: the ops under test, scalelab:: (Tensor) and scalelab::cpu:: (pointers)
+#include "scalelab/core/tensor.h"   // defines: Tensor, Shape
 #include "scalelab/core/threads.h"  // defines: num_threads, set_num_threads
 
 namespace {
@@ -71,8 +71,8 @@ Vec to_double(const std::vector<float>& x) { return Vec(x.begin(), x.end()); }
 
 // Compares got (n fp32 values from the op) with want (n double reference values).
 // On failure: the first 5 differing indices with both values, then the max abs and rel error (docs/style.md 29).
-::testing::AssertionResult all_close(const char* what, const float* got, const double* want, size_t n,
-                                     double atol, double rtol) {
+::testing::AssertionResult all_close(const char* what, const float* got, const double* want, size_t n, double atol,
+                                     double rtol) {
   size_t num_bad = 0;
   double max_abs = 0.0, max_rel = 0.0;
   std::string first_bad;
@@ -81,7 +81,7 @@ Vec to_double(const std::vector<float>& x) { return Vec(x.begin(), x.end()); }
     const double rel = err / std::max(std::fabs(want[i]), 1e-30);
     max_abs = std::max(max_abs, err);
     if (std::fabs(want[i]) > atol) max_rel = std::max(max_rel, rel);  // rel error of tiny values means little
-    if (!(err <= atol + rtol * std::fabs(want[i]))) {                  // written so that NaN fails
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {                 // written so that NaN fails
       if (num_bad < 5)
         first_bad += "\n    [" + std::to_string(i) + "] got " + std::to_string(got[i]) + " want " +
                      std::to_string(want[i]) + " (abs err " + std::to_string(err) + ")";
@@ -90,8 +90,10 @@ Vec to_double(const std::vector<float>& x) { return Vec(x.begin(), x.end()); }
   }
   if (num_bad == 0) return ::testing::AssertionSuccess();
   char summary[256];
-  std::snprintf(summary, sizeof summary, "%s: %zu of %zu elements differ (atol %.1e, rtol %.1e); max abs err %.3e, "
-                "max rel err %.3e; first ones:", what, num_bad, n, atol, rtol, max_abs, max_rel);
+  std::snprintf(summary, sizeof summary,
+                "%s: %zu of %zu elements differ (atol %.1e, rtol %.1e); max abs err %.3e, "
+                "max rel err %.3e; first ones:",
+                what, num_bad, n, atol, rtol, max_abs, max_rel);
   return ::testing::AssertionFailure() << summary << first_bad;
 }
 ::testing::AssertionResult all_close(const char* what, const std::vector<float>& got, const Vec& want, double atol,
@@ -159,14 +161,12 @@ Vec ref_encoder(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& w
   Vec out(static_cast<size_t>(B) * T * C);
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++)
-      for (int c = 0; c < C; c++)
-        out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+      for (int c = 0; c < C; c++) out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
   return out;
 }
 
 // LayerNorm rows of inp (N,C): (x - mean) / sqrt(var + 1e-5) * w + b; mean, rstd (N) returned if asked.
-Vec ref_layernorm(const Vec& inp, const Vec& w, const Vec& b, int N, int C, Vec* mean = nullptr,
-                  Vec* rstd = nullptr) {
+Vec ref_layernorm(const Vec& inp, const Vec& w, const Vec& b, int N, int C, Vec* mean = nullptr, Vec* rstd = nullptr) {
   Vec out(inp.size());
   for (int i = 0; i < N; i++) {
     double m = 0.0, var = 0.0;
@@ -224,9 +224,7 @@ Vec ref_attention(const Vec& qkv, int B, int T, int C, int NH, Vec* att_out = nu
   return out;
 }
 
-double ref_gelu(double x) {
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+double ref_gelu(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 // Cross-entropy rows of logits (N,V): losses (N) = -log softmax(logits)[target]; probs (N,V) if asked.
 Vec ref_crossentropy(const Vec& logits, const std::vector<int32_t>& targets, int N, int V, Vec* probs = nullptr) {
@@ -266,8 +264,7 @@ TEST(OpsCpu, EncoderForwardMatchesReference) {
   auto wte = uniform(V * C, 1), wpe = uniform(maxT * C, 2);
   std::vector<float> out(N * C);
   scalelab::cpu::encoder_forward(out.data(), kTokens.data(), wte.data(), wpe.data(), B, T, C);
-  EXPECT_TRUE(all_close("out", out, ref_encoder(kTokens, to_double(wte), to_double(wpe), B, T, C), kFwdAtol,
-                        kFwdRtol));
+  EXPECT_TRUE(all_close("out", out, ref_encoder(kTokens, to_double(wte), to_double(wpe), B, T, C), kFwdAtol, kFwdRtol));
 }
 
 TEST(OpsCpu, EncoderBackwardMatchesFiniteDifferences) {
@@ -301,8 +298,8 @@ TEST(OpsCpu, LayerNormBackwardMatchesFiniteDifferences) {
   std::vector<float> out(N * C), mean(N), rstd(N);
   scalelab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
   std::vector<float> dinp(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
-  scalelab::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
-                                    mean.data(), rstd.data(), N, C);
+  scalelab::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                                    rstd.data(), N, C);
   const Vec x = to_double(inp), wd = to_double(w), bd = to_double(b);
   auto loss_of_inp = [&](const Vec& v) { return dot(ref_layernorm(v, wd, bd, N, C), dout); };
   auto loss_of_w = [&](const Vec& v) { return dot(ref_layernorm(x, v, bd, N, C), dout); };
@@ -343,8 +340,8 @@ TEST(OpsCpu, LayerNormBackwardOverManyRowsAddsTheFormulasSumsOnAnyThreadCount) {
     dinp.assign(kN * kC, 0.0f);
     dw.assign(kC, 0.5f);  // the op adds to what is there
     db.assign(kC, -0.25f);
-    scalelab::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
-                                      mean.data(), rstd.data(), kN, kC);
+    scalelab::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                                      rstd.data(), kN, kC);
     scalelab::set_num_threads(before);
   };
   std::vector<float> dinp1, dw1, db1, dinp2, dw2, db2;
@@ -465,8 +462,7 @@ TEST(OpsCpu, AttentionMatchesReferenceWhenTSpansSeveralRowBlocks) {
   Vec ref_out = ref_attention(to_double(qkv), kB, kT, kC, kNH, &ref_att);
   EXPECT_TRUE(all_close("out", out, ref_out, kFwdAtol, kFwdRtol));
   EXPECT_TRUE(all_close("att", att, ref_att, kFwdAtol, kFwdRtol));
-  scalelab::cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC,
-                                    kNH);
+  scalelab::cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH);
   // Finite differences on a sample of coordinates (all of them would take ~1e10 flops): q, k and v of the
   // first, last and block-edge positions, plus a stride through the rest.
   std::vector<size_t> coords;
@@ -474,8 +470,8 @@ TEST(OpsCpu, AttentionMatchesReferenceWhenTSpansSeveralRowBlocks) {
     for (int c = 0; c < 3 * kC; c += 5) coords.push_back(static_cast<size_t>(t) * 3 * kC + c);
   for (size_t i = 7; i < qkv.size(); i += 97) coords.push_back(i);
   auto loss = [&](const Vec& x) { return dot(ref_attention(x, kB, kT, kC, kNH), dout); };
-  EXPECT_TRUE(all_close("dqkv (sampled)", gather(dqkv, coords), numerical_grad(loss, to_double(qkv), coords),
-                        kGradAtol, kGradRtol));
+  EXPECT_TRUE(all_close("dqkv (sampled)", gather(dqkv, coords), numerical_grad(loss, to_double(qkv), coords), kGradAtol,
+                        kGradRtol));
 }
 
 // =============================================================================================
@@ -538,7 +534,7 @@ TEST(OpsCpu, CrossEntropyForwardMatchesReference) {
 TEST(OpsCpu, CrossEntropyBackwardMatchesFiniteDifferencesAndOverwrites) {
   auto logits = uniform(N * V, 26, -3.0f, 3.0f);
   const std::vector<int32_t> targets = {0, 2, 12, 5, 5, 1, 7, 11, 3, 9};
-  const float dloss = 1.0f / N;  // mean loss
+  const float dloss = 1.0f / N;                                        // mean loss
   std::vector<float> losses(N), probs(N * V), dlogits(N * V, 123.0f);  // garbage: must be overwritten
   scalelab::cpu::softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
   scalelab::cpu::softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, V);
@@ -575,13 +571,14 @@ TEST(OpsCpu, BackwardOpsAccumulateSoTwoCallsDoubleTheGradients) {
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
     std::vector<float> g1[3] = {std::vector<float>(N * C), std::vector<float>(C), std::vector<float>(C)};
     std::vector<float> g2[3] = {g1[0], g1[1], g1[2]};
-    cpu::layernorm_backward(g1[0].data(), g1[1].data(), g1[2].data(), dout_c.data(), inp.data(), w.data(),
-                            mean.data(), rstd.data(), N, C);
+    cpu::layernorm_backward(g1[0].data(), g1[1].data(), g1[2].data(), dout_c.data(), inp.data(), w.data(), mean.data(),
+                            rstd.data(), N, C);
     for (int rep = 0; rep < 2; rep++)
       cpu::layernorm_backward(g2[0].data(), g2[1].data(), g2[2].data(), dout_c.data(), inp.data(), w.data(),
                               mean.data(), rstd.data(), N, C);
     const char* names[3] = {"layernorm dinp", "layernorm dweight", "layernorm dbias"};
-    for (int k = 0; k < 3; k++) EXPECT_TRUE(all_close(names[k], g2[k], to_double(twice(g1[k])), kAccumAtol, kAccumRtol));
+    for (int k = 0; k < 3; k++)
+      EXPECT_TRUE(all_close(names[k], g2[k], to_double(twice(g1[k])), kAccumAtol, kAccumRtol));
   }
   {  // matmul
     auto inp = uniform(N * C, 8), w = uniform(OC * C, 9), dout = uniform(N * OC, 14);
@@ -591,7 +588,8 @@ TEST(OpsCpu, BackwardOpsAccumulateSoTwoCallsDoubleTheGradients) {
     for (int rep = 0; rep < 2; rep++)
       cpu::matmul_backward(g2[0].data(), g2[1].data(), g2[2].data(), dout.data(), inp.data(), w.data(), N, C, OC);
     const char* names[3] = {"matmul dinp", "matmul dweight", "matmul dbias"};
-    for (int k = 0; k < 3; k++) EXPECT_TRUE(all_close(names[k], g2[k], to_double(twice(g1[k])), kAccumAtol, kAccumRtol));
+    for (int k = 0; k < 3; k++)
+      EXPECT_TRUE(all_close(names[k], g2[k], to_double(twice(g1[k])), kAccumAtol, kAccumRtol));
   }
   {  // attention
     auto qkv = uniform(N * 3 * C, 15);
@@ -704,8 +702,13 @@ TEST(OpsCpu, Bf16CastRoundsToNearestEven) {
       std::numeric_limits<float>::infinity(),
       0.0f,
   };
-  const std::vector<float> want = {one, one + 2 * ulp, one + ulp, one, -(one + 2 * ulp),
-                                   std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(),
+  const std::vector<float> want = {one,
+                                   one + 2 * ulp,
+                                   one + ulp,
+                                   one,
+                                   -(one + 2 * ulp),
+                                   std::numeric_limits<float>::infinity(),
+                                   std::numeric_limits<float>::infinity(),
                                    0.0f};
   const int n = static_cast<int>(src.size());
   std::vector<scalelab::bf16> h(n);

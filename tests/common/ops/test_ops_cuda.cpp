@@ -17,19 +17,19 @@
 #include <string>
 #include <vector>
 
-#include "bit_identical.h"         // defines: bit_identical
-#include "expect_error.h"          // defines: error_message, contains
-#include "fixture.h"               // defines: Fixture (PyTorch reference), tensors_close
-#include "scalelab/core/allocator.h"    // defines: Allocator, MemCategory
-#include "scalelab/core/bf16.h"         // defines: bf16, float_to_bf16, round_to_bf16
-#include "scalelab/ops/twins.h"     // defines: the scalelab::cuda:: twins under test
-#include "scalelab/core/device.h"       // defines: SL_REQUIRE_GPU
-#include "scalelab/core/error.h"        // defines: scalelab::Error
-#include "scalelab/model/gpt2.h"         // defines: GPT2, GPTConfig, ParamInfo
-#include "scalelab/ops/ops.h"          // defines: the Tensor-level ops and the scalelab::cpu:: twins (the oracle)
-#include "scalelab/model/optim.h"        // defines: Optimizer, OptimizerConfig, grad_norm
-#include "scalelab/core/precision.h"    // defines: PrecisionPolicy
-#include "scalelab/core/tensor.h"       // defines: Tensor, DType, Shape
+#include "bit_identical.h"            // defines: bit_identical
+#include "expect_error.h"             // defines: error_message, contains
+#include "fixture.h"                  // defines: Fixture (PyTorch reference), tensors_close
+#include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
+#include "scalelab/core/bf16.h"       // defines: bf16, float_to_bf16, round_to_bf16
+#include "scalelab/ops/twins.h"       // defines: the scalelab::cuda:: twins under test
+#include "scalelab/core/device.h"     // defines: SL_REQUIRE_GPU
+#include "scalelab/core/error.h"      // defines: scalelab::Error
+#include "scalelab/model/gpt2.h"      // defines: GPT2, GPTConfig, ParamInfo
+#include "scalelab/ops/ops.h"         // defines: the Tensor-level ops and the scalelab::cpu:: twins (the oracle)
+#include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig, grad_norm
+#include "scalelab/core/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/core/tensor.h"     // defines: Tensor, DType, Shape
 
 namespace {
 
@@ -97,10 +97,10 @@ struct OpShape {
   }
 };
 const OpShape kShapes[] = {
-    {3, 17, 36, 3, 257},    // N = 51, HS = 12, V = 257 > 256 threads: the odd one
-    {2, 64, 64, 4, 64},     // powers of two: whole warps and blocks
-    {1, 130, 100, 4, 1000}, // T = 130 > 4 warps of keys, C = 100, HS = 25, V ~ 4 blocks of threads
-    {2, 1, 8, 2, 5},        // T = 1: one visible key per row; C = 8 < a warp
+    {3, 17, 36, 3, 257},     // N = 51, HS = 12, V = 257 > 256 threads: the odd one
+    {2, 64, 64, 4, 64},      // powers of two: whole warps and blocks
+    {1, 130, 100, 4, 1000},  // T = 130 > 4 warps of keys, C = 100, HS = 25, V ~ 4 blocks of threads
+    {2, 1, 8, 2, 5},         // T = 1: one visible key per row; C = 8 < a warp
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -125,11 +125,17 @@ std::vector<int32_t> token_ids(size_t n, int V, uint32_t seed) {
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::I32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::BF16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
 
 // A CUDA tensor (1-D) holding h (host). The test calls the raw twins with its data<T>() device pointer.
 template <typename T>
@@ -192,8 +198,8 @@ std::vector<bf16> to_bf16(const std::vector<float>& x) {
 }
 
 // The criterion of kF32Tol: |got_i - want_i| <= tol * (max_j |want_j| + |want_i|).
-::testing::AssertionResult close(const std::string& what, const std::vector<float>& got,
-                                 const std::vector<float>& want, double tol) {
+::testing::AssertionResult close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                                 double tol) {
   double scale = 0.0;
   for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
   std::vector<double> bound(want.size());
@@ -203,14 +209,14 @@ std::vector<bf16> to_bf16(const std::vector<float>& x) {
 
 // Skips (visibly) where the GPU has no bf16 tensor cores: the bf16 paths refuse with an Error there,
 // which the test checks before skipping.
-#define SL_REQUIRE_BF16_GPU()                                                                        \
-  do {                                                                                               \
-    try {                                                                                            \
-      cuda::require_bf16_support();                                                                  \
-    } catch (const scalelab::Error& e) {                                                             \
-      EXPECT_TRUE(contains(e.what(), "compute capability 8.0")) << e.what();                         \
-      GTEST_SKIP() << "this GPU has no bf16 tensor cores (compute capability < 8.0)";                \
-    }                                                                                                \
+#define SL_REQUIRE_BF16_GPU()                                                         \
+  do {                                                                                \
+    try {                                                                             \
+      cuda::require_bf16_support();                                                   \
+    } catch (const scalelab::Error& e) {                                              \
+      EXPECT_TRUE(contains(e.what(), "compute capability 8.0")) << e.what();          \
+      GTEST_SKIP() << "this GPU has no bf16 tensor cores (compute capability < 8.0)"; \
+    }                                                                                 \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------
@@ -227,8 +233,8 @@ TEST(CudaOps, EncoderForwardIsBitIdenticalToCpu) {
     cpu::encoder_forward(want.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
     Tensor d_out = Tensor::empty({static_cast<int64_t>(want.size())}, DType::F32, Device::CUDA);
     Tensor d_tokens = to_gpu(tokens), d_wte = to_gpu(wte), d_wpe = to_gpu(wpe);
-    cuda::encoder_forward(d_out.data<float>(), d_tokens.data<int32_t>(), d_wte.data<float>(), d_wpe.data<float>(),
-                          s.B, s.T, s.C);
+    cuda::encoder_forward(d_out.data<float>(), d_tokens.data<int32_t>(), d_wte.data<float>(), d_wpe.data<float>(), s.B,
+                          s.T, s.C);
     EXPECT_TRUE(bit_identical("encoder out", to_host<float>(d_out), want));
   }
 }
@@ -246,8 +252,8 @@ TEST(CudaOps, EncoderBackwardAccumulatesBitIdenticalToCpu) {
     std::vector<float> dwte = uniform(size_t(s.V) * s.C, 6), dwpe = uniform(size_t(maxT) * s.C, 7);
     Tensor d_dwte = to_gpu(dwte), d_dwpe = to_gpu(dwpe), d_dout = to_gpu(dout), d_tokens = to_gpu(tokens);
     cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
-    cuda::encoder_backward(d_dwte.data<float>(), d_dwpe.data<float>(), d_dout.data<float>(),
-                           d_tokens.data<int32_t>(), s.B, s.T, s.C);
+    cuda::encoder_backward(d_dwte.data<float>(), d_dwpe.data<float>(), d_dout.data<float>(), d_tokens.data<int32_t>(),
+                           s.B, s.T, s.C);
     EXPECT_TRUE(bit_identical("dwte", to_host<float>(d_dwte), dwte));
     EXPECT_TRUE(bit_identical("dwpe", to_host<float>(d_dwpe), dwpe));
   }
@@ -284,8 +290,8 @@ TEST(CudaOps, LayernormBackwardAccumulatesAndMatchesCpu) {
   for (const OpShape& s : kShapes) {
     SCOPED_TRACE(s.str());
     const int64_t N = s.N();
-    const auto inp = uniform(size_t(N) * s.C, 11), weight = uniform(s.C, 12, 0.5f, 1.5f),
-               bias = uniform(s.C, 13), dout = uniform(size_t(N) * s.C, 14);
+    const auto inp = uniform(size_t(N) * s.C, 11), weight = uniform(s.C, 12, 0.5f, 1.5f), bias = uniform(s.C, 13),
+               dout = uniform(size_t(N) * s.C, 14);
     std::vector<float> out(inp.size()), mean(N), rstd(N);  // the forward's saved statistics, from the CPU
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, s.C);
     std::vector<float> dinp = uniform(inp.size(), 15), dweight = uniform(s.C, 16), dbias = uniform(s.C, 17);
@@ -294,9 +300,9 @@ TEST(CudaOps, LayernormBackwardAccumulatesAndMatchesCpu) {
            d_rstd = to_gpu(rstd);
     cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
                             mean.data(), rstd.data(), N, s.C);
-    cuda::layernorm_backward(d_dinp.data<float>(), d_dweight.data<float>(), d_dbias.data<float>(),
-                             d_dout.data<float>(), d_inp.data<float>(), d_weight.data<float>(), d_mean.data<float>(),
-                             d_rstd.data<float>(), N, s.C);
+    cuda::layernorm_backward(d_dinp.data<float>(), d_dweight.data<float>(), d_dbias.data<float>(), d_dout.data<float>(),
+                             d_inp.data<float>(), d_weight.data<float>(), d_mean.data<float>(), d_rstd.data<float>(), N,
+                             s.C);
     EXPECT_TRUE(close("layernorm dinp", to_host<float>(d_dinp), dinp, kF32Tol));
     EXPECT_TRUE(close("layernorm dweight", to_host<float>(d_dweight), dweight, kF32Tol));
     EXPECT_TRUE(close("layernorm dbias", to_host<float>(d_dbias), dbias, kF32Tol));
@@ -312,7 +318,7 @@ struct MatmulCase {
   int C, OC;
   int misalign;  // elements (floats) by which every buffer is offset from its allocation
 };
-const MatmulCase kMatmulCases[] = {{51, 36, 108, 0}, {51, 36, 108, 1}, {128, 64, 256, 0},
+const MatmulCase kMatmulCases[] = {{51, 36, 108, 0},   {51, 36, 108, 1},   {128, 64, 256, 0},
                                    {130, 100, 400, 3}, {130, 400, 100, 1}, {2, 8, 5, 0}};
 
 // A device copy of h starting `misalign` floats into its allocation; the returned pointer is valid while
@@ -333,8 +339,7 @@ TEST(CudaOps, MatmulForwardMatchesCpuWithAndWithoutBias) {
   for (const MatmulCase& m : kMatmulCases) {
     SCOPED_TRACE("N=" + std::to_string(m.N) + " C=" + std::to_string(m.C) + " OC=" + std::to_string(m.OC) +
                  " misalign=" + std::to_string(m.misalign));
-    const auto inp = uniform(size_t(m.N) * m.C, 18), weight = uniform(size_t(m.OC) * m.C, 19),
-               bias = uniform(m.OC, 20);
+    const auto inp = uniform(size_t(m.N) * m.C, 18), weight = uniform(size_t(m.OC) * m.C, 19), bias = uniform(m.OC, 20);
     for (const bool with_bias : {true, false}) {
       std::vector<float> want(size_t(m.N) * m.OC);
       cpu::matmul_forward(want.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr, m.N, m.C, m.OC);
@@ -368,8 +373,8 @@ TEST(CudaOps, MatmulBackwardAccumulatesAndMatchesCpu) {
       const float* d_inp = gpu_at_offset(inp, m.misalign, o_inp);
       const float* d_weight = gpu_at_offset(weight, m.misalign, o_weight);
       cpu::matmul_backward(optional_outputs ? dinp.data() : nullptr, dweight.data(),
-                           optional_outputs ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(), m.N,
-                           m.C, m.OC);
+                           optional_outputs ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(), m.N, m.C,
+                           m.OC);
       cuda::matmul_backward(optional_outputs ? d_dinp : nullptr, d_dweight, optional_outputs ? d_dbias : nullptr,
                             d_dout, d_inp, d_weight, m.N, m.C, m.OC);
       // Without the optional outputs, dinp and dbias keep their initial values on both sides.
@@ -440,8 +445,8 @@ TEST(CudaOps, MatmulBackwardApartGivesTheBitsOfOneCall) {
 
 // bound_i for out = a (N,K) @ w (M,K)^T: kBf16Sigmas * u * sqrt(sum_k (a_ik w_jk)^2) plus the fp32
 // criterion; see kBf16Sigmas. a and w are the UNROUNDED fp32 operands; want the fp32 product.
-std::vector<double> bf16_dot_bound(const std::vector<float>& a, const std::vector<float>& w, int64_t N, int M,
-                                   int K, const std::vector<float>& want) {
+std::vector<double> bf16_dot_bound(const std::vector<float>& a, const std::vector<float>& w, int64_t N, int M, int K,
+                                   const std::vector<float>& want) {
   double scale = 0.0;
   for (float x : want) scale = std::max(scale, std::fabs(static_cast<double>(x)));
   std::vector<double> bound(size_t(N) * M);
@@ -484,8 +489,8 @@ TEST(CudaOps, MatmulBf16ForwardWithinBf16BoundOfFp32) {
     cpu::matmul_forward(want_fp32.data(), inp.data(), weight.data(), bias.data(), m.N, m.C, m.OC);
     Tensor d_out = to_gpu(std::vector<float>(want_fp32.size(), NAN));
     Tensor d_inp = to_gpu(to_bf16(inp)), d_weight = to_gpu(to_bf16(weight)), d_bias = to_gpu(bias);
-    cuda::matmul_forward_bf16(d_out.data<float>(), d_inp.data<bf16>(), d_weight.data<bf16>(), d_bias.data<float>(),
-                              m.N, m.C, m.OC);
+    cuda::matmul_forward_bf16(d_out.data<float>(), d_inp.data<bf16>(), d_weight.data<bf16>(), d_bias.data<float>(), m.N,
+                              m.C, m.OC);
     const std::vector<float> got = to_host<float>(d_out);
     EXPECT_TRUE(close("bf16 matmul out vs rounded operands", got, want_rounded, kF32Tol));
     EXPECT_TRUE(within("bf16 matmul out vs fp32", got, want_fp32,
@@ -506,11 +511,11 @@ TEST(CudaOps, MatmulBf16BackwardAccumulatesWithinBf16BoundOfFp32) {
     // References: the CPU backward on rounded operands, and on fp32 operands (both from the same init).
     std::vector<float> r_dinp = init_dinp, r_dweight = init_dweight, r_dbias = init_dbias;
     const auto inp_r = bf16_round(inp), weight_r = bf16_round(weight), dout_r = bf16_round(dout);
-    cpu::matmul_backward(r_dinp.data(), r_dweight.data(), r_dbias.data(), dout_r.data(), inp_r.data(),
-                         weight_r.data(), m.N, m.C, m.OC);
-    std::vector<float> f_dinp = init_dinp, f_dweight = init_dweight, f_dbias = init_dbias;
-    cpu::matmul_backward(f_dinp.data(), f_dweight.data(), f_dbias.data(), dout.data(), inp.data(), weight.data(),
+    cpu::matmul_backward(r_dinp.data(), r_dweight.data(), r_dbias.data(), dout_r.data(), inp_r.data(), weight_r.data(),
                          m.N, m.C, m.OC);
+    std::vector<float> f_dinp = init_dinp, f_dweight = init_dweight, f_dbias = init_dbias;
+    cpu::matmul_backward(f_dinp.data(), f_dweight.data(), f_dbias.data(), dout.data(), inp.data(), weight.data(), m.N,
+                         m.C, m.OC);
     Tensor d_dinp = to_gpu(init_dinp), d_dweight = to_gpu(init_dweight), d_dbias = to_gpu(init_dbias);
     Tensor d_dout = to_gpu(to_bf16(dout)), d_inp = to_gpu(to_bf16(inp)), d_weight = to_gpu(to_bf16(weight));
     cuda::matmul_backward_bf16(d_dinp.data<float>(), d_dweight.data<float>(), d_dbias.data<float>(),
@@ -651,8 +656,8 @@ TEST(CudaOps, SoftmaxCrossentropyBackwardOverwritesBitIdenticalToCpuAlsoInPlace)
     cuda::softmax_crossentropy_backward(d_dlogits.data<float>(), d_probs.data<float>(), d_targets.data<int32_t>(),
                                         dloss, N, s.V);
     EXPECT_TRUE(bit_identical("dlogits", to_host<float>(d_dlogits), dlogits));
-    cuda::softmax_crossentropy_backward(d_probs.data<float>(), d_probs.data<float>(), d_targets.data<int32_t>(),
-                                        dloss, N, s.V);  // in place: dlogits aliases probs
+    cuda::softmax_crossentropy_backward(d_probs.data<float>(), d_probs.data<float>(), d_targets.data<int32_t>(), dloss,
+                                        N, s.V);  // in place: dlogits aliases probs
     EXPECT_TRUE(bit_identical("dlogits in place", to_host<float>(d_probs), dlogits));
   }
 }
@@ -712,10 +717,19 @@ TEST(CudaOps, ScaleAndCastsAreBitIdenticalToCpuIncludingSpecialValues) {
   SL_REQUIRE_GPU();
   std::vector<float> x = uniform(1001, 60, -3.0f, 3.0f);
   // Ties to even, the largest finite values (round up to inf), subnormals, signed zeros, inf, NaN.
-  const float kSpecial[] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -(1.0f + 1.0f / 256), 3.3895313e38f,
-                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 1e-40f, -1e-45f,
-                            0.0f, -0.0f, std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  const float kSpecial[] = {1.0f + 1.0f / 256,
+                            1.0f + 3.0f / 256,
+                            -(1.0f + 1.0f / 256),
+                            3.3895313e38f,
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            1e-40f,
+                            -1e-45f,
+                            0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
   x.insert(x.end(), std::begin(kSpecial), std::end(kSpecial));
   // scale, on everything but the NaN: arithmetic on a NaN returns the canonical NaN on NVIDIA GPUs and
   // the operand's payload on x86, so its bits legitimately differ (both are NaN).
@@ -988,7 +1002,8 @@ TEST(CudaGpt2, Bf16ComputeModelOnGpuMatchesCpuTwin) {
   gpu_model.backward();
   double worst = 0;
   for (const ParamInfo& info : cpu_model.param_table()) {
-    const std::vector<float> g = to_host<float>(gpu_model.grad(info.name)), c = to_host<float>(cpu_model.grad(info.name));
+    const std::vector<float> g = to_host<float>(gpu_model.grad(info.name)),
+                             c = to_host<float>(cpu_model.grad(info.name));
     double num = 0, den = 0;
     for (size_t i = 0; i < c.size(); i++) {
       num += (double(g[i]) - c[i]) * (double(g[i]) - c[i]);

@@ -12,12 +12,12 @@
 #include <memory>
 #include <string>
 
-#include "grading.h"          // defines: grading::set_rank_reducer, grading::RankReducer
-#include "mpi_test.h"         // defines: test::world
+#include "grading.h"                // defines: grading::set_rank_reducer, grading::RankReducer
+#include "mpi_test.h"               // defines: test::world
 #include "failures_only_printer.h"  // defines: test::FailuresOnlyPrinter
-#include "rank_reducer.h"     // defines: test::make_rank_reducer
-#include "scalelab/comm/comm.h"    // defines: make_communicator
-#include "scalelab/core/error.h"   // defines: scalelab::Error
+#include "rank_reducer.h"           // defines: test::make_rank_reducer
+#include "scalelab/comm/comm.h"     // defines: make_communicator
+#include "scalelab/core/error.h"    // defines: scalelab::Error
 
 namespace {
 
@@ -40,8 +40,8 @@ class RankSummary : public ::testing::EmptyTestEventListener {
     for (size_t r = 0; r < status.size(); ++r) {
       if (!status[r].empty()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     }
-    std::printf("[  RANKS   ] %s.%s failed on rank(s) %s of %d\n", info.test_suite_name(), info.name(),
-                ranks.c_str(), rr.size);
+    std::printf("[  RANKS   ] %s.%s failed on rank(s) %s of %d\n", info.test_suite_name(), info.name(), ranks.c_str(),
+                rr.size);
     std::fflush(stdout);
   }
 };

@@ -52,10 +52,10 @@ const char* reduce_op_name(ReduceOp op);
 //   barrier        base + 2(n-1) alpha
 // i.e. base + hops * alpha + bus_bytes / B: B is a bus bandwidth (a measured busbw plugs in as B).
 struct LinkModel {
-  std::string name = "none";  // "none" (real transport only), "nvlink", "pcie", "ethernet100", "infiniband"
-  double alpha_s = 0.0;       // seconds per message hop (latency)
+  std::string name = "none";           // "none" (real transport only), "nvlink", "pcie", "ethernet100", "infiniband"
+  double alpha_s = 0.0;                // seconds per message hop (latency)
   double bandwidth_bytes_per_s = 0.0;  // busbw the link sustains, bytes/s
-  double base_s = 0.0;        // seconds every call pays once (launch/protocol latency)
+  double base_s = 0.0;                 // seconds every call pays once (launch/protocol latency)
   bool enabled() const { return name != "none"; }
   // Presets; the figures and their sources are listed in common/src/comm/link_model.cpp.
   // "none" gives the default (disabled) model. Throws with the accepted names otherwise.
@@ -97,31 +97,31 @@ int ranks_per_node_from_env(int world_size);
 // communication clock (Communicator::now_ms(); shared by every communicator of the process, so the
 // events of a sub-communicator line up with the world's and with the caller's own now_ms() stamps).
 struct CommEvent {
-  std::string op;            // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"
-  std::string tag;           // who issued it: "bucket 3", "layer h.5", "" when not given
-  int64_t count = 0;         // elements of this rank's input: all_reduce/broadcast/send/recv the buffer,
-                             // reduce_scatter the whole input (size() chunks), all_gather one rank's chunk
+  std::string op;     // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"
+  std::string tag;    // who issued it: "bucket 3", "layer h.5", "" when not given
+  int64_t count = 0;  // elements of this rank's input: all_reduce/broadcast/send/recv the buffer,
+                      // reduce_scatter the whole input (size() chunks), all_gather one rank's chunk
   DType dtype = DType::F32;
-  int64_t payload_bytes = 0; // count * dtype size
-  int64_t bus_bytes = 0;     // nccl-tests bus bytes: all_reduce 2(n-1)/n payload; reduce_scatter (n-1)/n
-                             // payload; all_gather (n-1)/n of the TOTAL output = (n-1) payload;
-                             // broadcast/send/recv 1 payload; barrier 0; 0 for n == 1
-  double issue_ms = 0;       // when the caller issued it
-  double start_ms = 0;       // when the transport started it (the communication thread, or the caller's
-                             // thread for a blocking collective run there, picked it up)
-  double end_ms = 0;         // when it completed; 0 while pending. With a link model no earlier than
-                             // start + modelled, and a recv no earlier than the matching SEND's start +
-                             // modelled (the message cannot arrive before it has crossed the link)
-  double modeled_ms = 0;     // the link model's time for it (0 without a model)
-  double wait_ms = 0;        // exposed time: how long the CALLER was blocked in Work::wait() (or in a
-                             // blocking form, barrier, or the destructor of a Work never waited for)
-                             // for this op, summed over its waits; 0 when it had finished before the
-                             // first wait (fully hidden) or nobody has waited yet. The part of
-                             // end_ms - issue_ms that the caller's step actually paid for.
+  int64_t payload_bytes = 0;  // count * dtype size
+  int64_t bus_bytes = 0;      // nccl-tests bus bytes: all_reduce 2(n-1)/n payload; reduce_scatter (n-1)/n
+                              // payload; all_gather (n-1)/n of the TOTAL output = (n-1) payload;
+                              // broadcast/send/recv 1 payload; barrier 0; 0 for n == 1
+  double issue_ms = 0;        // when the caller issued it
+  double start_ms = 0;        // when the transport started it (the communication thread, or the caller's
+                              // thread for a blocking collective run there, picked it up)
+  double end_ms = 0;          // when it completed; 0 while pending. With a link model no earlier than
+                              // start + modelled, and a recv no earlier than the matching SEND's start +
+                              // modelled (the message cannot arrive before it has crossed the link)
+  double modeled_ms = 0;      // the link model's time for it (0 without a model)
+  double wait_ms = 0;         // exposed time: how long the CALLER was blocked in Work::wait() (or in a
+                              // blocking form, barrier, or the destructor of a Work never waited for)
+                              // for this op, summed over its waits; 0 when it had finished before the
+                              // first wait (fully hidden) or nobody has waited yet. The part of
+                              // end_ms - issue_ms that the caller's step actually paid for.
   bool async = false;
-  bool simulated = false;    // a link model decided (part of) its duration (modeled_ms > 0)
-  int peer = -1;             // send/recv: the other rank; broadcast: the root (ranks of this group)
-  std::string group;         // the communicator's name: "world", "tp", "pp", "dp", "embedding", ...
+  bool simulated = false;        // a link model decided (part of) its duration (modeled_ms > 0)
+  int peer = -1;                 // send/recv: the other rank; broadcast: the root (ranks of this group)
+  std::string group;             // the communicator's name: "world", "tp", "pp", "dp", "embedding", ...
   std::vector<int> world_ranks;  // the group's members as world ranks, in the group's rank order
 };
 
@@ -299,7 +299,7 @@ class Communicator {
   std::string name_ = "world";
   std::vector<int> world_ranks_;
   Topology topology_;
-  LinkModel link_;  // topology_.link_for(world_ranks_)
+  LinkModel link_;               // topology_.link_for(world_ranks_)
   double wait_timeout_s_ = 0.0;  // seconds; 0 = wait forever (set_wait_timeout)
 };
 

@@ -41,8 +41,7 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root,
                              int max_bytes = 1023);
 
 // Every rank's values, rank after rank (values.size() the same on every rank): size() * values.size().
-std::vector<float> all_gather_values(Communicator& comm, const std::vector<float>& values,
-                                     const std::string& tag = "");
+std::vector<float> all_gather_values(Communicator& comm, const std::vector<float>& values, const std::string& tag = "");
 std::vector<int32_t> all_gather_values(Communicator& comm, const std::vector<int32_t>& values,
                                        const std::string& tag = "");
 // Every rank's string, in rank order; any lengths. Two all_gathers, tagged tag + " lengths" and tag +

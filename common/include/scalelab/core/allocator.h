@@ -23,13 +23,13 @@ const char* device_name(Device d);  // "cpu", "cuda", "sim"
 
 // What an allocation is for. Labs report memory by these categories (log key memory_<name>_bytes).
 enum class MemCategory : int {
-  Params = 0,       // model parameters in compute dtype
-  Grads,            // parameter gradients
-  OptimizerState,   // AdamW m and v, fp32 master weights
-  Activations,      // forward activations kept for backward, and their gradients
-  Workspace,        // scratch that lives for one op or one step
-  Comm,             // communication buffers (buckets, gathered shards)
-  Data,             // loader batches
+  Params = 0,      // model parameters in compute dtype
+  Grads,           // parameter gradients
+  OptimizerState,  // AdamW m and v, fp32 master weights
+  Activations,     // forward activations kept for backward, and their gradients
+  Workspace,       // scratch that lives for one op or one step
+  Comm,            // communication buffers (buckets, gathered shards)
+  Data,            // loader batches
   Other,
   kCount
 };
@@ -102,9 +102,9 @@ class Allocator {
   explicit Allocator(Device d);
   void* raw_allocate(size_t nbytes);  // malloc/cudaMalloc; nullptr when the system refuses
   void raw_free(void* ptr);
-  void* system_allocate(size_t nbytes);  // raw_allocate, the test limit, the reserved counts
-  std::vector<void*> take_cache_locked();  // empties the free lists and uncounts them (mu_ held)
-  void count_locked(size_t nbytes, int category);              // allocated counts and peaks (mu_ held)
+  void* system_allocate(size_t nbytes);            // raw_allocate, the test limit, the reserved counts
+  std::vector<void*> take_cache_locked();          // empties the free lists and uncounts them (mu_ held)
+  void count_locked(size_t nbytes, int category);  // allocated counts and peaks (mu_ held)
 
   Device device_;
   mutable std::mutex mu_;

@@ -26,9 +26,9 @@ void device_synchronize(Device device);
 }  // namespace scalelab
 
 // In a GoogleTest body: skip (reported as "Skipped" by ctest, never a silent pass) without a GPU.
-#define SL_REQUIRE_GPU()                                                                           \
-  do {                                                                                             \
-    if (::scalelab::cuda_device_count() == 0)                                                      \
-      GTEST_SKIP() << (::scalelab::built_with_cuda() ? "no CUDA device visible on this machine"   \
+#define SL_REQUIRE_GPU()                                                                                   \
+  do {                                                                                                     \
+    if (::scalelab::cuda_device_count() == 0)                                                              \
+      GTEST_SKIP() << (::scalelab::built_with_cuda() ? "no CUDA device visible on this machine"            \
                                                      : "this build has no CUDA backend (nvcc not found)"); \
   } while (0)

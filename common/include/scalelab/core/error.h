@@ -61,32 +61,31 @@ inline std::string format() { return std::string(); }
 
 // SL_CHECK(cond, fmt, ...): validate input; on failure throw Error with the formatted values.
 //   SL_CHECK(C % NH == 0, "C=%d not divisible by NH=%d", C, NH);
-#define SL_CHECK(cond, ...)                                                                         \
-  do {                                                                                              \
-    if (!(cond))                                                                                    \
-      ::scalelab::detail::fail("check", #cond, __FILE__, __LINE__, __func__,                       \
-                               ::scalelab::detail::format(__VA_ARGS__), std::string());            \
+#define SL_CHECK(cond, ...)                                                                                           \
+  do {                                                                                                                \
+    if (!(cond))                                                                                                      \
+      ::scalelab::detail::fail("check", #cond, __FILE__, __LINE__, __func__, ::scalelab::detail::format(__VA_ARGS__), \
+                               std::string());                                                                        \
   } while (0)
 
 // SL_CHECK_HINT(cond, hint, fmt, ...): as SL_CHECK, with a line telling the user what to do.
-#define SL_CHECK_HINT(cond, hint, ...)                                                              \
-  do {                                                                                              \
-    if (!(cond))                                                                                    \
-      ::scalelab::detail::fail("check", #cond, __FILE__, __LINE__, __func__,                       \
-                               ::scalelab::detail::format(__VA_ARGS__), (hint));                   \
+#define SL_CHECK_HINT(cond, hint, ...)                                                                                \
+  do {                                                                                                                \
+    if (!(cond))                                                                                                      \
+      ::scalelab::detail::fail("check", #cond, __FILE__, __LINE__, __func__, ::scalelab::detail::format(__VA_ARGS__), \
+                               (hint));                                                                               \
   } while (0)
 
 // SL_FAIL(hint, fmt, ...): unconditional error (bad input found by a loop, an unreachable case).
-#define SL_FAIL(hint, ...)                                                                          \
-  ::scalelab::detail::fail("error", "", __FILE__, __LINE__, __func__,                              \
-                           ::scalelab::detail::format(__VA_ARGS__), (hint))
+#define SL_FAIL(hint, ...) \
+  ::scalelab::detail::fail("error", "", __FILE__, __LINE__, __func__, ::scalelab::detail::format(__VA_ARGS__), (hint))
 
 // SL_MPI_CHECK(call): wrap every MPI call; the MPI error string is part of the report.
-#define SL_MPI_CHECK(call)                                                                          \
-  do {                                                                                              \
-    int sl_mpi_rc_ = (call);                                                                        \
-    if (sl_mpi_rc_ != 0 /* MPI_SUCCESS */)                                                          \
-      ::scalelab::detail::fail("MPI", #call, __FILE__, __LINE__, __func__,                         \
-                               ::scalelab::detail::format("MPI error code %d", sl_mpi_rc_),        \
-                               "run under mpirun; see the lab README's 'If it hangs or fails'");    \
+#define SL_MPI_CHECK(call)                                                                       \
+  do {                                                                                           \
+    int sl_mpi_rc_ = (call);                                                                     \
+    if (sl_mpi_rc_ != 0 /* MPI_SUCCESS */)                                                       \
+      ::scalelab::detail::fail("MPI", #call, __FILE__, __LINE__, __func__,                       \
+                               ::scalelab::detail::format("MPI error code %d", sl_mpi_rc_),      \
+                               "run under mpirun; see the lab README's 'If it hangs or fails'"); \
   } while (0)

@@ -16,7 +16,7 @@
 namespace scalelab {
 
 enum class DType { F32, BF16, I32 };
-size_t dtype_size(DType dt);     // bytes per element: 4, 2, 4
+size_t dtype_size(DType dt);       // bytes per element: 4, 2, 4
 const char* dtype_name(DType dt);  // "f32", "bf16", "i32"
 
 using Shape = std::vector<int64_t>;

@@ -37,12 +37,12 @@ struct LoaderState {
   int64_t batch_in_epoch = 0;  // index of that batch within its epoch
   // What the position refers to; restore checks these so a state is never applied to another stream.
   int32_t B = 0, T = 0, dp_size = 0;
-  int32_t dp_rank = 0;         // informational (which rank saved it); not checked
+  int32_t dp_rank = 0;  // informational (which rank saved it); not checked
   bool shuffle = true;
-  int64_t tokens_total = 0;    // N of the stream the position refers to
+  int64_t tokens_total = 0;  // N of the stream the position refers to
 
-  static constexpr size_t kBytes = 64;        // serialised size (bytes)
-  std::vector<uint8_t> to_bytes() const;      // 64 bytes little-endian, magic "SLLOADR1" (for checkpoints)
+  static constexpr size_t kBytes = 64;    // serialised size (bytes)
+  std::vector<uint8_t> to_bytes() const;  // 64 bytes little-endian, magic "SLLOADR1" (for checkpoints)
   static LoaderState from_bytes(const std::vector<uint8_t>& bytes);  // throws on a bad record
 };
 

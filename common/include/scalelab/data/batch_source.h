@@ -15,15 +15,15 @@ namespace scalelab::data {
 
 // How a loader cuts one rank's batches out of a split (docs/formats.md "Loader order").
 struct LoaderConfig {
-  int B = 8;                      // windows per batch on this rank
-  int T = 256;                    // tokens per sequence; a window holds T+1 tokens
-  uint64_t seed = 1337;           // with the epoch, fixes the window order
-  int dp_rank = 0;                // this rank in the data-parallel group
-  int dp_size = 1;                // ranks in the data-parallel group
-  bool shuffle = true;            // false: windows in stream order every epoch (validation)
-  bool prefetch = true;           // a background thread prepares the next batches
-  int prefetch_depth = 2;         // batches the thread may prepare ahead (>= 1)
-  bool verify_checksums = true;   // hash every shard body once when opening (about 1 GB/s)
+  int B = 8;                     // windows per batch on this rank
+  int T = 256;                   // tokens per sequence; a window holds T+1 tokens
+  uint64_t seed = 1337;          // with the epoch, fixes the window order
+  int dp_rank = 0;               // this rank in the data-parallel group
+  int dp_size = 1;               // ranks in the data-parallel group
+  bool shuffle = true;           // false: windows in stream order every epoch (validation)
+  bool prefetch = true;          // a background thread prepares the next batches
+  int prefetch_depth = 2;        // batches the thread may prepare ahead (>= 1)
+  bool verify_checksums = true;  // hash every shard body once when opening (about 1 GB/s)
   // Optional: called with (epoch, batch_in_epoch) by whichever thread assembles a batch (the prefetch
   // thread, or next()'s caller without prefetch), just before it reads the batch's tokens. What it
   // throws reaches the caller of next() for that batch. For instrumentation and simulations: a slow
@@ -48,7 +48,7 @@ class BatchSource {
 
 // Opens the source of split `split` ("train", "val") of the data directory `dir` for `config`. A lab
 // program passes lab 02's (open_shard_loader); the driver calls it for the training and validation splits.
-using OpenBatchSource =
-    std::function<std::unique_ptr<BatchSource>(const std::string& dir, const std::string& split, const LoaderConfig& config)>;
+using OpenBatchSource = std::function<std::unique_ptr<BatchSource>(const std::string& dir, const std::string& split,
+                                                                   const LoaderConfig& config)>;
 
 }  // namespace scalelab::data

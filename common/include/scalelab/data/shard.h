@@ -27,7 +27,7 @@ namespace scalelab::data {
 //       64     .  tokens: token_count little-endian unsigned integers of bytes_per_token bytes
 inline constexpr char kShardMagic[9] = "SLSHARD1";  // 8 bytes on disk; [8] is the C string's NUL
 inline constexpr uint32_t kShardVersion = 1;
-inline constexpr size_t kShardHeaderBytes = 64;     // bytes
+inline constexpr size_t kShardHeaderBytes = 64;  // bytes
 
 struct ShardHeader {
   uint32_t version = 0;

@@ -34,36 +34,36 @@ namespace scalelab::driver {
 struct TrainOptions {
   std::string device = "cpu";
   std::string model = "demo";
-  int seq_len = 128;        // T: tokens per sequence
-  int steps = 100;          // optimizer steps
-  float lr = 2e-3f;         // peak learning rate
-  float min_lr = 2e-4f;     // end of the cosine decay
-  int warmup = 20;          // steps of linear warmup
-  float grad_clip = 1.0f;   // max global gradient L2 norm (0: off)
+  int seq_len = 128;       // T: tokens per sequence
+  int steps = 100;         // optimizer steps
+  float lr = 2e-3f;        // peak learning rate
+  float min_lr = 2e-4f;    // end of the cosine decay
+  int warmup = 20;         // steps of linear warmup
+  float grad_clip = 1.0f;  // max global gradient L2 norm (0: off)
   float weight_decay = 0.1f;
   std::string optimizer = "adamw";
   std::string precision = "fp32";
   std::string data = "data/kjv";
   std::string log_dir = "runs";
-  std::string run_id;       // "": time + random suffix (metrics.h make_run_id)
+  std::string run_id;  // "": time + random suffix (metrics.h make_run_id)
   uint64_t seed = 1337;
-  int val_every = 50;       // steps between validation passes (0: only at start and end)
-  int val_batches = 8;      // validation batches (labs 03, 04: of global_batch sequences)
-  int sample_tokens = 200;  // bytes of text generated at the end
-  int threads = 0;          // CPU threads per rank (0: the default of set_num_threads)
-  int timeline_steps = 3;   // steps 1..N log a `timeline` record (0: none; labs 03, 04: --timeline-steps)
-  std::string calibration;  // --calibration FILE: a CPU run's MFU peak is exactly this calibration (run_peak)
+  int val_every = 50;              // steps between validation passes (0: only at start and end)
+  int val_batches = 8;             // validation batches (labs 03, 04: of global_batch sequences)
+  int sample_tokens = 200;         // bytes of text generated at the end
+  int threads = 0;                 // CPU threads per rank (0: the default of set_num_threads)
+  int timeline_steps = 3;          // steps 1..N log a `timeline` record (0: none; labs 03, 04: --timeline-steps)
+  std::string calibration;         // --calibration FILE: a CPU run's MFU peak is exactly this calibration (run_peak)
   std::string recompute = "none";  // --recompute none|selective|full: activation recompute of every block
   bool quiet = false;
 };
 
 // What the multi-rank drivers (labs 03 and 04) add.
 struct DistributedOptions : TrainOptions {
-  int micro_batch = 8;            // sequences per rank per micro-step
-  int global_batch = 0;           // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
-  std::string backend = "auto";   // communicator: auto, local, mpi (comm.h make_communicator)
-  std::string link = "none";      // simulated link preset
-  double link_slowdown = 1.0;     // the simulated link made this many times slower
+  int micro_batch = 8;           // sequences per rank per micro-step
+  int global_batch = 0;          // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
+  std::string backend = "auto";  // communicator: auto, local, mpi (comm.h make_communicator)
+  std::string link = "none";     // simulated link preset
+  double link_slowdown = 1.0;    // the simulated link made this many times slower
 };
 
 // Labs 05 and 07: a simulated cluster of nodes (docs/communicator.md "Groups and the simulated topology").
@@ -74,10 +74,10 @@ struct ClusterOptions {
 // Labs 06 and 07: the pipeline's schedule and its measurement.
 struct PipelineOptions {
   std::string schedule = "1f1b";
-  int micro_batches = 4;           // m: micro-batches per optimizer step (per replica)
-  int chunks = 1;                  // v: model chunks per rank (interleaved)
-  double uniform_compute_ms = 0;   // every stage's forward of a micro-batch takes this long, its backward twice
-  double wait_timeout_s = 300;     // a wait longer than this ends the run with what every rank waited for
+  int micro_batches = 4;          // m: micro-batches per optimizer step (per replica)
+  int chunks = 1;                 // v: model chunks per rank (interleaved)
+  double uniform_compute_ms = 0;  // every stage's forward of a micro-batch takes this long, its backward twice
+  double wait_timeout_s = 300;    // a wait longer than this ends the run with what every rank waited for
 };
 
 // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).
@@ -112,8 +112,8 @@ void apply_recompute(const TrainOptions& o, GPT2& model);
 // auto: flash when the materialized scores would take over a quarter of the memory there is: the simulated
 // cap if one is set (Allocator capacity), else the GPU's memory (choose_attention, gpt2.h). On the CPU
 // without a cap: materialized. B, T: the batch the model will see.
-std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B,
-                                                            int T, Device device);
+std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B, int T,
+                                                            Device device);
 
 // The simulated link (comm.h LinkModel): a preset, optionally `slowdown` times slower (latencies x F,
 // bandwidth / F; its name gets "/F"). A CPU computes roughly 10^3-10^4 times slower than the GPUs the
@@ -193,15 +193,15 @@ float evaluate_all_ranks(GPT2& model, Communicator& comm, ValidationSplit& val, 
 // What the event log says about one step's collectives (comm.h CommEvent). Times in ms, sizes in bytes
 // this rank contributed (payload, not bus bytes).
 struct CommStats {
-  double busy_ms = 0;          // time the transport had one in progress: sum of end - start (they run one at a
-                               // time), including any wait for a slower rank to join
-  double modeled_ms = 0;       // what the simulated link alone charges for them (0 without a link model)
-  int64_t payload_bytes = 0;   // all ops counted below
+  double busy_ms = 0;         // time the transport had one in progress: sum of end - start (they run one at a
+                              // time), including any wait for a slower rank to join
+  double modeled_ms = 0;      // what the simulated link alone charges for them (0 without a link model)
+  int64_t payload_bytes = 0;  // all ops counted below
   int64_t all_reduce_bytes = 0;
   int64_t all_gather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
   int calls = 0;
-  bool simulated = false;      // a link model decided (part of) their duration
+  bool simulated = false;  // a link model decided (part of) their duration
 };
 // The events of op `only_op` ("all_reduce", ...; "": every op). An event still in flight (end_ms 0)
 // counts as busy up to now_ms (Communicator::now_ms()).

@@ -24,17 +24,17 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/comm/comm.h"             // defines: Communicator
-#include "scalelab/core/allocator.h"        // defines: MemStats
-#include "scalelab/core/error.h"            // defines: OutOfMemory
-#include "scalelab/core/rng.h"              // defines: Rng
-#include "scalelab/data/batch_source.h"     // defines: data::BatchSource, OpenBatchSource, LoaderConfig
-#include "scalelab/driver/driver.h"         // defines: TrainOptions, ValidationSplit
-#include "scalelab/measure/calibration.h"   // defines: Peak
-#include "scalelab/measure/metrics.h"       // defines: RunLogger, TimeSpan, kNotMeasured
-#include "scalelab/model/batch.h"           // defines: MicroBatch, StepResult
-#include "scalelab/model/gpt2.h"            // defines: GPT2, GPTConfig
-#include "scalelab/model/optim.h"           // defines: LRSchedule
+#include "scalelab/comm/comm.h"            // defines: Communicator
+#include "scalelab/core/allocator.h"       // defines: MemStats
+#include "scalelab/core/error.h"           // defines: OutOfMemory
+#include "scalelab/core/rng.h"             // defines: Rng
+#include "scalelab/data/batch_source.h"    // defines: data::BatchSource, OpenBatchSource, LoaderConfig
+#include "scalelab/driver/driver.h"        // defines: TrainOptions, ValidationSplit
+#include "scalelab/measure/calibration.h"  // defines: Peak
+#include "scalelab/measure/metrics.h"      // defines: RunLogger, TimeSpan, kNotMeasured
+#include "scalelab/model/batch.h"          // defines: MicroBatch, StepResult
+#include "scalelab/model/gpt2.h"           // defines: GPT2, GPTConfig
+#include "scalelab/model/optim.h"          // defines: LRSchedule
 
 namespace scalelab::driver {
 
@@ -93,10 +93,10 @@ void check_train_options(const TrainOptions& o);
 
 // The shape of a run's steps.
 struct LoopSpec {
-  std::string lab;          // "lab01", "lab03", ...: the progress line's and the report's name
-  int micro_batch = 0;      // B: sequences per rank per micro-step
-  int micro_steps = 1;      // micro-steps per optimizer step (gradient accumulation)
-  int global_batch = 0;     // sequences per optimizer step, all ranks together
+  std::string lab;                    // "lab01", "lab03", ...: the progress line's and the report's name
+  int micro_batch = 0;                // B: sequences per rank per micro-step
+  int micro_steps = 1;                // micro-steps per optimizer step (gradient accumulation)
+  int global_batch = 0;               // sequences per optimizer step, all ranks together
   bool sample_on_every_rank = false;  // lab 04: a ZeRO-3 forward is collective, so every rank samples
 };
 
@@ -107,22 +107,22 @@ struct StepMeasure {
   double comm_modeled_ms = 0;     // what the simulated link charged for them
   bool simulated = false;         // a link model decided (part of) their duration
   nlohmann::json extra = nlohmann::json::object();  // more keys for the step record (units in their names)
-  std::vector<TimeSpan> spans;    // the step's compute spans, for its `timeline` record (when asked)
+  std::vector<TimeSpan> spans;                      // the step's compute spans, for its `timeline` record (when asked)
 };
 
 // What the loop measured over the whole run.
 struct Summary {
-  int64_t steps = 0;           // optimizer steps this run made (from start_step)
-  int timed_steps = 1;         // steps after the warm-up one (at least 1, the divisor of the means below)
-  float final_loss = 0.0f;     // the last step's loss, averaged over the ranks
+  int64_t steps = 0;        // optimizer steps this run made (from start_step)
+  int timed_steps = 1;      // steps after the warm-up one (at least 1, the divisor of the means below)
+  float final_loss = 0.0f;  // the last step's loss, averaged over the ranks
   float val_loss_start = 0.0f, val_loss_end = 0.0f;
-  double tokens_per_s = 0;     // all ranks together, over the timed steps (token-weighted)
-  double mfu = kNotMeasured;   // of tokens_per_s, against num_devices x the peak
-  double hfu = kNotMeasured;   // the same with the recompute's FLOPs added (= mfu without --recompute)
-  double step_ms = 0;          // per timed step: wall time, data wait, exposed and busy communication
+  double tokens_per_s = 0;    // all ranks together, over the timed steps (token-weighted)
+  double mfu = kNotMeasured;  // of tokens_per_s, against num_devices x the peak
+  double hfu = kNotMeasured;  // the same with the recompute's FLOPs added (= mfu without --recompute)
+  double step_ms = 0;         // per timed step: wall time, data wait, exposed and busy communication
   double data_wait_ms = 0, comm_ms = kNotMeasured, comm_busy_ms = 0, comm_modeled_ms = 0;
-  MemStats memory{};           // the allocator's statistics right after the last step (before the sample)
-  std::string sample;          // sample_tokens bytes generated from "\n" (rank 0; "" elsewhere or when 0)
+  MemStats memory{};   // the allocator's statistics right after the last step (before the sample)
+  std::string sample;  // sample_tokens bytes generated from "\n" (rank 0; "" elsewhere or when 0)
 };
 
 class TrainLoop {
@@ -130,8 +130,8 @@ class TrainLoop {
   // comm: the data-parallel group's communicator, or nullptr for one device (lab 01: no collective is
   // made). data: the run's loaders (data.train, data.val: both open) and the parts' throughput and MFU.
   // The loop keeps references to everything given; they must outlive run().
-  TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data,
-            RunLogger& log, const Peak& peak, double flops_per_token, Device device);
+  TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data, RunLogger& log,
+            const Peak& peak, double flops_per_token, Device device);
 
   // ---- what the lab plugs in
   // Required: one optimizer step over this rank's micro-batches (micro.size() == spec.micro_steps) at
@@ -212,15 +212,15 @@ void print_summary_headline(const Summary& s, const Peak& peak, int num_devices)
 
 // What a run that ran out of (simulated) device memory was, for its report.
 struct OomContext {
-  std::string lab;          // "lab04"
-  std::string doing;        // TrainLoop::doing(), or what the driver was doing before the loop
+  std::string lab;    // "lab04"
+  std::string doing;  // TrainLoop::doing(), or what the driver was doing before the loop
   int rank = 0, world = 1;
-  std::string model;        // the preset's name
+  std::string model;  // the preset's name
   GPTConfig cfg;
-  int zero_stage = 0;       // 0: every rank holds the whole model state (one device, DDP)
+  int zero_stage = 0;  // 0: every rank holds the whole model state (one device, DDP)
   PrecisionPolicy policy;
   OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::AdamW;
-  int prefetch = 0;         // ZeRO-3 gathers in flight beyond the unit in use
+  int prefetch = 0;  // ZeRO-3 gathers in flight beyond the unit in use
   int micro_batch = 0, seq_len = 0;
   Device device = Device::CPU;
 };

@@ -30,7 +30,7 @@ struct RankTiming {
 
 // One point of a short per-device batch sweep: one device, no communication, same T and model.
 struct BatchPoint {
-  int micro_batch = 0;                           // B, sequences per device per micro-step
+  int micro_batch = 0;                            // B, sequences per device per micro-step
   double tokens_per_s_per_device = kNotMeasured;  // tokens/s: B * T / mean timed step time
 };
 
@@ -107,18 +107,18 @@ struct VerdictThresholds {
 
 // One of the four causes, checked on the evidence.
 struct CauseFinding {
-  int order = 0;              // 1..4, the lesson's order of checking
-  std::string cause;          // "data-loader saturation", ... (kCauseNames below)
-  bool culprit = false;       // the evidence crosses the threshold
-  std::string evidence;       // the measured numbers in words; "not measured: <what is missing>"
-  std::string fix;            // what to do about this cause (filled whether or not it is the culprit)
+  int order = 0;                    // 1..4, the lesson's order of checking
+  std::string cause;                // "data-loader saturation", ... (kCauseNames below)
+  bool culprit = false;             // the evidence crosses the threshold
+  std::string evidence;             // the measured numbers in words; "not measured: <what is missing>"
+  std::string fix;                  // what to do about this cause (filled whether or not it is the culprit)
   double measured = kNotMeasured;   // the number compared with `threshold` (the one that decided)
   double threshold = kNotMeasured;  // the threshold it was compared with (VerdictThresholds)
-  bool has_evidence = false;  // false: the evidence was missing and `culprit` is false
+  bool has_evidence = false;        // false: the evidence was missing and `culprit` is false
 };
 
 struct Verdict {
-  std::vector<CauseFinding> findings;  // always 4, in lesson order (findings[i].order == i + 1)
+  std::vector<CauseFinding> findings;        // always 4, in lesson order (findings[i].order == i + 1)
   double scaling_efficiency = kNotMeasured;  // fraction: multi / (N x single); NaN when not measured
   std::string conclusion;  // one line: what to fix first (the first culprit), or that none of the four fired
   // The causes marked culprit, in lesson order (empty: none of the four).

@@ -19,24 +19,24 @@ namespace scalelab {
 
 // One timed GEMM shape: C(M, N) = op(A) @ op(B), row-major, 2*M*N*K FLOPs.
 struct GemmShapeResult {
-  std::string name;       // "fc_forward", "fc_backward_dinp", ...
+  std::string name;  // "fc_forward", "fc_backward_dinp", ...
   int M = 0, N = 0, K = 0;
-  bool trans_a = false;   // A stored (K, M) and transposed
-  bool trans_b = false;   // B stored (N, K) and transposed
-  int repeats = 0;        // timed calls (after one untimed warm-up call)
-  double median_ms = 0;   // median wall time of one call (for reading the spread)
-  double flops_per_s = 0; // 2*M*N*K / time of the FASTEST call: other processes only ever slow a GEMM
+  bool trans_a = false;    // A stored (K, M) and transposed
+  bool trans_b = false;    // B stored (N, K) and transposed
+  int repeats = 0;         // timed calls (after one untimed warm-up call)
+  double median_ms = 0;    // median wall time of one call (for reading the spread)
+  double flops_per_s = 0;  // 2*M*N*K / time of the FASTEST call: other processes only ever slow a GEMM
 };
 
 struct Calibration {
-  std::string id;             // "cpu-gemm-<8 hex of cpu model>-<threads>t-<yyyymmdd>"
-  std::string cpu_model;      // /proc/cpuinfo "model name"; the cache is valid only on the same model
-  std::string blas_build;     // e.g. "OpenBLAS (OpenMP)"
-  int threads = 0;            // BLAS/OpenMP threads during the measurement
-  double flops_per_s = 0;     // the peak for MFU: the best shape's rate (see calibration.cpp for why)
+  std::string id;                 // "cpu-gemm-<8 hex of cpu model>-<threads>t-<yyyymmdd>"
+  std::string cpu_model;          // /proc/cpuinfo "model name"; the cache is valid only on the same model
+  std::string blas_build;         // e.g. "OpenBLAS (OpenMP)"
+  int threads = 0;                // BLAS/OpenMP threads during the measurement
+  double flops_per_s = 0;         // the peak for MFU: the best shape's rate (see calibration.cpp for why)
   double median_flops_per_s = 0;  // median over shapes of the per-shape rates
-  std::string source;         // "calibrated sgemm, d12 shapes, 2 threads, 2026-11-29" (goes in the run log)
-  std::string date;           // "2026-11-29" (UTC)
+  std::string source;             // "calibrated sgemm, d12 shapes, 2 threads, 2026-11-29" (goes in the run log)
+  std::string date;               // "2026-11-29" (UTC)
   std::vector<GemmShapeResult> shapes;
 
   nlohmann::json to_json() const;
@@ -77,11 +77,11 @@ std::string calibration_cache_path(const std::string& cache_dir, int threads, Ge
 // ---------------------------------------------------------------------------------------------
 // Datasheet peaks of known accelerators, dense (vendors headline the 2:4-sparse figure, 2x these).
 struct PeakEntry {
-  std::string device;            // canonical name, e.g. "NVIDIA H200 SXM"
-  double bf16_flops_per_s = 0;   // dense bf16 tensor core, fp32 accumulate
-  double tf32_flops_per_s = 0;   // dense tf32 tensor core; 0 = not in our table
-  double fp32_flops_per_s = 0;   // plain fp32 (no tensor cores); 0 = not in our table
-  std::string source;            // where the numbers come from
+  std::string device;           // canonical name, e.g. "NVIDIA H200 SXM"
+  double bf16_flops_per_s = 0;  // dense bf16 tensor core, fp32 accumulate
+  double tf32_flops_per_s = 0;  // dense tf32 tensor core; 0 = not in our table
+  double fp32_flops_per_s = 0;  // plain fp32 (no tensor cores); 0 = not in our table
+  std::string source;           // where the numbers come from
 };
 
 // The table entry whose name patterns match `device_name` (case-insensitive), e.g. the CUDA name

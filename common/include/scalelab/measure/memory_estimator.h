@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/model/gpt2.h"       // defines: GPTConfig, gpt2_unit_numel
-#include "scalelab/model/optim.h"      // defines: OptimizerConfig::Kind
+#include "scalelab/model/gpt2.h"      // defines: GPTConfig, gpt2_unit_numel
+#include "scalelab/model/optim.h"     // defines: OptimizerConfig::Kind
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
 
 namespace scalelab {
@@ -102,10 +102,10 @@ ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& 
 
 // Per-rank memory of lab 04's data-parallel training of GPT-2 at a ZeRO stage.
 struct MemoryEstimate {
-  ModelStateBytes persistent;                  // bytes held between steps, per category
-  ModelStateBytes peak;                        // the largest bytes per category during a step
-  int64_t activations_bytes = 0;               // gpt2_activation_bytes (exact, this kit's model)
-  int64_t activations_korthikanti_bytes = 0;   // korthikanti_activation_bytes (for comparison only)
+  ModelStateBytes persistent;                 // bytes held between steps, per category
+  ModelStateBytes peak;                       // the largest bytes per category during a step
+  int64_t activations_bytes = 0;              // gpt2_activation_bytes (exact, this kit's model)
+  int64_t activations_korthikanti_bytes = 0;  // korthikanti_activation_bytes (for comparison only)
   // peak model state + activations, bytes. The per-category peaks are summed, which is the step's peak
   // in this kit: in ZeRO-3 the gathered parameters and full gradients coexist during backward, with
   // the activations allocated from the first forward on. CPU bf16 emulation workspace is not counted.

@@ -25,12 +25,11 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "scalelab/core/allocator.h"  // defines: Device, the memory categories logged per step
-#include "scalelab/comm/comm.h"       // defines: CommEvent (the communication part of a timeline record)
+#include "scalelab/core/allocator.h"        // defines: Device, the memory categories logged per step
+#include "scalelab/comm/comm.h"             // defines: CommEvent (the communication part of a timeline record)
 #include "scalelab/measure/not_measured.h"  // defines: kNotMeasured
 
 namespace scalelab {
-
 
 // What this machine is (for the run record; calibration keys its cache on cpu_model).
 struct SystemInfo {
@@ -53,29 +52,29 @@ std::string utc_now_iso8601();
 struct RunRecord {
   nlohmann::json config = nlohmann::json::object();  // the program's full configuration (CLI flags)
   int world_size = 1;
-  std::string track;            // "learner" or "reference"
-  std::string device = "cpu";   // "cpu" or the GPU name, e.g. "NVIDIA H200"
-  int threads = 0;              // CPU threads per rank (OpenMP + BLAS); 0: filled from num_threads()
-  std::string precision;        // PrecisionPolicy::name(): "fp32", "bf16-mixed"
+  std::string track;                       // "learner" or "reference"
+  std::string device = "cpu";              // "cpu" or the GPU name, e.g. "NVIDIA H200"
+  int threads = 0;                         // CPU threads per rank (OpenMP + BLAS); 0: filled from num_threads()
+  std::string precision;                   // PrecisionPolicy::name(): "fp32", "bf16-mixed"
   double peak_flops_per_s = kNotMeasured;  // per device: the denominator of mfu
-  std::string peak_source;      // "datasheet: NVIDIA H200 SXM dense bf16 ..." or a calibration's source
-  std::string calibration_id;   // Calibration::id when the peak was measured, "" for a datasheet peak
+  std::string peak_source;                 // "datasheet: NVIDIA H200 SXM dense bf16 ..." or a calibration's source
+  std::string calibration_id;              // Calibration::id when the peak was measured, "" for a datasheet peak
   nlohmann::json extra = nlohmann::json::object();  // more keys, merged into the record
 };
 
 // One `step` record. Times in milliseconds of wall clock, as the rank measured them.
 // Fields left at kNotMeasured are written as null (for example comm_ms in a single-rank lab).
 struct StepRecord {
-  int64_t step = 0;                       // 0-based optimizer step
-  double loss = kNotMeasured;             // mean training loss of this step, nats per token
-  double lr = kNotMeasured;               // learning rate used by this step's update
-  int64_t tokens = 0;                     // tokens processed by this step, all ranks together (B*T*grad_accum*dp)
-  double step_ms = kNotMeasured;          // wall time of the whole step on this rank
-  double data_wait_ms = kNotMeasured;     // part of step_ms spent waiting for the data loader
-  double comm_ms = kNotMeasured;          // part of step_ms spent in communication calls (blocking or waited on)
-  double tokens_per_s = kNotMeasured;     // tokens / (step_ms / 1000)
-  double mfu = kNotMeasured;              // model FLOPs utilization, a fraction in [0, 1] (not percent)
-  double grad_norm = kNotMeasured;        // global L2 norm of the gradient before clipping
+  int64_t step = 0;                    // 0-based optimizer step
+  double loss = kNotMeasured;          // mean training loss of this step, nats per token
+  double lr = kNotMeasured;            // learning rate used by this step's update
+  int64_t tokens = 0;                  // tokens processed by this step, all ranks together (B*T*grad_accum*dp)
+  double step_ms = kNotMeasured;       // wall time of the whole step on this rank
+  double data_wait_ms = kNotMeasured;  // part of step_ms spent waiting for the data loader
+  double comm_ms = kNotMeasured;       // part of step_ms spent in communication calls (blocking or waited on)
+  double tokens_per_s = kNotMeasured;  // tokens / (step_ms / 1000)
+  double mfu = kNotMeasured;           // model FLOPs utilization, a fraction in [0, 1] (not percent)
+  double grad_norm = kNotMeasured;     // global L2 norm of the gradient before clipping
   nlohmann::json extra = nlohmann::json::object();  // more keys (units in their names), merged in
 };
 

@@ -51,7 +51,7 @@ class CheckpointWriter {
     std::string name;
     const uint8_t* data = nullptr;  // borrowed bytes (add); null for owned sections
     size_t nbytes = 0;
-    std::vector<uint8_t> owned;     // the bytes of add_copy / add_json sections
+    std::vector<uint8_t> owned;  // the bytes of add_copy / add_json sections
     const uint8_t* bytes() const { return data ? data : owned.data(); }
   };
   void check_new_name(const std::string& name) const;
@@ -70,7 +70,7 @@ class CheckpointReader {
   explicit CheckpointReader(const std::string& path, bool verify_file_checksum = true);
 
   bool has(const std::string& name) const;
-  std::vector<std::string> names() const;          // in the order they were written
+  std::vector<std::string> names() const;            // in the order they were written
   size_t size_bytes(const std::string& name) const;  // throws if the section is missing
 
   // Copies section `name` into dst. Throws if the section is missing, if nbytes differs from the
@@ -85,9 +85,9 @@ class CheckpointReader {
  private:
   struct Entry {
     std::string name;
-    uint64_t offset = 0;      // bytes from the start of the file
+    uint64_t offset = 0;  // bytes from the start of the file
     uint64_t size_bytes = 0;
-    uint32_t crc32 = 0;       // CRC-32 (zlib) of the section's bytes
+    uint32_t crc32 = 0;  // CRC-32 (zlib) of the section's bytes
   };
   const Entry& find(const std::string& name) const;
   std::string path_;

@@ -167,10 +167,9 @@ class GPT2 {
   // re-run of it) and the block's input x (stream), with the unit's weights w. dresidual (stream) enters as
   // d(loss)/d(block output) and leaves as d(loss)/d(x); the block's gradients are ADDED to the unit's grad
   // buffer. No hooks: the caller runs them.
-  void block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w,
-                      const BlockParams& b);
+  void block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b);
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not in this shard
-  int head_wte_ = -1;  // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
+  int head_wte_ = -1;                           // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
   int index_of(const std::string& name) const;  // table index; throws on an unknown name
   // fp32 view of table entry `i` inside unit_weights_f32(its unit). Throws for a matmul weight under
   // bf16-compute (it has no fp32 copy; use matmul_weight).
@@ -205,11 +204,11 @@ class GPT2 {
   // Per table entry: where its fp32 values sit in unit_weights_f32(unit). The table offset (fp32,
   // bf16-mixed); under bf16-compute a slot in scratch_.small_params_f32, or -1 for a block's matmul weight.
   std::vector<int64_t> f32_offset_;
-  int64_t f32_scratch_numel_ = 0;  // bf16-compute: elements of scratch_.small_params_f32 (the largest unit's need)
-  GPT2Activations acts_;  // the model's own set (forward(tokens, targets) / backward())
-  BackwardScratch scratch_;               // shared by every set of this model (gpt2_activations.h)
-  std::shared_ptr<HookLists> hooks_;      // shared with the HookHandles (weakly): survives a move
-  TensorParallel* tp_ = nullptr;          // not owned; nullptr: the identity
+  int64_t f32_scratch_numel_ = 0;     // bf16-compute: elements of scratch_.small_params_f32 (the largest unit's need)
+  GPT2Activations acts_;              // the model's own set (forward(tokens, targets) / backward())
+  BackwardScratch scratch_;           // shared by every set of this model (gpt2_activations.h)
+  std::shared_ptr<HookLists> hooks_;  // shared with the HookHandles (weakly): survives a move
+  TensorParallel* tp_ = nullptr;      // not owned; nullptr: the identity
   AttentionImpl attention_ = AttentionImpl::Materialized;
   std::vector<Recompute> recompute_;  // (L,) per block, Recompute::None unless set_recompute
 };

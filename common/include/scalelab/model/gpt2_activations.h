@@ -66,19 +66,19 @@ double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode);
 // 4C/tp, NH/tp, V/tp under tensor parallelism). "Stream" is the residual stream's shape: (B,T,C), or with
 // sequence parallelism this rank's (B*T/tp, C) token rows of it (tensor_parallel.h); "rows" (B,T) or (B*T/tp).
 
-struct BlockActivations {  // one transformer block; with Recompute::Full only residual3 is its own
+struct BlockActivations {            // one transformer block; with Recompute::Full only residual3 is its own
   Recompute mode = Recompute::None;  // what the set keeps for this block (the model's choice when it was made)
-  Tensor ln1, ln1_mean, ln1_rstd;  // stream, rows, rows
-  Tensor ln1_full;                 // (B,T,C): the gathered ln1 (sequence parallel; else ln1 itself)
-  Tensor qkv;                      // (B,T,3C/tp)
-  Tensor att;                      // (B,NH/tp,T,T) materialized attention
-  Tensor lse;                      // (B,NH/tp,T) flash attention (att stays empty)
-  Tensor atty;                     // (B,T,C/tp)
-  Tensor attproj, residual2;       // stream
-  Tensor ln2, ln2_mean, ln2_rstd;  // stream, rows, rows
-  Tensor ln2_full;                 // (B,T,C) (sequence parallel; else ln2 itself)
-  Tensor fch, fch_gelu;            // (B,T,4C/tp)
-  Tensor fcproj, residual3;        // stream; residual3 is the block's output
+  Tensor ln1, ln1_mean, ln1_rstd;    // stream, rows, rows
+  Tensor ln1_full;                   // (B,T,C): the gathered ln1 (sequence parallel; else ln1 itself)
+  Tensor qkv;                        // (B,T,3C/tp)
+  Tensor att;                        // (B,NH/tp,T,T) materialized attention
+  Tensor lse;                        // (B,NH/tp,T) flash attention (att stays empty)
+  Tensor atty;                       // (B,T,C/tp)
+  Tensor attproj, residual2;         // stream
+  Tensor ln2, ln2_mean, ln2_rstd;    // stream, rows, rows
+  Tensor ln2_full;                   // (B,T,C) (sequence parallel; else ln2 itself)
+  Tensor fch, fch_gelu;              // (B,T,4C/tp)
+  Tensor fcproj, residual3;          // stream; residual3 is the block's output
 };
 
 class GPT2;
@@ -100,15 +100,15 @@ class GPT2Activations {
   friend class GPT2;
   friend GPT2Activations allocate_activations(const ActivationSpec& spec, int B, int T);
   int B_ = 0, T_ = 0;
-  Tensor tokens, targets;          // copies of the inputs (B,T) i32 (targets: the stage with the head)
-  Tensor input;                    // (stream) copy of the hidden state entering a stage without the embedding
-  Tensor encoded;                  // (stream) the embedding's output
+  Tensor tokens, targets;                // copies of the inputs (B,T) i32 (targets: the stage with the head)
+  Tensor input;                          // (stream) copy of the hidden state entering a stage without the embedding
+  Tensor encoded;                        // (stream) the embedding's output
   std::vector<BlockActivations> blocks;  // the owned blocks, first_layer first
-  Tensor lnf, lnf_mean, lnf_rstd;  // stream, rows, rows
-  Tensor lnf_full;                 // (B,T,C) (sequence parallel; else lnf itself)
-  Tensor head_logits;              // (B,T,V/tp) the LM head's output, overwritten by dlogits in backward
-  Tensor probs;                    // (B,T,V/tp) softmax of logits, kept for backward
-  Tensor losses;                   // (B,T)
+  Tensor lnf, lnf_mean, lnf_rstd;        // stream, rows, rows
+  Tensor lnf_full;                       // (B,T,C) (sequence parallel; else lnf itself)
+  Tensor head_logits;                    // (B,T,V/tp) the LM head's output, overwritten by dlogits in backward
+  Tensor probs;                          // (B,T,V/tp) softmax of logits, kept for backward
+  Tensor losses;                         // (B,T)
   bool have_targets = false;
 };
 

@@ -36,11 +36,11 @@ struct GPTConfig {
 // dense model. Unit ids stay global: a shard simply has no storage, no table entries and no hooks for the
 // units it does not own.
 struct ModelShard {
-  int tp_rank = 0, tp_size = 1;  // tensor parallel: this rank's index and the group's size
-  int first_layer = 0;           // blocks [first_layer, last_layer], 0-based (unit = layer + 1)
-  int last_layer = -1;           // -1: the last block, L-1
-  bool has_embedding = true;     // unit 0 (wte, wpe): the first stage
-  bool has_head = true;          // unit L+1 (ln_f) and the tied LM head: the last stage
+  int tp_rank = 0, tp_size = 1;    // tensor parallel: this rank's index and the group's size
+  int first_layer = 0;             // blocks [first_layer, last_layer], 0-based (unit = layer + 1)
+  int last_layer = -1;             // -1: the last block, L-1
+  bool has_embedding = true;       // unit 0 (wte, wpe): the first stage
+  bool has_head = true;            // unit L+1 (ln_f) and the tied LM head: the last stage
   bool sequence_parallel = false;  // tp > 1: layernorms and the residual stream split along T too
                                    // (Korthikanti et al. 2022, Sec. 4.2.2)
   static ModelShard dense() { return {}; }
@@ -50,15 +50,15 @@ struct ModelShard {
   void validate(const GPTConfig& cfg) const;
   int last(const GPTConfig& cfg) const { return last_layer < 0 ? cfg.n_layer - 1 : last_layer; }
   int num_blocks(const GPTConfig& cfg) const { return last(cfg) - first_layer + 1; }  // blocks the shard holds
-  bool owns_unit(int unit, const GPTConfig& cfg) const;  // 0..L+1
-  bool is_dense(const GPTConfig& cfg) const;               // the whole model, tp = 1
+  bool owns_unit(int unit, const GPTConfig& cfg) const;                               // 0..L+1
+  bool is_dense(const GPTConfig& cfg) const;                                          // the whole model, tp = 1
   std::string str() const;  // "tp 1/2 | layers 0-3 | embedding | head"
 };
 
 struct ParamInfo {
-  std::string name;  // PyTorch-style: "wte", "h.3.attn.c_attn.weight", "ln_f.bias"
-  Shape shape;       // the shard's local shape; linear weights are (out, in) like torch.nn.Linear
-  int unit = 0;      // 0 = embed, 1..L = blocks, L+1 = ln_f
+  std::string name;    // PyTorch-style: "wte", "h.3.attn.c_attn.weight", "ln_f.bias"
+  Shape shape;         // the shard's local shape; linear weights are (out, in) like torch.nn.Linear
+  int unit = 0;        // 0 = embed, 1..L = blocks, L+1 = ln_f
   int64_t offset = 0;  // element offset inside the unit's buffer
   int64_t numel = 0;
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or layernorm)

@@ -71,8 +71,8 @@ class HookHandle {
   HookHandle& operator=(HookHandle&& other) noexcept;
   HookHandle(const HookHandle&) = delete;
   HookHandle& operator=(const HookHandle&) = delete;
-  void remove();               // idempotent
-  bool active() const;         // the hook is still installed
+  void remove();        // idempotent
+  bool active() const;  // the hook is still installed
  private:
   std::weak_ptr<HookLists> lists_;
   HookPoint point_ = HookPoint::BeforeForward;

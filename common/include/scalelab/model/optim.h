@@ -13,8 +13,8 @@ namespace scalelab {
 
 struct OptimizerConfig {
   enum class Kind { AdamW, SGD } kind = Kind::AdamW;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW; GPT-3 paper values (Brown et al. 2020, App. B)
-  float weight_decay = 0.1f;                        // applied only where ParamInfo::decay is true
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;       // AdamW; GPT-3 paper values (Brown et al. 2020, App. B)
+  float weight_decay = 0.1f;                            // applied only where ParamInfo::decay is true
   static Kind kind_from_name(const std::string& name);  // "adamw" | "sgd"; throws with a hint otherwise
   static const char* kind_name(Kind kind);              // "adamw" | "sgd"
 };

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "scalelab/model/gpt2.h"  // defines: GPT2
-#include "scalelab/core/rng.h"   // defines: Rng
+#include "scalelab/core/rng.h"    // defines: Rng
 
 namespace scalelab {
 

@@ -31,11 +31,11 @@
 namespace scalelab {
 
 struct OpCost {
-  double flops = 0;                      // FLOPs of the matrix products (2 per multiply-add)
-  double bytes = 0;                      // bytes read + written in device memory
+  double flops = 0;  // FLOPs of the matrix products (2 per multiply-add)
+  double bytes = 0;  // bytes read + written in device memory
   OpClass op_class = OpClass::MemoryBound;
-  DType math = DType::F32;               // the dtype the products run in: its peak applies (bf16 or f32)
-  int64_t launches = 0;                  // kernels launched
+  DType math = DType::F32;  // the dtype the products run in: its peak applies (bf16 or f32)
+  int64_t launches = 0;     // kernels launched
 };
 
 // docs/simulation.md rule 2: launches x launch_s + max(flops / (peak(math) x eff(class)),

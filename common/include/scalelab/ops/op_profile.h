@@ -23,7 +23,7 @@ struct OpTime {
   std::string phase;  // op_profile_phase's name when the op ran ("" before any)
   std::string op;     // the ops.h function: "matmul_forward", "layernorm_backward", ...
   int64_t calls = 0;
-  double ms = 0;      // time of all its calls, milliseconds: wall time, or modelled time on SIM
+  double ms = 0;  // time of all its calls, milliseconds: wall time, or modelled time on SIM
 };
 
 // Turns the profile on (the table is emptied) or off (the table is kept for op_profile_table).

@@ -63,8 +63,7 @@ void matmul_backward_bf16(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Te
 // out (B,T,C): att @ v with heads concatenated. BLAS computes q k^T and att v per (b, head).
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH);
 // dqkv (B,T,3C) += gradients of q, k, v. datt (B,NH,T,T) is scratch (overwritten).
-void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                        int NH);
+void attention_backward(Tensor& dqkv, Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH);
 
 // Memory-efficient ("flash-style") causal self-attention: the same out as attention_forward, without the
 // (B,NH,T,T) scores. An online softmax over key tiles (Dao et al. 2022, "FlashAttention", arXiv:2205.14135,
@@ -77,8 +76,8 @@ void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH
 // dqkv (B,T,3C) += gradients of q, k, v (FlashAttention Alg. 2): recomputes P = exp(S - lse) per tile and
 // D_t = rowsum(dout_t * out_t). dout, out (B,T,C); qkv (B,T,3C); lse (B,NH,T) as saved by the forward.
 // Needs no scratch from the caller (its O(B*NH*T) scratch is allocated inside, category Workspace).
-void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH);
+void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              int NH);
 
 // GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, Sec. 2):
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape; out and inp same numel.
@@ -118,16 +117,16 @@ void encoder_backward_vocab_shard(Tensor& dwte_shard, Tensor* dwpe, const Tensor
 void logits_row_max(Tensor& maxes, const Tensor& logits);
 // With maxes the max over ALL columns: sumexp (N) = sum of exp(logits - maxes) over the rank's columns;
 // target_logit (N) = the target's logit where the target is one of the rank's columns, else 0.
-void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
-                                       const Tensor& maxes, const Tensor& targets, int64_t vocab_begin);
+void crossentropy_vocab_shard_partials(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& maxes,
+                                       const Tensor& targets, int64_t vocab_begin);
 // With maxes, sumexp and target_logit over ALL columns: losses (N) = log(sumexp) + maxes - target_logit (the
 // same on every rank) and probs (N,Vl) = exp(logits - maxes) / sumexp, the rank's columns of the softmax.
 void crossentropy_vocab_shard_finish(Tensor& losses, Tensor& probs, const Tensor& logits, const Tensor& maxes,
                                      const Tensor& sumexp, const Tensor& target_logit);
 // dlogits (N,Vl) = dloss * (probs - onehot(targets - vocab_begin)) on the rank's columns. OVERWRITES dlogits,
 // which may alias probs.
-void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                                       int64_t vocab_begin, float dloss);
+void crossentropy_vocab_shard_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets, int64_t vocab_begin,
+                                       float dloss);
 
 // AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Alg. 2) on one fp32 tensor, step t >= 1:
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mhat = m/(1-b1^t);  vhat = v/(1-b2^t)
@@ -147,6 +146,5 @@ void scale_(Tensor& t, float s);
 void add_(Tensor& t, const Tensor& x);
 // dst = src with dtype conversion (f32 <-> bf16, round to nearest even; same dtype = copy). Same numel.
 void cast(Tensor& dst, const Tensor& src);
-
 
 }  // namespace scalelab

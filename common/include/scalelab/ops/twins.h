@@ -40,8 +40,8 @@ namespace scalelab::cpu {
 
 // The cast + sgemm path of matmul_*_bf16, in every build: what they run without oneDNN (or on a CPU without
 // AVX512_BF16), and the oracle the oneDNN path is tested against (tests/common/ops/test_bf16_compute.cpp).
-void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
-                                   int C, int OC);
+void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
+                                   int OC);
 void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                                     const bf16* weight, int64_t N, int C, int OC);
 // Which path matmul_*_bf16 run on this build and CPU, for headers and run records, e.g.

@@ -8,7 +8,7 @@
 // Tests: tests/common/ops/test_vec_math.cpp (the error over the whole range, the clamps, NaN; the sum's order).
 #pragma once
 
-#include <cmath>    // defines: std::floor
+#include <cmath>  // defines: std::floor
 #include <cstdint>
 #include <cstring>  // defines: std::memcpy
 
@@ -23,9 +23,9 @@ namespace scalelab::cpu {
 //   2^n by writing n + 127 into the float's exponent bits.
 inline float exp_vectorizable(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;      // ln 2 to 9 bits: n * kLn2Hi is exact for |n| <= 127
-  constexpr float kLn2Lo = -2.12194440e-4f;   // ln 2 - kLn2Hi
-  x = x < -87.0f ? -87.0f : x;  // compiled to min/max: no branch (NaN compares false and stays NaN)
+  constexpr float kLn2Hi = 0.693359375f;     // ln 2 to 9 bits: n * kLn2Hi is exact for |n| <= 127
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln 2 - kLn2Hi
+  x = x < -87.0f ? -87.0f : x;               // compiled to min/max: no branch (NaN compares false and stays NaN)
   x = x > 88.3f ? 88.3f : x;
   const float n = std::floor(x * kLog2e + 0.5f);
   const float r = (x - n * kLn2Hi) - n * kLn2Lo;

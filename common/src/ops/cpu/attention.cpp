@@ -27,24 +27,24 @@ constexpr int kRowBlock = 64;
 // att (B,NH,T,T) = softmax_s(q k^T / sqrt(HS)) with att[..,t,s] = 0 for s > t (written in full).
 // out (B,T,C) = att @ v, heads concatenated along channels (head h at channels [h*HS, (h+1)*HS)).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const int C3 = 3 * C;                                     // leading dimension of q, k, v inside qkv
-  const int HS = C / NH;                                    // head size
+  const int C3 = 3 * C;                                          // leading dimension of q, k, v inside qkv
+  const int HS = C / NH;                                         // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));  // the 1/sqrt(d_k) of Eq. 1
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       const float* q = qkv + static_cast<int64_t>(b) * T * C3 + h * HS;  // (T,HS), ld 3C
-      const float* k = q + C;                                             // (T,HS), ld 3C
-      const float* v = q + 2 * C;                                         // (T,HS), ld 3C
+      const float* k = q + C;                                            // (T,HS), ld 3C
+      const float* v = q + 2 * C;                                        // (T,HS), ld 3C
       float* att_bh = att + (static_cast<int64_t>(b) * NH + h) * T * T;  // (T,T), ld T
       float* out_bh = out + static_cast<int64_t>(b) * T * C + h * HS;    // (T,HS), ld C
       for (int t0 = 0; t0 < T; t0 += kRowBlock) {
-        const int rows = std::min(kRowBlock, T - t0);  // query rows [t0, t1)
-        const int keys = t0 + rows;                    // = t1: keys [0, t1) are visible to some row
+        const int rows = std::min(kRowBlock, T - t0);             // query rows [t0, t1)
+        const int keys = t0 + rows;                               // = t1: keys [0, t1) are visible to some row
         float* att_rows = att_bh + static_cast<int64_t>(t0) * T;  // (rows, T), ld T
         // 1. scores: att[t0:t1, 0:t1] = scale * q[t0:t1] @ k[0:t1]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, scale, q + int64_t{t0} * C3, C3, k,
-                    C3, /*beta=*/0.0f, att_rows, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, scale, q + int64_t{t0} * C3, C3, k, C3,
+                    /*beta=*/0.0f, att_rows, T);
         // 2. causal softmax of each row t over s <= t; max subtraction keeps exp() from overflowing.
         for (int t = t0; t < t0 + rows; t++) {
           float* row = att_bh + static_cast<int64_t>(t) * T;
@@ -69,8 +69,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 //   dP = dout @ v^T;   dv += P^T @ dout;
 //   dS[t,s] = P[t,s] * (dP[t,s] - sum_s' P[t,s'] dP[t,s'])     (softmax Jacobian-vector product)
 //   dq += scale * dS @ k;   dk += scale * dS^T @ q
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
-                        int T, int C, int NH) {
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int C, int NH) {
   const int C3 = 3 * C;
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -90,8 +90,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       for (int t0 = 0; t0 < T; t0 += kRowBlock) {
         const int rows = std::min(kRowBlock, T - t0);
         const int keys = t0 + rows;
-        const float* att_rows = att_bh + static_cast<int64_t>(t0) * T;  // (rows, T)
-        float* datt_rows = datt_bh + static_cast<int64_t>(t0) * T;      // (rows, T)
+        const float* att_rows = att_bh + static_cast<int64_t>(t0) * T;    // (rows, T)
+        float* datt_rows = datt_bh + static_cast<int64_t>(t0) * T;        // (rows, T)
         const float* dout_rows = dout_bh + static_cast<int64_t>(t0) * C;  // (rows, HS), ld C
         // 1. dP[t0:t1, 0:t1] = dout[t0:t1] @ v[0:t1]^T
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, dout_rows, C, v, C3,
@@ -111,8 +111,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, scale, datt_rows, T, k, C3,
                     /*beta=*/1.0f, dq + int64_t{t0} * C3, C3);
         // 5. dk[0:t1] += scale * dS[t0:t1, 0:t1]^T @ q[t0:t1]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, scale, datt_rows, T,
-                    q + int64_t{t0} * C3, C3, /*beta=*/1.0f, dk, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, scale, datt_rows, T, q + int64_t{t0} * C3,
+                    C3, /*beta=*/1.0f, dk, C3);
       }
     }
   }

@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "scalelab/core/allocator.h"  // defines: Device, MemCategory
-#include "scalelab/ops/ops.h"        // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/ops.h"         // defines: the cpu:: declarations implemented here
 #include "scalelab/core/tensor.h"     // defines: Tensor (scratch, counted by the allocator as Workspace)
 
 namespace scalelab::cpu {
@@ -68,13 +68,13 @@ void attention_forward_flash(float* out, float* lse, const float* qkv, int B, in
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       for (int qb = 0; qb < num_qblocks; qb++) {
-        float* acc = scratch.slice();          // (kBlockRows, HS): unnormalised sum_s p_s v_s per row
-        float* m = acc + kBlockRows * HS;      // (kBlockRows): running max of the scores seen
-        float* l = m + kBlockRows;             // (kBlockRows): running sum of exp(S - m)
-        float* p = l + kBlockRows;             // (kTile): this tile's scores, then their exps
+        float* acc = scratch.slice();      // (kBlockRows, HS): unnormalised sum_s p_s v_s per row
+        float* m = acc + kBlockRows * HS;  // (kBlockRows): running max of the scores seen
+        float* l = m + kBlockRows;         // (kBlockRows): running sum of exp(S - m)
+        float* p = l + kBlockRows;         // (kTile): this tile's scores, then their exps
         const float* q = qkv + static_cast<int64_t>(b) * T * C3 + h * HS;  // (T,HS), ld 3C
-        const float* k = q + C;                                             // (T,HS), ld 3C
-        const float* v = q + 2 * C;                                         // (T,HS), ld 3C
+        const float* k = q + C;                                            // (T,HS), ld 3C
+        const float* v = q + 2 * C;                                        // (T,HS), ld 3C
         const int q0 = qb * kBlockRows;
         const int rows = std::min(kBlockRows, T - q0);  // query rows [q0, q0 + rows)
         std::fill(acc, acc + kBlockRows * HS, 0.0f);
@@ -158,15 +158,15 @@ void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, 
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       for (int kb = 0; kb < num_blocks; kb++) {
-        float* acc_dk = scratch.slice();             // (kBlockRows, HS): sum_t dS[t,s] q_t (scale applied at the end)
-        float* acc_dv = acc_dk + kBlockRows * HS;    // (kBlockRows, HS): sum_t P[t,s] dout_t
+        float* acc_dk = scratch.slice();           // (kBlockRows, HS): sum_t dS[t,s] q_t (scale applied at the end)
+        float* acc_dv = acc_dk + kBlockRows * HS;  // (kBlockRows, HS): sum_t P[t,s] dout_t
         const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + h * HS;
         const float* q = qkv + qkv_off;  // (T,HS), ld 3C
         const float* k = q + C;
         const float* v = q + 2 * C;
         const float* dout_bh = dout + static_cast<int64_t>(b) * T * C + h * HS;  // (T,HS), ld C
-        const float* lse_bh = lse + (static_cast<int64_t>(b) * NH + h) * T;     // (T)
-        const float* D_bh = D + (static_cast<int64_t>(b) * NH + h) * T;         // (T)
+        const float* lse_bh = lse + (static_cast<int64_t>(b) * NH + h) * T;      // (T)
+        const float* D_bh = D + (static_cast<int64_t>(b) * NH + h) * T;          // (T)
         const int k0 = kb * kBlockRows;
         const int keys = std::min(kBlockRows, T - k0);
         std::fill(acc_dk, acc_dk + 2 * kBlockRows * HS, 0.0f);

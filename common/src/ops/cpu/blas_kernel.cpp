@@ -38,8 +38,8 @@ namespace {
 const char* best_kernel_for_this_cpu() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     return "SkylakeX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
 #endif

@@ -12,8 +12,8 @@ namespace scalelab::cpu {
 // probs (N,V) = softmax(logits (N,V)) per row; losses (N) = -log probs[i, targets[i]], targets (N) i32 in [0,V).
 // The loss is computed as log(sum_v exp(logit_v - max)) - (logit_target - max): the same number as
 // -log(probs[target]) (and torch's log_softmax), but it stays finite when probs[target] underflows to 0.
-void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets,
-                                  int64_t N, int V) {
+void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int64_t N,
+                                  int V) {
 #pragma omp parallel for schedule(static) if (N * V > 32768)
   for (int64_t i = 0; i < N; i++) {
     const float* z = logits + i * V;  // (V)
@@ -35,8 +35,8 @@ void softmax_crossentropy_forward(float* losses, float* probs, const float* logi
 // the logits, because d(-log softmax(z)_y)/dz_v = p_v - [v == y]. OVERWRITES dlogits (the one exception
 // to the += rule). dlogits may alias probs: each element is read before it is written.
 // probs (N,V); targets (N) i32; dloss = d(total loss)/d(losses[i]), e.g. 1/N for a mean.
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
-                                   int64_t N, int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int64_t N,
+                                   int V) {
 #pragma omp parallel for schedule(static) if (N * V > 32768)
   for (int64_t i = 0; i < N; i++) {
     const float* p = probs + i * V;

@@ -9,12 +9,11 @@ namespace scalelab::cpu {
 
 // out (B,T,C) = wte[tokens[b,t], :] + wpe[t, :].
 // tokens (B,T) i32, each in [0,V) (the Tensor-level op checks the range); wte (V,C); wpe (maxT,C), T <= maxT.
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                     int C) {
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   const int64_t N = static_cast<int64_t>(B) * T;  // rows
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t i = 0; i < N; i++) {
-    const int t = static_cast<int>(i % T);  // position of row i = (b, t)
+    const int t = static_cast<int>(i % T);                             // position of row i = (b, t)
     const float* wte_row = wte + static_cast<int64_t>(tokens[i]) * C;  // (C)
     const float* wpe_row = wpe + static_cast<int64_t>(t) * C;          // (C)
     float* out_row = out + i * C;                                      // (C)
@@ -26,7 +25,7 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
 // dout (B,T,C); tokens (B,T) i32.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
   // dwpe: each position t is owned by one iteration, so the loop over t parallelises without races.
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(B) * T * C > 32768)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(B) * T * C > 32768)
   for (int t = 0; t < T; t++) {
     float* dwpe_row = dwpe + static_cast<int64_t>(t) * C;
     for (int b = 0; b < B; b++) {

@@ -12,7 +12,7 @@
 namespace scalelab::cpu {
 
 namespace {
-constexpr float kLayerNormEps = 1e-5f;  // GPT-2's (and torch.nn.LayerNorm's default) epsilon
+constexpr float kLayerNormEps = 1e-5f;    // GPT-2's (and torch.nn.LayerNorm's default) epsilon
 constexpr int64_t kMaxRowChunks = 64;     // layernorm_backward: the rows cut into at most this many chunks
 constexpr int64_t kMinRowsPerChunk = 16;  // ... of at least this many rows each
 
@@ -20,8 +20,8 @@ constexpr int64_t kMinRowsPerChunk = 16;  // ... of at least this many rows each
 // __restrict (no two of these arrays overlap) lets the compiler vectorise the loop over c, which it left
 // scalar for the three stores it could not prove independent of the loads.
 inline void backward_row(float* __restrict dx, float* __restrict dw_part, float* __restrict db_part,
-                         const float* __restrict dy, const float* __restrict x, const float* __restrict weight,
-                         float m, float s, int C) {
+                         const float* __restrict dy, const float* __restrict x, const float* __restrict weight, float m,
+                         float s, int C) {
   const float g_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c]; }) / C;
   const float g_xhat_mean = sum_8_lanes(C, [&](int c) { return weight[c] * dy[c] * ((x[c] - m) * s); }) / C;
   for (int c = 0; c < C; c++) {
@@ -36,8 +36,8 @@ inline void backward_row(float* __restrict dx, float* __restrict dw_part, float*
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) saved for backward.
 // inp (N,C); weight, bias (C). Variance is the biased one (divide by C), as torch.nn.LayerNorm.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C) {
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t i = 0; i < N; i++) {
     const float* x = inp + i * C;  // (C)

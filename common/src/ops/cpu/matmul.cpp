@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "scalelab/ops/ops.h"     // defines: the cpu:: declarations implemented here, cast_bf16_to_f32
+#include "scalelab/ops/ops.h"      // defines: the cpu:: declarations implemented here, cast_bf16_to_f32
 #include "scalelab/core/tensor.h"  // defines: Tensor (fp32 scratch of the bf16 variants, category Workspace)
 
 namespace scalelab::cpu {
@@ -23,8 +23,7 @@ constexpr int kChannelBlock = 64;  // output channels per task in the dbias colu
 
 // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias(OC); bias may be nullptr.
 // Row-major: out[i,o] = sum_c inp[i,c] * weight[o,c], i.e. sgemm(NoTrans, Trans). 2*N*C*OC flops.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                    int OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC) {
   float beta = 0.0f;  // 0: sgemm overwrites out
   if (bias != nullptr) {
     // Put the bias in every row first, then let sgemm add the product (beta = 1): one pass over out.
@@ -87,10 +86,10 @@ Tensor to_f32_scratch(const bf16* src, int64_t n) {
 }  // namespace
 
 // out (N,OC) fp32 = inp (N,C) bf16 @ weight (OC,C)^T bf16 + bias (OC) fp32; bias may be nullptr.
-void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
-                                   int C, int OC) {
-  const Tensor inp_f32 = to_f32_scratch(inp, N * C);                        // (N,C)
-  const Tensor weight_f32 = to_f32_scratch(weight, int64_t{OC} * C);        // (OC,C)
+void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
+                                   int OC) {
+  const Tensor inp_f32 = to_f32_scratch(inp, N * C);                  // (N,C)
+  const Tensor weight_f32 = to_f32_scratch(weight, int64_t{OC} * C);  // (OC,C)
   matmul_forward(out, inp_f32.data<float>(), weight_f32.data<float>(), bias, N, C, OC);
 }
 
@@ -99,8 +98,8 @@ void matmul_forward_bf16_reference(float* out, const bf16* inp, const bf16* weig
 // outputs read are converted (weight for dinp, inp for dweight).
 void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                                     const bf16* weight, int64_t N, int C, int OC) {
-  const Tensor dout_f32 = to_f32_scratch(dout, N * OC);                                             // (N,OC)
-  const Tensor inp_f32 = dweight != nullptr ? to_f32_scratch(inp, N * C) : Tensor();                // (N,C)
+  const Tensor dout_f32 = to_f32_scratch(dout, N * OC);                                            // (N,OC)
+  const Tensor inp_f32 = dweight != nullptr ? to_f32_scratch(inp, N * C) : Tensor();               // (N,C)
   const Tensor weight_f32 = dinp != nullptr ? to_f32_scratch(weight, int64_t{OC} * C) : Tensor();  // (OC,C)
   matmul_backward(dinp, dweight, dbias, dout_f32.data<float>(), dweight != nullptr ? inp_f32.data<float>() : nullptr,
                   dinp != nullptr ? weight_f32.data<float>() : nullptr, N, C, OC);
@@ -108,8 +107,7 @@ void matmul_backward_bf16_reference(float* dinp, float* dweight, float* dbias, c
 
 #ifndef SL_WITH_DNNL
 // No oneDNN in this build (CMake SL_WITH_DNNL=OFF, or AUTO without libdnnl-dev): the cast + sgemm path.
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
-                         int OC) {
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C, int OC) {
   matmul_forward_bf16_reference(out, inp, weight, bias, N, C, OC);
 }
 

@@ -20,7 +20,7 @@
 
 #include "scalelab/core/bf16.h"    // defines: bf16, bf16_to_float
 #include "scalelab/core/error.h"   // defines: SL_FAIL
-#include "scalelab/ops/ops.h"     // defines: the cpu:: declarations implemented here, the _reference fallbacks
+#include "scalelab/ops/ops.h"      // defines: the cpu:: declarations implemented here, the _reference fallbacks
 #include "scalelab/core/tensor.h"  // defines: Tensor (oneDNN's scratchpad, category Workspace)
 
 namespace scalelab::cpu {
@@ -51,7 +51,7 @@ struct DnnlState {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   const bool native_bf16 = (static_cast<unsigned>(isa) & static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16)) ==
                            static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-  std::mutex mutex;          // guards `cache` (ops are called from one thread today; cheap insurance)
+  std::mutex mutex;  // guards `cache` (ops are called from one thread today; cheap insurance)
   // (kind, N, C, OC) -> the primitive's descriptor (its memory layouts, scratchpad size) and the primitive.
   std::map<std::tuple<GemmKind, int64_t, int, int>, Gemm> cache;
 };
@@ -168,8 +168,7 @@ void run(GemmKind kind, int64_t N, int C, int OC, const bf16* src, const bf16* w
 // out (N,OC) fp32 = inp (N,C) bf16 @ weight (OC,C)^T bf16 + bias (OC) fp32; bias may be nullptr.
 // Threads: the Debian build of oneDNN uses OpenMP, and reads omp_get_max_threads() at each execution, so
 // it follows set_num_threads (threads.h) like our own loops.
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
-                         int OC) {
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C, int OC) {
   if (!state().native_bf16) return matmul_forward_bf16_reference(out, inp, weight, bias, N, C, OC);
   run(bias != nullptr ? GemmKind::ForwardBias : GemmKind::Forward, N, C, OC, inp, weight, bias, out);
 }
@@ -201,7 +200,8 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const bf16*
 std::string bf16_matmul_backend() {
   const DnnlState& s = state();
   const dnnl_version_t* v = dnnl_version();
-  const std::string version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  const std::string version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                              std::to_string(v->patch);
   if (s.native_bf16) return "oneDNN " + version + " (" + isa_name(s.isa) + ")";
   return "fp32 sgemm on bf16-rounded operands (oneDNN " + version + " found no AVX512_BF16: " + isa_name(s.isa) + ")";
 }

@@ -18,8 +18,8 @@ namespace scalelab::cpu {
 // This is the formula in ops.h (mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t)) rearranged as
 // torch does: the bias corrections are folded into two scalars, computed in double like Python floats.
 // param, grad, m, v (n); lr, eps, weight_decay plain numbers; beta1, beta2 in [0,1).
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t) {
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
   const float step_size = static_cast<float>(static_cast<double>(lr) / bias_correction1);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "scalelab/core/bf16.h"  // defines: bf16, float_to_bf16 (round to nearest even), bf16_to_float
-#include "scalelab/ops/ops.h"   // defines: the cpu:: declarations implemented here
+#include "scalelab/ops/ops.h"    // defines: the cpu:: declarations implemented here
 
 namespace scalelab::cpu {
 

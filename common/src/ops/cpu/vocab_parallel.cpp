@@ -30,7 +30,7 @@ void encoder_forward_vocab_shard(float* out, const int32_t* tokens, const float*
 void encoder_backward_vocab_shard(float* dwte_shard, float* dwpe, const float* dout, const int32_t* tokens,
                                   int64_t vocab_begin, int Vl, int B, int T, int C) {
   if (dwpe != nullptr) {
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(B) * T * C > 32768)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(B) * T * C > 32768)
     for (int t = 0; t < T; t++) {
       float* d = dwpe + static_cast<int64_t>(t) * C;
       for (int b = 0; b < B; b++) {
@@ -90,8 +90,8 @@ void crossentropy_vocab_shard_finish(float* losses, float* probs, const float* l
 }
 
 // dlogits (N,Vl) = dloss * (probs - onehot(targets - begin)) over the rank's columns; OVERWRITES (may alias probs).
-void crossentropy_vocab_shard_backward(float* dlogits, const float* probs, const int32_t* targets,
-                                       int64_t vocab_begin, float dloss, int64_t N, int Vl) {
+void crossentropy_vocab_shard_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t vocab_begin,
+                                       float dloss, int64_t N, int Vl) {
 #pragma omp parallel for schedule(static) if (N * Vl > 32768)
   for (int64_t i = 0; i < N; i++) {
     const int64_t col = targets[i] - vocab_begin;

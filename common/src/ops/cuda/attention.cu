@@ -24,7 +24,7 @@
 // This file stays the default. cuDNN's fused attention is the fast off-the-shelf option.
 #include <cmath>  // defines: std::sqrt (host), INFINITY
 
-#include "context.cuh"          // defines: context, kWarpSize, warp_reduce_*, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: context, kWarpSize, warp_reduce_*, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -98,8 +98,8 @@ void gemm_strided_batched(cublasOperation_t transa, cublasOperation_t transb, in
 // Batch strides over b: qkv T*3C, att NH*T*T, out T*C. qkv (B,T,3C), att (B,NH,T,T), out (B,T,C).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   if (B == 0 || T == 0) return;
-  const int C3 = 3 * C;                                           // leading dimension of q, k, v
-  const int HS = C / NH;                                          // head size
+  const int C3 = 3 * C;                                          // leading dimension of q, k, v
+  const int HS = C / NH;                                         // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));  // the 1/sqrt(d_k) of Eq. 1, as the CPU twin
   const long long stride_qkv = static_cast<long long>(T) * C3;
   const long long stride_att = static_cast<long long>(NH) * T * T;
@@ -132,8 +132,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 //   4. dq[t][d] += scale * sum_s dS[t][s] k[s][d]   ->  dQc += scale * Kc datt_c     m=HS n=T k=T  beta=1
 //   5. dk[s][d] += scale * sum_t dS[t][s] q[t][d]   ->  dKc += scale * Qc datt_c^T   m=HS n=T k=T  beta=1
 // beta = 1 is the ops.h += rule. Each (b, h) writes only its own slices of dqkv: no races.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
-                        int T, int C, int NH) {
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int C, int NH) {
   if (B == 0 || T == 0) return;
   const int C3 = 3 * C;
   const int HS = C / NH;

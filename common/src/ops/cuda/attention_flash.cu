@@ -29,20 +29,20 @@
 #include <cmath>    // defines: std::sqrt (host), INFINITY
 #include <cstdint>  // defines: int64_t, INT32_MAX
 
-#include "context.cuh"          // defines: kWarpSize, warp_reduce_*, ceil_div, scratch, SL_CUDA_CHECK_LAST
-#include "scalelab/ops/twins.h"  // defines: the declarations implemented here
-#include "scalelab/core/error.h"     // defines: SL_CHECK, SL_CHECK_HINT
+#include "context.cuh"            // defines: kWarpSize, warp_reduce_*, ceil_div, scratch, SL_CUDA_CHECK_LAST
+#include "scalelab/ops/twins.h"   // defines: the declarations implemented here
+#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT
 
 namespace scalelab::cuda {
 
 namespace {
 // Tile sizes, the same as the CPU twin's (attention_flash.cpp), so its loops run in this shape.
-constexpr int kBlockRows = 8;                              // warps (rows) per block
-constexpr int kTile = kWarpSize;                           // inner tile: one entry per lane
-constexpr int kThreads = kBlockRows * kWarpSize;           // 256 threads per block
-constexpr int kMaxHeadSize = 128;                          // HS limit: kDimsPerLane registers per lane
-constexpr int kDimsPerLane = kMaxHeadSize / kWarpSize;     // 4: lane owns channels lane + 32 r, r < 4
-constexpr unsigned kFullMask = 0xffffffffu;                // all 32 lanes take part in a shuffle
+constexpr int kBlockRows = 8;                           // warps (rows) per block
+constexpr int kTile = kWarpSize;                        // inner tile: one entry per lane
+constexpr int kThreads = kBlockRows * kWarpSize;        // 256 threads per block
+constexpr int kMaxHeadSize = 128;                       // HS limit: kDimsPerLane registers per lane
+constexpr int kDimsPerLane = kMaxHeadSize / kWarpSize;  // 4: lane owns channels lane + 32 r, r < 4
+constexpr unsigned kFullMask = 0xffffffffu;             // all 32 lanes take part in a shuffle
 // Shared memory of every kernel: 2 (kBlockRows, HS+1) + 2 (kTile, HS+1) fp32 arrays.
 constexpr size_t smem_bytes(int HS) { return sizeof(float) * (2 * kBlockRows + 2 * kTile) * (HS + 1); }
 static_assert(smem_bytes(kMaxHeadSize) <= 48 * 1024, "flash attention tiles must fit the default 48 KB of smem");
@@ -72,17 +72,17 @@ __device__ __forceinline__ float smem_dot(const float* a, const float* b, int HS
 //   m_new = max(m, max_s S[t,s]);  alpha = exp(m - m_new);  p_s = exp(S[t,s] - m_new)
 //   l = alpha l + sum_s p_s;       acc = alpha acc + sum_s p_s v_s
 // out_t = acc / l, lse_t = m + log l. qkv (B,T,3C), out (B,T,C), lse (B,NH,T).
-__global__ void attention_forward_flash_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH,
-                                               int HS, float scale) {
+__global__ void attention_forward_flash_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int HS,
+                                               float scale) {
   extern __shared__ float smem[];
-  const int stride = HS + 1;  // padded row (see the file head)
+  const int stride = HS + 1;               // padded row (see the file head)
   float* q_s = smem;                       // (kBlockRows, stride): this block's query rows
   float* k_s = q_s + kBlockRows * stride;  // (kTile, stride): the current key tile
   float* v_s = k_s + kTile * stride;       // (kTile, stride): its values
   // (the fourth array of smem_bytes is unused here; the three kernels share one size for simplicity)
   const int q0 = blockIdx.x * kBlockRows, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int t = q0 + warp;      // this warp's query row
+  const int t = q0 + warp;       // this warp's query row
   const bool row_valid = t < T;  // the same for all lanes of a warp
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const float* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * HS;  // (T,HS), ld 3C
@@ -90,21 +90,21 @@ __global__ void attention_forward_flash_kernel(float* out, float* lse, const flo
   const float* v = q + 2 * C;
   load_rows(q_s, stride, q, C3, q0, kBlockRows, T, HS);
 
-  float m = -INFINITY;  // running max of the row's scores
-  float l = 0.0f;       // running sum of exp(S - m)
-  float acc[kDimsPerLane] = {};  // acc[r]: unnormalised output channel lane + 32 r
+  float m = -INFINITY;                          // running max of the row's scores
+  float l = 0.0f;                               // running sum of exp(S - m)
+  float acc[kDimsPerLane] = {};                 // acc[r]: unnormalised output channel lane + 32 r
   const int key_end = min(q0 + kBlockRows, T);  // keys [0, key_end) are visible to some row of the block
   for (int k0 = 0; k0 < key_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile (and q_s is complete on the first pass)
     load_rows(k_s, stride, k, C3, k0, kTile, T, HS);
     load_rows(v_s, stride, v, C3, k0, kTile, T, HS);
     __syncthreads();
-    if (row_valid && k0 <= t) {  // warp-uniform: whole warps enter, as the shuffles below require
-      const int s = k0 + lane;     // this lane's key
+    if (row_valid && k0 <= t) {     // warp-uniform: whole warps enter, as the shuffles below require
+      const int s = k0 + lane;      // this lane's key
       const bool visible = s <= t;  // the causal mask (s <= t < T)
       const float score = visible ? scale * smem_dot(q_s + warp * stride, k_s + lane * stride, HS) : -INFINITY;
       const float m_new = fmaxf(m, warp_reduce_max(score));  // finite: lane 0's key k0 <= t is visible
-      const float alpha = expf(m - m_new);                    // 0 on the first tile (m = -inf)
+      const float alpha = expf(m - m_new);                   // 0 on the first tile (m = -inf)
       const float p = visible ? expf(score - m_new) : 0.0f;
       l = alpha * l + warp_reduce_sum(p);
       const int keys = min(kTile, t + 1 - k0);  // visible keys of the tile, the same for the whole warp
@@ -122,7 +122,7 @@ __global__ void attention_forward_flash_kernel(float* out, float* lse, const flo
       m = m_new;
     }
   }
-  if (!row_valid) return;  // after the last __syncthreads: leaving now cannot deadlock the block
+  if (!row_valid) return;        // after the last __syncthreads: leaving now cannot deadlock the block
   const float inv_l = 1.0f / l;  // l >= 1: the max term contributes exp(0)
   float* out_t = out + (static_cast<int64_t>(b) * T + t) * C + static_cast<int64_t>(h) * HS;
 #pragma unroll
@@ -135,8 +135,8 @@ __global__ void attention_forward_flash_kernel(float* out, float* lse, const flo
 
 // Backward pass 1: D (B,NH,T), D[b,h,t] = sum_d dout[b,t,h*HS+d] * out[b,t,h*HS+d] (FlashAttention App. B.2:
 // sum_s P[t,s] dP[t,s] = dout_t . out_t). One warp per (b, t, h); num_rows = B*T*NH, row = (b*T + t)*NH + h.
-__global__ void attention_flash_row_dot_kernel(float* D, const float* dout, const float* out, int64_t num_rows,
-                                               int T, int C, int NH, int HS) {
+__global__ void attention_flash_row_dot_kernel(float* D, const float* dout, const float* out, int64_t num_rows, int T,
+                                               int C, int NH, int HS) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kBlockRows + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= num_rows) return;  // whole warps only (row is uniform across a warp)
@@ -155,18 +155,17 @@ __global__ void attention_flash_row_dot_kernel(float* D, const float* dout, cons
 //   P = exp(scale q_t.k_s - lse_t),  dP = dout_t.v_s,  dS = P (dP - D_t)
 //   dv_s += sum_t P dout_t;   dk_s += scale * sum_t dS q_t.
 // dqkv (B,T,3C) +=; dout (B,T,C); qkv (B,T,3C); lse, D (B,NH,T).
-__global__ void attention_backward_flash_dkdv_kernel(float* dqkv, const float* dout, const float* qkv,
-                                                     const float* lse, const float* D, int T, int C, int NH, int HS,
-                                                     float scale) {
+__global__ void attention_backward_flash_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                                     const float* D, int T, int C, int NH, int HS, float scale) {
   extern __shared__ float smem[];
   const int stride = HS + 1;
-  float* k_s = smem;                         // (kBlockRows, stride): this block's keys
-  float* v_s = k_s + kBlockRows * stride;    // (kBlockRows, stride): their values
-  float* q_s = v_s + kBlockRows * stride;    // (kTile, stride): the current query tile
-  float* do_s = q_s + kTile * stride;        // (kTile, stride): its output gradients
+  float* k_s = smem;                       // (kBlockRows, stride): this block's keys
+  float* v_s = k_s + kBlockRows * stride;  // (kBlockRows, stride): their values
+  float* q_s = v_s + kBlockRows * stride;  // (kTile, stride): the current query tile
+  float* do_s = q_s + kTile * stride;      // (kTile, stride): its output gradients
   const int k0 = blockIdx.x * kBlockRows, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int s = k0 + warp;        // this warp's key
+  const int s = k0 + warp;       // this warp's key
   const bool key_valid = s < T;  // warp-uniform
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * HS;
@@ -174,8 +173,8 @@ __global__ void attention_backward_flash_dkdv_kernel(float* dqkv, const float* d
   const float* k = q + C;
   const float* v = q + 2 * C;
   const float* dout_bh = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;  // (T,HS), ld C
-  const float* lse_bh = lse + (static_cast<int64_t>(b) * NH + h) * T;  // (T)
-  const float* D_bh = D + (static_cast<int64_t>(b) * NH + h) * T;      // (T)
+  const float* lse_bh = lse + (static_cast<int64_t>(b) * NH + h) * T;                            // (T)
+  const float* D_bh = D + (static_cast<int64_t>(b) * NH + h) * T;                                // (T)
   load_rows(k_s, stride, k, C3, k0, kBlockRows, T, HS);
   load_rows(v_s, stride, v, C3, k0, kBlockRows, T, HS);
 
@@ -187,8 +186,8 @@ __global__ void attention_backward_flash_dkdv_kernel(float* dqkv, const float* d
     load_rows(q_s, stride, q, C3, i0, kTile, T, HS);
     load_rows(do_s, stride, dout_bh, C, i0, kTile, T, HS);
     __syncthreads();
-    if (key_valid) {  // warp-uniform
-      const int t = i0 + lane;                 // this lane's query
+    if (key_valid) {                         // warp-uniform
+      const int t = i0 + lane;               // this lane's query
       const bool visible = t >= s && t < T;  // the causal mask, and the sequence's end
       float P = 0.0f, dS = 0.0f;
       if (visible) {
@@ -226,15 +225,14 @@ __global__ void attention_backward_flash_dkdv_kernel(float* dqkv, const float* d
 // Backward pass 3: dq. Grid (ceil(T/kBlockRows), NH, B). Warp w owns query t = q0 + w and loops over key
 // tiles [k0, k0 + 32) with k0 <= t, as the forward; lane j takes key s = k0 + j <= t:
 //   dS = exp(scale q_t.k_s - lse_t) (dout_t.v_s - D_t);   dq_t += scale * sum_s dS k_s.
-__global__ void attention_backward_flash_dq_kernel(float* dqkv, const float* dout, const float* qkv,
-                                                   const float* lse, const float* D, int T, int C, int NH, int HS,
-                                                   float scale) {
+__global__ void attention_backward_flash_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                                   const float* D, int T, int C, int NH, int HS, float scale) {
   extern __shared__ float smem[];
   const int stride = HS + 1;
-  float* q_s = smem;                         // (kBlockRows, stride): this block's queries
-  float* do_s = q_s + kBlockRows * stride;   // (kBlockRows, stride): their output gradients
-  float* k_s = do_s + kBlockRows * stride;   // (kTile, stride): the current key tile
-  float* v_s = k_s + kTile * stride;         // (kTile, stride): its values
+  float* q_s = smem;                        // (kBlockRows, stride): this block's queries
+  float* do_s = q_s + kBlockRows * stride;  // (kBlockRows, stride): their output gradients
+  float* k_s = do_s + kBlockRows * stride;  // (kTile, stride): the current key tile
+  float* v_s = k_s + kTile * stride;        // (kTile, stride): its values
   const int q0 = blockIdx.x * kBlockRows, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int t = q0 + warp;
@@ -311,8 +309,11 @@ void attention_forward_flash(float* out, float* lse, const float* qkv, int B, in
   check_head_size(__func__, C, NH);
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));  // as the CPU twin computes it
-  attention_forward_flash_kernel<<<flash_grid(__func__, B, T, NH), kThreads, smem_bytes(HS), kDefaultStream>>>(
-      out, lse, qkv, T, C, NH, HS, scale);
+  attention_forward_flash_kernel<<<flash_grid(__func__, B, T, NH), kThreads, smem_bytes(HS), kDefaultStream>>>(out, lse,
+                                                                                                               qkv, T,
+                                                                                                               C, NH,
+                                                                                                               HS,
+                                                                                                               scale);
   SL_CUDA_CHECK_LAST();
 }
 
@@ -329,15 +330,16 @@ void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, 
   const int64_t row_blocks = ceil_div(num_rows, kBlockRows);
   SL_CHECK(row_blocks <= INT32_MAX, "%s: %lld rows need more than 2^31-1 blocks", __func__,
            static_cast<long long>(num_rows));
-  attention_flash_row_dot_kernel<<<static_cast<unsigned int>(row_blocks), kThreads, 0, kDefaultStream>>>(
-      D, dout, out, num_rows, T, C, NH, HS);
+  attention_flash_row_dot_kernel<<<static_cast<unsigned int>(row_blocks), kThreads, 0, kDefaultStream>>>(D, dout, out,
+                                                                                                         num_rows, T, C,
+                                                                                                         NH, HS);
   SL_CUDA_CHECK_LAST();
   const dim3 grid = flash_grid(__func__, B, T, NH);
-  attention_backward_flash_dkdv_kernel<<<grid, kThreads, smem_bytes(HS), kDefaultStream>>>(dqkv, dout, qkv, lse, D,
-                                                                                           T, C, NH, HS, scale);
+  attention_backward_flash_dkdv_kernel<<<grid, kThreads, smem_bytes(HS), kDefaultStream>>>(dqkv, dout, qkv, lse, D, T,
+                                                                                           C, NH, HS, scale);
   SL_CUDA_CHECK_LAST();
-  attention_backward_flash_dq_kernel<<<grid, kThreads, smem_bytes(HS), kDefaultStream>>>(dqkv, dout, qkv, lse, D, T,
-                                                                                         C, NH, HS, scale);
+  attention_backward_flash_dq_kernel<<<grid, kThreads, smem_bytes(HS), kDefaultStream>>>(dqkv, dout, qkv, lse, D, T, C,
+                                                                                         NH, HS, scale);
   SL_CUDA_CHECK_LAST();
 }
 

@@ -11,7 +11,7 @@
 
 #include "context.cuh"
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory::Workspace
-#include "scalelab/ops/twins.h"   // defines: the declarations of require_bf16_support, synchronize
+#include "scalelab/ops/twins.h"       // defines: the declarations of require_bf16_support, synchronize
 
 namespace scalelab::cuda {
 
@@ -22,8 +22,8 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // bytes (32 MiB)
 constexpr int kMaxDevices = 64;
 constexpr size_t kMinScratchBytes = size_t{4} << 10;  // bytes (4 KiB): smallest scratch allocation
 
-std::mutex g_mutex;                             // guards g_contexts (creation only)
-DeviceContext* g_contexts[kMaxDevices] = {};    // created on first use, never deleted (file head)
+std::mutex g_mutex;                           // guards g_contexts (creation only)
+DeviceContext* g_contexts[kMaxDevices] = {};  // created on first use, never deleted (file head)
 
 const char* cublas_status_name(int status) {
   switch (static_cast<cublasStatus_t>(status)) {
@@ -60,8 +60,7 @@ const char* cublas_status_hint(int status) {
   switch (static_cast<cublasStatus_t>(status)) {
     case CUBLAS_STATUS_NOT_INITIALIZED:
       return "cuBLAS could not start: check the driver with nvidia-smi and that CUDA_VISIBLE_DEVICES shows a GPU";
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return "the GPU is out of memory: use a smaller batch or model";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the GPU is out of memory: use a smaller batch or model";
     case CUBLAS_STATUS_ARCH_MISMATCH:
     case CUBLAS_STATUS_NOT_SUPPORTED:
       return "this GPU or cuBLAS lacks the requested type or algorithm (bf16 needs compute capability 8.0+); "
@@ -78,8 +77,8 @@ const char* cublas_status_hint(int status) {
 DeviceContext& context() {
   int dev = 0;
   SL_CUDA_CHECK(cudaGetDevice(&dev));
-  SL_CHECK(dev >= 0 && dev < kMaxDevices, "CUDA device %d is outside [0, %d): raise kMaxDevices in context.cu",
-           dev, kMaxDevices);
+  SL_CHECK(dev >= 0 && dev < kMaxDevices, "CUDA device %d is outside [0, %d): raise kMaxDevices in context.cu", dev,
+           kMaxDevices);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_contexts[dev] != nullptr) return *g_contexts[dev];
 

@@ -22,10 +22,10 @@ constexpr cudaStream_t kDefaultStream = nullptr;  // the legacy default stream (
 
 // Persistent device scratch, one buffer per purpose, grown on demand (scratch()).
 enum class Scratch : int {
-  Reduce,          // sum_squares partial sums (double)
-  IndexCheck,      // first_index_out_of_range's result
-  EncoderBuckets,  // encoder_backward's rows sorted by token
-  ColumnPartials,  // per-chunk column sums: layernorm dweight/dbias, matmul dbias
+  Reduce,           // sum_squares partial sums (double)
+  IndexCheck,       // first_index_out_of_range's result
+  EncoderBuckets,   // encoder_backward's rows sorted by token
+  ColumnPartials,   // per-chunk column sums: layernorm dweight/dbias, matmul dbias
   AttentionRowDot,  // attention_backward_flash's D = rowsum(dout * out), (B,NH,T) fp32
   kCount
 };
@@ -38,7 +38,7 @@ struct DeviceContext {
   char name[256] = {};             // "NVIDIA H200"
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublaslt = nullptr;
-  void* workspace = nullptr;       // shared by both handles (one stream: never used concurrently)
+  void* workspace = nullptr;  // shared by both handles (one stream: never used concurrently)
   size_t workspace_bytes = 0;
   void* scratch[kNumScratch] = {};
   size_t scratch_bytes[kNumScratch] = {};

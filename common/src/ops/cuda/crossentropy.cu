@@ -5,7 +5,7 @@
 // CPU twin: common/src/ops/cpu/crossentropy.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include <cmath>  // defines: INFINITY
 
-#include "context.cuh"          // defines: kWarpSize, warp_reduce_*, grid_stride_blocks, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: kWarpSize, warp_reduce_*, grid_stride_blocks, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -69,20 +69,24 @@ __global__ void softmax_crossentropy_backward_kernel(float* dlogits, const float
 }
 }  // namespace
 
-void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets,
-                                  int64_t N, int V) {
+void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int64_t N,
+                                  int V) {
   if (N == 0) return;
   SL_CHECK(N <= INT32_MAX, "softmax_crossentropy_forward: N=%lld rows exceed the grid", static_cast<long long>(N));
-  softmax_crossentropy_forward_kernel<<<static_cast<unsigned int>(N), kThreads, 0, kDefaultStream>>>(
-      losses, probs, logits, targets, N, V);
+  softmax_crossentropy_forward_kernel<<<static_cast<unsigned int>(N), kThreads, 0, kDefaultStream>>>(losses, probs,
+                                                                                                     logits, targets, N,
+                                                                                                     V);
   SL_CUDA_CHECK_LAST();
 }
 
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
-                                   int64_t N, int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int64_t N,
+                                   int V) {
   if (N == 0) return;
-  softmax_crossentropy_backward_kernel<<<grid_stride_blocks(N * V, kThreads), kThreads, 0, kDefaultStream>>>(
-      dlogits, probs, targets, dloss, N, V);
+  softmax_crossentropy_backward_kernel<<<grid_stride_blocks(N * V, kThreads), kThreads, 0, kDefaultStream>>>(dlogits,
+                                                                                                             probs,
+                                                                                                             targets,
+                                                                                                             dloss, N,
+                                                                                                             V);
   SL_CUDA_CHECK_LAST();
 }
 

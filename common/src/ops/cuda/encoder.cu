@@ -6,7 +6,7 @@
 #include <numeric>    // defines: std::iota
 #include <vector>
 
-#include "context.cuh"          // defines: scratch, grid_stride_blocks, SL_CUDA_CHECK(_LAST)
+#include "context.cuh"           // defines: scratch, grid_stride_blocks, SL_CUDA_CHECK(_LAST)
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -16,12 +16,12 @@ constexpr int kThreads = 256;  // threads per block in every kernel of this file
 
 // out (N,C) = wte[tokens[i]] + wpe[i % T], N = B*T rows. One thread per element (i, c), so consecutive
 // threads read consecutive channels of one row (coalesced). tokens (N) i32, already checked in [0,V).
-__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                       int64_t N, int T, int C) {
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t N,
+                                       int T, int C) {
   const int64_t n = N * C;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = idx / C;              // row (b, t)
+    const int64_t i = idx / C;  // row (b, t)
     const int c = static_cast<int>(idx % C);
     const int t = static_cast<int>(i % T);  // position of row i
     out[idx] = wte[static_cast<int64_t>(tokens[i]) * C + c] + wpe[static_cast<int64_t>(t) * C + c];
@@ -34,7 +34,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
   const int64_t n = static_cast<int64_t>(T) * C;  // elements of dwpe's rows [0, T)
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = dwpe[idx];  // idx = t*C + c
+    float acc = dwpe[idx];                                                       // idx = t*C + c
     for (int b = 0; b < B; b++) acc += dout[static_cast<int64_t>(b) * n + idx];  // dout[b,t,c]
     dwpe[idx] = acc;
   }
@@ -48,8 +48,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 //   bucket_start (num_buckets + 1): bucket u holds rows[bucket_start[u] .. bucket_start[u+1])
 //   rows (N): row indices i (into dout (N,C)) sorted by token, stable
 __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* bucket_token,
-                                            const int32_t* bucket_start, const int32_t* rows, int num_buckets,
-                                            int C) {
+                                            const int32_t* bucket_start, const int32_t* rows, int num_buckets, int C) {
   const int u = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (u >= num_buckets || c >= C) return;
@@ -63,8 +62,8 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   const int64_t N = static_cast<int64_t>(B) * T;
   if (N == 0 || C == 0) return;
-  encoder_forward_kernel<<<grid_stride_blocks(N * C, kThreads), kThreads, 0, kDefaultStream>>>(out, tokens, wte,
-                                                                                                wpe, N, T, C);
+  encoder_forward_kernel<<<grid_stride_blocks(N * C, kThreads), kThreads, 0, kDefaultStream>>>(out, tokens, wte, wpe, N,
+                                                                                               T, C);
   SL_CUDA_CHECK_LAST();
 }
 
@@ -109,8 +108,8 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   const int32_t* d_bucket_start = d_packed + num_buckets;
   const int32_t* d_rows = d_packed + 2 * num_buckets + 1;
   const dim3 grid(static_cast<unsigned int>(num_buckets), static_cast<unsigned int>(ceil_div(C, kThreads)));
-  encoder_backward_wte_kernel<<<grid, kThreads, 0, kDefaultStream>>>(dwte, dout, d_bucket_token, d_bucket_start,
-                                                                     d_rows, num_buckets, C);
+  encoder_backward_wte_kernel<<<grid, kThreads, 0, kDefaultStream>>>(dwte, dout, d_bucket_token, d_bucket_start, d_rows,
+                                                                     num_buckets, C);
   SL_CUDA_CHECK_LAST();
 }
 

@@ -3,7 +3,7 @@
 // scalelab/ops/twins.h). The same formulas as the CPU twin; results differ only through expf, which
 // CUDA computes to within 2 ulp (glibc's to within 1), so by a few fp32 ulps.
 // CPU twin: common/src/ops/cpu/gelu.cpp   tests: tests/common/ops/test_ops_cuda.cpp
-#include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {

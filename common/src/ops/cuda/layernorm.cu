@@ -3,7 +3,7 @@
 // scalelab/ops/twins.h). Same formulas as the CPU twin; sums run in a different order (a warp's butterfly
 // instead of a sequential loop), so results differ from the CPU's by fp32 rounding only.
 // CPU twin: common/src/ops/cpu/layernorm.cpp   tests: tests/common/ops/test_ops_cuda.cpp
-#include "context.cuh"          // defines: kWarpSize, warp_reduce_sum, scratch, SL_CUDA_CHECK(_LAST)
+#include "context.cuh"           // defines: kWarpSize, warp_reduce_sum, scratch, SL_CUDA_CHECK(_LAST)
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -16,8 +16,8 @@ constexpr int kRowsPerChunk = 64;       // column sums: rows per partial sum (mo
 
 // One warp per row: lane l handles channels l, l+32, ... Two passes (mean, then variance about the
 // mean) as the CPU twin does. inp, out (N,C); weight, bias (C); mean, rstd (N).
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int64_t N, int C) {
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                         const float* bias, int64_t N, int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (row >= N) return;  // the whole warp leaves together: `row` is the same for its 32 lanes
@@ -89,8 +89,8 @@ __global__ void layernorm_backward_partials_kernel(float* partials, const float*
 
 // Pass 2: each channel adds its chunks' partials in chunk order, then ADDS the total (ops.h += rule).
 // Fixed shapes, fixed order: the same bits on every run.
-__global__ void layernorm_backward_finalize_kernel(float* dweight, float* dbias, const float* partials,
-                                                   int num_chunks, int C) {
+__global__ void layernorm_backward_finalize_kernel(float* dweight, float* dbias, const float* partials, int num_chunks,
+                                                   int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float dw = 0.0f, db = 0.0f;
@@ -109,11 +109,12 @@ unsigned int warp_per_row_blocks(int64_t N) {
 }
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C) {
   if (N == 0 || C == 0) return;
-  layernorm_forward_kernel<<<warp_per_row_blocks(N), kRowsPerBlock * kWarpSize, 0, kDefaultStream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_kernel<<<warp_per_row_blocks(N), kRowsPerBlock * kWarpSize, 0, kDefaultStream>>>(out, mean, rstd,
+                                                                                                     inp, weight, bias,
+                                                                                                     N, C);
   SL_CUDA_CHECK_LAST();
 }
 
@@ -121,16 +122,20 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
   if (N == 0 || C == 0) return;
   // 1. dinp: rows are independent.
-  layernorm_backward_dinp_kernel<<<warp_per_row_blocks(N), kRowsPerBlock * kWarpSize, 0, kDefaultStream>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_dinp_kernel<<<warp_per_row_blocks(N), kRowsPerBlock * kWarpSize, 0, kDefaultStream>>>(dinp, dout,
+                                                                                                           inp, weight,
+                                                                                                           mean, rstd,
+                                                                                                           N, C);
   SL_CUDA_CHECK_LAST();
   // 2. dweight, dbias: deterministic two-pass column sums (no atomics). gridDim.y <= 65535 chunks.
   const int rows_per_chunk = static_cast<int>(std::max<int64_t>(kRowsPerChunk, ceil_div(N, 65535)));
   const int num_chunks = static_cast<int>(ceil_div(N, rows_per_chunk));
   auto* partials = static_cast<float*>(scratch(Scratch::ColumnPartials, sizeof(float) * 2 * num_chunks * C));
   const unsigned int channel_blocks = static_cast<unsigned int>(ceil_div(C, kThreads));
-  layernorm_backward_partials_kernel<<<dim3(channel_blocks, num_chunks), kThreads, 0, kDefaultStream>>>(
-      partials, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  layernorm_backward_partials_kernel<<<dim3(channel_blocks, num_chunks), kThreads, 0, kDefaultStream>>>(partials, dout,
+                                                                                                        inp, mean, rstd,
+                                                                                                        N, C,
+                                                                                                        rows_per_chunk);
   SL_CUDA_CHECK_LAST();
   layernorm_backward_finalize_kernel<<<channel_blocks, kThreads, 0, kDefaultStream>>>(dweight, dbias, partials,
                                                                                       num_chunks, C);

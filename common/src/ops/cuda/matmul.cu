@@ -21,7 +21,7 @@
 // cublasGemmEx, which takes any alignment, runs after a kernel has put the bias in every row (beta = 1),
 // as the CPU twin does.
 // Precision: CUBLAS_COMPUTE_32F everywhere, i.e. fp32 accumulation and, for fp32 operands, no TF32.
-#include "context.cuh"          // defines: context, scratch, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: context, scratch, SL_CUBLAS_CHECK, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -84,15 +84,21 @@ uint32_t alignment_bytes(const void* p) {
 // Owners of cuBLASLt descriptors (destroyed on every path, also when a check throws).
 struct LtDesc {
   cublasLtMatmulDesc_t d = nullptr;
-  ~LtDesc() { if (d != nullptr) (void)cublasLtMatmulDescDestroy(d); }
+  ~LtDesc() {
+    if (d != nullptr) (void)cublasLtMatmulDescDestroy(d);
+  }
 };
 struct LtLayout {
   cublasLtMatrixLayout_t l = nullptr;
-  ~LtLayout() { if (l != nullptr) (void)cublasLtMatrixLayoutDestroy(l); }
+  ~LtLayout() {
+    if (l != nullptr) (void)cublasLtMatrixLayoutDestroy(l);
+  }
 };
 struct LtPreference {
   cublasLtMatmulPreference_t p = nullptr;
-  ~LtPreference() { if (p != nullptr) (void)cublasLtMatmulPreferenceDestroy(p); }
+  ~LtPreference() {
+    if (p != nullptr) (void)cublasLtMatmulPreferenceDestroy(p);
+  }
 };
 
 // D (m,n) = op(A) op(B) [+ bias (m) added to every column]; A, B of ab_type, D fp32 with leading
@@ -124,8 +130,8 @@ bool lt_matmul(cudaDataType_t ab_type, cublasOperation_t transa, cublasOperation
   LtPreference pref;
   SL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
   const uint64_t max_workspace = ctx.workspace_bytes;
-  SL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &max_workspace, sizeof(max_workspace)));
+  SL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                                       sizeof(max_workspace)));
   // The default assumes 256-byte aligned matrices; ours are views (e.g. one weight inside a unit's
   // buffer), so state the real alignment and let the heuristic pick an algorithm that allows it.
   const uint32_t align_a = alignment_bytes(A), align_b = alignment_bytes(B), align_d = alignment_bytes(D);
@@ -170,8 +176,8 @@ void matmul_forward_impl(cudaDataType_t type, float* out, const void* inp, const
   if (lt_matmul(type, CUBLAS_OP_T, CUBLAS_OP_N, OC, n, C, weight, C, inp, C, out, bias)) return;
   float beta = 0.0f;
   if (bias != nullptr) {
-    matmul_bias_broadcast_kernel<<<grid_stride_blocks(N * OC, kThreads), kThreads, 0, kDefaultStream>>>(out, bias,
-                                                                                                         N, OC);
+    matmul_bias_broadcast_kernel<<<grid_stride_blocks(N * OC, kThreads), kThreads, 0, kDefaultStream>>>(out, bias, N,
+                                                                                                        OC);
     SL_CUDA_CHECK_LAST();
     beta = 1.0f;  // the GEMM adds its product to the bias rows
   }
@@ -201,8 +207,8 @@ void matmul_backward_impl(cudaDataType_t type, float* dinp, float* dweight, floa
           partials, static_cast<const float*>(dout), N, OC, rows_per_chunk);
     }
     SL_CUDA_CHECK_LAST();
-    matmul_backward_bias_finalize_kernel<<<channel_blocks, kThreads, 0, kDefaultStream>>>(dbias, partials,
-                                                                                        num_chunks, OC);
+    matmul_backward_bias_finalize_kernel<<<channel_blocks, kThreads, 0, kDefaultStream>>>(dbias, partials, num_chunks,
+                                                                                          OC);
     SL_CUDA_CHECK_LAST();
   }
 }
@@ -219,8 +225,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   matmul_backward_impl(CUDA_R_32F, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C,
-                         int OC) {
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N, int C, int OC) {
   require_bf16_support();
   matmul_forward_impl(CUDA_R_16BF, out, inp, weight, bias, N, C, OC);
 }

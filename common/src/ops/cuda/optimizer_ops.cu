@@ -9,7 +9,7 @@
 // CPU twin: common/src/ops/cpu/optimizer_ops.cpp   tests: tests/common/ops/test_ops_cuda.cpp
 #include <cmath>  // defines: std::pow, std::sqrt (host scalars)
 
-#include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
@@ -21,9 +21,9 @@ constexpr int kThreads = 256;
 // CPU twin for the derivation). param, grad, m, v (n) fp32; the scalars come from adamw_update below.
 //   p = param * decay;  m = m + (1 - beta1) (g - m);  v = v beta2 + (1 - beta2) g g
 //   param = p + (-step_size) m / (sqrt(v) / sqrt(bias_correction2) + eps)
-__global__ void adamw_update_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
-                                    float step_size, float bias_correction2_sqrt, float decay,
-                                    float one_minus_beta1, float beta2, float one_minus_beta2, float eps) {
+__global__ void adamw_update_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float step_size,
+                                    float bias_correction2_sqrt, float decay, float one_minus_beta1, float beta2,
+                                    float one_minus_beta2, float eps) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = grad[i];
@@ -47,8 +47,8 @@ __global__ void sgd_update_kernel(float* param, const float* grad, int64_t n, fl
 }
 }  // namespace
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t) {
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
   if (n == 0) return;
   // Host scalars: the CPU twin's expressions, verbatim (double like Python floats, then fp32).
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
@@ -58,15 +58,16 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);  // p *= decay
   const float one_minus_beta1 = static_cast<float>(1.0 - beta1);
   const float one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  adamw_update_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(
-      param, grad, m, v, n, step_size, bias_correction2_sqrt, decay, one_minus_beta1, beta2, one_minus_beta2, eps);
+  adamw_update_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(param, grad, m, v, n, step_size,
+                                                                                        bias_correction2_sqrt, decay,
+                                                                                        one_minus_beta1, beta2,
+                                                                                        one_minus_beta2, eps);
   SL_CUDA_CHECK_LAST();
 }
 
 void sgd_update(float* param, const float* grad, int64_t n, float lr, float weight_decay) {
   if (n == 0) return;
-  sgd_update_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(param, grad, n, lr,
-                                                                                      weight_decay);
+  sgd_update_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(param, grad, n, lr, weight_decay);
   SL_CUDA_CHECK_LAST();
 }
 

@@ -3,14 +3,14 @@
 // Defines scalelab::cuda::sum_squares / scale / cast_f32_to_bf16 / cast_bf16_to_f32 /
 // first_index_out_of_range (contract: scalelab/ops/ops.h; declared in scalelab/ops/twins.h).
 // CPU twin: common/src/ops/cpu/reduce.cpp   tests: tests/common/ops/test_ops_cuda.cpp
-#include "context.cuh"          // defines: scratch, grid_stride_blocks, float_to_bf16_bits, SL_CUDA_CHECK(_LAST)
+#include "context.cuh"           // defines: scratch, grid_stride_blocks, float_to_bf16_bits, SL_CUDA_CHECK(_LAST)
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {
 
 namespace {
-constexpr int kThreads = 256;         // threads per block in every kernel of this file (a power of two)
-constexpr int kMaxSumBlocks = 1024;   // sum_squares pass 1: at most this many partial sums
+constexpr int kThreads = 256;        // threads per block in every kernel of this file (a power of two)
+constexpr int kMaxSumBlocks = 1024;  // sum_squares pass 1: at most this many partial sums
 
 // Tree sum of the kThreads values in smem (in place; smem[0] holds the result). The pairing is fixed,
 // so the result's bits depend only on the inputs. Every thread of the block must call it.
@@ -72,8 +72,7 @@ __global__ void cast_bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t
 }
 
 // *first_bad = min over i with idx[i] outside [0, limit) (left at its initial all-ones value if none).
-__global__ void index_range_check_kernel(unsigned long long* first_bad, const int32_t* idx, int64_t n,
-                                         int64_t limit) {
+__global__ void index_range_check_kernel(unsigned long long* first_bad, const int32_t* idx, int64_t n, int64_t limit) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t v = idx[i];
@@ -90,7 +89,7 @@ double sum_squares(const float* x, int64_t n) {
   if (n == 0) return 0.0;
   const int num_blocks = static_cast<int>(std::min<int64_t>(ceil_div(n, kThreads), kMaxSumBlocks));
   auto* buf = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * (num_blocks + 1)));
-  double* partial = buf;            // (num_blocks)
+  double* partial = buf;             // (num_blocks)
   double* total = buf + num_blocks;  // (1)
   sum_squares_partial_kernel<<<num_blocks, kThreads, 0, kDefaultStream>>>(partial, x, n);
   SL_CUDA_CHECK_LAST();

@@ -2,7 +2,7 @@
 // Defines scalelab::cuda::residual_forward / residual_backward and add_bias (contract: scalelab/ops/ops.h;
 // declared in scalelab/ops/twins.h). One fp32 add per element, as on the CPU: bit-identical.
 // CPU twin: common/src/ops/cpu/residual.cpp   tests: tests/common/ops/test_ops_cuda.cpp
-#include "context.cuh"          // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
+#include "context.cuh"           // defines: grid_stride_blocks, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
 namespace scalelab::cuda {

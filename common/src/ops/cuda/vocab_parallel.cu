@@ -68,8 +68,8 @@ __global__ void partials_kernel(float* sumexp, float* target_logit, const float*
   target_logit[i] = col >= 0 && col < Vl ? z[col] : 0.0f;
 }
 
-__global__ void finish_kernel(float* losses, float* probs, const float* logits, const float* maxes,
-                              const float* sumexp, const float* target_logit, int64_t N, int Vl) {
+__global__ void finish_kernel(float* losses, float* probs, const float* logits, const float* maxes, const float* sumexp,
+                              const float* target_logit, int64_t N, int Vl) {
   const int64_t n = N * Vl;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -97,8 +97,10 @@ void encoder_forward_vocab_shard(float* out, const int32_t* tokens, const float*
                                  int64_t vocab_begin, int Vl, int B, int T, int C) {
   const int64_t n = static_cast<int64_t>(B) * T * C;
   if (n == 0) return;
-  encoder_forward_vocab_shard_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(
-      out, tokens, wte_shard, wpe, vocab_begin, Vl, T, C, n);
+  encoder_forward_vocab_shard_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(out, tokens,
+                                                                                                       wte_shard, wpe,
+                                                                                                       vocab_begin, Vl,
+                                                                                                       T, C, n);
   SL_CUDA_CHECK_LAST();
 }
 
@@ -110,8 +112,10 @@ void encoder_backward_vocab_shard(float* dwte_shard, float* dwpe, const float* d
     dwpe_kernel<<<blocks_for(static_cast<int64_t>(T) * C), kThreads, 0, kDefaultStream>>>(dwpe, dout, B, T, C);
     SL_CUDA_CHECK_LAST();
   }
-  dwte_vocab_shard_kernel<<<blocks_for(static_cast<int64_t>(Vl) * C), kThreads, 0, kDefaultStream>>>(
-      dwte_shard, dout, tokens, vocab_begin, Vl, N, C);
+  dwte_vocab_shard_kernel<<<blocks_for(static_cast<int64_t>(Vl) * C), kThreads, 0, kDefaultStream>>>(dwte_shard, dout,
+                                                                                                     tokens,
+                                                                                                     vocab_begin, Vl, N,
+                                                                                                     C);
   SL_CUDA_CHECK_LAST();
 }
 
@@ -133,17 +137,17 @@ void crossentropy_vocab_shard_finish(float* losses, float* probs, const float* l
                                      const float* sumexp, const float* target_logit, int64_t N, int Vl) {
   const int64_t n = N * Vl;
   if (n == 0) return;
-  finish_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(losses, probs, logits, maxes,
-                                                                                   sumexp, target_logit, N, Vl);
+  finish_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(losses, probs, logits, maxes, sumexp,
+                                                                                  target_logit, N, Vl);
   SL_CUDA_CHECK_LAST();
 }
 
-void crossentropy_vocab_shard_backward(float* dlogits, const float* probs, const int32_t* targets,
-                                       int64_t vocab_begin, float dloss, int64_t N, int Vl) {
+void crossentropy_vocab_shard_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t vocab_begin,
+                                       float dloss, int64_t N, int Vl) {
   const int64_t n = N * Vl;
   if (n == 0) return;
   backward_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, kDefaultStream>>>(dlogits, probs, targets,
-                                                                                     vocab_begin, dloss, N, Vl);
+                                                                                    vocab_begin, dloss, N, Vl);
   SL_CUDA_CHECK_LAST();
 }
 
