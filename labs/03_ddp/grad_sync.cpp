@@ -137,7 +137,15 @@ void GradSync::finish() {
   switch (mode_) {
     case SyncMode::Naive: all_reduce_grads_naive(model_, comm_); break;
     case SyncMode::Bucketed: all_reduce_grads_bucketed(model_, comm_, state_); break;
-    case SyncMode::Overlap: wait_for_buckets(model_, state_); break;
+    case SyncMode::Overlap:
+      // Every bucket must have gone out during backward (lab03-5) before lab03-6 waits for them.
+      SL_CHECK_HINT(state_.pending.size() == state_.buckets.size(),
+                    "README 'Overlap': launch_ready_buckets must have launched every bucket by after_backward(0); "
+                    "and the step's last backward needs sync.set_require_sync(true)",
+                    "only %zu of %zu buckets were launched during backward", state_.pending.size(),
+                    state_.buckets.size());
+      wait_for_buckets(model_, state_);
+      break;
   }
   last_finish_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
