@@ -231,8 +231,9 @@ int main(int argc, char** argv) {
   driver::add_distributed_options(app, o, "lab04");
   app.get_option("--precision")
       ->description(
-          "fp32 or bf16 (bf16 params, fp32 master shard and gradients; emulated "
-          "on CPU)");
+          "fp32 or bf16 (= bf16-mixed: bf16 params, fp32 master shard, gradients and reduce; "
+          "emulated on CPU). bf16-compute (bf16 matmul operands, lab 01) is refused here: the "
+          "memory estimator does not model its matmul scratch");
   app.get_option("--sample-tokens")
       ->description(
           "bytes of text generated at the end (by every rank: ZeRO-3 "

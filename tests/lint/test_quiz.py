@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""test_quiz.py — scripts/quiz: every lab's quiz file, a pass and a fail on canned answers, questions graded
+from small fixture run logs, and a missing log explained. ctest lint.quiz (tests/lint/CMakeLists.txt).
+
+The fixture logs are the few records docs/log_schema.md gives each lab (lab 06's `bubble` per step, lab 08's
+`stragglers` in the summary), written into a temp runs/ folder; nothing is built or run.
+"""
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUIZ = os.path.join(REPO, "scripts", "quiz")
+sys.path.insert(0, os.path.join(REPO, "scripts", "lib"))
+import labs  # noqa: E402
+
+_loader = importlib.machinery.SourceFileLoader("quiz", QUIZ)
+_spec = importlib.util.spec_from_loader("quiz", _loader)
+quiz = importlib.util.module_from_spec(_spec)
+_loader.exec_module(quiz)
+
+
+def write_run(root, lab, run_id, ranks):
+    """ranks: {rank: [records]} -> root/lab<lab>/<run_id>/rank<k>.jsonl."""
+    d = os.path.join(root, f"lab{lab}", run_id)
+    os.makedirs(d)
+    for rank, records in ranks.items():
+        with open(os.path.join(d, f"rank{rank}.jsonl"), "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(dict({"rank": rank}, **r)) + "\n")
+    return d
+
+
+def lab06_run(bubbles):
+    """Two stages, 1F1B, m = 4: formula 1/5 = 0.2; bubbles[rank] = that stage's bubble in steps 1 and 2."""
+    out = {}
+    for rank, b in enumerate(bubbles):
+        out[rank] = [{"type": "run", "world_size": 2, "config": {"pp": 2, "schedule": "1f1b", "micro_batches": 4,
+                                                                  "chunks": 1, "bubble_formula": 0.2}},
+                     {"type": "step", "step": 0, "bubble": 0.9},  # warm-up: left out
+                     {"type": "step", "step": 1, "bubble": b},
+                     {"type": "step", "step": 2, "bubble": b},
+                     {"type": "summary"}]
+    return out
+
+
+def run_quiz(number, answers, runs_root):
+    """(exit status, output) of scripts/quiz NUMBER with the answers on stdin."""
+    p = subprocess.run([sys.executable, QUIZ, number, "--answers", "-", "--runs", runs_root],
+                       input="\n".join(answers) + "\n", capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def right_answers(number):
+    lab = labs.find(number)
+    return [str(q["answer"]) for q in quiz.load_quiz(lab)["questions"]]
+
+
+class QuizFiles(unittest.TestCase):
+    def test_every_lab_has_a_valid_quiz_in_the_lessons_format(self):
+        for lab in labs.load():
+            with self.subTest(lab=lab["number"]):
+                q = quiz.load_quiz(lab)  # raises with the problems
+                self.assertEqual(len(q["questions"]), 5)
+                self.assertEqual(q["pass"], 3)
+
+    def test_the_hard_question_is_lab_04s(self):
+        texts = " ".join(q["text"] for q in quiz.load_quiz(labs.find("04"))["questions"])
+        self.assertIn("1.4x instead of 2x", texts)
+
+    def test_a_broken_quiz_is_named(self):
+        bad = {"pass": 9, "questions": [{"text": "t", "why": "w", "choices": {"a": "x", "b": "y"}, "answer": "c"},
+                                        {"text": "t", "why": "w", "measure": "nope"}]}
+        problems = " | ".join(quiz.quiz_problems(bad))
+        for part in ("\"pass\"", "not a choice", "measure 'nope'", "needs \"command\""):
+            self.assertIn(part, problems)
+
+
+class Grading(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.runs = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_pass_on_right_answers_and_answers_shown_only_after(self):
+        answers = right_answers("09")  # lab 09's questions read no run
+        rc, out = run_quiz("09", answers, self.runs)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("5 of 5 right: passed", out)
+        before = out.split("--- Answers ---")[0]
+        for q in quiz.load_quiz(labs.find("09"))["questions"]:
+            self.assertNotIn(q["why"], before)
+            self.assertIn(q["why"], out)
+
+    def test_three_right_pass_two_fail(self):
+        answers = right_answers("09")
+        three = answers[:3] + ["999", "zz"]
+        two = answers[:2] + ["999", "zz", "zz"]
+        self.assertEqual(run_quiz("09", three, self.runs)[0], 0)
+        rc, out = run_quiz("09", two, self.runs)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("2 of 5 right: not passed", out)
+
+    def test_bubble_graded_from_the_fixture_log(self):
+        write_run(self.runs, "06", "20260101T000000Z-aaaa", lab06_run([0.30, 0.20]))
+        fixed = [str(q["answer"]) for q in quiz.load_quiz(labs.find("06"))["questions"][2:]]
+        # the run's formula 0.2 and its measured bubble: the mean of the stages' means, 0.25 (step 0 left out)
+        rc, out = run_quiz("06", ["0.2", "0.25"] + fixed, self.runs)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("5 of 5 right", out)
+        self.assertIn("answered from your run", out)
+        self.assertIn("20260101T000000Z-aaaa", out)
+        # 0.9 is step 0's warm-up bubble: not right; 0.2 for the measured one is 0.05 off (tolerance 0.03)
+        rc, out = run_quiz("06", ["0.9", "0.2"] + fixed, self.runs)
+        self.assertIn("3 of 5 right", out)
+        self.assertIn("1. not right", out)
+        self.assertIn("2. not right", out)
+
+    def test_the_newest_fitting_run_is_read(self):
+        old = write_run(self.runs, "06", "old", lab06_run([0.5, 0.5]))
+        new = write_run(self.runs, "06", "new", lab06_run([0.3, 0.3]))
+        os.utime(os.path.join(old, "rank0.jsonl"), (1, 1))
+        os.utime(os.path.join(new, "rank0.jsonl"), (2, 2))
+        values, run_dir = quiz.measure_bubble(self.runs, "06", "cmd")
+        self.assertEqual(run_dir, new)
+        self.assertAlmostEqual(values["answer"], 0.3)
+
+    def test_straggler_rank_from_the_fixture_summary(self):
+        summary = {"type": "summary", "stragglers": [{"rank": 2, "compute_ms": 120.6, "typical_compute_ms": 60.6,
+                                                      "ratio": 1.99, "others_wait_ms": 60.6}]}
+        write_run(self.runs, "08", "r", {0: [{"type": "run", "world_size": 4}, summary]})
+        items = quiz.prepare(quiz.load_quiz(labs.find("08")), labs.find("08"), self.runs)
+        self.assertEqual(items[0]["answer"], 2)
+        self.assertTrue(quiz.is_right(items[0], "2"))
+        self.assertFalse(quiz.is_right(items[0], "1"))
+
+    def test_exposed_comm_skips_warm_up_and_single_rank_runs(self):
+        steps = [{"type": "step", "step": 0, "step_ms": 100, "comm_ms": 90},
+                 {"type": "step", "step": 1, "step_ms": 100, "comm_ms": 10},
+                 {"type": "step", "step": 2, "step_ms": 100, "comm_ms": 20}]
+        write_run(self.runs, "03", "two", {0: [{"type": "run", "world_size": 2}] + steps, 1: []})
+        values, _ = quiz.measure_exposed_comm(self.runs, "03", "cmd")
+        self.assertAlmostEqual(values["answer"], 15.0)
+        one = write_run(self.runs, "03", "one", {0: [{"type": "run", "world_size": 1}] + steps})
+        os.utime(os.path.join(one, "rank0.jsonl"), None)  # newer, but one rank: not the one read
+        self.assertEqual(quiz.measure_exposed_comm(self.runs, "03", "cmd")[1], os.path.join(self.runs, "lab03", "two"))
+
+    def test_a_missing_log_says_what_to_run(self):
+        lab = labs.find("06")
+        rc, out = run_quiz("06", ["0.2", "0.25", "a", "a", "a"], self.runs)
+        self.assertEqual(rc, 1, out)
+        command = quiz.load_quiz(lab)["questions"][0]["command"]
+        self.assertIn(f"run first: {command}", out)
+        self.assertIn("cannot be graded", out)
+        self.assertIn("1. not right", out)
+
+    def test_unknown_lab_is_a_usage_error(self):
+        self.assertEqual(run_quiz("42", [], self.runs)[0], 2)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
