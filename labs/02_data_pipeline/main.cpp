@@ -22,7 +22,6 @@
 
 #include "lab_parts.h"                     // defines: lab_parts (YOUR loader; lab 01's reference MFU)
 #include "naive_loader.h"                  // defines: lab02_driver::NaiveTextLoader (the loader compared with)
-#include "scalelab/comm/comm.h"            // defines: run_single_process
 #include "scalelab/core/error.h"           // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"         // defines: set_num_threads
 #include "scalelab/data/batch.h"           // defines: data::load_batch
@@ -233,5 +232,5 @@ int main(int argc, char** argv) {
   app.add_option("--naive-alone-batches", o.naive_alone_batches, "batches of the naive loader timed alone")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  return run_single_process([&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
+  return driver::run_single_process(o, [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

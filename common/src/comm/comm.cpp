@@ -201,7 +201,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
   (void)Communicator::now_ms();  // starts the communication clock
   const int launched = comm_detail::launcher_world_size();
   std::string chosen = backend;
-  if (backend == "auto") chosen = launched > 1 ? "mpi" : "local";
+  // auto: under a launcher, the simulated GPUs' backend while the virtual clock is on (--device sim), else mpi
+  if (backend == "auto") chosen = launched <= 1 ? "local" : VirtualClock::get().on() ? "sim" : "mpi";
   // Read before any backend starts: a bad value fails on every rank alike, before MPI_Init.
   const double wait_timeout_s = wait_timeout_from_env();
   auto with_timeout = [wait_timeout_s](std::unique_ptr<Communicator> c) {

@@ -314,10 +314,11 @@ double wait_timeout_from_env();
 // still stuck: tests/grading/graded_main.cpp.
 bool comm_wait_timed_out();
 
-// backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE or SLURM_STEP_NUM_TASKS > 1; else local), "local",
+// backend: "auto" (when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// SLURM_STEP_NUM_TASKS > 1, sim while the virtual clock is on, else mpi; one process: local), "local",
 // "mpi", "nccl", "sim" (needs the virtual clock on: VirtualClock::start, as --device sim does; without a
-// link model set its groups use nvlink inside a node and infiniband across nodes). The MPI, NCCL and sim
+// link model set its groups use the active GPU model's intra_node_link inside a node, nvlink without one,
+// and infiniband across nodes). The MPI, NCCL and sim
 // backends initialise MPI on first use (MPI_THREAD_MULTIPLE) and finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
 // on one GPU with nccl: "use --backend mpi").
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "auto");
