@@ -401,7 +401,8 @@ def write_tables(root, labs):
 
 def shell_assignments(lab, track):
     """The lab as bash variables: lab_exists, lab_name, lab_title, lab_dir, lab_graded, lab_corpus,
-    lab_np_default, lab_np_allowed ("any" or "1 2"), lab_single_process, lab_target and lab_exe (the
+    lab_np_default, lab_np_allowed ("any" or "1 2"), lab_single_process, lab_has_program, lab_has_sim (the
+    program runs on the simulated GPU: a "sim" field), lab_target and lab_exe (the
     track's program: empty without a driver, or when the build does not say)."""
     if lab is None:
         return {"lab_exists": 0}
@@ -409,7 +410,7 @@ def shell_assignments(lab, track):
     allowed = lab["ranks"]["allowed"]
     return {"lab_exists": 1, "lab_name": lab["name"], "lab_title": lab["title"], "lab_dir": lab["dir"],
             "lab_graded": int(lab["graded"]), "lab_corpus": int(lab["corpus"]),
-            "lab_has_program": int(bool(lab["driver"])),
+            "lab_has_program": int(bool(lab["driver"])), "lab_has_sim": int(bool(lab["sim"])),
             "lab_np_default": lab["ranks"]["default"],
             "lab_np_allowed": allowed if allowed == "any" else " ".join(str(n) for n in allowed),
             "lab_single_process": int(lab["single_process"]), "lab_target": prog.get("target", ""),

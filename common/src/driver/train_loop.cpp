@@ -9,6 +9,7 @@
 #include "scalelab/core/clock.h"                // defines: clock_now_ms, clock_pause_ms, clock_is_virtual
 #include "scalelab/core/device.h"               // defines: device_synchronize
 #include "scalelab/core/error.h"                // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"              // defines: sim_gpu (the summary's GPU model)
 #include "scalelab/data/batch.h"                // defines: data::Batch, load_batch
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
 #include "scalelab/model/sample.h"              // defines: sample_text
@@ -332,7 +333,7 @@ nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, boo
   if (!s.simulated.empty()) {  // a simulated GPU (docs/log_schema.md)
     r["simulated"] = true;
     r["clock"] = "virtual";
-    r["sim_gpu_name"] = s.simulated;
+    r["sim_gpu_name"] = sim_gpu().display_name;  // "simulated H100 SXM", as the run record says
     r["data_wait_ms"] = s.data_wait_ms;
     r["host_data_wait_ms"] = s.host_data_wait_ms;
   }
