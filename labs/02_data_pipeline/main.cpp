@@ -191,9 +191,10 @@ static int run(const Options& o) {
   std::printf("the model eats %.0f tokens/s when it never waits (tokens per step / (step - data wait), the %s run)\n",
               runs.front().consumption(), runs.front().loader.c_str());
   if (!runs.front().s.simulated.empty()) {  // --device sim: the step is virtual, the loaders are this host's
-    std::printf("(%s: step ms and data wait are the simulated GPU's, the copy of each batch to it; the host "
-                "really waited",
-                runs.front().s.simulated.c_str());
+    std::printf(
+        "(%s: step ms and data wait are the simulated GPU's, the copy of each batch to it; the host "
+        "really waited",
+        runs.front().s.simulated.c_str());
     for (const LoaderRun& r : runs) std::printf(" %.3f ms (%s)", r.s.host_data_wait_ms, r.loader.c_str());
     std::printf(" per step for the loaders, real time, not part of the virtual step)\n");
   }
