@@ -149,10 +149,11 @@ static int run(const Options& o, Communicator& comm) {
           peak.flops_per_s / 1e9, peak.source.c_str());
       print_estimate_line(est, cap_bytes);
       if (o.loader_alone_batches > 0)
-        std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s\n", o.loader_alone_batches,
-                    loader_alone_tok_s);
+        std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s%s\n", o.loader_alone_batches,
+                    loader_alone_tok_s, device == Device::SIM ? " (this host, real time)" : "");
       if (o.slow_rank >= 0 && o.slow_ms > 0)
-        std::printf("rank %d sleeps %g ms per micro-step (--slow-rank)\n", o.slow_rank, o.slow_ms);
+        std::printf("rank %d %s %g ms per micro-step (--slow-rank)\n", o.slow_rank,
+                    device == Device::SIM ? "adds (virtual time)" : "sleeps", o.slow_ms);
       std::printf("logs: %s (one file per rank)\n", log.path().c_str());
       std::fflush(stdout);
     }
