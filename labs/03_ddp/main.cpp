@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
   driver::add_distributed_options(app, o, "lab03");
   app.get_option("--device")
       ->description(
-          "cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
-          "with --backend nccl, or ranks sharing one through --backend mpi)");
+          "cpu, cuda (a build with the CUDA backend and a GPU; one GPU per rank "
+          "with --backend nccl, or ranks sharing one through --backend mpi) or sim (a simulated GPU per rank, "
+          "virtual time: --backend sim; docs/simulation.md)");
   app.get_option("--seed")->description("seed of the weights (rank 0's) and the data order");
   app.add_option("--mode", o.mode,
                  "gradient all-reduce: naive (per tensor), bucketed, overlap (buckets during "
