@@ -10,7 +10,8 @@ for the GPU path.
 on a tiny model for a few steps, with --device sim (and --backend sim on more than one rank), and checks from its
 output and every rank's log that the run says what it ran on: the run record (device "sim", sim_gpu h100,
 simulated, clock "virtual"), every step record (simulated, clock "virtual", a step time, tokens/s and MFU), the
-summary record and the printed summary ("simulated H100 SXM, virtual time").
+summary record and the printed summary ("simulated H100 SXM, virtual time"), and the step records' memory counts
+are the simulated GPU's (not the host allocator's, which holds none of the model).
 --determinism runs lab 03 on 2 simulated ranks twice, then again with two busy loops (`yes > /dev/null`) beside
 it, and compares every rank's step times, tokens/s, MFU, HFU and exposed communication, and the summaries' tokens/s
 and MFU: equal as JSON values (bit for bit). --device cpu makes the same comparison on real time, which fails:
@@ -88,6 +89,10 @@ def says_so(recs, where):
             break
         if "host_data_wait_ms" not in s:
             problems.append(f"{where}: step {s['step']} has no host_data_wait_ms (the loader's real wait)")
+            break
+        if not s.get("memory_current_bytes"):  # the simulated GPU's allocator, not the host's (empty there)
+            problems.append(f"{where}: step {s['step']}: memory_current_bytes {s.get('memory_current_bytes')}, "
+                            f"not the simulated GPU's bytes")
             break
     if summary.get("simulated") is not True or summary.get("clock") != "virtual":
         problems.append(f"{where}: the summary says simulated {summary.get('simulated')}, clock "

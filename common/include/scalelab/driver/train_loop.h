@@ -134,7 +134,8 @@ class TrainLoop {
  public:
   // comm: the data-parallel group's communicator, or nullptr for one device (lab 01: no collective is
   // made). data: the run's loaders (data.train, data.val: both open) and the parts' throughput and MFU.
-  // The loop keeps references to everything given; they must outlive run().
+  // The loop keeps references to everything given; they must outlive run(). It points the log's memory
+  // counts at `device` (RunLogger::set_memory_device).
   TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data, RunLogger& log,
             const Peak& peak, double flops_per_token, Device device);
 
