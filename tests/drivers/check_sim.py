@@ -7,7 +7,7 @@ for the GPU path.
   python3 tests/drivers/check_sim.py --build-dir build --refusals    bad device/backend pairs stop every rank
 
 --lab NN runs lab NN's reference program with the manifest's "sim" ranks and arguments (labs/NN_name/lab.json),
-on a tiny model for a few steps, with --device sim (and --backend sim on more than one rank), and checks from its
+a training program on a tiny model for a few steps (lab 00's probe: its collective sweep), with --device sim (and --backend sim on more than one rank), and checks from its
 output and every rank's log that the run says what it ran on: the run record (device "sim", sim_gpu h100,
 simulated, clock "virtual"), every step record (simulated, clock "virtual", a step time, tokens/s and MFU), the
 summary record and the printed summary ("simulated H100 SXM, virtual time"), and the step records' memory counts
@@ -40,11 +40,11 @@ LABEL = "simulated H100 SXM, virtual time"
 TIMED = ("step_ms", "tokens_per_s", "mfu", "hfu", "comm_ms", "data_wait_ms")  # what must repeat bit for bit
 
 
-def launch(build, program, ranks, args, timeout=240, every_rank=False):
+def launch(build, program, ranks, args, timeout=240, every_rank=False, exe=None):
     """The reference program on `ranks` ranks (mpirun unless 1): (exit code, stdout + stderr, wall seconds).
     every_rank: mpirun lets every rank run to its own end after one fails (each rank's refusal is then seen;
     mpirun's own exit is 0 that way, so the exit code comes from a run without it)."""
-    exe = os.path.join(build, "bin", "reference", program)
+    exe = exe or os.path.join(build, "bin", "reference", program)
     cmd = [exe] + args
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + (
@@ -63,6 +63,16 @@ def program_of(lab):
     return f"lab{lab['number']}_{lab['name']}"
 
 
+def run_says_so(recs, where):
+    """The problems with one rank's run record of a simulated run (lab 00's probe: no steps)."""
+    run = next((r for r in recs if r["type"] == "run"), None)
+    if run is None:
+        return [f"{where}: no run record"]
+    want = {"device": "sim", "sim_gpu": "h100", "sim_gpu_name": "simulated H100 SXM", "simulated": True,
+            "clock": "virtual"}
+    return [f"{where}: the run record's {k} is {run.get(k)!r}, not {v!r}" for k, v in want.items() if run.get(k) != v]
+
+
 def says_so(recs, where):
     """The problems with one rank's records of a simulated run (empty: it says so everywhere)."""
     problems = []
@@ -71,11 +81,7 @@ def says_so(recs, where):
     summary = next((r for r in recs if r["type"] == "summary"), None)
     if run is None or summary is None or not steps:
         return [f"{where}: no run, step or summary record"]
-    want = {"device": "sim", "sim_gpu": "h100", "sim_gpu_name": "simulated H100 SXM", "simulated": True,
-            "clock": "virtual"}
-    for k, v in want.items():
-        if run.get(k) != v:
-            problems.append(f"{where}: the run record's {k} is {run.get(k)!r}, not {v!r}")
+    problems += run_says_so(recs, where)
     if "virtual time" not in run.get("peak_source", ""):
         problems.append(f"{where}: peak_source {run.get('peak_source')!r} does not say virtual time")
     for s in steps:
@@ -107,12 +113,15 @@ def check_lab(a, number, logs):
     ranks, extra = lab["sim"]["ranks"], lab["sim"].get("args", [])
     run_id = f"sim-{number}"
     backend = ["--backend", "sim"] if ranks > 1 else []
-    rc, out, wall = launch(a.build_dir, program_of(lab), ranks, TINY + extra + ["--device", "sim"] + backend + [
-        "--data", a.data, "--log-dir", logs, "--run-id", run_id])
+    training = lab["corpus"]  # a training program (01-08); lab 00's probe sweeps collectives only
+    common = TINY + ["--data", a.data] if training else []
+    exe = ((lab.get("programs") or {}).get("reference") or {}).get("path")  # <build>/labs.json (lab 00: bin/)
+    rc, out, wall = launch(a.build_dir, program_of(lab), ranks, common + extra + ["--device", "sim"] + backend + [
+        "--log-dir", logs, "--run-id", run_id], exe=exe)
     print(f"lab {number} on {ranks} simulated rank(s): exit {rc}, {wall:.1f} s")
     if rc != 0:
         return [f"lab {number}: exit {rc}\n{out[-2000:]}"]
-    problems = [] if f"({LABEL}" in out else [f"lab {number}: the output does not say ({LABEL}...)"]
+    problems = [] if LABEL in out else [f"lab {number}: the output does not say '{LABEL}'"]
     # One log per rank; lab 02 logs each loader's run apart (<run id>-kit, <run id>-naive).
     runs = sorted(glob.glob(os.path.join(logs, f"lab{number}", run_id + "*")))
     if not runs:
@@ -120,7 +129,8 @@ def check_lab(a, number, logs):
     for run_dir in runs:
         for rank in range(ranks):
             where = f"lab {number} {os.path.basename(run_dir)} rank {rank}"
-            problems += says_so(records(logs, f"lab{number}", os.path.basename(run_dir), rank), where)
+            recs = records(logs, f"lab{number}", os.path.basename(run_dir), rank)
+            problems += says_so(recs, where) if training else run_says_so(recs, where)
     return problems
 
 

@@ -9,7 +9,7 @@
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
 #include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
-#include "scalelab/core/sim_gpu.h"  // defines: GpuModel, sim_gpu_set, sim_gpu_active, sim_gpu
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu
 
 namespace scalelab::driver {
 
@@ -161,7 +161,7 @@ Device device_from_option(const std::string& name) {
                 "unknown device '%s'", name.c_str());
   if (name == "sim") {
     SL_CHECK_HINT(sim_gpu_active(), "main() starts it: return driver::run_on_all_ranks(o, o.backend, ...)",
-                  "--device sim: no simulated GPU is active (driver::start_device makes --sim-gpu one)");
+                  "--device sim: no simulated GPU is active (start_device, comm.h, makes --sim-gpu one)");
     return Device::SIM;
   }
   const Device device = name == "cuda" ? Device::CUDA : Device::CPU;
@@ -173,33 +173,13 @@ Device device_from_option(const std::string& name) {
   return device;
 }
 
-std::string start_device(const TrainOptions& o, const std::string& backend) {
-  if (o.device != "sim") {
-    SL_CHECK_HINT(backend != "sim", "add --device sim (every rank a simulated GPU), or use --backend auto or mpi",
-                  "--backend sim runs simulated GPUs in virtual time, but --device is '%s'", o.device.c_str());
-    return backend;
-  }
-  SL_CHECK_HINT(backend != "mpi" && backend != "nccl",
-                "use --backend sim (or auto) with --device sim, or --device cpu with --backend " + backend,
-                "--backend %s cannot move simulated GPU memory (--device sim)", backend.c_str());
-  sim_gpu_set(GpuModel::preset(o.sim_gpu));  // throws, naming the presets, for another --sim-gpu
-  return backend;  // auto: make_communicator picks sim under a launcher now that the virtual clock is on
-}
-
 int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body) {
-  std::string chosen;
-  try {
-    chosen = start_device(o, backend);
-  } catch (const std::exception& e) {  // every rank checks the same options: each ends with the same message
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  return scalelab::run_on_all_ranks(chosen, body);
+  return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, body);
 }
 
 int run_single_process(const TrainOptions& o, const std::function<int()>& body) {
   return scalelab::run_single_process([&] {
-    start_device(o, "local");
+    start_device(o.device, o.sim_gpu, "local");
     return body();
   });
 }

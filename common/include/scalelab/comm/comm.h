@@ -329,6 +329,18 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend = "au
 // Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
 int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
 
+// A program's --device and --backend together, before its communicator and before any tensor. Device "sim"
+// makes GpuModel::preset(sim_gpu) active (core/sim_gpu.h sim_gpu_set: the virtual clock starts at 0, the SIM
+// allocator's capacity is the GPU's memory; a later --memory-cap-mb overrides it); "cpu" and "cuda" need
+// nothing here. Refused with the option to change (scalelab::Error): backend "sim" without device "sim";
+// device "sim" with backend "mpi" or "nccl"; an unknown sim_gpu. Every rank checks its own options, so a
+// refusal ends every rank alike. (auto with device "sim": make_communicator picks sim under a launcher.)
+void start_device(const std::string& device, const std::string& sim_gpu, const std::string& backend);
+// run_on_all_ranks(backend, body) after start_device(device, sim_gpu, backend); a refusal is printed to
+// stderr and returns 1 (no communicator yet: nothing to abort).
+int run_on_all_ranks(const std::string& device, const std::string& sim_gpu, const std::string& backend,
+                     const std::function<int(Communicator&)>& body);
+
 // Its twin for a program of one process (labs 01, 02 and 09, bin/sl_plan): runs body() and returns its exit
 // code. An exception is printed to stderr after what the program printed so far: exit code 3 for a learner's
 // TODO not written yet (scalelab::NotImplemented), `error_exit` for any other error.

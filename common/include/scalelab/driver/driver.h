@@ -102,24 +102,18 @@ void add_pipeline_options(CLI::App& app, PipelineOptions& o);
 // Setup
 
 // --device cpu|cuda|sim as a Device; throws with a hint for another name, cuda without a usable GPU, or sim
-// before start_device made a GPU model active.
+// before start_device (comm.h) made a GPU model active.
 Device device_from_option(const std::string& name);
 
-// What the device needs before anything else runs (before the communicator, before any tensor), and the
-// backend the communicator is made with. --device sim: the --sim-gpu model made active (sim_gpu_set: the
-// virtual clock starts at 0, the SIM allocator's capacity is the GPU's memory; a later --memory-cap-mb
-// overrides it). `backend` comes back as given, but auto with --device sim is sim under a launcher of more
-// than one rank (make_communicator: auto picks sim while the virtual clock is on) and local for one (the
-// local backend takes SIM tensors: its collectives are copies). Refused, with the option to change
-// (scalelab::Error): --backend sim without --device sim; mpi or nccl with --device sim; an unknown --sim-gpu.
-// Every rank checks its own options, so a refusal ends every rank alike.
-std::string start_device(const TrainOptions& o, const std::string& backend);
-
-// scalelab::run_on_all_ranks (comm.h) after start_device(o, backend): a refused combination ends every rank
-// with its message on stderr and exit code 1 (no communicator yet: nothing to abort). Multi-rank drivers'
-// main() returns this.
+// The device before anything else runs, then the program: scalelab::run_on_all_ranks(o.device, o.sim_gpu,
+// backend, body) (comm.h): --device sim makes the --sim-gpu model active before the communicator and any
+// tensor (a later --memory-cap-mb overrides its capacity); auto with --device sim is the sim backend under a
+// launcher of more than one rank, local for one (its collectives are copies: it takes SIM tensors); a refused
+// pair (--backend sim without --device sim; mpi or nccl with it) ends every rank with the option to change.
+// Multi-rank drivers' main() returns this.
 int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body);
-// scalelab::run_single_process (comm.h) after start_device(o, "local"): the one-process drivers (labs 01, 02).
+// scalelab::run_single_process (comm.h) after start_device(o.device, o.sim_gpu, "local"): the one-process
+// drivers (labs 01, 02).
 int run_single_process(const TrainOptions& o, const std::function<int()>& body);
 
 // "simulated H100 SXM, virtual time" while a simulated GPU is active (--device sim), else "": what every
