@@ -17,7 +17,8 @@ it, and compares every rank's step times, tokens/s, MFU, HFU and exposed communi
 and MFU: equal as JSON values (bit for bit). --device cpu makes the same comparison on real time, which fails:
 that is how the check was shown able to fail.
 --refusals: --backend sim without --device sim and --device sim with --backend mpi end both ranks of a 2-rank run
-with a non-zero exit and a message naming the option to change.
+with a non-zero exit and a message naming the option to change; --device sim alone (--backend auto) on 2 ranks
+runs on the sim backend.
 Exit 0 when all hold, 1 naming each failure. Each case prints its wall time (CI's cost).
 """
 import argparse
@@ -189,6 +190,14 @@ def check_refusals(a, logs):
         print(f"refused: {name}: exit {rc}, the hint '{hint}' on {ranks_said} of 2 ranks, {wall:.1f} s")
         if rc == 0 or ranks_said != 2:
             problems.append(f"{name}: exit {rc}, hint '{hint}' printed {ranks_said} times (want 2):\n{out[-1500:]}")
+    # ... and the pair that needs no --backend: auto under mpirun with --device sim is the sim backend
+    rc, out, wall = launch(a.build_dir, "lab03_ddp", 2, TINY + ["--device", "sim", "--data", a.data, "--log-dir",
+                                                                logs, "--run-id", "auto"])
+    backend = records(logs, "lab03", "auto", 0)[0]["config"].get("backend") if rc == 0 else None
+    print(f"--device sim, --backend auto on 2 ranks: exit {rc}, backend {backend!r}, {wall:.1f} s")
+    if backend != "sim":
+        problems.append(f"--device sim with --backend auto on 2 ranks: exit {rc}, backend {backend!r}, not 'sim'"
+                        f"\n{out[-1500:]}")
     return problems
 
 
