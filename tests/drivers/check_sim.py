@@ -132,6 +132,9 @@ def check_lab(a, number, logs):
             where = f"lab {number} {os.path.basename(run_dir)} rank {rank}"
             recs = records(logs, f"lab{number}", os.path.basename(run_dir), rank)
             problems += says_so(recs, where) if training else run_says_so(recs, where)
+            link = recs[0].get("config", {}).get("link") if recs else None
+            if ranks > 1 and link == "none":  # --link none must keep the sim backend's own links (nvlink)
+                problems.append(f"{where}: config.link is 'none': the sim backend's default links were wiped")
     return problems
 
 
