@@ -103,7 +103,8 @@ class Run:
 
     @property
     def config_label(self) -> str:
-        """The configuration apart from the world size: mode / ZeRO stage / precision, "" if none set."""
+        """The configuration apart from the world size: mode / ZeRO stage / precision, and "simulated H100 SXM,
+        virtual time" for a run on the simulated GPU (--device sim); "" if none set."""
         parts = []
         cfg = self.config
         if "loader" in cfg:  # lab 02: which loader fed the run, and how the kit loader was set
@@ -125,6 +126,8 @@ class Run:
         precision = cfg.get("precision", self.info.get("precision"))
         if precision and precision != "fp32":
             parts.append(str(precision))
+        if self.info.get("device") == "sim":  # --device sim: every time of the run is the simulated GPU's
+            parts.append(f"{self.info.get('sim_gpu_name', 'simulated GPU')}, virtual time")
         return ", ".join(parts)
 
 

@@ -9,15 +9,17 @@
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
+#   scripts/scale_demo.sh --sim --max-ranks 4               a simulated cluster: H100s in virtual time (the
+#                                                           same table on any machine, bit for bit)
 #   scripts/scale_demo.sh --dry-run --labs "03 07"          each run's command line (or why it is skipped), no runs
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
 #   --out DIR (default runs/scale_demo/<utc time>)   --labs "03 04" (default: every lab with scale-demo rows)
-#   --device auto|cpu|cuda
+#   --device auto|cpu|cuda|sim   --sim (= --device sim)   --sim-gpu h100|h200|a100|rtx4090 (default h100)
 #   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
 #   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
-#   (CPU ranks, labs 03-07)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
+#   (CPU ranks, labs 03-07; sim: replaces the sim backend's own links)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
 #   "mpirun --hostfile FILE", "srun --mpi=pmix")   --timeout-s S (per run; default none)
 # Writes to --out: scale_table.csv, scale_table.md, scale_plot.png, logs/<lab>/<run id>/rank<k>.jsonl and each
 # run's output (lab<NN>_np<N>.out). scripts/scale_demo_table.py makes the table from the logs with the
@@ -25,6 +27,9 @@
 # A lab's rows: its program's own arguments, "args" of the manifest's "scale_demo", with {expressions} of the
 # run's numbers (N ranks, B micro-batch, G global batch, S stage, heads, layers, model), and "skip" conditions
 # (scripts/lib/labs.py scale_row); a one-process program (lab 01) runs at 1 rank only, without --link/--backend.
+# --sim: every rank a simulated GPU (--device sim --backend sim, docs/simulation.md): times, tokens/s and MFU
+# are virtual, the simulated GPU's, whatever the machine's cores and load (no rank count is oversubscribed);
+# the arithmetic is real and runs on the CPU, so the defaults stay the CPU's small model.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,6 +51,7 @@ STAGE=3
 THREADS=""
 LINK="none"
 LINK_SLOWDOWN=1
+SIM_GPU=h100
 LAUNCHER="mpirun --oversubscribe --bind-to none"
 TIMEOUT_S=0
 VENV="$ROOT/.venv-notebooks"
@@ -77,7 +83,9 @@ while [[ $# -gt 0 ]]; do
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sim) DEVICE=sim; shift ;;
+    --sim-gpu) need_value "$@"; SIM_GPU="$2"; DEVICE=sim; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -116,10 +124,10 @@ case "$DEVICE" in
       else echo "[scalelab] scale_demo: $gpus GPU(s) present but $BUILD was built without CUDA: running on CPU ranks" \
                 "(rebuild with -DSL_WITH_CUDA=ON for the GPU table)" >&2; fi
     fi ;;
-  cpu) ;;
+  cpu|sim) ;;
   cuda) (( build_has_cuda )) || die "--device cuda: $BUILD was built without CUDA" \
           "cmake -S . -B $BUILD -G Ninja -DSL_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=<sm, e.g. 90> && cmake --build $BUILD" ;;
-  *) die "--device '$DEVICE'" "use auto, cpu or cuda" ;;
+  *) die "--device '$DEVICE'" "use auto, cpu, cuda or sim" ;;
 esac
 if [[ -z "$MAX_RANKS" ]]; then
   if [[ "$DEVICE" == cuda ]]; then MAX_RANKS=$(( gpus > 0 ? gpus : 1 )); else MAX_RANKS=$cores; fi
@@ -147,6 +155,10 @@ done
 ranks=()
 for n in 1 2 4 8 16 32 64; do (( n <= MAX_RANKS )) && ranks+=("$n"); done
 largest=${ranks[-1]}
+if [[ "$DEVICE" == sim ]]; then  # virtual time: the cores only decide how long the arithmetic takes
+  [[ -n "$THREADS" ]] || THREADS=$(( cores / largest > 0 ? cores / largest : 1 ))
+  is_int "$THREADS" && (( THREADS >= 1 )) || die "--threads-per-rank '$THREADS' is not a whole number >= 1"
+fi
 if [[ "$DEVICE" == cpu ]]; then
   # Every rank gets the same threads at every rank count: a rank is a fixed-size "device" (cores/max-ranks
   # of them), so N ranks have N times the compute of one and linear scaling means efficiency 1.0.
@@ -195,7 +207,10 @@ LOGS="$OUT/logs"
 manifest="$OUT/manifest.tsv"  # one line per run, for scripts/scale_demo_table.py
 (( DRY_RUN )) || printf 'lab\tranks\tthreads\toversubscribed\tstatus\trun_dir\toutput\n' > "$manifest"
 
-echo "== scale_demo: labs $LABS | ranks ${ranks[*]} | $DEVICE$([[ $DEVICE == cpu ]] && echo ", $THREADS thread(s) per rank, $cores cores") |" \
+shown_device="$DEVICE"
+[[ "$DEVICE" == cpu ]] && shown_device="cpu, $THREADS thread(s) per rank, $cores cores"
+[[ "$DEVICE" == sim ]] && shown_device="simulated $SIM_GPU, virtual time"
+echo "== scale_demo: labs $LABS | ranks ${ranks[*]} | $shown_device |" \
      "model $MODEL, $PRECISION | global batch $GLOBAL_BATCH x T=$SEQ_LEN | $STEPS steps | link $LINK$([[ $LINK != none ]] && echo "/$LINK_SLOWDOWN")"
 load="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "")"
 echo "   load average $load on $cores cores before the runs (other work on the machine slows every row)"
@@ -204,7 +219,8 @@ echo "   load average $load on $cores cores before the runs (other work on the m
 common=(--data "$DATA" --model "$MODEL" --seq-len "$SEQ_LEN" --steps "$STEPS" --device "$DEVICE" --quiet
         --precision "$PRECISION"
         --val-every 0 --val-batches 1 --sample-tokens 0 --log-dir "$LOGS")
-[[ "$DEVICE" == cpu ]] && common+=(--threads "$THREADS")
+[[ "$DEVICE" == cpu || "$DEVICE" == sim ]] && common+=(--threads "$THREADS")
+[[ "$DEVICE" == sim ]] && common+=(--sim-gpu "$SIM_GPU")
 failed=0
 for lab in $LABS; do
   counts=("${ranks[@]}"); (( SINGLE[$lab] )) && counts=(1)  # a one-process program: lab 01 is one device
@@ -220,6 +236,7 @@ for lab in $LABS; do
     if (( ! SINGLE[$lab] )); then
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
       [[ "$DEVICE" == cuda && $np -gt 1 ]] && args+=(--backend nccl)
+      [[ "$DEVICE" == sim && $np -gt 1 ]] && args+=(--backend sim)
     fi
     oversub=0
     [[ "$DEVICE" == cpu ]] && (( np * THREADS > cores )) && oversub=1

@@ -146,7 +146,8 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 cfg = run.config
                 row["note"] = (f"tp {cfg.get('tp')} x pp {cfg.get('pp')} x dp {cfg.get('dp')} ({cfg.get('order')}), "
                                + pipeline_note(run))
-            if run.info.get("simulated") or run.config.get("link", "none") != "none":
+            sim_default_links = run.info.get("device") == "sim" and run.config.get("link", "none") == "none"
+            if (run.info.get("simulated") or run.config.get("link", "none") != "none") and not sim_default_links:
                 link = f"simulated link {run.config.get('link')}"
                 row["note"] = f"{row['note']}; {link}" if row["note"] else link
             if int(m.oversubscribed):
@@ -226,9 +227,12 @@ def main() -> int:
         sha = info.get("git_sha", "unknown")
     global_batch = cfg.get("global_batch", cfg.get("B"))
     device = info.get("device", a.device)
+    if device == "sim":  # every figure of the table is the simulated GPU's, in virtual time
+        device = info.get("sim_gpu_name", "simulated GPU") + ", virtual time"
     header = "no run finished" if first is None else (f"model {cfg.get('model', '?')} ({cfg.get('n_params', '?')} params), global batch {global_batch} x "
               f"T={cfg.get('T', '?')}, {cfg.get('steps', '?')} steps, {device}"
               + (f", {a.cores} cores ({info.get('cpu_model', '')})" if a.device == "cpu" else "")
+              + (", the arithmetic on this machine's CPU" if a.device == "sim" else "")
               + (f", load average {a.load} at the start" if a.load else "")
               + f", commit {sha}, {info.get('start_time', '')}")
     peak_notes = "\n".join(f"[{i + 1}] peak {s}" for i, s in enumerate(peaks))

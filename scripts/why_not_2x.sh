@@ -7,6 +7,7 @@
 #
 #   scripts/why_not_2x.sh                          # 1 rank vs 2 ranks, 1 thread each (on CPU a core is a device)
 #   scripts/why_not_2x.sh --provoke straggler      # make one cause happen, on purpose, much larger than noise
+#   scripts/why_not_2x.sh --sim                    # on simulated H100s in virtual time (docs/simulation.md)
 #
 # Options: --build-dir DIR (default build)  --np N (default 2)  --provoke none|loader|comm|batch|straggler
 #   --steps S (default 10; step 0 is warm-up)  --sweep "1 2 4 8 16" (micro-batches of the 1-device sweep)
@@ -14,7 +15,8 @@
 #   (default 128)  --data DIR (default data/kjv)  --out DIR (default runs/why_not_2x/<utc time>-<provoke>)
 #   --track reference|learner (default reference)  --check (exit 1 unless the verdict marks the provoked
 #   cause CULPRIT)  --loader-delay-ms X (loader, default 400)  --link PRESET, --link-slowdown F (comm, default
-#   ethernet100 x 300)  --slow-ms X (straggler, default 400)
+#   ethernet100 x 300)  --slow-ms X (straggler, default 400)  --sim (every rank a simulated GPU: --device sim,
+#   --backend sim; the delays and the slow rank then take virtual time, nothing sleeps)  --sim-gpu NAME (h100)
 # Exit status: the report's (0; 1 with --check when the provoked cause is not marked CULPRIT), 1 when a run
 # fails, 2 for a usage or build problem, 77 when the corpus or mpirun is missing (ctest: Skipped).
 # What each provocation does to the N-device run (the 1-device run stays the healthy baseline):
@@ -44,6 +46,8 @@ loader_delay_ms=400
 link=ethernet100
 link_slowdown=300
 slow_ms=400
+sim=0
+sim_gpu=h100
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -63,7 +67,9 @@ while [[ $# -gt 0 ]]; do
     --link) link="$2"; shift 2 ;;
     --link-slowdown) link_slowdown="$2"; shift 2 ;;
     --slow-ms) slow_ms="$2"; shift 2 ;;
-    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+    --sim) sim=1; shift ;;
+    --sim-gpu) sim=1; sim_gpu="$2"; shift 2 ;;
+    *) sed -n '2,29p' "$0" >&2; exit 2 ;;
   esac
 done
 
@@ -79,7 +85,7 @@ report="$build_dir/bin/sl_scaling_report"
 [[ -d "$data" ]] || { echo "SKIPPED: no $data: run scripts/prepare_corpus.sh first" >&2; exit 77; }
 command -v mpirun > /dev/null || { echo "SKIPPED: no mpirun: apt-get install openmpi-bin libopenmpi-dev" >&2; exit 77; }
 cores=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
-if (( np > cores )); then
+if (( np > cores && ! sim )); then  # virtual time does not depend on the cores
   echo "WARNING: $np ranks on $cores cores: ranks share cores, so their timings say little (never trust a verdict from it)" >&2
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # harmless when not root
@@ -103,13 +109,17 @@ esac
 # training steps matter here. The loader is timed alone for 5 batches before training (cause 1).
 common=(--model "$model" --stage 3 --threads 1 --data "$data" --log-dir "$out" --val-every 0 --val-batches 1
         --sample-tokens 0 --timeline-steps 0 --loader-alone-batches 5 --quiet)
+(( sim )) && common+=(--device sim --sim-gpu "$sim_gpu")
 
 run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <out>/<run id>.out
   local id="$1" ranks="$2"; shift 2
   local launcher=()
   (( ranks > 1 )) && launcher=(mpirun --oversubscribe --bind-to none -np "$ranks")
+  local backend=()
+  (( sim && ranks > 1 )) && backend=(--backend sim)
   echo "== $id: ${launcher[*]} $exe ${*}" | sed "s|$out|<out>|g"
-  if ! timeout 600 "${launcher[@]}" "$exe" "${common[@]}" "${cal[@]}" --run-id "$id" "$@" > "$out/$id.out" 2>&1; then
+  if ! timeout 600 "${launcher[@]}" "$exe" "${common[@]}" "${backend[@]}" "${cal[@]}" --run-id "$id" "$@" \
+      > "$out/$id.out" 2>&1; then
     echo "run $id failed; its output ($out/$id.out) ends:" >&2
     tail -20 "$out/$id.out" >&2
     exit 1
@@ -120,7 +130,7 @@ run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <ou
 t_start=$(date +%s)
 cal=()  # the first run checks (or measures) the 1-thread peak; the others divide by the same file, unchecked
 run single 1 --micro-batch "$single_b" --seq-len "$seq_len" --steps "$steps"
-[[ -f runs/calibration/cpu_1t.json ]] && cal=(--calibration runs/calibration/cpu_1t.json)
+[[ -f runs/calibration/cpu_1t.json ]] && (( ! sim )) && cal=(--calibration runs/calibration/cpu_1t.json)
 run multi "$np" --micro-batch "$micro_batch" --seq-len "$seq_len" --steps "$steps" "${multi_extra[@]}"
 sweep_dirs=()
 for b in $sweep; do
@@ -134,6 +144,10 @@ echo
 expect=()
 (( check == 1 )) && [[ "$provoke" != none ]] && expect=(--expect-culprit "$provoke")
 echo "provocation: $provoke ${multi_extra[*]}" > "$out/report.txt"
+if (( sim )); then  # the report's every time, tokens/s and MFU are the simulated GPU's
+  grep -ho "(simulated [^)]*virtual time)" "$out/single.out" | head -1 | sed 's/^(\(.*\))$/on \1: every figure below/' \
+    | tee -a "$out/report.txt"
+fi
 set +e
 sweep_args=()
 (( ${#sweep_dirs[@]} > 0 )) && sweep_args=(--sweep "${sweep_dirs[@]}")

@@ -11,11 +11,12 @@
 //   build/bin/lab00_setup                                          # 1 rank
 //   mpirun -np 2 build/bin/lab00_setup                             # 2 ranks over MPI
 //   mpirun -np 2 build/bin/lab00_setup --link ethernet100          # ... over a simulated 100 Gb/s link
+//   mpirun -np 2 build/bin/lab00_setup --device sim --skip-gemm    # 2 simulated H100s: the sweep in virtual time
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (probe.json, log records)
 
 #include <algorithm>
-#include <chrono>  // defines: std::chrono::steady_clock (all timing)
+#include <chrono>  // defines: std::chrono::steady_clock (the sweep's own duration, real time)
 #include <cctype>  // defines: std::isdigit, std::toupper
 #include <cmath>   // defines: std::floor
 #include <cstdio>  // defines: std::printf, popen
@@ -32,7 +33,9 @@
                                            // memcpy_bytes_per_s
 #include "scalelab/comm/comm.h"            // defines: Communicator, make_communicator, LinkModel, bus_factor
 #include "scalelab/comm/host_values.h"     // defines: broadcast_string, all_reduce_value (the probe's own values)
+#include "scalelab/core/clock.h"           // defines: clock_is_virtual (--device sim: the sweep in virtual time)
 #include "scalelab/core/device.h"          // defines: cuda_device_count, cuda_device_name, built_with_cuda
+#include "scalelab/core/sim_gpu.h"         // defines: sim_gpu (--device sim: the modelled GPU's figures)
 #include "scalelab/core/error.h"           // defines: scalelab::Error, SL_CHECK_HINT
 #include "scalelab/measure/metrics.h"      // defines: RunLogger, system_info, make_run_id
 #include "scalelab/core/tensor.h"          // defines: Tensor
@@ -44,6 +47,8 @@ using Clock = std::chrono::steady_clock;
 const std::string kCalibrationDir = "runs/calibration";  // where the labs look (load_or_calibrate's default)
 
 struct Options {
+  std::string device = "cpu";    // cpu, or sim: every rank a simulated GPU (docs/simulation.md)
+  std::string sim_gpu = "h100";  // --device sim: the GPU modelled (core/sim_gpu.h)
   std::string backend = "auto";
   std::string min_bytes = "8";  // sweep sizes, bytes; K, M, G suffixes are powers of 1024
   std::string max_bytes = "256M";
@@ -61,6 +66,9 @@ struct Options {
 };
 
 static double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// Seconds since t0_ms on the kit's clock (Communicator::now_ms): the wall clock, or with --device sim the
+// virtual one, where a collective lasts what the link model says.
+static double clock_seconds_since(double t0_ms) { return (Communicator::now_ms() - t0_ms) / 1e3; }
 
 // "8", "64K", "256M", "1G" -> bytes (K, M, G are powers of 1024, as in nccl-tests' -b/-e).
 static int64_t parse_bytes(const std::string& s) {
@@ -318,9 +326,9 @@ static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int
 
   // 1. The first call is checked against the exact result.
   comm.barrier();
-  auto t0 = Clock::now();
+  double t0 = Communicator::now_ms();
   call();
-  const double first_s = seconds_since(t0);
+  const double first_s = clock_seconds_since(t0);
   if (dev != Device::CPU) {
     h_in.copy_from(d_in);
     h_out.copy_from(d_out);
@@ -336,9 +344,9 @@ static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int
   // 2. A second call sizes the budget with the first (the first alone pays the page faults of fresh
   // buffers; one slow call on a busy machine should not decide alone). Every rank derives the counts
   // from the same reduced estimate, so all ranks make the same number of calls.
-  t0 = Clock::now();
+  t0 = Communicator::now_ms();
   call();
-  const double estimate_s = max_over_ranks(comm, std::min(first_s, seconds_since(t0)));
+  const double estimate_s = max_over_ranks(comm, std::min(first_s, clock_seconds_since(t0)));
   const int fit = static_cast<int>(std::min(1e6, std::floor(o.seconds_per_size / std::max(estimate_s, 1e-9))));
   row.warmup = 2 + std::max(0, std::min(o.warmup - 2, fit / 4));  // the two calls above count
   row.iters = std::max(1, std::min(o.iters, fit));
@@ -346,9 +354,9 @@ static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int
   // 3. More warm-up, then the timed calls.
   for (int w = 2; w < row.warmup; ++w) call();
   comm.barrier();  // all ranks start the timed calls together
-  t0 = Clock::now();
+  t0 = Communicator::now_ms();
   for (int it = 0; it < row.iters; ++it) call();
-  row.rank_time_s = seconds_since(t0) / row.iters;
+  row.rank_time_s = clock_seconds_since(t0) / row.iters;
   row.time_s = max_over_ranks(comm, row.rank_time_s);
 
   // 4. Bandwidths as nccl-tests defines them (its doc/PERFORMANCE.md; comm.h bus_factor).
@@ -397,7 +405,9 @@ static nlohmann::ordered_json row_json(const SweepRow& x, int n) {
 static int run(const Options& o, Communicator& comm) {
   const int rank = comm.rank(), n = comm.size();
   const bool root = rank == 0;
-  const Device dev = comm.device();  // where the sweep's buffers live (nccl: the GPU; sim: the simulated one)
+  // where the sweep's buffers live: the nccl backend's GPU, the simulated GPU (--device sim: the sim backend's,
+  // or one rank's on the local backend, which takes any tensor), else the host
+  const Device dev = o.device == "sim" ? Device::SIM : comm.device();
   const int threads = set_num_threads(o.threads);
   const SystemInfo sys = system_info();
   const int ranks_per_node = local_ranks_from_env();
@@ -407,8 +417,10 @@ static int run(const Options& o, Communicator& comm) {
                 static_cast<long long>(max_bytes));
   SL_CHECK_HINT(o.factor >= 2, "use --factor 2 (every power of two) or 4", "--factor %d", o.factor);
   SL_CHECK_HINT(o.iters >= 1, "use --iters >= 1", "--iters %d", o.iters);
-  comm.set_link_model(LinkModel::preset(o.link));
+  // --link none on the sim backend keeps its own links (docs/simulation.md); elsewhere none is no model
+  if (!(comm.backend() == "sim" && o.link == "none")) comm.set_link_model(LinkModel::preset(o.link));
   const LinkModel& link = comm.link_model();
+  const bool simulated = dev == Device::SIM;  // --device sim: the collectives' times are virtual
 
   const std::string run_id =
       broadcast_string(comm, root ? (o.run_id.empty() ? make_run_id() : o.run_id) : "", 0, "run id", 511);
@@ -430,7 +442,12 @@ static int run(const Options& o, Communicator& comm) {
                     {"memcpy_bytes", parse_bytes(o.memcpy_bytes)}};
   run_rec.world_size = n;
   run_rec.track = "reference";  // lab 00 has no learner code: all of it is the kit's
-  run_rec.device = dev == Device::CUDA ? cuda_device_name() : "cpu";
+  run_rec.device = dev == Device::CUDA ? cuda_device_name() : simulated ? "sim" : "cpu";
+  if (simulated)
+    run_rec.extra = {{"sim_gpu", sim_gpu().name},
+                     {"sim_gpu_name", sim_gpu().display_name},
+                     {"simulated", true},
+                     {"clock", "virtual"}};
   run_rec.threads = threads;
   run_rec.precision = "fp32";
   log.log_run(run_rec);
@@ -457,6 +474,14 @@ static int run(const Options& o, Communicator& comm) {
                                                             ? "sees no device (CUDA_VISIBLE_DEVICES?)"
                                                             : "is not built (reconfigure where nvcc is found)");
     }
+    if (simulated) {
+      const GpuModel& g = sim_gpu();
+      std::printf(
+          "SIM      %s (--device sim): %.0f TFLOP/s dense bf16, %.1f fp32, HBM %.2f TB/s, %.0f GB; every "
+          "time below is virtual\n",
+          g.display_name.c_str(), g.bf16_flops_per_s / 1e12, g.fp32_flops_per_s / 1e12, g.hbm_bytes_per_s / 1e12,
+          g.memory_bytes / 1e9);
+    }
     std::printf("link     %s\n\n", link.enabled() ? ("SIMULATED " + link.name +
                                                      ": every collective lasts at least "
                                                      "the link model's time (docs/communicator.md)")
@@ -478,8 +503,8 @@ static int run(const Options& o, Communicator& comm) {
   const int free_cores = std::max(0, sys.cores - (ranks_per_node - 1));
   nlohmann::ordered_json gemm_json = nullptr, memcpy_json = nlohmann::ordered_json::array();
   if (root) {
-    if (o.skip_gemm) {
-      std::printf("== GEMM == skipped (--skip-gemm)\n");
+    if (o.skip_gemm || simulated) {
+      std::printf("== GEMM == skipped (%s)\n", simulated ? "this CPU's: run without --device sim" : "--skip-gemm");
     } else {
       gemm_json = gemm_section(o, {1, threads, sys.cores}, free_cores, log);
     }
@@ -495,6 +520,8 @@ static int run(const Options& o, Communicator& comm) {
     std::printf("== memory copy: memcpy of %s, best of 5 ==\n%7s %10s\n", human_bytes(copy_bytes).c_str(), "threads",
                 "GB/s");
     std::vector<int> copy_threads = {1, sys.cores};
+    if (simulated) copy_threads.clear();  // the host's memcpy says nothing about the simulated GPU's HBM
+    if (simulated) std::printf("not measured: this CPU's, not the simulated GPU's (run without --device sim)\n");
     copy_threads.erase(std::unique(copy_threads.begin(), copy_threads.end()), copy_threads.end());
     for (int t : copy_threads) {
       if (t > free_cores) {
@@ -517,8 +544,9 @@ static int run(const Options& o, Communicator& comm) {
   // ------------------------------------------------------------------------------------------------
   // The collective sweep: every rank takes part, rank 0 prints.
   if (root) {
-    std::printf("== collectives: %s backend, %d rank%s, f32, %s .. %s in x%d steps ==\n", comm.backend().c_str(), n,
-                n == 1 ? "" : "s", human_bytes(min_bytes).c_str(), human_bytes(max_bytes).c_str(), o.factor);
+    std::printf("== collectives: %s backend, %d rank%s, f32, %s .. %s in x%d steps%s ==\n", comm.backend().c_str(), n,
+                n == 1 ? "" : "s", human_bytes(min_bytes).c_str(), human_bytes(max_bytes).c_str(), o.factor,
+                simulated ? (", " + sim_gpu().display_name + ", virtual time").c_str() : "");
     std::printf(
         "time    mean of `iters` calls after `warmup` calls, of the SLOWEST rank (nccl-tests -a 3; its\n"
         "        default averages the ranks); the first call of each size is checked (`wrong` = 0)\n"
@@ -610,7 +638,7 @@ static int run(const Options& o, Communicator& comm) {
     }
   }
   if (root) {
-    std::printf("sweep took %.1f s\n", sweep_s);
+    std::printf("sweep took %.1f s%s\n", sweep_s, simulated ? " of real time (the times above are virtual)" : "");
     const std::string probe_path = out_dir + "/probe.json";
     std::ofstream(probe_path) << probe.dump(2) << "\n";
     std::printf("\nwrote %s\n", probe_path.c_str());
@@ -626,8 +654,17 @@ static int run(const Options& o, Communicator& comm) {
 int main(int argc, char** argv) {
   CLI::App app{"lab 00: probe this machine: device, GEMM FLOP/s, memory copy and collective bandwidth"};
   Options o;
-  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun), local, mpi, nccl")
-      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}))
+  app.add_option("--device", o.device,
+                 "cpu, or sim: every rank a simulated GPU, the sweep in virtual time (docs/simulation.md; the GEMM "
+                 "and memcpy are this CPU's: not measured)")
+      ->check(CLI::IsMember({"cpu", "sim"}))
+      ->capture_default_str();
+  app.add_option("--sim-gpu", o.sim_gpu, "with --device sim: the GPU modelled, h100, h200, a100 or rtx4090")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "communicator: auto (under mpirun: sim with --device sim, else mpi; one process: local), local, "
+                 "mpi, nccl, sim")
+      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl", "sim"}))
       ->capture_default_str();
   app.add_option("--min-bytes", o.min_bytes, "smallest collective size (K, M, G = powers of 1024)")
       ->capture_default_str();
@@ -650,5 +687,5 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
   CLI11_PARSE(app, argc, argv);
 
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return run_on_all_ranks(o.device, o.sim_gpu, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

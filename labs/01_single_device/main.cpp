@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "lab_parts.h"                   // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
-#include "scalelab/comm/comm.h"          // defines: run_single_process
 #include "scalelab/core/error.h"         // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"       // defines: set_num_threads
 #include "scalelab/driver/driver.h"      // defines: driver::TrainOptions, make_run_record, ... (common/)
@@ -158,5 +157,5 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9))  // MiB; a negative cap is a typo, not "no cap"
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  return run_single_process([&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
+  return driver::run_single_process(o, [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

@@ -22,7 +22,6 @@
 
 #include "lab_parts.h"                     // defines: lab_parts (YOUR loader; lab 01's reference MFU)
 #include "naive_loader.h"                  // defines: lab02_driver::NaiveTextLoader (the loader compared with)
-#include "scalelab/comm/comm.h"            // defines: run_single_process
 #include "scalelab/core/error.h"           // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"         // defines: set_num_threads
 #include "scalelab/data/batch.h"           // defines: data::load_batch
@@ -191,6 +190,14 @@ static int run(const Options& o) {
   }
   std::printf("the model eats %.0f tokens/s when it never waits (tokens per step / (step - data wait), the %s run)\n",
               runs.front().consumption(), runs.front().loader.c_str());
+  if (!runs.front().s.simulated.empty()) {  // --device sim: the step is virtual, the loaders are this host's
+    std::printf(
+        "(%s: step ms and data wait are the simulated GPU's, the copy of each batch to it; the host "
+        "really waited",
+        runs.front().s.simulated.c_str());
+    for (const LoaderRun& r : runs) std::printf(" %.3f ms (%s)", r.s.host_data_wait_ms, r.loader.c_str());
+    std::printf(" per step for the loaders, real time, not part of the virtual step)\n");
+  }
   if (runs.size() == 2) {
     const std::vector<float>& a = runs[0].losses;
     const std::vector<float>& b = runs[1].losses;
@@ -233,5 +240,5 @@ int main(int argc, char** argv) {
   app.add_option("--naive-alone-batches", o.naive_alone_batches, "batches of the naive loader timed alone")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  return run_single_process([&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
+  return driver::run_single_process(o, [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

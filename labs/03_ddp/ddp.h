@@ -137,7 +137,8 @@ class GradSync {
   // After the step's last backward: every gradient becomes its average over the ranks.
   //   naive: all_reduce_grads_naive   bucketed: all_reduce_grads_bucketed   overlap: wait_for_buckets
   void finish();
-  // How long the last finish() blocked the caller (ms): the communication backward did NOT hide.
+  // How long the last finish() blocked the caller (ms, on the kit's clock: virtual time on the simulated GPU):
+  // the communication backward did NOT hide.
   double last_finish_ms() const { return last_finish_ms_; }
 
   SyncMode mode() const { return mode_; }

@@ -6,11 +6,11 @@
 #include "ddp.h"
 
 #include <algorithm>  // defines: std::sort, std::min, std::max (the layout check of make_bucket_state)
-#include <chrono>     // defines: std::chrono::steady_clock (GradSync::last_finish_ms)
 #include <cstdint>    // defines: int64_t
 #include <string>     // defines: std::string, std::to_string
 #include <vector>     // defines: std::vector
 
+#include "scalelab/comm/comm.h"   // defines: Communicator::now_ms (GradSync::last_finish_ms: wall or virtual time)
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
 
 namespace scalelab::lab03 {
@@ -133,7 +133,7 @@ GradSync::GradSync(GPT2& model, Communicator& comm, SyncMode mode, double bucket
 GradSync::~GradSync() = default;  // hook_ removes the hook, and only ours: other hooks keep running
 
 void GradSync::finish() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0_ms = Communicator::now_ms();  // the kit's clock: virtual on the simulated GPU
   switch (mode_) {
     case SyncMode::Naive: all_reduce_grads_naive(model_, comm_); break;
     case SyncMode::Bucketed: all_reduce_grads_bucketed(model_, comm_, state_); break;
@@ -147,7 +147,7 @@ void GradSync::finish() {
       wait_for_buckets(model_, state_);
       break;
   }
-  last_finish_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  last_finish_ms_ = Communicator::now_ms() - t0_ms;
 }
 
 }  // namespace SL_TRACK_LAB03

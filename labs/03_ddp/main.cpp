@@ -17,7 +17,7 @@
 
 #include "ddp.h"                     // defines: lab03::broadcast_parameters, GradSync, train_step, ... (YOU)
 #include "lab_parts.h"               // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "scalelab/comm/comm.h"      // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/core/threads.h"   // defines: set_num_threads
 #include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
@@ -42,8 +42,8 @@ static int run(const Options& o, Communicator& comm) {
   // Setup: threads, link, data (disjoint per rank), model (identical on every rank), optimizer, peak
   driver::check_train_options(o);
   const Device device = driver::device_from_option(o.device);
-  const int threads = set_num_threads(o.threads);  // cores / ranks on this node, unless --threads
-  comm.set_link_model(driver::make_link(o.link, o.link_slowdown));
+  const int threads = set_num_threads(o.threads);        // cores / ranks on this node, unless --threads
+  driver::set_links(comm, o, driver::ClusterOptions{});  // --link (sim: its own links unless named)
   const lab03::SyncMode mode = lab03::sync_mode_from_name(o.mode);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // YOUR TODO lab03-7
@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
   driver::add_distributed_options(app, o, "lab03");
   app.get_option("--device")
       ->description(
-          "cpu or cuda (a build with the CUDA backend and a GPU; one GPU per rank "
-          "with --backend nccl, or ranks sharing one through --backend mpi)");
+          "cpu, cuda (a build with the CUDA backend and a GPU; one GPU per rank "
+          "with --backend nccl, or ranks sharing one through --backend mpi) or sim (a simulated GPU per rank, "
+          "virtual time: --backend sim; docs/simulation.md)");
   app.get_option("--seed")->description("seed of the weights (rank 0's) and the data order");
   app.add_option("--mode", o.mode,
                  "gradient all-reduce: naive (per tensor), bucketed, overlap (buckets during "
@@ -168,5 +169,5 @@ int main(int argc, char** argv) {
           "communication (0: none)");
   CLI11_PARSE(app, argc, argv);
 
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -22,7 +22,7 @@
 #include "fsdp.h"                     // defines: lab04::FSDP, train_step, ZeroStage, ... (YOU)
 #include "lab_parts.h"                // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
 #include "memory_report.h"            // defines: memory_summary, print_memory_table
-#include "scalelab/comm/comm.h"       // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/comm.h"       // defines: Communicator
 #include "scalelab/core/allocator.h"  // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/error.h"      // defines: OutOfMemory, SL_CHECK_HINT
 #include "scalelab/core/threads.h"    // defines: set_num_threads
@@ -59,7 +59,7 @@ static int run(const Options& o, Communicator& comm) {
   driver::check_train_options(o);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
-  comm.set_link_model(driver::make_link(o.link, o.link_slowdown));
+  driver::set_links(comm, o, driver::ClusterOptions{});  // --link (sim: its own links unless named)
   const lab04::ZeroStage stage = lab04::zero_stage_from_int(o.stage);
   SL_CHECK_HINT(o.slow_rank < world, "--slow-rank is a rank 0 .. ranks-1 (or -1: none)", "--slow-rank %d of %d ranks",
                 o.slow_rank, world);
@@ -149,10 +149,11 @@ static int run(const Options& o, Communicator& comm) {
           peak.flops_per_s / 1e9, peak.source.c_str());
       print_estimate_line(est, cap_bytes);
       if (o.loader_alone_batches > 0)
-        std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s\n", o.loader_alone_batches,
-                    loader_alone_tok_s);
+        std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s%s\n", o.loader_alone_batches,
+                    loader_alone_tok_s, device == Device::SIM ? " (this host, real time)" : "");
       if (o.slow_rank >= 0 && o.slow_ms > 0)
-        std::printf("rank %d sleeps %g ms per micro-step (--slow-rank)\n", o.slow_rank, o.slow_ms);
+        std::printf("rank %d %s %g ms per micro-step (--slow-rank)\n", o.slow_rank,
+                    device == Device::SIM ? "adds (virtual time)" : "sleeps", o.slow_ms);
       std::printf("logs: %s (one file per rank)\n", log.path().c_str());
       std::fflush(stdout);
     }
@@ -278,5 +279,5 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -18,12 +18,11 @@
 #pragma once
 
 #include <algorithm>  // defines: std::max
-#include <chrono>     // defines: std::chrono::duration
 #include <string>
-#include <thread>  // defines: std::this_thread::sleep_for (--slow-rank)
 #include <vector>
 
 #include "scalelab/comm/comm.h"          // defines: Communicator, CommEvent
+#include "scalelab/core/clock.h"         // defines: clock_pause_ms (--slow-rank: a sleep, or virtual time)
 #include "scalelab/driver/driver.h"      // defines: driver::CommStats, comm_stats (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::StepMeasure
 #include "scalelab/measure/metrics.h"    // defines: TimeSpan
@@ -57,8 +56,8 @@ class StepProbe {
           p,
           [this, p, phase](const UnitHookArgs& a) {
             if (recording_ && p == HookPoint::BeforeForward && a.unit == 0 && slow_ms_ > 0)
-              std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms_));  // --slow-rank:
-            enter(phase);  // compute that takes longer, once per micro-step
+              clock_pause_ms(slow_ms_);  // --slow-rank (simulated GPU: its compute stream, nothing sleeps):
+            enter(phase);                // compute that takes longer, once per micro-step
           },
           HookOrder::First));
       // after_backward(0) is the last hook of a backward (gpt2.h)

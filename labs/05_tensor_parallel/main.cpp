@@ -19,7 +19,7 @@
 
 #include "ddp.h"                     // defines: lab03::micro_steps_per_step (lab 03's reference)
 #include "lab_parts.h"               // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
-#include "scalelab/comm/comm.h"      // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/core/threads.h"   // defines: set_num_threads
 #include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
 #include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
@@ -188,5 +188,5 @@ int main(int argc, char** argv) {
   driver::add_link_options(app, o);
   driver::add_cluster_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

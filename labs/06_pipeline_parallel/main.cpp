@@ -22,7 +22,7 @@
 
 #include "lab_parts.h"                  // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
 #include "pipeline_parallel.h"          // defines: lab06::make_layout, Stage, StageExchange, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"         // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/comm.h"         // defines: Communicator
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_values (the summary per stage)
 #include "scalelab/comm/rank_grid.h"    // defines: RankGrid (the pipeline and the embedding group)
 #include "scalelab/core/threads.h"      // defines: set_num_threads
@@ -47,8 +47,8 @@ static int run(const Options& o, Communicator& world) {
   driver::check_train_options(o);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
-  world.set_link_model(driver::make_link(o.link, o.link_slowdown));  // every stage boundary crosses --link
-  world.set_wait_timeout(o.wait_timeout_s);                          // the groups split from world inherit both
+  driver::set_links(world, o, driver::ClusterOptions{});  // every stage boundary crosses --link
+  world.set_wait_timeout(o.wait_timeout_s);               // the groups split from world inherit both
   SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches,
                 "a pipeline's global "
                 "batch is --micro-batch x --micro-batches: leave --global-batch out",
@@ -221,5 +221,5 @@ int main(int argc, char** argv) {
   driver::add_pipeline_options(app, o);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -111,7 +111,8 @@ double bubble_formula(const PipelineLayout& layout);
 // The chunks this rank holds (v models, chunk 0 first), and a record of what ran. forward and backward run
 // the chunk's model (GPT2::forward / backward with caller-owned activations) and record the Action and its
 // time span, so the tests and the timeline see the order a stage really ran. With a uniform compute time
-// (set_uniform_compute), each one then sleeps until its start plus that time: every micro-batch takes the
+// (set_uniform_compute), each one then waits until its start plus that time (a sleep; on the simulated GPU
+// its compute stream advances, nothing sleeps: core/clock.h clock_pause_ms): every micro-batch takes the
 // same time on every stage, whatever the model, the cores or the other ranks on them do, which is what
 // the bubble formula assumes (README.md#measuring-the-bubble).
 class Stage {

@@ -6,12 +6,11 @@
 // reference's in solutions/06_pipeline_parallel/pipeline_parallel.cpp.
 #include "pipeline_parallel.h"
 
-#include <chrono>   // defines: std::chrono::duration
 #include <string>   // defines: std::string, std::to_string
-#include <thread>   // defines: std::this_thread::sleep_for
 #include <utility>  // defines: std::move
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
+#include "scalelab/core/clock.h"        // defines: clock_pause_ms (the uniform compute: a sleep, or virtual time)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT
 
 namespace scalelab::lab06 {
@@ -105,8 +104,8 @@ double Stage::inside_wait_ms() const {
 
 void Stage::record(const Action& a, double start_ms, double minimum_ms) {
   const double left_ms = start_ms + minimum_ms - Communicator::now_ms();
-  if (left_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(left_ms));
-  else if (minimum_ms > 0) ++overruns_;  // the compute alone took longer than the uniform time
+  if (left_ms > 0) clock_pause_ms(left_ms);  // real time: a sleep; the simulated GPU: its compute stream waits
+  else if (minimum_ms > 0) ++overruns_;      // the compute alone took longer than the uniform time
   const double end_ms = Communicator::now_ms();
   ran_.push_back(a);
   spans_.push_back({to_string(a), start_ms, end_ms});

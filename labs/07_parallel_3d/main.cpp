@@ -22,7 +22,7 @@
 #include "group_probe.h"              // defines: lab07_driver::GroupProbe (per group: calls, bytes, waits; the bubble)
 #include "lab_parts.h"                // defines: lab_parts (lab 02's loader, lab 01's throughput and MFU: references)
 #include "parallel_3d.h"              // defines: lab07::make_layout, build_rank, train_step, ... (YOU)
-#include "scalelab/comm/comm.h"       // defines: Communicator, Topology, run_on_all_ranks
+#include "scalelab/comm/comm.h"       // defines: Communicator, Topology
 #include "scalelab/core/allocator.h"  // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/threads.h"    // defines: set_num_threads
 #include "scalelab/driver/driver.h"   // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
@@ -197,5 +197,5 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -30,8 +30,9 @@
 #include "parallel_3d.h"                // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
 #include "reshard.h"                    // defines: lab08::rebase_loader_state (given)
 #include "resilience.h"                 // defines: lab08::save_checkpoint, newest_complete_checkpoint, ... (YOU)
-#include "scalelab/comm/comm.h"         // defines: Communicator, run_on_all_ranks
+#include "scalelab/comm/comm.h"         // defines: Communicator
 #include "scalelab/comm/host_values.h"  // defines: broadcast_values (the resume step)
+#include "scalelab/core/clock.h"        // defines: clock_is_virtual (checkpoint times stay real time)
 #include "scalelab/core/error.h"        // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"      // defines: set_num_threads
 #include "scalelab/driver/driver.h"     // defines: driver::DistributedOptions, set_links, ... (common/)
@@ -92,6 +93,10 @@ static int run(const Options& o, Communicator& world) {
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
   for (auto& m : part->models) driver::apply_recompute(o, *m);
 
+  // Checkpoint writes and loads are timed on the wall clock (wall_ms): the files and the disk are real, not
+  // simulated, and a failure's restart is a real process. On the simulated GPU they say so.
+  const std::string real_time_note = clock_is_virtual() ? " (real time: the disk is not simulated)" : "";
+
   // ------------------------------------------------------------------------------------------------
   // Resume: rank 0 chooses (YOUR newest_complete_checkpoint), every rank loads the same step
   int64_t start_step = 0;
@@ -112,8 +117,9 @@ static int run(const Options& o, Communicator& world) {
     sample_rng.set_state(st.rng);
     start_step = st.step;
     if (rank == 0)
-      std::printf("loaded %s (step %lld%s) in %.0f ms\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
-                  static_cast<long long>(start_step), st.resharded ? ", resharded" : "", wall_ms() - t0);
+      std::printf("loaded %s (step %lld%s) in %.0f ms%s\n", lab08::step_dir(o.checkpoint_dir, s).c_str(),
+                  static_cast<long long>(start_step), st.resharded ? ", resharded" : "", wall_ms() - t0,
+                  real_time_note.c_str());
     return true;
   };
   if (o.resume == "latest" && !load_newest() && rank == 0)
@@ -234,7 +240,7 @@ static int run(const Options& o, Communicator& world) {
       const std::string dir = lab08::save_checkpoint(world, o.checkpoint_dir, *part, st, o.zero1);  // YOURS
       if (rank == 0) {
         const std::vector<std::string> deleted = lab08::retain_checkpoints(o.checkpoint_dir, o.keep_last);  // YOURS
-        std::printf("checkpoint %s in %.0f ms%s\n", dir.c_str(), wall_ms() - t0,
+        std::printf("checkpoint %s in %.0f ms%s%s\n", dir.c_str(), wall_ms() - t0, real_time_note.c_str(),
                     deleted.empty() ? "" : (" (deleted " + std::to_string(deleted.size()) + " older)").c_str());
       }
     };
@@ -345,5 +351,5 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return run_on_all_ranks(o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

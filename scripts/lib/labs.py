@@ -27,9 +27,13 @@ The manifest's fields (FIELDS below; docs/design.md lists them with an example):
   notebook_logs    the shell snippet scripts/notebooks.sh --make-logs sources to make their runs, or null
   scale_demo       the lab's rows in scripts/scale_demo.sh, or null: {"args": [...], "skip": [{"if": ..., "why":
                    ...}], "table_note": null | "batch" | "pipeline" | "grid", "why": "..."}; see scale_row()
+  sim              the lab program's run on the simulated GPU cluster in CI (tests/drivers/check_sim.py, label
+                   sim), or null: {"ranks": N, "args": [...], "why": "..."}; N among the lab's allowed ranks; args
+                   the lab's own options (the check adds --device sim, --backend sim on more than one rank, and a
+                   tiny model for a few steps)
 
 Command line (bash scripts use it; `--build-dir B` reads B/labs.json where it exists):
-  labs.py list [--graded|--program|--notebooks|--scale-demo] [--build-dir B]   the numbers, one a line
+  labs.py list [--graded|--program|--notebooks|--scale-demo|--sim] [--build-dir B]   the numbers, one a line
   labs.py shell NN [--track learner|reference] [--build-dir B]   shell assignments lab_* (lab_exists=0: none)
   labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo   "skip" + why, or "run" + one arg a line
   labs.py check [--root R]                     every manifest against its folders (exit 1 with a list)
@@ -56,9 +60,10 @@ FIELDS = {
     "deps": (list, False), "program_deps": (list, False), "notes": (str, False), "ranks": (dict, True),
     "corpus": (bool, True), "tests": (list, True), "notebooks": (list, False),
     "notebook_logs": ((str, type(None)), False), "scale_demo": ((dict, type(None)), False),
+    "sim": ((dict, type(None)), False),
 }
 DEFAULTS = {"given": [], "deps": [], "program_deps": [], "notes": "", "notebooks": [], "notebook_logs": None,
-            "scale_demo": None}
+            "scale_demo": None, "sim": None}
 SCALE_NOTES = (None, "batch", "pipeline", "grid")  # scripts/scale_demo_table.py: what a row's note adds
 # What the readers add (and <build>/labs.json holds besides the manifest): the lab's folders, whether it
 # is graded, whether its program is one process, and the build's programs per track.
@@ -230,6 +235,8 @@ def check(root=REPO):
             problems.append(f"{rel}: notebook_logs without notebooks to plot them")
         if lab["scale_demo"] is not None:
             problems += [f"{rel}: scale_demo: {p}" for p in _scale_demo_problems(lab)]
+        if lab["sim"] is not None:
+            problems += [f"{rel}: sim: {p}" for p in _sim_problems(lab)]
     named = {nb for lab in labs for nb in lab["notebooks"]}
     for nb in sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb"))):
         if os.path.relpath(nb, root) not in named:
@@ -261,6 +268,26 @@ def _scale_demo_problems(lab):
         scale_row(lab, example)
     except (ManifestError, KeyError, TypeError) as e:
         problems.append(f"at {example}: {e}")
+    return problems
+
+
+def _sim_problems(lab):
+    sim, problems = lab["sim"], []
+    unknown = sorted(set(sim) - {"ranks", "args", "why"})
+    if unknown:
+        problems.append(f"unknown field(s) {', '.join(unknown)} (ranks, args, why)")
+    if not lab["driver"]:
+        problems.append("the lab has no program to run")
+    n, allowed = sim.get("ranks"), lab["ranks"]["allowed"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        problems.append(f"ranks {json.dumps(n)} is not a number of ranks >= 1")
+    elif allowed != "any" and n not in allowed:
+        problems.append(f"ranks {n} is not among the lab's allowed ranks {allowed}")
+    args = sim.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(x, str) for x in args):
+        problems.append(f"args {json.dumps(args)} is not a list of strings")
+    elif any(x in ("--device", "--backend", "--sim-gpu") for x in args):
+        problems.append("args name --device, --backend or --sim-gpu: the check adds them")
     return problems
 
 
@@ -374,7 +401,8 @@ def write_tables(root, labs):
 
 def shell_assignments(lab, track):
     """The lab as bash variables: lab_exists, lab_name, lab_title, lab_dir, lab_graded, lab_corpus,
-    lab_np_default, lab_np_allowed ("any" or "1 2"), lab_single_process, lab_target and lab_exe (the
+    lab_np_default, lab_np_allowed ("any" or "1 2"), lab_single_process, lab_has_program, lab_has_sim (the
+    program runs on the simulated GPU: a "sim" field), lab_target and lab_exe (the
     track's program: empty without a driver, or when the build does not say)."""
     if lab is None:
         return {"lab_exists": 0}
@@ -382,7 +410,7 @@ def shell_assignments(lab, track):
     allowed = lab["ranks"]["allowed"]
     return {"lab_exists": 1, "lab_name": lab["name"], "lab_title": lab["title"], "lab_dir": lab["dir"],
             "lab_graded": int(lab["graded"]), "lab_corpus": int(lab["corpus"]),
-            "lab_has_program": int(bool(lab["driver"])),
+            "lab_has_program": int(bool(lab["driver"])), "lab_has_sim": int(bool(lab["sim"])),
             "lab_np_default": lab["ranks"]["default"],
             "lab_np_allowed": allowed if allowed == "any" else " ".join(str(n) for n in allowed),
             "lab_single_process": int(lab["single_process"]), "lab_target": prog.get("target", ""),
@@ -402,6 +430,7 @@ def main(argv=None):
     which.add_argument("--program", action="store_true", help="labs with a program")
     which.add_argument("--notebooks", action="store_true", help="labs with notebooks")
     which.add_argument("--scale-demo", action="store_true", help="labs with scale-demo rows")
+    which.add_argument("--sim", action="store_true", help="labs whose program CI runs on the simulated cluster")
     p = sub.add_parser("shell", help="one lab as shell assignments")
     p.add_argument("number")
     p.add_argument("--track", choices=["learner", "reference"], default="reference")
@@ -424,7 +453,7 @@ def main(argv=None):
         labs = load(root, build)
         if args.cmd == "list":
             key = ("graded" if args.graded else "driver" if args.program else "notebooks" if args.notebooks
-                   else "scale_demo" if args.scale_demo else None)
+                   else "scale_demo" if args.scale_demo else "sim" if args.sim else None)
             for lab in labs:
                 if key is None or lab[key]:
                     print(lab["number"])

@@ -2,7 +2,8 @@
 """test_lab_manifests.py — the manifest reader and lint (scripts/lib/labs.py) on tiny trees in a temp dir: a
 tree whose two labs keep every rule passes; each planted fault (a folder the manifest does not spell, a twin
 missing or extra, a dependency on a later lab, a notebook no manifest names, a stale labs table, a field of the
-wrong type, an unknown field, a scale-demo expression that is not arithmetic) is reported; the scale-demo rows
+wrong type, an unknown field, a scale-demo expression that is not arithmetic, a simulated-cluster run the lab
+cannot make) is reported; the scale-demo rows
 and the shell assignments the scripts read say what the manifest says.
 
   python3 tests/lint/test_lab_manifests.py        (registered as ctest lint.lab_manifests_selftest)
@@ -28,7 +29,8 @@ LAB01 = {"number": "01", "name": "step", "title": "one step", "you_write": "the 
          "ranks": {"default": 1, "allowed": [1]}, "corpus": True, "tests": ["tests/lab01"],
          "notebooks": ["notebooks/01_step.ipynb"], "notebook_logs": "notebooks/logs/01_step.sh",
          "scale_demo": {"args": ["--batch", "{B}", "--tp", "{gcd(N, heads)}"],
-                        "skip": [{"if": "N > layers", "why": "{model} has {layers} layers"}], "table_note": "batch"}}
+                        "skip": [{"if": "N > layers", "why": "{model} has {layers} layers"}], "table_note": "batch"},
+         "sim": {"ranks": 1, "args": ["--batch", "2"], "why": "one process"}}
 
 
 def write(root, rel, text):
@@ -147,6 +149,17 @@ class LabManifests(unittest.TestCase):
         write(self.root, "labs/01_step/lab.json", json.dumps(lab))
         self.assertReported("scale_demo:")
 
+    def test_sim_runs(self):
+        for bad, said in (({"ranks": 2, "args": []}, "ranks 2 is not among the lab's allowed ranks [1]"),
+                          ({"ranks": 0}, "ranks 0 is not a number of ranks >= 1"),
+                          ({"ranks": 1, "args": ["--device", "sim"]}, "args name --device, --backend or --sim-gpu"),
+                          ({"ranks": 1, "args": [3]}, "args [3] is not a list of strings"),
+                          ({"ranks": 1, "steps": 3}, "unknown field(s) steps")):
+            write(self.root, "labs/01_step/lab.json", json.dumps(dict(LAB01, sim=bad)))
+            self.assertReported(f"sim: {said}")
+        write(self.root, "labs/00_probe/lab.json", json.dumps(dict(LAB00, driver=None, sim={"ranks": 1})))
+        self.assertReported("labs/00_probe/lab.json: sim: the lab has no program to run")
+
     def test_the_command_line_the_scripts_read(self):
         def run(*a):
             return subprocess.run([sys.executable, str(REPO / "scripts/lib/labs.py"), "--root", str(self.root), *a],
@@ -154,6 +167,7 @@ class LabManifests(unittest.TestCase):
         self.assertEqual(run("list").stdout.split(), ["00", "01"])
         self.assertEqual(run("list", "--graded").stdout.split(), ["01"])
         self.assertEqual(run("list", "--scale-demo").stdout.split(), ["01"])
+        self.assertEqual(run("list", "--sim").stdout.split(), ["01"])
         out = run("shell", "01").stdout
         for line in ("lab_exists=1", "lab_name=step", "lab_np_allowed=1", "lab_single_process=1", "lab_corpus=1",
                      "lab_exe=''", "lab_notebook_logs=notebooks/logs/01_step.sh"):

@@ -15,9 +15,10 @@
 #include <thread>
 #include <utility>
 
-#include "comm_internal.h"        // defines: EventLog, make_event, check_*, backend factories
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
-#include "scalelab/core/clock.h"  // defines: clock_now_ms, clock_wall_origin_steady_ms, VirtualClock
+#include "comm_internal.h"          // defines: EventLog, make_event, check_*, backend factories
+#include "scalelab/core/error.h"    // defines: SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/clock.h"    // defines: clock_now_ms, clock_wall_origin_steady_ms, VirtualClock
+#include "scalelab/core/sim_gpu.h"  // defines: GpuModel, sim_gpu_set (start_device)
 
 namespace scalelab {
 
@@ -201,7 +202,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
   (void)Communicator::now_ms();  // starts the communication clock
   const int launched = comm_detail::launcher_world_size();
   std::string chosen = backend;
-  if (backend == "auto") chosen = launched > 1 ? "mpi" : "local";
+  // auto: under a launcher, the simulated GPUs' backend while the virtual clock is on (--device sim), else mpi
+  if (backend == "auto") chosen = launched <= 1 ? "local" : VirtualClock::get().on() ? "sim" : "mpi";
   // Read before any backend starts: a bad value fails on every rank alike, before MPI_Init.
   const double wait_timeout_s = wait_timeout_from_env();
   auto with_timeout = [wait_timeout_s](std::unique_ptr<Communicator> c) {
@@ -492,6 +494,29 @@ int run_on_all_ranks(const std::string& backend, const std::function<int(Communi
     comm->abort(todo ? 3 : 1, todo ? "a TODO is not implemented yet" : "an error on this rank");
   }
   return 1;  // not reached: abort() ends the job (some compilers cannot see that through the virtual call)
+}
+
+void start_device(const std::string& device, const std::string& sim_gpu, const std::string& backend) {
+  if (device != "sim") {
+    SL_CHECK_HINT(backend != "sim", "add --device sim (every rank a simulated GPU), or use --backend auto or mpi",
+                  "--backend sim runs simulated GPUs in virtual time, but --device is '%s'", device.c_str());
+    return;
+  }
+  SL_CHECK_HINT(backend != "mpi" && backend != "nccl",
+                "use --backend sim (or auto) with --device sim, or --device cpu with --backend " + backend,
+                "--backend %s cannot move simulated GPU memory (--device sim)", backend.c_str());
+  sim_gpu_set(GpuModel::preset(sim_gpu));  // throws, naming the presets, for another --sim-gpu
+}
+
+int run_on_all_ranks(const std::string& device, const std::string& sim_gpu, const std::string& backend,
+                     const std::function<int(Communicator&)>& body) {
+  try {
+    start_device(device, sim_gpu, backend);
+  } catch (const std::exception& e) {  // every rank checks the same options: each ends with the same message
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return run_on_all_ranks(backend, body);
 }
 
 int run_single_process(const std::function<int()>& body, int error_exit) {

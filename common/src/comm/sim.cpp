@@ -40,8 +40,9 @@
 
 #include "comm_internal.h"  // defines: EventLog, make_event, check_*, check_on_device, default_topology
 #include "scalelab/comm/comm.h"
-#include "scalelab/core/clock.h"  // defines: VirtualClock
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
+#include "scalelab/core/clock.h"    // defines: VirtualClock
+#include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu (the node's link of the default topology)
 
 namespace scalelab::comm_detail {
 
@@ -358,11 +359,13 @@ class SimCommunicator : public Communicator {
   std::shared_ptr<EventLog> log_ = std::make_shared<EventLog>();  // shared with the calls (a Work may outlive us)
 };
 
-// Without a link model set, a simulated cluster's groups use NVLink inside a node and InfiniBand across
-// nodes (link_model.cpp: the presets and their sources); --link, --inter-link set others.
+// Without a link model set, a simulated cluster's groups use the active GPU model's link inside a node
+// (GpuModel::intra_node_link: NVLink for the SXM parts, PCIe for a card without it; NVLink when no model
+// is active) and InfiniBand across nodes (link_model.cpp: the presets and their sources); --link,
+// --inter-link set others.
 Topology sim_default_topology(int world_size) {
   Topology t = default_topology(world_size);
-  t.intra = LinkModel::preset("nvlink");
+  t.intra = LinkModel::preset(sim_gpu_active() ? sim_gpu().intra_node_link : "nvlink");
   t.inter = LinkModel::preset("infiniband");
   return t;
 }

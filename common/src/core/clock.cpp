@@ -4,6 +4,7 @@
 #include <algorithm>  // defines: std::max
 #include <chrono>     // defines: std::chrono::steady_clock
 #include <mutex>      // defines: std::mutex, std::lock_guard
+#include <thread>     // defines: std::this_thread::sleep_for (clock_pause_ms in real time)
 
 #include "scalelab/core/error.h"  // defines: SL_CHECK
 
@@ -43,6 +44,12 @@ bool clock_is_virtual() { return VirtualClock::get().on(); }
 
 double clock_wall_origin_steady_ms() {
   return std::chrono::duration<double, std::milli>(wall_origin().time_since_epoch()).count();
+}
+
+void clock_pause_ms(double ms) {
+  if (!(ms > 0)) return;
+  if (clock_is_virtual()) VirtualClock::get().advance_compute(ms / 1e3);
+  else std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
 VirtualClock& VirtualClock::get() {

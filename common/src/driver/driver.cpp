@@ -6,8 +6,10 @@
 #include <fstream>    // defines: std::ifstream (--calibration)
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
+#include "scalelab/core/clock.h"        // defines: clock_is_virtual
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
+#include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu
 
 namespace scalelab::driver {
 
@@ -25,7 +27,12 @@ void add_schedule_options(CLI::App& app, TrainOptions& o) {
 }
 
 void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
-  app.add_option("--device", o.device, "cpu or cuda (a build with the CUDA backend and a GPU)")->capture_default_str();
+  app.add_option("--device", o.device,
+                 "cpu, cuda (a build with the CUDA backend and a GPU) or sim (a simulated GPU: real arithmetic on "
+                 "the CPU, time from a model of --sim-gpu, virtual time; docs/simulation.md)")
+      ->capture_default_str();
+  app.add_option("--sim-gpu", o.sim_gpu, "with --device sim: the GPU modelled, h100, h200, a100 or rtx4090")
+      ->capture_default_str();
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   add_schedule_options(app, o);
@@ -65,12 +72,16 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::st
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.get_option("--val-batches")->description("validation batches of --global-batch sequences");
-  app.add_option("--backend", o.backend, "communicator: auto (mpi under mpirun, else local), local, mpi")
+  app.add_option("--backend", o.backend,
+                 "communicator: auto (under mpirun: sim with --device sim, else mpi; one process: local), local, "
+                 "mpi, nccl, sim (simulated GPUs in virtual time: needs --device sim)")
       ->capture_default_str();
 }
 
 void add_link_options(CLI::App& app, DistributedOptions& o) {
-  app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")
+  app.add_option("--link", o.link,
+                 "simulated link: none, nvlink, pcie, ethernet100, infiniband (none on --backend sim: its own "
+                 "links, the --sim-gpu's inside a node, nvlink or pcie for rtx4090, and infiniband across nodes)")
       ->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
       ->capture_default_str();
@@ -110,7 +121,31 @@ void add_pipeline_options(CLI::App& app, PipelineOptions& o) {
 // ---------------------------------------------------------------------------------------------
 // Setup
 
+// `link` made `slowdown` times slower (latencies x F, bandwidth / F; its name gets "/F").
+static LinkModel slowed(LinkModel link, double slowdown) {
+  SL_CHECK_HINT(slowdown > 0, "--link-slowdown is a factor > 0 (1: the preset as it is)", "--link-slowdown %g",
+                slowdown);
+  if (link.enabled() && slowdown != 1.0) {
+    link.alpha_s *= slowdown;
+    link.base_s *= slowdown;
+    link.bandwidth_bytes_per_s /= slowdown;
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), "/%g", slowdown);
+    link.name += suffix;
+  }
+  return link;
+}
+
 void set_links(Communicator& world, const DistributedOptions& o, const ClusterOptions& cluster) {
+  if (world.backend() == "sim" && o.link == "none") {  // the sim backend's own links, kept (comm/sim.cpp)
+    Topology topo = world.topology();
+    topo.intra = slowed(topo.intra, o.link_slowdown);
+    topo.inter = cluster.ranks_per_node > 0 ? make_link(cluster.inter_link, o.link_slowdown)
+                                            : slowed(topo.inter, o.link_slowdown);
+    topo.ranks_per_node = cluster.ranks_per_node;  // 0: the launcher's count, kept
+    world.set_topology(topo);
+    return;
+  }
   world.set_link_model(make_link(o.link, o.link_slowdown));
   if (cluster.ranks_per_node > 0) {  // a simulated cluster: --link inside a node, --inter-link across nodes
     Topology topo;
@@ -122,8 +157,13 @@ void set_links(Communicator& world, const DistributedOptions& o, const ClusterOp
 }
 
 Device device_from_option(const std::string& name) {
-  SL_CHECK_HINT(name == "cpu" || name == "cuda", "use --device cpu or --device cuda", "unknown device '%s'",
-                name.c_str());
+  SL_CHECK_HINT(name == "cpu" || name == "cuda" || name == "sim", "use --device cpu, cuda or sim",
+                "unknown device '%s'", name.c_str());
+  if (name == "sim") {
+    SL_CHECK_HINT(sim_gpu_active(), "main() starts it: return driver::run_on_all_ranks(o, o.backend, ...)",
+                  "--device sim: no simulated GPU is active (start_device, comm.h, makes --sim-gpu one)");
+    return Device::SIM;
+  }
   const Device device = name == "cuda" ? Device::CUDA : Device::CPU;
   if (device == Device::CUDA)
     SL_CHECK_HINT(cuda_device_count() > 0,
@@ -131,6 +171,21 @@ Device device_from_option(const std::string& name) {
                                     : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
                   "--device cuda: no CUDA device is available to this program");
   return device;
+}
+
+int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body) {
+  return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, body);
+}
+
+int run_single_process(const TrainOptions& o, const std::function<int()>& body) {
+  return scalelab::run_single_process([&] {
+    start_device(o.device, o.sim_gpu, "local");
+    return body();
+  });
+}
+
+std::string simulated_label() {
+  return sim_gpu_active() && clock_is_virtual() ? sim_gpu().display_name + ", virtual time" : "";
 }
 
 std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B, int T,
@@ -148,20 +203,7 @@ std::pair<AttentionImpl, std::string> attention_from_option(const std::string& n
   return {impl, why};
 }
 
-LinkModel make_link(const std::string& name, double slowdown) {
-  LinkModel link = LinkModel::preset(name);
-  SL_CHECK_HINT(slowdown > 0, "--link-slowdown is a factor > 0 (1: the preset as it is)", "--link-slowdown %g",
-                slowdown);
-  if (link.enabled() && slowdown != 1.0) {
-    link.alpha_s *= slowdown;
-    link.base_s *= slowdown;
-    link.bandwidth_bytes_per_s /= slowdown;
-    char suffix[32];
-    std::snprintf(suffix, sizeof(suffix), "/%g", slowdown);
-    link.name += suffix;
-  }
-  return link;
-}
+LinkModel make_link(const std::string& name, double slowdown) { return slowed(LinkModel::preset(name), slowdown); }
 
 Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const std::string& calibration_file) {
   if (device != Device::CPU || calibration_file.empty()) return device_peak(device, policy, threads);
@@ -230,7 +272,13 @@ RunRecord make_run_record(const nlohmann::json& config, const std::string& track
   r.track = track;
   r.threads = threads;
   r.precision = policy.name();
-  r.device = device == Device::CUDA ? cuda_device_name() : "cpu";
+  r.device = device == Device::CUDA ? cuda_device_name() : device == Device::SIM ? "sim" : "cpu";
+  if (device == Device::SIM) {  // every simulated figure says so (docs/log_schema.md)
+    r.extra["sim_gpu"] = sim_gpu().name;
+    r.extra["sim_gpu_name"] = sim_gpu().display_name;
+    r.extra["simulated"] = true;
+    r.extra["clock"] = "virtual";
+  }
   r.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
   r.peak_source = peak.source;
   r.calibration_id = peak.calibration_id;

@@ -2,19 +2,24 @@
 #include "scalelab/driver/train_loop.h"
 
 #include <algorithm>  // defines: std::max
-#include <chrono>     // defines: std::chrono::steady_clock (step timing)
+#include <chrono>     // defines: std::chrono::steady_clock (the host's own times: the loader alone, ETA)
 #include <cmath>      // defines: std::isnan
 #include <cstdio>     // defines: std::printf, std::snprintf
-#include <thread>     // defines: std::this_thread::sleep_for (loader_delay_ms)
 
+#include "scalelab/core/clock.h"                // defines: clock_now_ms, clock_pause_ms, clock_is_virtual
 #include "scalelab/core/device.h"               // defines: device_synchronize
 #include "scalelab/core/error.h"                // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"              // defines: sim_gpu (the summary's GPU model)
 #include "scalelab/data/batch.h"                // defines: data::Batch, load_batch
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
 #include "scalelab/model/sample.h"              // defines: sample_text
 
 namespace scalelab::driver {
 
+// Step times, tokens/s, MFU and timelines read the kit's clock (core/clock.h clock_now_ms: the wall clock,
+// or on the simulated GPU the virtual compute stream). The host's own times stay on the wall clock: the
+// data loader's wait on the simulated GPU (real host time, logged apart as host_data_wait_ms, not part of
+// the virtual step), a loader timed alone (lab 02: the host's loader is what is measured) and the ETA.
 using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------------
@@ -59,20 +64,39 @@ void check_train_options(const TrainOptions& o) {
   recompute_from_name(o.recompute);  // throws, naming none, selective and full, for another name
 }
 
-// One micro-batch into mb, with delay_ms of sleep inside: the ms of the whole fetch (the data wait).
-static double fetch(data::BatchSource& loader, MicroBatch& mb, double delay_ms) {
-  const auto t0 = Clock::now();
-  const data::Batch batch = loader.next();  // blocks only if the prefetch thread is behind
-  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
-  data::load_batch(batch, mb.inputs, mb.targets);
+// A fetch's data wait: on the kit's clock (ms), and on the host's wall clock (host_ms). Real runs: the same
+// wait. On the simulated GPU: ms is what the fetch put on the compute stream (the copy to the device, a
+// delay), host_ms how long the host really waited for the loader (not in virtual time).
+struct DataWait {
+  double ms = 0;
+  double host_ms = 0;
+  DataWait& operator+=(const DataWait& w) {
+    ms += w.ms;
+    host_ms += w.host_ms;
+    return *this;
+  }
+};
+
+static double wall_ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// One micro-batch from a FillBatch: the ms of the call (the data wait).
-static double fetch(const FillBatch& fill, MicroBatch& mb) {
-  const auto t0 = Clock::now();
+// One micro-batch into mb, with a pause of delay_ms inside (clock_pause_ms: a sleep, or virtual time).
+static DataWait fetch(data::BatchSource& loader, MicroBatch& mb, double delay_ms) {
+  const double t0_ms = clock_now_ms();
+  const auto h0 = Clock::now();
+  const data::Batch batch = loader.next();  // blocks only if the prefetch thread is behind
+  clock_pause_ms(delay_ms);
+  data::load_batch(batch, mb.inputs, mb.targets);
+  return {clock_now_ms() - t0_ms, wall_ms_since(h0)};
+}
+
+// One micro-batch from a FillBatch: the time of the call (the data wait).
+static DataWait fetch(const FillBatch& fill, MicroBatch& mb) {
+  const double t0_ms = clock_now_ms();
+  const auto h0 = Clock::now();
   fill(mb);
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  return {clock_now_ms() - t0_ms, wall_ms_since(h0)};
 }
 
 double time_source_alone(const FillBatch& fill, int B, int T, int batches, Communicator* comm) {
@@ -80,9 +104,13 @@ double time_source_alone(const FillBatch& fill, int B, int T, int batches, Commu
                 Tensor::empty({B, T}, DType::I32, Device::CPU, MemCategory::Data)};  // (B, T)
   fill(mb);  // warm-up: e.g. the first batch of a prefetching loader waits for its thread's first batch
   if (comm != nullptr) comm->barrier();
+  // The host's wall time, plus on the simulated GPU what the fills put on the virtual compute stream (a
+  // loader delay's pause, a copy to the device), which took no wall time.
+  const double v0_ms = clock_is_virtual() ? clock_now_ms() : 0.0;
   const auto t0 = Clock::now();
   for (int i = 0; i < batches; ++i) fill(mb);
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double virtual_ms = clock_is_virtual() ? clock_now_ms() - v0_ms : 0.0;
+  const double seconds = (wall_ms_since(t0) + virtual_ms) / 1e3;
   return static_cast<double>(batches) * B * T / seconds;
 }
 
@@ -131,6 +159,7 @@ TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* 
                 "--recompute %s, but the model's block %d recomputes '%s'", o.recompute.c_str(), first,
                 recompute_name(model.recompute(first)));
   hardware_flops_per_token_ = flops_per_token + recompute_flops_per_token(model.config(), o.seq_len, recompute);
+  log.set_memory_device(device);  // the step records' memory_*_bytes: the device the model trains on (a GPU, sim)
   if (comm_ != nullptr) {
     rank_ = comm_->rank();
     world_ = comm_->size();
@@ -167,14 +196,16 @@ Summary TrainLoop::run(int64_t start_step) {
   // The first step of a run allocates activations and warms caches: it is not timed.
   double timed_seconds = 0, timed_data_ms = 0, timed_exposed_ms = 0, timed_busy_ms = 0, timed_modeled_ms = 0;
   int64_t timed_tokens = 0;
+  const bool simulated = clock_is_virtual();  // --device sim: every time below is virtual
+  double timed_host_data_ms = 0;
   const auto t_run = Clock::now();
   for (int64_t step_i = start_step; step_i < o_.steps; ++step_i) {
     doing_ = "step " + std::to_string(step_i);
-    const auto t0 = Clock::now();
-    const double t0_ms = Communicator::now_ms();  // the timeline's clock
-    double data_wait_ms = 0;
+    const double t0_ms = Communicator::now_ms();  // the kit's clock: the step's start, the timeline's origin
+    DataWait wait;
     for (MicroBatch& mb : micro)  // this rank's share
-      data_wait_ms += next_batch ? fetch(next_batch, mb) : fetch(train_, mb, loader_delay_ms);
+      wait += next_batch ? fetch(next_batch, mb) : fetch(train_, mb, loader_delay_ms);
+    const double data_wait_ms = wait.ms;
     const float lr = schedule.at(static_cast<int>(step_i));
     if (comm_ != nullptr) comm_->clear_events();
     const bool want_timeline = step_i >= 1 && step_i <= o_.timeline_steps;  // step 0 is warm-up
@@ -183,7 +214,7 @@ Summary TrainLoop::run(int64_t start_step) {
     const StepResult r = step(micro, lr);  // the lab's step
     device_synchronize(device_);           // GPU work is asynchronous: the step ends when the device is done
 
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double seconds = (Communicator::now_ms() - t0_ms) / 1e3;
     StepMeasure m = after_step ? after_step(seconds * 1e3, data_wait_ms, want_timeline) : StepMeasure{};
     Communicator* shown = timeline_comm != nullptr ? timeline_comm : comm_;
     if (want_timeline && shown != nullptr) log_.log_timeline(step_i, shown->events(), m.spans);
@@ -196,6 +227,7 @@ Summary TrainLoop::run(int64_t start_step) {
       timed_seconds += seconds;
       timed_tokens += tokens;
       timed_data_ms += data_wait_ms;
+      timed_host_data_ms += wait.host_ms;
       timed_exposed_ms += m.comm_ms;
       timed_busy_ms += m.comm_busy_ms;
       timed_modeled_ms += m.comm_modeled_ms;
@@ -220,18 +252,24 @@ Summary TrainLoop::run(int64_t start_step) {
       rec.extra["comm_modeled_ms"] = m.comm_modeled_ms;
       rec.extra["simulated"] = true;
     }
+    if (simulated) {  // a simulated GPU: virtual times; the loader's real wait apart
+      rec.extra["simulated"] = true;
+      rec.extra["clock"] = "virtual";
+      rec.extra["host_data_wait_ms"] = wait.host_ms;
+    }
     log_.log_step(rec);
 
     const bool last = step_i + 1 == o_.steps;
     if (rank_ == 0 && !o_.quiet && (step_i % 10 == 0 || last)) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t_run).count();
+      const double elapsed = wall_ms_since(t_run) / 1e3;  // the ETA is this machine's real time
       const double eta = elapsed / static_cast<double>(step_i + 1 - start_step) *
                          static_cast<double>(o_.steps - step_i - 1);
-      char wait[64];
-      std::snprintf(wait, sizeof(wait), "data wait %.2f ms", data_wait_ms);
-      const std::string middle = progress ? progress(m, data_wait_ms) : std::string(wait);
-      std::printf("step %5lld | loss %.4f | lr %.2e | %7.0f tok/s | MFU %5.1f%% | %s | ETA %.0f s\n",
-                  static_cast<long long>(step_i), loss, lr, tok_s, 100.0 * step_mfu, middle.c_str(), eta);
+      char waited[64];
+      std::snprintf(waited, sizeof(waited), "data wait %.2f ms", data_wait_ms);
+      const std::string middle = progress ? progress(m, data_wait_ms) : std::string(waited);
+      std::printf("step %5lld | loss %.4f | lr %.2e | %7.0f tok/s%s | MFU %5.1f%% | %s | ETA %.0f s\n",
+                  static_cast<long long>(step_i), loss, lr, tok_s, simulated ? " (virtual)" : "", 100.0 * step_mfu,
+                  middle.c_str(), eta);
       std::fflush(stdout);
     }
     if ((o_.val_every > 0 && (step_i + 1) % o_.val_every == 0) || last) {
@@ -257,6 +295,8 @@ Summary TrainLoop::run(int64_t start_step) {
               : kNotMeasured;
   s.step_ms = 1e3 * timed_seconds / s.timed_steps;
   s.data_wait_ms = timed_data_ms / s.timed_steps;
+  s.host_data_wait_ms = timed_host_data_ms / s.timed_steps;
+  s.simulated = simulated ? simulated_label() : "";
   s.comm_ms = timed_exposed_ms / s.timed_steps;  // NaN (not measured) when the lab measured none
   s.comm_busy_ms = timed_busy_ms / s.timed_steps;
   s.comm_modeled_ms = timed_modeled_ms / s.timed_steps;
@@ -290,15 +330,23 @@ nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, boo
     r["comm_modeled_ms"] = s.comm_modeled_ms;
     r["simulated"] = true;
   }
+  if (!s.simulated.empty()) {  // a simulated GPU (docs/log_schema.md)
+    r["simulated"] = true;
+    r["clock"] = "virtual";
+    r["sim_gpu_name"] = sim_gpu().display_name;  // "simulated H100 SXM", as the run record says
+    r["data_wait_ms"] = s.data_wait_ms;
+    r["host_data_wait_ms"] = s.host_data_wait_ms;
+  }
   return r;
 }
 
 void print_summary_headline(const Summary& s, const Peak& peak, int num_devices) {
   char devices[32] = "";
   if (num_devices > 0) std::snprintf(devices, sizeof(devices), "%d x ", num_devices);
-  std::printf("\n== summary ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)",
-              s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, devices, peak.flops_per_s / 1e9,
-              peak.source.c_str());
+  const std::string on = s.simulated.empty() ? "" : " (" + s.simulated + ")";  // simulated H100 SXM, virtual time
+  std::printf("\n== summary%s ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)",
+              on.c_str(), s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, devices,
+              peak.flops_per_s / 1e9, peak.source.c_str());
   if (std::isfinite(s.hfu) && s.hfu != s.mfu) std::printf(" | HFU %.1f%% (with the recompute)", 100.0 * s.hfu);
 }
 

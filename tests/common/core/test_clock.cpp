@@ -43,6 +43,20 @@ TEST(Clock, VirtualTimeIsWhatTheComputeStreamWasGiven) {
   EXPECT_THROW(VirtualClock::get().advance_compute(-1.0), Error);
 }
 
+TEST(Clock, APauseSleepsInRealTimeAndAdvancesTheComputeStreamInVirtualTime) {
+  const double a = clock_now_ms();
+  clock_pause_ms(20.0);
+  EXPECT_GE(clock_now_ms() - a, 19.0);  // slept (the steady clock's ms; a little early at most by rounding)
+  VirtualClockGuard guard;
+  VirtualClock::get().advance_compute(0.5);
+  clock_pause_ms(250.0);
+  EXPECT_EQ(clock_now_ms(), 750.0);  // exact: nothing slept, the stream took the 250 ms
+  EXPECT_EQ(VirtualClock::get().comm_s(), 0.0);
+  clock_pause_ms(0.0);
+  clock_pause_ms(-5.0);
+  EXPECT_EQ(clock_now_ms(), 750.0);
+}
+
 TEST(Clock, RestartingTheVirtualClockStartsBothStreamsAtZero) {
   VirtualClockGuard guard;
   VirtualClock::get().advance_compute(1.0);

@@ -314,10 +314,11 @@ double wait_timeout_from_env();
 // still stuck: tests/grading/graded_main.cpp.
 bool comm_wait_timed_out();
 
-// backend: "auto" (mpi when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE or SLURM_STEP_NUM_TASKS > 1; else local), "local",
+// backend: "auto" (when launched by mpirun/srun with more than one rank: OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// SLURM_STEP_NUM_TASKS > 1, sim while the virtual clock is on, else mpi; one process: local), "local",
 // "mpi", "nccl", "sim" (needs the virtual clock on: VirtualClock::start, as --device sim does; without a
-// link model set its groups use nvlink inside a node and infiniband across nodes). The MPI, NCCL and sim
+// link model set its groups use the active GPU model's intra_node_link inside a node, nvlink without one,
+// and infiniband across nodes). The MPI, NCCL and sim
 // backends initialise MPI on first use (MPI_THREAD_MULTIPLE) and finalise it at exit. Throws with a hint when a backend is not built or not usable (e.g. two ranks
 // on one GPU with nccl: "use --backend mpi").
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "auto");
@@ -327,6 +328,18 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend = "au
 // since a rank that just returned would leave its peers waiting in their next collective forever.
 // Exit code 3 for a learner's TODO not written yet (scalelab::NotImplemented), 1 for other errors.
 int run_on_all_ranks(const std::string& backend, const std::function<int(Communicator&)>& body);
+
+// A program's --device and --backend together, before its communicator and before any tensor. Device "sim"
+// makes GpuModel::preset(sim_gpu) active (core/sim_gpu.h sim_gpu_set: the virtual clock starts at 0, the SIM
+// allocator's capacity is the GPU's memory; a later --memory-cap-mb overrides it); "cpu" and "cuda" need
+// nothing here. Refused with the option to change (scalelab::Error): backend "sim" without device "sim";
+// device "sim" with backend "mpi" or "nccl"; an unknown sim_gpu. Every rank checks its own options, so a
+// refusal ends every rank alike. (auto with device "sim": make_communicator picks sim under a launcher.)
+void start_device(const std::string& device, const std::string& sim_gpu, const std::string& backend);
+// run_on_all_ranks(backend, body) after start_device(device, sim_gpu, backend); a refusal is printed to
+// stderr and returns 1 (no communicator yet: nothing to abort).
+int run_on_all_ranks(const std::string& device, const std::string& sim_gpu, const std::string& backend,
+                     const std::function<int(Communicator&)>& body);
 
 // Its twin for a program of one process (labs 01, 02 and 09, bin/sl_plan): runs body() and returns its exit
 // code. An exception is printed to stderr after what the program printed so far: exit code 3 for a learner's

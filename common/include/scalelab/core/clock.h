@@ -18,6 +18,10 @@ bool clock_is_virtual();
 // Where clock_now_ms's wall-clock 0 lies on the steady clock's own epoch (boot, on Linux), in ms: processes
 // of one machine compare their wall times through it (a message's send time, common/src/comm/comm.cpp).
 double clock_wall_origin_steady_ms();
+// The host is busy for ms (a padded compute, a slow rank, a slow loader: what a lab puts in on purpose):
+// in real time it sleeps; on the virtual clock nothing sleeps, the compute stream advances by ms instead,
+// so the time shows in the step exactly as asked. ms <= 0 does nothing.
+void clock_pause_ms(double ms);
 
 // The virtual clock of this process (one rank per process, as mpirun starts them). Two streams, as a GPU
 // has: the compute stream, where ops run one after another, and the communication stream, where the

@@ -32,7 +32,8 @@ namespace scalelab::driver {
 
 // The options every training driver has, with the same defaults (lab 01 overrides `steps`).
 struct TrainOptions {
-  std::string device = "cpu";
+  std::string device = "cpu";    // cpu, cuda, or sim (a simulated GPU: docs/simulation.md)
+  std::string sim_gpu = "h100";  // --device sim: the GPU model (core/sim_gpu.h GpuModel::preset)
   std::string model = "demo";
   int seq_len = 128;       // T: tokens per sequence
   int steps = 100;         // optimizer steps
@@ -61,7 +62,7 @@ struct TrainOptions {
 struct DistributedOptions : TrainOptions {
   int micro_batch = 8;           // sequences per rank per micro-step
   int global_batch = 0;          // sequences per optimizer step, all ranks together (0: micro_batch x ranks)
-  std::string backend = "auto";  // communicator: auto, local, mpi (comm.h make_communicator)
+  std::string backend = "auto";  // communicator: auto, local, mpi, nccl, sim (comm.h make_communicator)
   std::string link = "none";     // simulated link preset
   double link_slowdown = 1.0;    // the simulated link made this many times slower
 };
@@ -83,7 +84,7 @@ struct PipelineOptions {
 // --steps --lr --min-lr --warmup --grad-clip --weight-decay --optimizer (labs 01, 03, 04 alike).
 void add_schedule_options(CLI::App& app, TrainOptions& o);
 
-// Every training driver, in this --help order: --device --model --seq-len, the schedule options,
+// Every training driver, in this --help order: --device --sim-gpu --model --seq-len, the schedule options,
 // --precision --data --log-dir (<log-dir>/<lab>/<run-id>/rank<k>.jsonl) --run-id --seed --val-every
 // --val-batches --sample-tokens --threads --calibration --recompute --quiet. A lab whose words differ for one of them changes its
 // description after this call (app.get_option("--seed")->description(...)).
@@ -100,8 +101,24 @@ void add_pipeline_options(CLI::App& app, PipelineOptions& o);
 // ---------------------------------------------------------------------------------------------
 // Setup
 
-// --device cpu|cuda as a Device; throws with a hint for another name, or cuda without a usable GPU.
+// --device cpu|cuda|sim as a Device; throws with a hint for another name, cuda without a usable GPU, or sim
+// before start_device (comm.h) made a GPU model active.
 Device device_from_option(const std::string& name);
+
+// The device before anything else runs, then the program: scalelab::run_on_all_ranks(o.device, o.sim_gpu,
+// backend, body) (comm.h): --device sim makes the --sim-gpu model active before the communicator and any
+// tensor (a later --memory-cap-mb overrides its capacity); auto with --device sim is the sim backend under a
+// launcher of more than one rank, local for one (its collectives are copies: it takes SIM tensors); a refused
+// pair (--backend sim without --device sim; mpi or nccl with it) ends every rank with the option to change.
+// Multi-rank drivers' main() returns this.
+int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body);
+// scalelab::run_single_process (comm.h) after start_device(o.device, o.sim_gpu, "local"): the one-process
+// drivers (labs 01, 02).
+int run_single_process(const TrainOptions& o, const std::function<int()>& body);
+
+// "simulated H100 SXM, virtual time" while a simulated GPU is active (--device sim), else "": what every
+// figure of a simulated run says about itself (the summary, the tables).
+std::string simulated_label();
 
 // --recompute on every block of the model (GPT2::set_recompute; gpt2.h Recompute): call it for each of
 // this rank's models (a pipeline's chunks) before the first forward; the TrainLoop refuses a model that does
@@ -123,7 +140,10 @@ LinkModel make_link(const std::string& name, double slowdown);
 
 // The links of world's groups, set before any split: --link for every group, or with --ranks-per-node a
 // simulated cluster (Topology): --link inside a node, --inter-link across nodes, both --link-slowdown
-// times slower. Each group split later takes the link of its members' placement.
+// times slower. Each group split later takes the link of its members' placement. On the sim backend
+// --link none (the default) keeps the backend's own links (the GPU model's link inside a node: nvlink,
+// pcie for rtx4090; infiniband across nodes), --link-slowdown times slower; a named --link replaces them.
+// Labs without nodes pass ClusterOptions{} (--link alone).
 void set_links(Communicator& world, const DistributedOptions& o, const ClusterOptions& cluster);
 
 // The denominator of MFU, per device, in FLOP/s (scalelab::device_peak, calibration.h): the datasheet
@@ -155,7 +175,9 @@ nlohmann::json run_config(const TrainOptions& o, const PrecisionPolicy& policy, 
 
 // The `run` record's fields every driver fills the same way: config, world size, track (SL_TRACK_NAME
 // of the calling program), threads per rank, precision, device name, peak FLOP/s per device
-// (kNotMeasured when unknown), its source and calibration id. The caller adds `extra` keys.
+// (kNotMeasured when unknown), its source and calibration id. On the simulated GPU the device is "sim" and
+// extra says so: sim_gpu (the preset), sim_gpu_name ("simulated H100 SXM"), simulated true, clock "virtual".
+// The caller adds more `extra` keys.
 RunRecord make_run_record(const nlohmann::json& config, const std::string& track, int world_size, int threads,
                           const PrecisionPolicy& policy, Device device, const Peak& peak);
 

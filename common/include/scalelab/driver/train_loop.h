@@ -76,10 +76,12 @@ using FillBatch = std::function<void(MicroBatch& mb)>;
 
 // A source of batches alone, no model (the lesson: "time the data loader in isolation first"): one
 // warm-up fill (it may start a prefetch thread), then `batches` timed fills of (B, T) CPU tensors. With
-// comm, every rank starts together, as in training. Returns tokens per second of THIS rank (B x T per fill).
+// comm, every rank starts together, as in training. Returns tokens per second of THIS rank (B x T per fill),
+// timed on the wall clock: the host's loader is what is measured (on the simulated GPU plus the virtual
+// time the fills paused for: a loader delay).
 double time_source_alone(const FillBatch& fill, int B, int T, int batches, Communicator* comm);
-// The same for a fresh loader of this rank (opened by `open` with `config`), each fetch with delay_ms of
-// sleep inside (a slow loader, TrainLoop::loader_delay_ms).
+// The same for a fresh loader of this rank (opened by `open` with `config`), each fetch with a pause of
+// delay_ms inside (a slow loader, TrainLoop::loader_delay_ms; clock_pause_ms).
 double time_loader_alone(const data::OpenBatchSource& open, const std::string& data_dir,
                          const data::LoaderConfig& config, int batches, double delay_ms, Communicator* comm);
 
@@ -119,26 +121,32 @@ struct Summary {
   double tokens_per_s = 0;    // all ranks together, over the timed steps (token-weighted)
   double mfu = kNotMeasured;  // of tokens_per_s, against num_devices x the peak
   double hfu = kNotMeasured;  // the same with the recompute's FLOPs added (= mfu without --recompute)
-  double step_ms = 0;         // per timed step: wall time, data wait, exposed and busy communication
+  double step_ms = 0;         // per timed step, on the kit's clock (wall, or virtual): time, data wait, exposed and
+                              // busy communication
   double data_wait_ms = 0, comm_ms = kNotMeasured, comm_busy_ms = 0, comm_modeled_ms = 0;
-  MemStats memory{};   // the allocator's statistics right after the last step (before the sample)
-  std::string sample;  // sample_tokens bytes generated from "\n" (rank 0; "" elsewhere or when 0)
+  double host_data_wait_ms = 0;  // per timed step: the host's real wait for the loader (= data_wait_ms in real time)
+  std::string simulated;         // "simulated H100 SXM, virtual time" on the simulated GPU, else ""
+  MemStats memory{};             // the allocator's statistics right after the last step (before the sample)
+  std::string sample;            // sample_tokens bytes generated from "\n" (rank 0; "" elsewhere or when 0)
 };
 
 class TrainLoop {
  public:
   // comm: the data-parallel group's communicator, or nullptr for one device (lab 01: no collective is
   // made). data: the run's loaders (data.train, data.val: both open) and the parts' throughput and MFU.
-  // The loop keeps references to everything given; they must outlive run().
+  // The loop keeps references to everything given; they must outlive run(). It points the log's memory
+  // counts at `device` (RunLogger::set_memory_device).
   TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* comm, GPT2& model, RunData& data, RunLogger& log,
             const Peak& peak, double flops_per_token, Device device);
 
   // ---- what the lab plugs in
   // Required: one optimizer step over this rank's micro-batches (micro.size() == spec.micro_steps) at
-  // learning rate lr. The lab's concept; the loop times it (device synchronised) and logs it.
+  // learning rate lr. The lab's concept; the loop times it (device synchronised) on the kit's clock
+  // (core/clock.h: wall time, or virtual time on the simulated GPU) and logs it.
   std::function<StepResult(std::vector<MicroBatch>& micro, float lr)> step;
-  // Sleep this long inside every micro-batch's fetch: a slow loader, counted as data wait (lab 04's
-  // --loader-delay-ms, README "Why not 2x?"). The data wait of a step is the whole fetch of its batches.
+  // Pause this long inside every micro-batch's fetch: a slow loader, counted as data wait (lab 04's
+  // --loader-delay-ms, README "Why not 2x?"): a sleep, or on the simulated GPU virtual time (clock_pause_ms).
+  // The data wait of a step is the whole fetch of its batches.
   double loader_delay_ms = 0;
   // The communicator whose events a step's `timeline` record shows (default: the loop's own, `comm`).
   // Lab 05 points it at the tensor-parallel group, where its collectives are.
@@ -200,9 +208,11 @@ class TrainLoop {
 
 // The `summary` record's keys every lab writes: final_loss, val_loss_start, val_loss_end, tokens_per_s,
 // mfu, hfu, peak_flops_per_s, peak_source; with `comm` also comm_ms and comm_busy_ms, and with `simulated` (a
-// link model was on) comm_modeled_ms and simulated. The sample is rank 0's to add.
+// link model was on) comm_modeled_ms and simulated. A run on the simulated GPU (Summary::simulated) adds
+// simulated, clock "virtual", sim_gpu_name, data_wait_ms and host_data_wait_ms. The sample is rank 0's to add.
 nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated);
-// Rank 0's first summary lines: "== summary ==", then "val loss a -> b | N tokens/s | MFU x% of
+// Rank 0's first summary lines: "== summary ==" ("== summary (simulated H100 SXM, virtual time) ==" on the
+// simulated GPU), then "val loss a -> b | N tokens/s | MFU x% of
 // [W x ]P GFLOP/s (source)" (W: the number of devices; 0 for one device, which prints no "W x"). No newline
 // at the end: the lab goes on with its own figures.
 void print_summary_headline(const Summary& s, const Peak& peak, int num_devices);

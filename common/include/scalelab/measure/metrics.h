@@ -62,7 +62,8 @@ struct RunRecord {
   nlohmann::json extra = nlohmann::json::object();  // more keys, merged into the record
 };
 
-// One `step` record. Times in milliseconds of wall clock, as the rank measured them.
+// One `step` record. Times in milliseconds on the kit's clock (core/clock.h: wall, or virtual on the simulated
+// GPU), as the rank measured them.
 // Fields left at kNotMeasured are written as null (for example comm_ms in a single-rank lab).
 struct StepRecord {
   int64_t step = 0;                    // 0-based optimizer step
