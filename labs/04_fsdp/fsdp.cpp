@@ -10,8 +10,9 @@
 #include <cstdint>    // defines: int64_t
 #include <vector>     // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {

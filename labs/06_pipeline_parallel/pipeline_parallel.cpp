@@ -10,9 +10,11 @@
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <map>        // defines: std::map
 #include <utility>    // defines: std::pair
+#include <vector>     // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_values
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: scale_
 
 namespace scalelab::lab06 {
 inline namespace SL_TRACK_LAB06 {

@@ -11,8 +11,9 @@
 #include <string>  // defines: std::string, std::to_string
 #include <vector>  // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: scale_
 
 namespace scalelab::lab07 {
 inline namespace SL_TRACK_LAB07 {

@@ -9,11 +9,13 @@
 
 #include <algorithm>   // defines: std::sort, std::min
 #include <cmath>       // defines: std::isfinite, std::sqrt
+#include <cstdint>     // defines: int32_t
 #include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
 #include <fstream>     // defines: std::ifstream
 #include <sstream>     // defines: std::ostringstream
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
 #include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, scalelab::NotImplemented
 #include "scalelab/model/checkpoint.h"  // defines: file_checksum
 

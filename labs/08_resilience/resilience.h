@@ -90,8 +90,8 @@ struct SpikeDecision {
 // a loss or a norm that is not finite is a spike; else, with at least c.min_history losses, the z-score of
 // loss against the mean and the population standard deviation of the last c.window of them (std 0: no
 // z-score) above c.z_threshold is one. Then every rank rolls back if ANY rank saw a spike; `reason` is the
-// lowest such rank's, prefixed "rank <r>: " (world's all_reduce has Sum, Avg and Max; broadcast_text sends a
-// rank's text to all). README.md#loss-spikes-roll-back-and-skip
+// lowest such rank's, prefixed "rank <r>: " (all_reduce_value, comm/host_values.h, reduces a number with Sum,
+// Avg or Max; broadcast_text sends a rank's text to all). README.md#loss-spikes-roll-back-and-skip
 SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
                               const SpikeConfig& c);
 

@@ -10,8 +10,9 @@
 #include <cstdint>    // defines: int64_t
 #include <vector>     // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
 inline namespace SL_TRACK_LAB04 {
@@ -136,10 +137,8 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
   //   The idea: README "The update". Hints, one tier at a time: scripts/hint 04-7
   double local = 0.0;
   for (const UnitShard& us : s.units) local += sum_squares(us.grad_shard);
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = static_cast<float>(local);
-  s.comm.all_reduce(t, ReduceOp::Sum, "grad norm");
-  norm = std::sqrt(t.data<float>()[0]);
+  // One number from every rank, summed: a host value, staged through the communicator's device.
+  norm = std::sqrt(all_reduce_value(s.comm, static_cast<float>(local), ReduceOp::Sum, "grad norm"));
   if (max_norm > 0.0f) {
     const float scale = max_norm / (norm + 1e-6f);
     if (scale < 1.0f)

@@ -10,9 +10,11 @@
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <map>        // defines: std::map
 #include <utility>    // defines: std::pair
+#include <vector>     // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_values
+#include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: scale_
 
 namespace scalelab::lab06 {
 inline namespace SL_TRACK_LAB06 {
@@ -245,14 +247,14 @@ StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embed
   sync_tied_embedding(stage, embedding);
 
   // The norm of the whole model: every chunk here, then every stage (the tied copy counted once).
-  Tensor both = Tensor::empty({2}, DType::F32);  // (sum of squares, loss): one all-reduce for the two
+  // Two host values, (sum of squares, loss), in one all-reduce; the loss is the last stage's (0 elsewhere).
   double sq = 0.0;
   for (int c = 0; c < stage.num_chunks(); ++c) sq += grad_sum_squares(stage.chunk(c));
-  both.data<float>()[0] = static_cast<float>(sq);
-  both.data<float>()[1] = exchange.is_last(l.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;  // the last stage's
-  exchange.group().all_reduce(both, ReduceOp::Sum, "grad norm and loss");
-  r.grad_norm = std::sqrt(both.data<float>()[0]);
-  r.loss = both.data<float>()[1];
+  const float loss = exchange.is_last(l.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;
+  const std::vector<float> both = all_reduce_values(exchange.group(), std::vector<float>{static_cast<float>(sq), loss},
+                                                    ReduceOp::Sum, "grad norm and loss");
+  r.grad_norm = std::sqrt(both[0]);
+  r.loss = both[1];
   const float scale = grad_clip / (r.grad_norm + 1e-6f);
   SL_CHECK_HINT(std::isfinite(r.grad_norm), "lower the learning rate, or look for a bad batch",
                 "gradient norm is %g (not finite)", r.grad_norm);

@@ -11,8 +11,9 @@
 #include <string>  // defines: std::string, std::to_string
 #include <vector>  // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
-#include "scalelab/ops/ops.h"     // defines: scale_
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
+#include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
+#include "scalelab/ops/ops.h"           // defines: scale_
 
 namespace scalelab::lab07 {
 inline namespace SL_TRACK_LAB07 {
@@ -174,11 +175,11 @@ StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, f
 
   // The loss of the global batch: the last stage's mean over m (0 on the other stages) summed over the
   // stages, then the mean over the replicas, each of which saw its own part of the batch.
-  Tensor loss = Tensor::empty({1}, DType::F32);  // (1,) f32: the communicator reduces f32
-  loss.data<float>()[0] = r.exchange->is_last(pl.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;
-  if (r.groups.pp->size() > 1) r.groups.pp->all_reduce(loss, ReduceOp::Sum, "loss (pp)");
-  if (r.groups.dp->size() > 1) r.groups.dp->all_reduce(loss, ReduceOp::Avg, "loss (dp)");
-  result.loss = loss.data<float>()[0];
+  // A host value (all_reduce_value stages it through the communicator's device).
+  float loss = r.exchange->is_last(pl.v - 1) ? loss_sum / static_cast<float>(m) : 0.0f;
+  if (r.groups.pp->size() > 1) loss = all_reduce_value(*r.groups.pp, loss, ReduceOp::Sum, "loss (pp)");
+  if (r.groups.dp->size() > 1) loss = all_reduce_value(*r.groups.dp, loss, ReduceOp::Avg, "loss (dp)");
+  result.loss = loss;
 
   if (!r.zero1.empty()) {
     result.grad_norm = zero1_update(r, lr, grad_clip);  // the replicas shard the update instead
@@ -186,13 +187,12 @@ StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, f
     average_over_dp(stage, *r.groups.dp);
     // The whole model's norm: this rank's chunks, then its tp group (the slices), then its pp group (the
     // stages). Not the dp group: after the average every replica holds the same gradients.
-    Tensor sq = Tensor::empty({1}, DType::F32);
     double local = 0.0;
     for (int c = 0; c < stage.num_chunks(); ++c) local += grad_sum_squares(stage.chunk(c));
-    sq.data<float>()[0] = static_cast<float>(local);
-    if (r.groups.tp->size() > 1) r.groups.tp->all_reduce(sq, ReduceOp::Sum, "grad norm (tp)");
-    if (r.groups.pp->size() > 1) r.groups.pp->all_reduce(sq, ReduceOp::Sum, "grad norm (pp)");
-    result.grad_norm = std::sqrt(sq.data<float>()[0]);
+    float sq = static_cast<float>(local);  // f32: the communicator reduces f32
+    if (r.groups.tp->size() > 1) sq = all_reduce_value(*r.groups.tp, sq, ReduceOp::Sum, "grad norm (tp)");
+    if (r.groups.pp->size() > 1) sq = all_reduce_value(*r.groups.pp, sq, ReduceOp::Sum, "grad norm (pp)");
+    result.grad_norm = std::sqrt(sq);
     SL_CHECK_HINT(std::isfinite(result.grad_norm), "lower the learning rate, or look for a bad batch",
                   "gradient norm is %g (not finite)", result.grad_norm);
     const float scale = grad_clip / (result.grad_norm + 1e-6f);
@@ -225,11 +225,10 @@ float zero1_update(Rank3D& r, float lr, float grad_clip) {
   // 2. The whole model's norm: the dp shards are disjoint parts of it, the tp slices and the stages too.
   double local = 0.0;
   for (const auto& s : r.zero1) local += zero1_sum_squares(*s);
-  Tensor sq = Tensor::empty({1}, DType::F32);
-  sq.data<float>()[0] = static_cast<float>(local);
+  float sq = static_cast<float>(local);  // f32: the communicator reduces f32
   for (Communicator* g : {r.groups.dp.get(), r.groups.tp.get(), r.groups.pp.get()})
-    if (g->size() > 1) g->all_reduce(sq, ReduceOp::Sum, "grad norm (" + g->name() + ")");
-  norm = std::sqrt(sq.data<float>()[0]);
+    if (g->size() > 1) sq = all_reduce_value(*g, sq, ReduceOp::Sum, "grad norm (" + g->name() + ")");
+  norm = std::sqrt(sq);
   SL_CHECK_HINT(std::isfinite(norm), "lower the learning rate, or look for a bad batch",
                 "gradient norm is %g (not finite)", norm);
   // 3. Clip the shards, then lab 04's update of each chunk's shard (it all-gathers the new parameters).

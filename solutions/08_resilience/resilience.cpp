@@ -9,11 +9,13 @@
 
 #include <algorithm>   // defines: std::sort, std::min
 #include <cmath>       // defines: std::isfinite, std::sqrt
+#include <cstdint>     // defines: int32_t
 #include <cstdio>      // defines: std::snprintf
 #include <filesystem>  // defines: std::filesystem::exists, file_size, remove_all
 #include <fstream>     // defines: std::ifstream
 #include <sstream>     // defines: std::ostringstream
 
+#include "scalelab/comm/host_values.h"  // defines: all_reduce_value
 #include "scalelab/core/error.h"        // defines: SL_CHECK_HINT, scalelab::NotImplemented
 #include "scalelab/model/checkpoint.h"  // defines: file_checksum
 
@@ -153,10 +155,10 @@ SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& his
                     loss, z, mean, std, n);
   }
   // Everyone's decision: the lowest rank with a spike, found by a max over (size - rank), tells its reason.
-  Tensor flag = Tensor::empty({1}, DType::F32, Device::CPU, MemCategory::Workspace);
-  flag.data<float>()[0] = why[0] != '\0' ? static_cast<float>(world.size() - world.rank()) : 0.0f;
-  world.all_reduce(flag, ReduceOp::Max, "spike?");
-  const int winner = flag.data<float>()[0] > 0 ? world.size() - static_cast<int>(flag.data<float>()[0]) : -1;
+  // A host value (all_reduce_value stages it through the communicator's device): 0 for "no spike here".
+  const int32_t mine = why[0] != '\0' ? world.size() - world.rank() : 0;
+  const int32_t lowest = all_reduce_value(world, mine, ReduceOp::Max, "spike?");
+  const int winner = lowest > 0 ? world.size() - lowest : -1;
   if (winner >= 0) {
     d.rollback = true;
     d.reason = "rank " + std::to_string(winner) + ": " + broadcast_text(world, why, winner);
