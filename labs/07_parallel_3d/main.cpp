@@ -103,7 +103,7 @@ static int run(const Options& o, Communicator& world) {
                  {"uniform_compute_ms", o.uniform_compute_ms},
                  {"bubble_formula", formula},
                  {"backend", world.backend()},
-                 {"link", o.link},
+                 {"link", world.topology().intra.name},  // in a node: --link, or the sim backend's own
                  {"inter_link", o.inter_link},
                  {"link_slowdown", o.link_slowdown},
                  {"tp_link", link_of(g.tp.get())},
