@@ -6,7 +6,7 @@
 #include <fstream>    // defines: std::ifstream (--calibration)
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
-#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
+#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_unavailable_reason, cuda_device_name, cuda_device_memory_bytes
 #include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
 
 namespace scalelab::driver {
@@ -129,7 +129,7 @@ Device device_from_option(const std::string& name) {
     SL_CHECK_HINT(cuda_device_count() > 0,
                   built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
                                     : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                  "--device cuda: no CUDA device is available to this program");
+                  "--device cuda: no CUDA device is available to this program: %s", cuda_unavailable_reason().c_str());
   return device;
 }
 
