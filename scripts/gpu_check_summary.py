@@ -231,12 +231,11 @@ def measured_peak(s):  # what the estimator bounds: the four categories' peaks, 
     return sum(parts) if all(is_num(p) for p in parts) else None
 
 def device_mfu(s, ranks):
-    # lab 04's `mfu` divides by world_size devices' peak. On the GPU the ranks share one, so x ranks gives
-    # that GPU's; on the CPU (rehearsal) each rank's peak is calibrated on its share of the cores: as is.
+    # lab 04's `mfu` divides by world_size times each rank's peak; on the GPU that peak is the rank's share
+    # of the one GPU the ranks share (driver.h shared_gpu_peak), so it is that GPU's MFU as logged; on the
+    # CPU (rehearsal) each rank's peak is calibrated on its share of the cores: as logged too.
     m = s.get("mfu") if s else None
-    if not is_num(m):
-        return None
-    return m * ranks if has_gpu else m
+    return m if is_num(m) else None
 
 if lab04_runs:
     lines.append(f"lab04 next to lab01: {l4_model}, lab04 {l4_prec} (bf16-mixed), lab01 {l1_prec}, global batch B={l4_B}, T={l4_T}, 8 steps, lab04 ZeRO-3,"

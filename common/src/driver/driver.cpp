@@ -192,7 +192,18 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
                            const std::string& calibration_file) {
   if (device == Device::CPU && calibration_file.empty() && comm.rank() == 0) load_or_calibrate(threads);
   comm.barrier();
-  return run_peak(device, policy, threads, calibration_file);
+  const Peak peak = run_peak(device, policy, threads, calibration_file);
+  if (device != Device::CUDA) return peak;
+  return shared_gpu_peak(peak, ranks_per_node_from_env(comm.size()), cuda_device_count());
+}
+
+Peak shared_gpu_peak(const Peak& per_gpu, int ranks_on_node, int gpus) {
+  if (gpus < 1 || ranks_on_node <= gpus) return per_gpu;
+  Peak p = per_gpu;
+  p.flops_per_s = per_gpu.flops_per_s * gpus / ranks_on_node;
+  p.source += detail::format(" (x %d/%d: %d ranks share %d GPU%s)", gpus, ranks_on_node, ranks_on_node, gpus,
+                             gpus == 1 ? "" : "s");
+  return p;
 }
 
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {
