@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "scalelab/measure/calibration.h"  // defines: device_peak, Peak, memcpy_bytes_per_s
-#include "scalelab/core/device.h"          // defines: device_synchronize, cuda_device_count, cuda_device_name
+#include "scalelab/core/device.h"  // defines: device_synchronize, cuda_device_count, cuda_unavailable_reason, cuda_device_name
 #include "scalelab/core/error.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/ops/op_profile.h"  // defines: op_profile_enable, op_profile_phase, op_profile_table
@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
       SL_CHECK_HINT(cuda_device_count() > 0,
                     built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
                                       : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                    "--device cuda: no CUDA device is available to this program");
+                    "--device cuda: no CUDA device is available to this program: %s",
+                    cuda_unavailable_reason().c_str());
     threads = set_num_threads(threads);
     const PrecisionPolicy policy = PrecisionPolicy::from_name(precision);
     const Peak peak = device_peak(device, policy, threads);

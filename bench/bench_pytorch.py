@@ -213,6 +213,9 @@ def main():
     ap.add_argument("--compile", dest="compile", action="store_true", default=None,
                     help="add a torch.compile column (default: on with --device cuda, off on the CPU)")
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="torch.compile alone (scripts/gpu_check.sh's last, optional phase): ours and eager are already "
+                         "in --jsonl, whose ours records give the peak FLOP/s for the MFU column")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--configs", default="demo:8x128,demo:16x256,d12:4x256", help="model:BxT,...")
@@ -248,11 +251,21 @@ def main():
     if args.pairs > 0:
         return run_pairs(args, precisions[0], cases)
 
-    # 1. ours, every precision (the numbers this kit is about come first)
+    # 1. ours, every precision (the numbers this kit is about come first); --compile-only: ours from --jsonl
     ours = {}
-    for p in precisions:
-        for key, r in run_ours(args.build_dir, args.device, p, args.threads, args.steps, cases, args.jsonl).items():
-            ours[key + (p,)] = r
+    if args.compile_only:
+        if not args.jsonl:
+            ap.error("--compile-only reads ours' records from --jsonl: give it")
+        use_compile = True
+        with open(args.jsonl) as f:
+            for line in f:
+                r = json.loads(line) if line.strip() else {}
+                if r.get("impl") == "ours" and "error" not in r:
+                    ours[(r["model"], r["B"], r["T"], r["precision"])] = r
+    else:
+        for p in precisions:
+            for key, r in run_ours(args.build_dir, args.device, p, args.threads, args.steps, cases, args.jsonl).items():
+                ours[key + (p,)] = r
 
     try:
         import torch
@@ -292,7 +305,8 @@ def main():
     eager, compiled = {}, {}
     for p in precisions:
         for m, b, t in cases:
-            eager[(m, b, t, p)] = measure("torch_eager", m, b, t, p, False)
+            if not args.compile_only:
+                eager[(m, b, t, p)] = measure("torch_eager", m, b, t, p, False)
     if use_compile:
         for p in precisions:
             for m, b, t in cases:

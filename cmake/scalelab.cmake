@@ -422,7 +422,10 @@ function(sl_add_test name)
   set(env "OMP_NUM_THREADS=1;SL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
   string(REPLACE ";" "\\\\\\\\\\\\\\;" labels_escaped "${A_LABELS}")
   string(REPLACE ";" "\\\\\\\\\\\\\\;" env_escaped "${env}")
+  # DISCOVERY_TIMEOUT: listing the tests starts the program, which loads the CUDA runtime, cuBLAS and
+  # OpenBLAS first: seconds on a cold GPU machine, past CMake's 5 s default (ctest lint.gtest_discovery_timeout).
   gtest_discover_tests(${name} TEST_PREFIX "${name}." EXTRA_ARGS --gtest_color=no DISCOVERY_MODE PRE_TEST
+                       DISCOVERY_TIMEOUT 120
                        PROPERTIES LABELS "${labels_escaped}" TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env_escaped}")
 endfunction()
 

@@ -7,21 +7,29 @@
 #   2. builds only what it runs (reference track): the GPU tests, lab 01's program, bench_lab01 and lab 04's
 #      program (with MPI where mpirun is on PATH);
 #   3. runs `ctest -L gpu`; failures are rerun with SL_SYNC_LAUNCH=1 so an error names its kernel;
-#   4. trains lab 01 for 8 steps on the GPU on the KJV shards: d12 and d24, fp32 and bf16-compute (the bf16
-#      tensor cores), T = 1024; then lab 04 (ZeRO-3, bf16-mixed: the precisions its memory estimator models)
-#      on lab 01's d12 bf16 case (same global batch, T, steps): 1 rank, and, where
-#      Open MPI is installed, 2 MPI ranks sharing the GPU (--backend mpi): tokens/s, MFU, memory per rank;
-#   5. times ours with the flash-style attention (bench_flash), then benchmarks ours against PyTorch eager
-#      and torch.compile on the same shapes (bench/bench_pytorch.py);
-#   6. prints one short table, writes it to --out, and appends a row to docs/gpu_runs.md.
-# Each phase runs under a hard timeout inside one budget (default 450 s: under 8 minutes on an H200, build
-# included); what the budget cuts is listed as skipped.
+#   4-5. the most valuable numbers first: lab 01 for 8 steps on the KJV shards in bf16-compute (the bf16
+#      tensor cores), d12 then d24, T = 1024; lab 04 (ZeRO-3, bf16-mixed: the precisions its memory estimator
+#      models) on lab 01's d12 case (same global batch, T, steps): 1 rank, and, where Open MPI is installed,
+#      2 MPI ranks sharing the GPU (--backend mpi): tokens/s, MFU, memory per rank; ours against PyTorch eager
+#      on the same shapes (bench/bench_pytorch.py); then lab 01 in fp32, ours with the flash-style attention
+#      (bench_flash), and last, optional, torch.compile (1-2 min per case; never makes the run PARTIAL);
+#   6. prints one short table (scripts/gpu_check_summary.py), writes it to --out, and appends a row to
+#      docs/gpu_runs.md.
+# Each phase runs under a hard timeout inside one budget (default 330 s on an H200, build included: with the
+# machine's start that fits the device tool's 15 minutes with a rerun's margin; docs/cuda_backend.md has the
+# expected time of each phase); what the budget cuts is listed as skipped, what failed as a problem.
 #
-#   scripts/gpu_check.sh [--out DIR] [--budget S] [--arch SM] [--build-dir DIR] [--deps DIR] [--jobs N]
+#   scripts/gpu_check.sh --prepare      on this machine, before the GPU run: makes deps/ (pack_gpu_deps.sh: the
+#                                       libraries and the corpus shards), prints the untracked paths the copy
+#                                       of the tree needs (the device tool's carry list) and the size of what
+#                                       travels; fails (exit 1) if that is over the tool's 64 MiB
+#   scripts/gpu_check.sh [--out DIR] [--budget S] [--arch SM] [--build-dir DIR] [--deps DIR] [--jobs N] [--no-compile]
 #   scripts/gpu_check.sh --build-only   phases 1-3 only; on a machine without a GPU this is the rehearsal:
 #                                       it proves the build with deps/ and stops with "no GPU visible"
 #   scripts/gpu_check.sh --rehearse-on-cpu   all phases, 4-5 on the CPU with tiny sizes: tests this script
 #                                       itself on a machine without a GPU (its numbers mean nothing; no row)
+#     --configure-only  stop after phase 1 and the configure (the rehearsal's cheap form; exit 0 or 1)
+#     --no-compile      leave out the torch.compile phase
 #     --out DIR     where the results go (default <build-dir>/gpu_check): summary.txt, gpu_runs_row.md,
 #                   bench.jsonl, flash.jsonl, lab01.jsonl, lab04.jsonl (every rank's summary), gpu_check.log (everything
 #                   the phases printed)
@@ -34,7 +42,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BUDGET_S=450
+BUDGET_S=330
 BUILD_DIR="$ROOT/build-gpucheck"
 DEPS="$ROOT/deps"
 ARCH=""
@@ -42,6 +50,10 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 OUT_DIR=""
 BUILD_ONLY=0
 REHEARSE=0
+PREPARE=0
+CONFIGURE_ONLY=0
+WITH_COMPILE=1  # --no-compile: leave out the torch.compile phase
+LIMIT_MIB=64    # what the device tool carries: the working tree plus the carried paths (docs/cuda_backend.md)
 PY=${PYTHON:-python3}
 RESERVE_S=15  # seconds kept for the summary
 
@@ -56,10 +68,46 @@ while [[ $# -gt 0 ]]; do
     --jobs) JOBS="$2"; shift 2 ;;
     --build-only|--no-gpu-ok) BUILD_ONLY=1; shift ;;
     --rehearse-on-cpu) REHEARSE=1; shift ;;
+    --prepare) PREPARE=1; shift ;;
+    --configure-only) CONFIGURE_ONLY=1; shift ;;
+    --no-compile) WITH_COMPILE=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
+
+# --prepare: what the copy of the tree on the GPU machine needs that git does not track, made and measured.
+if (( PREPARE )); then
+  "$ROOT/scripts/pack_gpu_deps.sh" --out "$DEPS" || { echo "gpu_check --prepare: pack_gpu_deps.sh failed" >&2; exit 1; }
+  rel=$(realpath -m --relative-to="$ROOT" "$DEPS")
+  if [[ "$rel" == ..* || "$rel" == /* ]]; then
+    echo "gpu_check --prepare: $DEPS is outside the repository: the device tool carries only paths inside it" >&2
+    exit 1
+  fi
+  # What travels: tracked files, untracked files git does not ignore, and the carried (ignored) paths.
+  if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+    tree_bytes=$(cd "$ROOT" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+                 xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  else
+    echo "gpu_check --prepare: $ROOT is not a git checkout: cannot tell what travels" >&2
+    exit 1
+  fi
+  carry_bytes=$(du -sb "$DEPS" | cut -f1)
+  total=$(( tree_bytes + carry_bytes ))
+  mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+  echo "gpu_check --prepare: untracked paths the copy needs (carry): [\"$rel\"]  ($(mib "$carry_bytes"):" \
+       "$(find "$DEPS" -type f | wc -l) files, the corpus shards in $rel/data/kjv)"
+  echo "gpu_check --prepare: the working tree $(mib "$tree_bytes") + carried $(mib "$carry_bytes") = $(mib "$total")" \
+       "of the device tool's $LIMIT_MIB MiB"
+  if (( total > LIMIT_MIB * 1048576 )); then
+    echo "gpu_check --prepare: FAILED: over $LIMIT_MIB MiB: drop shards from $rel/data/kjv or untracked files" >&2
+    exit 1
+  fi
+  echo "gpu_check --prepare: ready. The device command (docs/cuda_backend.md \"Running the GPU check\"):"
+  echo "  run(command=\"scripts/gpu_check.sh --out \$OUT\", carry=[\"$rel\"], timeout_s=420)"
+  exit 0
+fi
+
 OUT_DIR="$(realpath -m "${OUT_DIR:-$BUILD_DIR/gpu_check}")"
 WORK="$BUILD_DIR/gpu_check_work"  # per-phase logs and lab 01 runs (not copied to --out)
 mkdir -p "$OUT_DIR" "$WORK" || { echo "gpu_check: cannot create $OUT_DIR or $WORK" >&2; exit 2; }
@@ -245,6 +293,11 @@ BUILD_MPI=0  # 1: configure found MPI (lab 04 can run 2 ranks with --backend mpi
 BUILD_OK=0 BUILD_STATUS=failed  # ok, failed, or cut (by the budget: not a failure)
 phase configure 150 20 cmake "${CFG[@]}"
 rc=$?
+if (( CONFIGURE_ONLY )); then  # the rehearsal's cheap form: the copy has what it needs, and configures with it
+  (( rc == 0 )) && grep -h "scalelab:" "$WORK/configure.log" | sed 's/^/    /'
+  say "--configure-only: $( (( rc == 0 )) && echo "configured" || echo "configure FAILED (exit $rc)"); stopping"
+  exit $(( rc == 0 ? 0 : 1 ))
+fi
 (( rc == 124 || rc == 125 )) && BUILD_STATUS=cut
 if (( rc == 0 )); then
   grep -h "scalelab:" "$WORK/configure.log" | sed 's/^/    /'
@@ -313,36 +366,48 @@ fi
 # and stage every collective through host memory: docs/communicator.md). They run before the bench, so on a
 # slow machine the budget cuts the bench first.
 DEV=cuda STEPS=5
-LAB01_CASES=("d12 fp32 16 1024" "d12 bf16-compute 16 1024" "d24 fp32 8 1024" "d24 bf16-compute 8 1024")  # model prec B T
+# Most valuable first (a cut run keeps them): lab 01 in bf16-compute (the tensor cores' MFU, d12 then d24),
+# lab 04, ours vs PyTorch eager; then lab 01 in fp32, the flash-style attention, and torch.compile last
+# (optional: 1-2 min per case, it never makes the run PARTIAL or FAIL).
+LAB01_CASES=("d12 bf16-compute 16 1024" "d24 bf16-compute 8 1024")  # model prec B T: before lab 04
+LAB01_LATE=("d12 fp32 16 1024" "d24 fp32 8 1024")                     # after the eager bench
 BENCH_CONFIGS="d24:8x1024,d12:16x1024"
 if (( REHEARSE )); then  # the same phases on the CPU at toy sizes: tests this script, not the GPU
   DEV=cpu STEPS=2
-  LAB01_CASES=("tiny fp32 8 16" "tiny bf16-compute 8 16" "demo fp32 2 64" "demo bf16-compute 2 64")
+  LAB01_CASES=("tiny bf16-compute 8 16" "demo bf16-compute 2 64")
+  LAB01_LATE=("tiny fp32 8 16" "demo fp32 2 64")
   BENCH_CONFIGS="demo:2x64,tiny:4x16"
 fi
 LAB01_RUNS=()  # "model precision B T status run_id"
 LAB04_RUNS=()  # "ranks backend micro_batch status run_id"
-read -r L4_MODEL L1_PREC L4_B L4_T <<< "${LAB01_CASES[1]}"  # d12 bf16-compute 16 1024 (rehearsal: tiny ... 8 16)
+read -r L4_MODEL L1_PREC L4_B L4_T <<< "${LAB01_CASES[0]}"  # d12 bf16-compute 16 1024 (rehearsal: tiny ... 8 16)
 L4_PREC=bf16  # lab 04: bf16-mixed (its estimator refuses bf16-compute); lab 01's L1_PREC run is the reference line
-BENCH_STATUS=not_run FLASH_RC=""  # FLASH_RC: bench_flash's exit status ("" when it did not run)
+BENCH_STATUS=not_run COMPILE_STATUS=not_run FLASH_RC=""  # FLASH_RC: bench_flash's exit status ("" when it did not run)
+HAVE_TORCH=0
+"$PY" -c "import torch" >/dev/null 2>&1 && HAVE_TORCH=1
+
+# lab01 MODEL PREC B T: one lab 01 run of 8 steps; its summary goes to lab01.jsonl.
+lab01() {
+  local model=$1 prec=$2 B=$3 T=$4 rc f
+  local id="$RUN_TAG-$model-$prec"
+  phase "lab01_${model}_${prec}" 75 15 "$BUILD_DIR/bin/reference/lab01_single_device" --device "$DEV" \
+    --model "$model" --precision "$prec" --batch "$B" --seq-len "$T" --steps 8 --warmup 2 --lr 1e-3 --val-every 0 \
+    --val-batches 2 --sample-tokens 0 --data "$DATA" --log-dir "$WORK/runs" --run-id "$id" --quiet
+  rc=$?
+  LAB01_RUNS+=("$model $prec $B $T $rc $id")
+  f="$WORK/runs/lab01/$id/rank0.jsonl"
+  [[ -f "$f" ]] && grep '"type":"summary"' "$f" |
+    sed "s/^{/{\"model\":\"$model\",\"precision\":\"$prec\",\"B\":$B,\"T\":$T,/" >> "$OUT_DIR/lab01.jsonl"
+  return 0
+}
+
 if [[ -z "$GPU_NAME" && $REHEARSE -eq 0 ]]; then
   say "no GPU visible ($why_no_gpu): stopping after the build and the GPU tests (which skip without one)"
 elif (( BUILD_ONLY )); then
   say "--build-only: stopping after the GPU tests"
 elif (( BUILD_OK )); then
   (( REHEARSE )) && say "--rehearse-on-cpu: labs 01, 04 and the bench run on the CPU at toy sizes (numbers mean nothing)"
-  for run in "${LAB01_CASES[@]}"; do
-    read -r model prec B T <<< "$run"
-    id="$RUN_TAG-$model-$prec"
-    phase "lab01_${model}_${prec}" 75 15 "$BUILD_DIR/bin/reference/lab01_single_device" --device "$DEV" \
-      --model "$model" --precision "$prec" --batch "$B" --seq-len "$T" --steps 8 --warmup 2 --lr 1e-3 --val-every 0 \
-      --val-batches 2 --sample-tokens 0 --data "$DATA" --log-dir "$WORK/runs" --run-id "$id" --quiet
-    rc=$?
-    LAB01_RUNS+=("$model $prec $B $T $rc $id")
-    f="$WORK/runs/lab01/$id/rank0.jsonl"
-    [[ -f "$f" ]] && grep '"type":"summary"' "$f" |
-      sed "s/^{/{\"model\":\"$model\",\"precision\":\"$prec\",\"B\":$B,\"T\":$T,/" >> "$OUT_DIR/lab01.jsonl"
-  done
+  for run in "${LAB01_CASES[@]}"; do lab01 $run; done
   l4_cases=("1 local")
   (( BUILD_MPI )) && l4_cases+=("2 mpi")
   for c in "${l4_cases[@]}"; do
@@ -367,17 +432,29 @@ elif (( BUILD_OK )); then
         sed "s/^{/{\"ranks\":$np,\"backend\":\"$backend\",\"micro_batch\":$mb,/" >> "$OUT_DIR/lab04.jsonl"
     done
   done
+  # Ours (bench_lab01) and PyTorch eager on the same shapes; the bench writes each number as it gets it, so a
+  # cut run keeps what it measured. Without PyTorch it measures ours and says so (BENCH_STATUS no_torch).
+  phase bench 150 30 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/bench_pytorch.py" --build-dir "$BUILD_DIR" \
+    --device "$DEV" --dtype bf16-compute,fp32 --configs "$BENCH_CONFIGS" --no-compile --steps "$STEPS" \
+    --jsonl "$OUT_DIR/bench.jsonl"
+  case $? in 0) BENCH_STATUS=ok ;; 124|125) BENCH_STATUS=cut ;; *) BENCH_STATUS=failed ;; esac
+  (( HAVE_TORCH )) || { [[ $BENCH_STATUS == failed ]] && BENCH_STATUS=no_torch; }
+  for run in "${LAB01_LATE[@]}"; do lab01 $run; done
   # The flash-style attention in the model (what lab 01's --attention auto picks when the scores do not
   # fit): the bench's first case in bf16-compute, ours only; the table puts it next to the materialized row.
   phase bench_flash 60 15 "$BUILD_DIR/bin/bench_lab01" --device "$DEV" --precision bf16-compute --attention flash \
     --configs "${BENCH_CONFIGS%%,*}" --steps "$STEPS" --jsonl "$OUT_DIR/flash.jsonl"
   FLASH_RC=$?
-  # Ours (bench_lab01), PyTorch eager, torch.compile; the bench writes each number as it gets it, so a cut
-  # run keeps what it measured.
-  phase bench 600 30 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/bench_pytorch.py" --build-dir "$BUILD_DIR" \
-    --device "$DEV" --dtype bf16-compute,fp32 --configs "$BENCH_CONFIGS" --compile --steps "$STEPS" \
-    --jsonl "$OUT_DIR/bench.jsonl"
-  case $? in 0) BENCH_STATUS=ok ;; 124|125) BENCH_STATUS=cut ;; *) BENCH_STATUS=failed ;; esac
+  # torch.compile, optional and last: whatever budget is left (bench_pytorch.py --compile-only reads ours'
+  # peak FLOP/s from bench.jsonl, so the MFU column divides by the same number).
+  if (( HAVE_TORCH && WITH_COMPILE )); then
+    phase bench_compile 600 60 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/bench_pytorch.py" --build-dir "$BUILD_DIR" \
+      --device "$DEV" --dtype bf16-compute,fp32 --configs "$BENCH_CONFIGS" --compile-only --steps "$STEPS" \
+      --jsonl "$OUT_DIR/bench.jsonl"
+    case $? in 0) COMPILE_STATUS=ok ;; 124|125) COMPILE_STATUS=cut ;; *) COMPILE_STATUS=failed ;; esac
+  elif (( ! HAVE_TORCH )); then
+    COMPILE_STATUS=no_torch
+  fi
 fi
 
 # =============================================================================================
@@ -387,296 +464,11 @@ export SLG_GPU_NAME="$GPU_NAME" SLG_GPU_CC="$GPU_CC" SLG_ARCH="$ARCH" SLG_DRIVER
   SLG_NVCC_CUDA="$NVCC_CUDA" SLG_GIT_SHA="$GIT_SHA" SLG_ELAPSED=$(( $(date +%s) - T0 )) SLG_BUDGET="$BUDGET_S" \
   SLG_BUILD_OK="$BUILD_OK" SLG_BUILD_STATUS="$BUILD_STATUS" SLG_BUILD_ONLY="$BUILD_ONLY" SLG_TESTS_STATUS="$TESTS_STATUS" SLG_TESTS_TOTAL="$TESTS_TOTAL" \
   SLG_TESTS_PASSED="$TESTS_PASSED" SLG_TESTS_FAILED="$TESTS_FAILED" SLG_TESTS_SKIPPED="$TESTS_SKIPPED" \
-  SLG_SYNC_RERUN="$SYNC_RERUN" SLG_BENCH_STATUS="$BENCH_STATUS" SLG_FLASH_RC="$FLASH_RC" SLG_OUT="$OUT_DIR" SLG_WORK="$WORK" \
-  SLG_DOCS="$ROOT/docs/gpu_runs.md" SLG_REHEARSE="$REHEARSE" SLG_BENCH_CONFIGS="$BENCH_CONFIGS" SLG_BENCH_TAIL="$(tail -n 1 "$WORK/bench.log" 2>/dev/null | cut -c1-200)"
+  SLG_SYNC_RERUN="$SYNC_RERUN" SLG_BENCH_STATUS="$BENCH_STATUS" SLG_COMPILE_STATUS="$COMPILE_STATUS" SLG_PY="$PY" SLG_FLASH_RC="$FLASH_RC" SLG_OUT="$OUT_DIR" SLG_WORK="$WORK" \
+  SLG_DOCS="$ROOT/docs/gpu_runs.md" SLG_REHEARSE="$REHEARSE" SLG_BENCH_CONFIGS="$BENCH_CONFIGS" SLG_BENCH_TAIL="$(tail -n 1 "$WORK/bench.log" 2>/dev/null | cut -c1-200)" \
+  SLG_COMPILE_TAIL="$(tail -n 1 "$WORK/bench_compile.log" 2>/dev/null | cut -c1-200)"
 SLG_LAB01=$(printf '%s\n' "${LAB01_RUNS[@]+"${LAB01_RUNS[@]}"}") SLG_SKIPPED=$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}") \
 SLG_LAB04=$(printf '%s\n' "${LAB04_RUNS[@]+"${LAB04_RUNS[@]}"}") SLG_NOTES=$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}") \
 SLG_LAB04_CASE="$L4_MODEL $L4_PREC $L4_B $L4_T $L1_PREC" \
-"$PY" - <<'PY' 2>&1 | tee -a "$LOG"
-import datetime, json, math, os, sys
-
-E = os.environ
-out, work = E["SLG_OUT"], E["SLG_WORK"]
-has_gpu = bool(E["SLG_GPU_NAME"])
-build_only = E["SLG_BUILD_ONLY"] == "1"
-rehearse = E["SLG_REHEARSE"] == "1"
-problems, notes = [], []
-# phases the budget skipped or cut; the bench phase is judged by what it measured (below), not by its cut
-cut = [s for s in E.get("SLG_SKIPPED", "").splitlines() if s.strip() and not s.startswith("bench ")]
-
-def load(path):
-    try:
-        with open(path) as f:
-            return [json.loads(l) for l in f if l.strip()]
-    except OSError:
-        return []
-
-# ---- verdict pieces --------------------------------------------------------------------------
-if E["SLG_BUILD_STATUS"] == "failed":
-    problems.append("configure/build failed (see gpu_check.log)")
-tot, passed = int(E["SLG_TESTS_TOTAL"]), int(E["SLG_TESTS_PASSED"])
-failed, skipped = int(E["SLG_TESTS_FAILED"]), int(E["SLG_TESTS_SKIPPED"])
-tests = f"ctest -L gpu: {passed} passed, {failed} failed, {skipped} skipped"
-if E["SLG_SYNC_RERUN"]:
-    tests += f" ({E['SLG_SYNC_RERUN']})"
-if E["SLG_BUILD_OK"] == "1":
-    if E["SLG_TESTS_STATUS"] == "cut":
-        tests += " (cut by the budget)"
-    elif tot == 0:
-        problems.append("ctest -L gpu ran no test")
-    elif failed:
-        problems.append(f"{failed} GPU test(s) failed")
-    elif has_gpu and skipped:
-        problems.append(f"{skipped} GPU test(s) skipped on a machine with a GPU")
-
-lab01_cells = []
-summaries = {(r["model"], r["precision"]): r for r in load(os.path.join(out, "lab01.jsonl"))}
-for line in E.get("SLG_LAB01", "").splitlines():
-    if not line.strip():
-        continue
-    model, prec, B, T, rc, run_id = line.split()
-    s = summaries.get((model, prec))
-    if rc in ("124", "125"):
-        lab01_cells.append(f"{model} {prec} cut")
-    elif rc != "0" or not s:
-        lab01_cells.append(f"{model} {prec} FAILED")
-        problems.append(f"lab01 {model} {prec} exited {rc}")
-    else:
-        v0, v1 = s.get("val_loss_start"), s.get("val_loss_end")
-        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (v0, v1, s.get("final_loss"))) and v1 < v0
-        lab01_cells.append(f"{model} {prec} {'ok' if ok else 'BAD'} {v0:.2f}->{v1:.2f}")
-        if not ok:
-            problems.append(f"lab01 {model} {prec}: validation loss did not fall ({v0} -> {v1})")
-
-# Lab 04 on lab 01's d12 bf16 case (ZeRO-3): every rank's summary, keyed by (ranks, rank).
-l4_model, l4_prec, l4_B, l4_T, l1_prec = (E.get("SLG_LAB04_CASE", "").split() + ["?"] * 5)[:5]
-l4_summaries = {(r["ranks"], r.get("rank", 0)): r for r in load(os.path.join(out, "lab04.jsonl"))}
-lab04_runs = []  # (ranks, backend, micro-batch, status, [summary of each rank or None])
-for line in E.get("SLG_LAB04", "").splitlines():
-    if not line.strip():
-        continue
-    n, backend, mb, rc, run_id = line.split()
-    n = int(n)
-    per_rank = [l4_summaries.get((n, k)) for k in range(n)]
-    what = f"lab04 {l4_model} {l4_prec} ZeRO-3 on {n} rank{'s' if n > 1 else ''} ({backend})"
-    if rc in ("124", "125"):
-        status = "cut"
-    elif rc != "0" or not all(per_rank):
-        status = "FAILED"
-        problems.append(f"{what} exited {rc}" + (", with no summary on some rank" if rc == "0" else ""))
-    else:
-        v0, v1 = per_rank[0].get("val_loss_start"), per_rank[0].get("val_loss_end")
-        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (v0, v1)) and v1 < v0
-        status = f"ok {v0:.2f}->{v1:.2f}" if ok else f"BAD {v0}->{v1}"
-        if not ok:
-            problems.append(f"{what}: validation loss did not fall ({v0} -> {v1})")
-    lab04_runs.append((n, backend, int(mb), status, per_rank))
-
-bench = load(os.path.join(out, "bench.jsonl"))
-rows = {}
-torch_version = ""
-for r in bench:
-    key = (r["model"], r["precision"], r["B"], r["T"])
-    rows.setdefault(key, {})[r["impl"]] = r
-    torch_version = r.get("torch", torch_version)
-    if r["impl"] == "ours" and "error" in r:
-        problems.append(f"bench_lab01 {r['model']} {r['precision']}: {r['error']}")
-if E.get("SLG_FLASH_RC", "") not in ("", "0", "124", "125"):  # 124/125: cut by the budget (listed as skipped)
-    problems.append(f"bench_lab01 --attention flash exited {E['SLG_FLASH_RC']} (see bench_flash in gpu_check.log)")
-want = []  # (model, precision, B, T) in the bench's order
-for p in ("bf16-compute", "fp32"):
-    for item in E["SLG_BENCH_CONFIGS"].split(","):
-        m, bt = item.split(":")
-        want.append((m, p, int(bt.split("x")[0]), int(bt.split("x")[1])))
-if (has_gpu or rehearse) and not build_only and E["SLG_BENCH_STATUS"] != "not_run":
-    why = {"cut": "the budget", "failed": "the bench failed: " + E.get("SLG_BENCH_TAIL", "")}.get(
-        E["SLG_BENCH_STATUS"], E["SLG_BENCH_STATUS"])
-    missing, optional = [], []
-    for key in want:
-        for impl in ("ours", "torch_eager", "torch_compile"):
-            if impl not in rows.get(key, {}):
-                what = f"{impl.replace('torch_', '')} {key[0]} {key[1]}"
-                # torch.compile in fp32 comes last and is a bonus: missing it does not make the run PARTIAL
-                (optional if impl == "torch_compile" and key[1] == "fp32" else missing).append(what)
-    if missing:
-        cut.append(f"not measured ({why}): " + ", ".join(missing))
-    if optional:
-        notes.append(f"not measured ({why}): " + ", ".join(optional))
-
-# ---- the table -------------------------------------------------------------------------------
-if problems:
-    verdict = "FAIL"
-elif rehearse:
-    verdict = "REHEARSAL ON THE CPU (no GPU; toy sizes; the numbers mean nothing)"
-elif not has_gpu:
-    verdict = "NO GPU (build rehearsal only)"
-elif build_only:
-    verdict = "BUILD + TESTS ONLY"
-elif cut:
-    verdict = "PARTIAL (nothing failed; the budget cut some phases)"
-else:
-    verdict = "PASS"
-now = datetime.datetime.now(datetime.timezone.utc)
-arch = E["SLG_ARCH"]
-lines = [f"== scalelab GPU check: {verdict} ==  {now:%Y-%m-%d %H:%M} UTC | git {E['SLG_GIT_SHA']} | "
-         f"{E['SLG_ELAPSED']} s of a {E['SLG_BUDGET']} s budget"]
-gpu = (f"{E['SLG_GPU_NAME']} (cc {E['SLG_GPU_CC'] or '?'}) | driver {E['SLG_DRIVER'] or '?'} "
-       f"(CUDA {E['SLG_DRIVER_CUDA'] or '?'})") if has_gpu else "none visible"
-lines.append(f"GPU      {gpu} | nvcc {E['SLG_NVCC_CUDA'] or '?'}, built for sm {arch}"
-             + (f" | torch {torch_version}" if torch_version else ""))
-lines.append(f"tests    {tests}")
-if lab01_cells:
-    lines.append("lab01    " + " | ".join(lab01_cells) + "  (val loss, 8 steps)")
-
-def cell(r, w):
-    if not r:
-        return f"{'-':>{w}} {'-':>6}"
-    if "error" in r:
-        return f"{'failed':>{w}} {'':>6}"
-    mfu = f"{100 * r['mfu']:5.1f}%" if "mfu" in r else f"{'n/a':>6}"
-    return f"{r['tokens_per_s']:{w}.0f} {mfu}"
-
-def ratio(a, b):
-    if not a or not b or "error" in a or "error" in b:
-        return "-"
-    return f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x"
-
-if rows:
-    short = {"bf16-compute": "bf16c", "bf16-mixed": "bf16m"}  # the prec column: bf16c = bf16-compute
-    lines.append(f"{'model':5} {'prec':5} {'B':>3} {'T':>5} | {'ours tok/s':>10} {'MFU':>6} | {'eager tok/s':>11} {'MFU':>6} |"
-                 f" {'compile tok/s':>13} {'MFU':>6} | {'ours/eager':>10} {'ours/compile':>12}")
-    for key in want + sorted(k for k in rows if k not in want):
-        if key not in rows:
-            continue
-        r = rows[key]
-        o, e, c = r.get("ours"), r.get("torch_eager"), r.get("torch_compile")
-        lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(o, 10)} | {cell(e, 11)} | {cell(c, 13)} |"
-                     f" {ratio(o, e):>10} {ratio(o, c):>12}")
-    peaks = {}  # the peak bench_lab01 divided by, per precision: "989 TFLOP/s (datasheet: NVIDIA H200 SXM dense bf16)"
-    for r in bench:
-        if r["impl"] == "ours" and r.get("peak_source"):
-            f = r.get("peak_flops_per_s", 0)
-            v = f"{f / 1e12:.0f} TFLOP/s" if f >= 1e12 else f"{f / 1e9:.0f} GFLOP/s"
-            peaks[r["precision"]] = f"{r['precision']} {v} ({r['peak_source'].split(';')[0]})"
-    if peaks:
-        lines.append("MFU of " + ", ".join(peaks[p] for p in sorted(peaks)) + "; ours/x > 1: ours is faster")
-    for r in load(os.path.join(out, "flash.jsonl")):  # bench_flash: ours with --attention flash
-        key = (r["model"], r["precision"], r["B"], r["T"])
-        mat = rows.get(key, {}).get("ours")
-        lines.append(f"{key[0]:5} {short.get(key[1], key[1]):5} {key[2]:3d} {key[3]:5d} | {cell(r, 10)} | flash attention;"
-                     f" flash/materialized {ratio(r, mat)}")
-    errs = [f"{r['impl']} {r['model']} {r['precision']}: {r['error']}" for r in bench if "error" in r]
-    for e in errs:
-        lines.append(f"error    {e}")
-
-def mib(b):
-    if not isinstance(b, (int, float)):
-        return "-"
-    x = b / 1048576
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
-
-def measured_peak(s):  # what the estimator bounds: the four categories' peaks, summed
-    parts = [s.get(f"memory_{c}_peak_bytes") for c in ("params", "grads", "optimizer_state", "activations")]
-    return sum(parts) if all(isinstance(p, (int, float)) for p in parts) else None
-
-def device_mfu(s, ranks):
-    # lab 04's `mfu` divides by world_size devices' peak. On the GPU the ranks share one, so x ranks gives
-    # that GPU's; on the CPU (rehearsal) each rank's peak is calibrated on its share of the cores: as is.
-    m = s.get("mfu") if s else None
-    if not isinstance(m, (int, float)):
-        return None
-    return m * ranks if has_gpu else m
-
-if lab04_runs:
-    lines.append(f"lab04 next to lab01: {l4_model}, lab04 {l4_prec} (bf16-mixed), lab01 {l1_prec}, global batch B={l4_B}, T={l4_T}, 8 steps, lab04 ZeRO-3,"
-                 + (" on the same GPU" if has_gpu else " on the CPU"))
-    lines.append(f"{'run':30} {'status':14} | {'tok/s':>9} {'MFU':>6} | {'rank':>4} {'peak MiB':>9} {'all MiB':>8} "
-                 f"{'est. MiB':>8}")
-    def l4_line(name, status, s0, mfu, k, s):
-        rate = f"{s0['tokens_per_s']:9.0f}" if s0 and isinstance(s0.get("tokens_per_s"), (int, float)) else f"{'-':>9}"
-        m = f"{100 * mfu:5.1f}%" if isinstance(mfu, (int, float)) else f"{'n/a' if s0 else '-':>6}"
-        if k > 0:  # the run's numbers are on rank 0's line
-            name, status, rate, m = "", "", f"{'':>9}", f"{'':>6}"
-        peak = mib(measured_peak(s)) if s else "-"
-        return (f"{name:30} {status:14} | {rate} {m} | {k:4d} {peak:>9} {mib(s.get('memory_peak_bytes') if s else None):>8} "
-                f"{mib(s.get('memory_estimated_peak_bytes') if s else None):>8}")
-    s1 = summaries.get((l4_model, l1_prec))
-    st1 = next((c[len(f"{l4_model} {l1_prec} "):] for c in lab01_cells if c.startswith(f"{l4_model} {l1_prec} ")),
-               "not run")
-    lines.append(l4_line("lab01 1 device", st1, s1, s1.get("mfu") if s1 else None, 0, s1))
-    for n, backend, mb, status, per_rank in lab04_runs:
-        name = f"lab04 {n} rank{'s' if n > 1 else ''} ({backend}" + (f", B {mb}/rank)" if n > 1 else ")")
-        for k, s in enumerate(per_rank):
-            lines.append(l4_line(name, status, per_rank[0], device_mfu(per_rank[0], n), k, s))
-    lines.append("peak: sum of memory_{params,grads,optimizer_state,activations}_peak_bytes (what the estimator bounds); "
-                 "all: the allocator's peak (memory_peak_bytes: + data, comm, workspace); est.: "
-                 "memory_estimated_peak_bytes; MFU of " + ("the one GPU the ranks share" if has_gpu else
-                 "the CPU (each rank's peak on its share of the cores)"))
-    notes.extend(s for s in E.get("SLG_NOTES", "").splitlines() if s.strip())
-for p in problems:
-    lines.append(f"problem  {p}")
-for s in cut:
-    lines.append(f"skipped  {s}")
-for s in notes:
-    lines.append(f"skipped  {s} [optional]")
-table = "\n".join(lines)
-print("\n" + table)
-with open(os.path.join(out, "summary.txt"), "w") as f:
-    f.write(table + "\n")
-
-# ---- the row for docs/gpu_runs.md: only runs that used a GPU count ----------------------------
-if has_gpu and not build_only and not rehearse:
-    nums = []
-    for key in want:
-        r = rows.get(key, {})
-        o = r.get("ours")
-        if not o or "error" in o:
-            continue
-        s = f"{key[0]} {key[1]} {key[2]}x{key[3]}: {o['tokens_per_s'] / 1e3:.1f}k tok/s"
-        if "mfu" in o:
-            s += f", MFU {100 * o['mfu']:.1f}%"
-        for impl, name in (("torch_eager", "eager"), ("torch_compile", "compile")):
-            x = ratio(o, r.get(impl))
-            if x != "-":
-                s += f", {x} {name}"
-        nums.append(s)
-    for r in load(os.path.join(out, "flash.jsonl")):
-        if "error" not in r:
-            mat = rows.get((r["model"], r["precision"], r["B"], r["T"]), {}).get("ours")
-            nums.append(f"{r['model']} {r['precision']} {r['B']}x{r['T']} flash attention: "
-                        f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, {ratio(r, mat)} materialized")
-    for n, backend, mb, status, per_rank in lab04_runs:
-        s0 = per_rank[0]
-        if not status.startswith("ok"):
-            continue
-        s = f"lab04 ZeRO-3 {l4_model} {l4_prec} {n} rank{'s' if n > 1 else ''}: {s0['tokens_per_s'] / 1e3:.1f}k tok/s"
-        m = device_mfu(s0, n)
-        if m is not None:
-            s += f", MFU {100 * m:.1f}%"
-        s += f", peak {'/'.join(mib(measured_peak(r)) for r in per_rank)} MiB per rank (est. " \
-             f"{mib(s0.get('memory_estimated_peak_bytes'))})"
-        nums.append(s)
-    result = f"{verdict.split(' ')[0]}: {passed}/{tot} GPU tests" + (f", {failed} failed" if failed else "") + \
-             (f", {skipped} skipped" if skipped else "") + \
-             f"; lab01 {sum(1 for c in lab01_cells if ' ok ' in c)}/{len(lab01_cells)} ok" + \
-             (f"; lab04 {sum(1 for r in lab04_runs if r[3].startswith('ok'))}/{len(lab04_runs)} ok" if lab04_runs else "") + \
-             f"; git {E['SLG_GIT_SHA']}"
-    row = (f"| {now:%Y-%m-%d} | {E['SLG_GPU_NAME']} (sm {arch}) | {E['SLG_DRIVER']} | "
-           f"{E['SLG_NVCC_CUDA']} (driver {E['SLG_DRIVER_CUDA']}) | {result} | {'; '.join(nums) or '-'} |")
-    with open(os.path.join(out, "gpu_runs_row.md"), "w") as f:
-        f.write(row + "\n")
-    docs = E["SLG_DOCS"]
-    try:
-        text = open(docs).read() if os.path.exists(docs) else ""
-        text = "\n".join(l for l in text.splitlines() if not l.startswith("no verified run yet")) + "\n"
-        with open(docs, "w") as f:
-            f.write(text + row + "\n")
-        print(f"\nrow appended to {docs} (and in {out}/gpu_runs_row.md: copy it into your checkout's "
-              "docs/gpu_runs.md if this tree is a copy)")
-    except OSError as e:
-        print(f"\ncould not append to {docs}: {e}; the row is in {out}/gpu_runs_row.md")
-
-code = 1 if problems else 3 if not has_gpu else 0 if build_only else 4 if cut else 0
-sys.exit(code)
-PY
+"$PY" "$ROOT/scripts/gpu_check_summary.py" 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -22,7 +22,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="$ROOT/deps"
 BUILD_DIR="$ROOT/build"
-LIMIT_MIB=64  # the device tool's limit on the working tree plus carried paths (/work/.library/device/README.md)
 
 die() { echo "[scalelab] pack_gpu_deps: $1" >&2; [[ $# -gt 1 ]] && echo "[scalelab]   hint: $2" >&2; exit 1; }
 
@@ -144,17 +143,8 @@ trap - EXIT
 
 # ---- size --------------------------------------------------------------------------------------
 deps_bytes=$(du -sb "$OUT_DIR" | cut -f1)
-tree_bytes=0
-if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then  # what the device tool sends besides deps/
-  tree_bytes=$( (cd "$ROOT" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
-                 xargs -0 -r du -cb 2>/dev/null | awk '$2 == "total" {s += $1} END {print s + 0}') )
-fi
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "pack_gpu_deps: wrote $OUT_DIR: $(mib "$deps_bytes") ($(find "$OUT_DIR" -type f | wc -l) files;" \
      "libopenblas.so.0 alone $(mib "$(stat -c %s "$OUT_DIR/lib/libopenblas.so.0")")); needs glibc >= ${glibc_min:-?}"
-echo "pack_gpu_deps: with the working tree ($(mib "$tree_bytes")) the transfer is $(mib $((deps_bytes + tree_bytes)))" \
-     "of the device tool's $LIMIT_MIB MiB"
-if (( deps_bytes + tree_bytes > (LIMIT_MIB - 4) * 1048576 )); then
-  echo "pack_gpu_deps: WARNING: within 4 MiB of the $LIMIT_MIB MiB limit; drop shards from $OUT_DIR/data/kjv" >&2
-fi
-echo "next: carry deps/ to the GPU machine (device tool: carry [\"deps\"]) and run scripts/gpu_check.sh there"
+echo "next: scripts/gpu_check.sh --prepare (which ran this) checks that the tree plus deps/ fit what the device"
+echo "      tool carries, and prints the command to run there"

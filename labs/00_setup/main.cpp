@@ -34,12 +34,12 @@
 #include "scalelab/comm/comm.h"            // defines: Communicator, make_communicator, LinkModel, bus_factor
 #include "scalelab/comm/host_values.h"     // defines: broadcast_string, all_reduce_value (the probe's own values)
 #include "scalelab/core/clock.h"           // defines: clock_is_virtual (--device sim: the sweep in virtual time)
-#include "scalelab/core/device.h"          // defines: cuda_device_count, cuda_device_name, built_with_cuda
-#include "scalelab/core/sim_gpu.h"         // defines: sim_gpu (--device sim: the modelled GPU's figures)
-#include "scalelab/core/error.h"           // defines: scalelab::Error, SL_CHECK_HINT
-#include "scalelab/measure/metrics.h"      // defines: RunLogger, system_info, make_run_id
-#include "scalelab/core/tensor.h"          // defines: Tensor
-#include "scalelab/core/threads.h"         // defines: set_num_threads, local_ranks_from_env
+#include "scalelab/core/device.h"      // defines: cuda_device_count, _name, cuda_unavailable_reason, built_with_cuda
+#include "scalelab/core/sim_gpu.h"     // defines: sim_gpu (--device sim: the modelled GPU's figures)
+#include "scalelab/core/error.h"       // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/measure/metrics.h"  // defines: RunLogger, system_info, make_run_id
+#include "scalelab/core/tensor.h"      // defines: Tensor
+#include "scalelab/core/threads.h"     // defines: set_num_threads, local_ranks_from_env
 
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
@@ -470,9 +470,7 @@ static int run(const Options& o, Communicator& comm) {
       std::printf("GPU      none listed by the NVIDIA driver\n");
     } else {
       for (size_t g = 0; g < gpus.size(); ++g) std::printf("GPU %zu    %s\n", g, gpus[g].c_str());
-      std::printf("         but the CUDA backend %s\n", built_with_cuda()
-                                                            ? "sees no device (CUDA_VISIBLE_DEVICES?)"
-                                                            : "is not built (reconfigure where nvcc is found)");
+      std::printf("         but the CUDA backend cannot use it: %s\n", cuda_unavailable_reason().c_str());
     }
     if (simulated) {
       const GpuModel& g = sim_gpu();

@@ -4,8 +4,9 @@
 // do not have; treat it as a sketch until it has run. CPU twin: common/src/comm/mpi.cpp
 //
 //   bootstrap   MPI: rank 0 makes the ncclUniqueId and broadcasts it; GPU = the rank's index among the
-//               ranks of its node (MPI_COMM_TYPE_SHARED). Two ranks on one GPU are refused before NCCL
-//               would fail ("Duplicate GPU detected"): the device UUIDs of all ranks are compared.
+//               ranks of its node (MPI_COMM_TYPE_SHARED) modulo the GPUs it sees (gpu_assignment.h). Two
+//               ranks on one GPU are refused before NCCL would fail ("Duplicate GPU detected"): the device
+//               UUIDs of all ranks are compared.
 //   streams     every call waits for the compute stream (the legacy default stream, where the kit's
 //               kernels run) with an event, runs on the communication stream, and records a done
 //               event; wait() makes the compute stream wait for it and blocks the host until it fired.
@@ -46,7 +47,8 @@
 #include "comm_internal.h"  // defines: EventLog, make_event, check_*, mpi_init_once, MessageHeader, describe_wait
 #include "mpi_internal.h"   // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/comm/comm.h"
-#include "scalelab/core/cuda_check.h"  // defines: SL_CUDA_CHECK (cuda_runtime.h)
+#include "scalelab/comm/gpu_assignment.h"  // defines: gpu_for_local_rank, first_shared_gpu
+#include "scalelab/core/cuda_check.h"      // defines: SL_CUDA_CHECK (cuda_runtime.h)
 #include "scalelab/core/error.h"
 
 #define SL_NCCL_CHECK(call)                                                                                    \
@@ -505,29 +507,26 @@ std::unique_ptr<Communicator> make_nccl_communicator() {
   MPI_Comm_free(&node);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  // Every rank of the node sees the same counts, so they all refuse together (nobody waits below).
-  SL_CHECK_HINT(devices > 0, "the nccl backend needs a GPU per rank; on a CPU use --backend mpi",
-                "rank %d: no CUDA device visible", rank);
-  SL_CHECK_HINT(local_size <= devices,
-                "NCCL needs one GPU per rank (it refuses two ranks on one GPU): use --backend mpi, or start "
-                "at most as many ranks per node as there are GPUs",
-                "rank %d: %d ranks on this node but %d GPU(s) visible", rank, local_size, devices);
-  const int device = local_rank;
+  // local_rank % devices: with each rank seeing every GPU of its node, rank k takes GPU k; with each rank
+  // seeing only its own (Slurm --gpus-per-task=1), every rank takes its device 0. Every rank of the node
+  // sees the same count, so without a GPU they all refuse together (nobody waits below).
+  const int device = gpu_for_local_rank(local_rank, devices);
   SL_CUDA_CHECK(cudaSetDevice(device));
 
-  // 2. Two ranks on one physical GPU (CUDA_VISIBLE_DEVICES, containers) pass the count check above:
-  //    compare the device UUIDs of all ranks before NCCL fails with "Duplicate GPU detected".
+  // 2. Two ranks on one physical GPU (more ranks than GPUs, CUDA_VISIBLE_DEVICES, containers): compare the
+  //    device UUIDs of all ranks before NCCL fails with "Duplicate GPU detected".
   cudaDeviceProp prop;
   SL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   std::vector<cudaUUID_t> uuids(static_cast<size_t>(size));
   MPI_Allgather(&prop.uuid, sizeof(cudaUUID_t), MPI_BYTE, uuids.data(), sizeof(cudaUUID_t), MPI_BYTE, MPI_COMM_WORLD);
-  for (int r = 0; r < size; ++r) {
-    for (int q = r + 1; q < size; ++q) {
-      SL_CHECK_HINT(std::memcmp(&uuids[r], &uuids[q], sizeof(cudaUUID_t)) != 0,
-                    "NCCL needs one GPU per rank: use --backend mpi (it stages GPU tensors through host memory)",
-                    "ranks %d and %d share GPU %s", r, q, uuid_string(uuids[r]).c_str());
-    }
-  }
+  std::vector<std::string> names;
+  for (const cudaUUID_t& u : uuids) names.push_back(uuid_string(u));
+  const auto [r, q] = first_shared_gpu(names);
+  SL_CHECK_HINT(r < 0,
+                "NCCL needs one GPU per rank: start at most as many ranks per node as there are GPUs, or use "
+                "--backend mpi (it stages GPU tensors through host memory)",
+                "ranks %d and %d share GPU %s (%d rank(s) on this node, %d GPU(s) visible to rank %d)", r, q,
+                r < 0 ? "" : names[static_cast<size_t>(r)].c_str(), local_size, devices, rank);
 
   // 3. NCCL's bootstrap: rank 0's unique id, broadcast over MPI.
   ncclUniqueId id;

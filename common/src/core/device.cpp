@@ -13,6 +13,15 @@ int cuda_device_count() {
 #endif
 }
 
+std::string cuda_unavailable_reason() {
+#ifdef SL_WITH_CUDA
+  std::string why;
+  return cuda::device_count(&why) > 0 ? std::string() : why;
+#else
+  return "this build has no CUDA backend (nvcc not found)";
+#endif
+}
+
 bool built_with_cuda() {
 #ifdef SL_WITH_CUDA
   return true;

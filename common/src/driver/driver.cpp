@@ -7,7 +7,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual
-#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, cuda_device_name, cuda_device_memory_bytes
+#include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, _name, _memory_bytes, cuda_unavailable_reason
 #include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
 #include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu
 
@@ -169,7 +169,7 @@ Device device_from_option(const std::string& name) {
     SL_CHECK_HINT(cuda_device_count() > 0,
                   built_with_cuda() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
                                     : "rebuild where nvcc is found (cmake -DSL_WITH_CUDA=ON), or use --device cpu",
-                  "--device cuda: no CUDA device is available to this program");
+                  "--device cuda: no CUDA device is available to this program: %s", cuda_unavailable_reason().c_str());
   return device;
 }
 
@@ -234,7 +234,18 @@ Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int thr
                            const std::string& calibration_file) {
   if (device == Device::CPU && calibration_file.empty() && comm.rank() == 0) load_or_calibrate(threads);
   comm.barrier();
-  return run_peak(device, policy, threads, calibration_file);
+  const Peak peak = run_peak(device, policy, threads, calibration_file);
+  if (device != Device::CUDA) return peak;
+  return shared_gpu_peak(peak, ranks_per_node_from_env(comm.size()), cuda_device_count());
+}
+
+Peak shared_gpu_peak(const Peak& per_gpu, int ranks_on_node, int gpus) {
+  if (gpus < 1 || ranks_on_node <= gpus) return per_gpu;
+  Peak p = per_gpu;
+  p.flops_per_s = per_gpu.flops_per_s * gpus / ranks_on_node;
+  p.source += detail::format(" (x %d/%d: %d ranks share %d GPU%s)", gpus, ranks_on_node, ranks_on_node, gpus,
+                             gpus == 1 ? "" : "s");
+  return p;
 }
 
 std::string run_id_all_ranks(Communicator& comm, const std::string& requested) {

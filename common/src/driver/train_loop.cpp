@@ -151,6 +151,7 @@ TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* 
       peak_(peak),
       flops_per_token_(flops_per_token),
       device_(device) {
+  log_.set_memory_device(device);  // memory_*_bytes of the step and summary records: this run's device
   // HFU counts what the hardware computes: the model's FLOPs plus the backward's re-run (gpt2.h)
   const Recompute recompute = recompute_from_name(o.recompute);
   const int first = model.shard().first_layer;

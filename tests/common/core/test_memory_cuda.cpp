@@ -10,6 +10,7 @@
 
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory, MemStats
 #include "scalelab/core/device.h"     // defines: SL_REQUIRE_GPU
+#include "scalelab/core/error.h"      // defines: scalelab::OutOfMemory
 #include "scalelab/core/tensor.h"     // defines: Tensor, DType
 
 namespace {
@@ -67,4 +68,18 @@ TEST(AllocatorCache, CudaFreeIsCachedAndTheNextSameClassRequestReusesIt) {
   const MemStats s2 = alloc.stats();
   EXPECT_GE(s2.raw_free_count - s1.raw_free_count, 1) << "empty_cache gave the cached block back (cudaFree)";
   EXPECT_LE(s2.reserved_bytes, s0.reserved_bytes - static_cast<int64_t>(12 * kMiB));
+}
+
+// Only cudaErrorMemoryAllocation becomes OutOfMemory (device.cu device_malloc): a request larger than any
+// GPU (1 PiB) is refused as out-of-memory, with the allocator's counts, and leaves nothing counted or
+// sticky (the next allocation succeeds). tests/common/core/test_device_errors.cpp checks the other side:
+// a failing runtime is not reported as out-of-memory.
+TEST(AllocatorCache, AnImpossibleCudaRequestIsOutOfMemory) {
+  SL_REQUIRE_GPU();
+  Allocator& gpu = Allocator::get(Device::CUDA);
+  const MemStats s0 = gpu.stats();
+  EXPECT_THROW((void)gpu.allocate(size_t{1} << 50, MemCategory::Workspace), scalelab::OutOfMemory);
+  EXPECT_EQ(gpu.stats().total_current_bytes, s0.total_current_bytes);
+  Tensor d_x = Tensor::zeros({1000}, DType::F32, Device::CUDA);  // no sticky error left behind
+  EXPECT_EQ(d_x.numel(), 1000);
 }

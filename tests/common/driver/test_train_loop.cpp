@@ -119,6 +119,36 @@ TEST(TrainLoop, RunsOnTheSourceAndTheMfuItIsGiven) {
   EXPECT_GT(s.tokens_per_s, 0);
 }
 
+// The log's memory counters follow the loop's device: lab 01 on the GPU logged the CPU allocator's
+// counts because its main.cpp, unlike labs 03-08, never called set_memory_device. The loop sets it now.
+TEST(TrainLoop, PointsTheLogsMemoryCountersAtItsDevice) {
+  const fs::path dir = fs::temp_directory_path() / ("sl_train_loop_mem_" + std::to_string(::getpid()));
+  const driver::TrainOptions o = tiny_options(dir);
+  driver::RunData data = driver::open_data(o, test_parts(), /*micro_batch=*/2, /*micro_steps=*/1, 0, 1);
+  GPT2 model(data.cfg);
+  RunLogger log("test", o.run_id, /*rank=*/0, o.log_dir);
+  ASSERT_EQ(log.memory_device(), Device::CPU);
+  const Peak peak{1e9, "test peak", ""};
+  driver::TrainLoop loop(o, {"test", 2, 1, 2}, /*comm=*/nullptr, model, data, log, peak, /*flops_per_token=*/100.0,
+                         Device::SIM);
+  fs::remove_all(dir);
+  EXPECT_EQ(log.memory_device(), Device::SIM) << "the loop's device, without the lab having to say it";
+}
+
+// Ranks sharing a GPU share its peak: 2 ranks on one H200 each get half, so lab 04's MFU (tokens/s over
+// world_size x the per-rank peak) is the one GPU's; it used to divide by two GPUs' worth.
+TEST(SharedGpuPeak, RanksSharingAGpuDivideItsPeak) {
+  const Peak h200{989e12, "datasheet: NVIDIA H200 SXM dense bf16", ""};
+  const Peak half = driver::shared_gpu_peak(h200, /*ranks_on_node=*/2, /*gpus=*/1);
+  EXPECT_EQ(half.flops_per_s, 989e12 / 2);
+  EXPECT_NE(half.source.find("2 ranks share 1 GPU"), std::string::npos) << half.source;
+  EXPECT_EQ(driver::shared_gpu_peak(h200, 8, 4).flops_per_s, 989e12 / 2);
+  EXPECT_EQ(driver::shared_gpu_peak(h200, 3, 2).flops_per_s, 989e12 * 2 / 3);
+  EXPECT_EQ(driver::shared_gpu_peak(h200, 4, 4).flops_per_s, 989e12) << "a GPU per rank: the whole peak";
+  EXPECT_EQ(driver::shared_gpu_peak(h200, 1, 8).source, h200.source);
+  EXPECT_EQ(driver::shared_gpu_peak(h200, 2, 0).flops_per_s, 989e12) << "no GPU: left as it is";
+}
+
 TEST(TrainLoop, OpenDataWithoutPartsIsRefused) {
   const driver::TrainOptions o = tiny_options(fs::temp_directory_path());
   expect_error_containing([&] { driver::open_data(o, driver::LabParts{}, 2, 1, 0, 1); }, {"lab_parts"});

@@ -18,16 +18,17 @@ std::string cublas_status_message(int status);  // "cuBLAS error CUBLAS_STATUS_.
 const char* cublas_status_hint(int status);     // what to do about it
 }  // namespace scalelab::cuda
 
-#define SL_CUDA_CHECK(call)                                                                                         \
-  do {                                                                                                              \
-    cudaError_t sl_err_ = (call);                                                                                   \
-    if (sl_err_ != cudaSuccess)                                                                                     \
-      ::scalelab::detail::fail("CUDA", #call, __FILE__, __LINE__, __func__,                                         \
-                               ::scalelab::detail::format("CUDA error '%s' on dev %d", cudaGetErrorString(sl_err_), \
-                                                          ::scalelab::cuda::current_device()),                      \
-                               "rebuild with -DCMAKE_CUDA_ARCHITECTURES=<your sm> (e.g. 90 for H100/H200) "         \
-                               "if no kernel image is available; run with SL_SYNC_LAUNCH=1 to find the "            \
-                               "kernel behind an asynchronous error; check nvidia-smi otherwise");                  \
+#define SL_CUDA_CHECK(call)                                                                                          \
+  do {                                                                                                               \
+    cudaError_t sl_err_ = (call);                                                                                    \
+    if (sl_err_ != cudaSuccess)                                                                                      \
+      ::scalelab::detail::fail("CUDA", #call, __FILE__, __LINE__, __func__,                                          \
+                               ::scalelab::detail::format("CUDA error %s '%s' on dev %d", cudaGetErrorName(sl_err_), \
+                                                          cudaGetErrorString(sl_err_),                               \
+                                                          ::scalelab::cuda::current_device()),                       \
+                               "rebuild with -DCMAKE_CUDA_ARCHITECTURES=<your sm> (e.g. 90 for H100/H200) "          \
+                               "if no kernel image is available; run with SL_SYNC_LAUNCH=1 to find the "             \
+                               "kernel behind an asynchronous error; check nvidia-smi otherwise");                   \
   } while (0)
 
 // After each kernel launch. With SL_SYNC_LAUNCH=1 in the environment it also synchronises, so an

@@ -12,16 +12,18 @@
 
 namespace scalelab::cuda {
 
-// cudaMalloc of nbytes on the current device; nullptr when the driver refuses (the allocator reports the
-// out-of-memory with its counts). cudaFree; ignores a free after the CUDA runtime has shut down (exit).
+// cudaMalloc of nbytes on the current device; nullptr when the device has no room (cudaErrorMemoryAllocation:
+// the allocator reports the out-of-memory with its counts); any other error throws scalelab::Error naming
+// it (e.g. cudaErrorInsufficientDriver when the context cannot be created). cudaFree; ignores a free after the CUDA runtime has shut down (exit).
 void* device_malloc(size_t nbytes);
 void device_free(void* ptr);
 // cudaMemcpy with cudaMemcpyDefault (host or device on either side: unified addressing); cudaMemset 0.
 void memcpy_any(void* dst, const void* src, size_t nbytes);
 void memset_zero(void* dst, size_t nbytes);
-// Visible CUDA devices (0 without a GPU or driver; never throws); the current device's name and total
-// memory in bytes.
-int device_count();
+// Visible CUDA devices (0 without a GPU or driver; never throws; then *why_none, if given, says why, e.g.
+// "cudaGetDeviceCount failed with cudaErrorNoDevice (no CUDA-capable device is detected)"); the current
+// device's name and total memory in bytes.
+int device_count(std::string* why_none = nullptr);
 std::string device_name();
 int64_t device_memory_bytes();
 // Waits for every operation issued so far (cudaDeviceSynchronize): for timing a step on the host.

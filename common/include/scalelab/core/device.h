@@ -12,6 +12,11 @@ namespace scalelab {
 // Number of CUDA devices this process can use: 0 in a build without CUDA, without a driver, or
 // without a GPU. Never throws.
 int cuda_device_count();
+// Why this process can use no CUDA device: "" when cuda_device_count() > 0; otherwise the CUDA runtime's
+// own reason, e.g. "cudaGetDeviceCount failed with cudaErrorInsufficientDriver (CUDA driver version is
+// insufficient for CUDA runtime version)", or "this build has no CUDA backend (nvcc not found)".
+// What a GPU test's skip and `--device cuda` print. Never throws.
+std::string cuda_unavailable_reason();
 // True when this build contains the CUDA backend (compiled where nvcc was found).
 bool built_with_cuda();
 // The current CUDA device's name, e.g. "NVIDIA H200"; "" without one.
@@ -25,10 +30,9 @@ void device_synchronize(Device device);
 
 }  // namespace scalelab
 
-// In a GoogleTest body: skip (reported as "Skipped" by ctest, never a silent pass) without a GPU.
-#define SL_REQUIRE_GPU()                                                                                   \
-  do {                                                                                                     \
-    if (::scalelab::cuda_device_count() == 0)                                                              \
-      GTEST_SKIP() << (::scalelab::built_with_cuda() ? "no CUDA device visible on this machine"            \
-                                                     : "this build has no CUDA backend (nvcc not found)"); \
+// In a GoogleTest body: skip (reported as "Skipped" by ctest, never a silent pass) without a GPU, saying why.
+#define SL_REQUIRE_GPU()                                                                  \
+  do {                                                                                    \
+    if (::scalelab::cuda_device_count() == 0)                                             \
+      GTEST_SKIP() << "no usable CUDA device: " << ::scalelab::cuda_unavailable_reason(); \
   } while (0)

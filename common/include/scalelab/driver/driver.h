@@ -158,8 +158,13 @@ Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const s
 // run_peak on every rank. Without a file the CPU calibration is measured by rank 0 first (several ranks
 // calibrating at once would measure each other) and read from the cache by the others.
 // Collective (a barrier). Run bin/sl_calibrate --threads N beforehand to skip the measurement.
+// On the GPU each rank's peak is its share of a GPU (shared_gpu_peak): ranks that share one divide its peak.
 Peak device_peak_all_ranks(Device device, const PrecisionPolicy& policy, int threads, Communicator& comm,
                            const std::string& calibration_file);
+// A rank's share of a GPU's peak when ranks_on_node ranks share `gpus` visible GPUs (e.g. 2 ranks on one
+// H200: each gets half, so world_size x the per-rank peak is the one GPU's and MFU is of that GPU, not of
+// two). Unchanged when every rank has a GPU of its own (ranks_on_node <= gpus) or gpus < 1.
+Peak shared_gpu_peak(const Peak& per_gpu, int ranks_on_node, int gpus);
 
 // The run id on every rank: `requested`, or rank 0's make_run_id() when it is "" (the random suffix
 // differs per call, so rank 0 draws it and broadcasts it). At most 128 characters. Collective.

@@ -95,8 +95,10 @@ class RunLogger {
   RunLogger(const RunLogger&) = delete;
   RunLogger& operator=(const RunLogger&) = delete;
 
-  // Memory counters of log_step come from Allocator::get(device). Default Device::CPU.
+  // Memory counters of log_step and log_summary come from Allocator::get(device). Default Device::CPU;
+  // driver::TrainLoop sets its run's device, so a lab on the GPU never logs the CPU allocator's counts.
   void set_memory_device(Device device) { memory_device_ = device; }
+  Device memory_device() const { return memory_device_; }
 
   void log_run(const RunRecord& r);
   // Adds the memory_*_bytes keys from the allocator and writes the record. Warns once on stderr when
