@@ -172,7 +172,7 @@ int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
 // The sums of gpt2_param_table's rows per unit, without building the table: the planner asks for them
 // for every stage of every layout it weighs, and the table of a 10,000-layer model is 120,000 named rows
 // (seconds per layout). The same shapes and the same integer divisions by tp as the table's `add`;
-// tests/common/model/test_gpt2_layout.cpp compares the two on many shards.
+// tests/common/model/test_model_shard.cpp compares the two on many shards.
 std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard) {
   shard.validate(cfg);  // the table's own check, so both refuse the same shards
   const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
