@@ -307,6 +307,8 @@ def evaluate(expr, env):
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as e:
         raise ManifestError(f"'{expr}' does not parse ({e.msg})")
+    except (RecursionError, MemoryError):
+        raise ManifestError(f"'{expr[:80]}...' is nested too deeply")
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED) or (isinstance(node, ast.Call) and not (
                 isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS)):
@@ -314,7 +316,10 @@ def evaluate(expr, env):
                                 f"and/or/not, gcd/min/max)")
         if isinstance(node, ast.Name) and node.id not in env and node.id not in _FUNCTIONS:
             raise ManifestError(f"'{expr}': unknown name {node.id} (the names: {', '.join(sorted(env))})")
-    return eval(compile(tree, "<manifest>", "eval"), {"__builtins__": {}}, dict(env, **_FUNCTIONS))
+    try:
+        return eval(compile(tree, "<manifest>", "eval"), {"__builtins__": {}}, dict(env, **_FUNCTIONS))
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as e:  # N // 0, gcd(N), min()
+        raise ManifestError(f"'{expr}': {e} (with {', '.join(f'{k}={v}' for k, v in sorted(env.items()))})")
 
 
 def expand(text, env):
@@ -327,9 +332,13 @@ def scale_row(lab, env):
     env: N ranks, B micro-batch, G global batch (sequences per step), S ZeRO stage, heads and layers of the
     model, model its name. A skip entry's "if" is an expression; the first that holds skips the run."""
     sd = lab["scale_demo"]
-    for entry in sd.get("skip", []):
-        if not isinstance(entry, dict) or set(entry) != {"if", "why"}:
-            raise ManifestError(f"skip entry {entry!r} is not {{\"if\": ..., \"why\": ...}}")
+    skip = sd.get("skip", [])
+    if not isinstance(skip, list):
+        raise ManifestError(f"skip {skip!r} is not a list of {{\"if\": ..., \"why\": ...}}")
+    for entry in skip:
+        if not (isinstance(entry, dict) and set(entry) == {"if", "why"} and isinstance(entry["if"], str) and
+                isinstance(entry["why"], str)):
+            raise ManifestError(f"skip entry {entry!r} is not {{\"if\": \"expression\", \"why\": \"text\"}}")
         if evaluate(entry["if"], env):
             return "skip", expand(entry["why"], env)
     args = sd.get("args", [])

@@ -115,12 +115,12 @@ void Communicator::set_wait_timeout(double seconds) {
 
 double wait_timeout_from_env() {
   const char* v = std::getenv("SL_COMM_WAIT_TIMEOUT_S");
-  if (v == nullptr || *v == '\0') return 0.0;
+  if (v == nullptr || *v == '\0') return kDefaultWaitTimeoutS;  // no multi-rank program waits for ever
   char* end = nullptr;
   const double seconds = std::strtod(v, &end);
   const bool number = end != v && *end == '\0';  // the whole value, nothing after it ("2s" is refused)
   SL_CHECK_HINT(number && std::isfinite(seconds) && seconds >= 0.0,
-                "seconds as a plain number, e.g. SL_COMM_WAIT_TIMEOUT_S=30 or 2.5 (0 or unset: wait forever)",
+                "seconds as a plain number, e.g. SL_COMM_WAIT_TIMEOUT_S=30 or 2.5 (0: wait forever; unset: 300)",
                 "SL_COMM_WAIT_TIMEOUT_S='%s' is not a number of seconds >= 0", v);
   return seconds;
 }
@@ -169,6 +169,19 @@ std::string wait_timeout_hint(double timeout_s) {
       "(the tags say which); a slow but correct step needs a longer timeout (this one %g s: "
       "set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S; 0 waits forever). This communicator takes "
       "no new calls: destroy it",
+      timeout_s);
+}
+
+std::string wait_timeout_hint_collective(double timeout_s, bool stopped) {
+  if (!stopped) {
+    return "call the collectives in the same order, with the same sizes, on every rank of the group (the ranks "
+           "named called another one in its place). This communicator takes no new calls: destroy it";
+  }
+  return detail::format(
+      "the ranks named have stopped or are slow: read their own output first (an error, a crash, a fault "
+      "injected, a rank that waits for something else); a slow but correct step needs a longer timeout (this one "
+      "%g s: set_wait_timeout, SL_COMM_WAIT_TIMEOUT_S; 0 waits forever). This communicator takes no new calls: "
+      "destroy it",
       timeout_s);
 }
 }  // namespace comm_detail

@@ -72,6 +72,9 @@ std::string describe_wait(const Communicator& comm, const std::string& op, int p
 const char* wait_timeout_reason(const std::string& waited_for);
 // The hint line of a timeout's error (what to compare, how to lengthen the timeout).
 std::string wait_timeout_hint(double timeout_s);
+// The hint of a collective's timeout when the backend knows who has called it (mpi.cpp Roll): `stopped`
+// when the ranks named have not got there (a stopped or slow rank), else mismatched calls.
+std::string wait_timeout_hint_collective(double timeout_s, bool stopped);
 
 // ---------------------------------------------------------------------------------------------
 // Honest point-to-point times. A recv completes no earlier than the matching send's START plus the

@@ -238,6 +238,127 @@ struct PendingOps {
   uint64_t next_ = 0;
 };
 
+// Who has called which collective, so that a wait timeout can name the ranks that did not join. Each
+// collective a rank hands to its communication thread is announced to every other rank of the group: a
+// small message (its number in this rank's sequence of collectives, and what it is) on a duplicate of
+// the group's MPI_Comm, sent non-blocking. A rank reads the announcements that have arrived whenever it
+// announces one (so they do not pile up) and when a wait times out; it then compares every rank's last
+// number with its own. A rank that never announced the op has stopped, is slow, or waits for something
+// else first; one that announced another op under the same number calls the collectives in another
+// order. Costs (size - 1) sends of 104 bytes per collective and rank, only with a wait timeout set.
+class Roll {
+ public:
+  struct Call {
+    uint64_t seq = 0;    // 1, 2, ...: the rank's collectives in issue order
+    char what[96] = {};  // "all_reduce of 1000 f32 elements, tag 'loss'"
+  };
+
+  Roll(MPI_Comm group, int rank, int size) : rank_(rank), size_(size), heard_(static_cast<size_t>(size)) {
+    SL_MPI_CALL(MPI_Comm_dup(group, &comm_));
+    SL_MPI_CALL(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  }
+  ~Roll() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto& [req, call] : sends_) {  // an announcement still in flight: MPI may still read its buffer
+      int done = 0;
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&req);
+        new std::shared_ptr<Call>(call);  // kept for good (a few bytes), as cancel() keeps ops
+      }
+    }
+    MPI_Comm_free(&comm_);
+  }
+
+  // Announces this rank's next collective to every other rank; returns its number.
+  uint64_t announce(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto call = std::make_shared<Call>();
+    call->seq = ++issued_;
+    std::snprintf(call->what, sizeof call->what, "%s", what.c_str());
+    for (int peer = 0; peer < size_; ++peer) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (peer == rank_ || MPI_Isend(call.get(), sizeof(Call), MPI_BYTE, peer, 0, comm_, &req) != MPI_SUCCESS) continue;
+      sends_.emplace_back(req, call);
+    }
+    mine_.push_back(*call);
+    if (mine_.size() > kHistory) mine_.pop_front();
+    drain();
+    return issued_;
+  }
+
+  // What a wait timeout of this rank's collective number `seq` adds: "Ranks of the group that have not
+  // called it: rank 2 (world rank 2; its last collective: #4, barrier). "; `stopped` says whether the
+  // ranks named simply have not got there (stopped or slow) rather than called another op in its place.
+  std::string absent(uint64_t seq, const std::vector<int>& world_ranks, bool& stopped) {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain();
+    std::string mine;
+    for (const Call& c : mine_) {
+      if (c.seq == seq) mine = c.what;
+    }
+    std::string behind, other;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::string who = "rank " + std::to_string(r) + " (world rank " + std::to_string(world_ranks[r]);
+      const std::deque<Call>& h = heard_[static_cast<size_t>(r)];
+      const uint64_t last = h.empty() ? 0 : h.back().seq;
+      if (last < seq) {
+        behind += (behind.empty() ? "" : ", ") + who +
+                  (last == 0 ? "; no collective yet)"
+                             : "; its last collective: #" + std::to_string(last) + ", " + h.back().what + ")");
+        continue;
+      }
+      for (const Call& c : h) {
+        if (c.seq == seq && op_of(c.what) != op_of(mine)) {
+          other += (other.empty() ? "" : ", ") + who + ") called #" + std::to_string(seq) + ", " + c.what;
+        }
+      }
+    }
+    stopped = other.empty();
+    std::string s = "It is collective #" + std::to_string(seq) + " of this rank on this group. ";
+    if (!behind.empty()) s += "Ranks of the group that have not called it: " + behind + ". ";
+    if (!other.empty()) s += "Ranks that called another collective as #" + std::to_string(seq) + ": " + other + ". ";
+    if (behind.empty() && other.empty()) s += "Every rank of the group has called it. ";
+    return s;
+  }
+
+ private:
+  // "all_reduce of 1000 f32 elements, tag 'x'" -> "all_reduce of 1000 f32 elements": what must match.
+  static std::string op_of(const std::string& what) { return what.substr(0, what.find(", tag")); }
+
+  // Reads every announcement that has arrived, and forgets the sends MPI has finished (mu_ held).
+  void drain() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, 0, comm_, &flag, &st) != MPI_SUCCESS || !flag) break;
+      Call c;
+      if (MPI_Recv(&c, sizeof c, MPI_BYTE, st.MPI_SOURCE, 0, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      c.what[sizeof c.what - 1] = '\0';
+      std::deque<Call>& h = heard_[static_cast<size_t>(st.MPI_SOURCE)];
+      h.push_back(c);
+      if (h.size() > kHistory) h.pop_front();
+    }
+    while (!sends_.empty()) {
+      int done = 0;
+      if (MPI_Test(&sends_.front().first, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) break;
+      sends_.pop_front();
+    }
+  }
+
+  static constexpr size_t kHistory = 64;  // announcements kept per rank
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_, size_;
+  std::mutex mu_;
+  uint64_t issued_ = 0;
+  std::deque<Call> mine_;                                            // this rank's latest calls
+  std::deque<std::pair<MPI_Request, std::shared_ptr<Call>>> sends_;  // in flight
+  std::vector<std::deque<Call>> heard_;                              // per rank: its latest announcements
+};
+
 // One call on its way through the communication thread, shared with the Work that waits for it.
 struct Op {
   std::string what;               // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
@@ -269,7 +390,10 @@ struct Op {
   std::string waited_for;               // "recv from rank 0 (world rank 0), tag 'activation mb 3'"
   std::shared_ptr<PendingOps> pending;  // the communicator's list, where this op is entry pending_id
   uint64_t pending_id = 0;
-  bool leaked = false;  // the thread freed requests MPI could not cancel: the op is kept for good
+  std::shared_ptr<Roll> roll;    // a collective: who has called what (null: a send, recv, or a group of one)
+  uint64_t roll_seq = 0;         // its number in this rank's collectives on the group
+  std::vector<int> world_ranks;  // the group's (for the names in the message)
+  bool leaked = false;           // the thread freed requests MPI could not cancel: the op is kept for good
 
   std::mutex mu;
   std::condition_variable cv;
@@ -350,9 +474,12 @@ class MpiWork : public Work {
     if (op_->pending) op_->pending->timed_out = true;
     note_wait_timed_out();
     const std::string others = op_->pending ? op_->pending->others(op_->pending_id) : std::string();
+    bool stopped = true;  // a collective: the ranks that did not join have stopped (or are slow), not mismatched
+    const std::string roll = op_->roll ? op_->roll->absent(op_->roll_seq, op_->world_ranks, stopped) : std::string();
     try {
-      SL_FAIL(wait_timeout_hint(op_->timeout_s), "%s waited %.1f s for %s: %s. %s", op_->who.c_str(), waited_ms / 1e3,
-              op_->waited_for.c_str(), wait_timeout_reason(op_->waited_for),
+      SL_FAIL(op_->roll ? wait_timeout_hint_collective(op_->timeout_s, stopped) : wait_timeout_hint(op_->timeout_s),
+              "%s waited %.1f s for %s: %s. %s%s", op_->who.c_str(), waited_ms / 1e3, op_->waited_for.c_str(),
+              wait_timeout_reason(op_->waited_for), roll.c_str(),
               others.empty() ? "Nothing else is pending on this communicator"
                              : ("Still pending on this communicator: " + others).c_str());
     } catch (const Error&) {
@@ -382,6 +509,7 @@ class MpiCommunicator : public Communicator {
     // instead of MPI's default of killing the job without a word about what we were doing.
     SL_MPI_CALL(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     who_ = describe_rank(*this);
+    if (size_ > 1) roll_ = std::make_shared<Roll>(comm_, rank_, size_);  // collective: every rank of the group
     thread_ = std::thread([this] { thread_main(); });
   }
 
@@ -671,9 +799,17 @@ class MpiCommunicator : public Communicator {
       if (delivery) delivery->deliver();  // a blocking call is its own wait
       return w;
     }
+    // "all_reduce of 1000 f32 elements, tag 'loss'": the same words on every rank (Roll compares them)
+    const std::string announced = std::string(name) + " of " + std::to_string(count) + " " + dtype_name(dtype) +
+                                  " elements" + (tag.empty() ? "" : ", tag '" + tag + "'");
     std::shared_ptr<Op> o = new_op(std::move(e));
     o->run = std::forward<F>(run);
     o->delivery = std::move(delivery);
+    if (wait_timeout() > 0 && roll_) {  // who has called what, for the timeout's message (Roll)
+      o->roll = roll_;
+      o->roll_seq = roll_->announce(announced);
+      o->world_ranks = world_ranks();
+    }
     return submit(o);
   }
 
@@ -930,6 +1066,7 @@ class MpiCommunicator : public Communicator {
   std::deque<std::shared_ptr<Op>> queue_;  // issued, not yet started
   std::atomic<int> pending_{0};            // ops handed to the thread and not finished (queued, running or in flight)
   std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
+  std::shared_ptr<Roll> roll_;   // who has called which collective (groups of 2 or more ranks)
   std::string who_;              // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
   std::string running_;          // the collective the thread is inside, or "" (queue_mu_)
   bool abandon_ = false;         // stop after a wait timed out: cancel, do not finish (queue_mu_)

@@ -82,7 +82,11 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t file_bytes, const std::stri
                 "'%s' stores 2-byte tokens but vocab_size=%u > 65536 does not fit in 2 bytes", path.c_str(),
                 h.vocab_size);
 
-  // The body must be exactly token_count tokens: shorter is a cut-off copy, longer is not our file.
+  // The body must be exactly token_count tokens: shorter is a cut-off copy, longer is not our file. A count
+  // whose byte size does not fit in 64 bits would wrap around in `expected` and pass (found by fuzz_shard).
+  SL_CHECK_HINT(h.token_count <= (UINT64_MAX - kShardHeaderBytes) / h.bytes_per_token, kRegenerateHint,
+                "damaged shard '%s': its header says %llu tokens of %u bytes, more than any file holds", path.c_str(),
+                static_cast<unsigned long long>(h.token_count), h.bytes_per_token);
   const uint64_t expected = kShardHeaderBytes + h.token_count * h.bytes_per_token;  // bytes
   SL_CHECK_HINT(file_bytes >= expected,
                 "the file was cut short (interrupted write or copy?); " + std::string(kRegenerateHint),

@@ -165,16 +165,27 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
 
 int64_t gpt2_num_params(const GPTConfig& cfg, bool with_wpe) {
   int64_t n = 0;
-  for (const ParamInfo& p : gpt2_param_table(cfg)) {
-    if (!with_wpe && p.name == "wpe") continue;
-    n += p.numel;
-  }
-  return n;
+  for (int64_t u : gpt2_unit_numel(cfg)) n += u;
+  return with_wpe ? n : n - static_cast<int64_t>(cfg.max_seq_len) * cfg.n_embd;
 }
 
+// The sums of gpt2_param_table's rows per unit, without building the table: the planner asks for them
+// for every stage of every layout it weighs, and the table of a 10,000-layer model is 120,000 named rows
+// (seconds per layout). The same shapes and the same integer divisions by tp as the table's `add`;
+// tests/common/model/test_model_shard.cpp compares the two on many shards.
 std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& shard) {
-  std::vector<int64_t> n(cfg.n_layer + 2, 0);
-  for (const ParamInfo& p : gpt2_param_table(cfg, shard)) n[p.unit] += p.numel;
+  shard.validate(cfg);  // the table's own check, so both refuse the same shards
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
+  const int64_t tp = shard.tp_size;
+  const int64_t wte = (V / tp) * C;  // vocabulary-parallel rows
+  // ln_1, ln_2 (weight, bias); c_attn (3C/tp rows) + bias; attn c_proj (C/tp columns) + its bias;
+  // c_fc (4C/tp rows) + bias; mlp c_proj (4C/tp columns) + its bias
+  const int64_t block = 4 * C + ((3 * C) / tp) * C + (3 * C) / tp + C * (C / tp) + C + ((4 * C) / tp) * C +
+                        (4 * C) / tp + C * ((4 * C) / tp) + C;
+  std::vector<int64_t> n(L + 2, 0);
+  if (shard.has_embedding) n[0] = wte + maxT * C;
+  for (int64_t l = shard.first_layer; l <= shard.last(cfg); ++l) n[1 + l] = block;
+  if (shard.has_head) n[L + 1] = 2 * C + (shard.has_embedding ? 0 : wte);  // ln_f; the tied head's own wte
   return n;
 }
 

@@ -219,14 +219,16 @@ TEST(CommLocal, SendrecvWithoutAPeerIsRefused) {
 }
 
 // The wait timeout (comm.h set_wait_timeout): SL_COMM_WAIT_TIMEOUT_S is seconds as a plain number, 0
-// or unset is "wait forever", anything else is refused naming the value; make_communicator applies it
-// and split() passes it on. (Timeouts firing: tests/common/comm/test_comm_mpi.cpp, CommMpi.WaitTimeout*.)
+// is "wait forever", unset is kDefaultWaitTimeoutS (no program waits for ever on a stopped rank), anything
+// else is refused naming the value; make_communicator applies it and split() passes it on. (Timeouts
+// firing: tests/common/comm/test_comm_mpi.cpp, CommMpi.WaitTimeout*.)
 TEST(CommLocal, WaitTimeoutComesFromTheEnvironmentAndBadValuesAreRefused) {
   unsetenv("SL_COMM_WAIT_TIMEOUT_S");
-  EXPECT_EQ(scalelab::wait_timeout_from_env(), 0.0);
-  EXPECT_EQ(make_communicator("local")->wait_timeout(), 0.0);  // the default: wait forever
-  for (const auto& [value, seconds] :
-       std::vector<std::pair<const char*, double>>{{"", 0.0}, {"0", 0.0}, {"30", 30.0}, {"2.5", 2.5}, {"1e-3", 1e-3}}) {
+  EXPECT_EQ(scalelab::wait_timeout_from_env(), scalelab::kDefaultWaitTimeoutS);
+  EXPECT_EQ(make_communicator("local")->wait_timeout(), scalelab::kDefaultWaitTimeoutS);
+  EXPECT_GT(scalelab::kDefaultWaitTimeoutS, 0.0);  // the default: a bounded wait
+  for (const auto& [value, seconds] : std::vector<std::pair<const char*, double>>{
+           {"", scalelab::kDefaultWaitTimeoutS}, {"0", 0.0}, {"30", 30.0}, {"2.5", 2.5}, {"1e-3", 1e-3}}) {
     ScopedEnv env("SL_COMM_WAIT_TIMEOUT_S", value);
     EXPECT_EQ(scalelab::wait_timeout_from_env(), seconds) << "'" << value << "'";
   }

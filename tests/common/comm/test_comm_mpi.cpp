@@ -945,6 +945,48 @@ TEST(CommMpi, WaitTimeoutNamesWhatEachRankWaitedFor) {
   check_ring(*fresh, 100);
 }
 
+// A rank that stops calling is named. Every rank but the last calls an all_reduce on a group of all
+// ranks with a 1 s timeout; the last one does not (a stopped rank). Each waiting rank's error names it
+// (group and world rank, "no collective yet") with the hint for a stopped or slow rank, within 3 s.
+// Then the quiet rank calls its all_reduce, which lets the others' communication threads out of
+// MPI_Allreduce, so every communicator is destroyed cleanly and nothing hangs.
+TEST(CommMpi, WaitTimeoutNamesTheRankThatDidNotJoinACollective) {
+  Communicator& w = test::world();
+  const int r = w.rank(), p = w.size();
+  if (p == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kTimeoutS = 1.0;
+  const int quiet = p - 1;
+  std::unique_ptr<Communicator> group = w.split(0, r, "dp");
+  group->set_wait_timeout(kTimeoutS);
+  Tensor x = ranked(8, r);
+  if (r != quiet) {
+    const double t0_ms = wall_ms();
+    const std::string msg =
+        scalelab::test::error_message([&] { group->all_reduce_async(x, ReduceOp::Sum, "loss")->wait(); });
+    const double waited_s = (wall_ms() - t0_ms) / 1e3;
+    using scalelab::test::contains;
+    EXPECT_LE(waited_s, 3.0);
+    EXPECT_TRUE(contains(msg, "waited ")) << msg;
+    EXPECT_TRUE(contains(msg,
+                         "It is collective #1 of this rank on this group. Ranks of the group that have not "
+                         "called it: rank " +
+                             std::to_string(quiet) + " (world rank " + std::to_string(quiet) + "; no collective yet)."))
+        << msg;
+    for (int other = 0; other < quiet; ++other) {  // the ranks that did call it are not named
+      EXPECT_FALSE(contains(msg, "rank " + std::to_string(other) + " (world rank " + std::to_string(other) + ";"))
+          << msg;
+    }
+    EXPECT_TRUE(contains(msg, "hint: the ranks named have stopped or are slow")) << msg;
+    if (r == 0) std::printf("[  INFO    ] rank 0's error after %.2f s:\n%s\n", waited_s, msg.c_str());
+  }
+  w.barrier();                                                  // every other rank has timed out
+  if (r == quiet) group->all_reduce(x, ReduceOp::Sum, "loss");  // late: frees the others' MPI_Allreduce
+  w.barrier();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their threads leave MPI_Allreduce
+  group.reset();
+  w.barrier();
+}
+
 // A Work destroyed unwaited waits at most the timeout, then prints the error instead of throwing.
 TEST(CommMpi, WaitTimeoutBoundsTheDestructorOfAnUnwaitedWork) {
   Communicator& w = test::world();

@@ -134,6 +134,18 @@ TEST_F(ShardFileTest, TruncatedBodySaysExpectedAndFound) {
                           {"truncated", "expected 264 bytes", "found 214"});
 }
 
+// Found by tests/fuzz/fuzz_shard (its corpus keeps the input): a header whose token count times the token's
+// bytes wraps around 2^64 to the file's real size passed the size check; without the checksum, copy_tokens
+// then read far past the mapping. 2^63 + 11 tokens of 2 bytes: 64 + 2 * (2^63 + 11) = 86 mod 2^64.
+TEST_F(ShardFileTest, TokenCountWhoseSizeWrapsAroundIsRefused) {
+  data::write_shard(path("w.bin"), std::vector<int32_t>(11, 5), 256);  // 2-byte tokens: 64 + 22 = 86 bytes
+  overwrite_bytes(path("w.bin"), 24, {11, 0, 0, 0, 0, 0, 0, 0x80});    // token_count = 2^63 + 11
+  for (bool verify : {false, true}) {
+    expect_error_containing([&] { data::MappedShard(path("w.bin"), verify); },
+                            {"damaged shard", "9223372036854775819 tokens of 2 bytes"});
+  }
+}
+
 TEST_F(ShardFileTest, ChecksumMismatchIsReported) {
   data::write_shard(path("c.bin"), std::vector<int32_t>(50, 9), 256);
   overwrite_bytes(path("c.bin"), 64 + 10, {8});  // one token's low byte: 9 -> 8

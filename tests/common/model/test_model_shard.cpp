@@ -6,8 +6,11 @@
 // The same norm over a real 2-rank group: test_grad_norm_mpi.cpp.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -320,3 +323,70 @@ TEST(ModelShard, SplitModelsSumSquaresToTheDenseGradient) {
 }
 
 }  // namespace
+
+// gpt2_unit_numel is written in closed form (the planner calls it for every stage of every layout): it must
+// equal the sums of gpt2_param_table's rows per unit, on every kind of shard, including tp sizes that do not
+// divide 3C or 4C evenly (the same integer divisions). gpt2_num_params likewise, with and without wpe.
+TEST(ModelShard, UnitNumelEqualsTheParamTablesSums) {
+  for (const auto& [C, heads, V, L] : std::vector<std::array<int, 4>>{{8, 2, 12, 3}, {12, 4, 48, 5}, {6, 3, 24, 1}}) {
+    GPTConfig cfg;
+    cfg.n_embd = C;
+    cfg.n_head = heads;
+    cfg.vocab_size = V;
+    cfg.n_layer = L;
+    cfg.max_seq_len = 9;
+    int64_t dense_sum = 0, no_wpe = 0;
+    for (const ParamInfo& p : gpt2_param_table(cfg)) {
+      dense_sum += p.numel;
+      if (p.name != "wpe") no_wpe += p.numel;
+    }
+    EXPECT_EQ(gpt2_num_params(cfg), dense_sum);
+    EXPECT_EQ(gpt2_num_params(cfg, /*with_wpe=*/false), no_wpe);
+    for (int tp : {1, 2, 3, 4}) {
+      if (heads % tp != 0) continue;  // a shard must split the heads (ModelShard::validate)
+      for (int first = 0; first < L; ++first) {
+        for (int last : {first, L - 1}) {
+          for (int ends = 0; ends < 4; ++ends) {
+            ModelShard s;
+            s.tp_size = tp;
+            s.first_layer = first;
+            s.last_layer = last;
+            s.has_embedding = ends & 1;
+            s.has_head = ends & 2;
+            std::vector<int64_t> want(L + 2, 0);
+            for (const ParamInfo& p : gpt2_param_table(cfg, s)) want[p.unit] += p.numel;
+            EXPECT_EQ(gpt2_unit_numel(cfg, s), want)
+                << "C " << C << " V " << V << " L " << L << " tp " << tp << " blocks " << first << ".." << last
+                << " embedding " << s.has_embedding << " head " << s.has_head;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The planner (lab 09) asks for the unit sizes of every stage of every layout it weighs: for a 10,000-layer
+// model on 8 GPUs that is about a thousand calls. Built from the parameter table (120,000 named rows a call)
+// they took minutes, and the planner printed nothing; in closed form they take milliseconds. The bound,
+// 10 s for 1,000 calls, is a thousand times the time they take, so it cannot flake, and the table's way
+// takes ten times longer than it.
+TEST(ModelShard, UnitNumelOfADeepModelIsCheap) {
+  GPTConfig cfg;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.vocab_size = 256;
+  cfg.n_layer = 10000;
+  cfg.max_seq_len = 64;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t total = 0;
+  for (int call = 0; call < 1000; ++call) {
+    ModelShard s;
+    s.tp_size = 1 << (call % 3);
+    s.first_layer = call % 5000;
+    total += gpt2_unit_numel(cfg, s)[cfg.n_layer];
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(total, 0);
+  EXPECT_LT(s, 10.0) << "1,000 calls of gpt2_unit_numel on 10,000 layers";
+  std::printf("[  INFO    ] 1,000 calls of gpt2_unit_numel on 10,000 layers: %.3f s\n", s);
+}

@@ -236,8 +236,8 @@ class Communicator {
   // Ends the whole job (every rank), so a failing rank does not leave the others waiting forever.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
 
-  // Wait timeout, seconds (0: wait forever, the default; SL_COMM_WAIT_TIMEOUT_S sets another default
-  // for every communicator the process makes, wait_timeout_from_env). Why: a deadlocked schedule (a
+  // Wait timeout, seconds (0: wait forever; make_communicator sets SL_COMM_WAIT_TIMEOUT_S, or
+  // kDefaultWaitTimeoutS when it is unset, wait_timeout_from_env). Why: a deadlocked schedule (a
   // pipeline whose recv has no matching send) becomes an error naming what each rank waited for,
   // instead of a job that hangs until the cluster's limit kills it without a word.
   // Applies to the ops issued after it is set: their Work::wait(), the blocking forms (send, recv,
@@ -246,7 +246,8 @@ class Communicator {
   // communicator's timeout. Throws scalelab::Error for a negative or non-finite value.
   // mpi backend: the error names this rank in the group and its world rank, the group, the op, the
   // peer (group and world rank) of a send or recv, its tag, how long it waited, and every other op
-  // still pending on this communicator (op, peer, tag). After a timeout the communicator refuses new
+  // still pending on this communicator (op, peer, tag); for a collective, the ranks of the group that
+  // have not called it (or called another one in its place), from what each rank announced. After a timeout the communicator refuses new
   // calls (its message order is lost): destroy it, which cancels its posted sends and recvs
   // (MPI_Cancel) and returns; a Work still held fails. Not covered: a blocking collective run on the
   // caller's thread (nothing pending before it) and a collective the communication thread is already
@@ -303,8 +304,13 @@ class Communicator {
   double wait_timeout_s_ = 0.0;  // seconds; 0 = wait forever (set_wait_timeout)
 };
 
-// SL_COMM_WAIT_TIMEOUT_S as a wait timeout in seconds: unset, empty or "0" give 0 (wait forever); a
-// positive number ("30", "2.5") gives that. make_communicator applies it to the communicator it makes
+// The wait timeout of every communicator make_communicator makes when SL_COMM_WAIT_TIMEOUT_S is unset:
+// a rank that stops or a schedule that deadlocks ends the job with the ranks named after 5 minutes,
+// instead of never (the driver's --wait-timeout-s has the same default). Seconds.
+constexpr double kDefaultWaitTimeoutS = 300.0;
+
+// SL_COMM_WAIT_TIMEOUT_S as a wait timeout in seconds: unset or empty give kDefaultWaitTimeoutS; "0" gives
+// 0 (wait forever); a positive number ("30", "2.5") gives that. make_communicator applies it to the communicator it makes
 // (split() children inherit it). Anything else ("-1", "2s", "inf") throws scalelab::Error naming the
 // value, before any backend (or MPI) starts, so every rank refuses alike.
 double wait_timeout_from_env();
