@@ -84,6 +84,8 @@ static int run(const Options& o, Communicator& world) {
   const int global_batch = o.micro_batch * o.micro_batches * grid.dp;
   const double formula = lab06::bubble_formula(layout.pipeline);
   auto link_of = [](Communicator* c) { return c == nullptr ? std::string("-") : c->link_model().name; };
+  // --link none on the sim backend keeps its own links (driver::set_links): the run names the one in a node
+  const bool sim_own_links = world.backend() == "sim" && o.link == "none";
   nlohmann::json config = driver::run_config(o, policy, flops_tok);  // model, T, steps, lr, ... (driver.h)
   config.update({{"n_layer", data.cfg.n_layer},
                  {"n_embd", data.cfg.n_embd},
@@ -103,7 +105,7 @@ static int run(const Options& o, Communicator& world) {
                  {"uniform_compute_ms", o.uniform_compute_ms},
                  {"bubble_formula", formula},
                  {"backend", world.backend()},
-                 {"link", world.topology().intra.name},  // in a node: --link, or the sim backend's own
+                 {"link", sim_own_links ? world.topology().intra.name : o.link},
                  {"inter_link", o.inter_link},
                  {"link_slowdown", o.link_slowdown},
                  {"tp_link", link_of(g.tp.get())},
