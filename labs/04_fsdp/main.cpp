@@ -46,7 +46,7 @@ struct Options : driver::DistributedOptions {
   bool estimate = false;       // print the estimator's table and exit
   // The scaling lab's knobs (README "Why not 2x?")
   double loader_delay_ms = 0;     // ms slept in every batch fetch of this rank (counted as data wait)
-  int slow_rank = -1;             // this rank sleeps slow_ms per micro-step inside its compute
+  int slow_rank = -1;             // this rank adds slow_ms per micro-step inside its compute
   double slow_ms = 0;             // ms
   int loader_alone_batches = 20;  // batches timed with the loader alone, before training (0: skip)
   int gathers_prefetched() const { return overlap == "on" ? prefetch : 0; }  // --overlap off: no prefetch
@@ -261,15 +261,16 @@ int main(int argc, char** argv) {
                "print the memory estimator's table for this config at this world size "
                "(stages 0-3) and exit without training");
   app.add_option("--loader-delay-ms", o.loader_delay_ms,
-                 "sleep this long in every batch fetch (a slow loader; "
-                 "counted as data wait)")
+                 "wait this long in every batch fetch (a slow loader, counted as data "
+                 "wait; a sleep, or virtual time with --device sim)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--slow-rank", o.slow_rank,
                  "this rank computes --slow-ms longer per micro-step (a straggler; "
                  "-1: none)")
       ->capture_default_str();
-  app.add_option("--slow-ms", o.slow_ms, "ms the --slow-rank sleeps per micro-step, inside its compute")
+  app.add_option("--slow-ms", o.slow_ms,
+                 "ms the --slow-rank adds per micro-step, inside its compute (a sleep, or virtual time)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--loader-alone-batches", o.loader_alone_batches,

@@ -160,7 +160,6 @@ TrainLoop::TrainLoop(const TrainOptions& o, const LoopSpec& spec, Communicator* 
                 "--recompute %s, but the model's block %d recomputes '%s'", o.recompute.c_str(), first,
                 recompute_name(model.recompute(first)));
   hardware_flops_per_token_ = flops_per_token + recompute_flops_per_token(model.config(), o.seq_len, recompute);
-  log.set_memory_device(device);  // the step records' memory_*_bytes: the device the model trains on (a GPU, sim)
   if (comm_ != nullptr) {
     rank_ = comm_->rank();
     world_ = comm_->size();
