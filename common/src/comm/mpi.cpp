@@ -748,6 +748,43 @@ class MpiCommunicator : public Communicator {
                               comm_));
   }
 
+  // --- the same call on every rank (run on the thread that makes the MPI call) ----------------
+  // MPI leaves a collective whose ranks pass other counts, dtypes or roots undefined: in practice one
+  // rank's buffer is written past its end (ranks started with other --steps corrupted the heap). So
+  // before the payload moves, the group compares the call: one MPI_Allreduce (MAX) of 8 int64 on the
+  // same MPI_Comm, each field next to its negation, gives every field's largest and smallest value on
+  // every rank. They differ on every rank alike, so every rank then all-gathers the calls and throws the
+  // same list. Costs one 64-byte all-reduce per collective.
+  void check_same_call(const char* name, int64_t count, DType dtype, int root) {
+    static constexpr const char* kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+    int64_t op = 0;
+    while (op < 4 && std::strcmp(kOps[op], name) != 0) ++op;
+    const int64_t call[4] = {op, count, static_cast<int64_t>(dtype), root};
+    int64_t range[8];  // field f's largest at 2f, minus its smallest at 2f + 1
+    for (int f = 0; f < 4; ++f) {
+      range[2 * f] = call[f];
+      range[2 * f + 1] = -call[f];
+    }
+    SL_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, range, 8, MPI_INT64_T, MPI_MAX, comm_));
+    bool same = true;
+    for (int f = 0; f < 4; ++f) same = same && range[2 * f] == -range[2 * f + 1];
+    if (same) return;
+    std::vector<int64_t> calls(static_cast<size_t>(4 * size_));
+    SL_MPI_CALL(MPI_Allgather(call, 4, MPI_INT64_T, calls.data(), 4, MPI_INT64_T, comm_));
+    std::string list;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t* c = &calls[static_cast<size_t>(4 * r)];
+      list += detail::format("%srank %d: %s of %lld %s elements%s", r == 0 ? "" : "; ", r, kOps[c[0]],
+                             static_cast<long long>(c[1]), dtype_name(static_cast<DType>(c[2])),
+                             c[0] == 3 ? detail::format(" from root %lld", static_cast<long long>(c[3])).c_str() : "");
+    }
+    SL_FAIL(
+        "every rank of a group must make the same collectives, with the same sizes, in the same order: ranks "
+        "started with other options, or a collective inside an `if` that only some ranks take",
+        "%s: the ranks of the group called different collectives (refused before any data moved): %s", who_.c_str(),
+        list.c_str());
+  }
+
   // --- issuing (caller thread) -------------------------------------------------------------
   // The event of a call issued now (blocking forms and barrier say async = false).
   CommEvent event(const char* name, const std::string& tag, int64_t count, DType dtype, int peer) const {
@@ -785,9 +822,18 @@ class MpiCommunicator : public Communicator {
   // the two thread wake-ups of a hand-off (tens of microseconds on a machine without a spare core,
   // where an 8-byte MPI_Allreduce takes well under one) are saved. Anything else goes to the thread.
   // `delivery` (delivery at wait, else null): where `run` leaves the output until the Work's wait().
+  // On a group of more than one rank `run` first checks that every rank makes the same call
+  // (check_same_call), before any payload moves.
   template <typename F>
   WorkPtr collective(const char* name, const std::string& tag, int64_t count, DType dtype, int peer,
-                     std::shared_ptr<Delivery> delivery, F&& run) {
+                     std::shared_ptr<Delivery> delivery, F&& payload) {
+    std::function<void()> run = std::forward<F>(payload);
+    if (size_ > 1) {
+      run = [this, name, count, dtype, peer, payload = std::move(run)] {
+        check_same_call(name, count, dtype, peer);
+        payload();
+      };
+    }
     CommEvent e = event(name, tag, count, dtype, peer);
     // pending_ only grows on this (the caller's) thread; 0 means the thread finished everything, MPI
     // calls included (acquire pairs with finish()'s release).
@@ -803,7 +849,7 @@ class MpiCommunicator : public Communicator {
     const std::string announced = std::string(name) + " of " + std::to_string(count) + " " + dtype_name(dtype) +
                                   " elements" + (tag.empty() ? "" : ", tag '" + tag + "'");
     std::shared_ptr<Op> o = new_op(std::move(e));
-    o->run = std::forward<F>(run);
+    o->run = std::move(run);
     o->delivery = std::move(delivery);
     if (wait_timeout() > 0 && roll_) {  // who has called what, for the timeout's message (Roll)
       o->roll = roll_;

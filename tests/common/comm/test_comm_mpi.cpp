@@ -359,6 +359,34 @@ TEST(CommMpi, UnevenReduceScatterIsRefusedWithAHint) {
   check_all_reduce(w, 5, DType::F32);
 }
 
+// Ranks that pass a collective other sizes (ranks started with other options) are refused on every rank,
+// naming each rank's call, before any data moved: never a buffer written past its end. The communicator
+// still works afterwards. Rank 1 passes one element more; the last rank broadcasts instead, when there are
+// three ranks or more.
+TEST(CommMpi, CollectiveOfOtherSizesOnSomeRanksIsRefusedNamingEveryRanksCall) {
+  Communicator& w = test::world();
+  const int p = w.size();
+  if (p == 1) GTEST_SKIP() << "needs two ranks";
+  Tensor x = ranked(w.rank() == 1 ? 4 : 3, w.rank());
+  const bool other_op = p > 2 && w.rank() == p - 1;
+  const std::string msg = scalelab::test::error_message([&] {
+    if (other_op) {
+      w.broadcast(x, 0, "odd one out");
+    } else {
+      w.all_reduce(x, ReduceOp::Sum, "sizes");
+    }
+  });
+  EXPECT_TRUE(scalelab::test::contains(msg, "called different collectives")) << msg;
+  EXPECT_TRUE(scalelab::test::contains(msg, "rank 0: all_reduce of 3 f32 elements")) << msg;
+  EXPECT_TRUE(scalelab::test::contains(msg, "rank 1: all_reduce of 4 f32 elements")) << msg;
+  if (p > 2) {
+    EXPECT_TRUE(scalelab::test::contains(msg, "rank " + std::to_string(p - 1) + ": broadcast of 3 f32 elements"))
+        << msg;
+  }
+  EXPECT_EQ(x.data<float>()[0], static_cast<float>(100 * w.rank())) << "refused, yet the buffer was written";
+  check_all_reduce(w, 5, DType::F32);  // refused before anything moved: the communicator still works
+}
+
 TEST(CommMpi, RecvOfTheWrongSizeNamesTheSizes) {
   Communicator& w = test::world();
   if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
