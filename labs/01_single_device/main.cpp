@@ -14,11 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "lab_parts.h"                   // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
-#include "scalelab/core/error.h"         // defines: SL_CHECK_HINT
-#include "scalelab/core/threads.h"       // defines: set_num_threads
-#include "scalelab/driver/driver.h"      // defines: driver::TrainOptions, make_run_record, ... (common/)
-#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
+#include "lab_parts.h"                      // defines: lab_parts (YOUR tokens_per_second and mfu; lab 02's loader)
+#include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
+#include "scalelab/core/threads.h"          // defines: set_num_threads
+#include "scalelab/driver/driver.h"         // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
 #include "scalelab/measure/calibration.h"  // defines: Peak (the MFU denominator: calibration or datasheet; driver::run_peak)
 #include "scalelab/measure/metrics.h"         // defines: RunLogger (JSONL logs)
 #include "scalelab/model/checkpoint.h"        // defines: checkpoint_path, latest_checkpoint
@@ -48,6 +49,8 @@ static int run(const Options& o) {
   // ------------------------------------------------------------------------------------------------
   // Setup: threads, data, model, optimizer, peak FLOP/s
   driver::check_train_options(o);
+  if (!o.checkpoint_dir.empty())
+    driver::check_writable_dir("--checkpoint-dir", o.checkpoint_dir);  // not at the first save
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
   if (o.mem_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
@@ -143,10 +146,11 @@ int main(int argc, char** argv) {
   driver::add_train_options(app, o, "lab01");  // --device --model --seq-len, the schedule, --precision ... --quiet
   app.get_option("--threads")->description("CPU threads (0: all cores)");
   app.get_option("--sample-tokens")->description("bytes of text to generate at the end");
-  app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(driver::positive_int());
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (empty: none)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::positive_int());
   app.add_option("--resume", o.resume, "a checkpoint file, or 'latest' in --checkpoint-dir");
   app.add_option("--attention", o.attention,
                  "materialized (saves the (B,NH,T,T) scores), flash (saves (B,NH,T), recomputes the scores in the "
@@ -154,8 +158,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "materialized", "flash"}))
       ->capture_default_str();
   app.add_option("--memory-cap-mb,--mem-cap-mb", o.mem_cap_mb, "simulated device memory cap in MiB (0: none)")
-      ->check(CLI::Range(0.0, 1e9))  // MiB; a negative cap is a typo, not "no cap"
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::finite_in_range(0, 1e9));
   CLI11_PARSE(app, argc, argv);
-  return driver::run_single_process(o, [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
+  return driver::run_single_process(app, o,
+                                    [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

@@ -20,18 +20,19 @@
 #include <thread>  // defines: std::this_thread::sleep_for (--read-delay-ms)
 #include <vector>
 
-#include "lab_parts.h"                     // defines: lab_parts (YOUR loader; lab 01's reference MFU)
-#include "naive_loader.h"                  // defines: lab02_driver::NaiveTextLoader (the loader compared with)
-#include "scalelab/core/error.h"           // defines: SL_CHECK_HINT
-#include "scalelab/core/threads.h"         // defines: set_num_threads
-#include "scalelab/data/batch.h"           // defines: data::load_batch
-#include "scalelab/driver/driver.h"        // defines: driver::TrainOptions, make_run_record, ... (common/)
-#include "scalelab/driver/train_loop.h"    // defines: driver::TrainLoop, open_data, time_source_alone (common/)
-#include "scalelab/measure/calibration.h"  // defines: Peak (the MFU denominator; driver::run_peak)
-#include "scalelab/measure/metrics.h"      // defines: RunLogger, make_run_id
-#include "scalelab/model/gpt2.h"           // defines: GPT2
-#include "scalelab/model/optim.h"          // defines: Optimizer
-#include "train_step.h"                    // defines: lab01::train_step, flops_per_token (lab 01's reference)
+#include "lab_parts.h"                      // defines: lab_parts (YOUR loader; lab 01's reference MFU)
+#include "naive_loader.h"                   // defines: lab02_driver::NaiveTextLoader (the loader compared with)
+#include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
+#include "scalelab/core/threads.h"          // defines: set_num_threads
+#include "scalelab/data/batch.h"            // defines: data::load_batch
+#include "scalelab/driver/driver.h"         // defines: driver::TrainOptions, make_run_record, ... (common/)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data, time_source_alone (common/)
+#include "scalelab/measure/calibration.h"   // defines: Peak (the MFU denominator; driver::run_peak)
+#include "scalelab/measure/metrics.h"       // defines: RunLogger, make_run_id
+#include "scalelab/model/gpt2.h"            // defines: GPT2
+#include "scalelab/model/optim.h"           // defines: Optimizer
+#include "train_step.h"                     // defines: lab01::train_step, flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 using scalelab::lab02_driver::NaiveTextLoader;
@@ -221,7 +222,7 @@ int main(int argc, char** argv) {
   Options o;
   driver::add_train_options(app, o, "lab02");  // --device --model --seq-len, the schedule, --precision ... --quiet
   app.get_option("--threads")->description("CPU threads (0: all cores)");
-  app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "B: sequences per step")->capture_default_str()->check(driver::positive_int());
   app.add_option("--loader", o.loader,
                  "kit (pre-tokenized shards, memory-mapped, prefetched), naive (raw text read "
                  "and tokenized for every batch, no prefetch) or both")
@@ -230,15 +231,19 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", o.prefetch, "the kit loader's prefetch thread: on or off")->capture_default_str();
   app.add_option("--prefetch-depth", o.prefetch_depth, "batches the prefetch thread prepares ahead")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(driver::positive_int());
   app.add_option("--read-delay-ms", o.read_delay_ms,
                  "sleep this long before every kit batch is read: a simulated "
                  "slow disk (README 'Prefetch')")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::finite_non_negative());
   app.add_option("--loader-alone-batches", o.alone_batches, "batches of the kit loader timed alone, no model")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--naive-alone-batches", o.naive_alone_batches, "batches of the naive loader timed alone")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   CLI11_PARSE(app, argc, argv);
-  return driver::run_single_process(o, [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
+  return driver::run_single_process(app, o,
+                                    [&] { return run(o); });  // exit 3: a TODO not written yet; 1: another error
 }

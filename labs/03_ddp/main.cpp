@@ -20,12 +20,13 @@
 #include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/core/threads.h"   // defines: set_num_threads
 #include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
-#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
-#include "scalelab/measure/metrics.h"    // defines: RunLogger, TimeSpan
-#include "scalelab/model/gpt2.h"         // defines: GPT2, HookPoint
-#include "scalelab/model/optim.h"        // defines: Optimizer
-#include "step_timeline.h"               // defines: StepTimeline (the compute spans of a timeline record)
-#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"       // defines: RunLogger, TimeSpan
+#include "scalelab/model/gpt2.h"            // defines: GPT2, HookPoint
+#include "scalelab/model/optim.h"           // defines: Optimizer
+#include "step_timeline.h"                  // defines: StepTimeline (the compute spans of a timeline record)
+#include "train_step.h"                     // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 using scalelab::lab03_driver::StepTimeline;
@@ -157,7 +158,8 @@ int main(int argc, char** argv) {
                  "backward)")
       ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "MiB of fp32 gradients per bucket (0: one bucket per tensor)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::finite_non_negative());
   driver::add_link_options(app, o);
   app.get_option("--link-slowdown")
       ->description(
@@ -169,5 +171,5 @@ int main(int argc, char** argv) {
           "communication (0: none)");
   CLI11_PARSE(app, argc, argv);
 
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -27,6 +27,7 @@
 #include "scalelab/core/error.h"      // defines: OutOfMemory, SL_CHECK_HINT
 #include "scalelab/core/threads.h"    // defines: set_num_threads
 #include "scalelab/driver/driver.h"   // defines: driver::DistributedOptions, make_link, ... (common/)
+#include "scalelab/driver/option_checks.h"      // defines: driver::positive_int, ... (every numeric option checked)
 #include "scalelab/driver/train_loop.h"         // defines: driver::TrainLoop, open_data, out_of_memory_report
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, format_memory_table
 #include "scalelab/measure/metrics.h"           // defines: RunLogger
@@ -61,8 +62,7 @@ static int run(const Options& o, Communicator& comm) {
   const int threads = set_num_threads(o.threads);
   driver::set_links(comm, o, driver::ClusterOptions{});  // --link (sim: its own links unless named)
   const lab04::ZeroStage stage = lab04::zero_stage_from_int(o.stage);
-  SL_CHECK_HINT(o.slow_rank < world, "--slow-rank is a rank 0 .. ranks-1 (or -1: none)", "--slow-rank %d of %d ranks",
-                o.slow_rank, world);
+  driver::check_rank_option("--slow-rank", o.slow_rank, world);  // -1: none
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, world);  // lab 03's rule
   driver::RunData data =
@@ -243,10 +243,11 @@ int main(int argc, char** argv) {
   app.add_option("--stage", o.stage,
                  "ZeRO stage: 1 (optimizer state), 2 (+ gradients), 3 (+ parameters, FSDP "
                  "FULL_SHARD)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::int_in_range(1, 3));
   app.add_option("--prefetch", o.prefetch, "ZeRO-3: all-gathers in flight beyond the unit in use (0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::non_negative_int());
   app.add_option("--overlap", o.overlap,
                  "on: collectives overlap compute; off: every collective waited for at once, "
                  "no prefetch")
@@ -256,7 +257,7 @@ int main(int argc, char** argv) {
                  "simulated device memory per rank, MiB (0: no cap); beyond it "
                  "an allocation fails with an out-of-memory report")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_in_range(0, 1e9));
   app.add_flag("--estimate", o.estimate,
                "print the memory estimator's table for this config at this world size "
                "(stages 0-3) and exit without training");
@@ -264,21 +265,22 @@ int main(int argc, char** argv) {
                  "wait this long in every batch fetch (a slow loader, counted as data "
                  "wait; a sleep, or virtual time with --device sim)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_non_negative());
   app.add_option("--slow-rank", o.slow_rank,
                  "this rank computes --slow-ms longer per micro-step (a straggler; "
                  "-1: none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::int_in_range(-1, INT32_MAX));
   app.add_option("--slow-ms", o.slow_ms,
                  "ms the --slow-rank adds per micro-step, inside its compute (a sleep, or virtual time)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_non_negative());
   app.add_option("--loader-alone-batches", o.loader_alone_batches,
                  "before training, time the loader alone for N "
                  "batches with no model (0: skip)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::non_negative_int());
   CLI11_PARSE(app, argc, argv);
 
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

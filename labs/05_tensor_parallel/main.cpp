@@ -22,12 +22,13 @@
 #include "scalelab/comm/comm.h"      // defines: Communicator
 #include "scalelab/core/threads.h"   // defines: set_num_threads
 #include "scalelab/driver/driver.h"  // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
-#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
-#include "scalelab/measure/metrics.h"    // defines: RunLogger
-#include "scalelab/model/gpt2.h"         // defines: GPT2
-#include "scalelab/model/optim.h"        // defines: Optimizer
-#include "tensor_parallel.h"             // defines: lab05::MegatronPoints, train_step, make_layout, ... (YOU)
-#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"       // defines: RunLogger
+#include "scalelab/model/gpt2.h"            // defines: GPT2
+#include "scalelab/model/optim.h"           // defines: Optimizer
+#include "tensor_parallel.h"                // defines: lab05::MegatronPoints, train_step, make_layout, ... (YOU)
+#include "train_step.h"                     // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 
@@ -182,11 +183,11 @@ int main(int argc, char** argv) {
   driver::add_distributed_options(app, o, "lab05");
   app.add_option("--tp", o.tp, "ranks per tensor-parallel group (0: all ranks); the rest are data-parallel replicas")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::non_negative_int());
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "split the layernorms and the residual stream across the group too (Korthikanti et al. 2022)");
   driver::add_link_options(app, o);
   driver::add_cluster_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -221,5 +221,5 @@ int main(int argc, char** argv) {
   driver::add_pipeline_options(app, o);
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -26,9 +26,10 @@
 #include "scalelab/core/allocator.h"  // defines: Allocator (the --memory-cap-mb cap)
 #include "scalelab/core/threads.h"    // defines: set_num_threads
 #include "scalelab/driver/driver.h"   // defines: driver::DistributedOptions, make_link, comm_stats, ... (common/)
-#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
-#include "scalelab/measure/metrics.h"    // defines: RunLogger
-#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"       // defines: RunLogger
+#include "train_step.h"                     // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 
@@ -178,9 +179,12 @@ int main(int argc, char** argv) {
   Options o;
   driver::add_distributed_options(app, o, "lab07");
   app.add_option("--tp", o.tp, "tensor-parallel group size (divides the heads, 4C and the vocabulary)")
-      ->capture_default_str();
-  app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str();
-  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str()->check(driver::positive_int());
+  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--order", o.order, "the grid's axes, fastest-varying first: tp-dp-pp puts tp inside a node")
       ->capture_default_str();
   app.add_flag("--zero1", o.zero1, "shard the optimizer state across the data-parallel group (ZeRO-1, lab 04)");
@@ -196,8 +200,8 @@ int main(int argc, char** argv) {
                  "simulated device memory per rank, MiB (0: no cap); beyond it "
                  "an allocation fails with an out-of-memory report")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_in_range(0, 1e9));
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -12,7 +12,8 @@
 
 #include <nlohmann/json.hpp>  // defines: nlohmann::json
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
+#include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
+#include "scalelab/driver/option_checks.h"  // defines: driver::non_negative_int, ... (every numeric option checked)
 
 namespace scalelab::lab08 {
 
@@ -26,8 +27,11 @@ void add_fault_options(CLI::App& app, FaultOptions& o) {
   app.add_option("--fail-at-step", o.fail_at_step,
                  "inject a fault when this step is about to run (-1: none; "
                  "only on the first attempt, SL_RESTART unset or 0)")
-      ->capture_default_str();
-  app.add_option("--fail-rank", o.fail_rank, "the rank that fails")->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::int_in_range(-1, INT32_MAX));
+  app.add_option("--fail-rank", o.fail_rank, "the rank that fails")
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL) or hang (alive, silent)")->capture_default_str();
   app.add_flag("--fail-in-checkpoint", o.fail_in_checkpoint,
                "the fault strikes while the checkpoint of step "
@@ -36,19 +40,23 @@ void add_fault_options(CLI::App& app, FaultOptions& o) {
                  "every attempt is killed after an exponential time of this mean "
                  "(seconds; a Poisson process of failures, for bench/resilience_interval.py; 0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_non_negative());
   app.add_option("--poison-at-step", o.poison_at_step,
                  "the windows --poison-rank reads for this step have every "
                  "target byte 0 (a corrupted shard; -1: none; once: the rolled-back run does not see them)")
-      ->capture_default_str();
-  app.add_option("--poison-rank", o.poison_rank, "the rank that reads the poisoned windows")->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::int_in_range(-1, INT32_MAX));
+  app.add_option("--poison-rank", o.poison_rank, "the rank that reads the poisoned windows")
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--slow-rank", o.slow_rank,
                  "this rank computes --slow-factor times longer (a straggler; needs "
                  "--uniform-compute-ms)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::int_in_range(-1, INT32_MAX));
   app.add_option("--slow-factor", o.slow_factor, "how much slower --slow-rank is")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(driver::finite_positive());
   app.add_option("--heartbeat-dir", o.heartbeat_dir,
                  "one line per step and rank here (default: $SL_HEARTBEAT_DIR, "
                  "which scripts/supervise sets)");

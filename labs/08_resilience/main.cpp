@@ -36,9 +36,10 @@
 #include "scalelab/core/error.h"        // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"      // defines: set_num_threads
 #include "scalelab/driver/driver.h"     // defines: driver::DistributedOptions, set_links, ... (common/)
-#include "scalelab/driver/train_loop.h"  // defines: driver::TrainLoop, open_data (common/)
-#include "scalelab/measure/metrics.h"    // defines: RunLogger
-#include "train_step.h"                  // defines: lab01::flops_per_token (lab 01's reference)
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
+#include "scalelab/measure/metrics.h"       // defines: RunLogger
+#include "train_step.h"                     // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
 using lab08::wall_ms;
@@ -70,12 +71,17 @@ struct Rollback {
 static int run(const Options& o, Communicator& world) {
   const int rank = world.rank(), n = world.size();
   driver::check_train_options(o);
+  if (!o.checkpoint_dir.empty())
+    driver::check_writable_dir("--checkpoint-dir", o.checkpoint_dir);  // not at the first save
   SL_CHECK_HINT(o.resume == "none" || o.resume == "latest", "--resume none or --resume latest", "--resume %s",
                 o.resume.c_str());
   SL_CHECK_HINT(o.resume == "none" || !o.checkpoint_dir.empty(), "add --checkpoint-dir DIR",
                 "--resume latest reads the checkpoints of --checkpoint-dir, which is not set");
   SL_CHECK_HINT(o.slow_rank < 0 || o.uniform_compute_ms > 0, "add --uniform-compute-ms 20 (the others' compute time)",
                 "--slow-rank slows a rank's uniform compute time, which is off");
+  driver::check_rank_option("--fail-rank", o.fail_rank, n, /*none_ok=*/false);  // a rank outside: no fault at all
+  driver::check_rank_option("--poison-rank", o.poison_rank, n, /*none_ok=*/false);
+  driver::check_rank_option("--slow-rank", o.slow_rank, n);  // -1: none
   lab08::Faults faults(o, rank, o.seed);
   const Device device = driver::device_from_option(o.device);
   const int threads = set_num_threads(o.threads);
@@ -310,9 +316,11 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 08: 3D-parallel GPT-2 with sharded checkpoints, resume and fault injection (mpirun -np N)"};
   Options o;
   driver::add_distributed_options(app, o, "lab08");
-  app.add_option("--tp", o.tp, "tensor-parallel group size")->capture_default_str();
-  app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str();
-  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel group size")->capture_default_str()->check(driver::positive_int());
+  app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str()->check(driver::positive_int());
+  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--order", o.order, "the grid's axes, fastest-varying first")->capture_default_str();
   app.add_flag("--zero1", o.zero1, "shard the optimizer state across the data-parallel group (ZeRO-1)");
   driver::add_cluster_options(app, o);
@@ -320,36 +328,40 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write sharded checkpoints here (empty: none)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (and one after the last)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--keep-last", o.keep_last, "complete checkpoints kept (retention)")->capture_default_str();
+      ->check(driver::positive_int());
+  app.add_option("--keep-last", o.keep_last, "complete checkpoints kept (retention)")
+      ->capture_default_str()
+      ->check(driver::positive_int());
   app.add_option("--resume", o.resume, "none, or latest: the newest complete checkpoint in --checkpoint-dir")
       ->capture_default_str();
   app.add_flag("--reshard", o.reshard, "--resume may load a checkpoint written at another layout (the same model)");
   lab08::add_fault_options(app, o);
   app.add_option("--spike-window", o.spike.window, "losses the z-score's mean and std are taken over")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(driver::positive_int());
   app.add_option("--spike-min-history", o.spike.min_history, "accepted losses before the z-score applies")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(driver::positive_int());
   app.add_option("--spike-z", o.spike.z_threshold,
                  "a loss this many standard deviations above the mean is a spike "
                  "(0: no rollback decision)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::finite_non_negative());
   app.add_option("--max-rollbacks", o.max_rollbacks, "spikes rolled back before the run gives up")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::non_negative_int());
   app.add_option("--skip-list", o.skip_list,
                  "windows to skip from the start, {\"skip\": [[epoch, batch], ...]} "
                  "(default: <checkpoint-dir>/skip_list.json, where rollbacks add theirs)");
   app.add_option("--straggler-window", o.straggler_window, "the straggler report's steps (the last ones; 0: no report)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(driver::non_negative_int());
   app.add_option("--straggler-threshold", o.straggler_threshold,
                  "a rank whose median compute exceeds this times "
                  "the typical rank's is a straggler")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::finite_in_range(1, INFINITY));
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return driver::run_on_all_ranks(o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
 }

@@ -15,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "planner.h"                       // defines: lab09::plan, step_time, device_memory, ... (this track's)
-#include "scalelab/comm/comm.h"            // defines: run_single_process
-#include "scalelab/core/error.h"           // defines: scalelab::Error, SL_CHECK_HINT
-#include "scalelab/driver/driver.h"        // defines: driver::make_link
-#include "scalelab/measure/calibration.h"  // defines: datasheet_peak
+#include "planner.h"                        // defines: lab09::plan, step_time, device_memory, ... (this track's)
+#include "scalelab/comm/comm.h"             // defines: run_single_process
+#include "scalelab/core/error.h"            // defines: scalelab::Error, SL_CHECK_HINT
+#include "scalelab/driver/driver.h"         // defines: driver::make_link
+#include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
+#include "scalelab/measure/calibration.h"   // defines: datasheet_peak
 
 namespace scalelab::lab09 {
 inline namespace SL_TRACK_LAB09 {
@@ -124,53 +125,76 @@ int plan_main(int argc, char** argv) {
   lab09::Layout one;
   bool json = false, sp = false;
   app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (or --layers --hidden --heads)");
-  app.add_option("--layers", layers, "L, with --hidden and --heads: a model of your own");
-  app.add_option("--hidden", hidden, "C (n_embd)");
-  app.add_option("--heads", heads, "NH");
-  app.add_option("--vocab", vocab, "V (with --layers)")->capture_default_str();
-  app.add_option("--seq-len", w.seq_len, "T: tokens per sequence")->capture_default_str();
-  app.add_option("--global-batch", w.global_batch, "sequences per optimizer step, all replicas")->capture_default_str();
+  app.add_option("--layers", layers, "L, with --hidden and --heads: a model of your own")
+      ->check(driver::positive_int());
+  app.add_option("--hidden", hidden, "C (n_embd)")->check(driver::positive_int());
+  app.add_option("--heads", heads, "NH")->check(driver::positive_int());
+  app.add_option("--vocab", vocab, "V (with --layers)")->capture_default_str()->check(driver::positive_int());
+  app.add_option("--seq-len", w.seq_len, "T: tokens per sequence")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--global-batch", w.global_batch, "sequences per optimizer step, all replicas")
+      ->capture_default_str()
+      ->check(driver::positive_int());
   app.add_option("--gpu", gpu, "a100 | h100 | h200 | rtx4090 (datasheet peak, memory, link) | cpu (give the rest)")
       ->capture_default_str();
   app.add_option("--gpus", cluster.devices, "devices in the cluster (every layout uses all of them)")
-      ->capture_default_str();
-  app.add_option("--gpus-per-node", cluster.devices_per_node, "devices per node")->capture_default_str();
-  app.add_option("--memory-gb", memory_gb, "memory per device, GB (1e9 bytes); default: the --gpu's");
-  app.add_option("--peak-tflops", peak_tflops, "dense peak per device, TFLOP/s; default: the --gpu's datasheet");
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--gpus-per-node", cluster.devices_per_node, "devices per node")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--memory-gb", memory_gb, "memory per device, GB (1e9 bytes); default: the --gpu's")
+      ->check(driver::finite_non_negative());
+  app.add_option("--peak-tflops", peak_tflops, "dense peak per device, TFLOP/s; default: the --gpu's datasheet")
+      ->check(driver::finite_non_negative());
   app.add_option("--efficiency", efficiency, "the fraction of the peak the model's FLOPs run at")
-      ->capture_default_str();
-  app.add_option("--memory-bandwidth-gbs", bandwidth_gbs, "GB/s for the optimizer's pass (0: not modelled)");
+      ->capture_default_str()
+      ->check(driver::finite_in_range(0, 1, /*min_excluded=*/true));
+  app.add_option("--memory-bandwidth-gbs", bandwidth_gbs, "GB/s for the optimizer's pass (0: not modelled)")
+      ->check(driver::finite_non_negative());
   app.add_option("--intra", intra, "link inside a node: nvlink, pcie, infiniband, ethernet100 (default: the --gpu's)");
   app.add_option("--inter", inter, "link across nodes")->capture_default_str();
-  app.add_option("--intra-gbs", intra_gbs, "the intra-node link's bus bandwidth, GB/s (default: its preset's)");
-  app.add_option("--inter-gbs", inter_gbs, "the inter-node link's bus bandwidth, GB/s (default: its preset's)");
+  app.add_option("--intra-gbs", intra_gbs, "the intra-node link's bus bandwidth, GB/s (default: its preset's)")
+      ->check(driver::finite_non_negative());
+  app.add_option("--inter-gbs", inter_gbs, "the inter-node link's bus bandwidth, GB/s (default: its preset's)")
+      ->check(driver::finite_non_negative());
   app.add_option("--activation-bytes", w.activation_bytes,
                  "bytes of an activation on the wire: 4 (this kit, fp32), 2 (16-bit frameworks)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::positive_int());
   app.add_option("--link-slowdown", slowdown, "both links this many times slower (as the lab programs' option)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(driver::finite_positive());
   app.add_option("--uniform-compute-ms", w.uniform_compute_ms,
-                 "a simulated device: every stage's forward of a micro-batch takes this long, its backward twice");
+                 "a simulated device: every stage's forward of a micro-batch takes this long, its backward twice")
+      ->check(driver::finite_non_negative());
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 grads and master)")->capture_default_str();
   app.add_option("--optimizer", optimizer, "adamw | sgd")->capture_default_str();
-  app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)");
+  app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)")
+      ->check(driver::non_negative_int());
   app.add_flag("--overlap-dp", w.overlap_dp, "dp's communication overlaps the backward (lab 03's overlap)");
-  app.add_option("--top", top, "rows of the ranking to print")->capture_default_str();
-  app.add_option("--tokens", tokens, "with --days: the smallest power-of-two cluster that trains this many tokens");
-  app.add_option("--days", days, "in this many days (with --tokens)");
-  app.add_option("--max-gpus", max_gpus, "the largest cluster --tokens/--days tries")->capture_default_str();
-  auto* tp_opt = app.add_option("--tp", one.tp, "with --pp and --dp: predict this one layout");
-  app.add_option("--pp", one.pp, "pipeline stages of --tp's layout");
-  app.add_option("--dp", one.dp, "data-parallel replicas of --tp's layout");
-  app.add_option("--micro-batch", one.micro_batch, "B of --tp's layout");
-  app.add_option("--micro-batches", one.micro_batches, "m of --tp's layout");
+  app.add_option("--top", top, "rows of the ranking to print")->capture_default_str()->check(driver::positive_int());
+  app.add_option("--tokens", tokens, "with --days: the smallest power-of-two cluster that trains this many tokens")
+      ->check(driver::finite_positive());
+  app.add_option("--days", days, "in this many days (with --tokens)")->check(driver::finite_positive());
+  app.add_option("--max-gpus", max_gpus, "the largest cluster --tokens/--days tries")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  auto* tp_opt =
+      app.add_option("--tp", one.tp, "with --pp and --dp: predict this one layout")->check(driver::positive_int());
+  app.add_option("--pp", one.pp, "pipeline stages of --tp's layout")->check(driver::positive_int());
+  app.add_option("--dp", one.dp, "data-parallel replicas of --tp's layout")->check(driver::positive_int());
+  app.add_option("--micro-batch", one.micro_batch, "B of --tp's layout")->check(driver::positive_int());
+  app.add_option("--micro-batches", one.micro_batches, "m of --tp's layout")->check(driver::positive_int());
   app.add_option("--schedule", schedule, "1f1b | gpipe | interleaved, of --tp's layout")->capture_default_str();
-  app.add_option("--chunks", one.chunks, "v of --tp's layout (interleaved)");
-  app.add_option("--zero", one.zero_stage, "ZeRO stage of --tp's layout");
+  app.add_option("--chunks", one.chunks, "v of --tp's layout (interleaved)")->check(driver::positive_int());
+  app.add_option("--zero", one.zero_stage, "ZeRO stage of --tp's layout")->check(driver::int_in_range(0, 3));
   app.add_flag("--sp", sp, "sequence parallelism in --tp's layout");
   app.add_option("--recompute", recompute, "none | selective | full, of --tp's layout")->capture_default_str();
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
+  driver::require_checked_options(app);  // a numeric option without a range check: a programming error
 
   return run_single_process(
       [&]() -> int {

@@ -4,12 +4,14 @@
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>     // defines: std::snprintf
 #include <fstream>    // defines: std::ifstream (--calibration)
+#include <stdexcept>  // defines: std::logic_error (require_checked_options)
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, _name, _memory_bytes, cuda_unavailable_reason
-#include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
-#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu
+#include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"          // defines: sim_gpu_active, sim_gpu
+#include "scalelab/driver/option_checks.h"  // defines: require_checked_options, check_ranks_agree, positive_int, ...
 
 namespace scalelab::driver {
 
@@ -17,12 +19,18 @@ namespace scalelab::driver {
 // Options
 
 void add_schedule_options(CLI::App& app, TrainOptions& o) {
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(positive_int());
+  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str()->check(finite_positive());
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")
+      ->capture_default_str()
+      ->check(finite_non_negative());
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str()->check(non_negative_int());
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
+      ->capture_default_str()
+      ->check(finite_non_negative());
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
+      ->capture_default_str()
+      ->check(finite_non_negative());
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str();
 }
 
@@ -34,7 +42,7 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
   app.add_option("--sim-gpu", o.sim_gpu, "with --device sim: the GPU modelled, h100, h200, a100 or rtx4090")
       ->capture_default_str();
   app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(positive_int());
   add_schedule_options(app, o);
   app.add_option("--precision", o.precision,
                  "fp32, bf16 (= bf16-mixed: bf16 params, fp32 master and compute) or bf16-compute (bf16-mixed "
@@ -44,13 +52,21 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
   app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")
       ->capture_default_str();
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
-  app.add_option("--seed", o.seed, "seed of the weights and the data order")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the weights and the data order")
+      ->capture_default_str()
+      ->check(seed_value());
   app.add_option("--val-every", o.val_every, "steps between validation passes (0: start and end only)")
-      ->capture_default_str();
-  app.add_option("--val-batches", o.val_batches, "validation batches per pass")->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative_int());
+  app.add_option("--val-batches", o.val_batches, "validation batches per pass")
+      ->capture_default_str()
+      ->check(positive_int());
   app.add_option("--sample-tokens", o.sample_tokens, "bytes of text rank 0 generates at the end")
-      ->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative_int());
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks on this node)")
+      ->capture_default_str()
+      ->check(int_in_range(0, kMaxThreads));
   app.add_option("--calibration", o.calibration,
                  "CPU runs: divide MFU by exactly this calibration file (bin/sl_calibrate writes them to "
                  "runs/calibration/) instead of the cached one; ignored on a GPU");
@@ -67,10 +83,10 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::st
   add_train_options(app, o, lab);
   app.add_option("--micro-batch", o.micro_batch, "sequences per rank per micro-step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_int());
   app.add_option("--global-batch", o.global_batch, "sequences per optimizer step, all ranks (0: micro-batch x ranks)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   app.get_option("--val-batches")->description("validation batches of --global-batch sequences");
   app.add_option("--backend", o.backend,
                  "communicator: auto (under mpirun: sim with --device sim, else mpi; one process: local), local, "
@@ -84,10 +100,11 @@ void add_link_options(CLI::App& app, DistributedOptions& o) {
                  "links, the --sim-gpu's inside a node, nvlink or pcie for rtx4090, and infiniband across nodes)")
       ->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_positive());
   app.add_option("--timeline-steps", o.timeline_steps, "steps 1..N log a timeline record (0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
 }
 
 void add_cluster_options(CLI::App& app, ClusterOptions& o) {
@@ -95,7 +112,7 @@ void add_cluster_options(CLI::App& app, ClusterOptions& o) {
                  "simulate nodes of this many ranks (world-rank order): a group inside one node crosses --link, a "
                  "group across nodes --inter-link (0: every group crosses --link)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
       ->capture_default_str();
 }
@@ -104,18 +121,21 @@ void add_pipeline_options(CLI::App& app, PipelineOptions& o) {
   app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches,
                  "m: micro-batches per optimizer step (each --micro-batch sequences)")
-      ->capture_default_str();
-  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")->capture_default_str();
+      ->capture_default_str()
+      ->check(positive_int());
+  app.add_option("--chunks", o.chunks, "v: model chunks per rank (--schedule interleaved)")
+      ->capture_default_str()
+      ->check(positive_int());
   app.add_option("--uniform-compute-ms", o.uniform_compute_ms,
                  "every stage's forward of a micro-batch takes at least this long, its backward twice as long (0: as "
                  "the compute takes); the bubble formula's assumption")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_non_negative());
   app.add_option("--wait-timeout-s", o.wait_timeout_s,
                  "a receive or collective that waits longer than this fails, naming the peer and the message it waited "
                  "for (a schedule that deadlocks); 0: wait for ever")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_non_negative());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -160,7 +180,7 @@ Device device_from_option(const std::string& name) {
   SL_CHECK_HINT(name == "cpu" || name == "cuda" || name == "sim", "use --device cpu, cuda or sim",
                 "unknown device '%s'", name.c_str());
   if (name == "sim") {
-    SL_CHECK_HINT(sim_gpu_active(), "main() starts it: return driver::run_on_all_ranks(o, o.backend, ...)",
+    SL_CHECK_HINT(sim_gpu_active(), "main() starts it: return driver::run_on_all_ranks(app, o, o.backend, ...)",
                   "--device sim: no simulated GPU is active (start_device, comm.h, makes --sim-gpu one)");
     return Device::SIM;
   }
@@ -173,11 +193,28 @@ Device device_from_option(const std::string& name) {
   return device;
 }
 
-int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body) {
-  return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, body);
+// require_checked_options, its complaint printed: false when a numeric option of the program has no check.
+static bool numbers_checked(CLI::App& app) {
+  try {
+    require_checked_options(app);
+    return true;
+  } catch (const std::logic_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return false;
+  }
 }
 
-int run_single_process(const TrainOptions& o, const std::function<int()>& body) {
+int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& backend,
+                     const std::function<int(Communicator&)>& body) {
+  if (!numbers_checked(app)) return 1;
+  return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, [&](Communicator& comm) {
+    check_ranks_agree(comm, app);  // the ranks' first collective: nothing sized by an option has run yet
+    return body(comm);
+  });
+}
+
+int run_single_process(CLI::App& app, const TrainOptions& o, const std::function<int()>& body) {
+  if (!numbers_checked(app)) return 1;
   return scalelab::run_single_process([&] {
     start_device(o.device, o.sim_gpu, "local");
     return body();

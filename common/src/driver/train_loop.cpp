@@ -11,6 +11,7 @@
 #include "scalelab/core/error.h"                // defines: SL_CHECK_HINT
 #include "scalelab/core/sim_gpu.h"              // defines: sim_gpu (the summary's GPU model)
 #include "scalelab/data/batch.h"                // defines: data::Batch, load_batch
+#include "scalelab/driver/option_checks.h"      // defines: check_writable_dir
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
 #include "scalelab/model/sample.h"              // defines: sample_text
 
@@ -61,7 +62,8 @@ void check_train_options(const TrainOptions& o) {
                 "--val-every %d", o.val_every);
   SL_CHECK_HINT(o.val_batches > 0, "--val-batches is >= 1", "--val-batches %d", o.val_batches);
   SL_CHECK_HINT(o.sample_tokens >= 0, "--sample-tokens is >= 0 (0: no sample)", "--sample-tokens %d", o.sample_tokens);
-  recompute_from_name(o.recompute);  // throws, naming none, selective and full, for another name
+  recompute_from_name(o.recompute);            // throws, naming none, selective and full, for another name
+  check_writable_dir("--log-dir", o.log_dir);  // the real cause now, not at the first record
 }
 
 // A fetch's data wait: on the kit's clock (ms), and on the host's wall clock (host_ms). Real runs: the same

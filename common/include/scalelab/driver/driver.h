@@ -110,11 +110,14 @@ Device device_from_option(const std::string& name);
 // tensor (a later --memory-cap-mb overrides its capacity); auto with --device sim is the sim backend under a
 // launcher of more than one rank, local for one (its collectives are copies: it takes SIM tensors); a refused
 // pair (--backend sim without --device sim; mpi or nccl with it) ends every rank with the option to change.
-// Multi-rank drivers' main() returns this.
-int run_on_all_ranks(const TrainOptions& o, const std::string& backend, const std::function<int(Communicator&)>& body);
-// scalelab::run_single_process (comm.h) after start_device(o.device, o.sim_gpu, "local"): the one-process
-// drivers (labs 01, 02).
-int run_single_process(const TrainOptions& o, const std::function<int()>& body);
+// Before the body, on every rank: require_checked_options(app) (a program whose numeric option has no range
+// check is refused) and check_ranks_agree(comm, app) (option_checks.h): ranks started with different
+// options stop, every one, naming the options that differ. Multi-rank drivers' main() returns this.
+int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& backend,
+                     const std::function<int(Communicator&)>& body);
+// scalelab::run_single_process (comm.h) after require_checked_options(app) and start_device(o.device,
+// o.sim_gpu, "local"): the one-process drivers (labs 01, 02).
+int run_single_process(CLI::App& app, const TrainOptions& o, const std::function<int()>& body);
 
 // "simulated H100 SXM, virtual time" while a simulated GPU is active (--device sim), else "": what every
 // figure of a simulated run says about itself (the summary, the tables).

@@ -86,8 +86,9 @@ double time_loader_alone(const data::OpenBatchSource& open, const std::string& d
                          const data::LoaderConfig& config, int batches, double delay_ms, Communicator* comm);
 
 // --steps > 0, --lr > 0, 0 <= --min-lr <= --lr, 0 <= --warmup < --steps, --grad-clip >= 0, --weight-decay >= 0,
-// --optimizer adamw|sgd, --val-every >= 0, --val-batches > 0, --sample-tokens >= 0: otherwise a clear error
-// (scalelab::Error) naming the option and the value, before anything is allocated.
+// --optimizer adamw|sgd, --val-every >= 0, --val-batches > 0, --sample-tokens >= 0, a --log-dir this program
+// can write (check_writable_dir, option_checks.h): otherwise a clear error (scalelab::Error) naming the option
+// and the value, before anything is allocated.
 void check_train_options(const TrainOptions& o);
 
 // ---------------------------------------------------------------------------------------------
