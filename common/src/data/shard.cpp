@@ -96,6 +96,15 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t file_bytes, const std::stri
   SL_CHECK_HINT(file_bytes == expected, kRegenerateHint,
                 "shard '%s' has %zu bytes, expected %llu: %llu bytes after the last token", path.c_str(), file_bytes,
                 static_cast<unsigned long long>(expected), static_cast<unsigned long long>(file_bytes - expected));
+  // Every token inside the vocabulary, checked when the shard is opened (the embedding would find it only
+  // when the loader reaches it, without the shard or the position).
+  const uint8_t* body = bytes + kShardHeaderBytes;
+  for (uint64_t i = 0; i < h.token_count; ++i) {
+    const uint64_t t = load_le(body + i * h.bytes_per_token, static_cast<int>(h.bytes_per_token));
+    SL_CHECK_HINT(t < h.vocab_size, kRegenerateHint,
+                  "shard '%s': token %llu at position %llu is outside the vocabulary [0, %u)", path.c_str(),
+                  static_cast<unsigned long long>(t), static_cast<unsigned long long>(i), h.vocab_size);
+  }
   if (verify_checksum) {
     const uint64_t actual = fnv1a64(bytes + kShardHeaderBytes, expected - kShardHeaderBytes);
     SL_CHECK_HINT(actual == h.checksum, "the file is corrupted; " + std::string(kRegenerateHint),
