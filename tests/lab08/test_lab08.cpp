@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "grading.h"                    // defines: grading::Check, grading::run
+#include "lab08_support.h"              // defines: make_checkpoint, steps_left, all_orderings, retained_steps
 #include "resilience.h"                 // defines: lab08::retain_checkpoints, ... (the track)
 #include "scalelab/core/error.h"        // defines: scalelab::Error, NotImplemented
 #include "scalelab/model/checkpoint.h"  // defines: CheckpointReader, file_checksum
@@ -24,6 +25,7 @@
 namespace {
 
 using namespace scalelab;
+using namespace scalelab::lab08_test;
 namespace fs = std::filesystem;
 namespace grading = scalelab::grading;
 
@@ -37,31 +39,6 @@ std::string fresh_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
-}
-
-// A checkpoint directory of `step` made here: one shard of random bytes, its manifest, and (complete) the marker.
-void make_checkpoint(const std::string& root, int64_t step, bool marker) {
-  const std::string dir = lab08::step_dir(root, step);
-  fs::create_directories(dir);
-  const std::string shard = (fs::path(dir) / lab08::shard_file_name(0)).string();
-  std::string bytes(4096, '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 131 + step * 7) & 0xff);
-  write_file_atomic(shard, bytes.data(), bytes.size());
-  lab08::ShardInfo s;
-  s.file = lab08::shard_file_name(0);
-  s.bytes = bytes.size();
-  s.checksum = file_checksum(shard);
-  const nlohmann::json manifest = {{"format", 1}, {"world_size", 1}, {"step", step}, {"shards", {s.to_json()}}};
-  const std::string text = manifest.dump(1);
-  write_file_atomic((fs::path(dir) / lab08::kManifestName).string(), text.data(), text.size());
-  if (marker) write_file_atomic((fs::path(dir) / lab08::kMarkerName).string(), "done\n", 5);
-}
-
-std::string steps_left(const std::string& root) {
-  std::string s;
-  for (const std::string& d : lab08::list_step_dirs(root))
-    s += (s.empty() ? "" : " ") + std::to_string(lab08::step_of_dir(d));
-  return s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -203,7 +180,8 @@ TEST(Lab08Retention, RetentionKeepsNewestComplete) {
   const grading::Check check{"lab08.retention_keeps_newest_complete", 3,
                              "retain_checkpoints: steps 1-5 complete and 6 incomplete, keep 2 -> 6 5 4 left; 8, 10 "
                              "complete and 9, 11, 12 incomplete, keep 1 -> 12 11 10 left; keep 0 refused "
-                             "(scalelab::Error); no root: nothing deleted",
+                             "(scalelab::Error); no root: nothing deleted; and every ordering of 5 complete and "
+                             "incomplete checkpoints with keep 1, 2, 3 leaves what the rule says",
                              "README 'Retention'"};
   grading::run(check, [](grading::Record& record) {
     const std::string root = fresh_dir("retention");
@@ -234,7 +212,27 @@ TEST(Lab08Retention, RetentionKeepsNewestComplete) {
     EXPECT_TRUE(refused) << "keep_last 0 would delete every checkpoint: it must throw scalelab::Error";
     EXPECT_EQ(steps_left(root2), "12 11 10") << "a refused call deletes nothing";
     EXPECT_TRUE(lab08::retain_checkpoints(root + "/does_not_exist", 2).empty());
-    record.measured("left: %s | %s", steps_left(root).c_str(), steps_left(root2).c_str());
+
+    // Every ordering of 5 complete and incomplete checkpoints (an incomplete one between complete ones
+    // too), keep 1, 2 and 3: what is left against the README's rule, computed without walking them.
+    int orderings = 0;
+    std::string first_wrong;
+    for (const Ordering& o : all_orderings(5))
+      for (int keep = 1; keep <= 3; ++keep) {
+        const std::string dir = fresh_dir("retention_orderings");
+        make_ordering(dir, o);
+        lab08::retain_checkpoints(dir, keep);
+        const std::string got = steps_left(dir), want = retained_steps(o, keep);
+        ++orderings;
+        if (got != want && first_wrong.empty())
+          first_wrong = o.describe() + "; keep " + std::to_string(keep) + ": left \"" + got + "\", expected \"" + want +
+                        "\"";
+        fs::remove_all(dir);
+      }
+    EXPECT_TRUE(first_wrong.empty()) << first_wrong;
+    record.measured("left: %s | %s; %d orderings of 5 checkpoints x keep 1-3%s", steps_left(root).c_str(),
+                    steps_left(root2).c_str(), orderings,
+                    first_wrong.empty() ? " as the rule says" : (", first wrong: " + first_wrong).c_str());
     fs::remove_all(root);
     fs::remove_all(root2);
   });
