@@ -226,11 +226,12 @@ std::string expect_sgd_steps_match_dense(bool sp) {
     // separate decisions: each is asserted on its own, with the ratio that names a factor of m.
     char buf[200];
     if (std::fabs(r.loss - d.loss) > kLossRtol * std::fabs(d.loss)) {
-      std::snprintf(buf, sizeof(buf), "the step's loss %.7f, the dense mean %.7f (%.3fx)", r.loss, d.loss,
-                    r.loss / d.loss);
+      std::snprintf(buf, sizeof(buf), "the step's loss %.7f, the dense mean %.7f (%.3fx; lab05-8 train_step)", r.loss,
+                    d.loss, r.loss / d.loss);
       bad = buf;
     } else if (std::fabs(r.grad_norm - d.grad_norm) > 1e-5 * d.grad_norm) {
-      std::snprintf(buf, sizeof(buf), "the gradient norm %.6f, the dense model's %.6f (%.3fx) before clipping",
+      std::snprintf(buf, sizeof(buf),
+                    "the gradient norm %.6f, the dense model's %.6f (%.3fx) before clipping (lab05-8 train_step)",
                     r.grad_norm, d.grad_norm, r.grad_norm / d.grad_norm);
       bad = buf;
     }

@@ -529,7 +529,7 @@ std::string expect_bad_layouts_refused() {
     }
     if (per_node == 3 && !ranks.empty())
       mixed_missed = mixed.describe() + " on 2 nodes of 3 ranks (group 2-3 across nodes, 0-1 and 4-5 not) on ranks " +
-                     ranks + " of 6: every rank must refuse, the rule is about every tp group";
+                     ranks + " of 6: every rank must refuse, the rule is about every tp group (lab07-3 make_layout)";
     if (per_node == 2 && !ranks.empty())
       mixed_refused = mixed.describe() + " on 3 nodes of 2 ranks (every group inside a node) on ranks " + ranks +
                       " of 6";

@@ -288,7 +288,7 @@ TEST(Lab08Load, PartialCheckpointsSkippedTwoRanks) {
         for (size_t i = 0; bad.empty() && i < skip.size(); ++i)
           if (got.skipped[i].rfind(lab08::step_dir(dir, skip[i]), 0) != 0)
             bad = "skipped[" + std::to_string(i) + "] should start with " + lab08::step_dir(dir, skip[i]);
-        if (!bad.empty() && problem.empty()) problem = o.describe() + ": newest_complete_checkpoint " + bad;
+        if (!bad.empty() && problem.empty()) problem = o.describe() + ": newest_complete_checkpoint (lab08-3) " + bad;
         fs::remove_all(dir);
       }
     }
