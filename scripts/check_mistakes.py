@@ -25,7 +25,8 @@ that already fails there could not tell a mistake from a broken build, so the ru
 is not run again (scripts/test.sh: the grader has just run them all on the same sources).
 Prints one table (mistake, check, result, seconds) and exits 0 only if every mistake was caught.
 
-  --lint        only steps 1, 2 and 5 for every mistake (no build; a few seconds)
+  --lint        only steps 1, 2 and 5 for every mistake, and its id against what it does (name_problems:
+                the id's words against its "mistake" text and the lines it changes); no build, a few seconds
   --all-checks  also run every other graded check of the lab on each mistake and list those that fail
                 (slower; shows what else a mistake trips, for writing hints)
   --list        print the selected mistakes and exit
@@ -161,6 +162,58 @@ def fence_problems(src_root, mistake):
                                                  shallow=False)):
                 return f"the patch changes {other} too; a mistake patches only {rel}"
     return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The name says what the patch does
+
+# A mistake's id names what it does ("lab05-no-divide-by-microsteps"); a name that says one thing while the
+# patch does another hides a grader gap (that id once removed the data-parallel average, and no check ran
+# train_step with m > 1). Each word (or pair of words) of the id that this table knows must be found in the
+# manifest's "mistake" text; an arithmetic word must also be found in a line the patch adds or removes
+# (comments left out). Words the table does not know are not judged.
+NAME_TEXT = {  # id word -> regex the "mistake" text must match (case-insensitive)
+    "divide": r"divid|/|scale|halv", "divides": r"divid|/|scale",
+    "microsteps": r"micro|\bm\b", "microstep": r"micro|\bm\b",
+    "zero-grad": r"zero", "sum": r"sum|add", "summed": r"sum|add", "sums": r"sum|add",
+    "average": r"averag|mean", "averaged": r"averag|mean|divid", "avg": r"averag",
+    "barrier": r"barrier", "marker": r"marker", "manifest": r"manifest", "checksum": r"checksum",
+    "clip": r"clip", "norm": r"norm", "broadcast": r"broadcast", "gather": r"gather",
+    "allgather": r"all-gather|allgather|all_gather", "replicas": r"replica|data.parallel", "loss": r"loss",
+    "warmup": r"warm", "nan": r"nan", "std": r"std|standard", "seed": r"seed", "epoch": r"epoch",
+    "bias": r"bias", "tied": r"tied|wte", "incomplete": r"complete", "embeddings": r"embedding|wte",
+}
+NAME_CODE = {  # id word -> regex some changed code line of the patch must match
+    "divide": r"/|scale|divid", "divides": r"/|scale|divid", "zero-grad": r"zero_grad",
+    "sum": r"Sum|sum|\+", "summed": r"Sum|sum|\+", "sums": r"Sum|sum|\+",
+    "average": r"Avg|averag|/|scale|mean", "averaged": r"Avg|averag|/|scale|mean", "avg": r"Avg|averag",
+    "barrier": r"barrier", "nan": r"isfinite|nan", "std": r"std|var",
+}
+
+
+def changed_code(patch_text):
+    """The lines a unified diff adds or removes (after its header lines), comments dropped, as one string."""
+    at = patch_text.find("\n--- ")
+    lines = []
+    for line in (patch_text[at:] if at >= 0 else patch_text).splitlines():
+        if line[:1] in "+-" and not line.startswith(("+++", "---")):
+            lines.append(re.sub(r"//.*", "", line[1:]))
+    return "\n".join(lines)
+
+
+def name_problems(mistake, patch_text):
+    """What the id says that neither the "mistake" text nor (for arithmetic) the patch's changed lines do:
+    a list of lines, empty when the name agrees with both."""
+    words = mistake["id"].split("-")[1:]  # after labNN
+    terms = words + [a + "-" + b for a, b in zip(words, words[1:])]
+    code = changed_code(patch_text)
+    out = []
+    for t in terms:
+        if t in NAME_TEXT and not re.search(NAME_TEXT[t], mistake["mistake"], re.I):
+            out.append(f"the id says '{t}', its \"mistake\" text does not (/{NAME_TEXT[t]}/)")
+        if t in NAME_CODE and not re.search(NAME_CODE[t], code):
+            out.append(f"the id says '{t}', no line the patch changes does (/{NAME_CODE[t]}/)")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,10 +427,14 @@ def main():
         bad = 0
         for m in mistakes:
             problem = apply_patch(src_root, m) or fence_problems(src_root, m)
+            if not problem:
+                with open(m["patch_path"], encoding="utf-8") as f:
+                    problem = "; ".join(name_problems(m, f.read()))
             restore_copy(src_root)
             print(f"{m['id']:<36} {'ok' if not problem else 'FAIL ' + problem}")
             bad += bool(problem)
-        print(f"\n{len(mistakes) - bad} of {len(mistakes)} patches apply and stay inside their TODO fence")
+        print(f"\n{len(mistakes) - bad} of {len(mistakes)} patches apply, stay inside their TODO fence and do what "
+              "their name says")
         return 1 if bad else 0
 
     configure(build, src_root, args.like)

@@ -55,15 +55,51 @@ TEST(GradingSelftest, IdDoesNotMatchName) {
 // The combined record must say failed and carry rank 1's message: what a real communicator delivers.
 TEST(GradingSelftest, OtherRankFails) {
   int gathers = 0;
-  grading::set_rank_reducer({/*rank=*/0, /*size=*/2, [](bool) { return false; } /* rank 1 fails */,
-                             [&gathers](const std::string& local) {
-                               // run() gathers the statuses first, then the messages.
-                               const std::string rank1 = (gathers++ % 2 == 0) ? "failed" : "planted failure on rank 1";
-                               return std::vector<std::string>{local, rank1};
-                             }});
+  grading::set_rank_reducer(
+      {/*rank=*/0, /*size=*/2, [](bool) { return false; } /* rank 1 fails */,
+       [&gathers](const std::string& local) {
+         // run() gathers the statuses first, then the messages, then the measured texts.
+         static const char* const kRank1[] = {"failed", "planted failure on rank 1", "rank 1 off by 0.5"};
+         return std::vector<std::string>{local, kRank1[gathers++ % 3]};
+       }});
   grading::run({"lab99.other_rank_fails", 1, "all ranks pass", "-"},
                [](grading::Record& record) { record.measured("rank 0 fine"); });
   grading::set_rank_reducer({});  // back to a world of one
+}
+
+// A pretend world of 3: rank 1 throws, ranks 0 and 2 then time out waiting for it in a collective. The
+// record must name rank 1's exception first (the cause), the timeouts after it.
+TEST(GradingSelftest, ExceptionBeforeWaitTimeouts) {
+  const std::string timeout = "rank 0 waited 20.0 s for all_reduce 'grads': it did not complete";
+  int gathers = 0;
+  grading::set_rank_reducer({0, 3, [](bool) { return false; },
+                             [&](const std::string& local) {
+                               const int i = gathers++ % 3;  // statuses, messages, measured texts
+                               if (i == 0) return std::vector<std::string>{local, "failed", "failed"};
+                               if (i == 1)
+                                 return std::vector<std::string>{local, "scalelab::Error thrown:\nplanted on rank 1",
+                                                                 "rank 2 waited 20.0 s for all_reduce 'grads': it "
+                                                                 "did not complete"};
+                               return std::vector<std::string>{local, local, local};
+                             }});
+  grading::run({"lab99.exception_before_wait_timeouts", 1, "-", "-"},
+               [&](grading::Record&) { ADD_FAILURE() << timeout; });
+  grading::set_rank_reducer({});
+}
+
+// error_excerpt: a log's error lines first, then its last lines; not its first lines.
+TEST(GradingSelftest, ErrorExcerpt) {
+  grading::run({"lab99.error_excerpt", 1, "-", "-"}, [](grading::Record&) {
+    std::string log;
+    for (int i = 0; i < 30; ++i) log += "step " + std::to_string(i) + " loss 3.1\n";
+    log += "[scalelab] error: shard rank_1.bin is 64 bytes short\n  hint: see the checkpoint\n";
+    for (int i = 30; i < 40; ++i) log += "step " + std::to_string(i) + " loss 3.0\n";
+    const std::string e = grading::error_excerpt(log);
+    EXPECT_EQ(e.rfind("[scalelab] error: shard rank_1.bin is 64 bytes short\n  hint: see the checkpoint\n", 0), 0u)
+        << e;
+    EXPECT_NE(e.find("step 39 loss 3.0"), std::string::npos) << e;  // and the log's end
+    EXPECT_EQ(e.find("step 0 loss"), std::string::npos) << e;       // not its start
+  });
 }
 
 // all_ranks: true only when every rank's flag is; the failure lists the failing ranks' messages.

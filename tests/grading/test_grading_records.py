@@ -96,6 +96,19 @@ class GradingRecordsTest(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertEqual(rec["check_status"], "failed")
         self.assertIn("rank 1 (failed): planted failure on rank 1", rec["check_message"])
+        # the measured line is the failing rank's first, then rank 0's pass: never rank 0's alone
+        self.assertEqual(rec["check_measured"], "rank 1 (failed): rank 1 off by 0.5\nrank 0 (passed): rank 0 fine")
+
+    def test_exception_before_wait_timeouts(self):
+        rc, rec = record("ExceptionBeforeWaitTimeouts")
+        self.assertEqual(rec["check_status"], "failed")
+        self.assertTrue(rec["check_message"].startswith("rank 1 (failed): scalelab::Error thrown:\nplanted on rank 1"),
+                        rec["check_message"])
+        self.assertIn("rank 0 (failed): rank 0 waited 20.0 s", rec["check_message"])
+
+    def test_error_excerpt(self):
+        rc, rec = record("ErrorExcerpt")
+        self.assertEqual(rec["check_status"], "passed", rec)
 
     def test_all_ranks(self):
         rc, rec = record("AllRanksReports")

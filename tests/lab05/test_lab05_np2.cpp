@@ -74,15 +74,17 @@ TEST(Lab05Tp, SequenceParallelGradientsMatchDense) {
 
 TEST(Lab05Tp, SgdStepsMatchDense) {
   const grading::Check check{"lab05.sgd_steps_match_dense", 2,
-                             "3 steps of train_step with plain SGD and clipping: the loss, the norm (the whole "
-                             "model's) and every parameter as the dense model's",
-                             "README 'One training step': the norm is the whole model's, not this rank's shard's"};
+                             "3 steps of train_step with plain SGD and clipping, with m = 1, 2 and 4 micro-batches: "
+                             "the loss (the mean over the micro-batches), the norm (the whole model's) and every "
+                             "parameter as the dense model's",
+                             "README 'One training step': the loss and the gradient are means over the micro-batches "
+                             "(each accumulated once); the norm is the whole model's, not this rank's shard's"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(false)); });
 }
 
 TEST(Lab05Tp, SequenceParallelSgdStepsMatchDense) {
   const grading::Check check{"lab05.sequence_parallel_sgd_steps_match_dense", 2,
-                             "the same 3 SGD steps with sequence parallelism",
+                             "the same 3 SGD steps (m = 1, 2, 4) with sequence parallelism",
                              "README 'Sequence parallel' and 'One training step'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(true)); });
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "grading.h"              // defines: grading::Check, grading::run, grading::all_ranks
 #include "lab05_support.h"        // defines: the shared check bodies, tp_config
@@ -60,8 +61,8 @@ TEST(Lab05Tp4, ActivationMemoryMatchesFormulaFourRanks) {
 TEST(Lab05Tp4, DataParallelReplicasOfTwoWayGroups) {
   const grading::Check check{"lab05.data_parallel_replicas_of_two_way_groups", 2,
                              "tp fastest (rank r: tp_rank r % 2, dp_rank r / 2); 2 groups of tp = 2 on halves of the "
-                             "global batch: after 2 SGD steps every parameter within 1e-6 of its slice of one process "
-                             "on the whole batch",
+                             "global batch: after 2 SGD steps (m = 1, then 2 micro-batches) every parameter within "
+                             "1e-6 of its slice of one process on the whole batch",
                              "README 'One training step': the order of the steps (accumulate, make whole, average "
                              "across replicas, clip on the whole model's norm)"};
   grading::run(check, [](grading::Record& record) {
@@ -87,14 +88,19 @@ TEST(Lab05Tp4, DataParallelReplicasOfTwoWayGroups) {
     for (int step = 0; step < 2 && bad.empty(); ++step) {
       const GlobalBatch g = random_global_batch(kDataSeed + 20 + step, 4, 16, cfg.vocab_size);
       one_process_train_step(*dense, dense_opt, g, 0.1f, 1.0f);
-      const GlobalBatch mine = batch_rows(g, 2 * layout.dp_rank, 2);  // this replica's half
-      MicroBatch mb{mine.inputs, mine.targets};
-      lab05::train_step(model, opt, points, dp_group.get(), {mb}, 0.1f, 1.0f);
+      const int m = step + 1;  // step 0: one micro-batch of this replica's 2 rows; step 1: two of one row
+      std::vector<MicroBatch> micro;
+      for (int i = 0; i < m; ++i) {
+        const GlobalBatch rows = batch_rows(g, 2 * layout.dp_rank + i * (2 / m), 2 / m);  // this replica's half
+        micro.push_back(MicroBatch{rows.inputs, rows.targets});
+      }
+      lab05::train_step(model, opt, points, dp_group.get(), micro, 0.1f, 1.0f);
       bad = compare_with_dense_slices(model, *dense, /*grads=*/false, 0, 1e-6, nullptr);
-      if (!bad.empty()) bad = "after step " + std::to_string(step) + ": " + bad;
+      if (!bad.empty()) bad = "after step " + std::to_string(step) + " (m = " + std::to_string(m) + "): " + bad;
     }
     EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank(bad)));
-    record.measured(bad.empty() ? "every parameter of both replicas as one process's after 2 SGD steps" : bad);
+    record.measured(bad.empty() ? "every parameter of both replicas as one process's after 2 SGD steps (m = 1, 2)"
+                                : bad);
   });
 }
 

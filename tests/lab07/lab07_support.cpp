@@ -505,13 +505,46 @@ std::string expect_bad_layouts_refused() {
       refused_good += (refused_good.empty() ? "" : ", ") + std::string(b.what) + " (" + e.what() + ")";
     }
   }
+  // Mixed placements, judged for every rank of a 6-rank world whatever the real one (make_layout takes the
+  // world size and the rank as arguments): tp 2 x dp 3 on 2 nodes of 3 ranks puts group {2, 3} across the
+  // nodes and {0, 1}, {4, 5} inside them, so a rule that looks only at the calling rank's own group accepts on
+  // ranks 0, 1, 4 and 5. On 3 nodes of 2 every group is inside a node: accepted on every rank.
+  const lab07::Grid mixed{2, 1, 3, "tp-dp-pp"};
+  constexpr int kMixedWorld = 6;
+  std::string mixed_missed, mixed_refused;
+  for (const int per_node : {3, 2}) {
+    std::string ranks;  // the ranks that decided against the rule's verdict
+    for (int r = 0; r < kMixedWorld; ++r) {
+      bool threw = false;
+      try {
+        lab07::make_layout(cfg, mixed, kMixedWorld, r, ScheduleKind::OneFOneB, 2, 1, per_node, true);
+      } catch (const NotImplemented&) {
+        throw;
+      } catch (const Error& e) {
+        threw = true;
+        if (per_node == 3 && std::string(e.what()).find("node") == std::string::npos && unclear.empty())
+          unclear = std::string("the mixed placement (no 'node' in: ") + e.what() + ")";
+      }
+      if (threw != (per_node == 3)) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (per_node == 3 && !ranks.empty())
+      mixed_missed = mixed.describe() + " on 2 nodes of 3 ranks (group 2-3 across nodes, 0-1 and 4-5 not) on ranks " +
+                     ranks + " of 6: every rank must refuse, the rule is about every tp group (lab07-3 make_layout)";
+    if (per_node == 2 && !ranks.empty())
+      mixed_refused = mixed.describe() + " on 3 nodes of 2 ranks (every group inside a node) on ranks " + ranks +
+                      " of 6";
+  }
+  ++cases;
+  if (mixed_missed.empty()) ++refused;
+  if (!mixed_missed.empty()) missed += (missed.empty() ? "" : ", ") + mixed_missed;
+  if (!mixed_refused.empty()) refused_good += (refused_good.empty() ? "" : ", ") + mixed_refused;
   EXPECT_TRUE(grading::all_ranks(missed.empty(), on_rank_if(missed.empty() ? missed : "accepted: " + missed)));
   EXPECT_TRUE(grading::all_ranks(refused_good.empty(),
                                  on_rank_if(refused_good.empty() ? "" : "refused: " + refused_good)));
   EXPECT_TRUE(grading::all_ranks(unclear.empty(), on_rank_if(unclear.empty() ? "" : "unclear: " + unclear)));
   return std::to_string(refused) + " of " + std::to_string(cases) +
          " bad layouts refused on every rank, naming the "
-         "numbers; the 2 good ones accepted";
+         "numbers (a mixed placement on all 6 ranks of a virtual world); the 3 good ones accepted";
 }
 
 }  // namespace scalelab::lab07_test

@@ -15,6 +15,7 @@ namespace grading = scalelab::grading;
 
 const Case kTpPp{{2, 2, 1, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1};
 const Case kTpDp{{2, 1, 2, "tp-dp-pp"}, ScheduleKind::GPipe, 2, 1};
+const Case kTpDpOneMicroBatch{{2, 1, 2, "tp-dp-pp"}, ScheduleKind::GPipe, 1, 1};  // m = 1: no accumulation
 const Case kPpDp{{1, 2, 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 2, 2};
 const Case kTpDpZero1{{2, 1, 2, "tp-dp-pp"}, ScheduleKind::GPipe, 2, 1, true};
 const Case kPpDpZero1{{1, 2, 2, "tp-dp-pp"}, ScheduleKind::Interleaved, 2, 2, true};
@@ -49,19 +50,21 @@ TEST(Lab07Grid4, BadLayoutsFailOnEveryRankFourRanks) {
   const grading::Check check{"lab07.bad_layouts_fail_on_every_rank_four_ranks", 2,
                              "make_layout on 4 ranks refuses a grid that is not the ranks, tp not dividing the heads, "
                              "a bad order, a size 0, interleaved m not a multiple of pp, and a tp group across nodes "
-                             "under --placement-rule, with the numbers, on every rank; accepts the good ones",
+                             "under --placement-rule (also a mixed placement, judged for all 6 ranks of tp 2 x dp 3 "
+                             "on 2 nodes of 3: one group across, two inside), with the numbers, on every rank; "
+                             "accepts the good ones",
                              "README 'The layout'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_bad_layouts_refused()); });
 }
 
 TEST(Lab07Step4, GradientsMatchDenseFourRanks) {
   const grading::Check check{"lab07.gradients_match_dense_four_ranks", 4,
-                             "one train_step of tp2 x pp2 (1F1B m 2), tp2 x dp2 (GPipe m 2) and pp2 x dp2 "
+                             "one train_step of tp2 x pp2 (1F1B m 2), tp2 x dp2 (GPipe m 2, and m 1) and pp2 x dp2 "
                              "(interleaved v 2, m 2): every gradient of every chunk within 1e-5 of its slice of the "
                              "dense model's on the same global batch, and the loss",
                              "README 'One training step' and 'Data parallel on top'"};
   grading::run(check, [](grading::Record& record) {
-    record.measured(expect_gradients_match_dense({kTpPp, kTpDp, kPpDp}));
+    record.measured(expect_gradients_match_dense({kTpPp, kTpDp, kTpDpOneMicroBatch, kPpDp}));
   });
 }
 

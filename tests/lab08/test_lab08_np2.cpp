@@ -15,6 +15,7 @@
 
 #include "data_parallel.h"              // defines: dp_test::fresh_comm, random_global_batch, batch_rows, tiny_config
 #include "grading.h"                    // defines: grading::Check, grading::run, grading::all_ranks
+#include "lab08_support.h"              // defines: lab08_test::all_orderings, make_ordering, chosen_step
 #include "parallel_3d.h"                // defines: lab07::make_layout, build_rank, train_step (lab 07's reference)
 #include "resilience.h"                 // defines: lab08::save_checkpoint, checkpoint_problem, ... (the track)
 #include "scalelab/model/checkpoint.h"  // defines: file_checksum
@@ -184,13 +185,15 @@ TEST(Lab08Save, MarkerWrittenLastTwoRanks) {
 }
 
 TEST(Lab08Load, PartialCheckpointsSkippedTwoRanks) {
-  const grading::Check check{"lab08.partial_checkpoints_skipped_two_ranks", 5,
-                             "checkpoints of steps 2 and 4 on 2 ranks; step 4 damaged 6 ways (no marker, no manifest, "
-                             "a manifest cut short, rank_1.bin missing, cut by 64 bytes ('size'), one byte flipped "
-                             "('checksum')): each time checkpoint_problem names the file and "
-                             "newest_complete_checkpoint picks step 2, step 4 in skipped; intact: step 4, nothing "
-                             "skipped; both damaged: none; step 2 then loads bit for bit",
-                             "README 'Is it complete?' and 'Which one to load'"};
+  const grading::Check check{
+      "lab08.partial_checkpoints_skipped_two_ranks", 5,
+      "checkpoints of steps 2 and 4 on 2 ranks; step 4 damaged 6 ways (no marker, no manifest, "
+      "a manifest cut short, rank_1.bin missing, cut by 64 bytes ('size'), one byte flipped "
+      "('checksum')): each time checkpoint_problem names the file and "
+      "newest_complete_checkpoint picks step 2, step 4 in skipped; intact: step 4, nothing "
+      "skipped; both damaged: none; every ordering of 4 complete and incomplete checkpoints: the "
+      "newest complete chosen, each newer one skipped; step 2 then loads bit for bit",
+      "README 'Is it complete?' and 'Which one to load'"};
   grading::run(check, [](grading::Record& record) {
     Job run = make_run();
     Communicator& w = *run.world;
@@ -267,6 +270,27 @@ TEST(Lab08Load, PartialCheckpointsSkippedTwoRanks) {
                   std::to_string(none.skipped.size()) + ")";
       fs::remove_all(d2);
       fs::copy(backup2, d2);
+      // Every ordering of 4 complete and incomplete checkpoints (lab08_support.h): the newest complete one
+      // chosen, every newer one skipped, newest first, each line starting with its directory.
+      for (const lab08_test::Ordering& o : lab08_test::all_orderings(4)) {
+        ++cases;
+        const std::string dir = (fs::path(root) / "orderings").string();
+        fs::create_directories(dir);
+        lab08_test::make_ordering(dir, o);
+        const lab08::CheckpointChoice got = lab08::newest_complete_checkpoint(dir);
+        const int64_t want = lab08_test::chosen_step(o);
+        const std::vector<int64_t> skip = lab08_test::skipped_steps(o);
+        std::string bad;
+        if (got.step != want || got.dir != (want < 0 ? std::string() : lab08::step_dir(dir, want)))
+          bad = "chose step " + std::to_string(got.step) + ", expected " + std::to_string(want);
+        else if (got.skipped.size() != skip.size())
+          bad = "skipped " + std::to_string(got.skipped.size()) + " lines, expected " + std::to_string(skip.size());
+        for (size_t i = 0; bad.empty() && i < skip.size(); ++i)
+          if (got.skipped[i].rfind(lab08::step_dir(dir, skip[i]), 0) != 0)
+            bad = "skipped[" + std::to_string(i) + "] should start with " + lab08::step_dir(dir, skip[i]);
+        if (!bad.empty() && problem.empty()) problem = o.describe() + ": newest_complete_checkpoint (lab08-3) " + bad;
+        fs::remove_all(dir);
+      }
     }
     ASSERT_TRUE(grading::all_ranks(problem.empty(), problem));
     w.barrier();

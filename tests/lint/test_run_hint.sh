@@ -3,7 +3,8 @@
 #   tests/lint/test_run_hint.sh <build dir>
 # scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
 # --reset; unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
-# reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it.
+# reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it; its own
+# options after the program's are refused, naming where they go.
 # scripts/grade refuses a lab without graded checks with the reason.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -40,6 +41,14 @@ for bad in "3" "03 --np 0" "01 --np 2" "02 --np 2" "09 --np 2" "99" "03 --track 
   [[ $rc -eq 2 ]] || fail "scripts/run $bad exited $rc, expected 2: $out"
   grep -q "hint:\|run:" <<<"$out" || fail "scripts/run $bad: no message: $out"
 done
+# Its own options come first, and it says so: in --help, and when one follows the program's options.
+has "first this script's own" "$(run --help)" || fail "scripts/run --help does not say its options come first"
+for late in "--steps 5 --track reference" "--steps 5 --np 2" "--model tiny --no-build"; do
+  out=$(run 03 --build-dir "$BUILD" --no-build $late 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "scripts/run 03 $late exited $rc, expected 2: $out"
+  has "is an option of scripts/run, given after the program's options" "$out" || fail "scripts/run 03 $late: $out"
+done
+echo "scripts/run: its own options first, said so"
 if command -v mpirun >/dev/null 2>&1 && [[ -x "$BUILD/bin/reference/lab03_ddp" && -d "$ROOT/data/kjv" ]]; then
   out=$(run 03 --track reference --build-dir "$BUILD" --no-build -- --model tiny --seq-len 16 --micro-batch 2 --steps 2 --quiet \
         --log-dir "$tmp/runs" --val-batches 1 --sample-tokens 0 2>&1) || fail "scripts/run 03 (reference, 2 ranks) failed: $out"

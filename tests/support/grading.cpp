@@ -2,6 +2,7 @@
 // The record format it writes (GoogleTest properties in the --gtest_output JSON): docs/grading.md.
 #include "grading.h"
 
+#include <algorithm>  // defines: std::stable_partition
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -78,6 +79,19 @@ std::string collect_messages(bool want_skip) {
 std::string without_own_rank(const std::string& message, size_t rank) {
   const std::string prefix = "rank " + std::to_string(rank) + ": ";
   return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+
+// A communicator's wait timeout ("rank 0 waited 20.0 s for all_reduce ..."): the symptom on the ranks left
+// waiting when another rank stopped, rarely the cause.
+bool is_wait_timeout(const std::string& message) {
+  const size_t at = message.find(" waited ");
+  return at != std::string::npos && message.find(" s for ", at) != std::string::npos;
+}
+
+// Groups whose message is a root cause first, wait timeouts after them; otherwise in rank order.
+std::vector<RankGroup> causes_first(std::vector<RankGroup> groups) {
+  std::stable_partition(groups.begin(), groups.end(), [](const RankGroup& g) { return !is_wait_timeout(g.message); });
+  return groups;
 }
 
 std::string env_or_empty(const char* name) {
@@ -198,6 +212,7 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
   if (rr.size > 1 && rr.all_gather) {
     const std::vector<std::string> statuses = rr.all_gather(status);
     const std::vector<std::string> messages = rr.all_gather(message);
+    const std::vector<std::string> measured = rr.all_gather(record.measured_text());
     std::string combined_status = kPassed;
     std::vector<std::string> reports(statuses.size());  // "failed): <message>" per rank that did not pass
     for (size_t r = 0; r < statuses.size(); ++r) {
@@ -205,8 +220,9 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
       if (statuses[r] != kPassed) reports[r] = statuses[r] + "): " + messages[r];
     }
     // Ranks that agree are reported once, as one rank would be; ranks that differ one group at a time
-    // ("rank 1 (failed): ...", "ranks 0, 2 (not_implemented): ...").
-    const std::vector<RankGroup> groups = group_by_message(reports);
+    // ("rank 1 (failed): ...", "ranks 0, 2 (not_implemented): ..."), a rank that threw before the ranks
+    // whose waits then timed out: the cause first.
+    const std::vector<RankGroup> groups = causes_first(group_by_message(reports));
     std::string combined_message;
     if (groups.size() == 1 && groups[0].ranks.rfind("all ", 0) == 0) {
       combined_message = messages[0];
@@ -219,6 +235,19 @@ void run(const Check& check, const std::function<void(Record&)>& body) {
     }
     status = combined_status;
     message = combined_message;
+    // What the ranks measured: one line when they agree; else one line per distinct value with its ranks
+    // and their status, the ranks that did not pass first, so a failure never reads as rank 0's pass.
+    if (std::any_of(measured.begin(), measured.end(), [&](const std::string& m) { return m != measured[0]; })) {
+      std::vector<std::string> failing(measured.size()), passing(measured.size());
+      for (size_t r = 0; r < measured.size(); ++r)
+        (statuses[r] == kPassed ? passing : failing)[r] =
+            statuses[r] + "): " + (measured[r].empty() ? "(nothing measured)" : measured[r]);
+      std::string text;
+      for (const std::vector<std::string>* side : {&failing, &passing})
+        for (const RankGroup& g : causes_first(group_by_message(*side)))
+          text += (text.empty() ? "" : "\n") + g.ranks + " (" + g.message;
+      record.measured(text);
+    }
   }
 
   // 4. The outcome.
@@ -256,6 +285,36 @@ const RankReducer& rank_reducer() { return g_reducer; }
 // ---------------------------------------------------------------------------------------------
 void set_track(const std::string& track) { g_track = track; }
 const std::string& track() { return g_track; }
+
+std::string error_excerpt(const std::string& log, size_t max_lines) {
+  static const char* const kWords[] = {"error",  "fail",   "abort",           "exception", "terminate", "timed out",
+                                       "killed", "signal", "not implemented", "hint:",     "what()"};
+  std::vector<std::string> lines, errors;
+  size_t start = 0;
+  while (start < log.size()) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    if (end > start) lines.push_back(log.substr(start, end - start));
+    start = end + 1;
+  }
+  for (const std::string& line : lines) {
+    std::string lower = line;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (const char* w : kWords)
+      if (lower.find(w) != std::string::npos) {
+        errors.push_back(line);
+        break;
+      }
+  }
+  std::string out;
+  const size_t n_errors = std::min(errors.size(), max_lines);
+  for (size_t i = 0; i < n_errors; ++i) out += errors[i] + "\n";
+  if (errors.size() > n_errors) out += "... (" + std::to_string(errors.size() - n_errors) + " more error lines)\n";
+  const size_t n_last = std::min(lines.size(), errors.empty() ? max_lines : size_t{4});
+  out += "-- its last " + std::to_string(n_last) + " of " + std::to_string(lines.size()) + " lines:\n";
+  for (size_t i = lines.size() - n_last; i < lines.size(); ++i) out += lines[i] + "\n";
+  return out;
+}
 
 int launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {

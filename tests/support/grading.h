@@ -63,7 +63,9 @@ class Record {
 // Declares `check`, runs `body` and records the status. Call it once, as the whole TEST body.
 // In a multi-rank test every rank must call it: the statuses of all ranks are combined (the worst
 // wins; a message every rank agrees on is reported once, as one rank's would be, differing ones with
-// their ranks), so rank 0's record speaks for all ranks.
+// their ranks, a rank's exception before the other ranks' wait timeouts), and so are their measured
+// texts (one when they agree; else one line per distinct text with its ranks and status, the ranks that
+// did not pass first), so rank 0's record speaks for all ranks.
 // (A rank that throws while the others wait in a collective still leaves them waiting: the check's
 // ctest timeout ends that, and the grader reports it as timed out.)
 void run(const Check& check, const std::function<void(Record&)>& body);
@@ -116,6 +118,11 @@ struct RankGroup {
   std::string message;
 };
 std::vector<RankGroup> group_by_message(const std::vector<std::string>& messages);
+
+// The error lines of a program's output first (error, fail, abort, exception, timed out, killed, hint:, ...:
+// at most max_lines of them), then its last lines: what a failure message quotes of a run's log, since a
+// message is cut after 2000 characters and a log's first lines are its start-up, not its error.
+std::string error_excerpt(const std::string& log, size_t max_lines = 12);
 
 // ---------------------------------------------------------------------------------------------
 // Program-level settings, made by graded_main.cpp (tests/grading/) before RUN_ALL_TESTS.

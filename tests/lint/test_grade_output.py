@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""test_grade_output.py — what scripts/grade prints for a check that did not pass (ctest
+lint.grade_output_selftest). Passes when
+  - `stuck? scripts/hint NN-K` names the TODO the failure message names ("... (lab05-8 train_step)"), not
+    the first of the check's README list; the stub's own id when it was not implemented; the list otherwise;
+  - a measured text of several lines (ranks that differ, grading.cpp) is printed one line per rank group;
+  - a lab whose manifest says it trains on data/kjv gets it made when it is missing (a stand-in
+    prepare_corpus.sh in a scratch root), and when that fails the message names the command to run.
+"""
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab_docs  # noqa: E402
+
+grade = lab_docs.load_script("grade")
+
+
+class TodosToTry(unittest.TestCase):
+    listed = {"lab05.sgd_steps_match_dense": ["lab05-8", "lab05-2", "lab05-3", "lab05-4", "lab05-5"]}
+
+    def row(self, message, todo=""):
+        return {"check_id": "lab05.sgd_steps_match_dense", "check_message": message, "check_todo": todo}
+
+    def test_named_by_the_failure_first(self):
+        got = grade.todos_to_try(self.row("step 1 (m = 2 micro-batches): ... (lab05-5 the loss) and lab07-3"),
+                                 self.listed)
+        self.assertEqual(got, ["lab05-5", "lab05-8", "lab05-2", "lab05-3", "lab05-4"])  # lab07-3: another lab
+
+    def test_stub_id_wins(self):
+        self.assertEqual(grade.todos_to_try(self.row("TODO(lab05-3) g", "lab05-3 g_forward"), self.listed),
+                         ["lab05-3"])
+
+    def test_nothing_named_keeps_the_list(self):
+        self.assertEqual(grade.todos_to_try(self.row("relative error 1e-2"), self.listed), self.listed[
+            "lab05.sgd_steps_match_dense"])
+
+
+class MeasuredLines(unittest.TestCase):
+    def test_one_line_per_rank_group(self):
+        row = {"check_id": "lab05.x", "check_points": "2", "check_status": "failed", "check_target": "t",
+               "check_hint": "h", "check_message": "m",
+               "check_measured": "rank 1 (failed): loss 2.0\nrank 0 (passed): every parameter as one process's"}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            grade.print_table("05", "reference", [row])
+        lines = out.getvalue().splitlines()
+        first = [ln for ln in lines if "measured" in ln]
+        self.assertEqual(len(first), 1, out.getvalue())
+        at = lines.index(first[0])
+        self.assertIn("rank 1 (failed): loss 2.0", lines[at])
+        self.assertIn("rank 0 (passed)", lines[at + 1])
+
+
+class Corpus(unittest.TestCase):
+    def scratch(self, script):
+        root = tempfile.mkdtemp()
+        os.makedirs(os.path.join(root, "scripts"))
+        path = os.path.join(root, "scripts", "prepare_corpus.sh")
+        with open(path, "w") as f:
+            f.write("#!/usr/bin/env bash\n" + script)
+        os.chmod(path, 0o755)
+        return root
+
+    def ensure(self, root, corpus=True):
+        real = grade.lab_manifests.find
+        grade.lab_manifests.find = lambda number, r=None, b=None: {"number": number, "corpus": corpus}
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                return grade.ensure_corpus("/nonexistent-build", "08", root=root)
+        finally:
+            grade.lab_manifests.find = real
+
+    def test_made_when_missing(self):
+        root = self.scratch("mkdir -p data/kjv && echo x > data/kjv/train_000000.bin && echo made >> made.txt\n")
+        self.assertEqual(self.ensure(root), "")
+        self.assertTrue(grade.corpus_ready(root))
+        self.assertEqual(self.ensure(root), "")  # there now: not made again
+        with open(os.path.join(root, "made.txt")) as f:
+            self.assertEqual(f.read().split(), ["made"])
+
+    def test_not_for_a_lab_without_corpus(self):
+        root = self.scratch("echo made > made.txt\n")
+        self.assertEqual(self.ensure(root, corpus=False), "")
+        self.assertFalse(os.path.exists(os.path.join(root, "made.txt")))
+
+    def test_failure_names_the_command(self):
+        root = self.scratch("echo 'no text to shard' >&2; exit 1\n")
+        problem = self.ensure(root)
+        self.assertIn("no text to shard", problem)
+        self.assertIn("scripts/prepare_corpus.sh --build-dir /nonexistent-build --out data/kjv", problem)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if unittest.main(exit=False).result.wasSuccessful() else 1)
