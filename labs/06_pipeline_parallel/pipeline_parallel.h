@@ -111,8 +111,9 @@ double bubble_formula(const PipelineLayout& layout);
 // The chunks this rank holds (v models, chunk 0 first), and a record of what ran. forward and backward run
 // the chunk's model (GPT2::forward / backward with caller-owned activations) and record the Action and its
 // time span, so the tests and the timeline see the order a stage really ran. With a uniform compute time
-// (set_uniform_compute), each one then waits until its start plus that time (a sleep; on the simulated GPU
-// its compute stream advances, nothing sleeps: core/clock.h clock_pause_ms): every micro-batch takes the
+// (set_uniform_compute), each one then waits until its start plus that time (a sleep). On the simulated GPU
+// the uniform time REPLACES the ops' modelled time: they charge nothing (core/clock.h UnchargedDeviceWork)
+// and the compute stream advances by exactly the uniform time, nothing sleeps. Every micro-batch takes the
 // same time on every stage, whatever the model, the cores or the other ranks on them do, which is what
 // the bubble formula assumes (README.md#measuring-the-bubble).
 class Stage {
@@ -130,7 +131,7 @@ class Stage {
   void backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
 
   // Every forward of a chunk takes at least forward_ms, every backward backward_ms (ms; 0: as long as the
-  // compute takes). Throws for negative values. `inside` (optional; lab 07 passes its tensor-parallel
+  // compute takes); on the simulated GPU exactly that long. Throws for negative values. `inside` (optional; lab 07 passes its tensor-parallel
   // group): a communicator whose collectives run INSIDE a chunk's forward and backward; the time they kept
   // the chunk waiting (their events' wait_ms) is communication, so it is added to the uniform time instead
   // of being absorbed by it. It must outlive the stage; its events are read, never cleared, here.
@@ -190,6 +191,7 @@ class StageExchange {
   static std::string tag(const char* kind, int micro_batch, int chunk);
   // Given. Sends a copy of t (category Workspace, so the activation set t belongs to may be freed at once)
   // to rank `peer` of `channel`, asynchronously; the copy and the pending send are kept until wait_sends().
+  // The copy costs no time on the simulated GPU (a GPU pipeline sends t itself).
   void post_send(Communicator& channel, const Tensor& t, int peer, const std::string& tag);
   // Given. Waits for every send posted since the last call and frees their copies.
   void wait_sends();

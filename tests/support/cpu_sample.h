@@ -1,6 +1,6 @@
 // cpu_sample.h — how much of this machine's cores OTHER processes used while a measurement ran: what
 // decides whether a timing-based check measured the code or the neighbours (tests/perf/perf_compare.h,
-// the speed checks; tests/lab06, the bubble checks). Implementation: cpu_sample.cpp (sl_test_support).
+// the speed checks). Implementation: cpu_sample.cpp (sl_test_support).
 #pragma once
 
 namespace scalelab::test {

@@ -14,8 +14,11 @@
 //     pcie          25 GB/s  PCIe Gen4 x16, achievable (32 GB/s theoretical per direction)
 //     ethernet100   12 GB/s  100 Gb/s Ethernet = 12.5 GB/s line rate, a little less achieved
 //     infiniband    46 GB/s  400 Gb/s InfiniBand, nccl-tests across nodes ~46-49 GB/s per NIC (low end)
+//   free    0 s, 0 s, infinite bandwidth: every call costs nothing, on any backend (on the sim backend,
+//           where "none" keeps the backend's own links, the way to ask for free messages)
 // They are round figures for teaching, not a calibration of any machine: lab 00 measures yours.
 #include <cmath>
+#include <limits>  // defines: std::numeric_limits (the free link's bandwidth)
 #include <string>
 
 #include "comm_internal.h"        // defines: bus_bytes, latency_hops
@@ -35,6 +38,11 @@ LinkModel LinkModel::preset(const std::string& name) {
   m.name = name;
   m.base_s = kNcclBaseLatencyS;
   if (name == "none") return LinkModel{};
+  if (name == "free") {  // messages cost nothing: what the bubble formula assumes (lab 06)
+    m.base_s = 0.0;
+    m.bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
+    return m;
+  }
   if (name == "nvlink") {
     m.alpha_s = 3.4 * kUs;
     m.bandwidth_bytes_per_s = 370 * kGB;
@@ -48,7 +56,8 @@ LinkModel LinkModel::preset(const std::string& name) {
     m.alpha_s = 14 * kUs;
     m.bandwidth_bytes_per_s = 46 * kGB;
   } else {
-    SL_FAIL("use one of: none, nvlink, pcie, ethernet100, infiniband", "unknown link model preset '%s'", name.c_str());
+    SL_FAIL("use one of: none, free, nvlink, pcie, ethernet100, infiniband", "unknown link model preset '%s'",
+            name.c_str());
   }
   return m;
 }

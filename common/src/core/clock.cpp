@@ -29,6 +29,8 @@ VirtualState& state() {
   static VirtualState s;
   return s;
 }
+// UnchargedDeviceWork scopes open on this thread (the loader's prefetch thread keeps its own: 0).
+thread_local int t_uncharged_depth = 0;
 }  // namespace
 
 double clock_now_ms() {
@@ -84,6 +86,14 @@ void VirtualClock::advance_compute(double seconds) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().compute_s += seconds;
 }
+
+void VirtualClock::charge_device(double seconds) {
+  if (t_uncharged_depth == 0) advance_compute(seconds);
+}
+
+UnchargedDeviceWork::UnchargedDeviceWork() { ++t_uncharged_depth; }
+UnchargedDeviceWork::~UnchargedDeviceWork() { --t_uncharged_depth; }
+bool UnchargedDeviceWork::open() { return t_uncharged_depth > 0; }
 
 void VirtualClock::wait_compute_until(double t_s) {
   std::lock_guard<std::mutex> lock(state().mu);

@@ -184,7 +184,7 @@ const GpuModel* sim_model_for(Device dst, Device src) {
 void Tensor::zero_() {
   if (nbytes() == 0) return;
   if (const GpuModel* m = sim_model_for(device_, device_))
-    VirtualClock::get().advance_compute(m->zero_seconds(static_cast<int64_t>(nbytes())));
+    VirtualClock::get().charge_device(m->zero_seconds(static_cast<int64_t>(nbytes())));
   if (device_ != Device::CUDA) {  // the CPU's memory, or the simulated GPU's (host memory too)
     // A large buffer is cleared by every thread, a slice each: one core's stores do not reach the memory
     // bandwidth of the machine (bench_lab01 --breakdown: the gradients' and the backward's zeroing).
@@ -210,7 +210,7 @@ void Tensor::copy_from(const Tensor& src) {
            shape_str(src.shape()).c_str(), dtype_name(src.dtype()), shape_str(shape_).c_str(), dtype_name(dtype_));
   if (nbytes() == 0) return;
   if (const GpuModel* m = sim_model_for(device_, src.device()))
-    VirtualClock::get().advance_compute(m->copy_seconds(static_cast<int64_t>(nbytes()), device_, src.device()));
+    VirtualClock::get().charge_device(m->copy_seconds(static_cast<int64_t>(nbytes()), device_, src.device()));
   if (device_ != Device::CUDA && src.device() != Device::CUDA) {  // CPU and simulated GPU: host memory
     std::memcpy(ptr_, src.raw(), nbytes());
   } else {

@@ -96,8 +96,9 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::st
 
 void add_link_options(CLI::App& app, DistributedOptions& o) {
   app.add_option("--link", o.link,
-                 "simulated link: none, nvlink, pcie, ethernet100, infiniband (none on --backend sim: its own "
-                 "links, the --sim-gpu's inside a node, nvlink or pcie for rtx4090, and infiniband across nodes)")
+                 "simulated link: none, free, nvlink, pcie, ethernet100, infiniband (none on --backend sim: its own "
+                 "links, the --sim-gpu's inside a node, nvlink or pcie for rtx4090, and infiniband across nodes; free: "
+                 "every message costs 0 s)")
       ->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
       ->capture_default_str()

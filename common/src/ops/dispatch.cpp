@@ -140,11 +140,11 @@ class OpTimer {
 };
 
 // docs/simulation.md rules 1-2: an op on the simulated GPU queues its modelled seconds on the compute stream
-// of the virtual clock, and the op profile (op_profile.h) records those modelled ms, not the CPU's wall
-// time. Throws, with a hint, when no GPU model is active (sim_gpu).
+// of the virtual clock (VirtualClock::charge_device: nothing inside an UnchargedDeviceWork), and the op
+// profile (op_profile.h) records those modelled ms, not the CPU's wall time. Throws, with a hint, when no GPU model is active (sim_gpu).
 void charge_sim(const char* op, const OpCost& cost) {
   const double seconds = op_seconds(cost, sim_gpu());
-  VirtualClock::get().advance_compute(seconds);
+  VirtualClock::get().charge_device(seconds);
   op_profile_add(op, 1e3 * seconds);  // does nothing while the profile is off
 }
 

@@ -330,6 +330,10 @@ TEST(CommLinkModel, PresetsCarryTheirFigures) {
   const LinkModel none = LinkModel::preset("none");
   EXPECT_FALSE(none.enabled());
   EXPECT_EQ(none.seconds("all_reduce", 1 << 20, 4), 0.0);
+  const LinkModel free = LinkModel::preset("free");  // modelled (replaces the sim backend's links), costing 0 s
+  EXPECT_TRUE(free.enabled());
+  for (const char* op : {"all_reduce", "all_gather", "send", "recv", "barrier"})
+    EXPECT_EQ(free.seconds(op, 1 << 20, 4), 0.0) << op;
   struct Want {
     const char* name;
     double alpha_us, gb_per_s;
@@ -344,7 +348,7 @@ TEST(CommLinkModel, PresetsCarryTheirFigures) {
     EXPECT_DOUBLE_EQ(m.base_s, 8.4e-6) << w.name;
   }
   const std::string msg = error_message([] { LinkModel::preset("nvlink5"); });
-  EXPECT_TRUE(contains(msg, "none, nvlink, pcie, ethernet100, infiniband")) << msg;
+  EXPECT_TRUE(contains(msg, "none, free, nvlink, pcie, ethernet100, infiniband")) << msg;
 }
 
 TEST(CommLinkModel, AllReduceOfOneMegabyteOverFourRanksIsTheRingFormula) {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "scalelab/core/allocator.h"  // defines: Allocator, Device
-#include "scalelab/core/clock.h"      // defines: VirtualClock, clock_now_ms, clock_is_virtual
+#include "scalelab/core/clock.h"      // defines: VirtualClock, UnchargedDeviceWork, clock_now_ms, clock_is_virtual
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/core/tensor.h"     // defines: Tensor
 
@@ -64,6 +64,22 @@ TEST(Clock, RestartingTheVirtualClockStartsBothStreamsAtZero) {
   VirtualClock::get().start();
   EXPECT_EQ(VirtualClock::get().compute_s(), 0.0);
   EXPECT_EQ(VirtualClock::get().comm_s(), 0.0);
+}
+
+TEST(Clock, DeviceWorkInsideAnUnchargedScopeQueuesNothing) {
+  VirtualClockGuard guard;
+  VirtualClock::get().charge_device(0.25);  // device work: queued
+  {
+    UnchargedDeviceWork outer;
+    UnchargedDeviceWork inner;  // nests
+    EXPECT_TRUE(UnchargedDeviceWork::open());
+    VirtualClock::get().charge_device(1.0);  // dropped: the caller times it by a figure of its own
+    clock_pause_ms(500.0);                   // a pause still counts
+  }
+  EXPECT_FALSE(UnchargedDeviceWork::open());
+  EXPECT_EQ(clock_now_ms(), 750.0);
+  VirtualClock::get().charge_device(0.25);  // queued again once the scopes have closed
+  EXPECT_EQ(clock_now_ms(), 1000.0);
 }
 
 TEST(SimDevice, MemoryIsCountedApartFromTheHostsAndCopiesBothWays) {

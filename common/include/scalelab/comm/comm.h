@@ -52,7 +52,8 @@ const char* reduce_op_name(ReduceOp op);
 //   barrier        base + 2(n-1) alpha
 // i.e. base + hops * alpha + bus_bytes / B: B is a bus bandwidth (a measured busbw plugs in as B).
 struct LinkModel {
-  std::string name = "none";           // "none" (real transport only), "nvlink", "pcie", "ethernet100", "infiniband"
+  // "none" (real transport only), "free" (modelled, costing 0 s), "nvlink", "pcie", "ethernet100", "infiniband"
+  std::string name = "none";
   double alpha_s = 0.0;                // seconds per message hop (latency)
   double bandwidth_bytes_per_s = 0.0;  // busbw the link sustains, bytes/s
   double base_s = 0.0;                 // seconds every call pays once (launch/protocol latency)

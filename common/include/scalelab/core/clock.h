@@ -45,6 +45,9 @@ class VirtualClock {
   double compute_s() const;
   void advance_compute(double seconds);
   void wait_compute_until(double t_s);
+  // The simulated device's own work (an op, a copy, a memset: ops/dispatch.cpp, core/tensor.cpp), queued as
+  // advance_compute queues it, unless an UnchargedDeviceWork is open on the calling thread: then dropped.
+  void charge_device(double seconds);
 
   // The communication stream: when its last queued call ends. The sim backend starts a call at
   // max(compute_s(), comm_s()) and sets comm_s to its completion.
@@ -53,6 +56,20 @@ class VirtualClock {
 
  private:
   VirtualClock() = default;
+};
+
+// While one lives, the simulated device's work on this thread queues nothing (VirtualClock::charge_device):
+// a caller that times a piece of work by a figure of its own REPLACES the ops' charges with it (lab 06's
+// uniform compute: a chunk's forward then takes exactly that long, whatever its ops), or leaves out work a
+// GPU program would not do (lab 06's staging copy of a message). Pauses (clock_pause_ms) and waits
+// (wait_compute_until) still count. Scopes nest; on the wall clock they change nothing.
+class UnchargedDeviceWork {
+ public:
+  UnchargedDeviceWork();
+  ~UnchargedDeviceWork();
+  UnchargedDeviceWork(const UnchargedDeviceWork&) = delete;
+  UnchargedDeviceWork& operator=(const UnchargedDeviceWork&) = delete;
+  static bool open();  // true while one lives on the calling thread
 };
 
 }  // namespace scalelab
