@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"       // defines: grading::run, Check, Record
-#include "perf_compare.h"  // defines: perf_test::compare_on_sim, SimSpec, describe
+#include "perf_compare.h"  // defines: perf_test::throughput_check, SimSpec, SimComparison
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -54,8 +54,6 @@ TEST(Lab03Perf, ThroughputVsReference) {
       "(<build>/perf-runs/<track>/lab03/lab03-sim-*); is each bucket's all-reduce started during backward and "
       "waited for only once, at the end, and are the buckets large (not one call per tensor)?"};
   grading::run(check, [&](grading::Record& record) {
-    const std::string missing = perf::sim_prerequisites();
-    if (!missing.empty()) GTEST_SKIP() << missing;
     perf::SimSpec spec;
     spec.lab = "lab03";
     spec.track = grading::track();
@@ -75,11 +73,8 @@ TEST(Lab03Perf, ThroughputVsReference) {
                  "--sample-tokens",  "0",
                  "--timeline-steps", "0",
                  "--quiet"};
-    spec.track_extra_args = perf::env_track_extra_args();
-    const perf::SimComparison c = perf::compare_on_sim(spec);
-    record.measured(perf::describe(spec, c));  // the text, not a format: MFU values carry '%'
-    std::printf("[perf] %s\n", record.measured_text().c_str());
-    EXPECT_GE(c.ratio, kMinFraction) << "the track reached " << c.ratio << " of the reference's simulated tokens/s";
+    perf::SimComparison c;
+    if (!perf::throughput_check(record, spec, kMinFraction, &c)) return;  // skipped: no MPI, no corpus
     EXPECT_LE(c.track.exposed_ms, kMaxExposedShare * c.track.busy_ms)
         << "the step waited " << c.track.exposed_ms << " ms for the all-reduce, which was busy " << c.track.busy_ms
         << " ms: overlap should hide most of it under backward";

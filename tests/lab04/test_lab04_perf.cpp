@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"                            // defines: grading::run, Check, Record
-#include "perf_compare.h"                       // defines: perf_test::compare_on_sim, run_program
+#include "perf_compare.h"                       // defines: perf_test::throughput_check, run_program
 #include "scalelab/core/error.h"                // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
 #include "scalelab/model/gpt2.h"                // defines: GPTConfig, gpt2_num_params
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
@@ -113,8 +113,6 @@ TEST(Lab04Perf, ThroughputVsReference) {
       "before the current unit computes (prefetch), and is each reduce-scatter waited for only when its buffer is "
       "needed?"};
   grading::run(check, [&](grading::Record& record) {
-    const std::string missing = perf::sim_prerequisites();
-    if (!missing.empty()) GTEST_SKIP() << missing;
     perf::SimSpec spec;
     spec.lab = "lab04";
     spec.track = grading::track();
@@ -122,11 +120,8 @@ TEST(Lab04Perf, ThroughputVsReference) {
     spec.gpu = kGpu;
     spec.ranks = kRanks;
     spec.args = lab04_args(kSteps, /*link=*/true);
-    spec.track_extra_args = perf::env_track_extra_args();
-    const perf::SimComparison c = perf::compare_on_sim(spec);
-    record.measured(perf::describe(spec, c));  // the text, not a format: MFU values carry '%'
-    std::printf("[perf] %s\n", record.measured_text().c_str());
-    EXPECT_GE(c.ratio, kMinFraction) << "the track reached " << c.ratio << " of the reference's simulated tokens/s";
+    perf::SimComparison c;
+    if (!perf::throughput_check(record, spec, kMinFraction, &c)) return;  // skipped: no MPI, no corpus
     EXPECT_LE(c.track.exposed_ms, kMaxExposedShare * c.track.busy_ms)
         << "the step waited " << c.track.exposed_ms << " ms for communication that was busy " << c.track.busy_ms
         << " ms: prefetch should hide the gathers under the previous unit's compute";

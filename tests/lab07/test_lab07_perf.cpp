@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"       // defines: grading::run, Check, Record
-#include "perf_compare.h"  // defines: perf_test::compare_on_sim, SimSpec, describe
+#include "perf_compare.h"  // defines: perf_test::throughput_check, SimSpec, SimComparison
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -46,8 +46,6 @@ TEST(Lab07Perf, ThroughputVsReference) {
       "form each tensor-parallel group in your layout? The order's first axis is the fastest-varying digit of "
       "the rank; compare the two runs' group figures in <build>/perf-runs/<track>/lab07/lab07-sim-*"};
   grading::run(check, [&](grading::Record& record) {
-    const std::string missing = perf::sim_prerequisites();
-    if (!missing.empty()) GTEST_SKIP() << missing;
     perf::SimSpec spec;
     spec.lab = "lab07";
     spec.track = grading::track();
@@ -85,10 +83,7 @@ TEST(Lab07Perf, ThroughputVsReference) {
                  "--timeline-steps",
                  "0",
                  "--quiet"};
-    spec.track_extra_args = perf::env_track_extra_args();
-    const perf::SimComparison c = perf::compare_on_sim(spec);
-    record.measured(perf::describe(spec, c));  // the text, not a format: MFU values carry '%'
-    std::printf("[perf] %s\n", record.measured_text().c_str());
-    EXPECT_GE(c.ratio, kMinFraction) << "the track reached " << c.ratio << " of the reference's simulated tokens/s";
+    perf::SimComparison c;
+    perf::throughput_check(record, spec, kMinFraction, &c);
   });
 }

@@ -2,6 +2,8 @@
 // "Performance checks" says how the fractions were chosen.
 #include "perf_compare.h"
 
+#include <gtest/gtest.h>  // defines: GTEST_SKIP, EXPECT_GE (throughput_check)
+
 #include <fcntl.h>      // defines: open, O_* (the run's output file)
 #include <signal.h>     // defines: kill, SIGTERM, SIGKILL
 #include <sys/prctl.h>  // defines: prctl, PR_SET_PDEATHSIG
@@ -317,4 +319,18 @@ std::string sim_prerequisites() {
            "openmpi-bin, then reconfigure)";
   return ensure_corpus();
 }
+bool throughput_check(grading::Record& record, SimSpec spec, double min_fraction, SimComparison* out) {
+  const std::string missing = sim_prerequisites();
+  if (!missing.empty()) {
+    [&] { GTEST_SKIP() << missing; }();  // GTEST_SKIP returns void: from a lambda, so this returns false
+    return false;
+  }
+  spec.track_extra_args = env_track_extra_args();
+  *out = compare_on_sim(spec);
+  record.measured(describe(spec, *out));  // the text, not a format: MFU values carry '%'
+  std::printf("[perf] %s\n", record.measured_text().c_str());
+  EXPECT_GE(out->ratio, min_fraction) << "the track reached " << out->ratio << " of the reference's simulated tokens/s";
+  return true;
+}
+
 }  // namespace scalelab::perf_test

@@ -106,6 +106,13 @@ SimComparison compare_on_sim(const SimSpec& spec);
 // prefix when SL_PERF_TRACK_ARGS was set).
 std::string describe(const SimSpec& spec, const SimComparison& c);
 
+// The body of a throughput check (tests/labNN/test_labNN_perf.cpp), inside its grading::run: skips
+// (GTEST_SKIP, returns false) when sim_prerequisites says why; otherwise takes SL_PERF_TRACK_ARGS into
+// `spec`, runs compare_on_sim, writes describe() as the measured text, expects the track's simulated
+// tokens/s >= min_fraction x the reference's, and returns true with the comparison in *out (for the
+// check's own further assertions: the exposed communication).
+bool throughput_check(grading::Record& record, SimSpec spec, double min_fraction, SimComparison* out);
+
 // "" when a speed check can run here (mpiexec in the build, the corpus present or made now), else why not:
 // the skip reason, one the learner can fix (install MPI, make the corpus).
 std::string sim_prerequisites();
