@@ -17,7 +17,8 @@ graded check it must trip. For each selected mistake this script
   4. runs only that check through ctest (`ctest -R '^labNN.<check>.reference$'`) and reads its record as
      scripts/grade does (its functions are imported, not copied): status failed = caught; a crash or a
      timeout of the check counts as caught too and is reported as such; passed = NOT CAUGHT; a record
-     of another check, or not_implemented / skipped = wrong check;
+     of another check, or not_implemented / skipped = wrong check (a speed check compares the patched
+     program with a copy of the unpatched reference's, <build>/unpatched-reference, SL_PERF_REFERENCE_DIR);
   5. restores the copy.
 Before the first mistake it runs the selected checks once on the unpatched copy (the baseline): a check
 that already fails there could not tell a mistake from a broken build, so the run stops. With
@@ -449,6 +450,13 @@ def main():
         print(grade.tail(out, 60))
         sys.exit("check_mistakes: the unpatched reference does not build (output above)")
     print(f"   {time.monotonic() - t0:.1f} s", flush=True)
+    # The speed checks run the track's program against the reference's (tests/perf/perf_compare.h). Here the
+    # reference track IS the patched copy, so both would be the mistake: the checks get a copy of the
+    # unpatched reference's programs, taken now, through SL_PERF_REFERENCE_DIR (ctest passes it on).
+    unpatched = os.path.join(build, "unpatched-reference")
+    shutil.rmtree(unpatched, ignore_errors=True)
+    shutil.copytree(os.path.join(build, "bin", "reference"), unpatched)
+    os.environ["SL_PERF_REFERENCE_DIR"] = unpatched
     tests = {t["name"]: t for t in grade.list_tests(build)}
     for m in mistakes:
         name = f"{m['check']}.{TRACK}"

@@ -1,9 +1,9 @@
-// test_lab03_perf.cpp — lab 03's performance check (label perf): the track's data-parallel training is
-// at least a stated fraction as fast as the reference's, both run just before on this machine with the
-// same arguments. The harness (runs, logs, the skip rule): tests/perf/perf_compare.h. How the fraction
-// was chosen, from measurements: docs/grading.md "Performance checks".
-// The program runs directly (NP 1 in tests/lab03/CMakeLists.txt): it starts bin/reference/lab03_ddp and
-// bin/<track>/lab03_ddp under mpiexec itself, one at a time (ctest RUN_SERIAL: nothing else runs beside it).
+// test_lab03_perf.cpp — lab 03's performance check (label perf): on a simulated GPU cluster (virtual time,
+// so the same bits on any machine, busy or not), the track's data-parallel training is at least a stated
+// fraction as fast as the reference's with the same arguments, and its overlap hides the all-reduce. The
+// harness (runs, summaries): tests/perf/perf_compare.h. How the fraction was chosen, from measurements:
+// docs/grading.md "Performance checks". The program runs directly (NP 1 in tests/lab03/CMakeLists.txt): it
+// starts bin/<track>/lab03_ddp and the reference's lab03_ddp under mpiexec itself, one after the other.
 #include <cstdio>  // defines: std::snprintf
 #include <string>
 #include <vector>
@@ -11,56 +11,59 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"       // defines: grading::run, Check, Record
-#include "perf_compare.h"  // defines: perf_test::compare_with_reference, check_machine
+#include "perf_compare.h"  // defines: perf_test::throughput_check, SimSpec, SimComparison
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
 
 namespace {
 
-constexpr int kRanks = 2;  // one core (or GPU) each: the check is skipped on a machine with fewer
-constexpr int kSteps = 9;  // per run: step 0 is warm-up, steps 1..8 are timed
-constexpr int kPairs = 2;  // track/reference pairs, order T R | R T (SL_PERF_PAIRS overrides)
-// Both runs on the simulated link of README "Measured": 100 Gb/s Ethernet made 100x slower, so the demo
-// model's all-reduce lasts about as long as its backward pass, as on a GPU cluster. Without it the
-// all-reduce is ~1 % of a CPU step and no implementation of this lab could be told from another by speed.
+constexpr int kRanks = 2;
+constexpr int kSteps = 3;  // step 0 is not timed; every timed step lasts the same virtual time
+constexpr const char* kGpu = "h100";
+// The link: 100 Gb/s Ethernet between the two simulated H100s, where the demo model's gradient all-reduce
+// (0.88 ms busy per step) costs about half of the step's compute (2.2 ms), as on a real cluster. Measured
+// (reference, B 8, T 128, tokens/s of overlap / naive): the GPU's own NVLink 898,722 / 692,139 (0.77: the
+// all-reduce is too short to tell bucketing from overlap), infiniband 867,468 / 487,114 (bucketed 0.88),
+// ethernet100 809,031 / 438,818 (bucketed 0.80): the widest gap between a blocking and an overlapped sync.
 constexpr const char* kLink = "ethernet100";
-constexpr const char* kLinkSlowdown = "100";
-// The track's tokens/s >= kMinFraction x the reference's. Measured on the 2-core development machine
-// (docs/grading.md "Performance checks"): the reference against itself 0.78-1.15 per pair, 0.84 or more
-// for the check's 2 pairs, even with others using a core; the reference with --mode naive 0.39-0.41.
-constexpr double kMinFraction = 0.70;
+// The track's simulated tokens/s >= kMinFraction x the reference's. Measured on ethernet100 (docs/grading.md
+// "Performance checks"): sound alternatives, modelled by the reference with other bucket caps, 0.995
+// (--bucket-mb 0.25), 1.018 (2), 0.979 (4); the planted slow ones: launching every bucket after backward
+// (lab03-overlap-launch-after-backward: 0.830; --mode bucketed, every bucket after backward: 0.801), one
+// all-reduce per tensor (lab03-bucket-per-tensor, the buckets of --bucket-mb 0: 0.677), naive (--mode naive: 0.542).
+constexpr double kMinFraction = 0.90;
+// The step waits for at most this share of the all-reduce's busy time (overlap's point: the rest runs under
+// backward). Measured: the reference 0.318 of 0.881 ms (0.36; 0.27 at --bucket-mb 0.25, 0.57 at 4: only the
+// last bucket is exposed); blocking syncs wait for all of it, and more (--mode bucketed 1.011 of 0.881 ms).
+constexpr double kMaxExposedShare = 0.5;
 
 }  // namespace
 
 TEST(Lab03Perf, ThroughputVsReference) {
   char target[1024];
-  std::snprintf(
-      target, sizeof(target),
-      "tokens/s of your lab03_ddp >= %.2f x the reference's, both run alternately just before on this "
-      "machine: %d ranks x 1 thread, demo model, --mode overlap, --link %s --link-slowdown %s, %d timed "
-      "steps per run, %d pairs of runs "
-      "(median over the timed steps); MFU of both, against one calibration. Optional (skipped, and not in the "
-      "total) without a core (GPU) per rank or when other processes share the cores",
-      kMinFraction, kRanks, kLink, kLinkSlowdown, kSteps - 1, kPairs);
+  std::snprintf(target, sizeof(target),
+                "on %d simulated %s GPUs (virtual time, --link %s): simulated tokens/s of your lab03_ddp "
+                "--mode overlap >= %.2f x the reference's with the same arguments (demo model, B 8, T 128, "
+                "--bucket-mb 1), and the exposed all-reduce (summary comm_ms) <= %.2f x its busy time "
+                "(comm_busy_ms). One run each; deterministic, so it is graded on any machine",
+                kRanks, kGpu, kLink, kMinFraction, kMaxExposedShare);
   const grading::Check check{
       "lab03.throughput_vs_reference", /*points=*/2, target,
       "README 'Overlap': compare comm_ms (exposed) and comm_busy_ms of the two runs' step records "
-      "(<build>/perf-runs/<track>/lab03/); is each bucket's all-reduce started during backward and waited "
-      "for only once, at the end, and are the buckets large (not one call per tensor)?"};
+      "(<build>/perf-runs/<track>/lab03/lab03-sim-*); is each bucket's all-reduce started during backward and "
+      "waited for only once, at the end, and are the buckets large (not one call per tensor)?"};
   grading::run(check, [&](grading::Record& record) {
-    const perf::Machine machine = perf::check_machine(kRanks);
-    perf::CompareSpec spec;
+    perf::SimSpec spec;
     spec.lab = "lab03";
-    spec.check = "throughput_vs_reference";
     spec.track = grading::track();
-    spec.device = machine.device;
     spec.program = "lab03_ddp";
-    spec.args = {"--device",         machine.device,
-                 "--model",          "demo",
+    spec.gpu = kGpu;
+    spec.ranks = kRanks;
+    spec.args = {"--model",          "demo",
                  "--mode",           "overlap",
+                 "--bucket-mb",      "1",
                  "--link",           kLink,
-                 "--link-slowdown",  kLinkSlowdown,
                  "--micro-batch",    "8",
                  "--seq-len",        "128",
                  "--steps",          std::to_string(kSteps),
@@ -70,14 +73,10 @@ TEST(Lab03Perf, ThroughputVsReference) {
                  "--sample-tokens",  "0",
                  "--timeline-steps", "0",
                  "--quiet"};
-    spec.ranks = kRanks;
-    spec.pairs = kPairs;
-    if (!machine.fair) {  // too few cores or GPUs for a fair timing: nothing the learner's code can change
-      record.optional(perf::by_hand(spec, /*shared_machine=*/false));
-      GTEST_SKIP() << machine.reason;
-    }
-    const std::string no_corpus = perf::ensure_corpus();
-    if (!no_corpus.empty()) GTEST_SKIP() << no_corpus;
-    perf::throughput_check(record, spec, machine, kMinFraction);
+    perf::SimComparison c;
+    if (!perf::throughput_check(record, spec, kMinFraction, &c)) return;  // skipped: no MPI, no corpus
+    EXPECT_LE(c.track.exposed_ms, kMaxExposedShare * c.track.busy_ms)
+        << "the step waited " << c.track.exposed_ms << " ms for the all-reduce, which was busy " << c.track.busy_ms
+        << " ms: overlap should hide most of it under backward";
   });
 }
