@@ -1,6 +1,6 @@
 // mpi_allreduce_plain.cpp — bin/bench_mpi_allreduce: a plain MPI_Allreduce loop, no communicator, no
 // communication thread, no event log: the baseline for lab 00's all_reduce rows. The difference between
-// the two is what scalelab's Communicator costs (labs/00_setup/README.md, "The communicator's overhead").
+// the two is what scalelab's Communicator costs (docs/labs/00_setup.md, "The communicator's overhead").
 // Timing as in lab 00: f32 sum in place, warm-up calls, then the mean of the timed calls of the
 // SLOWEST rank; algbw = S / time, busbw = algbw x 2(n-1)/n (nccl-tests, doc/PERFORMANCE.md).
 //

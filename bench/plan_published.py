@@ -8,8 +8,8 @@ Nothing here is fitted to a row. The cluster is the papers' (NVIDIA Selene: DGX 
 TFLOP/s dense bf16/fp16 each, NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as
 alpha-beta links: NVLink at 230 GB/s busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at
 23 GB/s per GPU (one 200 Gb/s NIC a GPU: half the infiniband preset's 400 Gb/s figure), the presets'
-latencies. ONE efficiency for every row (--efficiency, default 0.8: the bf16 GEMM measured on an H200 ran at
-769-798 of its 989 TFLOP/s, labs/00_setup/README.md), 16-bit activations on the wire, the kit's AdamW with fp32
+latencies. ONE efficiency for every row (--efficiency, default 0.8: an assumed share of the datasheet peak
+for a large bf16 GEMM, not a measurement), 16-bit activations on the wire, the kit's AdamW with fp32
 gradient reduction, no overlap of data-parallel communication. The model leaves out every op but the
 matmuls and attention's (layernorm, softmax, dropout, GELU, the optimizer's pass), so it is optimistic.
 

@@ -5,7 +5,7 @@
 // Exposed communication: how long the step WAITED for collectives (not how long they were in flight).
 // The communicator records the caller's wait per call (CommEvent::wait_ms: time blocked in Work::wait()
 // or a blocking call), and their sum is the step's comm_ms. The probe also measures the same thing from
-// the outside, as a check logged beside it (comm_hooks_ms; README "Reading the numbers"):
+// the outside, as a check logged beside it (comm_hooks_ms; docs/labs/04_fsdp.md "Reading the numbers"):
 //   - time inside FSDP's model hooks (use_params waits for a gather, after_backward finishes the
 //     previous unit's reduce-scatter),
 //   - the gap after each backward's last hook until the next micro-step starts or the clipping's

@@ -108,10 +108,10 @@ TEST(Lab04Perf, ThroughputVsReference) {
       kRanks, kGpu, kLink, kStage, kPrefetch, kMinFraction, kMicroBatch, kSeqLen, kMaxExposedShare);
   const grading::Check check{
       "lab04.throughput_vs_reference", /*points=*/2, target,
-      "README 'Reading the numbers': compare comm_ms (exposed) with comm_busy_ms and compute_ms in the two runs' "
-      "step records (<build>/perf-runs/<track>/lab04/lab04-sim-*); is the next unit's all-gather issued (async) "
-      "before the current unit computes (prefetch), and is each reduce-scatter waited for only when its buffer is "
-      "needed?"};
+      "docs/labs/04_fsdp.md 'Reading the numbers': compare comm_ms (exposed) with comm_busy_ms and compute_ms in "
+      "the two runs' step records (<build>/perf-runs/<track>/lab04/lab04-sim-*); is the next unit's all-gather "
+      "issued (async) before the current unit computes (prefetch), and is each reduce-scatter waited for only when "
+      "its buffer is needed?"};
   grading::run(check, [&](grading::Record& record) {
     perf::SimSpec spec;
     spec.lab = "lab04";

@@ -8,7 +8,7 @@ TODO fences). Python standard library only.
 The README's check table (docs/grading.md "The README's check table") is the one markdown table of
 labs/NN_name/README.md whose header has a `check` and a `points` column:
 
-    | check | points | TODOs | what it checks |
+    | check | points | TODOs | what it must do |
     |---|---:|---|---|
     | `lab03.bucket_layout` | 3 | `lab03-3` | ... |
     | **total** | **33** | | ... |

@@ -120,7 +120,7 @@ README = """# Lab 10: scratch
 
 Write `answer` in `labs/10_scratch/scratch.cpp`.
 
-| check | points | TODOs | what it checks |
+| check | points | TODOs | what it must do |
 |---|---:|---|---|
 | `lab10.answer_doubles` | 1 | `lab10-1` | answer(x) = 2x |
 | **total** | **1** | | |
