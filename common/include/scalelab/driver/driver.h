@@ -154,9 +154,9 @@ void set_links(Communicator& world, const DistributedOptions& o, const ClusterOp
 // when missing or provably stale: load_or_calibrate). With `calibration_file` (--calibration FILE) a
 // CPU run divides by exactly that file's peak instead: no quick check, never measured again, refused
 // (scalelab::Error) when it was measured on another CPU model, for another thread count or for the
-// other GEMM (fp32 sgemm vs bf16-compute's bf16 matmul). That is how the graded speed checks make the
-// reference's run and the learner's divide by the same number (tests/perf/perf_compare.h). A GPU run
-// ignores the file: its peak is the datasheet's.
+// other GEMM (fp32 sgemm vs bf16-compute's bf16 matmul): two CPU runs compared by hand divide by the same
+// number that way. A GPU run, real or simulated, ignores the file: its peak is the datasheet's (the graded
+// speed checks run on the simulated GPU for that reason, tests/perf/perf_compare.h).
 Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const std::string& calibration_file);
 // run_peak on every rank. Without a file the CPU calibration is measured by rank 0 first (several ranks
 // calibrating at once would measure each other) and read from the cache by the others.
