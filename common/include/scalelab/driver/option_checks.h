@@ -2,7 +2,7 @@
 // rank of a multi-rank program started with the same options. One CLI11 validator per kind of number (a
 // validator sees the text before CLI11 converts it, so "99999999999" for an int gets the same words as "0");
 // require_checked_options refuses a program that declares a number without one. Implementation:
-// common/src/driver/option_checks.cpp. Tests: tests/drivers/test_option_checks.cpp, tests/robustness/.
+// common/src/driver/option_checks.cpp. Tests: tests/robustness/bad_inputs.py (every program, every kind).
 #pragma once
 
 #include <CLI/CLI.hpp>  // defines: CLI::App, CLI::Validator
