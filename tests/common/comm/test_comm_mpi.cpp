@@ -864,7 +864,11 @@ TEST(CommMpi, BlockingCallsKeepTheirPlaceBehindPendingAsyncCalls) {
   EXPECT_GE(ev[2].start_ms, ev[1].end_ms);
   EXPECT_GE(ev[3].start_ms, ev[2].end_ms);
   for (size_t i = 0; i < ev.size(); ++i) EXPECT_GE(ev[i].end_ms - ev[i].start_ms, p > 1 ? 50.0 : 0.0) << i;
-  EXPECT_GE(ev[3].wait_ms, p > 1 ? 50.0 - 1.0 : 0.0) << "a blocking call's wait is the whole call";
+  // A blocking call's wait is the whole call, less the hand-over: the caller's clock starts once the call is
+  // queued for the communication thread, which may already have begun it. That gap is scheduling, 0.1 ms on
+  // a quiet machine but 1.2 ms measured under ThreadSanitizer beside other builds: 10 % of the call allows it,
+  // and a blocking call that counted no wait (0 ms) still fails.
+  EXPECT_GE(ev[3].wait_ms, p > 1 ? 0.9 * 50.0 : 0.0) << "a blocking call's wait is the whole call";
   const double sum0 = 100.0 * p * (p - 1) / 2;
   expect_values(
       a, [&](int64_t i) { return sum0 + static_cast<double>(p) * i; }, "async 1");
