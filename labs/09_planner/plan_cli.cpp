@@ -194,7 +194,7 @@ int plan_main(int argc, char** argv) {
   app.add_option("--recompute", recompute, "none | selective | full, of --tp's layout")->capture_default_str();
   app.add_flag("--per-op", per_op,
                "with --tp: price compute op by op as the simulated --gpu charges it (--device sim), "
-               "not at --peak-tflops x --efficiency (README.md#per-op-pricing)");
+               "not at --peak-tflops x --efficiency (docs/labs/09_planner.md, per-op pricing)");
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
   driver::require_checked_options(app);  // a numeric option without a range check: a programming error

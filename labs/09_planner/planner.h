@@ -210,7 +210,7 @@ DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload
 std::string explain(const Candidate& c, const Cluster& cluster);
 
 // ---------------------------------------------------------------------------------------------
-// Per-op pricing (given): a simulated GPU's step, op by op (README.md#per-op-pricing)
+// Per-op pricing (given): a simulated GPU's step, op by op (docs/labs/09_planner.md, "Per-op pricing")
 //
 // On the simulated GPU (--device sim) every op is charged by common's per-op cost model (ops/op_cost.h:
 // launches, FLOPs at the class's efficiency, bytes at HBM bandwidth) and every copy and zeroing by
