@@ -227,6 +227,7 @@ struct StageOpSeconds {
   double forward = 0;
   double backward = 0;
 };
+// Throws scalelab::Error, with what to change, for what the pricing does not cover (the list above).
 void check_per_op_pricing(const Layout& x, const Workload& w);
 StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
                                 const GpuModel& gpu);
