@@ -5,11 +5,13 @@
 // labs/09_planner/planner.cpp, the reference's in solutions/09_planner/planner.cpp.
 #include "planner.h"
 
-#include <cstdint>  // defines: int64_t
-#include <cstdio>   // defines: std::snprintf
-#include <string>   // defines: std::string, std::to_string
+#include <algorithm>  // defines: std::max
+#include <cstdint>    // defines: int64_t
+#include <cstdio>     // defines: std::snprintf
+#include <string>     // defines: std::string, std::to_string
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, scalelab::Error
+#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
+#include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
 
 namespace scalelab::lab09 {
 
@@ -134,6 +136,159 @@ std::string memory_refusal(const DeviceMemory& m, const Cluster& c) {
   std::snprintf(buf, sizeof buf, "needs %.2f GB a device (stage %d), has %.2f GB", m.total() / 1e9, m.stage,
                 c.memory_bytes / 1e9);
   return buf;
+}
+
+// =============================================================================================
+// Per-op pricing: the simulated GPU's charges summed over a stage's ops (planner.h, "Per-op pricing")
+// =============================================================================================
+namespace {
+constexpr int64_t kF32Bytes = 4;  // bytes of an f32 element or an i32 token id
+
+// Seconds of the ops one block's forward issues (gpt2.cpp block_forward, tp 1, fp32): N = B T rows.
+double block_forward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, const GpuModel& gpu) {
+  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
+  const OpCost ops[] = {
+      op_cost::layernorm_forward(N, C),
+      op_cost::matmul_forward(N, C, 3 * C, true),  // c_attn
+      attention == AttentionImpl::Flash ? op_cost::attention_forward_flash(B, T, C, NH)
+                                        : op_cost::attention_forward(B, T, C, NH),
+      op_cost::matmul_forward(N, C, C, true),  // attn c_proj (row-parallel with one rank: the bias inside)
+      op_cost::residual_forward(N * C),
+      op_cost::layernorm_forward(N, C),
+      op_cost::matmul_forward(N, C, 4 * C, true),  // c_fc
+      op_cost::gelu_forward(N * 4 * C),
+      op_cost::matmul_forward(N, 4 * C, C, true),  // mlp c_proj
+      op_cost::residual_forward(N * C),
+  };
+  double s = 0;
+  for (const OpCost& op : ops) s += op_seconds(op, gpu);
+  return s;
+}
+
+// Seconds of one block's backward (gpt2.cpp block_backward): its six zeroed scratch gradients, the
+// matmuls' three gradients, and what the recompute mode runs again.
+double block_backward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, Recompute mode,
+                              const GpuModel& gpu) {
+  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
+  // dfch_gelu, dfch (N,4C); dln (N,C); datty (N,C); dqkv (N,3C); dln again (N,C)
+  const int64_t zeroed[] = {N * 4 * C, N * 4 * C, N * C, N * C, N * 3 * C, N * C};
+  const OpCost ops[] = {
+      op_cost::matmul_backward(N, 4 * C, C, true, true, true),  // mlp c_proj
+      op_cost::gelu_backward(N * 4 * C),
+      op_cost::matmul_backward(N, C, 4 * C, true, true, true),  // c_fc
+      op_cost::layernorm_backward(N, C),
+      op_cost::matmul_backward(N, C, C, true, true, true),  // attn c_proj
+      attention == AttentionImpl::Flash ? op_cost::attention_backward_flash(B, T, C, NH)
+                                        : op_cost::attention_backward(B, T, C, NH),
+      op_cost::matmul_backward(N, C, 3 * C, true, true, true),  // c_attn
+      op_cost::layernorm_backward(N, C),
+  };
+  double s = 0;
+  for (int64_t n : zeroed) s += gpu.zero_seconds(kF32Bytes * n);
+  for (const OpCost& op : ops) s += op_seconds(op, gpu);
+  if (mode == Recompute::Full) s += block_forward_seconds(cfg, B, T, attention, gpu);
+  if (mode == Recompute::Selective && attention != AttentionImpl::Flash)  // the scores again
+    s += op_seconds(op_cost::attention_forward(B, T, C, NH), gpu);
+  return s;
+}
+}  // namespace
+
+void check_per_op_pricing(const Layout& x, const Workload& w) {
+  SL_CHECK_HINT(x.tp == 1 && !x.sequence_parallel,
+                "price tp > 1 with FLOP/s and --efficiency (leave out --per-op): the vocabulary-parallel "
+                "embedding and loss are not priced op by op yet",
+                "per-op pricing covers tp 1 only, got tp %d", x.tp);
+  SL_CHECK_HINT(w.policy.matmul_dtype == DType::F32 && w.policy.param_dtype == DType::F32,
+                "use --precision fp32 with --per-op (the bf16 policy's casts are not priced yet)",
+                "per-op pricing covers the fp32 policy only");
+  SL_CHECK_HINT(w.optimizer == OptimizerConfig::Kind::AdamW && w.lora_rank == 0,
+                "use --optimizer adamw and no --lora with --per-op", "per-op pricing covers full AdamW training only");
+}
+
+StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
+                                const GpuModel& gpu) {
+  check_per_op_pricing(x, w);
+  const int64_t B = x.micro_batch, T = w.seq_len, N = B * T, C = cfg.n_embd, V = cfg.vocab_size;
+  const double sim_copy = gpu.copy_seconds(kF32Bytes * N * C, Device::SIM, Device::SIM);  // a (B,T,C) copy
+  StageOpSeconds s;
+  for (int chunk = 0; chunk < x.chunks; ++chunk) {
+    const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
+    // forward: the input into the activation set (the tokens, or the hidden state received), the embedding
+    if (sh.has_embedding) {
+      s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
+      s.forward += op_seconds(op_cost::encoder_forward(B, T, C), gpu);
+    } else {
+      s.forward += sim_copy;
+    }
+    for (int l = sh.first_layer; l <= sh.last(cfg); ++l) {
+      s.forward += block_forward_seconds(cfg, B, T, w.attention, gpu);
+      s.backward += block_backward_seconds(cfg, B, T, w.attention, x.recompute, gpu);
+    }
+    // backward: the embedding's gradients, or d(input) handed back
+    s.backward += sh.has_embedding ? op_seconds(op_cost::encoder_backward(B, T, C), gpu) : sim_copy;
+    if (sh.has_head) {
+      // the targets in, ln_f, the tied head, the loss, the losses copied to the host for their mean
+      s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
+      s.forward += op_seconds(op_cost::layernorm_forward(N, C), gpu);
+      s.forward += op_seconds(op_cost::matmul_forward(N, C, V, false), gpu);
+      s.forward += op_seconds(op_cost::softmax_crossentropy_forward(N, V), gpu);
+      s.forward += gpu.copy_seconds(kF32Bytes * N, Device::CPU, Device::SIM);
+      // the loss's gradient, dlnf and dresidual zeroed, the head's two gradients, ln_f's
+      s.backward += op_seconds(op_cost::softmax_crossentropy_backward(N, V), gpu);
+      s.backward += 2 * gpu.zero_seconds(kF32Bytes * N * C);
+      s.backward += op_seconds(op_cost::matmul_backward(N, C, V, true, true, false), gpu);
+      s.backward += op_seconds(op_cost::layernorm_backward(N, C), gpu);
+    } else {
+      s.backward += sim_copy;  // d(output) received, copied into dresidual
+    }
+  }
+  return s;
+}
+
+double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const GpuModel& gpu) {
+  check_per_op_pricing(x, w);
+  const int64_t N = static_cast<int64_t>(x.micro_batch) * w.seq_len;
+  bool head = false;
+  double s = 0;
+  for (int chunk = 0; chunk < x.chunks; ++chunk) {
+    const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
+    head = head || sh.has_head;
+    for (int64_t n : gpt2_unit_numel(cfg, sh)) {
+      if (n == 0) continue;                           // a unit this stage does not hold
+      s += gpu.zero_seconds(kF32Bytes * n);           // zero_grad
+      s += op_seconds(op_cost::sum_squares(n), gpu);  // the gradient norm
+      s += op_seconds(op_cost::scale(n), gpu);        // clipping
+    }
+    for (const ParamInfo& p : gpt2_param_table(cfg, sh)) {
+      const int64_t n = x.zero_stage >= 1 ? (p.numel + x.dp - 1) / x.dp : p.numel;
+      s += op_seconds(op_cost::adamw_update(n), gpu);
+    }
+  }
+  // every micro-batch's tokens (and, on the stage with the head, its targets) from the host
+  const double batch = gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::CPU);
+  return s + x.micro_batches * batch * (head ? 2 : 1);
+}
+
+StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c,
+                          const GpuModel& gpu) {
+  double slot_s = 0, step_s = 0;
+  for (int s = 0; s < x.pp; ++s) {
+    const StageOpSeconds o = stage_op_seconds(cfg, x, s, w, gpu);
+    slot_s = std::max(slot_s, o.forward + o.backward);
+    step_s = std::max(step_s, step_op_seconds(cfg, x, s, w, gpu));
+  }
+  Workload priced = w;
+  priced.uniform_compute_ms = 1e3 * slot_s / 3;  // step_time's slot: a forward u and a backward 2 u
+  Cluster bare = c;
+  bare.memory_bandwidth_bytes_per_s = 0;  // the optimizer: step_op_seconds instead
+  StepTime t = step_time(cfg, x, priced, bare);
+  const double old_step_ms = t.step_ms;
+  t.optimizer_ms = 1e3 * step_s;
+  t.step_ms += t.optimizer_ms;
+  t.tokens_per_s *= old_step_ms / t.step_ms;  // the same tokens in the longer step
+  t.mfu *= old_step_ms / t.step_ms;
+  t.hfu *= old_step_ms / t.step_ms;
+  return t;
 }
 
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w) {

@@ -123,7 +123,7 @@ int plan_main(int argc, char** argv) {
   lab09::Cluster cluster;
   lab09::Workload w;
   lab09::Layout one;
-  bool json = false, sp = false;
+  bool json = false, sp = false, per_op = false;
   app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (or --layers --hidden --heads)");
   app.add_option("--layers", layers, "L, with --hidden and --heads: a model of your own")
       ->check(driver::positive_int());
@@ -192,6 +192,9 @@ int plan_main(int argc, char** argv) {
   app.add_option("--zero", one.zero_stage, "ZeRO stage of --tp's layout")->check(driver::int_in_range(0, 3));
   app.add_flag("--sp", sp, "sequence parallelism in --tp's layout");
   app.add_option("--recompute", recompute, "none | selective | full, of --tp's layout")->capture_default_str();
+  app.add_flag("--per-op", per_op,
+               "with --tp: price compute op by op as the simulated --gpu charges it (--device sim), "
+               "not at --peak-tflops x --efficiency (docs/labs/09_planner.md, per-op pricing)");
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
   driver::require_checked_options(app);  // a numeric option without a range check: a programming error
@@ -253,6 +256,10 @@ int plan_main(int argc, char** argv) {
                         "give --tp, --pp and --dp with it to predict that one layout, "
                         "or leave the layout's options out to rank every layout",
                         "%s without --tp", opt);
+        SL_CHECK_HINT(!per_op || (*tp_opt && gpu != "cpu"),
+                      "give --per-op with one layout (--tp, --pp, --dp) on a simulated GPU (--gpu h100, ...)",
+                      "--per-op prices one layout on a --gpu preset (got %s, --gpu %s)",
+                      *tp_opt ? "a layout" : "no --tp", gpu.c_str());
         if (*tp_opt) {                                                    // one layout, term by term
           if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
           if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
@@ -264,7 +271,8 @@ int plan_main(int argc, char** argv) {
           lab09::Candidate r;
           r.layout = one;
           r.memory = lab09::device_memory(cfg, one, w);
-          r.time = lab09::step_time(cfg, one, w, cluster);
+          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, GpuModel::preset(gpu))
+                          : lab09::step_time(cfg, one, w, cluster);
           r.why_not = lab09::memory_refusal(r.memory, cluster);
           r.fits = r.why_not.empty();
           if (json) {

@@ -37,6 +37,7 @@
 #include "scalelab/comm/comm.h"       // defines: LinkModel
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
+#include "scalelab/core/sim_gpu.h"    // defines: GpuModel (per-op pricing)
 #include "scalelab/measure/memory_estimator.h"  // defines: ModelStateBytes, estimate_model_state, gpt2_activation_bytes
 #include "scalelab/model/gpt2.h"                // defines: GPTConfig, ModelShard, Recompute, AttentionImpl
 #include "scalelab/model/optim.h"               // defines: OptimizerConfig::Kind
@@ -207,6 +208,41 @@ DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload
 
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
 std::string explain(const Candidate& c, const Cluster& cluster);
+
+// ---------------------------------------------------------------------------------------------
+// Per-op pricing (given): a simulated GPU's step, op by op (docs/labs/09_planner.md, "Per-op pricing")
+//
+// On the simulated GPU (--device sim) every op is charged by common's per-op cost model (ops/op_cost.h:
+// launches, FLOPs at the class's efficiency, bytes at HBM bandwidth) and every copy and zeroing by
+// GpuModel::copy_seconds / zero_seconds. These functions sum the same charges over the ops GPT2's forward
+// and backward (common/src/model/gpt2.cpp) and the optimizer step (common/src/model/optim.cpp) issue, so
+// the planner can price a step without FLOP/s and efficiency: your step_time then runs on them. Priced:
+// tp 1, an fp32 policy (no casts), AdamW, any pipeline stage, recompute none/selective/full, either
+// attention; check_per_op_pricing refuses the rest.
+
+// Seconds of one micro-batch of B sequences on one device of stage `stage` (all its chunks): its forward
+// (the input's copy in, the embedding, the blocks, the head and loss, the loss copied to the host) and its
+// backward (with what it recomputes, the zeroed scratch, the gradient handed back).
+struct StageOpSeconds {
+  double forward = 0;
+  double backward = 0;
+};
+// Throws scalelab::Error, with what to change, for what the pricing does not cover (the list above).
+void check_per_op_pricing(const Layout& x, const Workload& w);
+StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
+                                const GpuModel& gpu);
+// Seconds of the once-a-step ops of stage `stage`: the micro-batches' tokens and targets copied from the
+// host, the gradients zeroed, the gradient norm's sums of squares, the clipping's scale (assumed to apply:
+// the norm above --grad-clip, as early in training) and AdamW's update of every parameter it holds (ZeRO
+// >= 1: its 1/dp of every unit, priced as a 1/dp slice of each parameter).
+double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const GpuModel& gpu);
+// Your step_time with its compute priced op by op: each stage's micro-batch (stage_op_seconds) as
+// w.uniform_compute_ms set to a third of the slowest stage's (step_time's slot: a forward and a backward
+// twice it, 3 u), the optimizer's pass left to the once-a-step ops (memory bandwidth 0 in your formula,
+// step_op_seconds added after: optimizer_ms), tokens/s and MFU recomputed from the new step. The links and
+// peak are c's.
+StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c,
+                          const GpuModel& gpu);
 
 // The planner's command line (plan_cli.cpp): lab 09's program and bin/sl_plan are this function on their
 // track. --help lists the options; exit code 0 when the answer fits, 1 when nothing does, 2 for bad input,
