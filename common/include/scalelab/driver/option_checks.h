@@ -1,8 +1,8 @@
 // option_checks.h — every numeric option of every program checked, in words, before anything runs; and every
-// rank of a multi-rank program started with the same options. One CLI11 validator per kind of number (a
-// validator sees the text before CLI11 converts it, so "99999999999" for an int gets the same words as "0");
-// require_checked_options refuses a program that declares a number without one. Implementation:
-// common/src/driver/option_checks.cpp. Tests: tests/drivers/test_option_checks.cpp, tests/robustness/.
+// rank of a multi-rank program started with the same options, reading the same data. One CLI11 validator per
+// kind of number (a validator sees the text before CLI11 converts it, so "99999999999" for an int gets the
+// same words as "0"); require_checked_options refuses a program that declares a number without one.
+// Implementation: common/src/driver/option_checks.cpp. Tests: tests/robustness/bad_inputs.py.
 #pragma once
 
 #include <CLI/CLI.hpp>  // defines: CLI::App, CLI::Validator
