@@ -478,10 +478,8 @@ class NcclCommunicator : public Communicator {
   // collective, and the host waits there for the other ranks' calls: polled against the wait timeout, so
   // that a rank that stopped is named as one, not waited for for ever. Untested: one GPU here.
   void check_same_call(const std::string& name, int64_t count, DType dtype, int root) {
-    static constexpr const char* kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
-    int64_t op = 0;
-    while (op < 4 && name != kOps[op]) ++op;
-    const int64_t call[4] = {op, count, static_cast<int64_t>(dtype), root};
+    int64_t call[4];
+    call_signature(name, count, dtype, root, call);
     // On the heap: a request that times out stays posted (MPI cannot cancel a collective) and may still
     // write its buffer, which wait_for_call then keeps for good.
     auto range = std::make_shared<std::vector<int64_t>>(8);  // field f's largest at 2f, minus its smallest at 2f + 1
@@ -501,18 +499,7 @@ class NcclCommunicator : public Communicator {
     SL_MPI_CALL(MPI_Iallgather(calls->data() + 4 * size_, 4, MPI_INT64_T, calls->data(), 4, MPI_INT64_T, st_->mpi,
                                &request));
     wait_for_call(request, name, calls);
-    std::string list;
-    for (int r = 0; r < size_; ++r) {
-      const int64_t* c = &(*calls)[static_cast<size_t>(4 * r)];
-      list += detail::format("%srank %d: %s of %lld %s elements%s", r == 0 ? "" : "; ", r, kOps[c[0]],
-                             static_cast<long long>(c[1]), dtype_name(static_cast<DType>(c[2])),
-                             c[0] == 3 ? detail::format(" from root %lld", static_cast<long long>(c[3])).c_str() : "");
-    }
-    SL_FAIL(
-        "every rank of a group must make the same collectives, with the same sizes, in the same order: ranks "
-        "started with other options, or a collective inside an `if` that only some ranks take",
-        "%s: the ranks of the group called different collectives (refused before any data moved): %s", st_->who.c_str(),
-        list.c_str());
+    fail_different_calls(st_->who, calls->data(), size_);
   }
 
   // Polls `request` (check_same_call's) until it completes or the wait timeout (0: none) has passed; then
