@@ -13,9 +13,10 @@
 #include <string>
 #include <thread>
 
-#include "scalelab/measure/calibration.h"  // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
-#include "scalelab/core/error.h"           // defines: scalelab::Error
-#include "scalelab/ops/twins.h"            // defines: cpu::blas_kernel_replaced
+#include "scalelab/measure/calibration.h"   // defines: calibrate_gemm, load_or_calibrate, datasheet_peaks
+#include "scalelab/core/error.h"            // defines: scalelab::Error
+#include "scalelab/driver/option_checks.h"  // defines: positive_int, finite_positive, require_checked_options
+#include "scalelab/ops/twins.h"             // defines: cpu::blas_kernel_replaced
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure CPU sgemm FLOP/s at GPT-2 d12 shapes (the MFU peak of CPU runs)"};
@@ -23,8 +24,10 @@ int main(int argc, char** argv) {
   double seconds = 3.0;
   std::string cache_dir = "runs/calibration";
   bool no_cache = false, datasheet = false, recalibrate = false, blas_env = false;
-  app.add_option("--threads", threads, "BLAS/OpenMP threads (default: all cores)")->check(CLI::PositiveNumber);
-  app.add_option("--seconds", seconds, "time budget for the timed calls, all shapes together (s)");
+  app.add_option("--threads", threads, "BLAS/OpenMP threads (default: all cores)")
+      ->check(scalelab::driver::positive_int(scalelab::driver::kMaxThreads));
+  app.add_option("--seconds", seconds, "time budget for the timed calls, all shapes together (s)")
+      ->check(scalelab::driver::finite_positive());
   app.add_option("--cache-dir", cache_dir, "where cpu_<threads>t.json is written");
   app.add_flag("--no-cache", no_cache, "measure even if a matching cache file exists, and do not write it");
   app.add_flag("--recalibrate", recalibrate,
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
                "print the shell exports that give OpenBLAS the kernels this CPU can run (nothing when its own "
                "choice stands) and exit: a script that starts many programs evals them once, so no program "
                "re-executes itself to ask for them (common/src/ops/cpu/blas_kernel.cpp)");
+  scalelab::driver::require_checked_options(app);  // a numeric option without a range check: a programming error
   CLI11_PARSE(app, argc, argv);
   if (blas_env) {
     if (scalelab::cpu::blas_kernel_replaced())  // then both are set, to OpenBLAS names (letters, digits)

@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"      // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
-#include "scalelab/data/shard.h"      // defines: data::write_shard, read_shard_header, list_shards
-#include "scalelab/data/tokenizer.h"  // defines: data::encode_bytes, kByteVocab
+#include "scalelab/core/error.h"            // defines: SL_CHECK_HINT, SL_FAIL, scalelab::Error
+#include "scalelab/data/shard.h"            // defines: data::write_shard, read_shard_header, list_shards
+#include "scalelab/data/tokenizer.h"        // defines: data::encode_bytes, kByteVocab
+#include "scalelab/driver/option_checks.h"  // defines: finite_in_range, positive_int, require_checked_options
 
 namespace fs = std::filesystem;
 namespace data = scalelab::data;
@@ -137,13 +138,14 @@ int main(int argc, char** argv) {
                  "fraction of tokens held out as the validation split, from the end of the text "
                  "(cut moved to the next line start); 0 = no val split")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.5));
+      ->check(scalelab::driver::finite_in_range(0.0, 0.5));
   app.add_option("--shard-tokens", shard_tokens,
                  "max tokens per shard; small enough that the KJV spans several shards, which exercises "
                  "windows that cross shards (llm.c uses 1e8 for large corpora)")
       ->capture_default_str()
-      ->check(CLI::Range(size_t{1}, size_t{1} << 40));
+      ->check(scalelab::driver::positive_int(int64_t{1} << 40));
   app.add_option("--check", check, "validate every shard in this directory instead (header, size, checksum)");
+  scalelab::driver::require_checked_options(app);  // a numeric option without a range check: a programming error
   CLI11_PARSE(app, argc, argv);
 
   try {

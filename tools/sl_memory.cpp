@@ -17,8 +17,10 @@
 #include "scalelab/measure/memory_estimator.h"  // defines: format_memory_table, format_zero_table, format_fit_table
 #include "scalelab/model/optim.h"               // defines: OptimizerConfig::kind_from_name
 #include "scalelab/core/precision.h"            // defines: PrecisionPolicy::from_name
+#include "scalelab/driver/option_checks.h"      // defines: positive_int, finite_positive, ..., require_checked_options
 
 int main(int argc, char** argv) {
+  using namespace scalelab::driver;  // the option checks
   CLI::App app{"Per-rank memory of ZeRO stages 0..3 (params, grads, optimizer state, activations)"};
   std::string model, precision = "bf16", optimizer = "adamw";
   double psi = 0.0, device_gb = 0.0;
@@ -26,18 +28,24 @@ int main(int argc, char** argv) {
   int stage = -1, micro_batch = 4, seq_len = -1, prefetch = 1, max_ranks = 1024;
   bool paper = false, exact_bytes = false;
   app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (exact per-rank estimate)");
-  app.add_option("--psi", psi, "parameter count for the paper-level formula, e.g. 7.5e9");
-  app.add_option("--ranks", ranks, "data-parallel world sizes, comma separated")->delimiter(',');
-  app.add_option("--stage", stage, "only this ZeRO stage 0..3 (default: all)");
+  app.add_option("--psi", psi, "parameter count for the paper-level formula, e.g. 7.5e9")->check(finite_positive());
+  app.add_option("--ranks", ranks, "data-parallel world sizes, comma separated")->delimiter(',')->check(positive_int());
+  app.add_option("--stage", stage, "only this ZeRO stage 0..3 (default: all)")->check(int_in_range(0, 3));
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 master and grads)");
   app.add_option("--optimizer", optimizer, "adamw | sgd");
   app.add_flag("--paper", paper, "the ZeRO paper's policy: 16-bit params AND grads, K = 12 (fp32 master, m, v)");
   app.add_flag("--bytes", exact_bytes, "print exact bytes (compare with the logs' memory_<category>_bytes)");
-  app.add_option("--micro-batch", micro_batch, "B of the activations per rank (with --model)");
-  app.add_option("--seq-len", seq_len, "T of the activations (with --model; default the model's max_seq_len)");
-  app.add_option("--prefetch", prefetch, "ZeRO-3 all-gathers in flight beyond the unit in use");
-  app.add_option("--device-gb", device_gb, "device memory in GB (1e9 bytes): print the devices needed per stage");
-  app.add_option("--max-ranks", max_ranks, "largest world size the device search tries (power of two)");
+  app.add_option("--micro-batch", micro_batch, "B of the activations per rank (with --model; 0: model state only)")
+      ->check(non_negative_int());
+  app.add_option("--seq-len", seq_len, "T of the activations (with --model; default the model's max_seq_len)")
+      ->check(positive_int());
+  app.add_option("--prefetch", prefetch, "ZeRO-3 all-gathers in flight beyond the unit in use")
+      ->check(non_negative_int());
+  app.add_option("--device-gb", device_gb, "device memory in GB (1e9 bytes): print the devices needed per stage")
+      ->check(finite_non_negative());
+  app.add_option("--max-ranks", max_ranks, "largest world size the device search tries (power of two)")
+      ->check(positive_int());
+  require_checked_options(app);  // a numeric option without a range check: a programming error
   CLI11_PARSE(app, argc, argv);
 
   try {

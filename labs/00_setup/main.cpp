@@ -40,6 +40,7 @@
 #include "scalelab/measure/metrics.h"  // defines: RunLogger, system_info, make_run_id
 #include "scalelab/core/tensor.h"      // defines: Tensor
 #include "scalelab/core/threads.h"     // defines: set_num_threads, local_ranks_from_env
+#include "scalelab/driver/option_checks.h"  // defines: positive_int, ..., require_checked_options, check_ranks_agree
 
 using namespace scalelab;
 using Clock = std::chrono::steady_clock;
@@ -70,17 +71,40 @@ static double seconds_since(Clock::time_point t0) { return std::chrono::duration
 // virtual one, where a collective lasts what the link model says.
 static double clock_seconds_since(double t0_ms) { return (Communicator::now_ms() - t0_ms) / 1e3; }
 
-// "8", "64K", "256M", "1G" -> bytes (K, M, G are powers of 1024, as in nccl-tests' -b/-e).
-static int64_t parse_bytes(const std::string& s) {
-  SL_CHECK_HINT(!s.empty(), "give a size such as 8, 64K, 256M or 1G", "empty size");
+// The largest size the options take: 1024G (2^40 bytes), far above any buffer of this probe, so that
+// a typo's digits never overflow the shift below.
+constexpr int64_t kMaxSizeBytes = int64_t{1} << 40;
+
+// "" when `s` is a size: digits, then optionally K, M or G (powers of 1024, as in nccl-tests' -b/-e), from
+// 1 byte to 1024G; else why not, in words (CLI11 puts the option's name in front: "--min-bytes: ...").
+static std::string size_error(const std::string& s) {
+  const std::string want = "a size from 1 byte to 1024G: digits, then K, M or G (powers of 1024), e.g. 8, 64K, 256M";
   size_t digits = 0;
   while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
-  SL_CHECK_HINT(digits > 0 && digits + 1 >= s.size(), "give a size such as 8, 64K, 256M or 1G", "bad size '%s'",
-                s.c_str());
+  const char unit = digits < s.size() ? static_cast<char>(std::toupper(static_cast<unsigned char>(s[digits]))) : 'B';
+  if (digits == 0 || digits + 1 < s.size() || (unit != 'B' && unit != 'K' && unit != 'M' && unit != 'G'))
+    return "'" + s + "' is not " + want;
+  const int shift = unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+  // 13 digits or more are above 1024G whatever the unit; fewer fit in an int64_t
+  if (digits > 12 || std::stoll(s.substr(0, digits)) > (kMaxSizeBytes >> shift) || std::stoll(s.substr(0, digits)) < 1)
+    return s + " is out of range: " + want;
+  return "";
+}
+
+// A size option's check, run by CLI11 on the text given: app.add_option("--min-bytes", ...)->check(size_bytes()).
+static CLI::Validator size_bytes() {
+  return CLI::Validator([](std::string& s) { return size_error(s); }, "SIZE");
+}
+
+// "8", "64K", "256M", "1G" -> bytes; `s` is a size that size_error passes (the options are checked at start).
+static int64_t parse_bytes(const std::string& s) {
+  const std::string why = size_error(s);
+  SL_CHECK_HINT(why.empty(), "give a size such as 8, 64K, 256M or 1G", "%s", why.c_str());
+  size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
   int64_t v = std::stoll(s.substr(0, digits));
   if (digits < s.size()) {
     const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s[digits])));
-    SL_CHECK_HINT(unit == 'K' || unit == 'M' || unit == 'G', "use the suffix K, M or G", "bad size '%s'", s.c_str());
     v <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 30;
   }
   return v;
@@ -665,25 +689,39 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "local", "mpi", "nccl", "sim"}))
       ->capture_default_str();
   app.add_option("--min-bytes", o.min_bytes, "smallest collective size (K, M, G = powers of 1024)")
+      ->check(size_bytes())
       ->capture_default_str();
-  app.add_option("--max-bytes", o.max_bytes, "largest collective size")->capture_default_str();
-  app.add_option("--factor", o.factor, "size step: each size is the previous one times this")->capture_default_str();
+  app.add_option("--max-bytes", o.max_bytes, "largest collective size")->check(size_bytes())->capture_default_str();
+  app.add_option("--factor", o.factor, "size step: each size is the previous one times this")
+      ->check(driver::int_in_range(2, INT32_MAX))
+      ->capture_default_str();
   app.add_option("--iters", o.iters, "timed calls per size, at most (big sizes get fewer, see --seconds-per-size)")
+      ->check(driver::positive_int())
       ->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed calls per size, at most (at least 2: the first is checked)")
+      ->check(driver::non_negative_int())
       ->capture_default_str();
   app.add_option("--seconds-per-size", o.seconds_per_size, "time budget per size that limits the calls of big sizes")
+      ->check(driver::finite_positive())
       ->capture_default_str();
   app.add_option("--link", o.link, "simulated link: none, nvlink, pcie, ethernet100, infiniband")
       ->check(CLI::IsMember({"none", "nvlink", "pcie", "ethernet100", "infiniband"}))
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks per node)")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / ranks per node)")
+      ->check(driver::int_in_range(0, driver::kMaxThreads))
+      ->capture_default_str();
   app.add_flag("--skip-gemm", o.skip_gemm, "do not calibrate the GEMM (quick runs, tests)");
   app.add_flag("--recalibrate", o.recalibrate, "measure the GEMM again even if runs/calibration has it");
-  app.add_option("--memcpy-bytes", o.memcpy_bytes, "buffer of the memcpy bandwidth test")->capture_default_str();
+  app.add_option("--memcpy-bytes", o.memcpy_bytes, "buffer of the memcpy bandwidth test")
+      ->check(size_bytes())
+      ->capture_default_str();
   app.add_option("--log-dir", o.log_dir, "output goes to <log-dir>/lab00/<run-id>/")->capture_default_str();
   app.add_option("--run-id", o.run_id, "name of this run (default: time + random suffix)");
+  driver::require_checked_options(app);  // a numeric option without a range check: a programming error
   CLI11_PARSE(app, argc, argv);
 
-  return run_on_all_ranks(o.device, o.sim_gpu, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  return run_on_all_ranks(o.device, o.sim_gpu, o.backend, [&](Communicator& comm) {
+    driver::check_ranks_agree(comm, app);  // the first collective: ranks started with other options stop here
+    return run(o, comm);
+  });
 }

@@ -21,6 +21,9 @@
 
 #include <algorithm>  // defines: std::max
 #include <cstdio>     // defines: std::printf
+#include <fstream>    // defines: std::ifstream (the manifest's digest)
+#include <iterator>   // defines: std::istreambuf_iterator
+#include <optional>   // defines: std::optional (the checkpoint every rank chose)
 #include <string>
 #include <vector>
 
@@ -35,6 +38,7 @@
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual (checkpoint times stay real time)
 #include "scalelab/core/error.h"        // defines: SL_CHECK_HINT
 #include "scalelab/core/threads.h"      // defines: set_num_threads
+#include "scalelab/data/shard.h"        // defines: data::fnv1a64 (the manifest's digest)
 #include "scalelab/driver/driver.h"     // defines: driver::DistributedOptions, set_links, ... (common/)
 #include "scalelab/driver/option_checks.h"  // defines: driver::positive_int, ... (every numeric option checked)
 #include "scalelab/driver/train_loop.h"     // defines: driver::TrainLoop, open_data (common/)
@@ -68,7 +72,26 @@ struct Rollback {
   float loss;  // the step's loss (not logged as a step: the step is not accepted)
 };
 
-static int run(const Options& o, Communicator& world) {
+// The checkpoint --resume latest would load, as a line the ranks compare before anything runs (driver.h
+// run_on_all_ranks): "--resume checkpoint=step 4, manifest 0x..." (FNV-1a 64 of its manifest file), or
+// "none". Each rank chooses in its own --checkpoint-dir (on a cluster, possibly its own node's disk).
+static std::string checkpoint_line(const lab08::CheckpointChoice& c) {
+  std::string value = "none";
+  if (c.step >= 0) {
+    std::ifstream f(c.dir + "/" + lab08::kManifestName, std::ios::binary);
+    const std::string bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    char buf[80];
+    std::snprintf(buf, sizeof(buf), "step %lld, manifest 0x%016llx", static_cast<long long>(c.step),
+                  static_cast<unsigned long long>(data::fnv1a64(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                                bytes.size())));
+    value = buf;
+  }
+  return "--resume checkpoint=" + value;
+}
+
+// `chosen`: the checkpoint this rank chose before the first collective (multi-rank runs with --resume
+// latest), which rank 0 loads; empty: rank 0 chooses here.
+static int run(const Options& o, Communicator& world, const std::optional<lab08::CheckpointChoice>& chosen) {
   const int rank = world.rank(), n = world.size();
   driver::check_train_options(o);
   if (!o.checkpoint_dir.empty())
@@ -110,7 +133,7 @@ static int run(const Options& o, Communicator& world) {
   auto load_newest = [&]() -> bool {  // collective; false when there is no complete checkpoint
     int32_t step = 0;
     if (rank == 0) {
-      const lab08::CheckpointChoice c = lab08::newest_complete_checkpoint(o.checkpoint_dir);
+      const lab08::CheckpointChoice c = chosen ? *chosen : lab08::newest_complete_checkpoint(o.checkpoint_dir);
       for (const std::string& s : c.skipped) std::printf("skipped %s\n", s.c_str());
       step = static_cast<int32_t>(c.step);
     }
@@ -363,5 +386,13 @@ int main(int argc, char** argv) {
       ->check(driver::finite_in_range(1, INFINITY));
   driver::add_link_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  return driver::run_on_all_ranks(app, o, o.backend, [&](Communicator& comm) { return run(o, comm); });
+  // With --resume latest every rank chooses its checkpoint before the first collective, which compares them.
+  std::optional<lab08::CheckpointChoice> chosen;
+  auto checkpoint_to_resume = [&]() -> std::vector<std::string> {
+    if (o.resume != "latest" || o.checkpoint_dir.empty()) return {};
+    chosen = lab08::newest_complete_checkpoint(o.checkpoint_dir);
+    return {checkpoint_line(*chosen)};
+  };
+  return driver::run_on_all_ranks(
+      app, o, o.backend, [&](Communicator& comm) { return run(o, comm, chosen); }, checkpoint_to_resume);
 }

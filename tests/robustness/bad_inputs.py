@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bad_inputs.py — bad options, data, checkpoints, rank faults and script arguments, each a case with the verdict
 it must get: a clear error (non-zero exit, the words the message must contain) or success. ctest
-robustness.bad_inputs (tests/robustness/CMakeLists.txt); about 60 s on 2 cores (two cases at a time).
+robustness.bad_inputs (tests/robustness/CMakeLists.txt); about 900 cases in 75 s on 2 cores (two at a time).
 
 A case fails on a crash (a signal, or the C library's heap-corruption words), on a hang (its hard timeout:
 the whole process group is killed), on a bad value accepted (exit 0 where an error was expected), on an
@@ -13,8 +13,11 @@ tested bit for bit where they live: tests/lab08 and tests/robustness/test_superv
   tests/robustness/bad_inputs.py --build-dir build --only steps     # cases whose name contains "steps"
   tests/robustness/bad_inputs.py --build-dir build --list           # the cases, not run
 
-The option cases are made from each program's --help: every option that takes a number gets the values that
-no numeric option of the kit accepts (a word, -5, a number beyond its type; nan and inf for a real number).
+The option cases are made from each program's --help (every lab program, lab 00's probe and the tools:
+sl_plan, sl_calibrate, sl_make_shards, sl_memory): every option that takes a number gets the values that no
+numeric option of the kit accepts (a word, -5, a number beyond its type; nan and inf for a real number).
+Ranks that read different files under one option (each its own node's disk) are run with mpirun's -wdir per
+rank: a copy of --data with one shard another, a checkpoint directory without the newest checkpoint.
 """
 import argparse
 import os
@@ -57,6 +60,14 @@ def with_options(base, *pairs):
     return out
 
 
+def without_option(base, opt):
+    """`base` (a list of options and values) without `opt` and the value after it."""
+    if opt not in base:
+        return list(base)
+    i = base.index(opt)
+    return base[:i] + base[i + 2:]
+
+
 def mpirun(np_args):
     """mpirun with one process per core or more (--oversubscribe) and the given program parts."""
     return ["mpirun", "--oversubscribe", "--bind-to", "none"] + np_args
@@ -91,10 +102,17 @@ def option_cases(programs):
                               ["(no numeric option found in --help)"]))
         for opt, kind in opts:
             for v in bad_values(kind):
-                # option=value: a value that starts with '-' is not taken for an option
-                cases.append(Case(f"{label} {opt} {v}", [program] + base + [f"{opt}={v}"], "error", [opt, v],
-                                  timeout_s=20))
+                # option=value: a value that starts with '-' is not taken for an option; the base's own
+                # value of that option left out (CLI11 refuses an option given twice)
+                cases.append(Case(f"{label} {opt} {v}", [program] + without_option(base, opt) + [f"{opt}={v}"],
+                                  "error", [opt, v], timeout_s=20))
     return cases
+
+
+def lab00_base(tmp):
+    """Lab 00's quick probe (no GEMM, a 64 KiB sweep of 2 timed calls), its output under `tmp`."""
+    return ["--skip-gemm", "--max-bytes", "64K", "--iters", "2", "--warmup", "2", "--memcpy-bytes", "64K",
+            "--threads", "1", "--log-dir", os.path.join(tmp, "runs")]
 
 
 def fixed_cases(build, data, tmp):
@@ -123,6 +141,43 @@ def fixed_cases(build, data, tmp):
                       mpirun(["-np", "1", lab["03"]] + quick + ["--steps", "2", "--lr", "2e-3", ":", "-np", "1",
                                                                  lab["03"]] + quick + ["--steps", "2", "--lr", "0.002"]),
                       "ok", timeout_s=90))
+    # Ranks that read other files under the same option (each node its own disk: mpirun's -wdir per rank
+    # here): every rank stops, naming the shard or the checkpoint and the ranks.
+    node = {x: os.path.join(tmp, "node_" + x) for x in "ABC"}
+    for x in "ABC":
+        shutil.copytree(data, os.path.join(node[x], "kjv"))
+    train_shards = sorted(f for f in os.listdir(data) if f.startswith("train_"))
+    other = os.path.join(node["B"], "kjv", train_shards[-1])  # node B: its last train shard another one
+    shutil.copyfile(os.path.join(data, train_shards[0]), other)
+    here = with_options(quick, ("--data", "kjv"), ("--log-dir", "runs"))  # relative to each rank's -wdir
+
+    def on_nodes(prog, a, b, extra=()):
+        return mpirun(["-np", "1", "-wdir", node[a], prog] + here + list(extra) +
+                      [":", "-np", "1", "-wdir", node[b], prog] + here + list(extra))
+
+    for n in ["03", "08"]:
+        cases.append(Case(f"lab{n} ranks whose --data has another {train_shards[-1]}", on_nodes(lab[n], "A", "B"),
+                          "error", ["read different data", f"--data {train_shards[-1]}", "rank 0 '", "rank 1 '",
+                                    "rank 0 of 2 stops", "rank 1 of 2 stops"], timeout_s=60))
+    cases.append(Case("lab03 ranks whose --data are equal copies", on_nodes(lab["03"], "A", "C", ["--steps", "2"]),
+                      "ok", timeout_s=90))
+    # Checkpoints: node A saves steps 2 and 4 (2 ranks), node C gets a copy without the newest: resuming,
+    # rank 0 (node A) would load step 4 and rank 1 (node C) step 2.
+    resume = ["--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--resume", "latest"]
+    save = " ".join(mpirun(["-np", "2", "-wdir", node["A"], lab["08"]] + here + resume + ["--steps", "4"]))
+    copy = f"rm -rf {node['C']}/ckpt && cp -r {node['A']}/ckpt {node['C']}/ckpt"
+    drop = f"rm -rf $(ls -d {node['C']}/ckpt/step_* | sort | tail -1)"
+    both = " ".join(on_nodes(lab["08"], "A", "C", resume + ["--steps", "6"]))
+    cases.append(Case("lab08 ranks that would resume different checkpoints",
+                      ["bash", "-c", f"{save} >/dev/null && {copy} && {drop} && {both}"], "error",
+                      ["read different data", "--resume checkpoint", "rank 0 'step 4", "rank 1 'step 2",
+                       "rank 0 of 2 stops", "rank 1 of 2 stops"], timeout_s=120))
+    # A quiet rank (alive, silent: --fail-mode hang, no supervisor): the wait timeout names it, no hang.
+    cases.append(Case("lab08 a rank that hangs, named by the wait timeout",
+                      mpirun(["-np", "2", lab["08"]] + quick + ["--steps", "6", "--fail-at-step", "3", "--fail-rank",
+                                                                "1", "--fail-mode", "hang", "--wait-timeout-s", "10"]),
+                      "error", ["injected fault (hang)", "have not called it: rank 1", "have stopped or are slow"],
+                      timeout_s=90))
     # Rank options beyond the world (checked once the world size is known).
     for n, opt in [("08", "--fail-rank"), ("08", "--poison-rank"), ("04", "--slow-rank")]:
         cases.append(Case(f"lab{n} {opt} 5 on 2 ranks", mpirun(["-np", "2", lab[n]] + quick + [opt, "5"]), "error",
@@ -178,6 +233,27 @@ def fixed_cases(build, data, tmp):
     for n, opt, v in [("01", "--device", "tpu"), ("01", "--precision", "fp8"), ("01", "--optimizer", "lion"),
                       ("01", "--recompute", "some"), ("01", "--attention", "fast"), ("04", "--overlap", "maybe")]:
         cases.append(Case(f"lab{n} {opt} {v}", [lab[n]] + quick + [opt, v], "error", [v]))
+    # Lab 00's sizes (text with K, M, G: not in --help as numbers) and its ranks that disagree.
+    probe = [os.path.join(build, "bin", "lab00_setup")] + lab00_base(tmp)
+    for opt in ["--min-bytes", "--max-bytes", "--memcpy-bytes"]:
+        for v in ["0", "-5", "abc", "8X", "2048G", "99999999999999999999"]:
+            cases.append(Case(f"lab00 {opt} {v}", with_options(probe, (opt, v)), "error", [opt, v]))
+    cases.append(Case("lab00 --min-bytes above --max-bytes", with_options(probe, ("--min-bytes", "1M")), "error",
+                      ["--min-bytes", "--max-bytes"]))
+    cases.append(Case("lab00 ranks with --iters 2 and 3",
+                      mpirun(["-np", "1"] + probe + [":", "-np", "1"] + with_options(probe, ("--iters", "3"))),
+                      "error", ["different options", "--iters", "rank 0 '2'", "rank 1 '3'"], timeout_s=60))
+    cases.append(Case("lab00 ranks that agree", mpirun(["-np", "2"] + probe), "ok", timeout_s=60))
+    # The tools: sl_make_shards's cross checks.
+    shards = os.path.join(build, "bin", "sl_make_shards")
+    cases.append(Case("sl_make_shards an input that does not exist",
+                      [shards, "/nonexistent/kjv.txt", "--out-dir", os.path.join(tmp, "shards")], "error",
+                      ["/nonexistent/kjv.txt"]))
+    cases.append(Case("sl_make_shards --check a directory that does not exist", [shards, "--check", "/nonexistent/kjv"],
+                      "error", ["/nonexistent/kjv"]))
+    memory = os.path.join(build, "bin", "sl_memory")
+    cases.append(Case("sl_memory --model and --psi", [memory, "--model", "tiny", "--psi", "7e9"], "error",
+                      ["--model", "--psi"]))
     # The planner.
     plan = os.path.join(build, "bin", "sl_plan")
     cases.append(Case("sl_plan --memory-gb inf", [plan, "--model", "d12", "--memory-gb", "inf"], "error",
@@ -226,8 +302,14 @@ def run_case(case, env):
         out, _ = p.communicate(timeout=case.timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # the whole group: mpirun and every rank
-        out, _ = p.communicate()
+        # The whole group: SIGTERM first, so that mpirun ends its ranks (killed at once, it cannot, and they
+        # live on), SIGKILL after 5 s.
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            out, _ = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
         timed_out = True
     out = out.decode(errors="replace")
     return verdict(case, p.returncode, out, timed_out), out
@@ -243,9 +325,16 @@ def main():
     a = ap.parse_args()
     build = os.path.abspath(a.build_dir)
     ref = os.path.join(build, "bin", "reference")
-    programs = [(f"lab{p[3:5]}", os.path.join(ref, p), []) for p in sorted(os.listdir(ref)) if p.startswith("lab")]
-    programs.append(("sl_plan", os.path.join(build, "bin", "sl_plan"), ["--model", "d12"]))
     tmp = tempfile.mkdtemp(prefix="sl_bad_inputs_")
+    programs = [(f"lab{p[3:5]}", os.path.join(ref, p), []) for p in sorted(os.listdir(ref)) if p.startswith("lab")]
+    # Every other program with numeric options, with the options that keep a run short should a bad value
+    # be accepted (no cache written, nothing in the repository).
+    bindir = os.path.join(build, "bin")
+    programs += [("lab00", os.path.join(bindir, "lab00_setup"), lab00_base(tmp)),
+                 ("sl_plan", os.path.join(bindir, "sl_plan"), ["--model", "d12"]),
+                 ("sl_calibrate", os.path.join(bindir, "sl_calibrate"), ["--no-cache"]),
+                 ("sl_make_shards", os.path.join(bindir, "sl_make_shards"), []),
+                 ("sl_memory", os.path.join(bindir, "sl_memory"), ["--model", "tiny"])]
     try:
         cases = option_cases(programs) + fixed_cases(build, os.path.abspath(a.data), tmp)
         cases = [c for c in cases if a.only in c.name]

@@ -385,6 +385,32 @@ std::string describe_call(const std::string& op, int64_t count, DType dtype, int
   return s;
 }
 
+static constexpr const char* kCallOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+
+void call_signature(const std::string& op, int64_t count, DType dtype, int root, int64_t out[4]) {
+  int64_t i = 0;
+  while (i < 4 && op != kCallOps[i]) ++i;
+  out[0] = i;
+  out[1] = count;
+  out[2] = static_cast<int64_t>(dtype);
+  out[3] = root;
+}
+
+void fail_different_calls(const std::string& who, const int64_t* calls, int size) {
+  std::string list;
+  for (int r = 0; r < size; ++r) {
+    const int64_t* c = &calls[static_cast<size_t>(4 * r)];
+    list += detail::format("%srank %d: %s of %lld %s elements%s", r == 0 ? "" : "; ", r, kCallOps[c[0]],
+                           static_cast<long long>(c[1]), dtype_name(static_cast<DType>(c[2])),
+                           c[0] == 3 ? detail::format(" from root %lld", static_cast<long long>(c[3])).c_str() : "");
+  }
+  SL_FAIL(
+      "every rank of a group must make the same collectives, with the same sizes, in the same order: ranks "
+      "started with other options, or a collective inside an `if` that only some ranks take",
+      "%s: the ranks of the group called different collectives (refused before any data moved): %s", who.c_str(),
+      list.c_str());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Argument checks
 void check_reduce_dtype(const char* op, int rank, int size, DType dtype, ReduceOp reduce) {

@@ -123,6 +123,13 @@ void check_count_fits_int(const char* op, int rank, int64_t count);
 std::string describe_call(const std::string& op, int64_t count, DType dtype, int rank, int size,
                           const std::string& tag);
 
+// The same call on every rank (check_same_call of mpi.cpp and nccl.cpp): a collective as the 4 int64 the
+// ranks compare, {op, count, dtype, root} (op: all_reduce 0, reduce_scatter 1, all_gather 2, broadcast 3,
+// barrier 4); and, when they differ, the error every rank throws: `calls` holds each of the `size` ranks'
+// 4 values in rank order, `who` is describe_rank's words.
+void call_signature(const std::string& op, int64_t count, DType dtype, int root, int64_t out[4]);
+[[noreturn]] void fail_different_calls(const std::string& who, const int64_t* calls, int size);
+
 // ---------------------------------------------------------------------------------------------
 // Launch detection: the world size the launcher announced (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
 // SLURM_NTASKS), 1 when the program was started directly.

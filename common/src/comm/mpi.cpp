@@ -756,10 +756,8 @@ class MpiCommunicator : public Communicator {
   // every rank. They differ on every rank alike, so every rank then all-gathers the calls and throws the
   // same list. Costs one 64-byte all-reduce per collective.
   void check_same_call(const char* name, int64_t count, DType dtype, int root) {
-    static constexpr const char* kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
-    int64_t op = 0;
-    while (op < 4 && std::strcmp(kOps[op], name) != 0) ++op;
-    const int64_t call[4] = {op, count, static_cast<int64_t>(dtype), root};
+    int64_t call[4];
+    call_signature(name, count, dtype, root, call);
     int64_t range[8];  // field f's largest at 2f, minus its smallest at 2f + 1
     for (int f = 0; f < 4; ++f) {
       range[2 * f] = call[f];
@@ -771,18 +769,7 @@ class MpiCommunicator : public Communicator {
     if (same) return;
     std::vector<int64_t> calls(static_cast<size_t>(4 * size_));
     SL_MPI_CALL(MPI_Allgather(call, 4, MPI_INT64_T, calls.data(), 4, MPI_INT64_T, comm_));
-    std::string list;
-    for (int r = 0; r < size_; ++r) {
-      const int64_t* c = &calls[static_cast<size_t>(4 * r)];
-      list += detail::format("%srank %d: %s of %lld %s elements%s", r == 0 ? "" : "; ", r, kOps[c[0]],
-                             static_cast<long long>(c[1]), dtype_name(static_cast<DType>(c[2])),
-                             c[0] == 3 ? detail::format(" from root %lld", static_cast<long long>(c[3])).c_str() : "");
-    }
-    SL_FAIL(
-        "every rank of a group must make the same collectives, with the same sizes, in the same order: ranks "
-        "started with other options, or a collective inside an `if` that only some ranks take",
-        "%s: the ranks of the group called different collectives (refused before any data moved): %s", who_.c_str(),
-        list.c_str());
+    fail_different_calls(who_, calls.data(), size_);
   }
 
   // --- issuing (caller thread) -------------------------------------------------------------

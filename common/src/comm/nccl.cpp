@@ -29,6 +29,9 @@
 //               here lists them). After that the communicator takes no new calls and its destructor
 //               aborts NCCL (ncclCommAbort, which ends the kernels that wait for a peer) instead of
 //               synchronising, and cancels the unfinished headers (MPI_Cancel). Untested: one GPU here.
+//   same call   before a collective is enqueued, the ranks compare it (op, count, dtype, root) on the MPI
+//               twin, as the mpi backend does: other sizes are refused on every rank with every rank's
+//               call named, never a kernel past a buffer (check_same_call). Untested: one GPU here.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -453,7 +456,9 @@ class NcclCommunicator : public Communicator {
   template <typename F>
   WorkPtr collective(const std::string& name, const std::string& tag, int64_t count, DType dtype, int peer,
                      std::vector<Tensor> buffers, F&& call) {
-    st_->flush_p2p();  // calls reach NCCL in issue order
+    check_not_timed_out(name);
+    st_->flush_p2p();  // calls reach NCCL in issue order (and a peer waiting for our send gets it first)
+    check_same_call(name, count, dtype, peer);
     SL_CUDA_CHECK(cudaSetDevice(st_->device));
     std::shared_ptr<Op> op = new_op(name, tag, count, dtype, peer);
     op->buffers = std::move(buffers);  // alive until wait() (see Op::buffers)
@@ -462,6 +467,68 @@ class NcclCommunicator : public Communicator {
     SL_CUDA_CHECK(cudaEventRecord(op->done, st_->stream));
     op->launched = true;
     return std::make_shared<NcclWork>(st_, op);
+  }
+
+  // --- the same call on every rank -----------------------------------------------------------
+  // NCCL, like MPI, leaves a collective whose ranks pass other counts, dtypes or roots undefined: a kernel
+  // reads or writes past a buffer, or waits for ever. So before it is enqueued the group compares the call
+  // on the MPI twin as the mpi backend does (mpi.cpp check_same_call): one all-reduce (MAX) of 8 int64,
+  // each field next to its negation, gives every field's largest and smallest value; where they differ,
+  // every rank all-gathers the calls and throws the same list. Costs one 64-byte host all-reduce per
+  // collective, and the host waits there for the other ranks' calls: polled against the wait timeout, so
+  // that a rank that stopped is named as one, not waited for for ever. Untested: one GPU here.
+  void check_same_call(const std::string& name, int64_t count, DType dtype, int root) {
+    int64_t call[4];
+    call_signature(name, count, dtype, root, call);
+    // On the heap: a request that times out stays posted (MPI cannot cancel a collective) and may still
+    // write its buffer, which wait_for_call then keeps for good.
+    auto range = std::make_shared<std::vector<int64_t>>(8);  // field f's largest at 2f, minus its smallest at 2f + 1
+    for (int f = 0; f < 4; ++f) {
+      (*range)[2 * f] = call[f];
+      (*range)[2 * f + 1] = -call[f];
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    SL_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, range->data(), 8, MPI_INT64_T, MPI_MAX, st_->mpi, &request));
+    wait_for_call(request, name, range);
+    bool same = true;
+    for (int f = 0; f < 4; ++f) same = same && (*range)[2 * f] == -(*range)[2 * f + 1];
+    if (same) return;
+    // every rank's call, then this rank's (the send buffer: on the heap too)
+    auto calls = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(4 * size_ + 4));
+    std::copy(call, call + 4, calls->begin() + 4 * size_);
+    SL_MPI_CALL(MPI_Iallgather(calls->data() + 4 * size_, 4, MPI_INT64_T, calls->data(), 4, MPI_INT64_T, st_->mpi,
+                               &request));
+    wait_for_call(request, name, calls);
+    fail_different_calls(st_->who, calls->data(), size_);
+  }
+
+  // Polls `request` (check_same_call's) until it completes or the wait timeout (0: none) has passed; then
+  // the communicator takes no new calls and `buffer`, which MPI may still write, is kept for good.
+  void wait_for_call(MPI_Request& request, const std::string& name, std::shared_ptr<std::vector<int64_t>> buffer) {
+    const double timeout_s = wait_timeout();
+    if (timeout_s <= 0) {
+      SL_MPI_CALL(MPI_Wait(&request, MPI_STATUS_IGNORE));
+      return;
+    }
+    using Clock = std::chrono::steady_clock;  // the wall clock: a timeout is real time
+    const Clock::time_point t0 = Clock::now();
+    auto waited_s = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    for (int polls = 0;; ++polls) {
+      int flag = 0;
+      SL_MPI_CALL(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      if (flag) return;
+      if (waited_s() >= timeout_s) break;
+      if (polls < 1000) std::this_thread::yield();  // the other ranks are usually microseconds away
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    static auto* kept = new std::vector<std::shared_ptr<std::vector<int64_t>>>();  // never freed, deliberately
+    kept->push_back(std::move(buffer));
+    st_->timed_out = true;
+    note_wait_timed_out();
+    SL_FAIL(wait_timeout_hint_collective(timeout_s, /*stopped=*/true),
+            "%s waited %.1f s for the other ranks to make %s too (the check of its sizes before NCCL runs it): a "
+            "rank of the group has not called it",
+            st_->who.c_str(), waited_s(), name.c_str());
   }
 
   WorkPtr point_to_point(const std::string& name, const std::string& tag, const Tensor& buf, int peer,

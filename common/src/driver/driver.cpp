@@ -206,10 +206,23 @@ static bool numbers_checked(CLI::App& app) {
 }
 
 int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& backend,
-                     const std::function<int(Communicator&)>& body) {
+                     const std::function<int(Communicator&)>& body,
+                     const std::function<std::vector<std::string>()>& read_inputs) {
   if (!numbers_checked(app)) return 1;
   return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, [&](Communicator& comm) {
-    check_ranks_agree(comm, app);  // the ranks' first collective: nothing sized by an option has run yet
+    std::vector<std::string> inputs;  // what this rank reads: compared only where there are other ranks
+    if (comm.size() > 1) {
+      inputs = data_agreement_lines("--data", o.data);
+      if (read_inputs) {
+        try {
+          const std::vector<std::string> more = read_inputs();
+          inputs.insert(inputs.end(), more.begin(), more.end());
+        } catch (const std::exception&) {  // the same line on every such rank; the run's own error follows
+          inputs.push_back("inputs=(cannot be read)");
+        }
+      }
+    }
+    check_ranks_agree(comm, app, inputs);  // the ranks' first collective: nothing sized by an option has run yet
     return body(comm);
   });
 }

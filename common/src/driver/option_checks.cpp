@@ -16,6 +16,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: all_gather_values, all_gather_strings
 #include "scalelab/core/error.h"        // defines: SL_FAIL, SL_CHECK_HINT
+#include "scalelab/data/shard.h"        // defines: data::list_shards, read_shard_header (data_agreement_lines)
 
 namespace scalelab::driver {
 
@@ -222,9 +223,33 @@ static uint64_t digest(const std::vector<std::string>& lines) {
   return h;
 }
 
-void check_ranks_agree(Communicator& comm, const CLI::App& app) {
+std::vector<std::string> data_agreement_lines(const std::string& option, const std::string& dir) {
+  std::vector<std::string> lines;
+  for (const char* split : {"train", "val"}) {
+    std::vector<std::string> mine;
+    try {
+      for (const std::string& path : data::list_shards(dir, split)) {
+        const data::ShardHeader h = data::read_shard_header(path, /*verify_checksum=*/false);  // 64 bytes read
+        char value[96];
+        std::snprintf(value, sizeof(value), "%llu tokens, vocab %u, checksum 0x%016llx",
+                      static_cast<unsigned long long>(h.token_count), h.vocab_size,
+                      static_cast<unsigned long long>(h.checksum));
+        mine.push_back(option + " " + std::filesystem::path(path).filename().string() + "=" + value);
+      }
+    } catch (const std::exception&) {
+      // No shards, a damaged header: one line, the same on every such rank (no rank number, no path); the
+      // cause follows when the run opens the data.
+      mine.assign(1, option + " " + split + "=(no shards that can be read)");
+    }
+    lines.insert(lines.end(), mine.begin(), mine.end());
+  }
+  return lines;
+}
+
+void check_ranks_agree(Communicator& comm, const CLI::App& app, const std::vector<std::string>& inputs) {
   if (comm.size() == 1) return;
-  const std::vector<std::string> mine = agreed_options(app, comm.size());
+  std::vector<std::string> mine = agreed_options(app, comm.size());
+  mine.insert(mine.end(), inputs.begin(), inputs.end());
   const uint64_t d = digest(mine);
   const std::vector<int32_t> all =
       all_gather_values(comm,
@@ -273,9 +298,11 @@ void check_ranks_agree(Communicator& comm, const CLI::App& app) {
             for (const std::string& n : per_rank_options()) s += (s.empty() ? "" : ", ") + n;
             return s;
           }() +
-          " may differ",
-      "the ranks were started with different options (rank %d of %d stops before training):%s", comm.rank(),
-      comm.size(), diff.c_str());
+          " may differ; give every node the same files of --data and of the checkpoint resumed (copies, not "
+          "files made again)",
+      "the ranks were started with different options or read different data (rank %d of %d stops before "
+      "training):%s",
+      comm.rank(), comm.size(), diff.c_str());
 }
 
 }  // namespace scalelab::driver

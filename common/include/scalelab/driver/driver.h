@@ -111,10 +111,14 @@ Device device_from_option(const std::string& name);
 // launcher of more than one rank, local for one (its collectives are copies: it takes SIM tensors); a refused
 // pair (--backend sim without --device sim; mpi or nccl with it) ends every rank with the option to change.
 // Before the body, on every rank: require_checked_options(app) (a program whose numeric option has no range
-// check is refused) and check_ranks_agree(comm, app) (option_checks.h): ranks started with different
-// options stop, every one, naming the options that differ. Multi-rank drivers' main() returns this.
+// check is refused) and check_ranks_agree(comm, app, inputs) (option_checks.h): ranks started with
+// different options, or reading other shards of --data (data_agreement_lines) or other `inputs` (lines that
+// `read_inputs` returns on each rank: lab 08's checkpoint to resume), stop, every one, naming what differs.
+// An exception of read_inputs becomes its line, so no rank leaves before the collective. Multi-rank drivers'
+// main() returns this.
 int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& backend,
-                     const std::function<int(Communicator&)>& body);
+                     const std::function<int(Communicator&)>& body,
+                     const std::function<std::vector<std::string>()>& read_inputs = nullptr);
 // scalelab::run_single_process (comm.h) after require_checked_options(app) and start_device(o.device,
 // o.sim_gpu, "local"): the one-process drivers (labs 01, 02).
 int run_single_process(CLI::App& app, const TrainOptions& o, const std::function<int()>& body);

@@ -1,8 +1,8 @@
 // option_checks.h — every numeric option of every program checked, in words, before anything runs; and every
-// rank of a multi-rank program started with the same options. One CLI11 validator per kind of number (a
-// validator sees the text before CLI11 converts it, so "99999999999" for an int gets the same words as "0");
-// require_checked_options refuses a program that declares a number without one. Implementation:
-// common/src/driver/option_checks.cpp. Tests: tests/robustness/bad_inputs.py (every program, every kind).
+// rank of a multi-rank program started with the same options, reading the same data. One CLI11 validator per
+// kind of number (a validator sees the text before CLI11 converts it, so "99999999999" for an int gets the
+// same words as "0"); require_checked_options refuses a program that declares a number without one.
+// Implementation: common/src/driver/option_checks.cpp. Tests: tests/robustness/bad_inputs.py.
 #pragma once
 
 #include <CLI/CLI.hpp>  // defines: CLI::App, CLI::Validator
@@ -60,10 +60,17 @@ const std::vector<std::string>& per_rank_options();
 // default; numbers are written alike however they were spelled (2e-3 and 0.002 agree).
 std::vector<std::string> agreed_options(const CLI::App& app, int world_size);
 
-// Collective: each rank's digest of agreed_options(app, comm.size()) is all-gathered (8 bytes a rank); when
-// they differ, the options too, and every rank throws scalelab::Error naming each differing option with
-// every rank's value (ranks of equal value together). Call it first thing on every rank (run_on_all_ranks
-// does), before any collective whose size depends on an option.
-void check_ranks_agree(Communicator& comm, const CLI::App& app);
+// What a run reads from its data directory, as "name=value" lines for check_ranks_agree: one per shard of
+// <dir> (train and val), "--data train_000001.bin=1000000 tokens, vocab 256, checksum 0x..." from the shard's
+// 64-byte header, never a pass over its tokens. A directory whose shards cannot be listed or read gives one
+// line that says so, the same on every rank (the cause follows when the run opens the data).
+std::vector<std::string> data_agreement_lines(const std::string& option, const std::string& dir);
+
+// Collective: each rank's digest of agreed_options(app, comm.size()) and of `inputs` (lines such as
+// data_agreement_lines', or the checkpoint a rank would resume) is all-gathered (8 bytes a rank); when
+// they differ, the lines too, and every rank throws scalelab::Error naming each differing option or input
+// with every rank's value (ranks of equal value together). Call it first thing on every rank
+// (run_on_all_ranks does), before any collective whose size depends on an option or an input.
+void check_ranks_agree(Communicator& comm, const CLI::App& app, const std::vector<std::string>& inputs = {});
 
 }  // namespace scalelab::driver
