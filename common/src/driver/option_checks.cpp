@@ -16,7 +16,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: all_gather_values, all_gather_strings
 #include "scalelab/core/error.h"        // defines: SL_FAIL, SL_CHECK_HINT
-#include "scalelab/data/shard.h"        // defines: data::list_shards, read_shard_header (data_agreement_lines)
+#include "scalelab/data/shard.h"        // defines: data::list_shards, read_shard_header, fnv1a64
 
 namespace scalelab::driver {
 
@@ -214,15 +214,6 @@ std::vector<std::string> agreed_options(const CLI::App& app, int world_size) {
   return lines;
 }
 
-// FNV-1a, 64 bits, of the lines (each ended by '\n').
-static uint64_t digest(const std::vector<std::string>& lines) {
-  uint64_t h = 14695981039346656037ull;
-  for (const std::string& l : lines) {
-    for (const char c : l + "\n") h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  }
-  return h;
-}
-
 std::vector<std::string> data_agreement_lines(const std::string& option, const std::string& dir) {
   std::vector<std::string> lines;
   for (const char* split : {"train", "val"}) {
@@ -250,7 +241,9 @@ void check_ranks_agree(Communicator& comm, const CLI::App& app, const std::vecto
   if (comm.size() == 1) return;
   std::vector<std::string> mine = agreed_options(app, comm.size());
   mine.insert(mine.end(), inputs.begin(), inputs.end());
-  const uint64_t d = digest(mine);
+  std::string text;  // the lines, each ended by '\n': hashed here, and sent whole if the hashes differ
+  for (const std::string& l : mine) text += l + "\n";
+  const uint64_t d = data::fnv1a64(reinterpret_cast<const uint8_t*>(text.data()), text.size());
   const std::vector<int32_t> all =
       all_gather_values(comm,
                         std::vector<int32_t>{static_cast<int32_t>(d & 0xffffffffu), static_cast<int32_t>(d >> 32)},
@@ -259,8 +252,6 @@ void check_ranks_agree(Communicator& comm, const CLI::App& app, const std::vecto
   for (int r = 1; r < comm.size(); ++r) same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
   if (same) return;
   // They differ: every rank learns every rank's options, and names the same differences.
-  std::string text;
-  for (const std::string& l : mine) text += l + "\n";
   const std::vector<std::string> texts = all_gather_strings(comm, text, "options");
   std::map<std::string, std::vector<std::string>> values;  // option -> its value on each rank ("(none)")
   for (int r = 0; r < comm.size(); ++r) {
