@@ -396,6 +396,19 @@ void call_signature(const std::string& op, int64_t count, DType dtype, int root,
   out[3] = root;
 }
 
+void call_range(const int64_t call[4], int64_t range[8]) {
+  for (int f = 0; f < 4; ++f) {
+    range[2 * f] = call[f];
+    range[2 * f + 1] = -call[f];
+  }
+}
+
+bool call_range_agrees(const int64_t range[8]) {
+  for (int f = 0; f < 4; ++f)
+    if (range[2 * f] != -range[2 * f + 1]) return false;
+  return true;
+}
+
 void fail_different_calls(const std::string& who, const int64_t* calls, int size) {
   std::string list;
   for (int r = 0; r < size; ++r) {

@@ -128,6 +128,11 @@ std::string describe_call(const std::string& op, int64_t count, DType dtype, int
 // barrier 4); and, when they differ, the error every rank throws: `calls` holds each of the `size` ranks'
 // 4 values in rank order, `who` is describe_rank's words.
 void call_signature(const std::string& op, int64_t count, DType dtype, int root, int64_t out[4]);
+// One MAX all-reduce of call_range's 8 int64 tells every rank whether all made the same call: field f at 2f,
+// its negation at 2f + 1, so after the reduction 2f holds the largest value and -(2f + 1) the smallest;
+// call_range_agrees reads that (true: every field's largest equals its smallest).
+void call_range(const int64_t call[4], int64_t range[8]);
+bool call_range_agrees(const int64_t range[8]);
 [[noreturn]] void fail_different_calls(const std::string& who, const int64_t* calls, int size);
 
 // ---------------------------------------------------------------------------------------------

@@ -758,15 +758,10 @@ class MpiCommunicator : public Communicator {
   void check_same_call(const char* name, int64_t count, DType dtype, int root) {
     int64_t call[4];
     call_signature(name, count, dtype, root, call);
-    int64_t range[8];  // field f's largest at 2f, minus its smallest at 2f + 1
-    for (int f = 0; f < 4; ++f) {
-      range[2 * f] = call[f];
-      range[2 * f + 1] = -call[f];
-    }
+    int64_t range[8];
+    call_range(call, range);
     SL_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, range, 8, MPI_INT64_T, MPI_MAX, comm_));
-    bool same = true;
-    for (int f = 0; f < 4; ++f) same = same && range[2 * f] == -range[2 * f + 1];
-    if (same) return;
+    if (call_range_agrees(range)) return;
     std::vector<int64_t> calls(static_cast<size_t>(4 * size_));
     SL_MPI_CALL(MPI_Allgather(call, 4, MPI_INT64_T, calls.data(), 4, MPI_INT64_T, comm_));
     fail_different_calls(who_, calls.data(), size_);

@@ -482,17 +482,12 @@ class NcclCommunicator : public Communicator {
     call_signature(name, count, dtype, root, call);
     // On the heap: a request that times out stays posted (MPI cannot cancel a collective) and may still
     // write its buffer, which wait_for_call then keeps for good.
-    auto range = std::make_shared<std::vector<int64_t>>(8);  // field f's largest at 2f, minus its smallest at 2f + 1
-    for (int f = 0; f < 4; ++f) {
-      (*range)[2 * f] = call[f];
-      (*range)[2 * f + 1] = -call[f];
-    }
+    auto range = std::make_shared<std::vector<int64_t>>(8);
+    call_range(call, range->data());
     MPI_Request request = MPI_REQUEST_NULL;
     SL_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, range->data(), 8, MPI_INT64_T, MPI_MAX, st_->mpi, &request));
     wait_for_call(request, name, range);
-    bool same = true;
-    for (int f = 0; f < 4; ++f) same = same && (*range)[2 * f] == -(*range)[2 * f + 1];
-    if (same) return;
+    if (call_range_agrees(range->data())) return;
     // every rank's call, then this rank's (the send buffer: on the heap too)
     auto calls = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(4 * size_ + 4));
     std::copy(call, call + 4, calls->begin() + 4 * size_);
