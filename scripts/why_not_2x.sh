@@ -8,14 +8,16 @@
 #   scripts/why_not_2x.sh                          # 1 rank vs 2 ranks, 1 thread each (on CPU a core is a device)
 #   scripts/why_not_2x.sh --provoke straggler      # make one cause happen, on purpose, much larger than noise
 #   scripts/why_not_2x.sh --sim                    # on simulated H100s in virtual time (docs/simulation.md)
+#   scripts/why_not_2x.sh --sim --blind 1          # part 2's exercise: one cause provoked, which one is not
+#                                                  # shown, the table without the verdict: find it yourself
 #
 # Options: --build-dir DIR (default build)  --np N (default 2)  --provoke none|loader|comm|batch|straggler
 #   --steps S (default 10; step 0 is warm-up)  --sweep "1 2 4 8 16" (micro-batches of the 1-device sweep)
 #   --sweep-steps S (default 6)  --model NAME (default demo)  --micro-batch B (default 8)  --seq-len T
 #   (default 128)  --data DIR (default data/kjv)  --out DIR (default runs/why_not_2x/<utc time>-<provoke>)
 #   --track reference|learner (default reference)  --check (exit 1 unless the verdict marks the provoked
-#   cause CULPRIT)  --loader-delay-ms X (loader, default 400)  --link PRESET, --link-slowdown F (comm, default
-#   ethernet100 x 300)  --slow-ms X (straggler, default 400)  --sim (every rank a simulated GPU: --device sim,
+#   cause CULPRIT)  --loader-delay-ms X (loader, default 400; with --sim 1)  --link PRESET, --link-slowdown F
+#   (comm, default ethernet100 x 300; with --sim x 1)  --slow-ms X (straggler, default 400; with --sim 0.7)  --sim (every rank a simulated GPU: --device sim,
 #   --backend sim; the delays and the slow rank then take virtual time, nothing sleeps)  --sim-gpu NAME (h100)
 # Exit status: the report's (0; 1 with --check when the provoked cause is not marked CULPRIT), 1 when a run
 # fails, 2 for a usage or build problem, 77 when the corpus or mpirun is missing (ctest: Skipped).
@@ -25,7 +27,8 @@
 #   batch      --micro-batch 1 --seq-len 16 per device; the 1-device run keeps the global batch (B = N) and
 #              the sweep runs at T=16 too: per-step fixed costs dominate tiny steps
 #   straggler  rank 1 (the last rank) sleeps --slow-ms per micro-step inside its compute (--slow-rank)
-# Runs go to --out: lab04/<run id>/rank<k>.jsonl, <run id>.out (each run's output), report.txt.
+# Runs go to --out: lab04/<run id>/rank<k>.jsonl, <run id>.out (each run's output), report.txt, report.json
+# (the figures and the verdict: bin/sl_scaling_report --json) and run.json (what this script provoked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,12 +45,13 @@ data=data/kjv
 out=""
 track=reference
 check=0
-loader_delay_ms=400
-link=ethernet100
-link_slowdown=300
-slow_ms=400
+loader_delay_ms=""  # the provocations' defaults below: on the CPU several times the noise of a busy
+link=ethernet100     # machine; on simulated GPUs (no noise, steps of a few ms) about the lesson's
+link_slowdown=""     # 1.4x-instead-of-2x
+slow_ms=""
 sim=0
 sim_gpu=h100
+blind=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -69,13 +73,25 @@ while [[ $# -gt 0 ]]; do
     --slow-ms) slow_ms="$2"; shift 2 ;;
     --sim) sim=1; shift ;;
     --sim-gpu) sim=1; sim_gpu="$2"; shift 2 ;;
-    *) sed -n '2,29p' "$0" >&2; exit 2 ;;
+    --blind) blind="$2"; shift 2 ;;
+    *) sed -n '2,31p' "$0" >&2; exit 2 ;;
   esac
 done
 
 case "$provoke" in none|loader|comm|batch|straggler) ;; *)
   echo "--provoke $provoke: use none, loader, comm, batch or straggler" >&2; exit 2 ;;
 esac
+if (( sim )); then
+  : "${loader_delay_ms:=1}" "${slow_ms:=0.7}" "${link_slowdown:=1}"
+else
+  : "${loader_delay_ms:=400}" "${slow_ms:=400}" "${link_slowdown:=300}"
+fi
+if [[ -n "$blind" ]]; then  # the exercise: a cause fixed per K (a table, not a secret: reading it spoils it)
+  [[ "$blind" =~ ^[1-4]$ ]] || { echo "--blind $blind: use 1, 2, 3 or 4 (one exercise each)" >&2; exit 2; }
+  [[ "$provoke" == none && $check == 0 ]] || { echo "--blind chooses the cause itself: drop --provoke and --check" >&2; exit 2; }
+  blind_causes=(batch comm straggler loader)
+  provoke=${blind_causes[$(( (blind * 3 + 1) % 4 ))]}
+fi
 exe="$build_dir/bin/$track/lab04_fsdp"
 report="$build_dir/bin/sl_scaling_report"
 [[ -x "$exe" ]] || { echo "no $exe: cmake --build $build_dir --target lab04_fsdp_ref (learner: lab04_fsdp_learner)" >&2; exit 2; }
@@ -90,6 +106,10 @@ if (( np > cores && ! sim )); then  # virtual time does not depend on the cores
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # harmless when not root
 export OMP_NUM_THREADS=1
+if [[ -z "$out" && -n "$blind" ]]; then
+  out="runs/why_not_2x/blind-$blind"
+  rm -rf "$out"  # an exercise run again replaces its earlier run
+fi
 [[ -n "$out" ]] || out="runs/why_not_2x/$(date -u +%Y%m%dT%H%M%SZ)-$provoke"
 mkdir -p "$out"
 
@@ -117,7 +137,11 @@ run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <ou
   (( ranks > 1 )) && launcher=(mpirun --oversubscribe --bind-to none -np "$ranks")
   local backend=()
   (( sim && ranks > 1 )) && backend=(--backend sim)
-  echo "== $id: ${launcher[*]} $exe ${*}" | sed "s|$out|<out>|g"
+  if [[ -n "$blind" && "$id" == multi ]]; then
+    echo "== $id: $ranks ranks (blind run $blind: its options are not shown)"
+  else
+    echo "== $id: ${launcher[*]} $exe ${*}" | sed "s|$out|<out>|g"
+  fi
   if ! timeout 600 "${launcher[@]}" "$exe" "${common[@]}" "${backend[@]}" "${cal[@]}" --run-id "$id" "$@" \
       > "$out/$id.out" 2>&1; then
     echo "run $id failed; its output ($out/$id.out) ends:" >&2
@@ -143,7 +167,13 @@ echo
 
 expect=()
 (( check == 1 )) && [[ "$provoke" != none ]] && expect=(--expect-culprit "$provoke")
-echo "provocation: $provoke ${multi_extra[*]}" > "$out/report.txt"
+if [[ -n "$blind" ]]; then
+  echo "provocation: not shown (blind run $blind)" > "$out/report.txt"
+else
+  echo "provocation: $provoke ${multi_extra[*]}" > "$out/report.txt"
+fi
+printf '{"provoke": "%s", "blind": %s, "sim": %s, "np": %s, "model": "%s", "track": "%s"}\n' "$provoke" \
+  "${blind:-null}" "$( (( sim )) && echo true || echo false)" "$np" "$model" "$track" > "$out/run.json"
 if (( sim )); then  # the report's every time, tokens/s and MFU are the simulated GPU's
   grep -ho "(simulated [^)]*virtual time)" "$out/single.out" | head -1 | sed 's/^(\(.*\))$/on \1: every figure below/' \
     | tee -a "$out/report.txt"
@@ -151,8 +181,16 @@ fi
 set +e
 sweep_args=()
 (( ${#sweep_dirs[@]} > 0 )) && sweep_args=(--sweep "${sweep_dirs[@]}")
-"$report" --single "$out/lab04/single" --multi "$out/lab04/multi" "${sweep_args[@]}" "${expect[@]}" \
-  | tee -a "$out/report.txt"
+hide=()
+[[ -n "$blind" ]] && hide=(--no-verdict)
+"$report" --single "$out/lab04/single" --multi "$out/lab04/multi" "${sweep_args[@]}" "${expect[@]}" "${hide[@]}" \
+  --json "$out/report.json" | tee -a "$out/report.txt"
 rc=${PIPESTATUS[0]}
 set -e
+if [[ -n "$blind" ]]; then
+  echo
+  echo "Blind run $blind: one of the four causes was provoked in the $np-device run. Read the table in the lesson's"
+  echo "order (labs/04_fsdp/WHY_NOT_2X.md \"Reading it\"), compare it with a healthy run, and answer in"
+  echo "scripts/quiz 04 --part 2. ($out/run.json holds the answer: reading it first spoils the exercise.)"
+fi
 exit "$rc"

@@ -356,7 +356,7 @@ double max_peak(const RunSummary& run) {
 }  // namespace
 
 std::string format_report(const RunSummary& single, const RunSummary& multi, const ScalingEvidence& ev,
-                          const Verdict& v, const std::vector<std::string>& notes) {
+                          const Verdict& v, const std::vector<std::string>& notes, bool with_verdict) {
   const int n = multi.world_size;
   std::string out;
   out += fmt("Why not %dx? model %s%s, T=%d | 1 device: B=%d | %d devices: B=%d each, overlap %s%s, link %s%s\n", n,
@@ -407,8 +407,27 @@ std::string format_report(const RunSummary& single, const RunSummary& multi, con
   if (measured(eff))
     out += fmt("Scaling efficiency: %.0f %% (%.2fx on %d devices, %dx would be perfect)\n", 100.0 * eff, eff * n, n, n);
   else out += "Scaling efficiency: not measured\n";
-  out += "\n" + format_verdict(v);
+  if (with_verdict) out += "\n" + format_verdict(v);
   return out;
+}
+
+nlohmann::json report_json(const RunSummary& single, const RunSummary& multi, const Verdict& v) {
+  const auto num = [](double x) { return measured(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  nlohmann::json causes = nlohmann::json::array();
+  for (const CauseFinding& f : v.findings)
+    causes.push_back({{"order", f.order},
+                      {"cause", f.cause},
+                      {"culprit", f.culprit},
+                      {"measured", num(f.measured)},
+                      {"threshold", num(f.threshold)},
+                      {"has_evidence", f.has_evidence}});
+  return {{"world_size", multi.world_size},
+          {"single_tokens_per_s", num(single.tokens_per_s)},
+          {"multi_tokens_per_s", num(multi.tokens_per_s)},
+          {"single_mfu", num(single.mfu)},
+          {"multi_mfu", num(multi.mfu)},
+          {"scaling_efficiency", num(v.scaling_efficiency)},
+          {"causes", causes}};
 }
 
 }  // namespace scalelab::scaling

@@ -6,6 +6,8 @@
 // (end to end, one provocation per ctest).
 #pragma once
 
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (report_json)
+
 #include <string>
 #include <vector>
 
@@ -61,9 +63,15 @@ ScalingEvidence make_evidence(const RunSummary& single, const RunSummary& multi,
 
 // The table: for 1 device and N, tokens/s, tokens/s per device, MFU, peak memory per rank, data-wait
 // share, exposed-comm share, per-rank step and compute times with their spread; the sweep; the loader.
-// Then scaling efficiency and format_verdict(v). Ends with '\n'.
+// Then scaling efficiency and, with `with_verdict`, format_verdict(v) (without it the reader finds the
+// cause alone: why_not_2x.sh --blind). Ends with '\n'.
 std::string format_report(const RunSummary& single, const RunSummary& multi, const ScalingEvidence& ev,
-                          const Verdict& v, const std::vector<std::string>& notes = {});
+                          const Verdict& v, const std::vector<std::string>& notes = {}, bool with_verdict = true);
+
+// The report's figures and the verdict as one JSON object (scripts/quiz reads it; docs/log_schema.md
+// "why_not_2x report.json"): tokens/s and MFU of both runs, the scaling efficiency, world size, and each
+// cause's name, culprit flag, measured value and threshold. Values not measured are null.
+nlohmann::json report_json(const RunSummary& single, const RunSummary& multi, const Verdict& v);
 
 // "loader", "comm", "batch", "straggler" -> 1..4 (the lesson's order); 0 for anything else.
 int cause_order_from_name(const std::string& name);

@@ -162,6 +162,52 @@ class Grading(unittest.TestCase):
         self.assertIn("cannot be graded", out)
         self.assertIn("1. not right", out)
 
+    def write_why_not_2x(self, name, provoke, blind=None, culprits=(), efficiency=0.7):
+        """runs/why_not_2x/<name>/{run,report}.json as scripts/why_not_2x.sh writes them."""
+        d = os.path.join(self.runs, "why_not_2x", name)
+        os.makedirs(d)
+        names = ["data-loader saturation", "exposed gradient communication", "per-device batch too small",
+                 "straggling device"]
+        causes = [{"order": i + 1, "cause": n, "culprit": n in culprits, "measured": 0.5, "threshold": 0.1,
+                   "has_evidence": True} for i, n in enumerate(names)]
+        with open(os.path.join(d, "run.json"), "w", encoding="utf-8") as f:
+            json.dump({"provoke": provoke, "blind": blind, "sim": True, "np": 2}, f)
+        with open(os.path.join(d, "report.json"), "w", encoding="utf-8") as f:
+            json.dump({"world_size": 2, "single_tokens_per_s": 100.0, "multi_tokens_per_s": 2 * 100.0 * efficiency,
+                       "single_mfu": 0.08, "multi_mfu": 0.06, "scaling_efficiency": efficiency, "causes": causes}, f)
+
+    def test_lab04_part2_graded_from_why_not_2x_runs(self):
+        self.write_why_not_2x("healthy", "none", efficiency=0.95)
+        self.write_why_not_2x("cpu-loader", "loader", efficiency=0.5)  # provoked, not blind: not the healthy one
+        for k, (provoke, cause) in enumerate([("batch", "per-device batch too small"),
+                                              ("loader", "data-loader saturation"),
+                                              ("straggler", "straggling device"),
+                                              ("comm", "exposed gradient communication")], 1):
+            self.write_why_not_2x(f"blind-{k}", provoke, blind=k, culprits=(cause,))
+        p = subprocess.run([sys.executable, QUIZ, "04", "--part", "2", "--answers", "-", "--runs", self.runs],
+                           input="95\nc\na\nd\nb\n", capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("part 2: the lesson's lab", p.stdout)
+        self.assertIn("5 of 5 right: passed (pass: 4)", p.stdout)
+        # the blind runs' causes are not printed before the answers
+        self.assertNotIn("provoked straggling device", p.stdout.split("--- Answers ---")[0])
+        p = subprocess.run([sys.executable, QUIZ, "04", "--part", "2", "--answers", "-", "--runs", self.runs],
+                           input="50\nc\nb\nd\nb\n", capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stdout)  # the efficiency (50: not the healthy run's) and blind 2 wrong
+        self.assertIn("3 of 5 right: not passed", p.stdout)
+
+    def test_lab04_part2_without_runs_says_what_to_run(self):
+        p = subprocess.run([sys.executable, QUIZ, "04", "--part", "2", "--answers", "-", "--runs", self.runs],
+                           input="95\nc\na\nd\nb\n", capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("run first: scripts/why_not_2x.sh --sim --blind 3", p.stdout)
+
+    def test_a_missing_part_is_a_usage_error(self):
+        p = subprocess.run([sys.executable, QUIZ, "03", "--part", "2", "--answers", "-", "--runs", self.runs],
+                           input="", capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no part 2 quiz", p.stderr)
+
     def test_unknown_lab_is_a_usage_error(self):
         self.assertEqual(run_quiz("42", [], self.runs)[0], 2)
 
