@@ -8,7 +8,7 @@
 
 #include <string>  // defines: std::string (the names of the replicated parameters)
 
-#include "scalelab/core/error.h"   // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/core/error.h"   // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
 #include "scalelab/ops/ops.h"      // defines: add_bias_, scale_, encoder_*_vocab_shard, crossentropy_vocab_shard_*
 #include "scalelab/model/optim.h"  // defines: clip_grad_norm (with groups)
 
@@ -27,6 +27,20 @@ Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, bool 
   throw scalelab::NotImplemented("lab05-1 make_layout");
   // TODO(lab05-1) END
   return l;
+}
+
+// =============================================================================================
+// The column/row split of a block's weights
+// =============================================================================================
+TpSplit block_split(const std::string& block_tensor) {
+  TpSplit s;
+  // TODO(lab05-9) BEGIN  how a tensor-parallel group cuts this tensor of a block
+  //   Which tensors does each rank need whole, which can it hold a 1/tp slice of, and along which dimension,
+  //   so that the block's points (f, g) at their places make the result the dense block's? Weights are
+  //   (out, in). README.md#the-column-row-split
+  throw scalelab::NotImplemented("lab05-9 block_split");
+  // TODO(lab05-9) END
+  return s;
 }
 
 // =============================================================================================
@@ -71,9 +85,9 @@ void MegatronPoints::embedding_forward(Tensor& out, const Tensor& tokens, const 
   [[maybe_unused]] const int64_t Vl = wte_shard.size(0),
                                  begin = static_cast<int64_t>(rank()) * Vl;  // this rank's first row
   // TODO(lab05-4) BEGIN  out = wte[tokens] + wpe, from every rank's rows
-  //   This rank holds wte rows [begin, begin + Vl). Look up what it can (ops.h encoder_forward_vocab_shard:
-  //   other ranks' tokens give zeros), add the positions once in the whole group, and make out whole. With
-  //   sequence parallelism out is only this rank's token rows (Nl, C) of the whole. README.md#the-vocabulary-split
+  //   This rank holds wte rows [begin, begin + Vl) and all of wpe; out must be the dense embedding's output
+  //   (with sequence parallelism only this rank's token rows (Nl, C) of it). What can this rank look up on
+  //   its own, and what is counted how often? ops.h has the vocab-shard lookup. README.md#the-vocabulary-split
   throw scalelab::NotImplemented("lab05-4 embedding_forward");
   // TODO(lab05-4) END
 }
@@ -93,9 +107,8 @@ void MegatronPoints::cross_entropy_forward(Tensor& losses, Tensor& probs, const 
   [[maybe_unused]] auto row = [&](MemCategory c) { return Tensor::empty({N}, DType::F32, logits.device(), c); };
   // TODO(lab05-5) BEGIN  the loss of every row, the full (B,T,V) logits never on one rank
   //   The loss of row i needs the max, the sum of exponentials and the target's logit over ALL V columns,
-  //   and each rank holds Vl of them. Combine the ranks' parts between the local pieces of ops.h
-  //   (logits_row_max, crossentropy_vocab_shard_partials, crossentropy_vocab_shard_finish); N is the number
-  //   of rows, `row` makes an (N,) tensor. README.md#the-vocabulary-split
+  //   and each rank holds Vl of them. ops.h has the local pieces (the vocab-shard cross-entropy); N is the
+  //   number of rows, `row` makes an (N,) tensor. README.md#the-vocabulary-split
   throw scalelab::NotImplemented("lab05-5 cross_entropy_forward");
   // TODO(lab05-5) END
 }
@@ -144,7 +157,7 @@ void MegatronPoints::sp_scatter_backward(const Tensor& dy_shard, Tensor& dy_full
 
 void sync_replicated_grads(GPT2& model, MegatronPoints& points) {
   if (!model.shard().sequence_parallel) return;  // every replicated gradient is whole already
-  // TODO(lab05-7) BEGIN  the layernorms' gradients, partial per rank under sequence parallelism
+  // TODO(lab05-7) BEGIN  the replicated gradients that sequence parallelism leaves partial
   //   Which replicated parameters did each rank see only part of the data for? Make their gradients the
   //   same, whole gradient on every rank of the group. README.md#sequence-parallel
   throw scalelab::NotImplemented("lab05-7 sync_replicated_grads");

@@ -7,12 +7,13 @@
 // SL_TRACK_LAB05, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/05_tensor_parallel/README.md   Graded tests: tests/lab05/ (test_lab05*.cpp)
 //
-// The model (common/include/scalelab/model/gpt2.h) already knows how to be split: built for a ModelShard
-// with tp_size ranks, every rank holds its slice of each matrix (c_attn and c_fc by output rows: NH/tp whole
-// heads and 4C/tp MLP channels; the two c_proj by input columns; wte by vocabulary rows) and runs the block
-// on its slice. Where Megatron-LM must communicate, the model calls the tensor-parallel points of
-// scalelab/model/tensor_parallel.h. This lab implements them over the tensor-parallel group:
-//   f, g                     the conjugate operators around each column -> row parallel pair   TODO lab05-2, -2
+// The model (common/include/scalelab/model/gpt2.h) knows how to hold a slice: built for a ModelShard with
+// tp_size ranks, every rank holds the slice of each block tensor that the shard's split rule names
+// (ModelShard::tp_split, applied by gpt2_param_table; wte is cut by vocabulary rows) and runs the block on its
+// slices, calling the tensor-parallel points of scalelab/model/tensor_parallel.h at fixed places of the
+// block. This lab decides the split and implements the points over the tensor-parallel group:
+//   the block's split        which tensor is cut along which dimension                          TODO lab05-9
+//   f, g                     the conjugate operators around each column -> row parallel pair   TODO lab05-2, -3
 //   embedding                the vocabulary-parallel lookup                                    TODO lab05-4
 //   cross-entropy            the loss over logits split by vocabulary                          TODO lab05-5
 //   sequence parallel        all-gather / reduce-scatter of the token rows instead of f and g  TODO lab05-6
@@ -48,7 +49,17 @@ struct Layout {
   bool sequence_parallel = false;
 };
 Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, bool sequence_parallel);
-// The shard this rank's model is built for: tp_rank of tp, every layer, embedding and head.
+// TODO(lab05-9): the column/row split of a block's weights. For each tensor of a block, named without its
+// "h.<l>." prefix (the twelve of gpt2_param_table: "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", ...,
+// "mlp.c_proj.bias"), how every rank of a tensor-parallel group cuts it (TpSplit, scalelab/model/gpt2_layout.h:
+// which dimension, in how many blocks; -1 keeps it whole). Contract: with the points the model calls at their
+// fixed places in a block (README.md#the-picture), the tp ranks' slices compute exactly the dense block's
+// output and gradients, for any tp dividing NH and 4C; no activation of a block's (B, T, 3C) or (B, T, 4C)
+// width is ever whole on one rank; every head's attention runs on one rank. Throws scalelab::Error for a
+// name that is not a block tensor. README.md#the-column-row-split
+TpSplit block_split(const std::string& block_tensor);
+// The shard this rank's model is built for: tp_rank of tp, every layer, embedding and head, cut by
+// block_split.
 ModelShard shard_of(const Layout& layout);
 
 // The tensor-parallel points over one tensor-parallel group (comm: its communicator, tp = comm.size()).
@@ -87,18 +98,19 @@ class MegatronPoints : public TensorParallel {
   bool sequence_parallel_;
 };
 
-// TODO(lab05-7): under sequence parallelism a replicated parameter whose gradient each rank computed from
-// its own token rows only (the layernorms: ln_1, ln_2, ln_f) holds a partial gradient: make it whole on every
-// rank of the tensor-parallel group. Without sequence parallelism, nothing to do. README.md#sequence-parallel
+// TODO(lab05-7): under sequence parallelism some replicated parameters (whole on every rank) get from each
+// rank only a partial gradient, computed from its own token rows. Contract: on return the gradient of every
+// replicated parameter is whole and equal on every rank of the tensor-parallel group; the others are
+// untouched. Without sequence parallelism, nothing to do. README.md#sequence-parallel
 void sync_replicated_grads(GPT2& model, MegatronPoints& points);
 
 // TODO(lab05-8): one optimizer step of this rank's shard over its micro-batches (one per micro-step; every
-// rank of a tensor-parallel group sees the same micro-batches): zero the gradients, forward + backward each,
-// the gradients of m micro-steps divided by m, sync_replicated_grads, the data-parallel average across
-// `dp_group` (given: average_over_replicas; nullptr or size 1 for none), clipping on the WHOLE model's norm
-// (global_grad_norm over the tensor-parallel group; grad_clip <= 0: none), the optimizer step. Returns the
-// loss (mean over the micro-batches; the same on every rank of the group) and the norm before clipping.
-// README.md#one-training-step
+// rank of a tensor-parallel group sees the same micro-batches). Contract: on return every parameter has taken
+// one step of `optimizer` at `lr` on the gradient of the step's mean loss (over the m micro-batches and, with
+// `dp_group` (nullptr or size 1: none), over the replicas' batches), that gradient whole on every rank of the
+// group and clipped to a whole-model norm of at most grad_clip (<= 0: no clipping; scalelab/model/optim.h).
+// Returns the loss (mean over the micro-batches; the same on every rank of the group) and the whole model's
+// gradient norm before clipping. Given: average_over_replicas. README.md#one-training-step
 StepResult train_step(GPT2& model, Optimizer& optimizer, MegatronPoints& points, Communicator* dp_group,
                       const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 

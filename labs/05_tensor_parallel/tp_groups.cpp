@@ -15,6 +15,7 @@ ModelShard shard_of(const Layout& layout) {
   s.tp_rank = layout.tp_rank;
   s.tp_size = layout.tp;
   s.sequence_parallel = layout.sequence_parallel;
+  s.tp_split = &block_split;  // your rule (lab05-9): how each block tensor is cut
   return s;
 }
 

@@ -40,6 +40,7 @@ ModelShard chunk_shard(const GPTConfig& cfg, const Layout& layout, int chunk) {
   ModelShard s = lab06::chunk_shard(cfg, layout.pipeline, chunk);  // its layers, embedding, head
   s.tp_rank = layout.coords.tp_rank;                               // and lab 05's slice of each
   s.tp_size = layout.grid.tp;
+  s.tp_split = &lab05::block_split;  // lab 05's column/row split of each block tensor
   return s;
 }
 

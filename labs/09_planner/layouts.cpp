@@ -12,6 +12,7 @@
 
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
 #include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
+#include "tensor_parallel.h"       // defines: lab05::block_split (lab 05's reference: the tp split)
 
 namespace scalelab::lab09 {
 
@@ -88,6 +89,7 @@ ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chu
   const lab06::PipelineLayout pl = lab06::make_layout(cfg, x.pp, stage, x.schedule, x.micro_batches, x.chunks);
   ModelShard s = lab06::chunk_shard(cfg, pl, chunk);
   s.tp_size = x.tp;
+  s.tp_split = &lab05::block_split;  // lab 05's column/row split of each block tensor
   s.sequence_parallel = x.sequence_parallel;
   s.validate(cfg);
   return s;

@@ -8,7 +8,7 @@
 
 #include <string>  // defines: std::string (the names of the replicated parameters)
 
-#include "scalelab/core/error.h"   // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/core/error.h"   // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL, scalelab::NotImplemented
 #include "scalelab/ops/ops.h"      // defines: add_bias_, scale_, encoder_*_vocab_shard, crossentropy_vocab_shard_*
 #include "scalelab/model/optim.h"  // defines: clip_grad_norm (with groups)
 
@@ -41,6 +41,29 @@ Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, bool 
   shard_of(l).validate(cfg);  // NH, 4C, V divisible by tp: every rank throws the same error
   // TODO(lab05-1) END
   return l;
+}
+
+// =============================================================================================
+// The column/row split of a block's weights
+// =============================================================================================
+TpSplit block_split(const std::string& block_tensor) {
+  TpSplit s;
+  // TODO(lab05-9) BEGIN  how a tensor-parallel group cuts this tensor of a block
+  const std::string& t = block_tensor;
+  if (t == "attn.c_attn.weight" || t == "attn.c_attn.bias") {
+    s = {0, 3};  // column-parallel by output rows: q | k | v each cut, so a rank holds whole heads of all three
+  } else if (t == "mlp.c_fc.weight" || t == "mlp.c_fc.bias") {
+    s = {0, 1};  // column-parallel: 4C/tp of the MLP's channels, their GELU needs nothing from other ranks
+  } else if (t == "attn.c_proj.weight" || t == "mlp.c_proj.weight") {
+    s = {1, 1};  // row-parallel by input columns: the columns that multiply this rank's heads / channels
+  } else if (t == "attn.c_proj.bias" || t == "mlp.c_proj.bias" || t.rfind("ln_", 0) == 0) {
+    s = {-1, 1};  // whole: the row-parallel bias is added once, after g; layernorms see the whole stream
+  } else {
+    SL_FAIL("block tensors are those of gpt2_param_table without \"h.<l>.\", e.g. \"attn.c_attn.weight\"",
+            "block_split: unknown block tensor \"%s\"", t.c_str());
+  }
+  // TODO(lab05-9) END
+  return s;
 }
 
 // =============================================================================================
@@ -157,7 +180,7 @@ void MegatronPoints::sp_scatter_backward(const Tensor& dy_shard, Tensor& dy_full
 
 void sync_replicated_grads(GPT2& model, MegatronPoints& points) {
   if (!model.shard().sequence_parallel) return;  // every replicated gradient is whole already
-  // TODO(lab05-7) BEGIN  the layernorms' gradients, partial per rank under sequence parallelism
+  // TODO(lab05-7) BEGIN  the replicated gradients that sequence parallelism leaves partial
   for (const ParamInfo& p : model.param_table()) {
     if (p.name.find("ln_") == std::string::npos) continue;  // ln_1, ln_2, ln_f: weight and bias
     Tensor g = model.grad(p.name);

@@ -6,9 +6,11 @@
 #include <cstdio>     // defines: std::snprintf
 #include <map>
 #include <random>
+#include <string>  // defines: std::to_string
 
 #include "grading.h"                  // defines: grading::all_ranks
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
+#include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
 #include "scalelab/ops/ops.h"         // defines: encoder_*, softmax_crossentropy_*
 
@@ -23,6 +25,7 @@ TpSetup make_tp_model(const GPTConfig& cfg, bool sequence_parallel) {
   shard.tp_rank = s.tp_group->rank();
   shard.tp_size = s.tp_group->size();
   shard.sequence_parallel = sequence_parallel;
+  shard.tp_split = &lab05::block_split;  // the track's split of a block's tensors (TODO lab05-9)
   s.points = std::make_unique<lab05::MegatronPoints>(*s.tp_group, sequence_parallel);
   s.model = std::make_unique<GPT2>(cfg, shard, PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
   s.model->set_tensor_parallel(s.points.get());
@@ -196,6 +199,30 @@ std::string expect_gradients_match_dense(bool sp) {
                 "tp = %d%s",
                 loss, worst, s.points->size(), sp ? ", sequence parallel" : "");
   return bad.empty() ? buf : bad;
+}
+
+std::string expect_block_split_matches_dense() {
+  // The rule on its own: a cut for every block tensor (recorded for the measured line), a refusal otherwise.
+  static const char* const kBlockTensors[] = {
+      "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+      "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  std::string cuts;
+  for (const char* t : kBlockTensors) {
+    const TpSplit c = lab05::block_split(t);
+    cuts +=
+        std::string(cuts.empty() ? "" : ", ") + t + " " +
+        (c.dim < 0 ? "whole" : "dim " + std::to_string(c.dim) + (c.blocks > 1 ? " x" + std::to_string(c.blocks) : ""));
+  }
+  bool refused = false;
+  try {
+    lab05::block_split("attn.c_attn");  // not a tensor: a prefix of two
+  } catch (const scalelab::Error&) {
+    refused = true;
+  }
+  EXPECT_TRUE(grading::all_ranks(refused, refused ? "" : on_rank("block_split(\"attn.c_attn\") returned a cut")));
+  // The rule in the model: its slices, with the points at their places, compute the dense block.
+  const std::string model = expect_gradients_match_dense(false);
+  return refused ? model + " (" + cuts + ")" : "block_split accepted \"attn.c_attn\"";
 }
 
 std::string expect_sgd_steps_match_dense(bool sp) {

@@ -45,6 +45,9 @@ std::string expect_f_and_g_exact();
 std::string expect_embedding_matches_dense(bool sequence_parallel);
 std::string expect_cross_entropy_matches_dense();
 std::string expect_gradients_match_dense(bool sequence_parallel);
+// lab05::block_split: a cut for each of the twelve block tensors, refusal of other names, and the model cut by
+// it at tp = comm size equals the dense model (loss and every gradient, as expect_gradients_match_dense).
+std::string expect_block_split_matches_dense();
 std::string expect_sgd_steps_match_dense(bool sequence_parallel);
 std::string expect_collectives_per_layer(bool sequence_parallel);
 std::string expect_activation_memory_matches_formula(bool sequence_parallel);

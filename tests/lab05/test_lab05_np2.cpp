@@ -54,6 +54,16 @@ TEST(Lab05Tp, VocabCrossEntropyMatchesDense) {
   grading::run(check, [](grading::Record& record) { record.measured(expect_cross_entropy_matches_dense()); });
 }
 
+TEST(Lab05Tp, BlockSplitMatchesDense) {
+  const grading::Check check{"lab05.block_split_matches_dense", 2,
+                             "block_split cuts each of the twelve block tensors and refuses other names; the model "
+                             "cut by it at tp = 2: the loss within 1e-6 of the dense model's and every gradient "
+                             "within 1e-5 (relative to the tensor) of its dense slice",
+                             "README 'The column/row split': which input does each linear see whole, and which "
+                             "output must stay a part until g; a head's q, k and v belong on one rank"};
+  grading::run(check, [](grading::Record& record) { record.measured(expect_block_split_matches_dense()); });
+}
+
 TEST(Lab05Tp, GradientsMatchDense) {
   const grading::Check check{"lab05.gradients_match_dense", 3,
                              "one forward and backward at tp = 2: the loss within 1e-6 of the dense model's and "

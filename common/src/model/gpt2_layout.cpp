@@ -102,10 +102,10 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
   std::vector<ParamInfo> t;
   int unit = 0;
   int64_t offset = 0;
-  // dense: the dense model's shape; split_dim/blocks: how the shard's slice is cut (ParamInfo).
-  auto add = [&](const std::string& name, const Shape& dense, bool decay, int split_dim = -1, int blocks = 1) {
+  // dense: the dense model's shape; split: how the shard's slice is cut (ParamInfo).
+  auto add = [&](const std::string& name, const Shape& dense, bool decay, TpSplit split = {}) {
     Shape local = dense;
-    if (split_dim >= 0) local[split_dim] /= tp;
+    if (split.dim >= 0) local[split.dim] /= tp;
     const int64_t n = numel_of(local);
     ParamInfo p;
     p.name = name;
@@ -115,9 +115,9 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
     p.numel = n;
     p.decay = decay;
     p.dense_shape = dense;
-    p.split_dim = split_dim;
-    p.split_blocks = blocks;
-    p.tp_replicated = split_dim < 0;
+    p.split_dim = split.dim;
+    p.split_blocks = split.blocks;
+    p.tp_replicated = split.dim < 0;
     t.push_back(p);
     offset += n;
   };
@@ -125,29 +125,50 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
     unit = u;
     offset = 0;
   };
-  // unit 0: embeddings. wte is vocabulary-parallel (rows), wpe replicated.
+  // A block tensor's cut: the shard's rule (tp > 1), checked against the dense shape; whole with tp = 1.
+  auto block_split = [&](const std::string& name, const Shape& dense) {
+    if (tp == 1) return TpSplit{};
+    SL_CHECK_HINT(shard.tp_split != nullptr,
+                  "a tensor-parallel shard needs ModelShard::tp_split, the rule that says how each block "
+                  "tensor is cut (lab 05's block_split; lab 05's shard_of sets it)",
+                  "tp=%d shard without a split rule, at %s", shard.tp_size, name.c_str());
+    const TpSplit s = shard.tp_split(name);
+    const int ndim = static_cast<int>(dense.size());
+    SL_CHECK_HINT(s.dim >= -1 && s.dim < ndim && s.blocks >= 1,
+                  "dim is -1 (whole on every rank) or a dimension of the tensor; blocks >= 1",
+                  "%s %s: split dim %d, blocks %d", name.c_str(), shape_str(dense).c_str(), s.dim, s.blocks);
+    SL_CHECK_HINT(s.dim < 0 || dense[s.dim] % (s.blocks * tp) == 0,
+                  "the cut dimension must hold blocks x tp equal chunks",
+                  "%s %s: dim %d of %lld does not split into %d blocks x tp=%lld", name.c_str(),
+                  shape_str(dense).c_str(), s.dim, static_cast<long long>(s.dim < 0 ? 0 : dense[s.dim]), s.blocks,
+                  static_cast<long long>(tp));
+    return s;
+  };
+  // unit 0: embeddings. wte is vocabulary-parallel (its V rows cut, lab 05's embedding), wpe replicated.
   if (shard.has_embedding) {
     start_unit(0);
-    add("wte", {V, C}, true, /*split_dim=*/0);
+    add("wte", {V, C}, true, TpSplit{0, 1});
     add("wpe", {maxT, C}, true);
   }
-  // units 1..L: blocks. Column-parallel c_attn (q | k | v rows of the rank's heads) and c_fc split by
-  // output rows; row-parallel c_proj split by input columns, its bias replicated; layernorms replicated.
+  // units 1..L: blocks, each tensor cut as the shard's rule says.
   for (int64_t l = shard.first_layer; l <= shard.last(cfg); ++l) {
     start_unit(static_cast<int>(1 + l));
     const std::string p = "h." + std::to_string(l) + ".";
-    add(p + "ln_1.weight", {C}, false);
-    add(p + "ln_1.bias", {C}, false);
-    add(p + "attn.c_attn.weight", {3 * C, C}, true, 0, /*blocks=*/3);
-    add(p + "attn.c_attn.bias", {3 * C}, false, 0, /*blocks=*/3);
-    add(p + "attn.c_proj.weight", {C, C}, true, 1);
-    add(p + "attn.c_proj.bias", {C}, false);
-    add(p + "ln_2.weight", {C}, false);
-    add(p + "ln_2.bias", {C}, false);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, true, 0);
-    add(p + "mlp.c_fc.bias", {4 * C}, false, 0);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, true, 1);
-    add(p + "mlp.c_proj.bias", {C}, false);
+    auto add_block = [&](const std::string& name, const Shape& dense, bool decay) {
+      add(p + name, dense, decay, block_split(name, dense));
+    };
+    add_block("ln_1.weight", {C}, false);
+    add_block("ln_1.bias", {C}, false);
+    add_block("attn.c_attn.weight", {3 * C, C}, true);
+    add_block("attn.c_attn.bias", {3 * C}, false);
+    add_block("attn.c_proj.weight", {C, C}, true);
+    add_block("attn.c_proj.bias", {C}, false);
+    add_block("ln_2.weight", {C}, false);
+    add_block("ln_2.bias", {C}, false);
+    add_block("mlp.c_fc.weight", {4 * C, C}, true);
+    add_block("mlp.c_fc.bias", {4 * C}, false);
+    add_block("mlp.c_proj.weight", {C, 4 * C}, true);
+    add_block("mlp.c_proj.bias", {C}, false);
   }
   // unit L+1: final layernorm, and on a last stage without the embedding its own copy of wte for the
   // tied LM head (the first stage owns wte; lab 06 keeps the two copies equal).
@@ -156,7 +177,7 @@ std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& 
     add("ln_f.weight", {C}, false);
     add("ln_f.bias", {C}, false);
     if (!shard.has_embedding) {
-      add("wte", {V, C}, true, /*split_dim=*/0);
+      add("wte", {V, C}, true, TpSplit{0, 1});
       t.back().tied_copy = true;
     }
   }
@@ -178,8 +199,8 @@ std::vector<int64_t> gpt2_unit_numel(const GPTConfig& cfg, const ModelShard& sha
   const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.max_seq_len, L = cfg.n_layer;
   const int64_t tp = shard.tp_size;
   const int64_t wte = (V / tp) * C;  // vocabulary-parallel rows
-  // ln_1, ln_2 (weight, bias); c_attn (3C/tp rows) + bias; attn c_proj (C/tp columns) + its bias;
-  // c_fc (4C/tp rows) + bias; mlp c_proj (4C/tp columns) + its bias
+  // ln_1, ln_2 (weight, bias), whole; c_attn 3C*C/tp + its bias 3C/tp; attn c_proj C*C/tp + its bias C;
+  // c_fc 4C*C/tp + its bias 4C/tp; mlp c_proj 4C*C/tp + its bias C (the counts of lab 05's split)
   const int64_t block = 4 * C + ((3 * C) / tp) * C + (3 * C) / tp + C * (C / tp) + C + ((4 * C) / tp) * C +
                         (4 * C) / tp + C * ((4 * C) / tp) + C;
   std::vector<int64_t> n(L + 2, 0);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron_split.h"                     // defines: test::megatron_split (a tp shard's split rule)
 #include "scalelab/core/allocator.h"            // defines: Allocator, MemCategory
 #include "scalelab/core/error.h"                // defines: Error
 #include "scalelab/model/gpt2.h"                // defines: GPT2, GPTConfig, gpt2_unit_numel, gpt2_num_params
@@ -264,6 +265,7 @@ TEST(MemoryEstimator, ShardActivationsWithSetsInFlightEqualTheAllocator) {
     ModelShard s;
     s.tp_rank = tp_rank;
     s.tp_size = tp;
+    s.tp_split = &scalelab::test::megatron_split;
     s.sequence_parallel = sp;
     s.first_layer = first;
     s.last_layer = last;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "expect_error.h"                    // defines: error_message, contains
+#include "megatron_split.h"                  // defines: test::megatron_split (a tp shard's split rule)
 #include "scalelab/core/allocator.h"         // defines: Allocator, MemCategory
 #include "scalelab/model/gpt2.h"             // defines: GPT2, ModelShard, GPT2Activations, copy_*_shard
 #include "scalelab/model/optim.h"            // defines: grad_sum_squares
@@ -65,6 +66,7 @@ ModelShard tp_shard(int rank, int size) {
   ModelShard s;
   s.tp_rank = rank;
   s.tp_size = size;
+  s.tp_split = &scalelab::test::megatron_split;
   return s;
 }
 
@@ -270,6 +272,15 @@ TEST(ModelShard, BadLayoutsAreRefusedWithTheNumbers) {
   sp.sequence_parallel = true;
   const std::string seq = error_message([&] { gpt2_param_table(cfg, sp); });
   EXPECT_TRUE(contains(seq, "needs tp > 1")) << seq;
+  // the split rule: required for a tp shard holding blocks, and its cut must divide the tensor
+  ModelShard no_rule = tp_shard(0, 2);
+  no_rule.tp_split = nullptr;
+  const std::string rule = error_message([&] { gpt2_param_table(cfg, no_rule); });
+  EXPECT_TRUE(contains(rule, "tp=2 shard without a split rule")) << rule;
+  ModelShard bad_cut = tp_shard(0, 2);
+  bad_cut.tp_split = [](const std::string&) { return TpSplit{1, 1}; };  // a 1-D bias has no dim 1
+  const std::string cut = error_message([&] { gpt2_param_table(cfg, bad_cut); });
+  EXPECT_TRUE(contains(cut, "ln_1.weight (32,): split dim 1")) << cut;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,6 +360,7 @@ TEST(ModelShard, UnitNumelEqualsTheParamTablesSums) {
           for (int ends = 0; ends < 4; ++ends) {
             ModelShard s;
             s.tp_size = tp;
+            s.tp_split = &scalelab::test::megatron_split;
             s.first_layer = first;
             s.last_layer = last;
             s.has_embedding = ends & 1;
@@ -382,6 +394,7 @@ TEST(ModelShard, UnitNumelOfADeepModelIsCheap) {
   for (int call = 0; call < 1000; ++call) {
     ModelShard s;
     s.tp_size = 1 << (call % 3);
+    s.tp_split = &scalelab::test::megatron_split;
     s.first_layer = call % 5000;
     total += gpt2_unit_numel(cfg, s)[cfg.n_layer];
   }

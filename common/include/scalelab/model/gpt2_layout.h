@@ -30,6 +30,19 @@ struct GPTConfig {
   std::string str() const;
 };
 
+// How a tensor-parallel group cuts one tensor of a block (ParamInfo's split): dim -1 keeps it whole on every
+// rank (replicated); dim 0 cuts its first dimension (a linear's output rows, torch's (out, in) layout), dim 1
+// its second (a linear's input columns). `blocks` first cuts that dimension into equal blocks, then each block
+// into tp chunks; the rank holds chunk tp_rank of every block.
+struct TpSplit {
+  int dim = -1;
+  int blocks = 1;
+};
+// The decision behind the cut: a block's tensor, named without its "h.<l>." prefix ("ln_1.weight",
+// "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", ..., "mlp.c_proj.bias"), to its split.
+// Lab 05 writes it (labs/05_tensor_parallel: block_split); the model only applies it.
+using TpSplitRule = TpSplit (*)(const std::string& block_tensor);
+
 // Which part of the model one rank holds (docs/design.md "Parallel layouts"): a tensor-parallel slice of
 // every matrix (tp_rank of tp_size) of the blocks first_layer..last_layer, with or without the embedding
 // (the first pipeline stage) and the final layernorm and LM head (the last). The default is the whole,
@@ -43,6 +56,7 @@ struct ModelShard {
   bool has_head = true;            // unit L+1 (ln_f) and the tied LM head: the last stage
   bool sequence_parallel = false;  // tp > 1: layernorms and the residual stream split along T too
                                    // (Korthikanti et al. 2022, Sec. 4.2.2)
+  TpSplitRule tp_split = nullptr;  // tp > 1: how each block tensor is cut (required when the shard owns a block)
   static ModelShard dense() { return {}; }
   // Throws scalelab::Error, with the numbers and a hint, unless the shard fits cfg: 0 <= tp_rank < tp_size,
   // NH % tp == 0, 4C % tp == 0, V % tp == 0 (the vocabulary is never padded silently), a non-empty range of
@@ -63,8 +77,9 @@ struct ParamInfo {
   int64_t numel = 0;
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or layernorm)
   // Where the local tensor comes from in the dense model (copy_dense_to_shard): the dense shape, cut along
-  // split_dim (0 rows, 1 columns; -1: replicated, the whole tensor) into split_blocks equal blocks (3 for
-  // c_attn's q | k | v, else 1), each block into tp_size chunks; the rank holds chunk tp_rank of every block.
+  // split_dim (0 rows, 1 columns; -1: replicated, the whole tensor) into split_blocks equal blocks, each
+  // block into tp_size chunks; the rank holds chunk tp_rank of every block (TpSplit; a block tensor's comes
+  // from ModelShard::tp_split).
   Shape dense_shape;
   int split_dim = -1;
   int split_blocks = 1;
@@ -73,7 +88,9 @@ struct ParamInfo {
 };
 
 // Builds the parameter table for a config and a shard (no allocation): the shard's local shapes, in
-// unit order, each unit's tensors packed from offset 0. Validates the shard (ModelShard::validate).
+// unit order, each unit's tensors packed from offset 0. Validates the shard (ModelShard::validate). With
+// tp > 1 each block tensor is cut as shard.tp_split says (wte always by vocabulary rows, wpe and ln_f
+// replicated); throws if a block is owned without a rule, or the rule's cut does not divide the tensor.
 // Used by the model, optimizers, estimators.
 std::vector<ParamInfo> gpt2_param_table(const GPTConfig& cfg, const ModelShard& shard = ModelShard::dense());
 // Total parameter count of the dense model; with_wpe=false excludes position embeddings (the MFU
