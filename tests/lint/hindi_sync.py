@@ -78,9 +78,14 @@ def _cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _links(cell):
+    """A cell's link targets, a Hindi twin's name read as its English page's (README.hi.md as README.md)."""
+    return [re.sub(r"\.hi\.md\b", ".md", t) for t in re.findall(r"\]\(([^)]*)\)", cell)]
+
+
 def _fixed(cell):
     """What a translation must keep of a table cell: its code spans, its link targets, a bare number."""
-    kept = re.findall(r"`[^`]*`", cell) + re.findall(r"\]\(([^)]*)\)", cell)
+    kept = re.findall(r"`[^`]*`", cell) + _links(cell)
     number = cell.strip("* ")
     if re.fullmatch(r"-?\d+(\.\d+)?", number):
         kept.append(number)
@@ -89,14 +94,18 @@ def _fixed(cell):
 
 def parse(text):
     """{"task table": [...], "check table": [...], "code blocks": [...], "anchors": [...], "prose": [...],
-    "hi anchors": [...]}: the English page's parts (anchors from its headings) and prose; "hi anchors"
-    are the `<a id>` lines of a Hindi page with the level of the heading that follows each."""
+    "hi anchors": [...], "code sections": [...], "english links": {...}}: the English page's parts (anchors
+    from its headings) and prose; "hi anchors" are the `<a id>` lines of a Hindi page with the level of the
+    heading that follows each; "code sections" the anchor of the section holding each code block; "english
+    links" {section anchor: the anchors its links into an English page (*.md, not *.hi.md) name}."""
     out = {name: [] for name in PART_NAMES}
-    out["prose"], out["hi anchors"], out["problems"] = [], [], []
-    seen = {}
+    out["prose"], out["hi anchors"], out["problems"], out["code sections"] = [], [], [], []
+    out["english links"] = {}
+    seen, section, anchored = {}, "", False
     for kind, lines in blocks(text):
         if kind == "code":
             out["code blocks"].append("\n".join(lines))
+            out["code sections"].append(section)
             continue
         i = 0
         while i < len(lines):
@@ -108,8 +117,11 @@ def parse(text):
                 if nxt is None:
                     out["problems"].append(f"anchor '{a.group(1)}' is not on the line just before a heading")
                 out["hi anchors"].append(f"{'#' * len(nxt.group(1)) if nxt else '?'} {a.group(1)}")
+                section, anchored = a.group(1), True
             elif h:
                 out["anchors"].append(f"{h.group(1)} {github_anchor(h.group(2), seen)}")
+                section = section if anchored else out["anchors"][-1].split(" ", 1)[1]
+                anchored = False
             elif line.lstrip().startswith("|") and i + 1 < len(lines) and set(lines[i + 1].strip()) <= set("|-: "):
                 rows = []
                 i += 2
@@ -126,6 +138,9 @@ def parse(text):
                 continue
             else:
                 out["prose"].append(line)
+                for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", line):
+                    if target.endswith(".md") and not target.endswith(".hi.md"):
+                        out["english links"].setdefault(section, set()).add(anchor)
             i += 1
     return out
 
@@ -138,7 +153,7 @@ def prose_columns(header):
 def fixed_rows(rows, prose_cols):
     """A table's rows as what a translation keeps: code spans, link targets and numbers of every cell
     (only the link targets of a prose cell)."""
-    return [" ".join(k for j, c in enumerate(r) for k in (re.findall(r"\]\(([^)]*)\)", c) if j in prose_cols
+    return [" ".join(k for j, c in enumerate(r) for k in (_links(c) if j in prose_cols
                                                             else _fixed(c))) for r in rows]
 
 
@@ -218,6 +233,10 @@ def page_problems(hi_path, en_path):
         fails += hi["problems"]
         fails += _diff("anchors", en["anchors"], hi["hi anchors"])
         names = ("task table", "check table", "code blocks")
+    # A section the Hindi page leaves in English, by a link to it and without code blocks of its own, needs
+    # none of the English section's code blocks (docs/translation.md "Long measurement sections").
+    deferred = {sec for sec, anchors in hi["english links"].items() if sec in anchors} - set(hi["code sections"])
+    en["code blocks"] = [c for c, sec in zip(en["code blocks"], en["code sections"]) if sec not in deferred]
     for name in names:
         fails += _diff(name, en[name], hi[name])
     m = STAMP.match(hi_lines[1]) if len(hi_lines) > 1 else None

@@ -19,12 +19,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 LINT = os.path.join(HERE, "hindi_sync.py")
 LAB = os.path.join(REPO, "labs", "03_ddp")
+sys.path.insert(0, HERE)
+import hindi_sync  # noqa: E402  (the module under test, next to this file)
 
 
 def hindi_of(en_text, en_name):
     """A page with the Hindi page's structure: the link back, and an anchor line before each heading."""
-    sys.path.insert(0, HERE)
-    import hindi_sync
     out = [f"[English]({en_name}) · हिन्दी"]
     seen = {}
     for kind, lines in hindi_sync.blocks(en_text):
@@ -131,6 +131,25 @@ class HindiSync(unittest.TestCase):
     def test_a_prose_cell_of_the_check_table_is_prose(self):
         self.edit("README.hi.md", "| the same, bucketed |", "| वही, बकेट में |")
         self.assertEqual(self.lint()[0], 0)
+
+    def section_left_in_english(self, link):
+        """The Hindi page's "Run it" section replaced by one sentence (with link, when given)."""
+        text = self.read("README.hi.md")
+        start = text.index('<a id="run-it"></a>')
+        end = text.index("<a id=", start + 1)
+        body = '<a id="run-it"></a>\n## इसे चलाइए\n\nयह सेक्शन अंग्रेज़ी में है' + (f": {link}" if link else "") + "।\n\n"
+        self.write("README.hi.md", text[:start] + body + text[end:])
+
+    def test_a_section_left_in_english_by_a_link_needs_no_code_blocks(self):
+        self.section_left_in_english("[README.md](README.md#run-it)")
+        rc, out = self.lint()
+        self.assertEqual(rc, 0, out)
+        self.section_left_in_english("")  # no link: its commands are missing from the Hindi page
+        self.assertFailsNaming("code blocks: the English page has")
+
+    def test_a_link_to_a_hindi_twin_counts_as_its_english_page(self):
+        self.assertEqual(hindi_sync._fixed("[x](../01_single_device/README.hi.md#one-training-step)"),
+                         ["../01_single_device/README.md#one-training-step"])
 
     def test_no_stamp_fails(self):
         lines = self.read("README.hi.md").split("\n")
