@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hindi_sync.py — every Hindi page (<page>.hi.md beside <page>.md, quiz.hi.json beside quiz.json) in step with its twin.
+"""hindi_sync.py — every Hindi page (<page>.hi.md beside <page>.md, a quiz.hi.json) in step with its twin.
 
 A Hindi page translates the prose and keeps the parts a learner types or looks up byte for byte
 (docs/translation.md). For every <page>.hi.md with an English <page>.md this lint checks:
@@ -7,7 +7,8 @@ A Hindi page translates the prose and keeps the parts a learner types or looks u
       table (rows with a `labNN.check` id or the total: ids, code spans, points), the fenced code blocks, and
       the section anchors (an `<a id="ANCHOR"></a>` line before each heading, ANCHOR the GitHub anchor of the
       English heading at the same place and level); a hints.hi.md instead has hints.md's TODO ids and tiers
-      (tests/lint/lab_docs.py reads both). Line 1 links back to <page>.md, and <page>.md links to <page>.hi.md near its top.
+      (tests/lint/lab_docs.py reads both). Line 1 links back to <page>.md, and <page>.md links to
+      <page>.hi.md near its top.
   (b) staleness: line 2 is `<!-- hi-sync: en=<page>.md parts=HASH prose=HASH -->`, hashed from the English page
       when the Hindi page was last brought up to date. `parts` (one short hash per part, dot-separated) that
       no longer matches the English page FAILS, naming the parts that changed; only `prose` differing is a
@@ -120,6 +121,8 @@ def parse(text):
                 section, anchored = a.group(1), True
             elif h:
                 out["anchors"].append(f"{h.group(1)} {github_anchor(h.group(2), seen)}")
+                if not anchored:
+                    out["problems"].append(f"heading '{line.strip()[:60]}' has no <a id=\"...\"></a> line before it")
                 section = section if anchored else out["anchors"][-1].split(" ", 1)[1]
                 anchored = False
             elif line.lstrip().startswith("|") and i + 1 < len(lines) and set(lines[i + 1].strip()) <= set("|-: "):
@@ -269,13 +272,19 @@ def quiz_problems(en, hi):
         if set(e) != set(h):
             out.append(f"question {i}: fields English {sorted(e)}, Hindi {sorted(h)}")
         for key in sorted(set(e) & set(h) - QUIZ_TEXT_FIELDS):
-            same = (sorted(e[key]) == sorted(h[key])) if key == "choices" and isinstance(h[key], dict) else e[key] == h[key]
-            if not same:
-                what = "choice keys" if key == "choices" else f"\"{key}\""
-                out.append(f"question {i}: {what} English {e[key] if key != 'choices' else sorted(e[key])}, "
-                           f"Hindi {h[key] if key != 'choices' or not isinstance(h[key], dict) else sorted(h[key])}")
+            if key == "choices" and isinstance(h[key], dict):
+                en_value, hi_value, what = sorted(e[key]), sorted(h[key]), "choice keys"
+            else:
+                en_value, hi_value, what = e[key], h[key], f"\"{key}\""
+            if en_value != hi_value:
+                out.append(f"question {i}: {what} English {en_value}, Hindi {hi_value}")
+        for key in sorted(QUIZ_TEXT_FIELDS & set(h)):
+            if not isinstance(h[key], str):
+                out.append(f"question {i}: \"{key}\" must be text")
+        if isinstance(h.get("choices"), dict) and not all(isinstance(v, str) for v in h["choices"].values()):
+            out.append(f"question {i}: every choice must be text")
         for key in ("text", "why"):
-            ep, hp = set(re.findall(r"\{(\w+)\}", e.get(key, ""))), set(re.findall(r"\{(\w+)\}", h.get(key, "")))
+            ep, hp = (set(re.findall(r"\{(\w+)\}", str(q.get(key, "")))) for q in (e, h))
             if ep != hp:
                 out.append(f"question {i}: \"{key}\" placeholders English {sorted(ep)}, Hindi {sorted(hp)}")
     return out

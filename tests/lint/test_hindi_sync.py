@@ -103,12 +103,17 @@ class HindiSync(unittest.TestCase):
         self.assertFailsNaming("check table #2")
 
     def test_a_changed_command_fails_naming_it(self):
-        self.edit("README.hi.md", "scripts/run 03 --mode overlap --steps 100 ", "scripts/run 03 --mode overlap --steps 10 ")
+        self.edit("README.hi.md", "scripts/run 03 --mode overlap --steps 100 ",
+                  "scripts/run 03 --mode overlap --steps 10 ")
         self.assertFailsNaming("code blocks #1", "--steps 10 ")
 
     def test_a_changed_anchor_fails_naming_it(self):
         self.edit("README.hi.md", '<a id="start-identical"></a>', '<a id="start-identically"></a>')
         self.assertFailsNaming("anchors #", "start-identically")
+
+    def test_a_heading_without_its_anchor_line_fails(self):
+        self.edit("README.hi.md", '<a id="start-identical"></a>\n', "")
+        self.assertFailsNaming("has no <a id", "anchors #")
 
     def test_a_task_row_moved_fails(self):
         self.edit("README.hi.md", "| `lab03-8` | `train_step` |", "| `lab03-8` | `train_steps` |")
@@ -137,7 +142,8 @@ class HindiSync(unittest.TestCase):
         text = self.read("README.hi.md")
         start = text.index('<a id="run-it"></a>')
         end = text.index("<a id=", start + 1)
-        body = '<a id="run-it"></a>\n## इसे चलाइए\n\nयह सेक्शन अंग्रेज़ी में है' + (f": {link}" if link else "") + "।\n\n"
+        body = ('<a id="run-it"></a>\n## इसे चलाइए\n\nयह सेक्शन अंग्रेज़ी में है'
+                + (f": {link}" if link else "") + "।\n\n")
         self.write("README.hi.md", text[:start] + body + text[end:])
 
     def test_a_section_left_in_english_by_a_link_needs_no_code_blocks(self):
