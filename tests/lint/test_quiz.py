@@ -70,6 +70,13 @@ class QuizFiles(unittest.TestCase):
                 self.assertEqual(len(q["questions"]), 5)
                 self.assertEqual(q["pass"], 3)
 
+    def test_every_hindi_quiz_is_valid_too(self):
+        for lab in labs.load():
+            path, notice = quiz.quiz_path(lab, "hi")
+            if notice is None:  # labs/NN_name/quiz.hi.json exists (tests/lint/hindi_sync.py: same answers)
+                with self.subTest(lab=lab["number"]):
+                    self.assertEqual(len(quiz.load_quiz(lab, "hi")["questions"]), 5)
+
     def test_the_hard_question_is_lab_04s(self):
         texts = " ".join(q["text"] for q in quiz.load_quiz(labs.find("04"))["questions"])
         self.assertIn("1.4x instead of 2x", texts)
