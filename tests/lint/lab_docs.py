@@ -126,10 +126,11 @@ def hints(text):
     return sections, errors
 
 
-def read_hints(lab, root=REPO):
-    """(sections, errors, path) of labs/NN_name/hints.md; sections is {} when the file does not exist."""
+def read_hints(lab, root=REPO, name="hints.md"):
+    """(sections, errors, path) of labs/NN_name/hints.md (or name: hints.hi.md, the Hindi one); sections is
+    {} when the file does not exist."""
     d = lab_dir(lab, root)
-    path = os.path.join(d, "hints.md") if d else ""
+    path = os.path.join(d, name) if d else ""
     if not path or not os.path.isfile(path):
         return {}, [], path
     with open(path, encoding="utf-8") as f:

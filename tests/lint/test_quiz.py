@@ -70,6 +70,13 @@ class QuizFiles(unittest.TestCase):
                 self.assertEqual(len(q["questions"]), 5)
                 self.assertEqual(q["pass"], 3)
 
+    def test_every_hindi_quiz_is_valid_too(self):
+        for lab in labs.load():
+            path, notice = quiz.quiz_path(lab, "hi")
+            if notice is None:  # labs/NN_name/quiz.hi.json exists (tests/lint/hindi_sync.py: same answers)
+                with self.subTest(lab=lab["number"]):
+                    self.assertEqual(len(quiz.load_quiz(lab, "hi")["questions"]), 5)
+
     def test_the_hard_question_is_lab_04s(self):
         texts = " ".join(q["text"] for q in quiz.load_quiz(labs.find("04"))["questions"])
         self.assertIn("1.4x instead of 2x", texts)
@@ -210,6 +217,51 @@ class Grading(unittest.TestCase):
 
     def test_unknown_lab_is_a_usage_error(self):
         self.assertEqual(run_quiz("42", [], self.runs)[0], 2)
+
+
+class Hindi(unittest.TestCase):
+    """--lang hi reads quiz.hi.json beside quiz.json (a copy of lab 09's with one text translated, in a temp
+    lab folder), and falls back to quiz.json with a notice in Hindi and English where there is none."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.lab = dict(labs.find("09"), dir=self.tmp.name)  # quiz_path joins the repo root to an absolute dir
+        with open(os.path.join(REPO, labs.find("09")["dir"], "quiz.json"), encoding="utf-8") as f:
+            self.quiz = json.load(f)
+        with open(os.path.join(self.tmp.name, "quiz.json"), "w", encoding="utf-8") as f:
+            json.dump(self.quiz, f)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_the_hindi_file_is_read_where_it_exists(self):
+        hi = json.loads(json.dumps(self.quiz))
+        hi["questions"][0]["text"] = "योजनाकार (planner) क्या ढूँढता है?"
+        with open(os.path.join(self.tmp.name, "quiz.hi.json"), "w", encoding="utf-8") as f:
+            json.dump(hi, f, ensure_ascii=False)
+        path, notice = quiz.quiz_path(self.lab, "hi")
+        self.assertEqual((os.path.basename(path), notice), ("quiz.hi.json", None))
+        self.assertEqual(quiz.load_quiz(self.lab, "hi")["questions"][0]["text"], "योजनाकार (planner) क्या ढूँढता है?")
+        self.assertEqual(quiz.load_quiz(self.lab, "en")["questions"][0]["text"], self.quiz["questions"][0]["text"])
+
+    def test_english_with_a_notice_where_there_is_none(self):
+        path, notice = quiz.quiz_path(self.lab, "hi")
+        self.assertEqual(os.path.basename(path), "quiz.json")
+        self.assertIn("quiz.hi.json has no Hindi version yet; showing the English one", notice)
+        self.assertIn("अभी हिन्दी में नहीं है", notice)
+
+    def test_lang_option_and_environment_end_to_end(self):
+        hindi = os.path.isfile(os.path.join(REPO, labs.find("09")["dir"], "quiz.hi.json"))
+        for args, env in ((["--lang", "hi"], {}), ([], {"SCALELAB_LANG": "hi"})):
+            p = subprocess.run([sys.executable, QUIZ, "09", "--answers", "-", "--runs", self.tmp.name] + args,
+                               input="\n".join(right_answers("09")) + "\n", capture_output=True, text=True,
+                               timeout=60, env=dict(os.environ, **env))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)  # the Hindi quiz has the English answers
+            self.assertIn("5 of 5 right: passed", p.stdout)
+            self.assertEqual("has no Hindi version yet" in p.stdout, not hindi, p.stdout)
+        p = subprocess.run([sys.executable, QUIZ, "09"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, SCALELAB_LANG="xx"))
+        self.assertEqual(p.returncode, 2, p.stderr)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # test_run_hint.sh — scripts/run and scripts/hint do what their READMEs promise (ctest scripts.run_and_hint).
 #   tests/lint/test_run_hint.sh <build dir>
 # scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
-# --reset; unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
+# --reset; --lang hi (the Hindi hints, or English with a notice); unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
 # reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it; its own
 # options after the program's are refused, naming where they go.
 # scripts/grade refuses a lab without graded checks with the reason.
@@ -24,6 +24,22 @@ has "lab03-5  tiers 1-3 seen" "$(hint 03)" || fail "the lab's list does not show
 hint 03-5 --reset >/dev/null && has "tier 1 of 3" "$(hint 03-5)" || fail "--reset did not start over"
 hint 03-99 >/dev/null 2>&1 && fail "an unknown TODO was accepted"
 hint 3-5 >/dev/null 2>&1 && fail "a one-digit lab was accepted"
+# --lang hi (and SCALELAB_LANG=hi) reads labs/03_ddp/hints.hi.md; a lab without a Hindi hints file falls back
+# to English with a one-line notice in both languages.
+has "== lab03-1, tier 1 of 3" "$(hint 03-1 --tier 1 --lang hi)" || fail "--lang hi: no tier header"
+has "हर रैंक (rank) ने अपना मॉडल" "$(hint 03-1 --tier 1 --lang hi)" || fail "--lang hi did not print the Hindi tier 1"
+has "हर रैंक (rank) ने अपना मॉडल" "$(SCALELAB_LANG=hi hint 03-1 --tier 1)" || fail "SCALELAB_LANG=hi: not the Hindi tier"
+has "Each rank built its model" "$(SCALELAB_LANG=hi hint 03-1 --tier 1 --lang en)" || fail "--lang en does not win"
+SCALELAB_LANG=xx hint 03-1 >/dev/null 2>&1 && fail "SCALELAB_LANG=xx was accepted"
+for h in "$ROOT"/labs/*/hints.md; do  # a lab without hints.hi.md (whichever labs have one by now)
+  [[ -f "${h%.md}.hi.md" ]] && continue
+  d=$(basename "$(dirname "$h")"); n=${d%%_*}
+  out=$(hint "$n-1" --tier 1 --lang hi 2>&1) || fail "scripts/hint $n-1 --lang hi exited $?: $out"
+  has "notice: labs/$d/hints.hi.md has no Hindi version yet; showing the English one" "$out" || fail "no notice: $out"
+  has "सूचना: labs/$d/hints.hi.md अभी हिन्दी में नहीं है" "$out" || fail "the notice has no Hindi: $out"
+  has "== lab$n-1, tier 1 of 3" "$out" || fail "no English fallback: $out"
+  break
+done
 echo "scripts/hint: ok"
 
 # scripts/grade on a lab it cannot grade says why (never the build tool's "unknown target"), exit 2.
