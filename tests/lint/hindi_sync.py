@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hindi_sync.py — every Hindi page (<page>.hi.md beside <page>.md, a quiz.hi.json) in step with its twin.
+"""hindi_sync.py — every Hindi page (<page>.hi.md beside <page>.md, a quiz*.hi.json) in step with its twin.
 
 A Hindi page translates the prose and keeps the parts a learner types or looks up byte for byte
 (docs/translation.md). For every <page>.hi.md with an English <page>.md this lint checks:
@@ -294,7 +294,7 @@ def hindi_files(root):
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith((".", "build")))
         for name in sorted(files):
-            if name.endswith(".hi.md") or name == "quiz.hi.json":
+            if name.endswith(".hi.md") or (name.startswith("quiz") and name.endswith(".hi.json")):
                 yield os.path.join(d, name)
 
 

@@ -192,6 +192,14 @@ class HindiSync(unittest.TestCase):
         self.write("quiz.hi.json", json.dumps(quiz, ensure_ascii=False))
         self.assertFailsNaming("quiz.hi.json: question 2: \"answer\"")
 
+    def test_a_second_part_quiz_is_checked_too(self):
+        with open(os.path.join(LAB, "quiz.json"), encoding="utf-8") as f:
+            quiz = json.load(f)
+        shutil.copy(os.path.join(LAB, "quiz.json"), self.path("quiz.part2.json"))
+        quiz["questions"][1]["answer"] = "a" if quiz["questions"][1]["answer"] != "a" else "b"
+        self.write("quiz.part2.hi.json", json.dumps(quiz, ensure_ascii=False))
+        self.assertFailsNaming("quiz.part2.hi.json: question 2: \"answer\"")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
