@@ -116,6 +116,17 @@ class Grading(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("2 of 5 right: not passed", out)
 
+    def test_input_ending_early_shows_no_answer(self):
+        # a closed pipe or /dev/null must not grade blanks and print the answer key
+        for args, stdin in ((["09"], "a\n"), (["09", "--answers", "-"], "a\nb\n")):
+            p = subprocess.run([sys.executable, QUIZ] + args + ["--runs", self.runs], input=stdin,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("nothing graded, no answer shown", p.stderr)
+            self.assertNotIn("--- Answers ---", p.stdout)
+            for q in quiz.load_quiz(labs.find("09"))["questions"]:
+                self.assertNotIn(q["why"], p.stdout)
+
     def test_bubble_graded_from_the_fixture_log(self):
         write_run(self.runs, "06", "20260101T000000Z-aaaa", lab06_run([0.30, 0.20]))
         fixed = [str(q["answer"]) for q in quiz.load_quiz(labs.find("06"))["questions"][2:]]
