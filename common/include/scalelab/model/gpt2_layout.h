@@ -31,7 +31,8 @@ struct GPTConfig {
   // 1557.6M by gpt2_num_params). "gpt-7b" and "gpt-70b" are GPT-2-shaped decoders (this kit's block: learned
   // positions, LayerNorm, a 4C GELU MLP, tied embeddings) with Llama 2's C, L, NH, V = 32,000 and maxT 4096
   // (Touvron et al. 2023, Table 1 and Sec. 2.2): 6.59B and 64.7B parameters, not Llama's (which has a
-  // SwiGLU MLP of 2.7C, RMSNorm and untied embeddings). Throws on unknown names, naming the presets.
+  // SwiGLU MLP of 2.7C, RMSNorm and untied embeddings); docs/references.md, "Model sizes". Throws on unknown
+  // names, naming the presets.
   static GPTConfig preset(const std::string& name);
   static bool is_preset(const std::string& name);  // preset(name) would not throw
   // True for the lesson's sizes: their V is part of their size, so a lab program keeps it (the byte tokenizer's
