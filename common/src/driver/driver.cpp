@@ -222,7 +222,7 @@ static bool start_timing_mode(const TrainOptions& o) {
     SL_CHECK_HINT(!o.timing_only || o.device == "sim",
                   "add --device sim (timing-only runs are simulated), or drop --timing-only",
                   "--timing-only needs the simulated GPU, but --device is '%s'", o.device.c_str());
-    if (!o.timing_only && GPTConfig::is_preset(o.model)) {
+    if (!o.timing_only && GPTConfig::has_own_vocabulary(o.model)) {  // the lesson's sizes; the others as before
       // A lower bound of what a real run holds in host memory, all ranks of this machine together: the model
       // state of one replica, 16 bytes a parameter (fp32 params and grads, AdamW m and v).
       const double need = 16.0 * static_cast<double>(gpt2_num_params(GPTConfig::preset(o.model)));
