@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   std::vector<int> ranks{1, 2, 4, 8};
   int stage = -1, micro_batch = 4, seq_len = -1, prefetch = 1, max_ranks = 1024;
   bool paper = false, exact_bytes = false;
-  app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (exact per-rank estimate)");
+  app.add_option("--model", model,
+                 "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (exact "
+                 "per-rank estimate)");
   app.add_option("--psi", psi, "parameter count for the paper-level formula, e.g. 7.5e9")->check(finite_positive());
   app.add_option("--ranks", ranks, "data-parallel world sizes, comma separated")->delimiter(',')->check(positive_int());
   app.add_option("--stage", stage, "only this ZeRO stage 0..3 (default: all)")->check(int_in_range(0, 3));

@@ -124,7 +124,9 @@ int plan_main(int argc, char** argv) {
   lab09::Workload w;
   lab09::Layout one;
   bool json = false, sp = false, per_op = false;
-  app.add_option("--model", model, "preset: tiny, demo, d12, d24, d36, d48 (or --layers --hidden --heads)");
+  app.add_option("--model", model,
+                 "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (or "
+                 "--layers --hidden --heads)");
   app.add_option("--layers", layers, "L, with --hidden and --heads: a model of your own")
       ->check(driver::positive_int());
   app.add_option("--hidden", hidden, "C (n_embd)")->check(driver::positive_int());

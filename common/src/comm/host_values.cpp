@@ -6,8 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "scalelab/core/error.h"   // defines: SL_FAIL
-#include "scalelab/core/tensor.h"  // defines: Tensor, DType
+#include "scalelab/core/error.h"    // defines: SL_FAIL
+#include "scalelab/core/sim_gpu.h"  // defines: SimRealDataScope (--timing-only)
+#include "scalelab/core/tensor.h"   // defines: Tensor, DType
 
 namespace scalelab {
 
@@ -55,6 +56,7 @@ void to_host(Tensor& h, const Tensor& d) {
 // An in-place collective (call: an all_reduce, a broadcast) of `values`, on a tensor of comm.device().
 template <typename T, typename F>
 std::vector<T> in_place_on_device(Communicator& comm, const std::vector<T>& values, F&& call) {
+  SimRealDataScope real_data;  // --timing-only: host values are control, not arithmetic: they move for real
   Tensor h = host_tensor(values);
   Tensor d = on_device(comm, h);
   call(d);
@@ -70,6 +72,7 @@ std::vector<T> all_reduce_on_device(Communicator& comm, const std::vector<T>& va
 
 template <typename T>
 std::vector<T> all_gather_on_device(Communicator& comm, const std::vector<T>& values, const std::string& tag) {
+  SimRealDataScope real_data;  // as in in_place_on_device
   Tensor h_in = host_tensor(values);
   Tensor h_out = Tensor::empty({comm.size() * h_in.numel()}, h_in.dtype());  // (size * n)
   Tensor d_in = on_device(comm, h_in);

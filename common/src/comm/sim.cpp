@@ -26,6 +26,8 @@
 //               true iff end <= compute_s: deterministic, never the wall clock.
 //   events      issue, start and end in virtual ms (Communicator::now_ms() is the compute stream's time); a
 //               collective's start is the latest start of its members; modeled_ms is the link's time.
+// --timing-only (core/sim_gpu.h sim_skips_data): the payloads stay where they are; each call still sends
+// its header (the virtual start on `clock`) and is charged link.seconds of its real payload bytes.
 // Device code: the transport reads and writes the SIM tensors' memory through raw() on its own thread;
 // nothing here touches it. Tests: tests/common/comm/test_sim_comm_mpi.cpp
 #include <algorithm>  // defines: std::max
@@ -40,9 +42,9 @@
 
 #include "comm_internal.h"  // defines: EventLog, make_event, check_*, check_on_device, default_topology
 #include "scalelab/comm/comm.h"
-#include "scalelab/core/clock.h"    // defines: VirtualClock
-#include "scalelab/core/error.h"    // defines: SL_CHECK_HINT
-#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu (the node's link of the default topology)
+#include "scalelab/core/clock.h"  // defines: VirtualClock
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu_active, sim_gpu (the node's link of the default topology), sim_skips_data
 
 namespace scalelab::comm_detail {
 
@@ -261,7 +263,7 @@ class SimCommunicator : public Communicator {
     check_count_fits_int("send", rank(), buf.numel());
     CommEvent e;
     auto call = issue("send", tag, buf.numel(), buf.dtype(), peer, e);
-    call->bytes = bytes_->send_async(buf, peer, tag);
+    if (!sim_skips_data()) call->bytes = bytes_->send_async(buf, peer, tag);  // --timing-only: the header alone
     call->times = clock_->send_async(time_tensor(call->start_s), peer, tag);  // its start, after the payload
     call->end_s = call->start_s + call->modeled_s;                            // a send's end is its own
     call->resolved = true;
@@ -275,7 +277,7 @@ class SimCommunicator : public Communicator {
     check_count_fits_int("recv", rank(), buf.numel());
     CommEvent e;
     auto call = issue("recv", tag, buf.numel(), buf.dtype(), peer, e);
-    call->bytes = bytes_->recv_async(buf, peer, tag);
+    if (!sim_skips_data()) call->bytes = bytes_->recv_async(buf, peer, tag);
     call->times_out = Tensor::empty({2}, DType::I32, Device::CPU, MemCategory::Comm);  // (2) i32: the send's start
     call->times = clock_->recv_async(call->times_out, peer, tag);
     return record(call, std::move(e));
@@ -348,7 +350,7 @@ class SimCommunicator : public Communicator {
   WorkPtr collective(const char* name, const std::string& tag, int64_t count, DType dtype, int peer, F&& move_bytes) {
     CommEvent e;
     auto call = issue(name, tag, count, dtype, peer, e);
-    call->bytes = move_bytes();
+    if (!sim_skips_data()) call->bytes = move_bytes();  // --timing-only: the times travel, the payload does not
     call->times_out = Tensor::empty({2 * size()}, DType::I32, Device::CPU, MemCategory::Comm);  // (2 size) i32
     call->times = clock_->all_gather_async(time_tensor(call->start_s), call->times_out, tag);
     return record(call, std::move(e));

@@ -10,7 +10,10 @@
 #include <cstdlib>
 #include <new>
 
+#include <sys/mman.h>  // defines: mmap, munmap (--timing-only SIM blocks)
+
 #include "scalelab/core/error.h"
+#include "scalelab/core/sim_gpu.h"  // defines: sim_timing_only (--timing-only: SIM blocks are reserved address space)
 
 #include "scalelab/core/cuda_device.h"  // defines: cuda::device_malloc, cuda::device_free (with SL_WITH_CUDA)
 
@@ -233,6 +236,18 @@ std::vector<void*> Allocator::take_cache_locked() {
 }
 
 void* Allocator::raw_allocate(size_t nbytes) {
+  if (device_ == Device::SIM && sim_timing_only()) {
+    // --timing-only (docs/simulation.md "Timing-only runs"): address space, not memory. MAP_NORESERVE
+    // reserves no swap or commit charge, and the kernel backs a page only when it is first written, which
+    // nothing but the few bytes of host values (SimRealDataScope) ever is. So 64 ranks of a 7B model hold
+    // their exact SIM counts in a few MB of host memory. Pointers stay valid and distinct: views, shards and
+    // offsets work as in a real run.
+    void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    std::lock_guard<std::mutex> lock(mapped_mu_);
+    mapped_bytes_[p] = nbytes;
+    return p;
+  }
   if (device_ != Device::CUDA) {                  // CPU, and the simulated GPU's memory, which is host memory
     const size_t rounded = round_up(nbytes, 64);  // aligned_alloc needs a multiple of the alignment
     if (rounded % 64 != 0) return nullptr;        // only where rounding would overflow: no system grants it
@@ -248,6 +263,21 @@ void* Allocator::raw_allocate(size_t nbytes) {
 
 void Allocator::raw_free(void* ptr) {
   if (!ptr) return;
+  if (device_ == Device::SIM) {  // a timing-only block (raw_allocate): given back with munmap
+    size_t mapped = 0;
+    {
+      std::lock_guard<std::mutex> lock(mapped_mu_);
+      auto it = mapped_bytes_.find(ptr);
+      if (it != mapped_bytes_.end()) {
+        mapped = it->second;
+        mapped_bytes_.erase(it);
+      }
+    }
+    if (mapped > 0) {
+      munmap(ptr, mapped);
+      return;
+    }
+  }
   if (device_ != Device::CUDA) {
     std::free(ptr);
   } else {

@@ -18,6 +18,7 @@
 //            50 GB/s (twice that: the raw rate doubles; a round value).
 #include "scalelab/core/sim_gpu.h"
 
+#include <atomic>  // defines: std::atomic (the timing-only flag)
 #include <memory>  // defines: std::unique_ptr
 #include <mutex>   // defines: std::mutex, std::lock_guard
 
@@ -169,5 +170,19 @@ void sim_gpu_clear() {
   }
   VirtualClock::get().stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// --timing-only
+
+namespace {
+std::atomic<bool> timing_only{false};  // set once before the SIM tensors exist; read by every thread
+thread_local int real_data_depth = 0;  // open SimRealDataScopes of this thread
+}  // namespace
+
+void sim_set_timing_only(bool on) { timing_only.store(on); }
+bool sim_timing_only() { return timing_only.load(); }
+bool sim_skips_data() { return timing_only.load() && real_data_depth == 0; }
+SimRealDataScope::SimRealDataScope() { ++real_data_depth; }
+SimRealDataScope::~SimRealDataScope() { --real_data_depth; }
 
 }  // namespace scalelab

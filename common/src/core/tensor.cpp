@@ -14,7 +14,7 @@
 
 #include "scalelab/core/clock.h"  // defines: VirtualClock (SIM copies are charged to its compute stream)
 #include "scalelab/core/error.h"
-#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu, sim_gpu_active, GpuModel::copy_seconds
+#include "scalelab/core/sim_gpu.h"  // defines: sim_gpu, sim_gpu_active, GpuModel::copy_seconds, sim_skips_data
 
 #include "scalelab/core/cuda_device.h"  // defines: cuda::memcpy_any, cuda::memset_zero (with SL_WITH_CUDA)
 
@@ -185,7 +185,8 @@ void Tensor::zero_() {
   if (nbytes() == 0) return;
   if (const GpuModel* m = sim_model_for(device_, device_))
     VirtualClock::get().charge_device(m->zero_seconds(static_cast<int64_t>(nbytes())));
-  if (device_ != Device::CUDA) {  // the CPU's memory, or the simulated GPU's (host memory too)
+  if (device_ == Device::SIM && sim_skips_data()) return;  // --timing-only: charged, nothing written
+  if (device_ != Device::CUDA) {                           // the CPU's memory, or the simulated GPU's (host memory too)
     // A large buffer is cleared by every thread, a slice each: one core's stores do not reach the memory
     // bandwidth of the machine (bench_lab01 --breakdown: the gradients' and the backward's zeroing).
     const int64_t n = static_cast<int64_t>(nbytes());
@@ -211,6 +212,12 @@ void Tensor::copy_from(const Tensor& src) {
   if (nbytes() == 0) return;
   if (const GpuModel* m = sim_model_for(device_, src.device()))
     VirtualClock::get().charge_device(m->copy_seconds(static_cast<int64_t>(nbytes()), device_, src.device()));
+  if ((device_ == Device::SIM || src.device() == Device::SIM) && sim_skips_data()) {
+    // --timing-only: charged, no bytes moved. What the host reads back is zeros, so a decision taken on it
+    // sees finite values (docs/simulation.md "Timing-only runs"); SIM memory itself is never written.
+    if (device_ == Device::CPU) std::memset(ptr_, 0, nbytes());
+    return;
+  }
   if (device_ != Device::CUDA && src.device() != Device::CUDA) {  // CPU and simulated GPU: host memory
     std::memcpy(ptr_, src.raw(), nbytes());
   } else {

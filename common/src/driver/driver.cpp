@@ -6,11 +6,13 @@
 #include <fstream>    // defines: std::ifstream (--calibration)
 #include <stdexcept>  // defines: std::logic_error (require_checked_options)
 
+#include <unistd.h>  // defines: sysconf (the host memory a real run of a large preset would need)
+
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, _name, _memory_bytes, cuda_unavailable_reason
 #include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
-#include "scalelab/core/sim_gpu.h"          // defines: sim_gpu_active, sim_gpu
+#include "scalelab/core/sim_gpu.h"          // defines: sim_gpu_active, sim_gpu, sim_set_timing_only
 #include "scalelab/driver/option_checks.h"  // defines: require_checked_options, check_ranks_agree, positive_int, ...
 
 namespace scalelab::driver {
@@ -41,7 +43,10 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
       ->capture_default_str();
   app.add_option("--sim-gpu", o.sim_gpu, "with --device sim: the GPU modelled, h100, h200, a100 or rtx4090")
       ->capture_default_str();
-  app.add_option("--model", o.model, "preset: tiny, demo, d12, d24, d36, d48")->capture_default_str();
+  app.add_option("--model", o.model,
+                 "preset: tiny, demo, d12, d24, d36, d48; the lesson's sizes (with --device sim --timing-only): "
+                 "gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b")
+      ->capture_default_str();
   app.add_option("--seq-len", o.seq_len, "T: tokens per sequence")->capture_default_str()->check(positive_int());
   add_schedule_options(app, o);
   app.add_option("--precision", o.precision,
@@ -75,6 +80,10 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
                  "backward) or full (keep each block's input, re-run the block in the backward)")
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only validation and the summary");
+  app.add_flag("--timing-only", o.timing_only,
+               "with --device sim: ops charge their modelled time and compute nothing, memory is counted but not "
+               "backed, no loss or norm is computed (docs/simulation.md \"Timing-only runs\"); for --model "
+               "gpt2-124m .. gpt-70b");
 }
 
 void apply_recompute(const TrainOptions& o, GPT2& model) { model.set_recompute(recompute_from_name(o.recompute)); }
@@ -205,10 +214,38 @@ static bool numbers_checked(CLI::App& app) {
   }
 }
 
+// --timing-only: refused without --device sim; a real run of a preset whose model state alone outgrows this
+// machine's memory is refused with the option to use. Then the flag is set, before any SIM tensor exists.
+// Every rank checks the same options, so each refuses with the same message. False: refused (printed).
+static bool start_timing_mode(const TrainOptions& o) {
+  try {
+    SL_CHECK_HINT(!o.timing_only || o.device == "sim",
+                  "add --device sim (timing-only runs are simulated), or drop --timing-only",
+                  "--timing-only needs the simulated GPU, but --device is '%s'", o.device.c_str());
+    if (!o.timing_only && GPTConfig::has_own_vocabulary(o.model)) {  // the lesson's sizes; the others as before
+      // A lower bound of what a real run holds in host memory, all ranks of this machine together: the model
+      // state of one replica, 16 bytes a parameter (fp32 params and grads, AdamW m and v).
+      const double need = 16.0 * static_cast<double>(gpt2_num_params(GPTConfig::preset(o.model)));
+      const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+      SL_CHECK_HINT(need <= have,
+                    "add --device sim --timing-only (time and memory without arithmetic), or use a smaller --model",
+                    "--model %s: its model state alone, 16 B x %.2fB parameters = %.1f GB, is more than this machine's "
+                    "%.1f GB of memory",
+                    o.model.c_str(), gpt2_num_params(GPTConfig::preset(o.model)) / 1e9, need / 1e9, have / 1e9);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return false;
+  }
+  sim_set_timing_only(o.timing_only);
+  return true;
+}
+
 int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& backend,
                      const std::function<int(Communicator&)>& body,
                      const std::function<std::vector<std::string>()>& read_inputs) {
   if (!numbers_checked(app)) return 1;
+  if (!start_timing_mode(o)) return 1;
   return scalelab::run_on_all_ranks(o.device, o.sim_gpu, backend, [&](Communicator& comm) {
     std::vector<std::string> inputs;  // what this rank reads: compared only where there are other ranks
     if (comm.size() > 1) {
@@ -229,6 +266,7 @@ int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& ba
 
 int run_single_process(CLI::App& app, const TrainOptions& o, const std::function<int()>& body) {
   if (!numbers_checked(app)) return 1;
+  if (!start_timing_mode(o)) return 1;
   return scalelab::run_single_process([&] {
     start_device(o.device, o.sim_gpu, "local");
     return body();
@@ -236,7 +274,8 @@ int run_single_process(CLI::App& app, const TrainOptions& o, const std::function
 }
 
 std::string simulated_label() {
-  return sim_gpu_active() && clock_is_virtual() ? sim_gpu().display_name + ", virtual time" : "";
+  if (!sim_gpu_active() || !clock_is_virtual()) return "";
+  return sim_gpu().display_name + ", virtual time" + (sim_timing_only() ? ", timing only" : "");
 }
 
 std::pair<AttentionImpl, std::string> attention_from_option(const std::string& name, const GPTConfig& cfg, int B, int T,
@@ -340,6 +379,7 @@ RunRecord make_run_record(const nlohmann::json& config, const std::string& track
     r.extra["sim_gpu_name"] = sim_gpu().display_name;
     r.extra["simulated"] = true;
     r.extra["clock"] = "virtual";
+    if (sim_timing_only()) r.extra["timing_only"] = true;  // no arithmetic: no loss (docs/log_schema.md)
   }
   r.peak_flops_per_s = peak.flops_per_s > 0 ? peak.flops_per_s : kNotMeasured;
   r.peak_source = peak.source;

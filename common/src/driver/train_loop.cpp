@@ -9,7 +9,7 @@
 #include "scalelab/core/clock.h"                // defines: clock_now_ms, clock_pause_ms, clock_is_virtual
 #include "scalelab/core/device.h"               // defines: device_synchronize
 #include "scalelab/core/error.h"                // defines: SL_CHECK_HINT
-#include "scalelab/core/sim_gpu.h"              // defines: sim_gpu (the summary's GPU model)
+#include "scalelab/core/sim_gpu.h"              // defines: sim_gpu (the summary's GPU model), sim_timing_only
 #include "scalelab/data/batch.h"                // defines: data::Batch, load_batch
 #include "scalelab/driver/option_checks.h"      // defines: check_writable_dir
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory, min_devices_to_fit
@@ -41,7 +41,13 @@ RunData open_data(const TrainOptions& o, const LabParts& parts, int micro_batch,
   d.train = parts.open_loader(o.data, "train", d.loader);
   d.val = std::make_unique<ValidationSplit>(parts.open_loader, o.data, d.loader,
                                             static_cast<int64_t>(o.val_batches) * micro_steps);
-  d.cfg.vocab_size = d.train->vocab_size();  // the tokenizer decides V (256 for bytes)
+  if (GPTConfig::has_own_vocabulary(o.model)) {  // the lesson's sizes keep theirs: the token ids are a subset
+    SL_CHECK_HINT(d.train->vocab_size() <= d.cfg.vocab_size, "use a corpus whose tokenizer fits the model",
+                  "the data's %d-token vocabulary is larger than model '%s''s V=%d", d.train->vocab_size(),
+                  o.model.c_str(), d.cfg.vocab_size);
+  } else {
+    d.cfg.vocab_size = d.train->vocab_size();  // the tokenizer decides V (256 for bytes)
+  }
   SL_CHECK_HINT(o.seq_len <= d.cfg.max_seq_len, "use --seq-len <= the model's max_seq_len",
                 "--seq-len %d > max_seq_len %d of model '%s'", o.seq_len, d.cfg.max_seq_len, o.model.c_str());
   return d;
@@ -78,6 +84,14 @@ struct DataWait {
     return *this;
   }
 };
+
+// A loss as printed: 4 decimals, or "not computed" (NaN: a timing-only run computes none).
+static std::string loss_text(double loss) {
+  if (std::isnan(loss)) return "not computed";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.4f", loss);
+  return text;
+}
 
 static double wall_ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -189,9 +203,14 @@ Summary TrainLoop::run(int64_t start_step) {
 
   Summary s;
   doing_ = "evaluating before step " + std::to_string(start_step) + " (the first forward allocates the activations)";
-  float val_loss = evaluate_now(x, y);
+  // --timing-only (core/sim_gpu.h): the forwards run and are charged, but nothing is computed; every loss and
+  // norm is reported as not computed (NaN: null in the logs), never as a number.
+  const bool timing_only = sim_timing_only();
+  const auto computed = [timing_only](float v) { return timing_only ? static_cast<float>(kNotMeasured) : v; };
+  float val_loss = computed(evaluate_now(x, y));
   s.val_loss_start = val_loss;
-  if (rank_ == 0) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(start_step), val_loss);
+  if (rank_ == 0)
+    std::printf("step %5lld | val loss %s\n", static_cast<long long>(start_step), loss_text(val_loss).c_str());
   log_.log_eval(start_step, val_loss);
 
   const LRSchedule schedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
@@ -224,7 +243,7 @@ Summary TrainLoop::run(int64_t start_step) {
     const double tok_s = tokens_per_second(tokens, seconds);
     const double step_mfu = peak_.flops_per_s > 0 ? mfu(tok_s, flops_per_token_, peak_.flops_per_s, world_)
                                                   : kNotMeasured;
-    const float loss = mean_loss(r.loss);  // outside the timed step: only for the log
+    const float loss = computed(mean_loss(r.loss));  // outside the timed step: only for the log
     if (step_i > start_step) {
       timed_seconds += seconds;
       timed_tokens += tokens;
@@ -246,7 +265,7 @@ Summary TrainLoop::run(int64_t start_step) {
     rec.comm_ms = m.comm_ms;
     rec.tokens_per_s = tok_s;
     rec.mfu = step_mfu;
-    rec.grad_norm = r.grad_norm;
+    rec.grad_norm = timing_only ? kNotMeasured : r.grad_norm;
     rec.extra = m.extra;
     rec.extra["hfu"] =  // NaN is logged as null
         peak_.flops_per_s > 0 ? mfu(tok_s, hardware_flops_per_token_, peak_.flops_per_s, world_) : kNotMeasured;
@@ -269,15 +288,16 @@ Summary TrainLoop::run(int64_t start_step) {
       char waited[64];
       std::snprintf(waited, sizeof(waited), "data wait %.2f ms", data_wait_ms);
       const std::string middle = progress ? progress(m, data_wait_ms) : std::string(waited);
-      std::printf("step %5lld | loss %.4f | lr %.2e | %7.0f tok/s%s | MFU %5.1f%% | %s | ETA %.0f s\n",
-                  static_cast<long long>(step_i), loss, lr, tok_s, simulated ? " (virtual)" : "", 100.0 * step_mfu,
-                  middle.c_str(), eta);
+      std::printf("step %5lld | loss %s | lr %.2e | %7.0f tok/s%s | MFU %5.1f%% | %s | ETA %.0f s\n",
+                  static_cast<long long>(step_i), loss_text(loss).c_str(), lr, tok_s, simulated ? " (virtual)" : "",
+                  100.0 * step_mfu, middle.c_str(), eta);
       std::fflush(stdout);
     }
     if ((o_.val_every > 0 && (step_i + 1) % o_.val_every == 0) || last) {
       doing_ = "evaluating after step " + std::to_string(step_i);
-      val_loss = evaluate_now(x, y);
-      if (rank_ == 0) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step_i + 1), val_loss);
+      val_loss = computed(evaluate_now(x, y));
+      if (rank_ == 0)
+        std::printf("step %5lld | val loss %s\n", static_cast<long long>(step_i + 1), loss_text(val_loss).c_str());
       log_.log_eval(step_i + 1, val_loss);
     }
     if (save_checkpoint && ((checkpoint_every > 0 && (step_i + 1) % checkpoint_every == 0) || last)) {
@@ -307,7 +327,7 @@ Summary TrainLoop::run(int64_t start_step) {
   // A sample from rank 0 (with sample_on_every_rank, every rank runs the same forwards: ZeRO-3 gathers
   // are collective), from the same random stream on every rank.
   doing_ = "sampling";
-  if (o_.sample_tokens > 0 && (rank_ == 0 || spec_.sample_on_every_rank)) {
+  if (o_.sample_tokens > 0 && !timing_only && (rank_ == 0 || spec_.sample_on_every_rank)) {  // no logits to sample
     const std::string text = sample_text(model_, "\n", o_.sample_tokens, sample_rng);
     if (rank_ == 0) s.sample = text;
   }
@@ -338,6 +358,7 @@ nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, boo
     r["sim_gpu_name"] = sim_gpu().display_name;  // "simulated H100 SXM", as the run record says
     r["data_wait_ms"] = s.data_wait_ms;
     r["host_data_wait_ms"] = s.host_data_wait_ms;
+    if (sim_timing_only()) r["timing_only"] = true;  // its losses are null: not computed
   }
   return r;
 }
@@ -346,9 +367,9 @@ void print_summary_headline(const Summary& s, const Peak& peak, int num_devices)
   char devices[32] = "";
   if (num_devices > 0) std::snprintf(devices, sizeof(devices), "%d x ", num_devices);
   const std::string on = s.simulated.empty() ? "" : " (" + s.simulated + ")";  // simulated H100 SXM, virtual time
-  std::printf("\n== summary%s ==\nval loss %.4f -> %.4f | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)",
-              on.c_str(), s.val_loss_start, s.val_loss_end, s.tokens_per_s, 100.0 * s.mfu, devices,
-              peak.flops_per_s / 1e9, peak.source.c_str());
+  std::printf("\n== summary%s ==\nval loss %s -> %s | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)", on.c_str(),
+              loss_text(s.val_loss_start).c_str(), loss_text(s.val_loss_end).c_str(), s.tokens_per_s, 100.0 * s.mfu,
+              devices, peak.flops_per_s / 1e9, peak.source.c_str());
   if (std::isfinite(s.hfu) && s.hfu != s.mfu) std::printf(" | HFU %.1f%% (with the recompute)", 100.0 * s.hfu);
 }
 

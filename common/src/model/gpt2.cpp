@@ -19,9 +19,10 @@
 #include <limits>
 #include <utility>
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
-#include "scalelab/core/rng.h"    // defines: Rng (the initial weights)
-#include "scalelab/ops/ops.h"     // defines: the ops the forward and backward call
+#include "scalelab/core/error.h"    // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
+#include "scalelab/core/rng.h"      // defines: Rng (the initial weights)
+#include "scalelab/core/sim_gpu.h"  // defines: sim_timing_only (--timing-only: no initial weights)
+#include "scalelab/ops/ops.h"       // defines: the ops the forward and backward call
 
 namespace scalelab {
 
@@ -167,6 +168,7 @@ TensorParallel& GPT2::tp() const {
 // the CPU from one random stream, one unit at a time.
 void gpt2_initial_weights(const GPTConfig& cfg, uint64_t seed,
                           const std::function<void(int unit, const Tensor& w)>& sink) {
+  if (sim_timing_only()) return;  // --timing-only: no arithmetic reads the weights, so none are drawn (gpt2.h)
   const std::vector<ParamInfo> table = gpt2_param_table(cfg);
   const std::vector<int64_t> unit_numel = gpt2_unit_numel(cfg);
   Rng rng(seed);

@@ -13,19 +13,59 @@ namespace scalelab {
 // ---------------------------------------------------------------------------------------------
 // Config
 
+namespace {
+
+struct NamedConfig {
+  const char* name;
+  GPTConfig cfg;
+  bool own_vocabulary = false;  // the lesson's sizes: V is part of the size (gpt2_layout.h)
+};
+
+// Comments: parameters with this V (gpt2_num_params); in quotes, what GPT-2's 50,257-token vocabulary
+// makes of the same shapes, the size GPT-2 is known by. Sources of the last five: gpt2_layout.h.
+//                                         maxT   V      L   NH  C
+const NamedConfig kPresets[] = {
+    {"tiny", GPTConfig{16, 64, 2, 2, 16}},                      // 7,872: tests; matches tests/fixtures/gpt2_tiny.json
+    {"demo", GPTConfig{256, 256, 4, 4, 192}},                   // 1.88M: the CPU demo
+    {"d12", GPTConfig{1024, 256, 12, 12, 768}},                 // 86.0M (GPT-2 small's shapes, "124M")
+    {"d24", GPTConfig{1024, 256, 24, 16, 1024}},                // 303.6M (GPT-2 medium's, "355M")
+    {"d36", GPTConfig{1024, 256, 36, 20, 1280}},                // 710.0M (GPT-2 large's, "774M")
+    {"d48", GPTConfig{1024, 256, 48, 25, 1600}},                // 1477.6M (GPT-2 XL's, "1558M")
+    {"gpt2-124m", GPTConfig{1024, 50257, 12, 12, 768}, true},   // 124.4M: GPT-2 small
+    {"gpt2-350m", GPTConfig{1024, 50257, 24, 16, 1024}, true},  // 354.8M: GPT-2 medium
+    {"gpt2-1.5b", GPTConfig{1024, 50257, 48, 25, 1600}, true},  // 1557.6M: GPT-2 XL
+    {"gpt-7b", GPTConfig{4096, 32000, 32, 32, 4096}, true},     // 6.59B: Llama 2 7B's C, L, NH, V; GPT-2's block
+    {"gpt-70b", GPTConfig{4096, 32000, 80, 64, 8192}, true},    // 64.7B: Llama 2 70B's C, L, NH, V; GPT-2's block
+};
+
+}  // namespace
+
+std::vector<std::string> GPTConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const NamedConfig& p : kPresets) names.push_back(p.name);
+  return names;
+}
+
+bool GPTConfig::has_own_vocabulary(const std::string& name) {
+  for (const NamedConfig& p : kPresets)
+    if (name == p.name) return p.own_vocabulary;
+  return false;
+}
+
+bool GPTConfig::is_preset(const std::string& name) {
+  for (const NamedConfig& p : kPresets)
+    if (name == p.name) return true;
+  return false;
+}
+
 GPTConfig GPTConfig::preset(const std::string& name) {
-  GPTConfig c;
-  // Comments: parameters with this V (gpt2_num_params); in quotes, what GPT-2's 50,257-token vocabulary
-  // makes of the same shapes, the size GPT-2 is known by.
-  //                              maxT   V     L   NH  C
-  if (name == "tiny") c = GPTConfig{16, 64, 2, 2, 16};            // 7,872: tests; matches tests/fixtures/gpt2_tiny.json
-  else if (name == "demo") c = GPTConfig{256, 256, 4, 4, 192};    // 1.88M: the CPU demo
-  else if (name == "d12") c = GPTConfig{1024, 256, 12, 12, 768};  // 86.0M (GPT-2 small's shapes, "124M")
-  else if (name == "d24") c = GPTConfig{1024, 256, 24, 16, 1024};  // 303.6M (GPT-2 medium's, "355M")
-  else if (name == "d36") c = GPTConfig{1024, 256, 36, 20, 1280};  // 710.0M (GPT-2 large's, "774M")
-  else if (name == "d48") c = GPTConfig{1024, 256, 48, 25, 1600};  // 1477.6M (GPT-2 XL's, "1558M")
-  else SL_FAIL("use one of: tiny, demo, d12, d24, d36, d48", "unknown model preset '%s'", name.c_str());
-  return c;
+  std::string names;
+  for (const NamedConfig& p : kPresets) {
+    if (name == p.name) return p.cfg;
+    names += std::string(names.empty() ? "" : ", ") + p.name;
+  }
+  SL_FAIL("use one of: " + names, "unknown model preset '%s'", name.c_str());
+  return GPTConfig{};  // not reached: SL_FAIL throws
 }
 
 void GPTConfig::validate() const {

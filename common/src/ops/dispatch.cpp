@@ -17,7 +17,7 @@
 #include "scalelab/core/clock.h"      // defines: VirtualClock (the simulated GPU's compute stream)
 #include "scalelab/core/device.h"     // defines: device_synchronize
 #include "scalelab/core/error.h"      // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
-#include "scalelab/core/sim_gpu.h"    // defines: sim_gpu (the active GPU model)
+#include "scalelab/core/sim_gpu.h"    // defines: sim_gpu (the active GPU model), sim_skips_data
 #include "scalelab/ops/op_cost.h"     // defines: OpCost, op_seconds, op_cost::<op>
 #include "scalelab/ops/op_profile.h"  // defines: op_profile_enabled, op_profile_add
 #include "scalelab/ops/ops.h"         // defines: the scalelab:: ops implemented here
@@ -52,6 +52,7 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
 // outside the vocabulary would read or write outside wte / probs. Reports the first bad entry. On the GPU
 // the check runs as a kernel and copies one index back, so it synchronises (once per call).
 void check_index_range(const char* op, const char* what, const Tensor& indices, int64_t limit) {
+  if (indices.device() == Device::SIM && sim_skips_data()) return;  // --timing-only: there are no token ids
   const int32_t* idx = indices.data<int32_t>();
   int64_t bad = -1;  // index of the first entry outside [0, limit)
   int32_t bad_value = 0;
@@ -153,6 +154,9 @@ R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, const O
            typename NonDeduced<R (*)(P...)>::type cuda_twin, A&&... args) {
   const Device device = device_of(op, tensors);
   if (device == Device::SIM) charge_sim(op, cost);
+  // --timing-only (docs/simulation.md "Timing-only runs"): the time is charged, the arithmetic skipped. The one
+  // op with a result, sum_squares, returns 0: a norm built from it reads as finite, and clips nothing.
+  if (device == Device::SIM && sim_skips_data()) return R();
   std::optional<OpTimer> timer;  // the profile's entry for this call (wall time), written when it goes out of scope
   if (op_profile_enabled() && device != Device::SIM) timer.emplace(op, device);
   if (device == Device::CUDA) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.h"             // defines: error_message, contains
@@ -163,6 +164,25 @@ TEST(Gpt2ParamTable, PresetCountsAreTheDocumentedOnes) {
     cfg.vocab_size = 50257;
     EXPECT_EQ(std::llround(static_cast<double>(scalelab::gpt2_num_params(cfg)) / 1e6), w.gpt2_params) << w.preset;
   }
+}
+
+// The lesson's sizes (gpt2_layout.h): GPT-2's 124M, 355M and 1558M with its own vocabulary, and the GPT-2-shaped
+// 7B and 70B with Llama 2's C, L, NH and V. They keep their V in a lab program (has_own_vocabulary); the others
+// take the tokenizer's.
+TEST(Gpt2ParamTable, LessonSizePresetsHoldTheirKnownCounts) {
+  const std::pair<const char*, int64_t> wants[] = {{"gpt2-124m", 124439808},
+                                                   {"gpt2-350m", 354823168},
+                                                   {"gpt2-1.5b", 1557611200},
+                                                   {"gpt-7b", 6592012288},
+                                                   {"gpt-70b", 64728743936}};
+  for (const auto& [name, params] : wants) {
+    EXPECT_TRUE(GPTConfig::is_preset(name)) << name;
+    EXPECT_TRUE(GPTConfig::has_own_vocabulary(name)) << name;
+    EXPECT_EQ(scalelab::gpt2_num_params(GPTConfig::preset(name)), params) << name;
+  }
+  EXPECT_FALSE(GPTConfig::has_own_vocabulary("d12"));
+  EXPECT_FALSE(GPTConfig::is_preset("d13"));
+  EXPECT_EQ(GPTConfig::preset_names().size(), 11u);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -116,6 +116,9 @@ class Allocator {
   // listed here was allocated with caching off, at exactly the size asked, and is never cached.
   std::unordered_map<void*, size_t> class_of_;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // size class (bytes) -> cached blocks
+  // --timing-only SIM blocks (mmap'ed, never touched; raw_allocate): pointer -> mapped bytes, for munmap.
+  std::mutex mapped_mu_;
+  std::unordered_map<void*, size_t> mapped_bytes_;
 };
 
 }  // namespace scalelab

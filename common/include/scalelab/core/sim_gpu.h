@@ -69,4 +69,26 @@ const GpuModel& sim_gpu();
 // No model active any more; stops the virtual clock. The SIM allocator's capacity is left as it is.
 void sim_gpu_clear();
 
+// --timing-only (docs/simulation.md "Timing-only runs"): the run keeps its schedule, its collectives and its
+// memory, and drops its arithmetic. While it is on, SIM ops charge their modelled time and compute nothing
+// (ops/ops.h), SIM copies and zeroing are charged and move no bytes (a SIM -> CPU copy writes zeros: the host
+// sees finite values), the SIM allocator's blocks are address space reserved with mmap(MAP_NORESERVE) and never
+// touched (no host memory behind them), the sim communicator moves its headers (the virtual times) but not the
+// payloads, and the initial weights are not drawn (gpt2_initial_weights). Set it once, before any SIM tensor
+// exists (the drivers do, from --timing-only); it applies to every thread of the process.
+void sim_set_timing_only(bool on);
+bool sim_timing_only();  // the flag above
+// True where SIM data is skipped now: --timing-only, and no SimRealDataScope open on this thread.
+bool sim_skips_data();
+// Inside this scope a timing-only run moves SIM bytes for real: the host values a program reduces or
+// broadcasts (comm/host_values.h: a flag, a run id, the options the ranks compare) are control, not arithmetic.
+// Their buffers are a few bytes, so touching their pages costs nothing.
+class SimRealDataScope {
+ public:
+  SimRealDataScope();
+  ~SimRealDataScope();
+  SimRealDataScope(const SimRealDataScope&) = delete;
+  SimRealDataScope& operator=(const SimRealDataScope&) = delete;
+};
+
 }  // namespace scalelab

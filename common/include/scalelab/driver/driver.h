@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string calibration;         // --calibration FILE: a CPU run's MFU peak is exactly this calibration (run_peak)
   std::string recompute = "none";  // --recompute none|selective|full: activation recompute of every block
   bool quiet = false;
+  bool timing_only = false;  // --timing-only (--device sim): time and memory without arithmetic (core/sim_gpu.h)
 };
 
 // What the multi-rank drivers (labs 03 and 04) add.
@@ -123,8 +124,8 @@ int run_on_all_ranks(CLI::App& app, const TrainOptions& o, const std::string& ba
 // o.sim_gpu, "local"): the one-process drivers (labs 01, 02).
 int run_single_process(CLI::App& app, const TrainOptions& o, const std::function<int()>& body);
 
-// "simulated H100 SXM, virtual time" while a simulated GPU is active (--device sim), else "": what every
-// figure of a simulated run says about itself (the summary, the tables).
+// "simulated H100 SXM, virtual time" while a simulated GPU is active (--device sim; ", timing only" added with
+// --timing-only), else "": what every figure of a simulated run says about itself (the summary, the tables).
 std::string simulated_label();
 
 // --recompute on every block of the model (GPT2::set_recompute; gpt2.h Recompute): call it for each of

@@ -24,9 +24,22 @@ struct GPTConfig {
   // and "d12", "d24", "d36", "d48": maxT 1024 and the L, C of GPT-2's four sizes (Radford et al. 2019,
   // Table 2; NH as in the released models). With the byte vocabulary they hold 86.0M, 303.6M, 710.0M and
   // 1477.6M parameters (gpt2_num_params); GPT-2's 50,257-token vocabulary makes the same shapes 124M, 355M,
-  // 774M and 1558M. Throws on unknown names.
+  // 774M and 1558M.
+  // The lesson's sizes, for timing-only runs on the simulated GPU (docs/simulation.md "Timing-only runs"):
+  // "gpt2-124m", "gpt2-350m", "gpt2-1.5b" are GPT-2 small, medium and XL with its 50,257-token vocabulary
+  // and maxT 1024 (Radford et al. 2019, Table 2: 117M, 345M, 1542M as the paper counts; 124.4M, 354.8M,
+  // 1557.6M by gpt2_num_params). "gpt-7b" and "gpt-70b" are GPT-2-shaped decoders (this kit's block: learned
+  // positions, LayerNorm, a 4C GELU MLP, tied embeddings) with Llama 2's C, L, NH, V = 32,000 and maxT 4096
+  // (Touvron et al. 2023, Table 1 and Sec. 2.2): 6.59B and 64.7B parameters, not Llama's (which has a
+  // SwiGLU MLP of 2.7C, RMSNorm and untied embeddings); docs/references.md, "Model sizes". Throws on unknown
+  // names, naming the presets.
   static GPTConfig preset(const std::string& name);
-  void validate() const;  // throws if C % NH != 0 or any size <= 0
+  static bool is_preset(const std::string& name);  // preset(name) would not throw
+  // True for the lesson's sizes: their V is part of their size, so a lab program keeps it (the byte tokenizer's
+  // ids, 0..255, are a subset); the other presets take the tokenizer's V (driver::open_data).
+  static bool has_own_vocabulary(const std::string& name);
+  static std::vector<std::string> preset_names();  // tiny, demo, d12, ..., gpt-70b
+  void validate() const;                           // throws if C % NH != 0 or any size <= 0
   std::string str() const;
 };
 
