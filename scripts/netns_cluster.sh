@@ -5,8 +5,8 @@
 # inside a node, TCP between nodes, as on a cluster). Needs root, ip and tc (iproute2) and unshare (util-linux).
 #   scripts/netns_cluster.sh up [--nodes 2] [--slots 2] [--rate 1gbit]  then: source <dir>/env; mpirun --hostfile ...
 #   scripts/netns_cluster.sh status | down          (down removes everything up made; nothing to remove is fine)
-# Options (the same for up, status and down): --name sl-cl (namespaces NAME-n0.., bridge NAME-br, veths NAME-v0..;
-#   must start with "sl-", at most 10 characters)   --dir DIR (default /tmp/NAME: hostfile, env, rsh agent, state)
+# Options (the same for up, status and down, before or after the command): --name sl-cl (namespaces NAME-n0..,
+#   bridge NAME-br, veths NAME-v0..; "sl-" and at most 7 more)   --dir DIR (default /tmp/NAME: hostfile, env, rsh)
 #   --subnet 10.77.0 (the nodes are .1 .. .N, the bridge .254)   --nodes N (default 2)   --slots K (per node, default 2)
 #   --rate R (tc's units: 1gbit, 100mbit; default 1gbit; "none": no limit)   --burst B (tbf bucket, default 256kb)
 # Exit status: 0 done, 1 an error, 77 this machine cannot do it (not root, no namespaces, no ip/tc): the message
@@ -17,9 +17,7 @@ usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "netns_cluster: $*" >&2; exit 1; }
 unavailable() { echo "netns_cluster: cannot make a cluster here: $*" >&2; exit 77; }
 
-cmd="${1:-}"
-[[ -n "$cmd" ]] || { usage; exit 1; }
-shift
+cmd=""
 NAME=sl-cl DIR="" SUBNET=10.77.0 NODES=2 SLOTS=2 RATE=1gbit BURST=256kb
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -31,10 +29,11 @@ while [[ $# -gt 0 ]]; do
     --rate) RATE="$2"; shift 2 ;;
     --burst) BURST="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    *) die "unknown option '$1' (scripts/netns_cluster.sh --help)" ;;
+    up|down|status) [[ -z "$cmd" ]] || die "two commands: '$cmd' and '$1'"; cmd="$1"; shift ;;
+    *) die "unknown option or command '$1' (scripts/netns_cluster.sh --help)" ;;
   esac
 done
-[[ "$cmd" == up || "$cmd" == down || "$cmd" == status ]] || die "unknown command '$cmd': use up, down or status"
+[[ -n "$cmd" ]] || { usage; exit 1; }
 # The names are the only handle down has on what up made: keep them ours (sl-) and within IFNAMSIZ (15).
 [[ "$NAME" =~ ^sl-[a-z0-9]{1,7}$ ]] || die "--name '$NAME': want sl- and 1-7 lower-case letters or digits (e.g. sl-cl)"
 [[ "$SUBNET" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet '$SUBNET': want the first three octets, e.g. 10.77.0"
@@ -80,15 +79,16 @@ status() {
 }
 
 down() {
-  local ns pids
+  local ns pids=()
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-(n[0-9]+|probe[0-9]+)$" || true); do
     # Processes left inside a node (a job that hung): a namespace is only freed when they are gone.
-    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-    if [[ -n "$pids" ]]; then
-      echo "netns_cluster: stopping processes still in $ns: $(echo $pids)" >&2
-      kill $pids 2>/dev/null || true
+    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+    if [[ ${#pids[@]} -gt 0 ]]; then
+      echo "netns_cluster: stopping processes still in $ns: ${pids[*]}" >&2
+      kill "${pids[@]}" 2>/dev/null || true
       sleep 1
-      kill -9 $(ip netns pids "$ns" 2>/dev/null) 2>/dev/null || true
+      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+      [[ ${#pids[@]} -eq 0 ]] || kill -9 "${pids[@]}" 2>/dev/null || true
     fi
     ip netns delete "$ns"   # removes its end of the veth, and with it the bridge's end
   done
