@@ -20,7 +20,7 @@ veth link limited by tc tbf to --rate, shared memory inside a node), then, per r
      charged once).
 Prints and writes <out>/netns_cluster.md (the table) and <out>/results.json.
 
-  bench/netns_cluster.py --build-dir build --rates 1gbit,100mbit     # about 2 minutes on 2 cores (as root)
+  bench/netns_cluster.py --build-dir build --rates none,1gbit,100mbit   # about 4 minutes on 2 cores (root)
 Needs root, network namespaces, mpirun, the corpus (data/kjv) and the build's bin/lab00_setup and
 bin/reference/lab07_parallel_3d. Tears the cluster down at the end, also on an error or Ctrl-C.
 """
@@ -104,9 +104,12 @@ def lab07(a, order, on_cluster, run_id, env):
             elif r["type"] == "summary":
                 summary = r
         ranks.append({"host": host, "steps": steps, "summary": summary})
+    hosts = [r["host"] for r in ranks]
+    if on_cluster and hosts != [f"{NAME}-n0"] * 2 + [f"{NAME}-n1"] * 2:
+        sys.exit(f"netns_cluster.py: {run_id}: ranks on {hosts}, not 2 per node in rank order")
     step_ms = max(statistics.median(s["step_ms"] for s in r["steps"]) for r in ranks)
     return {"step_ms": step_ms, "tokens_per_s": ranks[0]["summary"]["tokens_per_s"],
-            "hosts": [r["host"] for r in ranks], "final_loss": ranks[0]["summary"]["final_loss"],
+            "hosts": hosts, "final_loss": ranks[0]["summary"]["final_loss"],
             "groups": [r["steps"][-1]["groups"] for r in ranks]}
 
 
@@ -130,8 +133,8 @@ def predicted_extra_ms(a, link, run, crossing):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build")
-    ap.add_argument("--rates", default="1gbit,100mbit", help="tbf rates of the link, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per layout; medians")
+    ap.add_argument("--rates", default="none,1gbit,100mbit", help="tbf rates of the link, comma-separated")
+    ap.add_argument("--repeats", type=int, default=5, help="alternating runs per layout; medians")
     ap.add_argument("--model", default="demo")
     ap.add_argument("--n-embd", type=int, default=192, help="C of --model (the pp message is B x T x C floats)")
     ap.add_argument("--seq-len", type=int, default=64)
@@ -148,6 +151,7 @@ def main():
     base_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     results = {"config": {k: v for k, v in vars(a).items()}, "rates": {}}
     t0 = time.time()
+    results["load_start"] = os.getloadavg()[0]
     try:
         for rate in a.rates.split(","):
             subprocess.run([CLUSTER, "down", "--name", NAME], cwd=REPO, capture_output=True)
@@ -198,17 +202,21 @@ def main():
 
 def table(a, results):
     load = os.getloadavg()[0]
-    lines = [f"lab 07, model {a.model}, tp 2 x pp 2 x dp 1, 1F1B, m {a.micro_batches} x micro-batch {a.micro_batch} "
+    lines = [f"`bench/netns_cluster.py --rates {a.rates} --repeats {a.repeats}` ({results['wall_s']:.0f} s), "
+             f"{time.strftime('%Y-%m-%d', time.gmtime())}, load average {results['load_start']:.1f} at the start", "",
+             f"lab 07, model {a.model}, tp 2 x pp 2 x dp 1, 1F1B, m {a.micro_batches} x micro-batch {a.micro_batch} "
              f"x T {a.seq_len}, {a.steps - 1} timed steps, 4 ranks (2 per node) of 1 thread on {os.cpu_count()} "
              f"cores, medians of {a.repeats} alternating runs; load average {load:.1f} at the end", "",
              "| link rate | fitted a = base + 2 alpha | fitted B | order | tp groups | step ms, one node | "
-             "step ms, two nodes | tokens/s, two nodes | predicted step ms | error |",
+             "step ms, two nodes (runs) | tokens/s, two nodes | predicted step ms | error |",
              "|---|--:|--:|---|---|--:|--:|--:|--:|--:|"]
     for rate, res in results["rates"].items():
         link = res["link"]
         for r in res["rows"]:
             lines.append(f"| {rate} | {1e6 * link['a_s']:.0f} us | {link['B'] / 1e6:.1f} MB/s | `{r['order']}` | "
-                         f"{r['what']} | {r['one_node_step_ms']:.1f} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['what']} | {r['one_node_step_ms']:.1f} | {r['step_ms']:.1f} "
+                         f"({'-'.join(f'{x:.0f}' for x in (min(r['steps_ms']), max(r['steps_ms'])))}) | "
+                         f"{r['tokens_per_s']:,.0f} | "
                          f"{r['predicted_step_ms']:.1f} | {100 * r['error']:+.0f} % |")
     return "\n".join(lines) + "\n"
 
