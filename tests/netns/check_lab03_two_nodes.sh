@@ -52,7 +52,7 @@ bounded() {
 UP_TRIED=1
 rc=0
 bounded 20 "${CLUSTER[@]}" up --nodes 2 --slots 1 --rate 1gbit || rc=$?
-[[ $rc -eq 77 ]] && { UP_TRIED=0; echo "SKIPPED: no network namespaces here (above: why)"; exit 77; }
+[[ $rc -eq 77 ]] && { UP_TRIED=0; echo "SKIPPED: no two-node cluster on this machine (the line above says why)"; exit 77; }
 [[ $rc -eq 0 ]] || { echo "FAIL: netns_cluster.sh up exited $rc" >&2; exit 1; }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
