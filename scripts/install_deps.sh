@@ -22,6 +22,9 @@ if [[ "${1:-}" != "--demo" ]]; then
   # README "Dependencies" says why it is in the default set). Debian's dnnl-config.cmake requires OpenCL
   # (its GPU runtime), whose development files are only a Recommends of libdnnl-dev: ocl-icd-opencl-dev.
   pkgs+=(libdnnl-dev ocl-icd-opencl-dev)
+  # iproute2: ip and tc for the two-node cluster on one machine (scripts/netns_cluster.sh, ctest netns.*;
+  # its unshare comes from util-linux, which Debian installs everywhere).
+  pkgs+=(iproute2)
 fi
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${pkgs[@]}"
