@@ -57,6 +57,7 @@
 #include "mpi_internal.h"        // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/core/bf16.h"  // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/comm/comm.h"
+#include "scalelab/comm/staging_pool.h"  // defines: StagingPool
 #include "scalelab/core/error.h"
 
 #ifdef SL_WITH_CUDA
@@ -115,60 +116,76 @@ MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }  
 // ---------------------------------------------------------------------------------------------
 // Host staging: the bytes MPI reads or writes for a tensor. A CPU tensor's own memory (and a SIM tensor's,
 // which is host memory too: the sim backend's transport, below); for a CUDA tensor a pinned host copy
-// (Debian's OpenMPI is not CUDA-aware, docs/design.md "Platform facts"). The
-// copies are cudaMemcpy on the legacy default stream, so they wait for kernels queued before them.
-// (One cudaMallocHost per call; a pool would be faster, this path is the fallback for several ranks
-// sharing one GPU, where NCCL refuses to run.)
+// (Debian's OpenMPI is not CUDA-aware, docs/design.md "Platform facts"). This path is the fallback for
+// several ranks sharing one GPU, where NCCL refuses to run (docs/cuda_backend.md "The mpi backend on GPUs").
+//   buffers  from the communicator's StagingPool (scalelab/comm/staging_pool.h): pinned buffers reused
+//            across calls, not one cudaMallocHost + cudaFreeHost (each synchronises the device) per call;
+//   order    the copies run on the communicator's own non-blocking copy stream, after an event recorded on
+//            the compute stream (the legacy default stream, where the kit's kernels run) when the call was
+//            ISSUED: they wait for the kernels that produced the tensor, not for the kernels queued after
+//            the issue, so an async call's time is communication, not the caller's later GPU compute.
+
+// How one call stages its tensors, made on the caller's thread at issue (MpiCommunicator::staging_for) and
+// carried by the call's closure. device < 0: host tensors only, nothing is staged or copied.
+struct Staging {
+  int device = -1;                    // the caller's CUDA device (the communication thread uses the same)
+  std::shared_ptr<StagingPool> pool;  // the communicator's pinned buffers
+#ifdef SL_WITH_CUDA
+  std::shared_ptr<CUstream_st> stream;  // the communicator's copy stream (non-blocking)
+  std::shared_ptr<CUevent_st> ready;    // recorded on the compute stream at issue
+#endif
+};
+
 class HostStage {
  public:
   // copy_in: fill the host copy from the device now (the tensor is an input). The tensor's storage is
   // kept alive by the op's closure, which outlives its stage; the stage itself holds only pointers.
-  HostStage(const Tensor& t, int cuda_device, bool copy_in) : device_ptr_(t.raw()), nbytes_(t.nbytes()) {
+  HostStage(const Tensor& t, const Staging& s, bool copy_in) : device_ptr_(t.raw()), nbytes_(t.nbytes()) {
     if (t.device() != Device::CUDA || t.nbytes() == 0) {
       ptr_ = t.raw();
       return;
     }
 #ifdef SL_WITH_CUDA
-    SL_CUDA_CHECK(cudaSetDevice(cuda_device));  // this thread's current device: the caller's
-    SL_CUDA_CHECK(cudaMallocHost(&pinned_, t.nbytes()));
-    ptr_ = pinned_;
-    if (copy_in) SL_CUDA_CHECK(cudaMemcpy(pinned_, t.raw(), t.nbytes(), cudaMemcpyDeviceToHost));
+    SL_CUDA_CHECK(cudaSetDevice(s.device));  // this thread's current device: the caller's
+    pinned_ = s.pool->acquire(nbytes_);
+    ptr_ = pinned_.data();
+    stream_ = s.stream;
+    // The copy stream waits for the compute stream as it was at the issue (a wait queued on a stream holds
+    // for everything queued after it there, copy_out's copy included).
+    SL_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), s.ready.get(), 0));
+    if (copy_in) {
+      SL_CUDA_CHECK(cudaMemcpyAsync(ptr_, t.raw(), nbytes_, cudaMemcpyDeviceToHost, stream_.get()));
+      SL_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // MPI reads the bytes next
+    }
 #else
+    (void)s;
+    (void)copy_in;
     SL_FAIL("rebuild with CUDA", "a CUDA tensor in a build without CUDA");
-#endif
-  }
-  ~HostStage() {
-#ifdef SL_WITH_CUDA
-    if (pinned_) cudaFreeHost(pinned_);
 #endif
   }
   HostStage(const HostStage&) = delete;
   HostStage& operator=(const HostStage&) = delete;
 
   void* ptr() const { return ptr_; }
-  // The tensor is an output: write the host copy back to the device (nothing to do on the CPU).
+  // The tensor is an output: write the host copy back to the device (nothing to do on the CPU). It is on the
+  // device when this returns: the caller's kernels after its wait() read it.
   void copy_out() {
 #ifdef SL_WITH_CUDA
-    if (pinned_) SL_CUDA_CHECK(cudaMemcpy(device_ptr_, pinned_, nbytes_, cudaMemcpyHostToDevice));
+    if (!pinned_.data()) return;
+    SL_CUDA_CHECK(cudaMemcpyAsync(device_ptr_, ptr_, nbytes_, cudaMemcpyHostToDevice, stream_.get()));
+    SL_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 #endif
   }
 
  private:
-  void* device_ptr_;  // the tensor's own bytes (on the GPU when pinned_ is set)
+  void* device_ptr_;  // the tensor's own bytes (on the GPU when pinned_ holds a buffer)
   size_t nbytes_;
   void* ptr_ = nullptr;
-  void* pinned_ = nullptr;
-};
-
-// The caller's CUDA device (the comm thread must use the same one), or -1 for CPU tensors.
-int caller_cuda_device(const Tensor& a, const Tensor& b) {
-  if (a.device() != Device::CUDA && b.device() != Device::CUDA) return -1;
-  int dev = 0;
+  StagingPool::Lease pinned_;  // the pinned buffer, back to the pool when the stage ends
 #ifdef SL_WITH_CUDA
-  SL_CUDA_CHECK(cudaGetDevice(&dev));
+  std::shared_ptr<CUstream_st> stream_;
 #endif
-  return dev;
-}
+};
 
 // bf16 <-> fp32 copies: MPI has no bf16 type, so bf16 reductions run in fp32 and round back to bf16
 // once at the end (NCCL adds in bf16 at every ring step, so its last bit can differ from ours).
@@ -558,11 +575,11 @@ class MpiCommunicator : public Communicator {
   WorkPtr all_reduce_async(Tensor& buf, ReduceOp op, const std::string& tag) override {
     check_reduce_dtype("all_reduce", rank_, size_, buf.dtype(), op);
     check_count_fits_int("all_reduce", rank_, buf.numel());
-    const int dev = staging_device("all_reduce", buf, buf);
+    const Staging stg = staging_for("all_reduce", buf, buf);
     auto d = held_back(buf, /*copy_in=*/true);
-    return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, d, [this, buf, op, dev, d] {
+    return collective("all_reduce", tag, buf.numel(), buf.dtype(), -1, d, [this, buf, op, stg, d] {
       if (d) return all_reduce_host(d->data(), buf.numel(), buf.dtype(), op);
-      HostStage h(buf, dev, /*copy_in=*/true);
+      HostStage h(buf, stg, /*copy_in=*/true);
       all_reduce_host(h.ptr(), buf.numel(), buf.dtype(), op);
       h.copy_out();
     });
@@ -572,11 +589,11 @@ class MpiCommunicator : public Communicator {
     check_reduce_dtype("reduce_scatter", rank_, size_, in.dtype(), op);
     check_reduce_scatter(rank_, size_, in, out);
     check_count_fits_int("reduce_scatter", rank_, in.numel());
-    const int dev = staging_device("reduce_scatter", in, out);
+    const Staging stg = staging_for("reduce_scatter", in, out);
     auto d = held_back(out, /*copy_in=*/false);
-    return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, d, [this, in, out, op, dev, d] {
-      HostStage h_in(in, dev, /*copy_in=*/true);
-      HostStage h_out(out, dev, /*copy_in=*/false);
+    return collective("reduce_scatter", tag, in.numel(), in.dtype(), -1, d, [this, in, out, op, stg, d] {
+      HostStage h_in(in, stg, /*copy_in=*/true);
+      HostStage h_out(out, stg, /*copy_in=*/false);
       reduce_scatter_host(h_in.ptr(), d ? d->data() : h_out.ptr(), out.numel(), in.dtype(), op);
       if (!d) h_out.copy_out();
     });
@@ -585,11 +602,11 @@ class MpiCommunicator : public Communicator {
   WorkPtr all_gather_async(const Tensor& in, Tensor& out, const std::string& tag) override {
     check_all_gather(rank_, size_, in, out);
     check_count_fits_int("all_gather", rank_, out.numel());
-    const int dev = staging_device("all_gather", in, out);
+    const Staging stg = staging_for("all_gather", in, out);
     auto d = held_back(out, /*copy_in=*/false);
-    return collective("all_gather", tag, in.numel(), in.dtype(), -1, d, [this, in, out, dev, d] {
-      HostStage h_in(in, dev, /*copy_in=*/true);
-      HostStage h_out(out, dev, /*copy_in=*/false);
+    return collective("all_gather", tag, in.numel(), in.dtype(), -1, d, [this, in, out, stg, d] {
+      HostStage h_in(in, stg, /*copy_in=*/true);
+      HostStage h_out(out, stg, /*copy_in=*/false);
       all_gather_host(h_in.ptr(), d ? d->data() : h_out.ptr(), in.numel(), in.dtype());
       if (!d) h_out.copy_out();
     });
@@ -598,10 +615,10 @@ class MpiCommunicator : public Communicator {
   WorkPtr broadcast_async(Tensor& buf, int root, const std::string& tag) override {
     check_root("broadcast", rank_, size_, root);
     check_count_fits_int("broadcast", rank_, buf.numel());
-    const int dev = staging_device("broadcast", buf, buf);
+    const Staging stg = staging_for("broadcast", buf, buf);
     auto d = held_back(buf, /*copy_in=*/rank_ == root);
-    return collective("broadcast", tag, buf.numel(), buf.dtype(), root, d, [this, buf, root, dev, d] {
-      HostStage h(buf, dev, /*copy_in=*/rank_ == root);
+    return collective("broadcast", tag, buf.numel(), buf.dtype(), root, d, [this, buf, root, stg, d] {
+      HostStage h(buf, stg, /*copy_in=*/rank_ == root);
       SL_MPI_CALL(MPI_Bcast(d ? d->data() : h.ptr(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()), root,
                             comm_));
       if (rank_ != root && !d) h.copy_out();
@@ -619,12 +636,12 @@ class MpiCommunicator : public Communicator {
   WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
     check_peer("send", rank_, size_, peer);
     check_count_fits_int("send", rank_, buf.numel());
-    const int dev = staging_device("send", buf, buf);
+    const Staging stg = staging_for("send", buf, buf);
     auto o = new_op("send", tag, buf.numel(), buf.dtype(), peer);
     auto stage = std::make_shared<std::unique_ptr<HostStage>>();  // lives until the send completes
     Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle
-    o->post = [this, buf, peer, dev, stage, op](MPI_Request* requests) {
-      *stage = std::make_unique<HostStage>(buf, dev, /*copy_in=*/true);
+    o->post = [this, buf, peer, stg, stage, op](MPI_Request* requests) {
+      *stage = std::make_unique<HostStage>(buf, stg, /*copy_in=*/true);
       SL_MPI_CALL(MPI_Isend(&op->header, sizeof(MessageHeader), MPI_BYTE, peer, kHeaderTag, comm_, &requests[0]));
       SL_MPI_CALL(MPI_Isend((*stage)->ptr(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag, comm_,
                             &requests[1]));
@@ -636,13 +653,13 @@ class MpiCommunicator : public Communicator {
   WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
     check_peer("recv", rank_, size_, peer);
     check_count_fits_int("recv", rank_, buf.numel());
-    const int dev = staging_device("recv", buf, buf);
+    const Staging stg = staging_for("recv", buf, buf);
     auto o = new_op("recv", tag, buf.numel(), buf.dtype(), peer);
     auto stage = std::make_shared<std::unique_ptr<HostStage>>();
     Op* op = o.get();
     o->delivery = held_back(buf, /*copy_in=*/false);
-    o->post = [this, buf, peer, dev, stage, op](MPI_Request* requests) {
-      *stage = std::make_unique<HostStage>(buf, dev, /*copy_in=*/false);
+    o->post = [this, buf, peer, stg, stage, op](MPI_Request* requests) {
+      *stage = std::make_unique<HostStage>(buf, stg, /*copy_in=*/false);
       void* dst = op->delivery ? op->delivery->data() : (*stage)->ptr();
       SL_MPI_CALL(MPI_Irecv(&op->header, sizeof(MessageHeader), MPI_BYTE, peer, kHeaderTag, comm_, &requests[0]));
       SL_MPI_CALL(MPI_Irecv(dst, static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag, comm_,
@@ -841,17 +858,43 @@ class MpiCommunicator : public Communicator {
     return submit(o);
   }
 
-  // Where the thread stages a call's tensors: the caller's CUDA device (the thread must use the same
-  // one), or -1 for host memory. SIM tensors are refused unless this communicator is the sim backend's
-  // transport: the sim backend times them in virtual time, this one would not.
-  int staging_device(const char* op, const Tensor& a, const Tensor& b) const {
+  // How the thread stages a call's tensors (Staging, above): for CUDA tensors the caller's device, the pool,
+  // the copy stream and an event recorded now on the compute stream; for host tensors nothing. SIM tensors
+  // are refused unless this communicator is the sim backend's transport: the sim backend times them in
+  // virtual time, this one would not.
+  Staging staging_for(const char* op, const Tensor& a, const Tensor& b) {
     for (const Tensor* t : {&a, &b}) {
       SL_CHECK_HINT(t->device() != Device::SIM || moves_sim_memory_ || t->numel() == 0,
                     "tensors on the simulated GPU go through --backend sim, which times their calls in virtual time",
                     "%s on rank %d of %d: the mpi backend moves CPU and CUDA tensors, this one lives on the sim", op,
                     rank_, size_);
     }
-    return caller_cuda_device(a, b);
+    Staging s;
+    if (a.device() != Device::CUDA && b.device() != Device::CUDA) return s;
+#ifdef SL_WITH_CUDA
+    SL_CUDA_CHECK(cudaGetDevice(&s.device));
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    if (!copy_stream_) {  // the first CUDA call: the pool and the stream, on the caller's device
+      staging_pool_ = StagingPool::make(
+          [](size_t n) {
+            void* p = nullptr;
+            SL_CUDA_CHECK(cudaMallocHost(&p, n));
+            return p;
+          },
+          [](void* p) { cudaFreeHost(p); });
+      cudaStream_t st = nullptr;
+      // Non-blocking: no implicit sync with the legacy default stream; the events order the two.
+      SL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      copy_stream_ = std::shared_ptr<CUstream_st>(st, [](cudaStream_t x) { cudaStreamDestroy(x); });
+    }
+    cudaEvent_t ev = nullptr;
+    SL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    s.ready = std::shared_ptr<CUevent_st>(ev, [](cudaEvent_t x) { cudaEventDestroy(x); });
+    SL_CUDA_CHECK(cudaEventRecord(ev, nullptr));  // the compute stream: the legacy default stream
+    s.pool = staging_pool_;
+    s.stream = copy_stream_;
+#endif
+    return s;
   }
 
   // Delivery at wait, for an output in host memory (CPU, or SIM in the sim backend's transport; GPU tensors
@@ -1101,8 +1144,15 @@ class MpiCommunicator : public Communicator {
   double stop_deadline_ms_ = 0;  // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
   bool stop_ = false;
   bool deliver_at_wait_ = false;   // SL_COMM_DELIVER_AT_WAIT (file comment)
-  bool moves_sim_memory_ = false;  // the sim backend's transport: SIM tensors too (staging_device)
-  std::thread thread_;             // the communication thread, started by the constructor's body
+  bool moves_sim_memory_ = false;  // the sim backend's transport: SIM tensors too (staging_for)
+  // CUDA tensors' staging (HostStage), made by the first call on one: shared with the calls in flight, so
+  // the pinned buffers and the stream go when the communicator and the last such call are gone.
+  std::mutex staging_mu_;
+  std::shared_ptr<StagingPool> staging_pool_;
+#ifdef SL_WITH_CUDA
+  std::shared_ptr<CUstream_st> copy_stream_;
+#endif
+  std::thread thread_;  // the communication thread, started by the constructor's body
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 //               UUIDs of all ranks are compared.
 //   streams     every call waits for the compute stream (the legacy default stream, where the kit's
 //               kernels run) with an event, runs on the communication stream, and records a done
-//               event; wait() makes the compute stream wait for it and blocks the host until it fired.
+//               event; wait() makes the compute stream wait for it and polls the host until it fired.
 //               Each op holds its tensors until then (Op::buffers), so none goes back to the caching
 //               allocator while NCCL's stream may still use it.
 //   send/recv   NCCL runs a send and a recv that cross (a ring exchange) only inside one
@@ -23,12 +23,16 @@
 //   groups      every NCCL communicator has an MPI twin of the same members in the same order (split
 //               alike: ncclCommSplit and MPI_Comm_split both order by key, then by old rank), which
 //               says the world ranks of the group (NCCL cannot) and carries the sends' headers.
-//   timeout     with a wait timeout (comm.h set_wait_timeout) wait() polls the done event
-//               (cudaEventQuery) and the MPI header (MPI_Test) against the deadline instead of blocking,
-//               and throws naming the rank, group, op, peer and tag (not the other pending ops: nothing
-//               here lists them). After that the communicator takes no new calls and its destructor
-//               aborts NCCL (ncclCommAbort, which ends the kernels that wait for a peer) instead of
-//               synchronising, and cancels the unfinished headers (MPI_Cancel). Untested: one GPU here.
+//   errors      wait() never blocks in CUDA: it polls the done event (cudaEventQuery) and NCCL's
+//               asynchronous error (ncclCommGetAsyncError) with a short back-off (poll_wait.h), so a dead
+//               peer ends the wait with an error naming the rank, group, op, peer and NCCL's words
+//               instead of hanging it for ever. Untested: a dead peer needs two GPUs.
+//   timeout     with a wait timeout (comm.h set_wait_timeout) that loop has a deadline, and the MPI header
+//               (MPI_Test) is polled against it too; it throws naming the rank, group, op, peer and tag
+//               (not the other pending ops: nothing here lists them). After a timeout or an asynchronous
+//               error the communicator takes no new calls and its destructor aborts NCCL (ncclCommAbort,
+//               which ends the kernels that wait for a peer) instead of synchronising, and cancels the
+//               unfinished headers (MPI_Cancel). Untested: one GPU here.
 //   same call   before a collective is enqueued, the ranks compare it (op, count, dtype, root) on the MPI
 //               twin, as the mpi backend does: other sizes are refused on every rank with every rank's
 //               call named, never a kernel past a buffer (check_same_call). Untested: one GPU here.
@@ -51,6 +55,7 @@
 #include "mpi_internal.h"   // defines: SL_MPI_CALL, mpi_world_ranks, mpi_split_color
 #include "scalelab/comm/comm.h"
 #include "scalelab/comm/gpu_assignment.h"  // defines: gpu_for_local_rank, first_shared_gpu
+#include "scalelab/comm/poll_wait.h"       // defines: poll_until, PollLoop, PollOutcome
 #include "scalelab/core/cuda_check.h"      // defines: SL_CUDA_CHECK (cuda_runtime.h)
 #include "scalelab/core/error.h"
 
@@ -127,11 +132,13 @@ struct State {
   std::vector<std::shared_ptr<Op>> pending;  // sends/recvs not yet launched
   std::string who;                           // "rank 1 of group 'pp' (world rank 1)", for timeouts' messages
   std::atomic<bool> timed_out{false};        // a wait timed out: no new calls; abort NCCL at the end
+  std::atomic<bool> broken{false};           // NCCL reported an asynchronous error: the same
 
   ~State() {
     cudaSetDevice(device);
-    // After a timeout the stream may hold a kernel that waits for a peer forever: abort first.
-    if (timed_out && comm) {
+    // After a timeout or an asynchronous error the stream may hold a kernel that waits for a peer forever:
+    // abort first.
+    if (unusable() && comm) {
       ncclCommAbort(comm);
       comm = nullptr;
     }
@@ -142,6 +149,18 @@ struct State {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && mpi != MPI_COMM_NULL) MPI_Comm_free(&mpi);
+  }
+
+  // A wait timed out or NCCL reported an error: no new calls, and the destructor aborts NCCL.
+  bool unusable() const { return timed_out || broken; }
+
+  // NCCL's asynchronous error of this communicator (ncclCommGetAsyncError), or ncclSuccess: a peer that died
+  // or a network error shows here while the kernel waiting for that peer never ends.
+  ncclResult_t async_error() const {
+    ncclResult_t r = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+    return r == ncclInProgress ? ncclSuccess : r;  // non-blocking communicators: an op still under way
   }
 
   // The communication stream waits for the work queued so far on the compute stream.
@@ -183,7 +202,7 @@ class NcclWork : public Work {
   ~NcclWork() override {
     // Not after a timeout (this op's, or another's on this communicator while this one is unfinished):
     // waiting could hang; the communicator's destructor aborts NCCL instead.
-    if (op_->abandoned || (st_->timed_out && !op_->finished)) {
+    if (op_->abandoned || (st_->unusable() && !op_->finished)) {
       abandon();
     } else {
       try {
@@ -202,26 +221,28 @@ class NcclWork : public Work {
     const bool done_before = op_->launched && cudaEventQuery(op_->done) == cudaSuccess &&
                              complete_header(/*block=*/false) && t0_ms >= op_->not_before_ms;
     if (!op_->launched) st_->flush_p2p();
-    if (op_->timeout_s > 0) {
-      // Poll against the deadline; the compute stream waits for the event only once it has fired, so
-      // a timed-out op leaves no later kernel waiting behind it.
-      const double deadline_ms = t0_ms + 1e3 * op_->timeout_s;
-      for (;;) {
-        const cudaError_t rc = cudaEventQuery(op_->done);
-        if (rc == cudaSuccess) break;
-        if (rc != cudaErrorNotReady) SL_CUDA_CHECK(rc);
-        if (Communicator::now_ms() >= deadline_ms) time_out(Communicator::now_ms() - t0_ms);
-        std::this_thread::sleep_for(kPollInterval);
-      }
-      while (!complete_header(/*block=*/false)) {
-        if (Communicator::now_ms() >= deadline_ms) time_out(Communicator::now_ms() - t0_ms);
-        std::this_thread::sleep_for(kPollInterval);
-      }
-      SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
-    } else {
-      SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
-      SL_CUDA_CHECK(cudaEventSynchronize(op_->done));                    // and so does the host
+    // Always polled (poll_wait.h), never cudaEventSynchronize: a blocking wait would not see NCCL's
+    // asynchronous error when a peer dies (the kernel waiting for it never ends), and could not time out.
+    // The compute stream waits for the event only once it has fired, so an op given up leaves no later
+    // kernel waiting behind it.
+    PollLoop loop;
+    loop.done = [this] { return event_fired(); };
+    loop.failed = [this] { return st_->async_error() != ncclSuccess; };
+    loop.now_ms = [] { return Communicator::now_ms(); };
+    loop.sleep_ms = [](double ms) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); };
+    loop.deadline_ms = op_->timeout_s > 0 ? t0_ms + 1e3 * op_->timeout_s : 0;
+    switch (poll_until(loop)) {
+      case PollOutcome::Done: break;
+      case PollOutcome::Failed: fail_async(st_->async_error());
+      case PollOutcome::Deadline: time_out(Communicator::now_ms() - t0_ms);
     }
+    if (op_->timeout_s > 0) {
+      while (!complete_header(/*block=*/false)) {
+        if (Communicator::now_ms() >= loop.deadline_ms) time_out(Communicator::now_ms() - t0_ms);
+        std::this_thread::sleep_for(kPollInterval);
+      }
+    }
+    SL_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, op_->done, 0));  // later kernels see the result
     op_->buffers.clear();  // NCCL is done with them: they may go back to the allocator now
     complete_header(/*block=*/true);
     mark_finished();
@@ -230,9 +251,11 @@ class NcclWork : public Work {
   }
   bool test() override {
     if (!op_->launched) return false;
-    const cudaError_t rc = cudaEventQuery(op_->done);
-    if (rc == cudaErrorNotReady) return false;
-    SL_CUDA_CHECK(rc);
+    if (!event_fired()) {
+      const ncclResult_t r = st_->async_error();
+      if (r != ncclSuccess) fail_async(r);
+      return false;
+    }
     if (!complete_header(/*block=*/false)) return false;
     mark_finished();
     return Communicator::now_ms() >= op_->not_before_ms;
@@ -257,6 +280,31 @@ class NcclWork : public Work {
     if (op_->finished) return;
     op_->finished = true;
     st_->log.set_end(op_->event_id, std::max(Communicator::now_ms(), op_->not_before_ms));
+  }
+  // Whether the op's done event has fired (cudaEventQuery); any CUDA error but "not ready" is thrown.
+  bool event_fired() const {
+    const cudaError_t rc = cudaEventQuery(op_->done);
+    if (rc == cudaErrorNotReady) return false;
+    SL_CUDA_CHECK(rc);
+    return true;
+  }
+  // NCCL reported an asynchronous error while this op was unfinished: abandon it as a timeout does, mark the
+  // communicator broken (no new calls; its destructor calls ncclCommAbort) and throw, naming the rank, the
+  // group, the op and its peer, and NCCL's words.
+  [[noreturn]] void fail_async(ncclResult_t r) {
+    op_->abandoned = true;
+    st_->broken = true;
+    try {
+      SL_FAIL(
+          "a peer rank has most likely died or lost its network: read every rank's output first "
+          "(NCCL_DEBUG=WARN says more); this communicator takes no new calls: destroy it (its destructor "
+          "aborts NCCL)",
+          "%s: NCCL reported an asynchronous error during %s: %s (%s)", st_->who.c_str(), op_->waited_for.c_str(),
+          ncclGetErrorString(r), ncclGetLastError(st_->comm));
+    } catch (const Error&) {
+      op_->error = std::current_exception();
+    }
+    std::rethrow_exception(op_->error);
   }
   // The wait ran past the op's timeout: abandon it (its buffers stay held: NCCL may still use them),
   // mark the communicator, throw (comm_internal.h: the words every backend uses).
@@ -314,7 +362,7 @@ class NcclCommunicator : public Communicator {
     st_->who = describe_rank(*this);
   }
   ~NcclCommunicator() override {
-    if (st_->timed_out) return;  // nothing new is launched after a timeout (~State aborts NCCL)
+    if (st_->unusable()) return;  // nothing new is launched after a timeout or error (~State aborts NCCL)
     try {
       st_->flush_p2p();
     } catch (const std::exception& e) {
@@ -448,9 +496,9 @@ class NcclCommunicator : public Communicator {
 
   // After a wait timed out, a new call would queue behind the stuck one: refused.
   void check_not_timed_out(const std::string& op) const {
-    SL_CHECK_HINT(!st_->timed_out, "destroy it (its destructor aborts NCCL) and make a new one",
-                  "%s on %s: a wait on this communicator timed out, it takes no new calls", op.c_str(),
-                  st_->who.c_str());
+    SL_CHECK_HINT(!st_->unusable(), "destroy it (its destructor aborts NCCL) and make a new one",
+                  "%s on %s: a wait on this communicator %s, it takes no new calls", op.c_str(), st_->who.c_str(),
+                  st_->timed_out ? "timed out" : "failed (NCCL reported an asynchronous error)");
   }
 
   template <typename F>

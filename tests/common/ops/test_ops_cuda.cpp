@@ -663,6 +663,110 @@ TEST(CudaOps, SoftmaxCrossentropyBackwardOverwritesBitIdenticalToCpuAlsoInPlace)
 }
 
 // ---------------------------------------------------------------------------------------------
+// The vocabulary split across a tensor-parallel group (common/src/ops/cuda/vocab_parallel.cu; lab 05): each
+// piece on one rank's shard of the vocabulary, rows/columns [begin, begin + Vl) of V. Tokens and targets
+// fall in and out of the shard. fp32 only: these pieces have no bf16 form.
+
+struct VocabShard {
+  int64_t begin;
+  int Vl;
+};
+// The first and the last third of the vocabulary (V = 5: rows 0-1 and 3-4).
+std::vector<VocabShard> vocab_shards(int V) {
+  const int Vl = (V + 2) / 3;
+  return {{0, Vl}, {V - Vl, Vl}};
+}
+
+// The same adds in the same order as the CPU twin (rows of one token in increasing order, positions over b):
+// bit-identical; the backward from nonzero gradients (the += rule), with and without wpe.
+TEST(CudaOps, VocabShardEncoderForwardAndBackwardAreBitIdenticalToCpu) {
+  SL_REQUIRE_GPU();
+  for (const OpShape& s : kShapes) {
+    for (const VocabShard& v : vocab_shards(s.V)) {
+      for (const bool with_wpe : {true, false}) {
+        SCOPED_TRACE(s.str() + " shard " + std::to_string(v.begin) + "+" + std::to_string(v.Vl) +
+                     (with_wpe ? " with wpe" : " without wpe"));
+        const int maxT = s.T + 3;  // wpe has rows the ops must not touch
+        const std::vector<int32_t> tokens = token_ids(s.N(), s.V, 60);
+        const std::vector<float> wte = uniform(size_t(v.Vl) * s.C, 61), wpe = uniform(size_t(maxT) * s.C, 62);
+        std::vector<float> out(size_t(s.N()) * s.C);
+        cpu::encoder_forward_vocab_shard(out.data(), tokens.data(), wte.data(), with_wpe ? wpe.data() : nullptr,
+                                         v.begin, v.Vl, s.B, s.T, s.C);
+        Tensor d_out = to_gpu(std::vector<float>(out.size(), NAN));
+        Tensor d_tokens = to_gpu(tokens), d_wte = to_gpu(wte), d_wpe = to_gpu(wpe);
+        cuda::encoder_forward_vocab_shard(d_out.data<float>(), d_tokens.data<int32_t>(), d_wte.data<float>(),
+                                          with_wpe ? d_wpe.data<float>() : nullptr, v.begin, v.Vl, s.B, s.T, s.C);
+        EXPECT_TRUE(bit_identical("vocab-shard encoder out", to_host<float>(d_out), out));
+
+        const std::vector<float> dout = uniform(out.size(), 63);
+        std::vector<float> dwte = uniform(wte.size(), 64), dwpe = uniform(wpe.size(), 65);
+        Tensor d_dwte = to_gpu(dwte), d_dwpe = to_gpu(dwpe), d_dout = to_gpu(dout);
+        cpu::encoder_backward_vocab_shard(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(),
+                                          v.begin, v.Vl, s.B, s.T, s.C);
+        cuda::encoder_backward_vocab_shard(d_dwte.data<float>(), with_wpe ? d_dwpe.data<float>() : nullptr,
+                                           d_dout.data<float>(), d_tokens.data<int32_t>(), v.begin, v.Vl, s.B, s.T,
+                                           s.C);
+        EXPECT_TRUE(bit_identical("vocab-shard dwte", to_host<float>(d_dwte), dwte));
+        EXPECT_TRUE(bit_identical("vocab-shard dwpe", to_host<float>(d_dwpe), dwpe));  // untouched without wpe
+      }
+    }
+  }
+}
+
+// Row max is exact; the partial sums and the finish use expf against std::exp (and a divide against a
+// multiply by the inverse): kF32Tol. The backward is one multiply per element, as on the CPU: bit-identical,
+// out of place and in place (dlogits aliases probs).
+TEST(CudaOps, VocabShardCrossentropyPiecesMatchCpu) {
+  SL_REQUIRE_GPU();
+  for (const OpShape& s : kShapes) {
+    for (const VocabShard& v : vocab_shards(s.V)) {
+      SCOPED_TRACE(s.str() + " shard " + std::to_string(v.begin) + "+" + std::to_string(v.Vl));
+      const int64_t N = s.N();
+      const auto logits = uniform(size_t(N) * v.Vl, 66, -4.0f, 4.0f);
+      const auto targets = token_ids(N, s.V, 67);
+      std::vector<float> maxes(N), sumexp(N), target_logit(N), losses(N), probs(logits.size());
+      cpu::logits_row_max(maxes.data(), logits.data(), N, v.Vl);
+      cpu::crossentropy_vocab_shard_partials(sumexp.data(), target_logit.data(), logits.data(), maxes.data(),
+                                             targets.data(), v.begin, N, v.Vl);
+      cpu::crossentropy_vocab_shard_finish(losses.data(), probs.data(), logits.data(), maxes.data(), sumexp.data(),
+                                           target_logit.data(), N, v.Vl);
+      Tensor d_logits = to_gpu(logits), d_targets = to_gpu(targets);
+      Tensor d_maxes = to_gpu(std::vector<float>(N, NAN));
+      cuda::logits_row_max(d_maxes.data<float>(), d_logits.data<float>(), N, v.Vl);
+      EXPECT_TRUE(bit_identical("row max", to_host<float>(d_maxes), maxes));
+
+      // Each later piece from the CPU's inputs, so that it is judged alone.
+      Tensor d_sumexp = to_gpu(std::vector<float>(N, NAN)), d_target_logit = to_gpu(std::vector<float>(N, NAN));
+      Tensor d_cpu_maxes = to_gpu(maxes);
+      cuda::crossentropy_vocab_shard_partials(d_sumexp.data<float>(), d_target_logit.data<float>(),
+                                              d_logits.data<float>(), d_cpu_maxes.data<float>(),
+                                              d_targets.data<int32_t>(), v.begin, N, v.Vl);
+      EXPECT_TRUE(close("sumexp", to_host<float>(d_sumexp), sumexp, kF32Tol));
+      EXPECT_TRUE(bit_identical("target logit", to_host<float>(d_target_logit), target_logit));
+
+      Tensor d_losses = to_gpu(std::vector<float>(N, NAN)), d_probs = to_gpu(std::vector<float>(probs.size(), NAN));
+      Tensor d_cpu_sumexp = to_gpu(sumexp), d_cpu_target_logit = to_gpu(target_logit);
+      cuda::crossentropy_vocab_shard_finish(d_losses.data<float>(), d_probs.data<float>(), d_logits.data<float>(),
+                                            d_cpu_maxes.data<float>(), d_cpu_sumexp.data<float>(),
+                                            d_cpu_target_logit.data<float>(), N, v.Vl);
+      EXPECT_TRUE(close("losses", to_host<float>(d_losses), losses, kF32Tol));
+      EXPECT_TRUE(close("probs", to_host<float>(d_probs), probs, kF32Tol));
+
+      const float dloss = 1.0f / static_cast<float>(N);
+      std::vector<float> dlogits(probs.size());
+      cpu::crossentropy_vocab_shard_backward(dlogits.data(), probs.data(), targets.data(), v.begin, dloss, N, v.Vl);
+      Tensor d_dlogits = to_gpu(uniform(probs.size(), 68)), d_cpu_probs = to_gpu(probs);
+      cuda::crossentropy_vocab_shard_backward(d_dlogits.data<float>(), d_cpu_probs.data<float>(),
+                                              d_targets.data<int32_t>(), v.begin, dloss, N, v.Vl);
+      EXPECT_TRUE(bit_identical("vocab-shard dlogits", to_host<float>(d_dlogits), dlogits));
+      cuda::crossentropy_vocab_shard_backward(d_cpu_probs.data<float>(), d_cpu_probs.data<float>(),
+                                              d_targets.data<int32_t>(), v.begin, dloss, N, v.Vl);
+      EXPECT_TRUE(bit_identical("vocab-shard dlogits in place", to_host<float>(d_cpu_probs), dlogits));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer updates, reductions, casts
 
 TEST(CudaOps, AdamWStepIsBitCloseToCpu) {

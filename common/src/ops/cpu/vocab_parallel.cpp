@@ -2,7 +2,8 @@
 // scalelab/ops/ops.h, "The vocabulary split across a tensor-parallel group"). A rank holds rows
 // [vocab_begin, vocab_begin + Vl) of wte; the collectives between these pieces are the caller's (lab 05).
 // CUDA twin: common/src/ops/cuda/vocab_parallel.cu   tests: through lab 05's graded checks against the dense
-// model (tests/lab05/test_lab05_np2.cpp, test_lab05_np4.cpp); no unit test of their own yet.
+// model (tests/lab05/test_lab05_np2.cpp, test_lab05_np4.cpp); the CUDA twin against these in
+// tests/common/ops/test_ops_cuda.cpp (CudaOps.VocabShard*).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

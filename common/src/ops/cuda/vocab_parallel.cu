@@ -2,8 +2,8 @@
 // scalelab/ops/ops.h; declared in scalelab/ops/twins.h). One thread per row for the row statistics (Vl is
 // a shard of a byte-level vocabulary here: small), one per element otherwise. The dwte accumulation runs
 // in one thread per (row of the shard, channel), walking the tokens in order: no atomics, deterministic.
-// CPU twin: common/src/ops/cpu/vocab_parallel.cpp   tests: none on the GPU yet (the CPU twin is tested
-// through lab 05's graded checks).
+// CPU twin: common/src/ops/cpu/vocab_parallel.cpp   tests: tests/common/ops/test_ops_cuda.cpp (CudaOps.VocabShard*,
+// against the CPU twin; they skip without a GPU and have not run on one yet).
 #include "context.cuh"           // defines: grid_stride_blocks, kDefaultStream, SL_CUDA_CHECK_LAST
 #include "scalelab/ops/twins.h"  // defines: the declarations implemented here
 
