@@ -138,8 +138,8 @@ std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, co
                                    uint64_t seed, bool zero1 = false);
 // Given. The sum of squares of this rank's part of the WHOLE model's gradient, read from ZeRO-1 shards: the
 // elements of each unit's grad_shard that are real parameters (ShardLayout::owned), except the
-// tp-replicated ones on tp ranks other than 0 and the last stage's copy of wte (grad_sum_squares' rules;
-// the dp ranks' shards are disjoint, so they add up too).
+// tp-replicated ones on tp ranks other than 0 and the last stage's copy of wte (grad_sum_squares' rules,
+// applied to this rank's shards).
 double zero1_sum_squares(const lab04::FsdpState& s);
 
 // TODO(lab07-5): every gradient of every chunk of this rank becomes its average over the data-parallel
