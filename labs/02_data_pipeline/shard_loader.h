@@ -48,28 +48,26 @@ inline namespace SL_TRACK_LAB02 {
 // not used). A window may cross a shard boundary: shards are consecutive pieces of one text.
 //
 // Epoch e visits the windows in the order epoch_window_order(W, seed, e, shuffle). Global batch b
-// of the epoch is the B*dp_size consecutive entries [b*B*dp_size, (b+1)*B*dp_size) of that order;
-// rank r takes every dp_size-th of them, starting at r (rank_batch_windows). So ranks are disjoint,
-// every rank gets the same number of batches, and a run with dp_size ranks of B windows sees the
-// same global batches as one rank with B*dp_size windows. Batches per epoch = W / (B*dp_size); the
+// of the epoch is the B*dp_size consecutive entries [b*B*dp_size, (b+1)*B*dp_size) of that order,
+// shared among the ranks as PyTorch's DistributedSampler shares it (rank_batch_windows). So ranks are
+// disjoint, every rank gets the same number of batches, and a run with dp_size ranks of B windows sees
+// the same global batches as one rank with B*dp_size windows. Batches per epoch = W / (B*dp_size); the
 // W mod (B*dp_size) windows left at the end of the order (different ones each epoch) are skipped.
 
 // TODO(lab02-1) in the .cpp. The order in which epoch `epoch` visits windows 0..n_windows-1, as
 // (n_windows,) window ids. shuffle == false: 0, 1, ..., n_windows-1 (validation). shuffle == true: the
-// Fisher-Yates shuffle of docs/formats.md "Loader order" rule 3, driven by
-// scalelab::Rng(seed + 0xD1B54A32D192ED03 * epoch) (mod 2^64): a pure function of (seed, epoch), so every
-// rank, and a restarted job, computes the same order without being told it. Throws for n_windows < 0 or
-// epoch < 0. README "The order of an epoch".
+// permutation of docs/formats.md "Loader order" rule 3 (its generator and seed are part of the rule), entry
+// for entry: a pure function of (seed, epoch), so every rank, and a restarted job, computes the same order
+// without being told it. Throws for n_windows < 0 or epoch < 0. README "The order of an epoch".
 std::vector<int64_t> epoch_window_order(int64_t n_windows, uint64_t seed, int64_t epoch, bool shuffle);
 
 // TODO(lab02-2) in the .cpp. The (B,) window ids that rank dp_rank of dp_size gets for batch
-// batch_in_epoch of an epoch whose order is `order` (epoch_window_order): row i is
-// order[(batch_in_epoch*B + i)*dp_size + dp_rank], i = 0..B-1 (PyTorch's DistributedSampler takes the
-// same strided share, indices[rank::num_replicas]). Throws scalelab::Error when the WHOLE global batch
-// [batch_in_epoch*B*dp_size, (batch_in_epoch+1)*B*dp_size) does not fit in the order, on every rank alike
-// (not only when this rank's own rows run out: then one rank would step once more than the others), and
-// for B < 1, dp_size < 1, dp_rank outside [0, dp_size) or batch_in_epoch < 0. README "Ranks: disjoint
-// windows, equal steps".
+// batch_in_epoch of an epoch whose order is `order` (epoch_window_order): this rank's strided share of that
+// global batch, the share PyTorch's DistributedSampler gives a rank (docs/formats.md "Loader order"), so
+// the ranks' rows never overlap and together are the whole global batch. Throws scalelab::Error when the
+// global batch does not fit in the order, on every rank alike (every rank must refuse the same batch
+// indices, or one rank would step once more than the others), and for B < 1, dp_size < 1, dp_rank outside
+// [0, dp_size) or batch_in_epoch < 0. README "Ranks: disjoint windows, equal steps".
 std::vector<int64_t> rank_batch_windows(const std::vector<int64_t>& order, int64_t batch_in_epoch, int B, int dp_rank,
                                         int dp_size);
 

@@ -37,17 +37,18 @@ inline namespace SL_TRACK_LAB03 {
 // =============================================================================================
 // Start identical
 // =============================================================================================
-// TODO(lab03-1): copy rank 0's parameters to every rank: one broadcast (root 0) per unit buffer
-// model.unit_params(u), tagged "params unit <u>". Call it before constructing the Optimizer (which
-// copies the parameters into its fp32 master weights). README.md#start-identical.
+// TODO(lab03-1): on return every rank's parameters equal rank 0's, bit for bit (every rank calls it, in
+// the same order of messages; a unit buffer's message is tagged "params unit <u>"). Call it before
+// constructing the Optimizer (which copies the parameters into its fp32 master weights).
+// README.md#start-identical.
 void broadcast_parameters(GPT2& model, Communicator& comm);
 
 // =============================================================================================
 // Naive: one all-reduce per parameter tensor
 // =============================================================================================
-// TODO(lab03-2): replace every gradient by its average over the ranks: one blocking all_reduce
-// (ReduceOp::Avg) per entry of model.param_table(), in table order, tagged with the parameter's name.
-// README.md#naive-data-parallel-one-all-reduce-per-tensor.
+// TODO(lab03-2): on return every gradient is its average over the ranks, element for element, moved as
+// one blocking message per parameter tensor of model.param_table(), in table order, tagged with the
+// parameter's name. README.md#naive-data-parallel-one-all-reduce-per-tensor.
 void all_reduce_grads_naive(GPT2& model, Communicator& comm);
 
 // =============================================================================================
@@ -70,11 +71,11 @@ struct Bucket {
                                   // ready_unit) has run: the lowest unit among its ranges
 };
 
-// TODO(lab03-3): the bucket layout, a pure function of the parameter table. README.md#buckets-fewer-bigger-messages.
-// Walk the table BACKWARDS (the order backward produces gradients: ln_f, h.L-1, ..., h.0, then the
-// embeddings); append each tensor, whole, to the current bucket; close the bucket as soon as it
-// holds at least bucket_mb MiB of fp32 gradients (cap = floor(bucket_mb * 2^20 / 4) elements); the
-// last bucket may hold less. bucket_mb == 0 gives one bucket per tensor; bucket_mb < 0 is refused.
+// TODO(lab03-3): the bucket layout, a pure function of the parameter table: the README's rule exactly
+// (README.md#buckets-fewer-bigger-messages: the order of the buckets, and when a bucket of bucket_mb MiB of
+// fp32 gradients is full). Every tensor lies, whole, in exactly one bucket; the first bucket is the first
+// whose gradients backward completes; only the last bucket may hold less than bucket_mb MiB.
+// bucket_mb == 0 gives one bucket per tensor; bucket_mb < 0 is refused (scalelab::Error).
 std::vector<Bucket> make_buckets(const std::vector<ParamInfo>& table, double bucket_mb);
 
 // The buckets of one model and what reducing them needs.
@@ -94,21 +95,22 @@ void unpack_bucket(GPT2& model, const Bucket& bucket, const Tensor& flat);
 // Given. "bucket 3": the tag of bucket k's all-reduce; the overlap check finds buckets by it.
 std::string bucket_tag(size_t k);
 
-// TODO(lab03-4): replace every gradient by its average over the ranks, one blocking all_reduce
-// (ReduceOp::Avg) per bucket, in bucket order: pack, all-reduce the flat buffer (tag bucket_tag(k)),
-// unpack. README.md#buckets-fewer-bigger-messages.
+// TODO(lab03-4): the same result as all_reduce_grads_naive (every gradient its average over the ranks),
+// moved as one blocking message per bucket of `state`, in bucket order, bucket k's tagged bucket_tag(k).
+// README.md#buckets-fewer-bigger-messages.
 void all_reduce_grads_bucketed(GPT2& model, Communicator& comm, BucketState& state);
 
 // =============================================================================================
 // Overlap: all-reduce while backward is still running
 // =============================================================================================
-// TODO(lab03-5): the after_backward hook (GradSync installs it). Backward has just finished unit
-// `unit` (it runs ln_f = L+1, then L, ..., 1, then the embeddings 0). Launch, in bucket order and
-// without waiting, all_reduce_async (Avg, tag bucket_tag(k)) for every bucket not launched yet whose
-// gradients are now all final; keep its handle in state.pending. README.md#overlap-all-reduce-while-backward-is-still-running.
+// TODO(lab03-5): the after_backward hook (GradSync installs it). Backward has just finished unit `unit`
+// (the order in which backward finishes the units: README.md#overlap-all-reduce-while-backward-is-still-running).
+// Contract: on return every bucket whose gradients are all final has its average over the ranks in flight
+// (tag bucket_tag(k), launched once per step, in bucket order, its handle in state.pending); no bucket
+// whose gradients backward may still change has left; the hook never blocks on the network.
 void launch_ready_buckets(GPT2& model, Communicator& comm, BucketState& state, int unit);
-// TODO(lab03-6): before the optimizer step: wait for every launched all-reduce, in launch order, and
-// copy its result back into the gradients. README.md#overlap-all-reduce-while-backward-is-still-running.
+// TODO(lab03-6): before the optimizer step: on return every all-reduce launched this step is complete and
+// its result is in the gradients. README.md#overlap-all-reduce-while-backward-is-still-running.
 void wait_for_buckets(GPT2& model, BucketState& state);
 
 // =============================================================================================
@@ -158,9 +160,9 @@ class GradSync {
 // =============================================================================================
 // Gradient accumulation: the data-parallel training step
 // =============================================================================================
-// TODO(lab03-7): how many micro-steps one optimizer step takes when every rank processes
-// micro_batch sequences per micro-step: global_batch / (micro_batch * world_size). A global batch
-// that is not a multiple of micro_batch * world_size is refused (scalelab::Error) with a hint that
+// TODO(lab03-7): how many micro-steps one optimizer step takes when every rank processes micro_batch
+// sequences per micro-step, so that the ranks together process exactly global_batch sequences per step.
+// A global batch that no whole number of micro-steps makes is refused (scalelab::Error) with a hint that
 // names the nearest valid global batches. README.md#gradient-accumulation-one-all-reduce-per-optimizer-step.
 int micro_steps_per_step(int global_batch, int micro_batch, int world_size);
 

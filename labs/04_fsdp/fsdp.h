@@ -55,15 +55,15 @@ const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ..
 // Shards and padding
 // =============================================================================================
 // One unit's flat buffer of n elements, split over N ranks. Collectives need equal chunks, so the
-// buffer is padded to N * s elements (s = ceil(n / N)); rank r owns elements [r*s, (r+1)*s) of the
-// padded buffer. Elements [n, N*s) are padding: always zero, never seen by the model (the model views
+// buffer is padded to N equal chunks, the smallest that hold n elements; rank r owns chunk r of the
+// padded buffer. Elements past n are padding: always zero, never seen by the model (the model views
 // only [0, n)). README.md#shards-and-padding.
 struct ShardLayout {
   int64_t numel = 0;   // n: elements of the unit (what the model sees)
-  int64_t shard = 0;   // s = ceil(n / N): elements per rank
-  int64_t padded = 0;  // N * s >= n: elements of the padded buffer the collectives use
-  int64_t begin = 0;   // r * s: where this rank's shard starts in the padded buffer
-  int64_t owned = 0;   // how many of the shard's s elements are real parameters: clamp(n - begin, 0, s)
+  int64_t shard = 0;   // s: elements per rank, the same on every rank
+  int64_t padded = 0;  // elements of the padded buffer the collectives use (every rank's chunk, in rank order)
+  int64_t begin = 0;   // where this rank's shard starts in the padded buffer
+  int64_t owned = 0;   // how many of the shard's s elements are real parameters (not padding): 0 .. s
 };
 
 // TODO(lab04-1): the layout of a unit of `numel` elements for `rank` of `world_size` ranks.
@@ -162,8 +162,8 @@ void finish_reduce_scatter(FsdpState& s, int unit);
 // The update, on this rank's shard only
 // =============================================================================================
 // TODO(lab04-7): the global L2 norm of the WHOLE model's gradient, computed from the shards, the same
-// number on every rank. If max_norm > 0, every grad_shard is scaled as torch's clip_grad_norm_ scales a
-// gradient: by max_norm / (norm + 1e-6) when that factor is below 1. Returns the norm before clipping.
+// number on every rank. If max_norm > 0, every grad_shard is clipped exactly as torch's clip_grad_norm_
+// (and scalelab/model/optim.h clip_grad_norm) clips a whole gradient. Returns the norm before clipping.
 // README.md#the-update.
 float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 

@@ -67,7 +67,7 @@ std::vector<Action> one_f_one_b_schedule(int p, int m, int stage) {
 
 std::vector<Action> interleaved_schedule(int p, int m, int v, int stage) {
   std::vector<Action> a;
-  // TODO(lab06-5) BEGIN  1F1B over m * v (micro-batch, chunk) pairs, in groups of p micro-batches per chunk
+  // TODO(lab06-5) BEGIN  interleaved 1F1B over this rank's m * v (micro-batch, chunk) units of work
   //   1F1B over the m * v (micro-batch, chunk) pairs of this rank: which pair is the k-th forward and
   //   the k-th backward, and how long the warm-up must be. README.md#interleaved-1f1b
   throw scalelab::NotImplemented("lab06-5 interleaved_schedule");
@@ -144,7 +144,7 @@ float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Acti
 // The tied embedding
 // =============================================================================================
 void sync_tied_embedding(Stage& stage, Communicator* embedding) {
-  // TODO(lab06-7) BEGIN  both copies of wte's gradient hold their sum
+  // TODO(lab06-7) BEGIN  the first and the last stage's copies of wte stay one parameter
   //   Which rank holds which copy of wte, and what must both copies' gradients become?
   //   README.md#the-tied-embedding
   throw scalelab::NotImplemented("lab06-7 sync_tied_embedding");
@@ -158,9 +158,10 @@ StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embed
                       std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
                       float lr, float grad_clip) {
   StepResult r;
-  // TODO(lab06-8) BEGIN  zero, the schedule, mean over m, tied embedding, clip on the whole model, step
-  //   Zero, run the schedule, the mean over m, the tied embedding, the whole model's norm and its clip,
-  //   every chunk's step; the loss and the norm the same on every stage. README.md#one-training-step
+  // TODO(lab06-8) BEGIN  one optimizer step of the whole pipeline
+  //   Done when: every chunk took one step of its optimizer on the gradient of the global batch's mean loss,
+  //   clipped on the norm of the WHOLE model (every stage's part), and r holds that loss and the norm before
+  //   clipping, the same on every stage. README.md#one-training-step
   throw scalelab::NotImplemented("lab06-8 train_step");
   // TODO(lab06-8) END
   return r;

@@ -18,7 +18,7 @@
 //   GPipe              all m forwards, then all m backwards (Huang et al. 2019)                  TODO lab06-3
 //   1F1B               warm-up forwards, one forward one backward, cool-down backwards           TODO lab06-4
 //   interleaved 1F1B   v model chunks per rank (Narayanan et al. 2021, Sec. 2.2.2)               TODO lab06-5
-//   the executor       one rank's schedule, run: recv, forward, send; recv, backward, send      TODO lab06-6
+//   the executor       one rank's schedule, run: each action's input, compute and output        TODO lab06-6
 //   tied embedding     the first and the last stage's copies of wte kept equal                   TODO lab06-7
 //   the training step  one optimizer step of a pipeline                                          TODO lab06-8
 // (README.md#the-picture draws each schedule as a stage x time grid.)
@@ -61,15 +61,14 @@ struct PipelineLayout {
 };
 
 // TODO(lab06-1): the layout of a lab 06 run on p ranks, or a clear error (scalelab::Error with the numbers
-// and what to change) thrown alike on every rank before any communication, unless: p >= 1; m >= 1; v >= 1;
-// v > 1 only with the interleaved schedule, which needs p >= 2, m a multiple of p (its micro-batches go
-// round the ranks in groups of p) and L divisible by p * v (every chunk the same number of layers); and
-// p <= L (every stage at least one layer). README.md#the-partition
+// and what to change) thrown alike on every rank before any communication for every layout that cannot
+// run: a stage without layers, a schedule given chunks it cannot use, an interleaved pipeline whose
+// micro-batches or layers do not divide evenly (README.md#the-partition names the rules).
 PipelineLayout make_layout(const GPTConfig& cfg, int p, int stage, ScheduleKind schedule, int m, int v);
-// TODO(lab06-1): the shard of chunk `chunk` of this rank (layout.stage): virtual stage c * p + s of n = p * v
-// takes a contiguous, balanced run of layers, in order: L / n each, and one more for each of the first
-// L % n virtual stages. Virtual stage 0 has the embedding, virtual stage n - 1 the final layernorm and the
-// LM head. README.md#the-partition
+// TODO(lab06-1): the shard of chunk `chunk` of this rank (layout.stage): virtual stage c * p + s of n = p * v.
+// Contract: the n virtual stages, in order, hold every layer exactly once, each a contiguous run, their
+// sizes as equal as L allows (as README.md#the-partition deals out the remainder); virtual stage 0 has
+// the embedding, virtual stage n - 1 the final layernorm and the LM head.
 ModelShard chunk_shard(const GPTConfig& cfg, const PipelineLayout& layout, int chunk);
 
 // ---------------------------------------------------------------------------------------------
@@ -208,30 +207,28 @@ class StageExchange {
 
 // TODO(lab06-6): runs `actions` (this rank's schedule) over the micro-batches (m of them, each (B, T) i32
 // inputs and targets; every stage sees the same ones, only the first and the last use them) through
-// `stage` and `exchange`. A forward makes an activation set for its micro-batch and chunk
-// (GPT2::make_activations), takes its input from the tokens or the previous stage, and sends its output on
-// (unless the chunk is the last); a backward takes the gradient of that output from the next stage (the
-// last chunk starts from its loss), frees the set, and sends the gradient of its input back (unless the
-// chunk is the first). Each micro-batch's loss is its mean over B*T tokens; the gradients ADD up (the
-// caller zeroes them and divides by m). Returns the sum of the m losses on a rank whose last chunk is the
-// last virtual stage, 0 elsewhere. All sends have completed when it returns. README.md#the-executor
+// `stage` and `exchange`, every action through `stage` (which records it). Contract: each micro-batch
+// flows forward through every virtual stage and its gradient back; the gradients of the m micro-batches'
+// mean losses ADD up (the caller zeroes them and divides by m); an activation set lives from its
+// forward to its backward and no longer. Returns the sum of the m losses on a rank whose last chunk is
+// the last virtual stage, 0 elsewhere. All sends have completed when it returns. README.md#the-executor
 float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Action>& actions,
                    const std::vector<MicroBatch>& micro_batches);
 
 // TODO(lab06-7): the tied embedding. The first virtual stage's wte (unit 0, "wte") and the last one's copy
-// for the LM head (unit L+1, "wte") are one parameter of the dense model: its gradient is the sum of the
-// two, and both copies must hold that sum so their optimizer steps keep them equal. `embedding`: the
-// group of the first and the last stage (nullptr on a rank that is neither; with p = 1 the one model
+// for the LM head (unit L+1, "wte") are one parameter of the dense model. Contract: on return both copies'
+// gradients are that dense parameter's gradient, so their optimizer steps keep them equal. `embedding`:
+// the group of the first and the last stage (nullptr on a rank that is neither; with p = 1 the one model
 // owns wte once and there is nothing to do). README.md#the-tied-embedding
 void sync_tied_embedding(Stage& stage, Communicator* embedding);
 
-// TODO(lab06-8): one optimizer step of the pipeline: zero every chunk's gradients, run this rank's schedule
-// (schedule_for) over the m micro-batches, the gradients divided by m (the mean over the global batch),
-// the tied embedding synced, clipping on the WHOLE model's norm (every chunk of every stage, wte counted
-// once: grad_sum_squares, summed over the chunks, then over the pipeline group; grad_clip <= 0: none; the
-// scale as clip_grad_norm's: grad_clip / (norm + 1e-6) when below 1), then every chunk's optimizer step
-// (optimizers[c] for chunk c). Returns the loss (the mean over the micro-batches) and the norm before
-// clipping, the same on every rank of the pipeline (the last stage's loss, broadcast). README.md#one-training-step
+// TODO(lab06-8): one optimizer step of the pipeline, this rank's schedule (schedule_for) over the m
+// micro-batches. Contract: every chunk takes one step of its optimizer (optimizers[c] for chunk c) at lr on
+// the gradient of the global batch's mean loss (the dense model's), the tied wte's copies kept equal,
+// clipped on the WHOLE model's norm (every chunk of every stage, wte counted once; grad_clip <= 0: none;
+// the clipping of scalelab/model/optim.h clip_grad_norm). Returns the loss (the mean over the
+// micro-batches) and the norm before clipping, the same on every rank of the pipeline.
+// README.md#one-training-step
 StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embedding,
                       std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
                       float lr, float grad_clip);

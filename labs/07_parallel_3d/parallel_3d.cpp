@@ -23,9 +23,9 @@ inline namespace SL_TRACK_LAB07 {
 // =============================================================================================
 GridCoords coords_of(const Grid& g, int rank) {
   GridCoords c;
-  // TODO(lab07-1) BEGIN  the digits of rank, the order's first axis the least significant
-  //   The coordinates are the digits of `rank` in a mixed-radix number: one digit per axis, the order's first
-  //   axis the least significant, each digit in 0 .. that axis' size - 1. README.md#coordinates
+  // TODO(lab07-1) BEGIN  rank -> its (tp, pp, dp) coordinates in the grid's order
+  //   Consecutive ranks differ first along the order's first axis (Grid above), every coordinate in 0 .. that
+  //   axis' size - 1, every rank a different triple. README.md#coordinates
   throw scalelab::NotImplemented("lab07-1 coords_of");
   // TODO(lab07-1) END
   return c;
@@ -34,7 +34,7 @@ GridCoords coords_of(const Grid& g, int rank) {
 int rank_of(const Grid& g, const GridCoords& c) {
   int rank = 0;
   // TODO(lab07-1) BEGIN  the inverse
-  //   The number whose digits are c's coordinates, in the order's radix: coords_of's inverse.
+  //   The rank whose coordinates are c: rank_of(g, coords_of(g, r)) == r for every rank r.
   throw scalelab::NotImplemented("lab07-1 rank_of");
   // TODO(lab07-1) END
   return rank;
@@ -45,8 +45,9 @@ int rank_of(const Grid& g, const GridCoords& c) {
 // =============================================================================================
 std::vector<int> group_members(const Grid& g, GridAxis axis, int rank) {
   std::vector<int> members;
-  // TODO(lab07-2) BEGIN  the ranks that differ from `rank` only along `axis`, by that coordinate
-  //   Keep rank's other two coordinates, run the coordinate along `axis` over its range. README.md#the-groups
+  // TODO(lab07-2) BEGIN  the members of rank's group along `axis`, by their coordinate along it
+  //   Every rank that shares rank's other two coordinates, ordered by the coordinate along `axis` (0 first).
+  //   README.md#the-groups
   throw scalelab::NotImplemented("lab07-2 group_members");
   // TODO(lab07-2) END
   return members;
@@ -106,7 +107,7 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp) {
 // =============================================================================================
 StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
   StepResult result;
-  // TODO(lab07-6) BEGIN  the schedule over tp stages, 1/m, tied wte, dp average, the whole model's norm, step
+  // TODO(lab07-6) BEGIN  one optimizer step of the tp x pp x dp model
   //   Labs 05 and 06 each wrote a step for one kind of split; this one composes them and adds the replicas:
   //   with r.zero1 not empty the replicas shard the update (zero1_update) instead of averaging the gradients.
   //   Which groups does the norm sum over, and which not? Which loss is the global batch's? README.md#one-training-step
@@ -120,10 +121,10 @@ StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, f
 // =============================================================================================
 float zero1_update(Rank3D& r, float lr, float grad_clip) {
   float norm = 0.0f;
-  // TODO(lab07-7) BEGIN  reduce-scatter over dp, the norm from the shards, clip them, lab 04's sharded step
-  //   Lab 04's ZeRO-1, with lab 04's functions, on every chunk's state: the gradients reduce-scattered over the
-  //   replicas, the norm from the shards (which groups hold disjoint parts of it now?), the shards clipped, the
-  //   sharded update. README.md#zero-1-across-the-replicas
+  // TODO(lab07-7) BEGIN  ZeRO-1 across the replicas: the same update, the optimizer state sharded
+  //   Done when: every chunk took the update plain data parallel would make (the replicas' mean gradient,
+  //   clipped on the whole model's norm), each replica keeping the optimizer state of its own shard only, with
+  //   lab 04's functions. Which groups hold disjoint parts of the norm now? README.md#zero-1-across-the-replicas
   throw scalelab::NotImplemented("lab07-7 zero1_update");
   // TODO(lab07-7) END
   return norm;

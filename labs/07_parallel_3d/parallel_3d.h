@@ -18,7 +18,7 @@
 //   the layout           the grid checked (sizes, the model, the placement rule)               TODO lab07-3
 //   the communicators    the four groups, split from the world                                TODO lab07-4
 //   data parallel        every gradient averaged across the replicas                           TODO lab07-5
-//   the training step    lab 06's schedule over lab 05's stages, then dp, tied wte, clipping   TODO lab07-6
+//   the training step    one optimizer step of the tp x pp x dp model                         TODO lab07-6
 //   ZeRO-1 (optional)    the replicas shard the optimizer state instead (lab 04's functions)   TODO lab07-7
 // (README.md#the-picture draws the 2 x 2 x 2 grid.)
 #pragma once
@@ -62,9 +62,9 @@ struct Grid {
 // order, with a hint, unless it is a permutation of tp, pp and dp.
 std::vector<GridAxis> parse_order(const std::string& order);
 
-// TODO(lab07-1): the coordinates of `rank` (0 <= rank < g.world_size()) and the inverse: the digits of a
-// mixed-radix number whose digits are the axes in g.order, the first one the least significant.
-// README.md#coordinates
+// TODO(lab07-1): the coordinates of `rank` (0 <= rank < g.world_size()) in the grid's order (Grid above:
+// the first axis of g.order varies fastest), and the inverse: rank_of(g, coords_of(g, r)) == r for every
+// rank, every coordinate in 0 .. its axis' size - 1. README.md#coordinates
 GridCoords coords_of(const Grid& g, int rank);
 int rank_of(const Grid& g, const GridCoords& c);
 
@@ -86,11 +86,10 @@ struct Layout {
 };
 
 // TODO(lab07-3): the layout of `rank` of `world_size`, or a clear error (scalelab::Error, the numbers and what
-// to change) thrown alike on every rank before any communication, unless: the order parses; every size >= 1
-// and tp x pp x dp == world_size; the model splits by tp (ModelShard::validate: NH, 4C and V divisible)
-// and by pp (lab06::make_layout: every stage at least one layer, the schedule's own rules); and, when
-// `placement_rule` is asked for with ranks_per_node > 0, every tensor-parallel group sits inside one node.
-// README.md#the-layout
+// to change) thrown alike on every rank before any communication for every layout that cannot run: an
+// order or grid sizes that do not make world_size ranks, a model that does not split by tp or by pp (labs
+// 05 and 06 know their own rules), and, when `placement_rule` is asked for with ranks_per_node > 0, a
+// layout that breaks the placement rule of README.md#the-layout (no tensor-parallel group spans nodes).
 Layout make_layout(const GPTConfig& cfg, const Grid& grid, int world_size, int rank, lab06::ScheduleKind schedule,
                    int m, int v, int ranks_per_node, bool placement_rule);
 
@@ -139,8 +138,8 @@ std::unique_ptr<Rank3D> build_rank(Communicator& world, const GPTConfig& cfg, co
                                    uint64_t seed, bool zero1 = false);
 // Given. The sum of squares of this rank's part of the WHOLE model's gradient, read from ZeRO-1 shards: the
 // elements of each unit's grad_shard that are real parameters (ShardLayout::owned), except the
-// tp-replicated ones on tp ranks other than 0 and the last stage's copy of wte (grad_sum_squares' rules;
-// the dp ranks' shards are disjoint, so they add up too).
+// tp-replicated ones on tp ranks other than 0 and the last stage's copy of wte (grad_sum_squares' rules,
+// applied to this rank's shards).
 double zero1_sum_squares(const lab04::FsdpState& s);
 
 // TODO(lab07-5): every gradient of every chunk of this rank becomes its average over the data-parallel
@@ -149,22 +148,20 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp);
 
 // TODO(lab07-6): one optimizer step of the 3D-parallel model over this replica's m micro-batches (each
 // (B, T) i32 inputs and targets; every rank of one replica, all its stages and tensor-parallel ranks, gets
-// the same ones): zero every chunk's gradients, lab 06's schedule (lab06::run_schedule with
-// lab06::schedule_for) over lab 05's tensor-parallel stages, the gradients divided by m, the tied embedding
-// synced (lab06::sync_tied_embedding over the embedding group), the average over the replicas
-// (average_over_dp), clipping on the WHOLE model's norm (grad_sum_squares of every chunk, summed over the
-// tp and the pp group; grad_clip <= 0: none; the scale as clip_grad_norm's), every chunk's optimizer step;
-// with ZeRO-1 (r.zero1 not empty) zero1_update instead of the average, the norm, the clip and the step.
-// Returns the loss of the global batch (the mean over the micro-batches and the replicas) and the norm
-// before clipping, the same on every rank. README.md#one-training-step
+// the same ones), with lab 06's schedule over lab 05's tensor-parallel stages. Contract: every chunk takes
+// one optimizer step at lr on the gradient of the GLOBAL batch's mean loss (every replica's micro-batches),
+// the dense model's, the tied wte's copies kept equal, clipped on the WHOLE model's norm (grad_clip <= 0:
+// none; clip_grad_norm's clipping, scalelab/model/optim.h); with ZeRO-1 (r.zero1 not empty) the update is
+// zero1_update's. Returns the loss of the global batch (the mean over the micro-batches and the replicas)
+// and the norm before clipping, the same on every rank. README.md#one-training-step
 StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 
-// TODO(lab07-7): ZeRO-1 (Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 5.1) across the dp group, after the
-// tied embedding is synced: every owned unit of every chunk reduce-scattered (averaged) over dp with lab 04's
-// functions (each replica keeps the shard it owns), the whole model's norm from the shards (zero1_sum_squares,
-// summed over dp, tp and pp), the shards clipped (grad_clip <= 0: none; clip_grad_norm's scale), and lab 04's
-// optimizer_step on each chunk (it also all-gathers the new parameters over dp). Returns the norm before
-// clipping, the same on every rank. README.md#zero-1-across-the-replicas
+// TODO(lab07-7): ZeRO-1 (Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 5.1) across the dp group, called
+// once the tied embedding is synced. Contract: every chunk's parameters take the update plain data
+// parallel would make (the replicas' mean gradient, clipped on the whole model's norm; grad_clip <= 0:
+// none), computed with lab 04's functions on each chunk's state, every replica keeping only its shard's
+// optimizer state, and the new parameters whole again on every replica. Returns the norm before clipping,
+// the same on every rank. README.md#zero-1-across-the-replicas
 float zero1_update(Rank3D& r, float lr, float grad_clip);
 
 // Given. The loss (nats per token) of one batch (tokens, targets: (B, T) i32) through this replica's

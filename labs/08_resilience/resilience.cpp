@@ -28,10 +28,11 @@ inline namespace SL_TRACK_LAB08 {
 std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
                             bool zero1) {
   const std::string dir = step_dir(root, st.step);
-  // TODO(lab08-1) BEGIN  shards, then (rank 0) the manifest, then the marker; nobody returns before it
-  //   What must be on disk before the marker may say "complete", and who can know it? Write your shard, learn
-  //   everyone's, then let one rank describe the checkpoint and mark it, in an order in which a crash at any
-  //   moment leaves either a complete checkpoint or one that checkpoint_problem refuses. README.md#a-sharded-checkpoint
+  // TODO(lab08-1) BEGIN  a checkpoint that a crash at any moment cannot leave looking complete
+  //   Done when: every rank's shard, the manifest and the marker are in `dir`, written in an order in which a
+  //   crash of any rank at any moment leaves either a complete checkpoint or one that checkpoint_problem
+  //   refuses, and no rank has returned before that. What must be on disk before the marker may say
+  //   "complete", and which rank can know it? README.md#a-sharded-checkpoint
   throw scalelab::NotImplemented("lab08-1 save_checkpoint");
   // TODO(lab08-1) END
   return dir;
@@ -41,10 +42,9 @@ std::string save_checkpoint(Communicator& world, const std::string& root, lab07:
 // Is it complete?
 // =============================================================================================
 std::string checkpoint_problem(const std::string& dir) {
-  // TODO(lab08-2) BEGIN  the marker, the manifest, then every shard's presence, size and checksum
-  //   Trust nothing a crash could have left half-done: is the marker there, does the manifest parse, and does
-  //   every shard it lists exist with exactly the size and checksum it lists? Name the file in the answer.
-  //   README.md#is-it-complete
+  // TODO(lab08-2) BEGIN  can this checkpoint be loaded? if not, which file says why
+  //   Trust nothing a crash could have left half-done: which files could be missing, cut short or damaged,
+  //   and what can you check of each without trusting it? Name the file in the answer. README.md#is-it-complete
   throw scalelab::NotImplemented("lab08-2 checkpoint_problem");
   // TODO(lab08-2) END
 }
@@ -68,7 +68,7 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
   SL_CHECK_HINT(keep_last >= 1, "keep at least the newest complete checkpoint: --keep-last 1 or more",
                 "keep_last is %d", keep_last);
   std::vector<std::string> deleted;
-  // TODO(lab08-4) BEGIN  count only complete ones; keep what is newer than the newest complete one
+  // TODO(lab08-4) BEGIN  keep the newest loadable checkpoints and whatever a restart may still need
   //   Which directories can never be loaded, which may still be in the middle of being written, and which
   //   one must survive whatever keep_last says? README.md#retention
   throw scalelab::NotImplemented("lab08-4 retain_checkpoints");
@@ -82,10 +82,11 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
 SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
                               const SpikeConfig& c) {
   SpikeDecision d;
-  // TODO(lab08-5) BEGIN  this rank's verdict (finite? z-score?), then everyone's: any rank's spike is all ranks'
-  //   A NaN cannot be compared with anything: test it first. A spike is a loss far above what the recent steps
-  //   make likely. And a rank that rolls back alone leaves the others in a collective it never joins: what
-  //   must every rank agree on, and how do they learn it? README.md#loss-spikes-roll-back-and-skip
+  // TODO(lab08-5) BEGIN  one decision for every rank: roll back or go on, and why
+  //   Done when: every rank returns the same decision, a rollback exactly when some rank's step is a spike by
+  //   the README's rule, with the lowest such rank's reason. What can a NaN be compared with? And a rank that
+  //   rolls back alone leaves the others in a collective it never joins: what must every rank learn, and
+  //   how? README.md#loss-spikes-roll-back-and-skip
   throw scalelab::NotImplemented("lab08-5 decide_rollback");
   // TODO(lab08-5) END
   return d;
@@ -96,7 +97,7 @@ SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& his
 // =============================================================================================
 std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold) {
   std::vector<Straggler> slow;
-  // TODO(lab08-6) BEGIN  medians per rank, the median of the medians, the ranks above threshold x it
+  // TODO(lab08-6) BEGIN  the ranks that compute markedly longer than a typical rank, slowest first
   //   Every rank of a synchronous job takes the same time per step: the straggler is the one that computes
   //   longest, while the others wait for it. What is a typical rank, and what statistic ignores one bad step?
   //   README.md#stragglers

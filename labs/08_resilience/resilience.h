@@ -9,10 +9,10 @@
 // Dubey et al. 2024, Sec. 3.3.4): a job survives them only if it checkpoints often and restarts on its
 // own from the newest checkpoint that is complete. A checkpoint of a sharded model is many files written
 // by many ranks; any of them can be missing, short or damaged when a rank dies mid-write. What you write:
-//   saving               every rank's shard, then the manifest, then the marker: in that order   TODO lab08-1
-//   is it complete?      the marker, the manifest, every shard's size and checksum               TODO lab08-2
+//   saving               a checkpoint no crash can leave looking complete when it is not       TODO lab08-1
+//   is it complete?      can this directory be loaded, and if not, which file says why         TODO lab08-2
 //   which one to load    the newest complete checkpoint, saying why each newer one was skipped   TODO lab08-3
-//   which ones to delete keep the last k complete ones; never the newest complete one            TODO lab08-4
+//   which ones to delete keep the last k loadable ones; never what a restart may still need     TODO lab08-4
 //   roll back?           a loss spike or a NaN, decided by all ranks together                    TODO lab08-5
 //   who is slow?         the straggler of a window of steps, from compute and wait times         TODO lab08-6
 // The shard files, the layout's description and the loading are given (shard_state.h); the supervisor that
@@ -39,20 +39,19 @@ namespace fs = std::filesystem;  // the checkpoint's directories and files, in b
 inline namespace SL_TRACK_LAB08 {
 
 // TODO(lab08-1): the checkpoint of step `st.step` under root, collective over world (every rank calls it
-// with its own part r and state st), in this order: every rank writes its shard into step_dir(root, step)
-// (write_shard); every rank learns every rank's entry (gather_shard_infos), rank 0 uses them — when the gather
-// returns, all shards are on disk;
-// rank 0 writes the manifest (kManifestName: describe_layout(r, zero1, world size, &st) plus "step" and
-// "shards", the entries in rank order, via write_checkpoint_file), and only after it the completion
-// marker (kMarkerName, any short text, via write_checkpoint_file); no rank returns before the marker is
-// written. Returns step_dir(root, step). README.md#a-sharded-checkpoint
+// with its own part r and state st). It holds every rank's shard (write_shard), a manifest (kManifestName:
+// describe_layout(r, zero1, world size, &st) plus "step" and "shards", every rank's ShardInfo in rank
+// order; gather_shard_infos collects them) and the completion marker (kMarkerName, any short text), the
+// last two written with write_checkpoint_file. Contract: a crash of any rank at any moment leaves either a
+// complete checkpoint or one that checkpoint_problem refuses; no rank returns before the checkpoint is
+// complete. Returns step_dir(root, step). README.md#a-sharded-checkpoint
 std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
                             bool zero1);
 
-// TODO(lab08-2): "" if the checkpoint in `dir` is complete, else one line saying what is wrong and naming
-// the file: the marker missing; the manifest missing or not JSON (or without "step" and "shards"); a shard
-// the manifest lists missing, of another size than listed ("size"), or of another checksum ("checksum", via
-// file_checksum). Reads the files only; never throws for a damaged checkpoint. README.md#is-it-complete
+// TODO(lab08-2): "" if the checkpoint in `dir` is complete (everything save_checkpoint writes is there,
+// whole, and as the manifest records it: load_checkpoint can trust it), else one line saying what is
+// wrong and naming the file. Reads the files only; never throws for a damaged checkpoint (a crash can
+// leave any of its files missing, cut short or damaged). README.md#is-it-complete
 std::string checkpoint_problem(const std::string& dir);
 
 // What to load, and what was passed over on the way.
@@ -66,10 +65,10 @@ struct CheckpointChoice {
 // README.md#which-one-to-load
 CheckpointChoice newest_complete_checkpoint(const std::string& root);
 
-// TODO(lab08-4): retention: keeps the `keep_last` newest COMPLETE checkpoints under root and every
-// directory newer than the newest complete one (it may be a checkpoint still being written); deletes the
-// other step directories (older complete ones, and incomplete ones that can never be loaded). keep_last >= 1
-// (else scalelab::Error). Returns the directories deleted, newest first. README.md#retention
+// TODO(lab08-4): retention: keeps the `keep_last` newest checkpoints a restart could load, and never deletes
+// a directory a restart may still need (whatever keep_last says: README.md#retention names the cases);
+// deletes the other step directories. keep_last >= 1 (else scalelab::Error). Returns the directories
+// deleted, newest first. README.md#retention
 std::vector<std::string> retain_checkpoints(const std::string& root, int keep_last);
 
 // ---------------------------------------------------------------------------------------------
@@ -85,24 +84,24 @@ struct SpikeDecision {
   std::string reason;  // why, the same on every rank: "rank 1: loss nan", "rank 0: grad norm inf", "rank 0: loss
                        // 5.1650 is z = 23.2 above the mean 3.1649 (std 0.0864) of the last 8 steps"
 };
-// TODO(lab08-5): the rollback decision of one step, taken by all ranks together (collective over world): this
-// rank's verdict on (loss, grad_norm) given `history`, the losses of the steps accepted so far (oldest first):
-// a loss or a norm that is not finite is a spike; else, with at least c.min_history losses, the z-score of
-// loss against the mean and the population standard deviation of the last c.window of them (std 0: no
-// z-score) above c.z_threshold is one. Then every rank rolls back if ANY rank saw a spike; `reason` is the
-// lowest such rank's, prefixed "rank <r>: " (all_reduce_value, comm/host_values.h, reduces a number with Sum,
-// Avg or Max; broadcast_text sends a rank's text to all). README.md#loss-spikes-roll-back-and-skip
+// TODO(lab08-5): the rollback decision of one step, taken by all ranks together (collective over world).
+// Each rank judges its own (loss, grad_norm) against `history`, the losses of the steps accepted so far
+// (oldest first), by README.md#loss-spikes-roll-back-and-skip's rule (a value that is not finite, or a
+// loss far above the recent ones, with the statistics and the thresholds of SpikeConfig). Contract: every
+// rank returns the same decision: a rollback when ANY rank saw a spike, `reason` the lowest such rank's,
+// prefixed "rank <r>: ". comm/host_values.h has the host-value collectives (all_reduce_value,
+// broadcast_text).
 SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
                               const SpikeConfig& c);
 
 // ---------------------------------------------------------------------------------------------
 // Stragglers (README.md#stragglers; RankTimes and Straggler: shard_state.h)
 
-// TODO(lab08-6): the stragglers of a window: every rank whose median compute time per step exceeds
-// `threshold` times the median of all ranks' medians (threshold 1.25: 25 % slower), slowest first, with
-// what the others waited. Medians, not means: one slow step (a checkpoint, a page fault) is not a
-// straggler; the median of an even count is the mean of the two middle values. An empty list when no rank is
-// slow. README.md#stragglers
+// TODO(lab08-6): the stragglers of a window: every rank whose typical compute time per step exceeds
+// `threshold` times a typical rank's (threshold 1.25: 25 % slower), slowest first, with what the others
+// waited (the fields of Straggler, shard_state.h). One slow step (a checkpoint, a page fault) does not
+// make a straggler, and the straggler itself must not move what "typical" means: README.md#stragglers
+// defines the statistic. An empty list when no rank is slow.
 std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold);
 
 }  // namespace SL_TRACK_LAB08

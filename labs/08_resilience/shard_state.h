@@ -7,7 +7,7 @@
 // A checkpoint of step s under a root directory (README.md#a-sharded-checkpoint):
 //   <root>/step_00000012/rank_0.bin ... rank_<N-1>.bin   one shard per rank (checkpoint.h's file format)
 //   <root>/step_00000012/manifest.json                   the layout, the step, every shard's size and checksum
-//   <root>/step_00000012/COMPLETE                        the completion marker, written last
+//   <root>/step_00000012/COMPLETE                        the completion marker: "this checkpoint is complete"
 #pragma once
 
 #include <array>

@@ -270,10 +270,9 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
 
 // TODO(lab09-3): the FLOPs of one micro-batch of B sequences of T tokens on one device of stage `stage`,
 // summed over its chunks (chunk_shard: each chunk's blocks first_layer..last(cfg), and the LM head on the
-// chunk with has_head), in lab 01's convention: each block 24 C^2 + 4 T C a token forward (its four matmuls
-// and attention's T x T square counted whole, no causal saving), the LM head 2 C V; all divided by tp; the
-// backward twice the forward (LoRA: once, no weight gradients of the frozen base); the recompute the
-// stage's blocks' share of recompute_flops_per_token (the whole model's, a token). README.md#compute
+// chunk with has_head), in lab 01's convention (README.md#compute: what a block and the head cost a token,
+// what tensor parallelism does to it); forward, backward (LoRA: no weight gradients of the frozen base)
+// and the recompute (recompute_flops_per_token is the whole model's, a token). README.md#compute
 StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w);
 
 // TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and the
@@ -287,11 +286,11 @@ StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const W
 StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
 double dp_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
 
-// TODO(lab09-5): the step: every stage's slot (its compute, at c.flops_per_s() or w.uniform_compute_ms, plus
-// its communication), the slowest sets the pace of the schedule, (m + (p - 1) / v) slots, of which
-// (p - 1) / v are the bubble; then dp (the slowest stage's; with overlap_dp only what outlasts the compute it
-// runs beside), then the optimizer's pass over what this device updates at the memory bandwidth; tokens/s,
-// MFU and HFU. README.md#the-step
+// TODO(lab09-5): the step as the schedule runs it: every stage's slot (its compute, at c.flops_per_s() or
+// w.uniform_compute_ms, plus its communication), the pipeline paced by the slowest slot and its bubble (lab
+// 06's formula), then dp (the slowest stage's; with overlap_dp only what outlasts the compute it runs
+// beside), then the optimizer's pass over what this device updates at the memory bandwidth; tokens/s, MFU
+// and HFU. README.md#the-step
 StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
 
 // ---------------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ std::vector<Action> one_f_one_b_schedule(int p, int m, int stage) {
 
 std::vector<Action> interleaved_schedule(int p, int m, int v, int stage) {
   std::vector<Action> a;
-  // TODO(lab06-5) BEGIN  1F1B over m * v (micro-batch, chunk) pairs, in groups of p micro-batches per chunk
+  // TODO(lab06-5) BEGIN  interleaved 1F1B over this rank's m * v (micro-batch, chunk) units of work
   // The k-th forward of a rank: groups of p micro-batches go through chunk 0, then the same group through
   // chunk 1, ...; backwards in the same order with the chunks reversed (Megatron-LM's get_model_chunk_id).
   const int total = m * v;
@@ -216,7 +216,7 @@ float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Acti
 // The tied embedding
 // =============================================================================================
 void sync_tied_embedding(Stage& stage, Communicator* embedding) {
-  // TODO(lab06-7) BEGIN  both copies of wte's gradient hold their sum
+  // TODO(lab06-7) BEGIN  the first and the last stage's copies of wte stay one parameter
   if (embedding == nullptr || embedding->size() == 1) return;  // a middle stage, or p = 1: one wte
   const PipelineLayout& l = stage.layout();
   // The first stage's wte is in chunk 0, the last stage's copy in its last chunk.
@@ -233,7 +233,7 @@ StepResult train_step(Stage& stage, StageExchange& exchange, Communicator* embed
                       std::vector<std::unique_ptr<Optimizer>>& optimizers, const std::vector<MicroBatch>& micro_batches,
                       float lr, float grad_clip) {
   StepResult r;
-  // TODO(lab06-8) BEGIN  zero, the schedule, mean over m, tied embedding, clip on the whole model, step
+  // TODO(lab06-8) BEGIN  one optimizer step of the whole pipeline
   const PipelineLayout& l = stage.layout();
   const int m = static_cast<int>(micro_batches.size());
   SL_CHECK_HINT(m == l.m, "give the layout's micro-batches", "%d micro-batches for a layout of m = %d", m, l.m);

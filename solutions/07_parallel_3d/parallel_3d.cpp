@@ -23,7 +23,7 @@ inline namespace SL_TRACK_LAB07 {
 // =============================================================================================
 GridCoords coords_of(const Grid& g, int rank) {
   GridCoords c;
-  // TODO(lab07-1) BEGIN  the digits of rank, the order's first axis the least significant
+  // TODO(lab07-1) BEGIN  rank -> its (tp, pp, dp) coordinates in the grid's order
   SL_CHECK_HINT(rank >= 0 && rank < g.world_size(), "grid ranks are 0 .. tp x pp x dp - 1",
                 "%s: rank %d is out of range", g.describe().c_str(), rank);
   int rest = rank;
@@ -53,7 +53,7 @@ int rank_of(const Grid& g, const GridCoords& c) {
 // =============================================================================================
 std::vector<int> group_members(const Grid& g, GridAxis axis, int rank) {
   std::vector<int> members;
-  // TODO(lab07-2) BEGIN  the ranks that differ from `rank` only along `axis`, by that coordinate
+  // TODO(lab07-2) BEGIN  the members of rank's group along `axis`, by their coordinate along it
   GridCoords c = coords_of(g, rank);
   for (int i = 0; i < g.size(axis); ++i) {
     c[axis] = i;
@@ -159,7 +159,7 @@ void average_over_dp(lab06::Stage& stage, Communicator& dp) {
 // =============================================================================================
 StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
   StepResult result;
-  // TODO(lab07-6) BEGIN  the schedule over tp stages, 1/m, tied wte, dp average, the whole model's norm, step
+  // TODO(lab07-6) BEGIN  one optimizer step of the tp x pp x dp model
   lab06::Stage& stage = *r.stage;
   const lab06::PipelineLayout& pl = r.layout.pipeline;
   const int m = static_cast<int>(micro_batches.size());
@@ -213,7 +213,7 @@ StepResult train_step(Rank3D& r, const std::vector<MicroBatch>& micro_batches, f
 // =============================================================================================
 float zero1_update(Rank3D& r, float lr, float grad_clip) {
   float norm = 0.0f;
-  // TODO(lab07-7) BEGIN  reduce-scatter over dp, the norm from the shards, clip them, lab 04's sharded step
+  // TODO(lab07-7) BEGIN  ZeRO-1 across the replicas: the same update, the optimizer state sharded
   // 1. Every owned unit's gradient averaged over the replicas, each keeping only its shard: launch them
   //    all, then finish them all (lab 04's ZeRO-1 reduces once per step, after the last micro-batch).
   for (auto& s : r.zero1)

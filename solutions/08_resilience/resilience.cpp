@@ -28,7 +28,7 @@ inline namespace SL_TRACK_LAB08 {
 std::string save_checkpoint(Communicator& world, const std::string& root, lab07::Rank3D& r, const ResumeState& st,
                             bool zero1) {
   const std::string dir = step_dir(root, st.step);
-  // TODO(lab08-1) BEGIN  shards, then (rank 0) the manifest, then the marker; nobody returns before it
+  // TODO(lab08-1) BEGIN  a checkpoint that a crash at any moment cannot leave looking complete
   const ShardInfo mine = write_shard(dir, r, world.rank(), st);
   const std::vector<ShardInfo> all = gather_shard_infos(world, mine);  // after it, every shard is on disk
   if (world.rank() == 0) {
@@ -48,7 +48,7 @@ std::string save_checkpoint(Communicator& world, const std::string& root, lab07:
 // Is it complete?
 // =============================================================================================
 std::string checkpoint_problem(const std::string& dir) {
-  // TODO(lab08-2) BEGIN  the marker, the manifest, then every shard's presence, size and checksum
+  // TODO(lab08-2) BEGIN  can this checkpoint be loaded? if not, which file says why
   const fs::path d(dir);
   std::error_code ec;
   if (!fs::exists(d / kMarkerName, ec)) return "no completion marker " + (d / kMarkerName).string();
@@ -113,7 +113,7 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
   SL_CHECK_HINT(keep_last >= 1, "keep at least the newest complete checkpoint: --keep-last 1 or more",
                 "keep_last is %d", keep_last);
   std::vector<std::string> deleted;
-  // TODO(lab08-4) BEGIN  count only complete ones; keep what is newer than the newest complete one
+  // TODO(lab08-4) BEGIN  keep the newest loadable checkpoints and whatever a restart may still need
   int complete_seen = 0;
   for (const std::string& dir : list_step_dirs(root)) {  // newest first
     const bool complete = checkpoint_problem(dir).empty();
@@ -136,7 +136,7 @@ std::vector<std::string> retain_checkpoints(const std::string& root, int keep_la
 SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& history, float loss, float grad_norm,
                               const SpikeConfig& c) {
   SpikeDecision d;
-  // TODO(lab08-5) BEGIN  this rank's verdict (finite? z-score?), then everyone's: any rank's spike is all ranks'
+  // TODO(lab08-5) BEGIN  one decision for every rank: roll back or go on, and why
   char why[160] = "";
   if (!std::isfinite(loss)) {
     std::snprintf(why, sizeof(why), "loss %g", loss);
@@ -172,7 +172,7 @@ SpikeDecision decide_rollback(Communicator& world, const std::vector<float>& his
 // =============================================================================================
 std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold) {
   std::vector<Straggler> slow;
-  // TODO(lab08-6) BEGIN  medians per rank, the median of the medians, the ranks above threshold x it
+  // TODO(lab08-6) BEGIN  the ranks that compute markedly longer than a typical rank, slowest first
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());

@@ -42,9 +42,8 @@ struct GridCoords {
 };
 
 // The grid as a pure function of its sizes and order: no communicator, so tests and docs can build
-// tables for any world size. With the order's axes a0 (fastest), a1, a2 (slowest):
-//   rank = c[a0] + size[a0] * (c[a1] + size[a1] * c[a2])
-// e.g. the default tp-dp-pp: rank = tp_rank + tp_size * (dp_rank + dp_size * pp_rank).
+// tables for any world size. Consecutive ranks differ first along the order's fastest axis (the
+// arithmetic, and the 8-rank table: docs/rank_grid.md; lab 07 writes it again, TODO lab07-1).
 struct GridLayout {
   int tp_size = 1;
   int pp_size = 1;

@@ -65,9 +65,9 @@ void clip_grads(const std::vector<GPT2*>& models, float norm, float max_norm);
 // except the tp-replicated ones on tp ranks other than 0 (each rank of the group holds the same values:
 // counted once) and the last stage's copy of wte (the first stage counts wte). The dense model: all of it.
 double grad_sum_squares(GPT2& model);
-// The whole model's gradient norm: grad_sum_squares summed over `groups` (the tensor- and the
-// pipeline-parallel group of this rank; nullptr entries are skipped), so every shard clips on the dense
-// model's norm, not on its own part. Collective on every group given. The sums travel as fp32 (the
+// The whole model's gradient norm: grad_sum_squares summed over `groups` (the groups whose ranks hold
+// different parts of the model; nullptr entries are skipped), so every shard clips on the dense model's
+// norm, not on its own part. Collective on every group given. The sums travel as fp32 (the
 // communicator reduces f32): the norm agrees with the dense one to about 1e-7 relative.
 float global_grad_norm(GPT2& model, const std::vector<Communicator*>& groups);
 // The same over several models of this rank (a pipeline rank's chunks): their grad_sum_squares summed,
