@@ -4,6 +4,8 @@ lint.grade_output_selftest). Passes when
   - `stuck? scripts/hint NN-K` names the TODO the failure message names ("... (lab05-8 train_step)"), not
     the first of the check's README list; the stub's own id when it was not implemented; the list otherwise;
   - a measured text of several lines (ranks that differ, grading.cpp) is printed one line per rank group;
+  - the `stuck?` line carries `--lang hi` when the learner reads Hindi (SCALELAB_LANG=hi), and nothing
+    otherwise;
   - a lab whose manifest says it trains on data/kjv gets it made when it is missing (a stand-in
     prepare_corpus.sh in a scratch root), and when that fails the message names the command to run.
 """
@@ -13,6 +15,7 @@ import os
 import sys
 import tempfile
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab_docs  # noqa: E402
@@ -54,6 +57,27 @@ class MeasuredLines(unittest.TestCase):
         at = lines.index(first[0])
         self.assertIn("rank 1 (failed): loss 2.0", lines[at])
         self.assertIn("rank 0 (passed)", lines[at + 1])
+
+
+class StuckLanguage(unittest.TestCase):
+    row = {"check_id": "lab03.bucket_layout", "check_points": "3", "check_status": "failed", "check_target": "t",
+           "check_hint": "h", "check_message": "m"}
+
+    def stuck(self, env):
+        """The text after `stuck?` for a failed check, env the only SCALELAB_LANG setting."""
+        out = io.StringIO()
+        others = {k: v for k, v in os.environ.items() if k != "SCALELAB_LANG"}
+        with unittest.mock.patch.dict(os.environ, dict(others, **env), clear=True), contextlib.redirect_stdout(out):
+            grade.print_table("03", "learner", [self.row])
+        return [ln.split(None, 1)[1] for ln in out.getvalue().splitlines() if ln.strip().startswith("stuck?")]
+
+    def test_hindi_reader_gets_lang_hi(self):
+        self.assertEqual(self.stuck({"SCALELAB_LANG": "hi"}),
+                         ["scripts/hint 03-3 --lang hi: the TODO's hints, one tier at a time"])
+
+    def test_english_unchanged(self):
+        for env in ({}, {"SCALELAB_LANG": "en"}, {"SCALELAB_LANG": "xx"}):  # xx: scripts/hint says what is wrong
+            self.assertEqual(self.stuck(env), ["scripts/hint 03-3: the TODO's hints, one tier at a time"], env)
 
 
 class Corpus(unittest.TestCase):

@@ -268,11 +268,96 @@ class Hindi(unittest.TestCase):
                                input="\n".join(right_answers("09")) + "\n", capture_output=True, text=True,
                                timeout=60, env=dict(os.environ, **env))
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)  # the Hindi quiz has the English answers
-            self.assertIn("5 of 5 right: passed", p.stdout)
+            self.assertIn("5 में से 5 सही: पास" if hindi else "5 of 5 right: passed", p.stdout)
             self.assertEqual("has no Hindi version yet" in p.stdout, not hindi, p.stdout)
         p = subprocess.run([sys.executable, QUIZ, "09"], capture_output=True, text=True, timeout=60,
                            env=dict(os.environ, SCALELAB_LANG="xx"))
         self.assertEqual(p.returncode, 2, p.stderr)
+
+
+class Frame(unittest.TestCase):
+    """The quiz's own words around the questions ("Question 2 of 5", "--- Answers ---", the verdicts, the
+    score, the answer-format line) in the language of the quiz file read: English exactly as before, Hindi
+    for a quiz.hi.json (scripts/lib/lang.py FRAME). A fixture quiz of three questions: multiple choice, a
+    number with a unit, and one read from a fixture lab 06 run (the run's path shows as RUNS)."""
+
+    QUIZ = {"pass": 2, "questions": [
+        {"text": "Pick b.", "choices": {"a": "no", "b": "yes"}, "answer": "b", "why": "Because b."},
+        {"text": "How many?", "answer": 12, "tolerance": 0.5, "unit": "GB", "why": "Twelve."},
+        {"text": "Bubble?", "measure": "bubble", "command": "scripts/run 06", "tolerance": 0.03, "why": "{formula}."}]}
+    ENGLISH = """Lab 06 (pipeline): 3 questions, 2 right to pass.
+
+Question 1 of 3. Pick b.
+  a) no
+  b) yes
+> b
+
+Question 2 of 3. How many?
+  Answer with a number in GB.
+> 99
+
+Question 3 of 3. Bubble?
+  (answered from your run RUNS/lab06/r1)
+  Answer with a number.
+> 0.25
+
+--- Answers ---
+
+1. right (you: b; answer: b) yes)
+   Because b.
+
+2. not right (you: 99; answer: 12 GB (within 0.5 GB))
+   Twelve.
+
+3. right (you: 0.25; answer: 0.25 (within 0.03))
+   0.2.
+
+2 of 3 right: passed (pass: 2).
+"""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.runs = self.tmp.name
+        write_run(self.runs, "06", "r1", lab06_run([0.30, 0.20]))
+        self.lab = {"number": "06", "title": "pipeline", "dir": self.tmp.name}
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def output(self, words=None):
+        out = io.StringIO()
+        args = (self.lab, self.QUIZ, self.runs, ["b", "99", "0.25"], out) + ((words,) if words else ())
+        passed = quiz.run_quiz(*args)
+        return passed, out.getvalue().replace(self.runs, "RUNS")
+
+    def test_english_frame_is_unchanged(self):
+        self.assertEqual(self.output(), (True, self.ENGLISH))
+        self.assertEqual(self.output("en"), (True, self.ENGLISH))
+
+    def test_hindi_frame(self):
+        passed, text = self.output("hi")
+        self.assertTrue(passed)
+        for line in ("लैब 06 (pipeline): 3 सवाल, पास होने के लिए 2 सही।", "सवाल 2 (3 में से)। How many?",
+                     "  जवाब एक संख्या में दीजिए, GB में।", "  जवाब एक संख्या में दीजिए।",
+                     "  (जवाब आपके रन RUNS/lab06/r1 से)", "--- जवाब ---",
+                     "1. सही (आपका जवाब: b; सही जवाब: b) yes)",
+                     "2. सही नहीं (आपका जवाब: 99; सही जवाब: 12 GB (0.5 GB की छूट के साथ))",
+                     "3 में से 2 सही: पास (पास के लिए: 2)।"):
+            self.assertIn(line, text.splitlines())
+        for english in ("Question", "Answer", "right", "passed", "within", "answered from"):
+            self.assertNotIn(english, text)
+
+    def test_the_frame_follows_the_file_read(self):
+        self.assertEqual(quiz.lang.of_file(quiz.quiz_path(labs.find("09"), "hi")[0]), "hi")
+        self.assertEqual(quiz.lang.of_file(quiz.quiz_path(labs.find("09"), "en")[0]), "en")
+        self.assertEqual(quiz.lang.of_file(quiz.quiz_path(self.lab, "hi")[0]), "en")  # no quiz.hi.json: English
+
+    def test_every_frame_string_has_both_languages_with_the_same_fields(self):
+        import string
+        for key, texts in quiz.lang.FRAME.items():
+            fields = [{f for _, f, _, _ in string.Formatter().parse(t) if f} for t in texts]
+            self.assertEqual(len(texts), 2, key)
+            self.assertEqual(fields[0], fields[1], key)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # test_run_hint.sh — scripts/run and scripts/hint do what their READMEs promise (ctest scripts.run_and_hint).
 #   tests/lint/test_run_hint.sh <build dir>
 # scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
-# --reset; --lang hi (the Hindi hints, or English with a notice); unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
+# --reset; --lang hi (the Hindi hints and the list's words, or English with a notice); unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
 # reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it; its own
 # options after the program's are refused, naming where they go.
 # scripts/grade refuses a lab without graded checks with the reason.
@@ -31,6 +31,14 @@ has "हर रैंक (rank) ने अपना मॉडल" "$(hint 03-1 -
 has "हर रैंक (rank) ने अपना मॉडल" "$(SCALELAB_LANG=hi hint 03-1 --tier 1)" || fail "SCALELAB_LANG=hi: not the Hindi tier"
 has "Each rank built its model" "$(SCALELAB_LANG=hi hint 03-1 --tier 1 --lang en)" || fail "--lang en does not win"
 SCALELAB_LANG=xx hint 03-1 >/dev/null 2>&1 && fail "SCALELAB_LANG=xx was accepted"
+# The list and the refusal in the language of the hints shown (scripts/lib/lang.py FRAME); English as before.
+has "^lab 03: hints in labs/03_ddp/hints.md (scripts/hint 03-K shows the next tier)$" "$(hint 03)" || fail "English list header"
+has "^लैब 03: संकेत labs/03_ddp/hints.hi.md में (\`scripts/hint 03-K --lang hi\` अगला टियर दिखाता है)$" \
+  "$(hint 03 --lang hi)" || fail "--lang hi: the list's header is not Hindi: $(hint 03 --lang hi)"
+has "lab03-5  टियर 1 देखा" "$(hint 03 --lang hi)" || fail "--lang hi: the list does not show lab03-5's tier in Hindi"
+has "^hint: no hints for lab03-99; lab 03 has lab03-1, " "$(hint 03-99 2>&1)" || fail "the English refusal changed"
+has "^hint: lab03-99 के कोई संकेत नहीं हैं; लैब 03 के TODO: lab03-1, " "$(hint 03-99 --lang hi 2>&1)" \
+  || fail "--lang hi: the refusal of an unknown TODO is not Hindi"
 for h in "$ROOT"/labs/*/hints.md; do  # a lab without hints.hi.md (whichever labs have one by now)
   [[ -f "${h%.md}.hi.md" ]] && continue
   d=$(basename "$(dirname "$h")"); n=${d%%_*}
