@@ -16,7 +16,7 @@ import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUPERVISE = os.path.join(REPO, "scripts", "supervise")
-HARD_TIMEOUT_S = 30
+HARD_TIMEOUT_S = 60  # a loaded 2-core machine (load 20+) once needed more than 30 s
 
 
 def alive(pid):
