@@ -91,6 +91,8 @@ if [[ -n "$blind" ]]; then  # the exercise: a cause fixed per K (a table, not a 
   [[ "$provoke" == none && $check == 0 ]] || { echo "--blind chooses the cause itself: drop --provoke and --check" >&2; exit 2; }
   blind_causes=(batch comm straggler loader)
   provoke=${blind_causes[$(( (blind * 3 + 1) % 4 ))]}
+  steps=$(( steps > 20 ? steps : 20 ))  # the batch provocation's step counts for every K: the "timed steps"
+  sweep_steps=$(( sweep_steps > 20 ? sweep_steps : 20 ))  # row would name it otherwise
 fi
 exe="$build_dir/bin/$track/lab04_fsdp"
 report="$build_dir/bin/sl_scaling_report"
@@ -137,8 +139,8 @@ run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <ou
   (( ranks > 1 )) && launcher=(mpirun --oversubscribe --bind-to none -np "$ranks")
   local backend=()
   (( sim && ranks > 1 )) && backend=(--backend sim)
-  if [[ -n "$blind" && "$id" == multi ]]; then
-    echo "== $id: $ranks ranks (blind run $blind: its options are not shown)"
+  if [[ -n "$blind" ]]; then  # every run's options, not only the provoked one's: B and T would name cause 3
+    echo "== ${id%%-b*}: $ranks rank(s) (blind run: its options are not shown)"  # sweep-b8 -> sweep
   else
     echo "== $id: ${launcher[*]} $exe ${*}" | sed "s|$out|<out>|g"
   fi
@@ -182,7 +184,7 @@ set +e
 sweep_args=()
 (( ${#sweep_dirs[@]} > 0 )) && sweep_args=(--sweep "${sweep_dirs[@]}")
 hide=()
-[[ -n "$blind" ]] && hide=(--no-verdict)
+[[ -n "$blind" ]] && hide=(--blind)  # no verdict, and a header that reads the same for every K
 "$report" --single "$out/lab04/single" --multi "$out/lab04/multi" "${sweep_args[@]}" "${expect[@]}" "${hide[@]}" \
   --json "$out/report.json" | tee -a "$out/report.txt"
 rc=${PIPESTATUS[0]}

@@ -356,15 +356,20 @@ double max_peak(const RunSummary& run) {
 }  // namespace
 
 std::string format_report(const RunSummary& single, const RunSummary& multi, const ScalingEvidence& ev,
-                          const Verdict& v, const std::vector<std::string>& notes, bool with_verdict) {
+                          const Verdict& v, const std::vector<std::string>& notes, bool with_verdict,
+                          bool show_options) {
   const int n = multi.world_size;
   std::string out;
-  out += fmt("Why not %dx? model %s%s, T=%d | 1 device: B=%d | %d devices: B=%d each, overlap %s%s, link %s%s\n", n,
-             multi.model.empty() ? "?" : multi.model.c_str(),
-             multi.stage > 0 ? fmt(", ZeRO-%d", multi.stage).c_str() : "", multi.seq_len, single.micro_batch, n,
-             multi.micro_batch, multi.overlap ? "on" : "off",
-             multi.prefetch >= 0 ? fmt(" (prefetch %d)", multi.prefetch).c_str() : "", multi.link.c_str(),
-             ev.link_simulated ? " (simulated)" : "");
+  const std::string model = fmt("model %s%s", multi.model.empty() ? "?" : multi.model.c_str(),
+                                multi.stage > 0 ? fmt(", ZeRO-%d", multi.stage).c_str() : "");
+  if (show_options)
+    out += fmt("Why not %dx? %s, T=%d | 1 device: B=%d | %d devices: B=%d each, overlap %s%s, link %s%s\n", n,
+               model.c_str(), multi.seq_len, single.micro_batch, n, multi.micro_batch, multi.overlap ? "on" : "off",
+               multi.prefetch >= 0 ? fmt(" (prefetch %d)", multi.prefetch).c_str() : "", multi.link.c_str(),
+               ev.link_simulated ? " (simulated)" : "");
+  else  // blind: the same header whichever cause was provoked
+    out += fmt("Why not %dx? %s | 1 device vs %d devices; the runs' B, T, overlap and link are not shown\n", n,
+               model.c_str(), n);
   const std::string col_n = fmt("%d devices", n);
   out += fmt("  %-32s %14s %16s\n", "", "1 device", col_n.c_str());
   auto row = [&](const char* what, const std::string& a, const std::string& b, const std::string& extra = "") {
@@ -400,9 +405,11 @@ std::string format_report(const RunSummary& single, const RunSummary& multi, con
     std::string sweep;
     for (const BatchPoint& p : ev.batch_sweep)
       sweep += fmt("%sB=%d %s", sweep.empty() ? "" : " | ", p.micro_batch, rate(p.tokens_per_s_per_device).c_str());
-    out += fmt("  batch sweep, 1 device, T=%d (tokens/s at the median step): %s\n", multi.seq_len, sweep.c_str());
+    const std::string same_t = show_options ? fmt("T=%d", multi.seq_len) : "the runs' T";
+    out += fmt("  batch sweep, 1 device, %s (tokens/s at the median step): %s\n", same_t.c_str(), sweep.c_str());
   }
-  for (const std::string& note : notes) out += "  note: " + note + "\n";
+  if (show_options)  // a blind run's notes would name its options ("per-device batch differs")
+    for (const std::string& note : notes) out += "  note: " + note + "\n";
   const double eff = v.scaling_efficiency;
   if (measured(eff))
     out += fmt("Scaling efficiency: %.0f %% (%.2fx on %d devices, %dx would be perfect)\n", 100.0 * eff, eff * n, n, n);

@@ -64,9 +64,12 @@ ScalingEvidence make_evidence(const RunSummary& single, const RunSummary& multi,
 // The table: for 1 device and N, tokens/s, tokens/s per device, MFU, peak memory per rank, data-wait
 // share, exposed-comm share, per-rank step and compute times with their spread; the sweep; the loader.
 // Then scaling efficiency and, with `with_verdict`, format_verdict(v) (without it the reader finds the
-// cause alone: why_not_2x.sh --blind). Ends with '\n'.
+// cause alone: why_not_2x.sh --blind). Without `show_options` the header names only the model, the stage
+// and N, the sweep line leaves out T, and the notes are left out: a blind run's header must read the same
+// whichever cause was provoked (its B, T, overlap and link would name it). Ends with '\n'.
 std::string format_report(const RunSummary& single, const RunSummary& multi, const ScalingEvidence& ev,
-                          const Verdict& v, const std::vector<std::string>& notes = {}, bool with_verdict = true);
+                          const Verdict& v, const std::vector<std::string>& notes = {}, bool with_verdict = true,
+                          bool show_options = true);
 
 // The report's figures and the verdict as one JSON object (scripts/quiz reads it; docs/log_schema.md
 // "why_not_2x report.json"): tokens/s and MFU of both runs, the scaling efficiency, world size, and each

@@ -4,7 +4,8 @@
 //   --multi DIR    the same model on N devices with FSDP (N ranks)
 //   --sweep DIR... 1-device runs at other micro-batches, same T (the batch sweep)
 //   --json FILE    also write the figures and the verdict as JSON (scripts/quiz reads it)
-//   --no-verdict   print the table only: the reader finds the cause (why_not_2x.sh --blind)
+//   --no-verdict   print the table only: the reader finds the cause
+//   --blind        --no-verdict, and the header, sweep and notes without the runs' options (why_not_2x.sh --blind)
 // Prints tokens/s, MFU, peak memory per rank, data-wait and exposed-comm shares, per-rank step and
 // compute times for both, the scaling efficiency and the verdict of diagnose_scaling (bottleneck.h).
 // Code: tools/scaling_report.cpp. Lesson: labs/04_fsdp/WHY_NOT_2X.md. Tests: tests/lab04_scaling/
@@ -22,7 +23,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"Why not 2x? The 1-device run, the N-device run and a batch sweep -> the table and the verdict"};
   std::string single_dir, multi_dir, expect, json_path;
-  bool no_verdict = false;
+  bool no_verdict = false, blind = false;
   std::vector<std::string> sweep_dirs;
   app.add_option("--single", single_dir, "run folder of the 1-device run (<log-dir>/lab04/<run-id>)")->required();
   app.add_option("--multi", multi_dir, "run folder of the N-device run")->required();
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"loader", "comm", "batch", "straggler"}));
   app.add_option("--json", json_path, "also write the figures and the verdict to this JSON file");
   app.add_flag("--no-verdict", no_verdict, "print the table without the verdict (find the cause yourself)");
+  app.add_flag("--blind", blind,
+               "--no-verdict, and leave out the runs' B, T, overlap, link and notes (the same header for every "
+               "provoked cause)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -44,7 +48,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> notes;
     const ScalingEvidence ev = scaling::make_evidence(single, multi, sweep, &notes);
     const Verdict v = diagnose_scaling(ev);
-    std::printf("%s", scaling::format_report(single, multi, ev, v, notes, !no_verdict).c_str());
+    std::printf("%s", scaling::format_report(single, multi, ev, v, notes, !no_verdict && !blind, !blind).c_str());
     if (!json_path.empty()) {
       std::ofstream f(json_path);
       f << scaling::report_json(single, multi, v).dump(2) << "\n";

@@ -48,6 +48,8 @@ FRAME = {
                      "{i}. {verdict} (आपका जवाब: {given}; सही जवाब: {answer})"),
     "quiz.not_graded": ("not graded: {why}", "ग्रेड नहीं हुआ: {why}"),
     "quiz.within": ("{answer} (within {within})", "{answer} ({within} की छूट के साथ)"),
+    "quiz.point": ("percentage point", "प्रतिशत-अंक"),
+    "quiz.points": ("percentage points", "प्रतिशत-अंक"),
     "quiz.score": ("{score} of {n} right: {result} (pass: {passes}).",
                    "{n} में से {score} सही: {result} (पास के लिए: {passes})।"),
     "quiz.passed": ("passed", "पास"),

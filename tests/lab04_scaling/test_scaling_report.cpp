@@ -222,6 +222,26 @@ TEST(ScalingReport, TableShowsBothColumnsPerRankTimesAndTheVerdict) {
   EXPECT_EQ(t.back(), '\n');
 }
 
+TEST(ScalingReport, BlindTableHidesTheRunsOptions) {  // why_not_2x.sh --blind: the header must not name the cause
+  const RunSummary single = one_device(2, 16, 50);
+  RunSummary multi = two_ranks(0, 35, 0, 5);
+  multi.micro_batch = 1;
+  multi.seq_len = 16;
+  multi.link = "ethernet100";
+  std::vector<std::string> notes;
+  const ScalingEvidence ev = make_evidence(single, multi, {one_device(16, 16, 100, "b16")}, &notes);
+  ASSERT_FALSE(notes.empty());  // "per-device batch differs": a note that names the batch provocation
+  const Verdict v = diagnose_scaling(ev);
+  const std::string t = format_report(single, multi, ev, v, notes, false, false);
+  EXPECT_TRUE(contains(t,
+                       "Why not 2x? model demo, ZeRO-3 | 1 device vs 2 devices; the runs' B, T, overlap and link "
+                       "are not shown\n"))
+      << t;
+  for (const char* part : {"T=16", "B=1 each", "1 device: B=2", "ethernet100", "overlap on", "note:", "Verdict"})
+    EXPECT_FALSE(contains(t, part)) << "'" << part << "' in a blind table:\n" << t;
+  EXPECT_TRUE(contains(t, "batch sweep, 1 device, the runs' T (tokens/s at the median step): B=2 640 | B=16")) << t;
+}
+
 TEST(ScalingReport, ProvocationNamesMapToTheLessonsOrder) {
   EXPECT_EQ(cause_order_from_name("loader"), 1);
   EXPECT_EQ(cause_order_from_name("comm"), 2);

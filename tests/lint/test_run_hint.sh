@@ -4,7 +4,7 @@
 # scripts/hint walks tiers 1, 2, 3 and stays at 3, with its state in a build dir of its own; --tier and
 # --reset; --lang hi (the Hindi hints and the list's words, or English with a notice); unknown TODOs are refused. scripts/run refuses bad input with exit 2 and a hint, and runs the
 # reference lab 03 program on 2 ranks (tiny model, 2 steps: a few seconds) without rebuilding it; its own
-# options after the program's are refused, naming where they go.
+# options after the program's are refused, naming where they go; the program's --help prints once (one rank).
 # scripts/grade refuses a lab without graded checks with the reason.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -83,6 +83,9 @@ if command -v mpirun >/dev/null 2>&1 && [[ -x "$BUILD/bin/reference/lab03_ddp" &
         --log-dir "$tmp/runs" --val-batches 1 --sample-tokens 0 2>&1) || fail "scripts/run 03 (reference, 2 ranks) failed: $out"
   grep -q "mpirun -np 2 --oversubscribe --bind-to none" <<<"$out" || fail "scripts/run 03 did not launch 2 ranks: $out"
   ls "$tmp"/runs/lab03/*/rank1.jsonl >/dev/null 2>&1 || fail "scripts/run 03: no rank 1 log"
+  # The program's --help from one rank, printed once (2 ranks printed it twice).
+  out=$(run 03 --track reference --build-dir "$BUILD" --no-build --help 2>&1) || fail "scripts/run 03 --help failed: $out"
+  [[ $(grep -c "^Usage:" <<<"$out") -eq 1 ]] || fail "scripts/run 03 --help: the program's usage not printed once: $out"
   echo "scripts/run: ok"
 else
   echo "scripts/run: bad input ok; the 2-rank run needs mpirun, $BUILD/bin/reference/lab03_ddp and data/kjv"
