@@ -69,9 +69,10 @@ GridCoords coords_of(const Grid& g, int rank);
 int rank_of(const Grid& g, const GridCoords& c);
 
 // TODO(lab07-2): the world ranks of `rank`'s group along `axis` (the ranks whose other two coordinates equal
-// its own), ordered by the coordinate along `axis` (0 first). And its embedding group: the first and the
-// last pipeline stage with its tp and dp coordinates, first stage first; {rank} alone when pp == 1; empty for
-// a rank on a middle stage. README.md#the-groups
+// its own), ordered by the coordinate along `axis` (0 first). And the world ranks of its embedding group,
+// the copies of the tied wte whose gradients must add up (README.md#the-tied-embedding), first stage first;
+// empty for a rank that holds no copy. Example, 2 x 2 x 2 in tp-dp-pp: rank 5's dp group is {5, 7}, its
+// embedding group {1, 5}. README.md#the-groups (its table says who is in each group for every pp)
 std::vector<int> group_members(const Grid& g, GridAxis axis, int rank);
 std::vector<int> embedding_members(const Grid& g, int rank);
 

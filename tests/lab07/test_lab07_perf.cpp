@@ -42,9 +42,10 @@ TEST(Lab07Perf, ThroughputVsReference) {
                 kRanks, kGpu, kRanksPerNode, kMinFraction);
   const grading::Check check{
       "lab07.throughput_vs_reference", /*points=*/2, target,
-      "README 'Coordinates' and 'The placement rule, measured': which ranks share a node (--ranks-per-node 2: ranks 0-1 and 2-3), and which ranks "
-      "form each tensor-parallel group in your layout? The order's first axis is the fastest-varying digit of "
-      "the rank; compare the two runs' group figures in <build>/perf-runs/<track>/lab07/lab07-sim-*"};
+      "it runs your whole lab07_parallel_3d (TODOs lab07-1 to lab07-6): pass the other lab07 checks first. "
+      "Then, if it is only slower: README 'Coordinates' and 'The placement rule, measured': which ranks share a "
+      "node (--ranks-per-node 2: ranks 0-1 and 2-3), and which ranks form each tensor-parallel group in your "
+      "layout? Compare the two runs' group figures in <build>/perf-runs/<track>/lab07/lab07-sim-*"};
   grading::run(check, [&](grading::Record& record) {
     perf::SimSpec spec;
     spec.lab = "lab07";

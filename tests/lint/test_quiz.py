@@ -180,6 +180,22 @@ class Grading(unittest.TestCase):
         self.assertIn("cannot be graded", out)
         self.assertIn("1. not right", out)
 
+    def test_a_missing_run_shows_no_raw_placeholder(self):
+        # Every lab's measured questions without a run: "?" for the run's values, never "{tp}" (lab 07's
+        # question 5 printed "tp {tp} x pp {pp}"), and the command to run first.
+        for lab in labs.load():
+            if not os.path.isfile(os.path.join(REPO, lab["dir"], "quiz.json")):
+                continue
+            questions = quiz.load_quiz(lab)["questions"]
+            if not any("measure" in q for q in questions):
+                continue
+            rc, out = run_quiz(lab["number"], [""] * len(questions), self.runs)
+            self.assertEqual(rc, 1, out)
+            self.assertNotRegex(out, r"\{[a-z_]+\}", f"lab {lab['number']}")
+            for q in questions:
+                if "measure" in q:
+                    self.assertIn(f"run first: {q['command']}", out)
+
     def write_why_not_2x(self, name, provoke, blind=None, culprits=(), efficiency=0.7):
         """runs/why_not_2x/<name>/{run,report}.json as scripts/why_not_2x.sh writes them."""
         d = os.path.join(self.runs, "why_not_2x", name)
