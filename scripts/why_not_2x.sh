@@ -16,9 +16,11 @@
 #   --sweep-steps S (default 6)  --model NAME (default demo)  --micro-batch B (default 8)  --seq-len T
 #   (default 128)  --data DIR (default data/kjv)  --out DIR (default runs/why_not_2x/<utc time>-<provoke>)
 #   --track reference|learner (default reference)  --check (exit 1 unless the verdict marks the provoked
-#   cause CULPRIT)  --loader-delay-ms X (loader, default 400; with --sim 1)  --link PRESET, --link-slowdown F
-#   (comm, default ethernet100 x 300; with --sim x 1)  --slow-ms X (straggler, default 400; with --sim 0.7)  --sim (every rank a simulated GPU: --device sim,
+#   cause CULPRIT)  --loader-delay-ms X (loader, default 400; --sim 1; --timing-only 40)  --link PRESET, --link-slowdown F
+#   (comm, default ethernet100 x 300; with --sim x 1)  --slow-ms X (straggler, default 400; --sim 0.7; --timing-only 30)  --sim (every rank a simulated GPU: --device sim,
 #   --backend sim; the delays and the slow rank then take virtual time, nothing sleeps)  --sim-gpu NAME (h100)
+#   --timing-only (with --sim: ops charge their time and compute nothing, so the lesson's sizes run here, e.g.
+#   --model gpt2-124m --seq-len 1024 --micro-batch 4 --precision bf16)  --precision P (the runs' precision)
 # Exit status: the report's (0; 1 with --check when the provoked cause is not marked CULPRIT), 1 when a run
 # fails, 2 for a usage or build problem, 77 when the corpus or mpirun is missing (ctest: Skipped).
 # What each provocation does to the N-device run (the 1-device run stays the healthy baseline):
@@ -52,6 +54,8 @@ slow_ms=""
 sim=0
 sim_gpu=h100
 blind=""
+timing_only=0
+precision=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -73,15 +77,22 @@ while [[ $# -gt 0 ]]; do
     --slow-ms) slow_ms="$2"; shift 2 ;;
     --sim) sim=1; shift ;;
     --sim-gpu) sim=1; sim_gpu="$2"; shift 2 ;;
+    --timing-only) timing_only=1; shift ;;
+    --precision) precision="$2"; shift 2 ;;
     --blind) blind="$2"; shift 2 ;;
-    *) sed -n '2,31p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,33p' "$0" >&2; exit 2 ;;
   esac
 done
 
+if (( timing_only && ! sim )); then
+  echo "--timing-only needs --sim: only a simulated GPU can charge an op's time without computing it" >&2; exit 2
+fi
 case "$provoke" in none|loader|comm|batch|straggler) ;; *)
   echo "--provoke $provoke: use none, loader, comm, batch or straggler" >&2; exit 2 ;;
 esac
-if (( sim )); then
+if (( timing_only )); then  # sized for GPT-2 124M's ~90 ms step (T 1024, B 4): each cause about 1.4-1.5x
+  : "${loader_delay_ms:=40}" "${slow_ms:=30}" "${link_slowdown:=1}"
+elif (( sim )); then
   : "${loader_delay_ms:=1}" "${slow_ms:=0.7}" "${link_slowdown:=1}"
 else
   : "${loader_delay_ms:=400}" "${slow_ms:=400}" "${link_slowdown:=300}"
@@ -132,6 +143,8 @@ esac
 common=(--model "$model" --stage 3 --threads 1 --data "$data" --log-dir "$out" --val-every 0 --val-batches 1
         --sample-tokens 0 --timeline-steps 0 --loader-alone-batches 5 --quiet)
 (( sim )) && common+=(--device sim --sim-gpu "$sim_gpu")
+(( timing_only )) && common+=(--timing-only)  # the lesson's sizes: nothing computed, every time and byte exact
+[[ -n "$precision" ]] && common+=(--precision "$precision")
 
 run() {  # run <run id> <ranks> <args...>: one lab04_fsdp run, its output in <out>/<run id>.out
   local id="$1" ranks="$2"; shift 2
@@ -174,10 +187,11 @@ if [[ -n "$blind" ]]; then
 else
   echo "provocation: $provoke ${multi_extra[*]}" > "$out/report.txt"
 fi
-printf '{"provoke": "%s", "blind": %s, "sim": %s, "np": %s, "model": "%s", "track": "%s"}\n' "$provoke" \
-  "${blind:-null}" "$( (( sim )) && echo true || echo false)" "$np" "$model" "$track" > "$out/run.json"
+printf '{"provoke": "%s", "blind": %s, "sim": %s, "timing_only": %s, "np": %s, "model": "%s", "track": "%s"}\n' \
+  "$provoke" "${blind:-null}" "$( (( sim )) && echo true || echo false)" "$( (( timing_only )) && echo true || echo false)" \
+  "$np" "$model" "$track" > "$out/run.json"
 if (( sim )); then  # the report's every time, tokens/s and MFU are the simulated GPU's
-  grep -ho "(simulated [^)]*virtual time)" "$out/single.out" | head -1 | sed 's/^(\(.*\))$/on \1: every figure below/' \
+  grep -ho "(simulated [^)]*virtual time[^)]*)" "$out/single.out" | head -1 | sed 's/^(\(.*\))$/on \1: every figure below/' \
     | tee -a "$out/report.txt"
 fi
 set +e
