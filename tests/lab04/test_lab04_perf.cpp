@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"                            // defines: grading::run, Check, Record
-#include "perf_compare.h"                       // defines: perf_test::throughput_check, run_program
+#include "perf_compare.h"                       // defines: perf_test::throughput_check, mfu_check, run_program
 #include "scalelab/core/error.h"                // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
 #include "scalelab/model/gpt2.h"                // defines: GPTConfig, gpt2_num_params
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory
@@ -173,11 +173,7 @@ TEST(Lab04Perf, MfuAtGpt2Xl) {
     spec.args = perf::override_args(lab04_args(kMfuSteps, /*link=*/false),
                                     {"--model", kMfuModel, "--timing-only", "--precision", "bf16", "--micro-batch", "1",
                                      "--seq-len", "1024", "--link", "nvlink"});
-    perf::SimComparison c;
-    if (!perf::throughput_check(record, spec, kMfuMargin, &c)) return;  // skipped: no MPI, no corpus
-    EXPECT_GE(c.track.mfu, kMfuMargin * c.ref.mfu) << "your MFU " << c.track.mfu << " vs the reference's " << c.ref.mfu;
-    EXPECT_GE(c.ref.mfu, kRefMfuMin) << "the reference's MFU left the measured band: re-measure (docs/grading.md)";
-    EXPECT_LE(c.ref.mfu, kRefMfuMax) << "the reference's MFU left the measured band: re-measure (docs/grading.md)";
+    perf::mfu_check(record, spec, kMfuMargin, kRefMfuMin, kRefMfuMax);  // skips without MPI or corpus
   });
 }
 
