@@ -3,13 +3,14 @@
 
   python3 tests/perf/check_deterministic.py --build-dir build
 
-Runs the reference track's speed checks (tests/bin/reference/test_labNN_perf: labs 03, 04 and 07, each one
+Runs the reference track's speed checks (tests/bin/reference/test_labNN_perf: labs 03, 04, 05 and 07, each one
 simulated run of the "track" and one of the reference) twice, the second time beside two busy loops
 (`yes > /dev/null`, on 2 cores: a machine with no core to spare), then compares between the rounds every check's
 measured text (its record's check_measured) and the figures it was computed from: tokens_per_s, mfu, comm_ms,
 comm_busy_ms and mean_step_ms of every rank's summary (JSON numbers as the programs wrote them, so equal means
 equal bits). Exit 0 only if all are equal. ctest perf.sim_checks_deterministic (tests/perf/CMakeLists.txt).
-To see it fail: add --device cpu (the same checks' figures in real time differ between runs).
+To see it fail: add --device cpu (the same checks' figures in real time differ between runs; the MFU checks'
+timing-only runs refuse --device cpu, which fails the round too).
 """
 import argparse
 import glob
@@ -20,24 +21,29 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# (lab, test program, gtest filter): the speed checks, not lab 04's memory check (no timing in it).
+# (lab, test program, gtest filter): the speed checks, not lab 04's memory check (no timing in it); the MFU
+# checks at the lesson's sizes run timing only (--timing-only: a --device cpu round is refused, and fails).
 CHECKS = [("lab03", "test_lab03_perf", "Lab03Perf.ThroughputVsReference"),
+          ("lab03", "test_lab03_perf", "Lab03Perf.MfuAtGpt2Small"),
           ("lab04", "test_lab04_perf", "Lab04Perf.ThroughputVsReference"),
+          ("lab04", "test_lab04_perf", "Lab04Perf.MfuAtGpt2Xl"),
+          ("lab05", "test_lab05_perf", "Lab05Perf.MfuAtGpt7b"),
           ("lab07", "test_lab07_perf", "Lab07Perf.ThroughputVsReference")]
 FIGURES = ("tokens_per_s", "mfu", "comm_ms", "comm_busy_ms", "mean_step_ms")
 
 
 def run_round(build, name, out_dir, extra_env):
-    """{lab: (measured text, {run: [per-rank figures]})} of one run of every check."""
+    """{"lab03 TestName": (measured text, {run: [per-rank figures]})} of one run of every check."""
     seen = {}
     for lab, program, gtest_filter in CHECKS:
-        record = os.path.join(out_dir, f"{name}-{lab}.json")
+        key = f"{lab} {gtest_filter.split('.')[1]}"
+        record = os.path.join(out_dir, f"{name}-{lab}-{gtest_filter.split('.')[1]}.json")
         env = dict(os.environ, SL_SOURCE_DIR=REPO, **extra_env)
         t0 = time.monotonic()
         proc = subprocess.run([os.path.join(build, "tests", "bin", "reference", program),
                                f"--gtest_filter={gtest_filter}", f"--gtest_output=json:{record}"],
                               env=env, capture_output=True, text=True)
-        print(f"{name}: {lab} exit {proc.returncode}, {time.monotonic() - t0:.1f} s", flush=True)
+        print(f"{name}: {key} exit {proc.returncode}, {time.monotonic() - t0:.1f} s", flush=True)
         if proc.returncode != 0:
             sys.exit(f"check_deterministic: {program} failed in the {name} round:\n{proc.stdout[-3000:]}")
         with open(record) as f:
@@ -52,7 +58,7 @@ def run_round(build, name, out_dir, extra_env):
                     summary = [json.loads(line) for line in f if '"summary"' in line][-1]
                 figures.append([summary.get(k) for k in FIGURES])
             runs[kind] = figures
-        seen[lab] = (suite.get("check_measured", ""), runs)
+        seen[key] = (suite.get("check_measured", ""), runs)
     return seen
 
 

@@ -2,7 +2,7 @@
 // "Performance checks" says how the fractions were chosen.
 #include "perf_compare.h"
 
-#include <gtest/gtest.h>  // defines: GTEST_SKIP, EXPECT_GE (throughput_check)
+#include <gtest/gtest.h>  // defines: GTEST_SKIP, EXPECT_GE, EXPECT_LE (throughput_check, mfu_check)
 
 #include <fcntl.h>      // defines: open, O_* (the run's output file)
 #include <signal.h>     // defines: kill, SIGTERM, SIGKILL
@@ -19,6 +19,7 @@
 #include <regex>       // defines: std::regex (the NotImplemented message)
 #include <sstream>     // defines: std::istringstream
 #include <thread>      // defines: std::this_thread::sleep_for
+#include <utility>     // defines: std::move
 
 #include "scalelab/core/error.h"  // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
 #include "scalelab/data/shard.h"  // defines: data::list_shards (is the corpus there?)
@@ -330,6 +331,15 @@ bool throughput_check(grading::Record& record, SimSpec spec, double min_fraction
   record.measured(describe(spec, *out));  // the text, not a format: MFU values carry '%'
   std::printf("[perf] %s\n", record.measured_text().c_str());
   EXPECT_GE(out->ratio, min_fraction) << "the track reached " << out->ratio << " of the reference's simulated tokens/s";
+  return true;
+}
+
+bool mfu_check(grading::Record& record, SimSpec spec, double margin, double ref_min, double ref_max) {
+  SimComparison c;
+  if (!throughput_check(record, std::move(spec), margin, &c)) return false;
+  EXPECT_GE(c.track.mfu, margin * c.ref.mfu) << "your MFU " << c.track.mfu << " vs the reference's " << c.ref.mfu;
+  EXPECT_GE(c.ref.mfu, ref_min) << "the reference's MFU left its measured band: re-measure (docs/grading.md)";
+  EXPECT_LE(c.ref.mfu, ref_max) << "the reference's MFU left its measured band: re-measure (docs/grading.md)";
   return true;
 }
 
