@@ -146,100 +146,152 @@ std::string memory_refusal(const DeviceMemory& m, const Cluster& c) {
 namespace {
 constexpr int64_t kF32Bytes = 4;  // bytes of an f32 element or an i32 token id
 
-// Seconds of the ops one block's forward issues (gpt2.cpp block_forward, tp 1, fp32): N = B T rows.
-double block_forward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, const GpuModel& gpu) {
-  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
+// How a stage's ops are priced: the kit's own run (fp32, every op_cost as counted), or a 16-bit framework's
+// (Workload::activation_bytes == 2, as Megatron-LM runs: its matmuls and attention in bf16 on the tensor
+// cores, each memory-bound op's activation traffic in 16 bits, so its bytes scaled by 2/4).
+struct Pricing {
+  const GpuModel& gpu;
+  int tp = 1;                   // n: the tensor-parallel group (lab 05's split; rank 0's shard, which
+                                // also holds wpe)
+  bool sp = false;              // sequence parallel: the stream's layernorms, residuals, biases on N/n rows
+  DType math = DType::F32;      // the matmuls' and attention's operands
+  double activation_scale = 1;  // bytes of an activation element / 4
+  // op_seconds, with the activation traffic at the pricing's width (a matmul's operands are in `math`
+  // already) and attention's products in `math`
+  double seconds(OpCost op) const {
+    if (op.op_class != OpClass::Matmul) op.bytes *= activation_scale;
+    if (op.op_class == OpClass::Attention) op.math = math;
+    return op_seconds(op, gpu);
+  }
+  double zero(int64_t elements) const {
+    return gpu.zero_seconds(static_cast<int64_t>(kF32Bytes * activation_scale * elements));
+  }
+};
+
+Pricing pricing(const Layout& x, const Workload& w, const GpuModel& gpu) {
+  const bool framework = w.activation_bytes == 2;
+  return {gpu, x.tp, x.sequence_parallel, framework ? DType::BF16 : DType::F32, w.activation_bytes / 4.0};
+}
+
+// A row-parallel linear's forward (gpt2.cpp row_parallel_forward): the product, then (tp > 1) the bias
+// added once after g's sum, on this rank's N/n rows under sequence parallelism.
+double row_parallel_forward_seconds(const Pricing& p, int64_t N, int64_t C, int64_t OC) {
+  if (p.tp == 1) return p.seconds(op_cost::matmul_forward(N, C, OC, true, p.math));
+  const int64_t rows = p.sp ? N / p.tp : N;
+  return p.seconds(op_cost::matmul_forward(N, C, OC, false, p.math)) + p.seconds(op_cost::add_bias(rows, OC));
+}
+
+// Seconds of the ops one block's forward issues (gpt2.cpp block_forward, lab 05's split over n ranks):
+// N = B T rows, Nl the stream's rows (N / n under sequence parallelism, else N).
+double block_forward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, const Pricing& p) {
+  const int64_t n = p.tp, N = B * T, Nl = p.sp ? N / n : N, C = cfg.n_embd, NH = cfg.n_head;
   const OpCost ops[] = {
-      op_cost::layernorm_forward(N, C),
-      op_cost::matmul_forward(N, C, 3 * C, true),  // c_attn
-      attention == AttentionImpl::Flash ? op_cost::attention_forward_flash(B, T, C, NH)
-                                        : op_cost::attention_forward(B, T, C, NH),
-      op_cost::matmul_forward(N, C, C, true),  // attn c_proj (row-parallel with one rank: the bias inside)
-      op_cost::residual_forward(N * C),
-      op_cost::layernorm_forward(N, C),
-      op_cost::matmul_forward(N, C, 4 * C, true),  // c_fc
-      op_cost::gelu_forward(N * 4 * C),
-      op_cost::matmul_forward(N, 4 * C, C, true),  // mlp c_proj
-      op_cost::residual_forward(N * C),
+      op_cost::layernorm_forward(Nl, C),
+      op_cost::matmul_forward(N, C, 3 * C / n, true, p.math),  // c_attn, column-parallel
+      attention == AttentionImpl::Flash ? op_cost::attention_forward_flash(B, T, C / n, NH / n)
+                                        : op_cost::attention_forward(B, T, C / n, NH / n),
+      op_cost::residual_forward(Nl * C),
+      op_cost::layernorm_forward(Nl, C),
+      op_cost::matmul_forward(N, C, 4 * C / n, true, p.math),  // c_fc, column-parallel
+      op_cost::gelu_forward(N * 4 * C / n),
+      op_cost::residual_forward(Nl * C),
   };
   double s = 0;
-  for (const OpCost& op : ops) s += op_seconds(op, gpu);
-  return s;
+  for (const OpCost& op : ops) s += p.seconds(op);
+  return s + row_parallel_forward_seconds(p, N, C / n, C)     // attn c_proj
+         + row_parallel_forward_seconds(p, N, 4 * C / n, C);  // mlp c_proj
 }
 
 // Seconds of one block's backward (gpt2.cpp block_backward): its six zeroed scratch gradients, the
 // matmuls' three gradients, and what the recompute mode runs again.
 double block_backward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, Recompute mode,
-                              const GpuModel& gpu) {
-  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
-  // dfch_gelu, dfch (N,4C); dln (N,C); datty (N,C); dqkv (N,3C); dln again (N,C)
-  const int64_t zeroed[] = {N * 4 * C, N * 4 * C, N * C, N * C, N * 3 * C, N * C};
+                              const Pricing& p) {
+  const int64_t n = p.tp, N = B * T, Nl = p.sp ? N / n : N, C = cfg.n_embd, NH = cfg.n_head;
+  // dfch_gelu, dfch (N,4C/n); dln_full (N,C); datty (N,C/n); dqkv (N,3C/n); dln_full again (N,C)
+  const int64_t zeroed[] = {N * 4 * C / n, N * 4 * C / n, N * C, N * C / n, N * 3 * C / n, N * C};
   const OpCost ops[] = {
-      op_cost::matmul_backward(N, 4 * C, C, true, true, true),  // mlp c_proj
-      op_cost::gelu_backward(N * 4 * C),
-      op_cost::matmul_backward(N, C, 4 * C, true, true, true),  // c_fc
-      op_cost::layernorm_backward(N, C),
-      op_cost::matmul_backward(N, C, C, true, true, true),  // attn c_proj
-      attention == AttentionImpl::Flash ? op_cost::attention_backward_flash(B, T, C, NH)
-                                        : op_cost::attention_backward(B, T, C, NH),
-      op_cost::matmul_backward(N, C, 3 * C, true, true, true),  // c_attn
-      op_cost::layernorm_backward(N, C),
+      op_cost::matmul_backward(N, 4 * C / n, C, true, true, true, p.math),  // mlp c_proj
+      op_cost::gelu_backward(N * 4 * C / n),
+      op_cost::matmul_backward(N, C, 4 * C / n, true, true, true, p.math),  // c_fc
+      op_cost::layernorm_backward(Nl, C),
+      op_cost::matmul_backward(N, C / n, C, true, true, true, p.math),  // attn c_proj
+      attention == AttentionImpl::Flash ? op_cost::attention_backward_flash(B, T, C / n, NH / n)
+                                        : op_cost::attention_backward(B, T, C / n, NH / n),
+      op_cost::matmul_backward(N, C, 3 * C / n, true, true, true, p.math),  // c_attn
+      op_cost::layernorm_backward(Nl, C),
   };
   double s = 0;
-  for (int64_t n : zeroed) s += gpu.zero_seconds(kF32Bytes * n);
-  for (const OpCost& op : ops) s += op_seconds(op, gpu);
-  if (mode == Recompute::Full) s += block_forward_seconds(cfg, B, T, attention, gpu);
+  for (int64_t e : zeroed) s += p.zero(e);
+  for (const OpCost& op : ops) s += p.seconds(op);
+  if (mode == Recompute::Full) s += block_forward_seconds(cfg, B, T, attention, p);
   if (mode == Recompute::Selective && attention != AttentionImpl::Flash)  // the scores again
-    s += op_seconds(op_cost::attention_forward(B, T, C, NH), gpu);
+    s += p.seconds(op_cost::attention_forward(B, T, C / n, NH / n));
   return s;
 }
 }  // namespace
 
 void check_per_op_pricing(const Layout& x, const Workload& w) {
-  SL_CHECK_HINT(x.tp == 1 && !x.sequence_parallel,
-                "price tp > 1 with FLOP/s and --efficiency (leave out --per-op): the vocabulary-parallel "
-                "embedding and loss are not priced op by op yet",
-                "per-op pricing covers tp 1 only, got tp %d", x.tp);
-  SL_CHECK_HINT(w.policy.matmul_dtype == DType::F32 && w.policy.param_dtype == DType::F32,
-                "use --precision fp32 with --per-op (the bf16 policy's casts are not priced yet)",
-                "per-op pricing covers the fp32 policy only");
+  SL_CHECK_HINT(w.activation_bytes == 2 || (w.policy.matmul_dtype == DType::F32 && w.policy.param_dtype == DType::F32),
+                "use --precision fp32 with --per-op (the kit's bf16 policy's casts are not priced yet), or "
+                "--activation-bytes 2 to price a 16-bit framework's step (Megatron-LM's)",
+                "per-op pricing covers the kit's fp32 policy, or a 16-bit framework");
+  SL_CHECK_HINT(w.activation_bytes == 2 || w.activation_bytes == 4, "--activation-bytes is 4 (this kit) or 2",
+                "per-op pricing with %d-byte activations", w.activation_bytes);
   SL_CHECK_HINT(w.optimizer == OptimizerConfig::Kind::AdamW && w.lora_rank == 0,
                 "use --optimizer adamw and no --lora with --per-op", "per-op pricing covers full AdamW training only");
+  (void)x;  // every tp, pp, dp, ZeRO stage and schedule check_layout accepts
 }
 
 StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
                                 const GpuModel& gpu) {
   check_per_op_pricing(x, w);
-  const int64_t B = x.micro_batch, T = w.seq_len, N = B * T, C = cfg.n_embd, V = cfg.vocab_size;
-  const double sim_copy = gpu.copy_seconds(kF32Bytes * N * C, Device::SIM, Device::SIM);  // a (B,T,C) copy
+  const Pricing p = pricing(x, w, gpu);
+  const int64_t n = x.tp, B = x.micro_batch, T = w.seq_len, N = B * T, Nl = x.sequence_parallel ? N / n : N;
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, Vl = V / n;
+  // a (B,T,C) stream copy (Nl rows under sequence parallelism), at the pricing's activation width
+  const double sim_copy =
+      gpu.copy_seconds(static_cast<int64_t>(kF32Bytes * p.activation_scale * Nl * C), Device::SIM, Device::SIM);
   StageOpSeconds s;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
     // forward: the input into the activation set (the tokens, or the hidden state received), the embedding
+    // (tp > 1: this rank's vocabulary rows, and wpe on rank 0, lab 05's embedding_forward)
     if (sh.has_embedding) {
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
-      s.forward += op_seconds(op_cost::encoder_forward(B, T, C), gpu);
+      s.forward +=
+          p.seconds(n == 1 ? op_cost::encoder_forward(B, T, C) : op_cost::encoder_forward_vocab_shard(B, T, C, true));
     } else {
       s.forward += sim_copy;
     }
     for (int l = sh.first_layer; l <= sh.last(cfg); ++l) {
-      s.forward += block_forward_seconds(cfg, B, T, w.attention, gpu);
-      s.backward += block_backward_seconds(cfg, B, T, w.attention, x.recompute, gpu);
+      s.forward += block_forward_seconds(cfg, B, T, w.attention, p);
+      s.backward += block_backward_seconds(cfg, B, T, w.attention, x.recompute, p);
     }
     // backward: the embedding's gradients, or d(input) handed back
-    s.backward += sh.has_embedding ? op_seconds(op_cost::encoder_backward(B, T, C), gpu) : sim_copy;
+    if (sh.has_embedding)
+      s.backward += p.seconds(n == 1 ? op_cost::encoder_backward(B, T, C)
+                                     : op_cost::encoder_backward_vocab_shard(B, T, C, Vl, true));
+    else s.backward += sim_copy;
     if (sh.has_head) {
-      // the targets in, ln_f, the tied head, the loss, the losses copied to the host for their mean
+      // the targets in, ln_f, the tied head (column-parallel over the vocabulary), the loss (tp > 1: lab 05's
+      // row max, partial sums and finish), the losses copied to the host for their mean
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
-      s.forward += op_seconds(op_cost::layernorm_forward(N, C), gpu);
-      s.forward += op_seconds(op_cost::matmul_forward(N, C, V, false), gpu);
-      s.forward += op_seconds(op_cost::softmax_crossentropy_forward(N, V), gpu);
+      s.forward += p.seconds(op_cost::layernorm_forward(Nl, C));
+      s.forward += p.seconds(op_cost::matmul_forward(N, C, Vl, false, p.math));
+      if (n == 1) {
+        s.forward += p.seconds(op_cost::softmax_crossentropy_forward(N, V));
+      } else {
+        s.forward += p.seconds(op_cost::logits_row_max(N, Vl)) +
+                     p.seconds(op_cost::crossentropy_vocab_shard_partials(N, Vl)) +
+                     p.seconds(op_cost::crossentropy_vocab_shard_finish(N, Vl));
+      }
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::CPU, Device::SIM);
-      // the loss's gradient, dlnf and dresidual zeroed, the head's two gradients, ln_f's
-      s.backward += op_seconds(op_cost::softmax_crossentropy_backward(N, V), gpu);
-      s.backward += 2 * gpu.zero_seconds(kF32Bytes * N * C);
-      s.backward += op_seconds(op_cost::matmul_backward(N, C, V, true, true, false), gpu);
-      s.backward += op_seconds(op_cost::layernorm_backward(N, C), gpu);
+      // the loss's gradient, dln_full and dresidual zeroed, the head's two gradients, ln_f's
+      s.backward += p.seconds(n == 1 ? op_cost::softmax_crossentropy_backward(N, V)
+                                     : op_cost::crossentropy_vocab_shard_backward(N, Vl));
+      s.backward += p.zero(N * C) + p.zero(Nl * C);
+      s.backward += p.seconds(op_cost::matmul_backward(N, C, Vl, true, true, false, p.math));
+      s.backward += p.seconds(op_cost::layernorm_backward(Nl, C));
     } else {
       s.backward += sim_copy;  // d(output) received, copied into dresidual
     }
@@ -264,6 +316,8 @@ double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const W
     for (const ParamInfo& p : gpt2_param_table(cfg, sh)) {
       const int64_t n = x.zero_stage >= 1 ? (p.numel + x.dp - 1) / x.dp : p.numel;
       s += op_seconds(op_cost::adamw_update(n), gpu);
+      // a 16-bit framework keeps fp32 master weights: the updated ones cast to the 16-bit copy it computes with
+      if (w.activation_bytes == 2) s += op_seconds(op_cost::cast(n, DType::BF16, DType::F32), gpu);
     }
   }
   // every micro-batch's tokens (and, on the stage with the head, its targets) from the host

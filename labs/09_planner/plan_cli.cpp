@@ -124,6 +124,7 @@ int plan_main(int argc, char** argv) {
   lab09::Workload w;
   lab09::Layout one;
   bool json = false, sp = false, per_op = false;
+  double eff_matmul = 0, eff_attention = 0, eff_memory = 0;  // --per-op: the --gpu preset's unless given
   app.add_option("--model", model,
                  "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (or "
                  "--layers --hidden --heads)");
@@ -197,6 +198,13 @@ int plan_main(int argc, char** argv) {
   app.add_flag("--per-op", per_op,
                "with --tp: price compute op by op as the simulated --gpu charges it (--device sim), "
                "not at --peak-tflops x --efficiency (docs/labs/09_planner.md, per-op pricing)");
+  app.add_option("--eff-matmul", eff_matmul, "with --per-op: the matmuls' share of the peak (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
+  app.add_option("--eff-attention", eff_attention,
+                 "with --per-op: attention's share of the peak (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
+  app.add_option("--eff-memory", eff_memory, "with --per-op: the share of HBM bandwidth reached (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
   driver::require_checked_options(app);  // a numeric option without a range check: a programming error
@@ -262,6 +270,11 @@ int plan_main(int argc, char** argv) {
                       "give --per-op with one layout (--tp, --pp, --dp) on a simulated GPU (--gpu h100, ...)",
                       "--per-op prices one layout on a --gpu preset (got %s, --gpu %s)",
                       *tp_opt ? "a layout" : "no --tp", gpu.c_str());
+        for (const char* opt : {"--eff-matmul", "--eff-attention", "--eff-memory"})
+          SL_CHECK_HINT(per_op || app.count(opt) == 0,
+                        "the per-op efficiencies change the simulated GPU's pricing: give --per-op with them "
+                        "(without it, --efficiency scales the FLOP/s)",
+                        "%s without --per-op", opt);
         if (*tp_opt) {                                                    // one layout, term by term
           if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
           if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
@@ -273,7 +286,11 @@ int plan_main(int argc, char** argv) {
           lab09::Candidate r;
           r.layout = one;
           r.memory = lab09::device_memory(cfg, one, w);
-          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, GpuModel::preset(gpu))
+          GpuModel device = GpuModel::preset(gpu == "cpu" ? "h100" : gpu);  // priced only with --per-op
+          if (eff_matmul > 0) device.eff_matmul = eff_matmul;
+          if (eff_attention > 0) device.eff_attention = eff_attention;
+          if (eff_memory > 0) device.eff_memory = eff_memory;
+          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, device)
                           : lab09::step_time(cfg, one, w, cluster);
           r.why_not = lab09::memory_refusal(r.memory, cluster);
           r.fits = r.why_not.empty();
