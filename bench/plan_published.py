@@ -4,14 +4,25 @@ throughput per GPU, and Korthikanti et al.'s iteration times with full and with 
 
   python3 bench/plan_published.py [--build-dir build] [--efficiency 0.8] [--out runs/plan_published]
 
-Nothing here is fitted to a row. The cluster is the papers' (NVIDIA Selene: DGX A100 80 GB, 8 a node, 312
-TFLOP/s dense bf16/fp16 each, NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as
-alpha-beta links: NVLink at 230 GB/s busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at
-23 GB/s per GPU (one 200 Gb/s NIC a GPU: half the infiniband preset's 400 Gb/s figure), the presets'
-latencies. ONE efficiency for every row (--efficiency, default 0.8: an assumed share of the datasheet peak
-for a large bf16 GEMM, not a measurement), 16-bit activations on the wire, the kit's AdamW with fp32
-gradient reduction, no overlap of data-parallel communication. The model leaves out every op but the
-matmuls and attention's (layernorm, softmax, dropout, GELU, the optimizer's pass), so it is optimistic.
+The cluster is the papers' (NVIDIA Selene: DGX A100 80 GB, 8 a node, 312 TFLOP/s dense bf16/fp16 each,
+NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as alpha-beta links: NVLink at 230 GB/s
+busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at 23 GB/s per GPU (one 200 Gb/s NIC a GPU:
+half the infiniband preset's 400 Gb/s figure), the presets' latencies; 16-bit activations on the wire, AdamW,
+no overlap of data-parallel communication. Each row is predicted three ways:
+  before   the FLOPs at ONE efficiency for every row (--efficiency, default 0.8: an assumed share of the
+           datasheet peak for a large bf16 GEMM, not a measurement): only the matmuls and attention are priced,
+           and the gradients are reduced in fp32 (the kit's). Optimistic.
+  per-op   sl_plan --per-op on the simulated A100 (common's per-op cost model at the preset's efficiencies:
+           matmul 0.75, attention 0.50, memory 0.85, 5 us a launch), priced as a 16-bit framework runs
+           (--activation-bytes 2: bf16 matmuls and attention, memory-bound traffic at 2 bytes an element):
+           every op of a step, the layernorms, GELU, residuals, biases, attention's T x T scores, the
+           vocabulary-parallel cross-entropy, the embedding, the optimizer's pass (AdamW on fp32 master weights
+           and their 16-bit copy) and the launches; the gradients reduced in 16 bits (--reduce-dtype bf16:
+           the papers trained in fp16, and Megatron-LM all-reduces fp16 gradients unless told
+           --accumulate-allreduce-grads-in-fp32). Nothing fitted. Dropout is not priced (the kit has no
+           dropout op; Megatron fuses it with the bias and the residual add).
+  fitted   per-op with eff_matmul fitted on two rows (fit(): Korthikanti's 22B, the only one-node rows), the
+           error reported on the others.
 
   ZeRO (Rajbhandari et al. 2019, Table 1): bin/sl_memory --paper (common's zero_model_state_bytes) beside the
       table, GB per device for 7.5B, 128B and 1T parameters on 1..1024 devices.
@@ -68,8 +79,8 @@ def plan(a, heads, hidden, layers, tp, pp, dp, B, m, recompute, sp=False, v=1, p
            "--recompute", recompute, "--json"]
     cmd += ["--sp"] if sp else []
     cmd += ["--schedule", "interleaved", "--chunks", str(v)] if v > 1 else []
-    if per_op is not None:
-        cmd += ["--per-op"] + [x for k, e in per_op.items() for x in (f"--eff-{k}", f"{e:.6f}")]
+    if per_op is not None:  # the published runs' gradients: fp16, all-reduced in 16 bits (see the docstring)
+        cmd += ["--per-op", "--reduce-dtype", "bf16"] + [x for k, e in per_op.items() for x in (f"--eff-{k}", f"{e:.6f}")]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"plan_published: sl_plan failed:\n  {' '.join(cmd)}\n{p.stdout}{p.stderr}")

@@ -9,6 +9,7 @@
 #include <cstdint>    // defines: int64_t
 #include <cstdio>     // defines: std::snprintf
 #include <string>     // defines: std::string, std::to_string
+#include <vector>     // defines: std::vector
 
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
 #include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
@@ -299,27 +300,77 @@ StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage
   return s;
 }
 
+// The groups the gradient norm's sum of squares is all-reduced over, as host values (step_op_seconds): those
+// that split the model's gradients, tp, pp and, ZeRO >= 1, dp; a group of one is left out.
+static bool norm_over_tp(const Layout& x) { return x.tp > 1; }
+static bool norm_over_pp(const Layout& x) { return x.pp > 1; }
+static bool norm_over_dp(const Layout& x) { return x.zero_stage >= 1 && x.dp > 1; }
+
+// AdamW's update of a stage's parameters (its chunk's table and unit sizes): one call per parameter, or under
+// ZeRO >= 1 one per parameter that overlaps the rank's contiguous 1/dp of its unit (lab 04's optimizer_step:
+// rank r owns elements [r s, r s + s) of a unit of n, s = ceil(n / dp)), on the rank with the most to do. A
+// 16-bit framework also casts the fp32 master weights it updated to the 16-bit copy it computes with.
+static double update_seconds(const std::vector<ParamInfo>& table, const std::vector<int64_t>& units, const Layout& x,
+                             const Workload& w, const GpuModel& gpu) {
+  auto update = [&](int64_t n) {
+    return op_seconds(op_cost::adamw_update(n), gpu) +
+           (w.activation_bytes == 2 ? op_seconds(op_cost::cast(n, DType::BF16, DType::F32), gpu) : 0.0);
+  };
+  const int ranks = x.zero_stage >= 1 ? x.dp : 1;
+  double slowest = 0;
+  for (int r = 0; r < ranks; ++r) {
+    double t = 0;
+    for (const ParamInfo& p : table) {
+      const int64_t n = units[p.unit], shard = (n + ranks - 1) / ranks;
+      const int64_t begin = std::min(n, r * shard), end = std::min(n, begin + shard);
+      const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+      if (lo < hi) t += update(hi - lo);
+    }
+    slowest = std::max(slowest, t);
+  }
+  return slowest;
+}
+
 double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const GpuModel& gpu) {
   check_per_op_pricing(x, w);
   const int64_t N = static_cast<int64_t>(x.micro_batch) * w.seq_len;
+  const bool other_tp_rank = x.tp > 1;  // the norm priced on a tp rank other than 0: it skips the replicated tensors
+  auto shard = [&](int64_t n) { return x.zero_stage >= 1 ? (n + x.dp - 1) / x.dp : n; };  // lab 04's padded 1/dp
   bool head = false;
   double s = 0;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
+    const std::vector<ParamInfo> table = gpt2_param_table(cfg, sh);
     head = head || sh.has_head;
-    for (int64_t n : gpt2_unit_numel(cfg, sh)) {
-      if (n == 0) continue;                           // a unit this stage does not hold
-      s += gpu.zero_seconds(kF32Bytes * n);           // zero_grad
-      s += op_seconds(op_cost::sum_squares(n), gpu);  // the gradient norm
-      s += op_seconds(op_cost::scale(n), gpu);        // clipping
+    const std::vector<int64_t> units = gpt2_unit_numel(cfg, sh);
+    for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+      const int64_t n = units[u];
+      if (n == 0) continue;                  // a unit this stage does not hold
+      s += gpu.zero_seconds(kF32Bytes * n);  // zero_grad
+      // the gradient norm (common's grad_sum_squares): the unit whole, or tensor by tensor leaving out the tied
+      // copy and (other tp ranks) the replicated tensors; ZeRO: the unit's shard (lab 04)
+      bool whole = x.zero_stage >= 1;
+      if (!whole) {
+        whole = true;
+        for (const ParamInfo& p : table)
+          if (p.unit == u && (p.tied_copy || (p.tp_replicated && other_tp_rank))) whole = false;
+      }
+      if (whole) {
+        s += op_seconds(op_cost::sum_squares(shard(n)), gpu);
+      } else {
+        for (const ParamInfo& p : table)
+          if (p.unit == u && !p.tied_copy && !(p.tp_replicated && other_tp_rank))
+            s += op_seconds(op_cost::sum_squares(p.numel), gpu);
+      }
+      if (x.micro_batches > 1) s += op_seconds(op_cost::scale(shard(n)), gpu);  // the m gradients' sum made a mean
+      if (w.grad_clipped) s += op_seconds(op_cost::scale(shard(n)), gpu);       // clipping
     }
-    for (const ParamInfo& p : gpt2_param_table(cfg, sh)) {
-      const int64_t n = x.zero_stage >= 1 ? (p.numel + x.dp - 1) / x.dp : p.numel;
-      s += op_seconds(op_cost::adamw_update(n), gpu);
-      // a 16-bit framework keeps fp32 master weights: the updated ones cast to the 16-bit copy it computes with
-      if (w.activation_bytes == 2) s += op_seconds(op_cost::cast(n, DType::BF16, DType::F32), gpu);
-    }
+    s += update_seconds(table, units, x, w, gpu);
   }
+  // the norm's host values (comm/host_values.h): one float up from the device and back per group
+  const int groups = norm_over_tp(x) + norm_over_pp(x) + norm_over_dp(x);
+  for (int g = 0; g < groups; ++g)
+    s += gpu.copy_seconds(kF32Bytes, Device::CPU, Device::SIM) + gpu.copy_seconds(kF32Bytes, Device::SIM, Device::CPU);
   // every micro-batch's tokens (and, on the stage with the head, its targets) from the host
   const double batch = gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::CPU);
   return s + x.micro_batches * batch * (head ? 2 : 1);
@@ -333,6 +384,11 @@ StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload&
     slot_s = std::max(slot_s, o.forward + o.backward);
     step_s = std::max(step_s, step_op_seconds(cfg, x, s, w, gpu));
   }
+  // the norm's all-reduces of one float, each on its group's link (tp, pp, dp: group_links)
+  const GroupLinks links = group_links(c, x);
+  if (norm_over_tp(x)) step_s += links.tp.seconds("all_reduce", kF32Bytes, x.tp);
+  if (norm_over_pp(x)) step_s += links.pp.seconds("all_reduce", kF32Bytes, x.pp);
+  if (norm_over_dp(x)) step_s += links.dp.seconds("all_reduce", kF32Bytes, x.dp);
   Workload priced = w;
   priced.uniform_compute_ms = 1e3 * slot_s / 3;  // step_time's slot: a forward u and a backward 2 u
   Cluster bare = c;
