@@ -73,8 +73,8 @@ LAYOUTS = [
      ["--tp", "1", "--pp", "2", "--dp", "1", "--micro-batch", "2", "--micro-batches", "4"], False, BUBBLE),
     ("lab07 dp2 pp2", "lab07_parallel_3d", 4, ["--tp", "1", "--pp", "2", "--micro-batch", "2", "--micro-batches", "2"],
      ["--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "2", "--micro-batches", "2"], False,
-     "lab 07 also all-reduces the loss and the gradient norm as one-float host values over pp and over dp "
-     "(all_reduce_value, one link latency each), which the planner does not price"),
+     "lab 07 also all-reduces the loss as a one-float host value over pp and over dp (all_reduce_value, one "
+     "link latency each), which the planner does not price; and the pipeline's bubble, as below"),
     ("lab07 pp2 dp1", "lab07_parallel_3d", 2, ["--tp", "1", "--pp", "2", "--micro-batch", "2", "--micro-batches", "2"],
      ["--tp", "1", "--pp", "2", "--dp", "1", "--micro-batch", "2", "--micro-batches", "2"], False, BUBBLE),
     ("lab07 pp2 dp1 m4", "lab07_parallel_3d", 2, ["--tp", "1", "--pp", "2", "--micro-batch", "2", "--micro-batches", "4"],
