@@ -202,6 +202,9 @@ def main():
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--efficiency", type=float, default=0.8, help="one efficiency for every row")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "plan_published"))
+    ap.add_argument("--max-mean-error", type=float, default=0,
+                    help="exit 1 when a table's per-op mean |error| exceeds this fraction (0: never; ctest "
+                         "lab09.published_tables)")
     a = ap.parse_args()
     missing = [p for p in ("sl_plan", "sl_memory") if not os.access(os.path.join(a.build_dir, "bin", p), os.X_OK)]
     if missing:
@@ -220,6 +223,12 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     open(os.path.join(a.out, "published.md"), "w").write("\n".join(text) + "\n")
     print("\n".join(text))
+    if a.max_mean_error > 0:
+        over = [f"{name}: per-op mean |error| {100 * sum(map(abs, e['per-op'])) / len(e['per-op']):.1f} %"
+                for name, e in (("Megatron-LM", mega_err), ("Korthikanti et al.", kort_err))
+                if sum(map(abs, e["per-op"])) / len(e["per-op"]) > a.max_mean_error]
+        if over:
+            raise SystemExit("plan_published: above --max-mean-error " + f"{100 * a.max_mean_error:g} %: " + "; ".join(over))
 
 
 if __name__ == "__main__":
