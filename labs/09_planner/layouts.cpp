@@ -9,6 +9,7 @@
 #include <cstdint>    // defines: int64_t
 #include <cstdio>     // defines: std::snprintf
 #include <string>     // defines: std::string, std::to_string
+#include <vector>     // defines: std::vector
 
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
 #include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
@@ -146,100 +147,152 @@ std::string memory_refusal(const DeviceMemory& m, const Cluster& c) {
 namespace {
 constexpr int64_t kF32Bytes = 4;  // bytes of an f32 element or an i32 token id
 
-// Seconds of the ops one block's forward issues (gpt2.cpp block_forward, tp 1, fp32): N = B T rows.
-double block_forward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, const GpuModel& gpu) {
-  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
+// How a stage's ops are priced: the kit's own run (fp32, every op_cost as counted), or a 16-bit framework's
+// (Workload::activation_bytes == 2, as Megatron-LM runs: its matmuls and attention in bf16 on the tensor
+// cores, each memory-bound op's activation traffic in 16 bits, so its bytes scaled by 2/4).
+struct Pricing {
+  const GpuModel& gpu;
+  int tp = 1;                   // n: the tensor-parallel group (lab 05's split; rank 0's shard, which
+                                // also holds wpe)
+  bool sp = false;              // sequence parallel: the stream's layernorms, residuals, biases on N/n rows
+  DType math = DType::F32;      // the matmuls' and attention's operands
+  double activation_scale = 1;  // bytes of an activation element / 4
+  // op_seconds, with the activation traffic at the pricing's width (a matmul's operands are in `math`
+  // already) and attention's products in `math`
+  double seconds(OpCost op) const {
+    if (op.op_class != OpClass::Matmul) op.bytes *= activation_scale;
+    if (op.op_class == OpClass::Attention) op.math = math;
+    return op_seconds(op, gpu);
+  }
+  double zero(int64_t elements) const {
+    return gpu.zero_seconds(static_cast<int64_t>(kF32Bytes * activation_scale * elements));
+  }
+};
+
+Pricing pricing(const Layout& x, const Workload& w, const GpuModel& gpu) {
+  const bool framework = w.activation_bytes == 2;
+  return {gpu, x.tp, x.sequence_parallel, framework ? DType::BF16 : DType::F32, w.activation_bytes / 4.0};
+}
+
+// A row-parallel linear's forward (gpt2.cpp row_parallel_forward): the product, then (tp > 1) the bias
+// added once after g's sum, on this rank's N/n rows under sequence parallelism.
+double row_parallel_forward_seconds(const Pricing& p, int64_t N, int64_t C, int64_t OC) {
+  if (p.tp == 1) return p.seconds(op_cost::matmul_forward(N, C, OC, true, p.math));
+  const int64_t rows = p.sp ? N / p.tp : N;
+  return p.seconds(op_cost::matmul_forward(N, C, OC, false, p.math)) + p.seconds(op_cost::add_bias(rows, OC));
+}
+
+// Seconds of the ops one block's forward issues (gpt2.cpp block_forward, lab 05's split over n ranks):
+// N = B T rows, Nl the stream's rows (N / n under sequence parallelism, else N).
+double block_forward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, const Pricing& p) {
+  const int64_t n = p.tp, N = B * T, Nl = p.sp ? N / n : N, C = cfg.n_embd, NH = cfg.n_head;
   const OpCost ops[] = {
-      op_cost::layernorm_forward(N, C),
-      op_cost::matmul_forward(N, C, 3 * C, true),  // c_attn
-      attention == AttentionImpl::Flash ? op_cost::attention_forward_flash(B, T, C, NH)
-                                        : op_cost::attention_forward(B, T, C, NH),
-      op_cost::matmul_forward(N, C, C, true),  // attn c_proj (row-parallel with one rank: the bias inside)
-      op_cost::residual_forward(N * C),
-      op_cost::layernorm_forward(N, C),
-      op_cost::matmul_forward(N, C, 4 * C, true),  // c_fc
-      op_cost::gelu_forward(N * 4 * C),
-      op_cost::matmul_forward(N, 4 * C, C, true),  // mlp c_proj
-      op_cost::residual_forward(N * C),
+      op_cost::layernorm_forward(Nl, C),
+      op_cost::matmul_forward(N, C, 3 * C / n, true, p.math),  // c_attn, column-parallel
+      attention == AttentionImpl::Flash ? op_cost::attention_forward_flash(B, T, C / n, NH / n)
+                                        : op_cost::attention_forward(B, T, C / n, NH / n),
+      op_cost::residual_forward(Nl * C),
+      op_cost::layernorm_forward(Nl, C),
+      op_cost::matmul_forward(N, C, 4 * C / n, true, p.math),  // c_fc, column-parallel
+      op_cost::gelu_forward(N * 4 * C / n),
+      op_cost::residual_forward(Nl * C),
   };
   double s = 0;
-  for (const OpCost& op : ops) s += op_seconds(op, gpu);
-  return s;
+  for (const OpCost& op : ops) s += p.seconds(op);
+  return s + row_parallel_forward_seconds(p, N, C / n, C)     // attn c_proj
+         + row_parallel_forward_seconds(p, N, 4 * C / n, C);  // mlp c_proj
 }
 
 // Seconds of one block's backward (gpt2.cpp block_backward): its six zeroed scratch gradients, the
 // matmuls' three gradients, and what the recompute mode runs again.
 double block_backward_seconds(const GPTConfig& cfg, int64_t B, int64_t T, AttentionImpl attention, Recompute mode,
-                              const GpuModel& gpu) {
-  const int64_t N = B * T, C = cfg.n_embd, NH = cfg.n_head;
-  // dfch_gelu, dfch (N,4C); dln (N,C); datty (N,C); dqkv (N,3C); dln again (N,C)
-  const int64_t zeroed[] = {N * 4 * C, N * 4 * C, N * C, N * C, N * 3 * C, N * C};
+                              const Pricing& p) {
+  const int64_t n = p.tp, N = B * T, Nl = p.sp ? N / n : N, C = cfg.n_embd, NH = cfg.n_head;
+  // dfch_gelu, dfch (N,4C/n); dln_full (N,C); datty (N,C/n); dqkv (N,3C/n); dln_full again (N,C)
+  const int64_t zeroed[] = {N * 4 * C / n, N * 4 * C / n, N * C, N * C / n, N * 3 * C / n, N * C};
   const OpCost ops[] = {
-      op_cost::matmul_backward(N, 4 * C, C, true, true, true),  // mlp c_proj
-      op_cost::gelu_backward(N * 4 * C),
-      op_cost::matmul_backward(N, C, 4 * C, true, true, true),  // c_fc
-      op_cost::layernorm_backward(N, C),
-      op_cost::matmul_backward(N, C, C, true, true, true),  // attn c_proj
-      attention == AttentionImpl::Flash ? op_cost::attention_backward_flash(B, T, C, NH)
-                                        : op_cost::attention_backward(B, T, C, NH),
-      op_cost::matmul_backward(N, C, 3 * C, true, true, true),  // c_attn
-      op_cost::layernorm_backward(N, C),
+      op_cost::matmul_backward(N, 4 * C / n, C, true, true, true, p.math),  // mlp c_proj
+      op_cost::gelu_backward(N * 4 * C / n),
+      op_cost::matmul_backward(N, C, 4 * C / n, true, true, true, p.math),  // c_fc
+      op_cost::layernorm_backward(Nl, C),
+      op_cost::matmul_backward(N, C / n, C, true, true, true, p.math),  // attn c_proj
+      attention == AttentionImpl::Flash ? op_cost::attention_backward_flash(B, T, C / n, NH / n)
+                                        : op_cost::attention_backward(B, T, C / n, NH / n),
+      op_cost::matmul_backward(N, C, 3 * C / n, true, true, true, p.math),  // c_attn
+      op_cost::layernorm_backward(Nl, C),
   };
   double s = 0;
-  for (int64_t n : zeroed) s += gpu.zero_seconds(kF32Bytes * n);
-  for (const OpCost& op : ops) s += op_seconds(op, gpu);
-  if (mode == Recompute::Full) s += block_forward_seconds(cfg, B, T, attention, gpu);
+  for (int64_t e : zeroed) s += p.zero(e);
+  for (const OpCost& op : ops) s += p.seconds(op);
+  if (mode == Recompute::Full) s += block_forward_seconds(cfg, B, T, attention, p);
   if (mode == Recompute::Selective && attention != AttentionImpl::Flash)  // the scores again
-    s += op_seconds(op_cost::attention_forward(B, T, C, NH), gpu);
+    s += p.seconds(op_cost::attention_forward(B, T, C / n, NH / n));
   return s;
 }
 }  // namespace
 
 void check_per_op_pricing(const Layout& x, const Workload& w) {
-  SL_CHECK_HINT(x.tp == 1 && !x.sequence_parallel,
-                "price tp > 1 with FLOP/s and --efficiency (leave out --per-op): the vocabulary-parallel "
-                "embedding and loss are not priced op by op yet",
-                "per-op pricing covers tp 1 only, got tp %d", x.tp);
-  SL_CHECK_HINT(w.policy.matmul_dtype == DType::F32 && w.policy.param_dtype == DType::F32,
-                "use --precision fp32 with --per-op (the bf16 policy's casts are not priced yet)",
-                "per-op pricing covers the fp32 policy only");
+  SL_CHECK_HINT(w.activation_bytes == 2 || (w.policy.matmul_dtype == DType::F32 && w.policy.param_dtype == DType::F32),
+                "use --precision fp32 with --per-op (the kit's bf16 policy's casts are not priced yet), or "
+                "--activation-bytes 2 to price a 16-bit framework's step (Megatron-LM's)",
+                "per-op pricing covers the kit's fp32 policy, or a 16-bit framework");
+  SL_CHECK_HINT(w.activation_bytes == 2 || w.activation_bytes == 4, "--activation-bytes is 4 (this kit) or 2",
+                "per-op pricing with %d-byte activations", w.activation_bytes);
   SL_CHECK_HINT(w.optimizer == OptimizerConfig::Kind::AdamW && w.lora_rank == 0,
                 "use --optimizer adamw and no --lora with --per-op", "per-op pricing covers full AdamW training only");
+  (void)x;  // every tp, pp, dp, ZeRO stage and schedule check_layout accepts
 }
 
 StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
                                 const GpuModel& gpu) {
   check_per_op_pricing(x, w);
-  const int64_t B = x.micro_batch, T = w.seq_len, N = B * T, C = cfg.n_embd, V = cfg.vocab_size;
-  const double sim_copy = gpu.copy_seconds(kF32Bytes * N * C, Device::SIM, Device::SIM);  // a (B,T,C) copy
+  const Pricing p = pricing(x, w, gpu);
+  const int64_t n = x.tp, B = x.micro_batch, T = w.seq_len, N = B * T, Nl = x.sequence_parallel ? N / n : N;
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, Vl = V / n;
+  // a (B,T,C) stream copy (Nl rows under sequence parallelism), at the pricing's activation width
+  const double sim_copy =
+      gpu.copy_seconds(static_cast<int64_t>(kF32Bytes * p.activation_scale * Nl * C), Device::SIM, Device::SIM);
   StageOpSeconds s;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
     // forward: the input into the activation set (the tokens, or the hidden state received), the embedding
+    // (tp > 1: this rank's vocabulary rows, and wpe on rank 0, lab 05's embedding_forward)
     if (sh.has_embedding) {
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
-      s.forward += op_seconds(op_cost::encoder_forward(B, T, C), gpu);
+      s.forward +=
+          p.seconds(n == 1 ? op_cost::encoder_forward(B, T, C) : op_cost::encoder_forward_vocab_shard(B, T, C, true));
     } else {
       s.forward += sim_copy;
     }
     for (int l = sh.first_layer; l <= sh.last(cfg); ++l) {
-      s.forward += block_forward_seconds(cfg, B, T, w.attention, gpu);
-      s.backward += block_backward_seconds(cfg, B, T, w.attention, x.recompute, gpu);
+      s.forward += block_forward_seconds(cfg, B, T, w.attention, p);
+      s.backward += block_backward_seconds(cfg, B, T, w.attention, x.recompute, p);
     }
     // backward: the embedding's gradients, or d(input) handed back
-    s.backward += sh.has_embedding ? op_seconds(op_cost::encoder_backward(B, T, C), gpu) : sim_copy;
+    if (sh.has_embedding)
+      s.backward += p.seconds(n == 1 ? op_cost::encoder_backward(B, T, C)
+                                     : op_cost::encoder_backward_vocab_shard(B, T, C, Vl, true));
+    else s.backward += sim_copy;
     if (sh.has_head) {
-      // the targets in, ln_f, the tied head, the loss, the losses copied to the host for their mean
+      // the targets in, ln_f, the tied head (column-parallel over the vocabulary), the loss (tp > 1: lab 05's
+      // row max, partial sums and finish), the losses copied to the host for their mean
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::SIM);
-      s.forward += op_seconds(op_cost::layernorm_forward(N, C), gpu);
-      s.forward += op_seconds(op_cost::matmul_forward(N, C, V, false), gpu);
-      s.forward += op_seconds(op_cost::softmax_crossentropy_forward(N, V), gpu);
+      s.forward += p.seconds(op_cost::layernorm_forward(Nl, C));
+      s.forward += p.seconds(op_cost::matmul_forward(N, C, Vl, false, p.math));
+      if (n == 1) {
+        s.forward += p.seconds(op_cost::softmax_crossentropy_forward(N, V));
+      } else {
+        s.forward += p.seconds(op_cost::logits_row_max(N, Vl)) +
+                     p.seconds(op_cost::crossentropy_vocab_shard_partials(N, Vl)) +
+                     p.seconds(op_cost::crossentropy_vocab_shard_finish(N, Vl));
+      }
       s.forward += gpu.copy_seconds(kF32Bytes * N, Device::CPU, Device::SIM);
-      // the loss's gradient, dlnf and dresidual zeroed, the head's two gradients, ln_f's
-      s.backward += op_seconds(op_cost::softmax_crossentropy_backward(N, V), gpu);
-      s.backward += 2 * gpu.zero_seconds(kF32Bytes * N * C);
-      s.backward += op_seconds(op_cost::matmul_backward(N, C, V, true, true, false), gpu);
-      s.backward += op_seconds(op_cost::layernorm_backward(N, C), gpu);
+      // the loss's gradient, dln_full and dresidual zeroed, the head's two gradients, ln_f's
+      s.backward += p.seconds(n == 1 ? op_cost::softmax_crossentropy_backward(N, V)
+                                     : op_cost::crossentropy_vocab_shard_backward(N, Vl));
+      s.backward += p.zero(N * C) + p.zero(Nl * C);
+      s.backward += p.seconds(op_cost::matmul_backward(N, C, Vl, true, true, false, p.math));
+      s.backward += p.seconds(op_cost::layernorm_backward(Nl, C));
     } else {
       s.backward += sim_copy;  // d(output) received, copied into dresidual
     }
@@ -247,25 +300,77 @@ StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage
   return s;
 }
 
+// The groups the gradient norm's sum of squares is all-reduced over, as host values (step_op_seconds): those
+// that split the model's gradients, tp, pp and, ZeRO >= 1, dp; a group of one is left out.
+static bool norm_over_tp(const Layout& x) { return x.tp > 1; }
+static bool norm_over_pp(const Layout& x) { return x.pp > 1; }
+static bool norm_over_dp(const Layout& x) { return x.zero_stage >= 1 && x.dp > 1; }
+
+// AdamW's update of a stage's parameters (its chunk's table and unit sizes): one call per parameter, or under
+// ZeRO >= 1 one per parameter that overlaps the rank's contiguous 1/dp of its unit (lab 04's optimizer_step:
+// rank r owns elements [r s, r s + s) of a unit of n, s = ceil(n / dp)), on the rank with the most to do. A
+// 16-bit framework also casts the fp32 master weights it updated to the 16-bit copy it computes with.
+static double update_seconds(const std::vector<ParamInfo>& table, const std::vector<int64_t>& units, const Layout& x,
+                             const Workload& w, const GpuModel& gpu) {
+  auto update = [&](int64_t n) {
+    return op_seconds(op_cost::adamw_update(n), gpu) +
+           (w.activation_bytes == 2 ? op_seconds(op_cost::cast(n, DType::BF16, DType::F32), gpu) : 0.0);
+  };
+  const int ranks = x.zero_stage >= 1 ? x.dp : 1;
+  double slowest = 0;
+  for (int r = 0; r < ranks; ++r) {
+    double t = 0;
+    for (const ParamInfo& p : table) {
+      const int64_t n = units[p.unit], shard = (n + ranks - 1) / ranks;
+      const int64_t begin = std::min(n, r * shard), end = std::min(n, begin + shard);
+      const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+      if (lo < hi) t += update(hi - lo);
+    }
+    slowest = std::max(slowest, t);
+  }
+  return slowest;
+}
+
 double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const GpuModel& gpu) {
   check_per_op_pricing(x, w);
   const int64_t N = static_cast<int64_t>(x.micro_batch) * w.seq_len;
+  const bool other_tp_rank = x.tp > 1;  // the norm priced on a tp rank other than 0: it skips the replicated tensors
+  auto shard = [&](int64_t n) { return x.zero_stage >= 1 ? (n + x.dp - 1) / x.dp : n; };  // lab 04's padded 1/dp
   bool head = false;
   double s = 0;
   for (int chunk = 0; chunk < x.chunks; ++chunk) {
     const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
+    const std::vector<ParamInfo> table = gpt2_param_table(cfg, sh);
     head = head || sh.has_head;
-    for (int64_t n : gpt2_unit_numel(cfg, sh)) {
-      if (n == 0) continue;                           // a unit this stage does not hold
-      s += gpu.zero_seconds(kF32Bytes * n);           // zero_grad
-      s += op_seconds(op_cost::sum_squares(n), gpu);  // the gradient norm
-      s += op_seconds(op_cost::scale(n), gpu);        // clipping
+    const std::vector<int64_t> units = gpt2_unit_numel(cfg, sh);
+    for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+      const int64_t n = units[u];
+      if (n == 0) continue;                  // a unit this stage does not hold
+      s += gpu.zero_seconds(kF32Bytes * n);  // zero_grad
+      // the gradient norm (common's grad_sum_squares): the unit whole, or tensor by tensor leaving out the tied
+      // copy and (other tp ranks) the replicated tensors; ZeRO: the unit's shard (lab 04)
+      bool whole = x.zero_stage >= 1;
+      if (!whole) {
+        whole = true;
+        for (const ParamInfo& p : table)
+          if (p.unit == u && (p.tied_copy || (p.tp_replicated && other_tp_rank))) whole = false;
+      }
+      if (whole) {
+        s += op_seconds(op_cost::sum_squares(shard(n)), gpu);
+      } else {
+        for (const ParamInfo& p : table)
+          if (p.unit == u && !p.tied_copy && !(p.tp_replicated && other_tp_rank))
+            s += op_seconds(op_cost::sum_squares(p.numel), gpu);
+      }
+      if (x.micro_batches > 1) s += op_seconds(op_cost::scale(shard(n)), gpu);  // the m gradients' sum made a mean
+      if (w.grad_clipped) s += op_seconds(op_cost::scale(shard(n)), gpu);       // clipping
     }
-    for (const ParamInfo& p : gpt2_param_table(cfg, sh)) {
-      const int64_t n = x.zero_stage >= 1 ? (p.numel + x.dp - 1) / x.dp : p.numel;
-      s += op_seconds(op_cost::adamw_update(n), gpu);
-    }
+    s += update_seconds(table, units, x, w, gpu);
   }
+  // the norm's host values (comm/host_values.h): one float up from the device and back per group
+  const int groups = norm_over_tp(x) + norm_over_pp(x) + norm_over_dp(x);
+  for (int g = 0; g < groups; ++g)
+    s += gpu.copy_seconds(kF32Bytes, Device::CPU, Device::SIM) + gpu.copy_seconds(kF32Bytes, Device::SIM, Device::CPU);
   // every micro-batch's tokens (and, on the stage with the head, its targets) from the host
   const double batch = gpu.copy_seconds(kF32Bytes * N, Device::SIM, Device::CPU);
   return s + x.micro_batches * batch * (head ? 2 : 1);
@@ -279,6 +384,11 @@ StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload&
     slot_s = std::max(slot_s, o.forward + o.backward);
     step_s = std::max(step_s, step_op_seconds(cfg, x, s, w, gpu));
   }
+  // the norm's all-reduces of one float, each on its group's link (tp, pp, dp: group_links)
+  const GroupLinks links = group_links(c, x);
+  if (norm_over_tp(x)) step_s += links.tp.seconds("all_reduce", kF32Bytes, x.tp);
+  if (norm_over_pp(x)) step_s += links.pp.seconds("all_reduce", kF32Bytes, x.pp);
+  if (norm_over_dp(x)) step_s += links.dp.seconds("all_reduce", kF32Bytes, x.dp);
   Workload priced = w;
   priced.uniform_compute_ms = 1e3 * slot_s / 3;  // step_time's slot: a forward u and a backward 2 u
   Cluster bare = c;

@@ -124,6 +124,8 @@ int plan_main(int argc, char** argv) {
   lab09::Workload w;
   lab09::Layout one;
   bool json = false, sp = false, per_op = false;
+  std::string reduce_dtype;                                  // "" : the --precision's
+  double eff_matmul = 0, eff_attention = 0, eff_memory = 0;  // --per-op: the --gpu preset's unless given
   app.add_option("--model", model,
                  "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (or "
                  "--layers --hidden --heads)");
@@ -172,6 +174,9 @@ int plan_main(int argc, char** argv) {
                  "a simulated device: every stage's forward of a micro-batch takes this long, its backward twice")
       ->check(driver::finite_non_negative());
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 grads and master)")->capture_default_str();
+  app.add_option("--reduce-dtype", reduce_dtype,
+                 "fp32 | bf16: the gradients on the data-parallel wire (default: the --precision's; a 16-bit "
+                 "framework's fp16 run, Megatron-LM's default, reduces them in 16 bits)");
   app.add_option("--optimizer", optimizer, "adamw | sgd")->capture_default_str();
   app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)")
       ->check(driver::non_negative_int());
@@ -197,6 +202,17 @@ int plan_main(int argc, char** argv) {
   app.add_flag("--per-op", per_op,
                "with --tp: price compute op by op as the simulated --gpu charges it (--device sim), "
                "not at --peak-tflops x --efficiency (docs/labs/09_planner.md, per-op pricing)");
+  app.add_option("--eff-matmul", eff_matmul, "with --per-op: the matmuls' share of the peak (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
+  app.add_option("--eff-attention", eff_attention,
+                 "with --per-op: attention's share of the peak (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
+  app.add_option("--eff-memory", eff_memory, "with --per-op: the share of HBM bandwidth reached (default: the --gpu's)")
+      ->check(driver::finite_in_range(0, 1));
+  app.add_flag(
+      "--no-clip", [&](int64_t) { w.grad_clipped = false; },
+      "with --per-op: the clipping's scale does not run (--grad-clip 0, or a --timing-only run: its norm "
+      "reads 0)");
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
   driver::require_checked_options(app);  // a numeric option without a range check: a programming error
@@ -249,6 +265,11 @@ int plan_main(int argc, char** argv) {
         if (intra_gbs > 0) cluster.intra.bandwidth_bytes_per_s = intra_gbs * 1e9 / slowdown;
         if (inter_gbs > 0) cluster.inter.bandwidth_bytes_per_s = inter_gbs * 1e9 / slowdown;
         w.policy = PrecisionPolicy::from_name(precision);
+        if (!reduce_dtype.empty()) {
+          SL_CHECK_HINT(reduce_dtype == "fp32" || reduce_dtype == "bf16", "--reduce-dtype fp32 or bf16",
+                        "unknown --reduce-dtype '%s'", reduce_dtype.c_str());
+          w.policy.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+        }
         w.optimizer = OptimizerConfig::kind_from_name(optimizer);
 
         // The options of one layout mean nothing without --tp: say so rather than ignore them.
@@ -262,6 +283,11 @@ int plan_main(int argc, char** argv) {
                       "give --per-op with one layout (--tp, --pp, --dp) on a simulated GPU (--gpu h100, ...)",
                       "--per-op prices one layout on a --gpu preset (got %s, --gpu %s)",
                       *tp_opt ? "a layout" : "no --tp", gpu.c_str());
+        for (const char* opt : {"--eff-matmul", "--eff-attention", "--eff-memory", "--no-clip"})
+          SL_CHECK_HINT(per_op || app.count(opt) == 0,
+                        "the per-op efficiencies change the simulated GPU's pricing: give --per-op with them "
+                        "(without it, --efficiency scales the FLOP/s)",
+                        "%s without --per-op", opt);
         if (*tp_opt) {                                                    // one layout, term by term
           if (app.count("--gpus") == 0) cluster.devices = one.devices();  // the cluster is the layout's unless given
           if (app.count("--micro-batches") == 0 && one.dp * one.micro_batch > 0)
@@ -273,7 +299,11 @@ int plan_main(int argc, char** argv) {
           lab09::Candidate r;
           r.layout = one;
           r.memory = lab09::device_memory(cfg, one, w);
-          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, GpuModel::preset(gpu))
+          GpuModel device = GpuModel::preset(gpu == "cpu" ? "h100" : gpu);  // priced only with --per-op
+          if (eff_matmul > 0) device.eff_matmul = eff_matmul;
+          if (eff_attention > 0) device.eff_attention = eff_attention;
+          if (eff_memory > 0) device.eff_memory = eff_memory;
+          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, device)
                           : lab09::step_time(cfg, one, w, cluster);
           r.why_not = lab09::memory_refusal(r.memory, cluster);
           r.fits = r.why_not.empty();

@@ -80,6 +80,9 @@ struct Workload {
                                   // frozen; adapters of this rank on the four matrices of every block train
   bool overlap_dp = false;        // dp's gradient communication runs during the backward it follows (lab 03's
                                   // overlap); false: after the last micro-batch, as labs 04-07 run
+  bool grad_clipped = true;       // per-op pricing: the clipping's scale runs (the norm above --grad-clip, as early
+                                  // in training); false: it does not (--grad-clip 0, or a --timing-only run, whose
+                                  // norm reads 0)
   double uniform_compute_ms = 0;  // a simulated device (labs 06 and 07's --uniform-compute-ms): a stage's
                                   // forward of one micro-batch takes this long whatever its FLOPs, its backward
                                   // twice; 0: the stage's FLOPs at Cluster::flops_per_s
@@ -232,15 +235,18 @@ void check_per_op_pricing(const Layout& x, const Workload& w);
 StageOpSeconds stage_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w,
                                 const GpuModel& gpu);
 // Seconds of the once-a-step ops of stage `stage`: the micro-batches' tokens and targets copied from the
-// host, the gradients zeroed, the gradient norm's sums of squares, the clipping's scale (assumed to apply:
-// the norm above --grad-clip, as early in training) and AdamW's update of every parameter it holds (ZeRO
-// >= 1: its 1/dp of every unit, priced as a 1/dp slice of each parameter).
+// host, the gradients zeroed (and with m > 1 scaled by 1/m), the gradient norm's sums of squares (common's grad_sum_squares: a unit whole,
+// or tensor by tensor where it holds the tied copy of wte or, on a tp rank other than 0, tensors rank 0
+// counts; ZeRO >= 1: each unit's 1/dp shard, as lab 04 sums it) and the host values that carry the sum over
+// the groups that split the model (tp, pp; ZeRO >= 1: dp), the clipping's scale (w.grad_clipped) and
+// AdamW's update of every parameter it holds (ZeRO >= 1: its 1/dp of every unit, priced as a 1/dp slice of
+// each parameter). With tp > 1 the norm is priced on a rank other than 0 (the one with more to sum).
 double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const GpuModel& gpu);
 // Your step_time with its compute priced op by op: each stage's micro-batch (stage_op_seconds) as
 // w.uniform_compute_ms set to a third of the slowest stage's (step_time's slot: a forward and a backward
 // twice it, 3 u), the optimizer's pass left to the once-a-step ops (memory bandwidth 0 in your formula,
-// step_op_seconds added after: optimizer_ms), tokens/s and MFU recomputed from the new step. The links and
-// peak are c's.
+// step_op_seconds added after, with the norm's all-reduces on their links: optimizer_ms), tokens/s and MFU
+// recomputed from the new step. The links and peak are c's.
 StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c,
                           const GpuModel& gpu);
 
