@@ -72,18 +72,7 @@ TEST(Lab07Perf, ThroughputVsReference) {
                  "--schedule",
                  "1f1b",
                  "--steps",
-                 std::to_string(kSteps),
-                 "--threads",
-                 "1",
-                 "--val-every",
-                 "0",
-                 "--val-batches",
-                 "1",
-                 "--sample-tokens",
-                 "0",
-                 "--timeline-steps",
-                 "0",
-                 "--quiet"};
+                 std::to_string(kSteps)};
     perf::SimComparison c;
     perf::throughput_check(record, spec, kMinFraction, &c);
   });

@@ -88,7 +88,9 @@ struct SimSpec {
   int ranks = 2;
   double run_timeout_s = 120;  // s of real time, one run: ends a hang (ctest's TIMEOUT is above two of these)
 };
-// `spec.args` with the sim options in front: what both runs get.
+// `spec.args` with the sim options in front and the quiet-run options every check shares after them
+// ("--threads 1 --val-every 0 --val-batches 1 --sample-tokens 0 --timeline-steps 0 --quiet", each unless
+// spec.args names it): what both runs get.
 std::vector<std::string> sim_args(const SimSpec& spec);
 
 // One run of the track, then one of the reference (the track first: an unwritten TODO is reported after
