@@ -54,6 +54,18 @@ constexpr double kMfuMargin = 0.97;
 constexpr double kRefMfuMin = 0.46;
 constexpr double kRefMfuMax = 0.53;
 
+// What both checks' runs share: the graded track's lab07_parallel_3d and the reference's, on `ranks` simulated
+// H100s.
+perf::SimSpec lab07_spec(int ranks) {
+  perf::SimSpec spec;
+  spec.lab = "lab07";
+  spec.track = grading::track();
+  spec.program = "lab07_parallel_3d";
+  spec.gpu = kGpu;
+  spec.ranks = ranks;
+  return spec;
+}
+
 }  // namespace
 
 TEST(Lab07Perf, ThroughputVsReference) {
@@ -71,12 +83,7 @@ TEST(Lab07Perf, ThroughputVsReference) {
       "node (--ranks-per-node 2: ranks 0-1 and 2-3), and which ranks form each tensor-parallel group in your "
       "layout? Compare the two runs' group figures in <build>/perf-runs/<track>/lab07/lab07-sim-*"};
   grading::run(check, [&](grading::Record& record) {
-    perf::SimSpec spec;
-    spec.lab = "lab07";
-    spec.track = grading::track();
-    spec.program = "lab07_parallel_3d";
-    spec.gpu = kGpu;
-    spec.ranks = kRanks;
+    perf::SimSpec spec = lab07_spec(kRanks);
     spec.args = {"--model",
                  "demo",
                  "--tp",
@@ -117,12 +124,7 @@ TEST(Lab07Perf, MfuAtGpt7b) {
       "and 'The placement rule, measured': is each tensor-parallel group inside a node? Compare the two runs' "
       "step records (<build>/perf-runs/<track>/lab07/lab07-sim-*)"};
   grading::run(check, [&](grading::Record& record) {
-    perf::SimSpec spec;
-    spec.lab = "lab07";
-    spec.track = grading::track();
-    spec.program = "lab07_parallel_3d";
-    spec.gpu = kGpu;
-    spec.ranks = kMfuRanks;
+    perf::SimSpec spec = lab07_spec(kMfuRanks);
     spec.run_timeout_s = 150;  // 16 ranks on 2 cores: 4-15 s a run, more on a machine busier still
     spec.args = perf::split_words(
         "--model gpt-7b --timing-only --tp 4 --pp 2 --dp 2 --order tp-dp-pp --schedule 1f1b --precision bf16 "
