@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"       // defines: grading::run, Check, Record
-#include "perf_compare.h"  // defines: perf_test::throughput_check, mfu_check, SimSpec, SimComparison
+#include "perf_compare.h"  // defines: perf_test::throughput_check, mfu_check, split_words, SimSpec, SimComparison
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -98,18 +98,7 @@ TEST(Lab03Perf, MfuAtGpt2Small) {
                  "--seq-len",
                  "1024",
                  "--steps",
-                 std::to_string(kMfuSteps),
-                 "--threads",
-                 "1",
-                 "--val-every",
-                 "0",
-                 "--val-batches",
-                 "1",
-                 "--sample-tokens",
-                 "0",
-                 "--timeline-steps",
-                 "0",
-                 "--quiet"};
+                 std::to_string(kMfuSteps)};
     perf::mfu_check(record, spec, kMfuMargin, kRefMfuMin, kRefMfuMax);  // skips without MPI or corpus
   });
 }
@@ -134,19 +123,8 @@ TEST(Lab03Perf, ThroughputVsReference) {
     spec.program = "lab03_ddp";
     spec.gpu = kGpu;
     spec.ranks = kRanks;
-    spec.args = {"--model",          "demo",
-                 "--mode",           "overlap",
-                 "--bucket-mb",      "1",
-                 "--link",           kLink,
-                 "--micro-batch",    "8",
-                 "--seq-len",        "128",
-                 "--steps",          std::to_string(kSteps),
-                 "--threads",        "1",
-                 "--val-every",      "0",
-                 "--val-batches",    "1",
-                 "--sample-tokens",  "0",
-                 "--timeline-steps", "0",
-                 "--quiet"};
+    spec.args = perf::split_words(std::string("--model demo --mode overlap --bucket-mb 1 --link ") + kLink +
+                                  " --micro-batch 8 --seq-len 128 --steps " + std::to_string(kSteps));
     perf::SimComparison c;
     if (!perf::throughput_check(record, spec, kMinFraction, &c)) return;  // skipped: no MPI, no corpus
     EXPECT_LE(c.track.exposed_ms, kMaxExposedShare * c.track.busy_ms)

@@ -74,19 +74,8 @@ std::vector<std::string> lab04_args(int steps, bool link) {
                                    std::to_string(kSeqLen),
                                    "--steps",
                                    std::to_string(steps),
-                                   "--threads",
-                                   "1",
-                                   "--val-every",
-                                   "0",
-                                   "--val-batches",
-                                   "1",
-                                   "--sample-tokens",
-                                   "0",
-                                   "--timeline-steps",
-                                   "0",
                                    "--loader-alone-batches",
-                                   "0",
-                                   "--quiet"};
+                                   "0"};
   if (link) args.insert(args.end(), {"--link", kLink});
   return args;
 }

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "grading.h"       // defines: grading::run, Check, Record
-#include "perf_compare.h"  // defines: perf_test::mfu_check, SimSpec
+#include "perf_compare.h"  // defines: perf_test::mfu_check, split_words, SimSpec
 
 namespace grading = scalelab::grading;
 namespace perf = scalelab::perf_test;
@@ -55,32 +55,9 @@ TEST(Lab05Perf, MfuAtGpt7b) {
     spec.program = "lab05_tensor_parallel";
     spec.gpu = kGpu;
     spec.ranks = kRanks;
-    spec.args = {"--model",
-                 "gpt-7b",
-                 "--timing-only",
-                 "--tp",
-                 "8",
-                 "--precision",
-                 "bf16",
-                 "--link",
-                 "nvlink",
-                 "--micro-batch",
-                 "1",
-                 "--seq-len",
-                 "2048",
-                 "--steps",
-                 std::to_string(kSteps),
-                 "--threads",
-                 "1",
-                 "--val-every",
-                 "0",
-                 "--val-batches",
-                 "1",
-                 "--sample-tokens",
-                 "0",
-                 "--timeline-steps",
-                 "0",
-                 "--quiet"};
+    spec.args = perf::split_words(
+        "--model gpt-7b --timing-only --tp 8 --precision bf16 --link nvlink --micro-batch 1 --seq-len 2048 --steps " +
+        std::to_string(kSteps));
     perf::mfu_check(record, spec, kMfuMargin, kRefMfuMin, kRefMfuMax);  // skips without MPI or corpus
   });
 }

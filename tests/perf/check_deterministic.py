@@ -3,7 +3,7 @@
 
   python3 tests/perf/check_deterministic.py --build-dir build
 
-Runs the reference track's speed checks (tests/bin/reference/test_labNN_perf: labs 03, 04, 05 and 07, each one
+Runs the reference track's speed checks (tests/bin/reference/test_labNN_perf: labs 03-07, each one
 simulated run of the "track" and one of the reference) twice, the second time beside two busy loops
 (`yes > /dev/null`, on 2 cores: a machine with no core to spare), then compares between the rounds every check's
 measured text (its record's check_measured) and the figures it was computed from: tokens_per_s, mfu, comm_ms,
@@ -28,7 +28,9 @@ CHECKS = [("lab03", "test_lab03_perf", "Lab03Perf.ThroughputVsReference"),
           ("lab04", "test_lab04_perf", "Lab04Perf.ThroughputVsReference"),
           ("lab04", "test_lab04_perf", "Lab04Perf.MfuAtGpt2Xl"),
           ("lab05", "test_lab05_perf", "Lab05Perf.MfuAtGpt7b"),
-          ("lab07", "test_lab07_perf", "Lab07Perf.ThroughputVsReference")]
+          ("lab06", "test_lab06_perf", "Lab06Perf.MfuAtGpt7b"),
+          ("lab07", "test_lab07_perf", "Lab07Perf.ThroughputVsReference"),
+          ("lab07", "test_lab07_perf", "Lab07Perf.MfuAtGpt7b")]
 FIGURES = ("tokens_per_s", "mfu", "comm_ms", "comm_busy_ms", "mean_step_ms")
 
 

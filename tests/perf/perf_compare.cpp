@@ -10,7 +10,7 @@
 #include <sys/wait.h>   // defines: waitpid
 #include <unistd.h>     // defines: fork, execv, chdir, dup2, setpgid
 
-#include <algorithm>   // defines: std::min, std::max
+#include <algorithm>   // defines: std::min, std::max, std::find
 #include <chrono>      // defines: std::chrono::steady_clock
 #include <cstdio>      // defines: std::snprintf, std::printf
 #include <cstdlib>     // defines: std::getenv, setenv
@@ -19,7 +19,7 @@
 #include <regex>       // defines: std::regex (the NotImplemented message)
 #include <sstream>     // defines: std::istringstream
 #include <thread>      // defines: std::this_thread::sleep_for
-#include <utility>     // defines: std::move
+#include <utility>     // defines: std::move, std::pair
 
 #include "scalelab/core/error.h"  // defines: scalelab::Error, NotImplemented, SL_CHECK_HINT
 #include "scalelab/data/shard.h"  // defines: data::list_shards (is the corpus there?)
@@ -258,6 +258,17 @@ SimFigures sim_figures(const RunResult& r) {
 std::vector<std::string> sim_args(const SimSpec& spec) {
   std::vector<std::string> args = {"--device", "sim", "--backend", "sim", "--sim-gpu", spec.gpu};
   args.insert(args.end(), spec.args.begin(), spec.args.end());
+  // What no check measures, the same for every run, after the check's own arguments: one thread (the host's
+  // arithmetic is not timed), no validation, no sample, no timeline, no progress lines. A key the check
+  // names itself keeps the check's value (CLI11 refuses an option given twice).
+  static const std::vector<std::pair<std::string, std::string>> kQuietRun = {
+      {"--threads", "1"},       {"--val-every", "0"},      {"--val-batches", "1"},
+      {"--sample-tokens", "0"}, {"--timeline-steps", "0"}, {"--quiet", ""}};
+  for (const auto& [key, value] : kQuietRun) {
+    if (std::find(args.begin(), args.end(), key) != args.end()) continue;
+    args.push_back(key);
+    if (!value.empty()) args.push_back(value);
+  }
   return args;
 }
 

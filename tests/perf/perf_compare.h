@@ -7,7 +7,8 @@
 //   tests/lab04/test_lab04_perf.cpp   lab04.throughput_vs_reference, lab04.peak_memory_within_estimate,
 //                                     lab04.mfu_at_gpt2_xl
 //   tests/lab05/test_lab05_perf.cpp   lab05.mfu_at_gpt7b
-//   tests/lab07/test_lab07_perf.cpp   lab07.tp_inside_node_throughput
+//   tests/lab06/test_lab06_perf.cpp   lab06.mfu_at_gpt7b
+//   tests/lab07/test_lab07_perf.cpp   lab07.throughput_vs_reference, lab07.mfu_at_gpt7b
 // Implementation: perf_compare.cpp. It starts the programs with fork/exec under mpiexec: the test
 // program itself never initialises MPI (graded_main's communicator is "local" outside mpiexec).
 #pragma once
@@ -88,7 +89,9 @@ struct SimSpec {
   int ranks = 2;
   double run_timeout_s = 120;  // s of real time, one run: ends a hang (ctest's TIMEOUT is above two of these)
 };
-// `spec.args` with the sim options in front: what both runs get.
+// `spec.args` with the sim options in front and the quiet-run options every check shares after them
+// ("--threads 1 --val-every 0 --val-batches 1 --sample-tokens 0 --timeline-steps 0 --quiet", each unless
+// spec.args names it): what both runs get.
 std::vector<std::string> sim_args(const SimSpec& spec);
 
 // One run of the track, then one of the reference (the track first: an unwritten TODO is reported after
@@ -116,10 +119,11 @@ std::string describe(const SimSpec& spec, const SimComparison& c);
 bool throughput_check(grading::Record& record, SimSpec spec, double min_fraction, SimComparison* out);
 
 // The body of an MFU check at the lesson's size (lab03.mfu_at_gpt2_small, lab04.mfu_at_gpt2_xl,
-// lab05.mfu_at_gpt7b): throughput_check with min_fraction = margin (one model, the same arguments: tokens/s
-// and MFU are in the same ratio), then expects the track's MFU >= margin x the reference's, and the
-// reference's MFU inside [ref_min, ref_max], the band measured for that setup (docs/grading.md "Performance
-// checks"), so a change of the device model or of the reference that moves it is seen. Returns throughput_check's answer.
+// lab05.mfu_at_gpt7b, lab06.mfu_at_gpt7b, lab07.mfu_at_gpt7b): throughput_check with min_fraction = margin
+// (one model, the same arguments: tokens/s and MFU are in the same ratio), then expects the track's MFU >=
+// margin x the reference's, and the reference's MFU inside [ref_min, ref_max], the band measured for that
+// setup (docs/grading.md "Performance checks"), so a change of the device model or of the reference that
+// moves it is seen. Returns throughput_check's answer.
 bool mfu_check(grading::Record& record, SimSpec spec, double margin, double ref_min, double ref_max);
 
 // "" when a speed check can run here (mpiexec in the build, the corpus present or made now), else why not:
