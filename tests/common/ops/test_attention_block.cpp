@@ -16,6 +16,7 @@
 
 #include "close_to_scale.h"        // defines: close_to_scale (the kTol criterion)
 #include "expect_error.h"          // defines: error_message, contains
+#include "seq_rows.h"              // defines: seq_rows, add_seq_rows, lse_rows, set_lse_rows, minus_inf
 #include "scalelab/core/tensor.h"  // defines: Tensor, DType, Shape
 #include "scalelab/ops/op_cost.h"  // defines: op_cost::attention_*_block, attention_block_pairs
 #include "scalelab/ops/ops.h"      // defines: the Tensor-level ops under test
@@ -28,6 +29,11 @@ using scalelab::Tensor;
 using scalelab::test::close_to_scale;
 using scalelab::test::contains;
 using scalelab::test::error_message;
+using scalelab::test::add_seq_rows;
+using scalelab::test::lse_rows;
+using scalelab::test::minus_inf;
+using scalelab::test::seq_rows;
+using scalelab::test::set_lse_rows;
 namespace op_cost = scalelab::op_cost;
 
 // Blocks merged against the dense flash op, fp32: the same sums in another order (a block's keys summed
@@ -49,41 +55,6 @@ Tensor cpu_tensor(const Shape& shape, const std::vector<float>& values) {
   return t;
 }
 std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
-// A (shape) tensor of -inf: the log-sum-exp of an accumulator that has summed nothing yet.
-Tensor minus_inf(const Shape& shape) {
-  return cpu_tensor(shape, std::vector<float>(size_t(scalelab::numel_of(shape)), -INFINITY));
-}
-
-// Rows [t0, t0 + n) of every sequence of x (B, T, W), channels [c0, c0 + w): a (B, n, w) tensor.
-Tensor rows(const Tensor& x, int t0, int n, int c0, int w) {
-  const int64_t B = x.size(0), T = x.size(1), W = x.size(2);
-  Tensor y = Tensor::empty({B, n, w});
-  for (int64_t b = 0; b < B; b++)
-    for (int t = 0; t < n; t++)
-      for (int c = 0; c < w; c++) y.data<float>()[(b * n + t) * w + c] = x.data<float>()[(b * T + t0 + t) * W + c0 + c];
-  return y;
-}
-// The inverse: x[:, t0:t0+n, c0:c0+w] += y (B, n, w).
-void add_rows(Tensor& x, const Tensor& y, int t0, int c0) {
-  const int64_t B = x.size(0), T = x.size(1), W = x.size(2), n = y.size(1), w = y.size(2);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < n; t++)
-      for (int64_t c = 0; c < w; c++)
-        x.data<float>()[(b * T + t0 + t) * W + c0 + c] += y.data<float>()[(b * n + t) * w + c];
-}
-// lse (B, NH, T) -> positions [t0, t0 + n) of each row: (B, NH, n), and back (overwrite).
-Tensor lse_rows(const Tensor& lse, int t0, int n) {
-  const int64_t BH = lse.size(0) * lse.size(1), T = lse.size(2);
-  Tensor y = Tensor::empty({lse.size(0), lse.size(1), n});
-  for (int64_t r = 0; r < BH; r++)
-    for (int t = 0; t < n; t++) y.data<float>()[r * n + t] = lse.data<float>()[r * T + t0 + t];
-  return y;
-}
-void set_lse_rows(Tensor& lse, const Tensor& y, int t0) {
-  const int64_t BH = lse.size(0) * lse.size(1), T = lse.size(2), n = y.size(2);
-  for (int64_t r = 0; r < BH; r++)
-    for (int64_t t = 0; t < n; t++) lse.data<float>()[r * T + t0 + t] = y.data<float>()[r * n + t];
-}
 
 struct Block {
   int t0, n;  // positions [t0, t0 + n) of the sequence
@@ -122,8 +93,8 @@ struct Case {
         out(Tensor::zeros({s.B, s.T, s.C})),
         lse(Tensor::empty({s.B, s.NH, s.T})),
         dqkv(Tensor::zeros({s.B, s.T, 3 * s.C})) {}
-  Tensor q(const Block& b) const { return rows(qkv, b.t0, b.n, 0, s.C); }
-  Tensor kv(const Block& b) const { return rows(qkv, b.t0, b.n, s.C, 2 * s.C); }
+  Tensor q(const Block& b) const { return seq_rows(qkv, b.t0, b.n, 0, s.C); }
+  Tensor kv(const Block& b) const { return seq_rows(qkv, b.t0, b.n, s.C, 2 * s.C); }
 
   // Every query block against every key/value block (in the order of kv_order, one list per query block),
   // merged into an accumulator that starts at out 0, lse -inf; then the backward of every pair, given the
@@ -137,18 +108,18 @@ struct Case {
         scalelab::attention_forward_block(part_out, part_lse, q(qb), kv(kb), s.NH, qb.t0, kb.t0);
         scalelab::attention_merge(acc_out, acc_lse, part_out, part_lse, s.NH);
       }
-      add_rows(out, acc_out, qb.t0, 0);
+      add_seq_rows(out, acc_out, qb.t0, 0);
       set_lse_rows(lse, acc_lse, qb.t0);
     }
     for (size_t i = 0; i < q_blocks.size(); i++) {
       const Block& qb = q_blocks[i];
-      const Tensor out_q = rows(out, qb.t0, qb.n, 0, s.C), lse_q = lse_rows(lse, qb.t0, qb.n);
-      const Tensor dout_q = rows(dout, qb.t0, qb.n, 0, s.C);
+      const Tensor out_q = seq_rows(out, qb.t0, qb.n, 0, s.C), lse_q = lse_rows(lse, qb.t0, qb.n);
+      const Tensor dout_q = seq_rows(dout, qb.t0, qb.n, 0, s.C);
       for (const Block& kb : kv_order[i]) {
         Tensor dq = Tensor::zeros({s.B, qb.n, s.C}), dkv = Tensor::zeros({s.B, kb.n, 2 * s.C});
         scalelab::attention_backward_block(dq, dkv, dout_q, q(qb), kv(kb), out_q, lse_q, s.NH, qb.t0, kb.t0);
-        add_rows(dqkv, dq, qb.t0, 0);
-        add_rows(dqkv, dkv, kb.t0, s.C);
+        add_seq_rows(dqkv, dq, qb.t0, 0);
+        add_seq_rows(dqkv, dkv, kb.t0, s.C);
       }
     }
   }
@@ -272,7 +243,7 @@ TEST(AttentionBlockCpu, FullyMaskedRowsGiveZeroOutAndMinusInfinityLse) {
                            dkv0 = uniform(size_t(s.B) * kb.n * 2 * s.C, 44);
   Tensor dq = cpu_tensor({s.B, qb.n, s.C}, dq0), dkv = cpu_tensor({s.B, kb.n, 2 * s.C}, dkv0);
   Tensor final_lse = Tensor::zeros({s.B, s.NH, qb.n});
-  scalelab::attention_backward_block(dq, dkv, rows(c.dout, qb.t0, qb.n, 0, s.C), c.q(qb), c.kv(kb), out, final_lse,
+  scalelab::attention_backward_block(dq, dkv, seq_rows(c.dout, qb.t0, qb.n, 0, s.C), c.q(qb), c.kv(kb), out, final_lse,
                                      s.NH, qb.t0, kb.t0);
   EXPECT_EQ(values(dq), dq0);
   EXPECT_EQ(values(dkv), dkv0);
