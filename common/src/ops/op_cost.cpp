@@ -162,31 +162,40 @@ double attention_block_pairs(int64_t Tq, int64_t Tk, int64_t q_offset, int64_t k
   return pairs;
 }
 
+namespace {
+// The sizes both block ops count with: X = B Tq C (q, out, dq), Xk = B Tk C (k or v), R = B NH Tq (lse, D), and
+// pairs_x_c = visible pairs x B x C (the sum over heads of HS x the visible pairs).
+struct BlockSizes {
+  double X, Xk, R, pairs_x_c;
+  BlockSizes(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset, int64_t kv_offset)
+      : X(static_cast<double>(B) * Tq * C),
+        Xk(static_cast<double>(B) * Tk * C),
+        R(static_cast<double>(B) * NH * Tq),
+        pairs_x_c(attention_block_pairs(Tq, Tk, q_offset, kv_offset) * static_cast<double>(B) * C) {}
+};
+}  // namespace
+
 OpCost attention_forward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
                                int64_t kv_offset) {
-  const double X = static_cast<double>(B) * Tq * C, Xk = static_cast<double>(B) * Tk * C;
-  const double R = static_cast<double>(B) * NH * Tq;
-  const double pairs = attention_block_pairs(Tq, Tk, q_offset, kv_offset);
+  const BlockSizes z(B, Tq, Tk, C, NH, q_offset, kv_offset);
   OpCost cost;
   cost.op_class = OpClass::Attention;
-  cost.flops = 4 * pairs * static_cast<double>(B) * C;  // per visible pair and head: q.k and p v, HS each
+  cost.flops = 4 * z.pairs_x_c;  // per visible pair and head: q.k and p v, HS multiply-adds each
   // r q; r k, v (only when some pair is visible: the kernel skips every key tile otherwise); w out, lse
-  cost.bytes = kF32 * (X + (pairs > 0 ? 2 * Xk : 0) + X + R);
+  cost.bytes = kF32 * (z.X + (z.pairs_x_c > 0 ? 2 * z.Xk : 0) + z.X + z.R);
   cost.launches = 1;
   return cost;
 }
 
 OpCost attention_backward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
                                 int64_t kv_offset) {
-  const double X = static_cast<double>(B) * Tq * C, Xk = static_cast<double>(B) * Tk * C;
-  const double R = static_cast<double>(B) * NH * Tq;
-  const double pairs = attention_block_pairs(Tq, Tk, q_offset, kv_offset);
+  const BlockSizes z(B, Tq, Tk, C, NH, q_offset, kv_offset);
   OpCost cost;
   cost.op_class = OpClass::Attention;
-  cost.flops = 14 * pairs * static_cast<double>(B) * C;  // as attention_backward_flash, per visible pair
+  cost.flops = 14 * z.pairs_x_c;  // as attention_backward_flash, per visible pair
   // row dot D: r dout, out, w D; dk/dv: r q, k, v, dout, lse, D, r+w dk, dv; dq: r q, k, v, dout, lse, D,
   // r+w dq
-  cost.bytes = kF32 * ((2 * X + R) + (2 * X + 2 * Xk + 2 * R + 4 * Xk) + (4 * X + 2 * Xk + 2 * R));
+  cost.bytes = kF32 * ((2 * z.X + z.R) + (2 * z.X + 6 * z.Xk + 2 * z.R) + (4 * z.X + 2 * z.Xk + 2 * z.R));
   cost.launches = 3;
   return cost;
 }
