@@ -4,6 +4,7 @@
 //   gpt2_layout.h       GPTConfig, ModelShard, the parameter table, counts, dense <-> shard slices
 //   hooks.h             HookPoint, HookHandle, the hook lists
 //   gpt2_activations.h  AttentionImpl, Recompute, the activation sets and the backward's scratch
+//   context_parallel.h  ContextParallel (the attention point of a sequence split across ranks), cp_chunks
 //
 // Parameters live in "units": unit 0 = embeddings (wte, wpe), units 1..L = transformer blocks h.0..h.L-1,
 // unit L+1 = final layernorm ln_f. Each unit's parameters are ONE contiguous buffer, described by a

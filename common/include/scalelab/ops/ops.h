@@ -10,6 +10,7 @@
 // residual stream sum naturally. Exceptions say so: softmax_crossentropy_backward overwrites dlogits.
 // Errors: every op throws scalelab::Error naming the mismatched shape/dtype/device.
 // Tests: tests/common/ops/test_ops_cpu.cpp (finite differences, known values), tests/common/model/test_gpt2_fixture.cpp
+// (the block attention ops and the merge: tests/common/ops/test_attention_block.cpp)
 #pragma once
 
 #include <cstdint>
