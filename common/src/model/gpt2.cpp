@@ -68,6 +68,8 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const P
                 "unsupported precision policy %s: bf16 matmuls read the bf16 parameters in place, so they need "
                 "bf16 parameters",
                 policy.name().c_str());
+  // Context parallel: the point returns out and lse (the flash op's activations), never the (T, T) scores.
+  if (shard_.cp_size > 1) attention_ = AttentionImpl::Flash;
   // Where each parameter's fp32 values sit for the fp32 ops (unit_weights_f32).
   if (policy.matmul_dtype == DType::BF16) {
     // Pack each unit's non-matmul parameters; every slot starts on a multiple of 4 floats (16 bytes), since
@@ -160,6 +162,50 @@ TensorParallel& GPT2::tp() const {
                 "of its tp group (lab 05) before its first forward",
                 "tp=%d shard without tensor-parallel points", shard_.tp_size);
   return identity;
+}
+
+ContextParallel& GPT2::cp() const {
+  static ContextParallel identity;  // stateless: the flash op on the whole sequence
+  if (cp_ != nullptr) return *cp_;
+  SL_CHECK_HINT(shard_.cp_size == 1,
+                "a context-parallel shard needs set_context_parallel(...) with the point of its cp group "
+                "(lab 10) before its first forward",
+                "cp=%d shard without a context-parallel point", shard_.cp_size);
+  return identity;
+}
+
+Tensor GPT2::slice_wpe(const Tensor& wpe) const {
+  const int64_t C = cfg_.n_embd, maxT = wpe.size(0);
+  if (cp_chunks_.size() == 1) {  // contiguous (and cp = 1: position 0, wpe itself)
+    const int64_t p = cp_chunks_[0].position;
+    return wpe.view(p * C, {maxT - p, C});
+  }
+  Tensor rows =
+      Tensor::empty({cp_chunks_.back().row + cp_chunks_.back().length, C}, DType::F32, device_, MemCategory::Workspace);
+  for (const CpChunk& c : cp_chunks_) {
+    Tensor dst = rows.view(int64_t{c.row} * C, {c.length, C});
+    dst.copy_from(wpe.view(int64_t{c.position} * C, {c.length, C}));
+  }
+  return rows;
+}
+
+// dwte += the token rows, dwpe += the rows of the shard's positions (cp_chunks_), through the embedding point.
+void GPT2::embedding_backward_slice(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  TensorParallel& points = tp();
+  const int64_t C = cfg_.n_embd, maxT = dwpe.size(0);
+  if (cp_chunks_.size() == 1) {
+    const int64_t p = cp_chunks_[0].position;
+    Tensor dwpe_rows = dwpe.view(p * C, {maxT - p, C});
+    points.embedding_backward(dwte, dwpe_rows, dout, tokens);
+    return;
+  }
+  Tensor rows =
+      Tensor::zeros({cp_chunks_.back().row + cp_chunks_.back().length, C}, DType::F32, device_, MemCategory::Workspace);
+  points.embedding_backward(dwte, rows, dout, tokens);
+  for (const CpChunk& c : cp_chunks_) {
+    Tensor dst = dwpe.view(int64_t{c.position} * C, {c.length, C});
+    add_(dst, rows.view(int64_t{c.row} * C, {c.length, C}));
+  }
 }
 
 // GPT-2 initialisation (as in GPT-2 / nanoGPT): weights N(0, 0.02); the two residual projections per
@@ -257,6 +303,8 @@ void GPT2::free_activations() {
 
 void GPT2::set_attention(AttentionImpl impl) {
   if (impl == attention_) return;
+  SL_CHECK_HINT(shard_.cp_size == 1, "context parallelism merges each row's blocks by their log-sum-exp: keep Flash",
+                "set_attention(Materialized) on a context-parallel shard (%s)", shard_.str().c_str());
   attention_ = impl;
   free_activations();
 }
@@ -415,7 +463,7 @@ void GPT2::block_forward(BlockActivations& ba, const Tensor& x, const Tensor& w,
   if (shard_.sequence_parallel) points.sp_gather_forward(ba.ln1, ba.ln1_full);
   else points.f_forward(ba.ln1_full);
   policy_matmul_forward(ba.qkv, ba.ln1_full, matmul_weight(w, b.c_attn_w), &qkv_b);
-  if (attention_ == AttentionImpl::Flash) attention_forward_flash(ba.atty, ba.lse, ba.qkv, NHl);
+  if (attention_ == AttentionImpl::Flash) cp().attention_forward(ba.atty, ba.lse, ba.qkv, NHl, cp_chunks_);
   else  // Selective keeps no att: the scores go to the shared buffer and are recomputed in the backward
     attention_forward(ba.atty, ba.att.defined() ? ba.att : scratch_.att_recompute, ba.qkv, NHl);
   row_parallel_forward(ba.attproj, ba.atty, matmul_weight(w, b.attn_proj_w), proj_b);
@@ -445,6 +493,7 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
   const int B = a.B_, T = a.T_, L = cfg_.n_layer;
   ensure_scratch(B, T);
   TensorParallel& points = tp();
+  cp_chunks_ = cp_chunks(shard_, cfg_, T);  // T is the shard's slice: positions as cp_chunks says
   a.have_targets = targets != nullptr;
 
   // The stage's input: the embedding of the tokens, or the hidden state the previous stage sent.
@@ -472,7 +521,7 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
     run_hooks(HookPoint::BeforeForward, 0);
     {
       Tensor w = unit_weights_f32(0);
-      points.embedding_forward(a.encoded, a.tokens, weight_view(w, wte_), weight_view(w, wpe_));
+      points.embedding_forward(a.encoded, a.tokens, weight_view(w, wte_), slice_wpe(weight_view(w, wpe_)));
     }
     run_hooks(HookPoint::AfterForward, 0);
   }
@@ -589,7 +638,7 @@ void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor&
   row_parallel_backward(s.datty, dproj_w, dproj_b, dresidual, ba.atty, MW(b.attn_proj_w));
   s.dqkv.zero_();
   if (attention_ == AttentionImpl::Flash) {
-    attention_backward_flash(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl);
+    cp().attention_backward(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl, cp_chunks_);
   } else if (ba.att.defined()) {
     attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, ba.att, NHl);
   } else {
@@ -613,6 +662,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
   const int B = a.B_, T = a.T_, L = cfg_.n_layer;
   ensure_scratch(B, T);
   TensorParallel& points = tp();
+  cp_chunks_ = cp_chunks(shard_, cfg_, T);
   BackwardScratch& s = scratch_;
   const bool sp = shard_.sequence_parallel;
   // dln_full: the gradient of a column-parallel region's (gathered) input, partial on each rank
@@ -685,7 +735,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     // backward began with the head in the dense model; on a first stage without the head it begins here.
     if (!shard_.has_head) run_hooks(HookPoint::BeforeBackward, 0);
     Tensor dwte = grad_at(wte_), dwpe = grad_at(wpe_);
-    points.embedding_backward(dwte, dwpe, s.dresidual, a.tokens);
+    embedding_backward_slice(dwte, dwpe, s.dresidual, a.tokens);
     run_hooks(HookPoint::AfterBackward, 0);
   } else {
     SL_CHECK_HINT(d_input != nullptr,

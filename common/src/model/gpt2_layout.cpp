@@ -108,6 +108,15 @@ void ModelShard::validate(const GPTConfig& cfg) const {
                 "sequence parallelism splits along T within a "
                 "tensor-parallel group: it needs tp > 1",
                 "sequence parallel with tp=%d", tp_size);
+  SL_CHECK_HINT(cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size, "cp_rank is 0 .. cp_size-1",
+                "context-parallel rank %d of %d", cp_rank, cp_size);
+  SL_CHECK_HINT(cp_size <= cfg.max_seq_len / (cp_zigzag ? 2 : 1),
+                "each rank needs at least one token (two with the zig-zag) of a max_seq_len sequence",
+                "context parallel over %d ranks%s, but max_seq_len=%d", cp_size, cp_zigzag ? " (zig-zag)" : "",
+                cfg.max_seq_len);
+  SL_CHECK_HINT(!(sequence_parallel && cp_size > 1),
+                "sequence parallelism and context parallelism both split the sequence: use one of them",
+                "sequence parallel with cp=%d", cp_size);
 }
 
 bool ModelShard::owns_unit(int unit, const GPTConfig& cfg) const {
@@ -129,6 +138,7 @@ std::string ModelShard::str() const {
   if (has_embedding) os << " | embedding";
   if (has_head) os << " | head";
   if (sequence_parallel) os << " | sequence parallel";
+  if (cp_size > 1) os << " | cp " << cp_rank << "/" << cp_size << (cp_zigzag ? " zig-zag" : "");
   return os.str();
 }
 

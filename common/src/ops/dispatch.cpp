@@ -472,6 +472,88 @@ void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qk
            out.data<float>(), lse.data<float>(), B, T, C, NH);
 }
 
+namespace {
+
+struct BlockDims {
+  int B, Tq, Tk, C;  // batch, the block's queries, its keys, channels
+};
+
+// The checks the block ops share: q (B,Tq,C) and kv (B,Tk,2C) fp32 with the same B and C, C a multiple of
+// NH, offsets >= 0 (positions in the sequence).
+BlockDims check_block(const char* op, const Tensor& q, const Tensor& kv, int NH, int q_offset, int kv_offset) {
+  SL_CHECK(q.dtype() == DType::F32 && kv.dtype() == DType::F32, "%s: q and kv must be f32, got %s and %s", op,
+           dtype_name(q.dtype()), dtype_name(kv.dtype()));
+  SL_CHECK(q.ndim() == 3 && kv.ndim() == 3, "%s: q has shape %s and kv %s, expected (B, Tq, C) and (B, Tk, 2C)", op,
+           shape_str(q.shape()).c_str(), shape_str(kv.shape()).c_str());
+  const int64_t B = q.size(0), Tq = q.size(1), C = q.size(2), Tk = kv.size(1);
+  SL_CHECK_HINT(kv.size(0) == B && kv.size(2) == 2 * C, "kv holds k | v of each key row: (B, Tk, 2C)",
+                "%s: q has shape %s, so kv must be (%lld, Tk, %lld), got %s", op, shape_str(q.shape()).c_str(),
+                static_cast<long long>(B), static_cast<long long>(2 * C), shape_str(kv.shape()).c_str());
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"B", B}, {"Tq", Tq}, {"Tk", Tk}, {"2C", 2 * C}})
+    SL_CHECK(v > 0 && v <= INT_MAX, "%s: %s = %lld must be in [1, INT_MAX]", op, name, static_cast<long long>(v));
+  SL_CHECK(NH > 0 && C % NH == 0, "%s: C=%lld not divisible by NH=%d (q %s)", op, static_cast<long long>(C), NH,
+           shape_str(q.shape()).c_str());
+  SL_CHECK_HINT(q_offset >= 0 && kv_offset >= 0, "offsets are the blocks' first positions in the sequence",
+                "%s: q_offset = %d and kv_offset = %d must be >= 0", op, q_offset, kv_offset);
+  return {static_cast<int>(B), static_cast<int>(Tq), static_cast<int>(Tk), static_cast<int>(C)};
+}
+
+}  // namespace
+
+void attention_forward_block(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& kv, int NH, int q_offset,
+                             int kv_offset) {
+  DeviceCodeScope device_code;
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  const auto [B, Tq, Tk, C] = check_block(__func__, q, kv, NH, q_offset, kv_offset);
+  SL_OPS_SHAPE(out, (Shape{B, Tq, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, Tq}));
+  run_twin(__func__, {&out, &lse, &q, &kv}, op_cost::attention_forward_block(B, Tq, Tk, C, NH, q_offset, kv_offset),
+           SL_TWINS(attention_forward_block), out.data<float>(), lse.data<float>(), q.data<float>(), kv.data<float>(),
+           B, Tq, Tk, C, NH, q_offset, kv_offset);
+}
+
+void attention_backward_block(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& q, const Tensor& kv,
+                              const Tensor& out, const Tensor& lse, int NH, int q_offset, int kv_offset) {
+  DeviceCodeScope device_code;
+  SL_OPS_DTYPE(dq, DType::F32);
+  SL_OPS_DTYPE(dkv, DType::F32);
+  SL_OPS_DTYPE(dout, DType::F32);
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  const auto [B, Tq, Tk, C] = check_block(__func__, q, kv, NH, q_offset, kv_offset);
+  SL_OPS_SHAPE(dq, q.shape());
+  SL_OPS_SHAPE(dkv, kv.shape());
+  SL_OPS_SHAPE(dout, (Shape{B, Tq, C}));
+  SL_OPS_SHAPE(out, (Shape{B, Tq, C}));
+  SL_OPS_SHAPE(lse, (Shape{B, NH, Tq}));
+  run_twin(__func__, {&dq, &dkv, &dout, &q, &kv, &out, &lse},
+           op_cost::attention_backward_block(B, Tq, Tk, C, NH, q_offset, kv_offset), SL_TWINS(attention_backward_block),
+           dq.data<float>(), dkv.data<float>(), dout.data<float>(), q.data<float>(), kv.data<float>(),
+           out.data<float>(), lse.data<float>(), B, Tq, Tk, C, NH, q_offset, kv_offset);
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_part, const Tensor& lse_part, int NH) {
+  DeviceCodeScope device_code;
+  SL_OPS_DTYPE(out, DType::F32);
+  SL_OPS_DTYPE(lse, DType::F32);
+  SL_OPS_DTYPE(out_part, DType::F32);
+  SL_OPS_DTYPE(lse_part, DType::F32);
+  SL_OPS_NDIM(out, 3);  // (B,T,C)
+  const int64_t B = out.size(0), T = out.size(1), C = out.size(2);
+  SL_OPS_FITS_INT(B);
+  SL_OPS_FITS_INT(T);
+  SL_OPS_FITS_INT(C);
+  SL_CHECK(NH > 0 && C % NH == 0, "attention_merge: C=%lld not divisible by NH=%d (out %s)", static_cast<long long>(C),
+           NH, shape_str(out.shape()).c_str());
+  SL_OPS_SHAPE(out_part, out.shape());
+  SL_OPS_SHAPE(lse, (Shape{B, NH, T}));
+  SL_OPS_SHAPE(lse_part, (Shape{B, NH, T}));
+  run_twin(__func__, {&out, &lse, &out_part, &lse_part}, op_cost::attention_merge(B, T, C, NH),
+           SL_TWINS(attention_merge), out.data<float>(), lse.data<float>(), out_part.data<float>(),
+           lse_part.data<float>(), static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), NH);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elementwise: GELU and the residual add (any shapes with matching element counts).
 

@@ -4,7 +4,7 @@
 // Tests: tests/common/ops/test_op_cost.cpp
 #include "scalelab/ops/op_cost.h"
 
-#include <algorithm>  // defines: std::max
+#include <algorithm>  // defines: std::max, std::clamp
 
 namespace scalelab {
 
@@ -152,6 +152,57 @@ OpCost attention_backward_flash(int64_t B, int64_t T, int64_t C, int64_t NH) {
   cost.bytes = kF32 * ((2 * X + R) + (8 * X + 2 * R) + (6 * X + 2 * R));
   cost.launches = 3;
   return cost;
+}
+
+double attention_block_pairs(int64_t Tq, int64_t Tk, int64_t q_offset, int64_t kv_offset) {
+  double pairs = 0;
+  // Query t sees keys s = 0 .. q_offset + t - kv_offset of the block, at most Tk of them.
+  for (int64_t t = 0; t < Tq; t++)
+    pairs += static_cast<double>(std::clamp<int64_t>(q_offset + t - kv_offset + 1, 0, Tk));
+  return pairs;
+}
+
+namespace {
+// The sizes both block ops count with: X = B Tq C (q, out, dq), Xk = B Tk C (k or v), R = B NH Tq (lse, D), and
+// pairs_x_c = visible pairs x B x C (the sum over heads of HS x the visible pairs).
+struct BlockSizes {
+  double X, Xk, R, pairs_x_c;
+  BlockSizes(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset, int64_t kv_offset)
+      : X(static_cast<double>(B) * Tq * C),
+        Xk(static_cast<double>(B) * Tk * C),
+        R(static_cast<double>(B) * NH * Tq),
+        pairs_x_c(attention_block_pairs(Tq, Tk, q_offset, kv_offset) * static_cast<double>(B) * C) {}
+};
+}  // namespace
+
+OpCost attention_forward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
+                               int64_t kv_offset) {
+  const BlockSizes z(B, Tq, Tk, C, NH, q_offset, kv_offset);
+  OpCost cost;
+  cost.op_class = OpClass::Attention;
+  cost.flops = 4 * z.pairs_x_c;  // per visible pair and head: q.k and p v, HS multiply-adds each
+  // r q; r k, v (only when some pair is visible: the kernel skips every key tile otherwise); w out, lse
+  cost.bytes = kF32 * (z.X + (z.pairs_x_c > 0 ? 2 * z.Xk : 0) + z.X + z.R);
+  cost.launches = 1;
+  return cost;
+}
+
+OpCost attention_backward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
+                                int64_t kv_offset) {
+  const BlockSizes z(B, Tq, Tk, C, NH, q_offset, kv_offset);
+  OpCost cost;
+  cost.op_class = OpClass::Attention;
+  cost.flops = 14 * z.pairs_x_c;  // as attention_backward_flash, per visible pair
+  // row dot D: r dout, out, w D; dk/dv: r q, k, v, dout, lse, D, r+w dk, dv; dq: r q, k, v, dout, lse, D,
+  // r+w dq
+  cost.bytes = kF32 * ((2 * z.X + z.R) + (2 * z.X + 6 * z.Xk + 2 * z.R) + (4 * z.X + 2 * z.Xk + 2 * z.R));
+  cost.launches = 3;
+  return cost;
+}
+
+OpCost attention_merge(int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const double X = static_cast<double>(B) * T * C, R = static_cast<double>(B) * NH * T;
+  return memory_bound(3 * X + 3 * R, 1);  // r out, out_part, w out; r lse, lse_part, w lse
 }
 
 // ---- Elementwise.

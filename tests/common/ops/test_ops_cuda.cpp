@@ -581,6 +581,83 @@ TEST(CudaOps, AttentionBackwardAccumulatesAndMatchesCpu) {
   }
 }
 
+// The block ops of context parallelism (q (B,Tq,C) against kv (B,Tk,2C) at absolute offsets; CPU oracle
+// checked against the dense op in test_attention_block.cpp): blocks wholly visible, straddling the diagonal,
+// with fully masked rows, wholly masked, and sizes off the tiles (8 rows, 32 keys).
+struct BlockCase {
+  int B, Tq, Tk, C, NH, q_offset, kv_offset;
+  std::string str() const {
+    return "B=" + std::to_string(B) + " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) +
+           " C=" + std::to_string(C) + " NH=" + std::to_string(NH) + " q_offset=" + std::to_string(q_offset) +
+           " kv_offset=" + std::to_string(kv_offset);
+  }
+};
+const BlockCase kBlockCases[] = {
+    {2, 17, 40, 36, 3, 40, 0},   // keys wholly in the past: every pair visible
+    {1, 37, 37, 64, 2, 37, 37},  // the diagonal block: the dense causal mask
+    {2, 20, 45, 32, 4, 30, 10},  // straddling: rows 0..9 see part of the block, 10.. see all of it
+    {1, 24, 16, 48, 2, 4, 12},   // rows 0..7 (positions 4..11) fully masked, the rest partly
+    {1, 9, 33, 24, 2, 0, 9},     // wholly masked: out 0, lse -inf
+};
+
+// lse with -inf where a row sees no key: the -inf entries must match exactly; the finite ones are compared
+// by close() after both sides' -inf are set to 0.
+::testing::AssertionResult lse_close(const std::string& what, std::vector<float> got, std::vector<float> want) {
+  for (size_t i = 0; i < want.size() && i < got.size(); i++) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (got[i] != want[i])
+        return ::testing::AssertionFailure() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+      got[i] = want[i] = 0.0f;
+    }
+  }
+  return close(what, got, want, kF32Tol);
+}
+
+TEST(CudaOps, AttentionBlockForwardAndBackwardMatchCpuAtOffsets) {
+  SL_REQUIRE_GPU();
+  for (const BlockCase& s : kBlockCases) {
+    SCOPED_TRACE(s.str());
+    const auto q = uniform(size_t(s.B) * s.Tq * s.C, 61), kv = uniform(size_t(s.B) * s.Tk * 2 * s.C, 62);
+    const auto dout = uniform(q.size(), 63);
+    std::vector<float> out(q.size()), lse(size_t(s.B) * s.NH * s.Tq);
+    cpu::attention_forward_block(out.data(), lse.data(), q.data(), kv.data(), s.B, s.Tq, s.Tk, s.C, s.NH, s.q_offset,
+                                 s.kv_offset);
+    Tensor d_q = to_gpu(q), d_kv = to_gpu(kv), d_dout = to_gpu(dout);
+    Tensor d_out = to_gpu(std::vector<float>(out.size(), NAN)), d_lse = to_gpu(std::vector<float>(lse.size(), NAN));
+    cuda::attention_forward_block(d_out.data<float>(), d_lse.data<float>(), d_q.data<float>(), d_kv.data<float>(), s.B,
+                                  s.Tq, s.Tk, s.C, s.NH, s.q_offset, s.kv_offset);
+    EXPECT_TRUE(close("block out", to_host<float>(d_out), out, kF32Tol));
+    EXPECT_TRUE(lse_close("block lse", to_host<float>(d_lse), lse));
+    // The backward with this block as the whole attention (its out and lse are then the final ones), from
+    // nonzero gradients: the += rule.
+    std::vector<float> dq = uniform(q.size(), 64), dkv = uniform(kv.size(), 65);
+    Tensor d_dq = to_gpu(dq), d_dkv = to_gpu(dkv), d_out_cpu = to_gpu(out), d_lse_cpu = to_gpu(lse);
+    cpu::attention_backward_block(dq.data(), dkv.data(), dout.data(), q.data(), kv.data(), out.data(), lse.data(), s.B,
+                                  s.Tq, s.Tk, s.C, s.NH, s.q_offset, s.kv_offset);
+    cuda::attention_backward_block(d_dq.data<float>(), d_dkv.data<float>(), d_dout.data<float>(), d_q.data<float>(),
+                                   d_kv.data<float>(), d_out_cpu.data<float>(), d_lse_cpu.data<float>(), s.B, s.Tq,
+                                   s.Tk, s.C, s.NH, s.q_offset, s.kv_offset);
+    EXPECT_TRUE(close("block dq", to_host<float>(d_dq), dq, kF32Tol));
+    EXPECT_TRUE(close("block dkv", to_host<float>(d_dkv), dkv, kF32Tol));
+  }
+}
+
+TEST(CudaOps, AttentionMergeMatchesCpuIncludingEmptyRows) {
+  SL_REQUIRE_GPU();
+  const int B = 2, T = 19, C = 40, NH = 4;
+  const size_t n = size_t(B) * T * C, r = size_t(B) * NH * T;
+  std::vector<float> out = uniform(n, 71), part = uniform(n, 72);
+  std::vector<float> lse = uniform(r, 73, -3.0f, 3.0f), lse_part = uniform(r, 74, -3.0f, 3.0f);
+  for (size_t i = 0; i < r; i += 5) lse[i] = -INFINITY;       // an accumulator at its start
+  for (size_t i = 0; i < r; i += 7) lse_part[i] = -INFINITY;  // an empty part (0, 35, ...: both -inf)
+  Tensor d_out = to_gpu(out), d_lse = to_gpu(lse), d_part = to_gpu(part), d_lse_part = to_gpu(lse_part);
+  cpu::attention_merge(out.data(), lse.data(), part.data(), lse_part.data(), B, T, C, NH);
+  cuda::attention_merge(d_out.data<float>(), d_lse.data<float>(), d_part.data<float>(), d_lse_part.data<float>(), B, T,
+                        C, NH);
+  EXPECT_TRUE(close("merged out", to_host<float>(d_out), out, kF32Tol));
+  EXPECT_TRUE(lse_close("merged lse", to_host<float>(d_lse), lse));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elementwise: GELU, residual
 

@@ -4,6 +4,7 @@
 //   gpt2_layout.h       GPTConfig, ModelShard, the parameter table, counts, dense <-> shard slices
 //   hooks.h             HookPoint, HookHandle, the hook lists
 //   gpt2_activations.h  AttentionImpl, Recompute, the activation sets and the backward's scratch
+//   context_parallel.h  ContextParallel (the attention point of a sequence split across ranks), cp_chunks
 //
 // Parameters live in "units": unit 0 = embeddings (wte, wpe), units 1..L = transformer blocks h.0..h.L-1,
 // unit L+1 = final layernorm ln_f. Each unit's parameters are ONE contiguous buffer, described by a
@@ -31,6 +32,7 @@
 
 #include "scalelab/core/precision.h"          // defines: PrecisionPolicy
 #include "scalelab/core/tensor.h"             // defines: Tensor
+#include "scalelab/model/context_parallel.h"  // defines: ContextParallel (the point; identity for cp = 1), CpChunk
 #include "scalelab/model/gpt2_activations.h"  // defines: GPT2Activations, BlockActivations, BackwardScratch, Recompute
 #include "scalelab/model/gpt2_layout.h"       // defines: GPTConfig, ModelShard, ParamInfo, gpt2_param_table
 #include "scalelab/model/hooks.h"             // defines: HookPoint, HookHandle, HookLists
@@ -116,6 +118,12 @@ class GPT2 {
   // The tensor-parallel points (tensor_parallel.h) the blocks, the embedding and the head call; the model
   // does not own it. nullptr: the identity (only valid for tp = 1). Lab 05 installs its implementation.
   void set_tensor_parallel(TensorParallel* tp) { tp_ = tp; }
+  // The context-parallel point (context_parallel.h) the blocks' attention calls; not owned. nullptr: the
+  // identity (only valid for cp = 1). Lab 10 installs its ring. A cp > 1 shard takes tokens (B, T/cp) (its
+  // slice of each sequence, positions as cp_chunks says: the position embedding reads and its gradient
+  // writes those rows of wpe) and returns the mean loss over its own B*T/cp tokens: the group's average of
+  // the ranks' losses and gradients (as data parallelism averages them) is the dense model's.
+  void set_context_parallel(ContextParallel* cp) { cp_ = cp; }
 
   // Adds `fn` at `point` (see HookOrder) and returns the handle that removes it. A hook runs for every unit
   // at its point, in forward and backward alike, also in evaluation and sampling. Hooks added or removed
@@ -127,7 +135,7 @@ class GPT2 {
   void free_activations();
 
   // Materialized (the default) or Flash; changing it frees the activations (the next forward allocates
-  // what the new choice saves).
+  // what the new choice saves). A context-parallel shard (cp > 1) runs Flash and refuses Materialized.
   void set_attention(AttentionImpl impl);
   AttentionImpl attention() const { return attention_; }
 
@@ -193,7 +201,12 @@ class GPT2 {
   void row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
                              const Tensor& weight);
 
-  TensorParallel& tp() const;  // the installed points, or the identity
+  TensorParallel& tp() const;   // the installed points, or the identity
+  ContextParallel& cp() const;  // the installed point, or the identity
+  // The position embedding of the shard's slice: wpe (maxT, C) -> rows whose row t is position chunk(t)'s
+  // (a view for one chunk; a gather into Workspace scratch for the zig-zag's two), and its gradient back.
+  Tensor slice_wpe(const Tensor& wpe) const;
+  void embedding_backward_slice(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
 
   GPTConfig cfg_;
   ModelShard shard_;
@@ -209,6 +222,8 @@ class GPT2 {
   BackwardScratch scratch_;           // shared by every set of this model (gpt2_activations.h)
   std::shared_ptr<HookLists> hooks_;  // shared with the HookHandles (weakly): survives a move
   TensorParallel* tp_ = nullptr;      // not owned; nullptr: the identity
+  ContextParallel* cp_ = nullptr;     // not owned; nullptr: the identity
+  std::vector<CpChunk> cp_chunks_;    // the shard's positions for the current set's T (cp_chunks), set per pass
   AttentionImpl attention_ = AttentionImpl::Materialized;
   std::vector<Recompute> recompute_;  // (L,) per block, Recompute::None unless set_recompute
 };

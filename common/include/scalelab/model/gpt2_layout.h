@@ -70,16 +70,22 @@ struct ModelShard {
   bool sequence_parallel = false;  // tp > 1: layernorms and the residual stream split along T too
                                    // (Korthikanti et al. 2022, Sec. 4.2.2)
   TpSplitRule tp_split = nullptr;  // tp > 1: how each block tensor is cut (required when the shard owns a block)
+  // Context parallel (docs/context_parallel.md): this rank holds a slice of T/cp_size tokens of every
+  // sequence and the whole parameters; cp_chunks (context_parallel.h) says which positions. cp > 1 needs the
+  // flash attention (the model sets it) and the model's context-parallel point (GPT2::set_context_parallel).
+  int cp_rank = 0, cp_size = 1;
+  bool cp_zigzag = false;  // cp > 1: chunks r and 2cp-1-r of 2cp (balanced causal work), else one contiguous slice
   static ModelShard dense() { return {}; }
   // Throws scalelab::Error, with the numbers and a hint, unless the shard fits cfg: 0 <= tp_rank < tp_size,
   // NH % tp == 0, 4C % tp == 0, V % tp == 0 (the vocabulary is never padded silently), a non-empty range of
-  // layers inside [0, L), and (sequence parallel) tp > 1.
+  // layers inside [0, L), (sequence parallel) tp > 1, 0 <= cp_rank < cp_size, cp_size <= max_seq_len, and
+  // not both sequence parallelism and cp > 1 (both would split the sequence).
   void validate(const GPTConfig& cfg) const;
   int last(const GPTConfig& cfg) const { return last_layer < 0 ? cfg.n_layer - 1 : last_layer; }
   int num_blocks(const GPTConfig& cfg) const { return last(cfg) - first_layer + 1; }  // blocks the shard holds
   bool owns_unit(int unit, const GPTConfig& cfg) const;                               // 0..L+1
   bool is_dense(const GPTConfig& cfg) const;                                          // the whole model, tp = 1
-  std::string str() const;  // "tp 1/2 | layers 0-3 | embedding | head"
+  std::string str() const;  // "tp 1/2 | layers 0-3 | embedding | head" (and "| cp 1/2" when cp > 1)
 };
 
 struct ParamInfo {

@@ -56,6 +56,15 @@ OpCost attention_forward(int64_t B, int64_t T, int64_t C, int64_t NH);
 OpCost attention_backward(int64_t B, int64_t T, int64_t C, int64_t NH);
 OpCost attention_forward_flash(int64_t B, int64_t T, int64_t C, int64_t NH);
 OpCost attention_backward_flash(int64_t B, int64_t T, int64_t C, int64_t NH);
+// The block ops count the visible pairs only (kv_offset + s <= q_offset + t), as the flash op does: a fully
+// masked block costs its launches and nothing else, since its kernels skip every tile.
+OpCost attention_forward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
+                               int64_t kv_offset);
+OpCost attention_backward_block(int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, int64_t q_offset,
+                                int64_t kv_offset);
+OpCost attention_merge(int64_t B, int64_t T, int64_t C, int64_t NH);
+// Visible (query, key) pairs of one head: #{(t, s) : 0 <= t < Tq, 0 <= s < Tk, kv_offset + s <= q_offset + t}.
+double attention_block_pairs(int64_t Tq, int64_t Tk, int64_t q_offset, int64_t kv_offset);
 OpCost gelu_forward(int64_t n);
 OpCost gelu_backward(int64_t n);
 OpCost add_bias(int64_t N, int64_t OC);

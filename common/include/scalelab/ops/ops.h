@@ -10,6 +10,7 @@
 // residual stream sum naturally. Exceptions say so: softmax_crossentropy_backward overwrites dlogits.
 // Errors: every op throws scalelab::Error naming the mismatched shape/dtype/device.
 // Tests: tests/common/ops/test_ops_cpu.cpp (finite differences, known values), tests/common/model/test_gpt2_fixture.cpp
+// (the block attention ops and the merge: tests/common/ops/test_attention_block.cpp)
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,31 @@ void attention_forward_flash(Tensor& out, Tensor& lse, const Tensor& qkv, int NH
 // Needs no scratch from the caller (its O(B*NH*T) scratch is allocated inside, category Workspace).
 void attention_backward_flash(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               int NH);
+
+// ---- Block attention, for a sequence split across ranks (context parallelism, docs/context_parallel.md; Liu
+// et al. 2023, "Ring Attention", arXiv:2310.01889, Sec. 3). The flash op's loops on one block of queries
+// against one block of keys and values of the same sequences, the causal mask by ABSOLUTE positions: query t
+// of the block sits at position q_offset + t, key s at kv_offset + s, and key s is visible to query t iff
+// kv_offset + s <= q_offset + t. The whole attention of a query block is the attention_merge of its blocks
+// against every key block it sees.
+// q (B,Tq,C): the block's queries, heads as in qkv. kv (B,Tk,2C): row (b,s) = k_s | v_s, one contiguous
+// tensor, so a ring sends a key/value block as one message. Any Tq, Tk >= 1 and offsets >= 0.
+// out (B,Tq,C) = the block's softmax(S) @ v; lse (B,NH,Tq) = log sum over the block's visible keys of
+// exp(S) (natural log). A row that sees no key of the block (fully masked: q_offset + t < kv_offset) gets
+// out 0 and lse -inf, the empty sum that attention_merge adds as nothing. The CUDA twin needs HS <= 128.
+void attention_forward_block(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& kv, int NH, int q_offset,
+                             int kv_offset);
+// This block's share of the gradients, given the FINAL out and lse of the query rows (over all the key
+// blocks they see, after every merge), as FlashAttention's backward recomputes P = exp(S - lse):
+// dq (B,Tq,C) += its sum over this block's keys; dkv (B,Tk,2C) = dk | dv += the block's queries' terms.
+// Summed over every block pair, these are the dense backward's gradients. dout, out (B,Tq,C); lse (B,NH,Tq).
+void attention_backward_block(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& q, const Tensor& kv,
+                              const Tensor& out, const Tensor& lse, int NH, int q_offset, int kv_offset);
+// The online-softmax merge (FlashAttention Alg. 1, lines 10-12) of a partial result into an accumulator, per
+// (b, h, t) row: lse_new = log(exp(lse) + exp(lse_part)), out = exp(lse - lse_new) out + exp(lse_part -
+// lse_new) out_part, lse = lse_new. lse_part = -inf (no key) leaves the row as it is. out, out_part (B,T,C);
+// lse, lse_part (B,NH,T). Start the accumulator at out 0, lse -inf (or a copy of the first partial).
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_part, const Tensor& lse_part, int NH);
 
 // GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016, Sec. 2):
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape; out and inp same numel.

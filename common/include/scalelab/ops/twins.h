@@ -20,6 +20,8 @@
 //   attention      materialized: strided-batched GEMMs and a causal-softmax kernel (one warp per row);
 //                  flash: online softmax over key tiles in shared memory, fp32 CUDA cores, HS <= 128,
 //                  deterministic backward without atomics (B*NH*T fp32 of Workspace scratch)
+//                  block ops (context parallelism): the flash kernels on q (B,Tq,C) and kv (B,Tk,2C) at
+//                  absolute offsets; attention_merge one warp per row
 //   gelu, residual residual bit-identical; gelu differs by expf's last bit
 //   crossentropy   one block per row; the backward bit-identical (dlogits may alias probs)
 //   optimizer      fused, one thread per element, each operation rounded once (no FMA contraction):
