@@ -13,6 +13,9 @@
 // "Progress"). Order is kept: with anything pending, it queues behind.
 // Point to point does not block that thread: a send or recv is posted (MPI_Isend / MPI_Irecv) and
 // completed later by polling, so "send to next, recv from previous" around a ring cannot deadlock.
+// It is posted on the caller's own thread when nothing is queued ahead of it, and its Work's wait()
+// and test() test it there (MPI_Testall): no thread hand-off between the call and the bytes (three
+// hand-offs cost 0.2-3 ms a message on a 2-core machine; now a few us, bench/p2p.md).
 // Each payload travels behind a header with the send's start time, so a recv completes no earlier
 // than that start + the modelled time (comm_internal.h MessageHeader).
 //
@@ -470,7 +473,14 @@ class MpiWork : public Work {
     }
     if (op_->delivery) op_->delivery->deliver();
   }
+  // A send or recv is tested here too (one MPI_Testall, as MPI_Test would): one the caller posted
+  // moves when the caller calls into MPI (test, wait) or the communication thread is awake (submit).
   bool test() override {
+    {
+      std::lock_guard<std::mutex> lock(op_->mu);
+      if (op_->done) return true;
+    }
+    if (op_->progress) op_->progress();
     std::lock_guard<std::mutex> lock(op_->mu);
     return op_->done;
   }
@@ -973,8 +983,8 @@ class MpiCommunicator : public Communicator {
   // on host memory is posted right here instead, on the caller's thread, when the thread has nothing
   // ahead of it (no op queued, none being started or run): every call issued before it has then been
   // posted or has completed, so the order of issue is still the order on the wire, and the message
-  // leaves now instead of when the thread wakes up. The thread still polls it (Work::test() turns
-  // true while the caller computes) and so does its Work's wait() (advance).
+  // leaves now instead of when the thread wakes up. Its Work's wait() and test() complete it (advance);
+  // the thread polls it too whenever it is awake for other ops.
   WorkPtr submit(const std::shared_ptr<Op>& o) {
     o->timeout_s = wait_timeout();
     o->who = who_;
@@ -995,7 +1005,10 @@ class MpiCommunicator : public Communicator {
       std::lock_guard<std::mutex> lock(queue_mu_);
       posted_.push_back(o);  // the thread polls it from now on
     }
-    queue_cv_.notify_one();
+    // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
+    // kPollInterval after it, took the core from the caller and the peer and cost ~20 us a message on the
+    // 2-core machine (bench/p2p.md). The thread adds it to its polls the next time it is awake.
+    if (!post_here) queue_cv_.notify_one();
     return std::make_shared<MpiWork>(o);
   }
 
