@@ -408,6 +408,7 @@ struct Op {
   std::atomic<bool> testing{false};
   std::atomic<bool> posted{false};  // p2p: requests hold the posted MPI_Isend / MPI_Irecv (until then: nothing to test)
   bool finished = false;            // p2p: finish() has run (read and written only while holding `testing`)
+  double spin_ms = 0;               // p2p: how long a waiter tests without sleeping (MpiWork::progress_until_done)
   // p2p: one turn of advance() for this op (true: it is finished), set by submit(). Called by a waiter
   // only while the op is not done: the communicator outlives its unfinished ops (its destructor waits).
   std::function<bool()> progress;
@@ -509,9 +510,12 @@ class MpiWork : public Work {
   // A send or recv: its requests are tested right here, on the caller's thread (MPI_Testall, through
   // op_->progress), so the caller resumes as soon as MPI says the bytes are there, not when the
   // communication thread next polls and then wakes it (two thread hand-offs: 1-3 ms on a 2-core
-  // machine with both ranks busy, against ~1 us for the message itself). It spins for kSpinMs, the
-  // time in which a peer that is about to send usually has; a longer wait (a slow upstream stage, a
-  // rank waiting for rank 0) tests every kWaitPoll and sleeps between the tests, so it costs no core.
+  // machine with both ranks busy, against ~1 us for the message itself). It spins for op_->spin_ms:
+  // the time in which a peer that is about to send usually has, plus the time the bytes take (a large
+  // message crosses shared memory in fragments, each needing a test on both sides: tests far apart
+  // stretch it); a longer wait (a slow upstream stage, a rank waiting for rank 0) tests every kWaitPoll
+  // and sleeps between the tests, so it costs no core (a spinning rank would also lose its core to the
+  // other processes of a busy machine, and wait for it again).
   // Returns false when the op's timeout ran out first. `lock` holds op_->mu, released while testing.
   bool progress_until_done(std::unique_lock<std::mutex>& lock, double t0_ms) {
     const double deadline_ms = op_->timeout_s > 0 ? t0_ms + 1e3 * std::min(op_->timeout_s, 1e9) : -1;
@@ -522,7 +526,7 @@ class MpiWork : public Work {
       if (op_->done) return true;  // by this test, or by the communication thread's meanwhile
       const double now_ms = Communicator::now_ms();
       if (deadline_ms >= 0 && now_ms >= deadline_ms) return false;
-      if (now_ms - t0_ms < kSpinMs) {
+      if (now_ms - t0_ms < op_->spin_ms) {
         lock.unlock();
         std::this_thread::yield();  // let a thread of this core run (a peer rank's, when oversubscribed)
         lock.lock();
@@ -532,8 +536,7 @@ class MpiWork : public Work {
     }
   }
 
-  static constexpr double kSpinMs = 1.0;                     // a waiter tests without sleeping this long
-  static constexpr std::chrono::microseconds kWaitPoll{50};  // then tests this often
+  static constexpr std::chrono::microseconds kWaitPoll{50};  // a waiter's tests after its spin
 
   // The op waited past its timeout (op_->mu held): abandon it, tell the communicator (it refuses new
   // calls; its destructor cancels instead of finishing) and the process (comm_wait_timed_out), throw.
@@ -861,6 +864,8 @@ class MpiCommunicator : public Communicator {
     o->what = describe_call(e.op, e.count, e.dtype, rank_, size_, e.tag);
     o->waited_for = describe_wait(*this, e.op, e.peer, e.tag);
     o->modeled_ms = e.modeled_ms;
+    // A waiter's spin (p2p): kSpinMs, plus the payload at kSpinBytesPerMs, at most kMaxSpinMs.
+    o->spin_ms = std::min(kMaxSpinMs, kSpinMs + static_cast<double>(e.payload_bytes) / kSpinBytesPerMs);
     o->event_id = log_->add(std::move(e));
     o->log = log_;
     return o;
@@ -1241,7 +1246,13 @@ class MpiCommunicator : public Communicator {
   }
 
   static constexpr std::chrono::microseconds kPollInterval{50};  // while sends/recvs are in flight
-  static constexpr double kCancelGraceMs = 100;                  // how long cancel() lets MPI complete cancellations
+  static constexpr double kCancelGraceMs = 100;
+  // A waiter's spin on a send or recv (Op::spin_ms): 0.1 ms covers a peer about to send (a small message
+  // takes ~3 us here); 1 GB/s is well below this machine's shared-memory copy rate (~14 GB/s at 1 MiB), so
+  // a transfer under way is not cut into sleeps; 5 ms caps what a wait for a huge message burns.
+  static constexpr double kSpinMs = 0.1;
+  static constexpr double kSpinBytesPerMs = 1e6;  // 1 GB/s
+  static constexpr double kMaxSpinMs = 5;         // how long cancel() lets MPI complete cancellations
 
   MPI_Comm comm_;
   int rank_ = 0;
