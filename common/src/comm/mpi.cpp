@@ -1246,13 +1246,13 @@ class MpiCommunicator : public Communicator {
   }
 
   static constexpr std::chrono::microseconds kPollInterval{50};  // while sends/recvs are in flight
-  static constexpr double kCancelGraceMs = 100;
+  static constexpr double kCancelGraceMs = 100;                  // how long cancel() lets MPI complete cancellations
   // A waiter's spin on a send or recv (Op::spin_ms): 0.1 ms covers a peer about to send (a small message
   // takes ~3 us here); 1 GB/s is well below this machine's shared-memory copy rate (~14 GB/s at 1 MiB), so
   // a transfer under way is not cut into sleeps; 5 ms caps what a wait for a huge message burns.
   static constexpr double kSpinMs = 0.1;
   static constexpr double kSpinBytesPerMs = 1e6;  // 1 GB/s
-  static constexpr double kMaxSpinMs = 5;         // how long cancel() lets MPI complete cancellations
+  static constexpr double kMaxSpinMs = 5;
 
   MPI_Comm comm_;
   int rank_ = 0;
