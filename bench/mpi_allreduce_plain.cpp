@@ -9,25 +9,12 @@
 #include <mpi.h>        // defines: MPI_Allreduce, MPI_Wtime
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-// "1M" -> 1048576 (K, M, G are powers of 1024, as in lab00_setup and nccl-tests).
-static long long parse_bytes(const std::string& s) {
-  size_t digits = 0;
-  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
-  if (digits == 0 || digits + 1 < s.size()) return -1;
-  long long v = std::stoll(s.substr(0, digits));
-  if (digits < s.size()) {
-    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s[digits])));
-    if (unit != 'K' && unit != 'M' && unit != 'G') return -1;
-    v <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 30;
-  }
-  return v;
-}
+#include "bench_sizes.h"  // defines: parse_bytes
 
 int main(int argc, char** argv) {
   CLI::App app{"A plain MPI_Allreduce loop: time, algbw and busbw per size (the baseline of lab00_setup)"};

@@ -4,7 +4,9 @@
 //      rank and for all cores; written to runs/calibration/cpu_<threads>t.json, where the labs read it
 //   3. memory copy bandwidth (memcpy of a large buffer, 1 thread and all cores)
 //   4. a sweep of all_reduce, all_gather, reduce_scatter and broadcast over the communicator the labs
-//      use: time, algbw and busbw per size, as nccl-tests defines them
+//      use: time, algbw and busbw per size, as nccl-tests defines them; with 2 or more ranks also
+//      sendrecv (point to point, as nccl-tests' sendrecv_perf: labs 06 and 07 live on it), whose
+//      plain-MPI twin is bench/mpi_sendrecv_plain.cpp
 // The learner writes nothing here (docs/design.md, lab table). Lesson: labs/00_setup/README.md.
 // Test: tests/lab00/ (a tiny sweep at 1 and 2 ranks; check_probe.py recomputes algbw and busbw).
 //
@@ -301,6 +303,10 @@ struct Collective {
   int64_t (*payload_elements)(int64_t elements, int64_t chunk);  // this rank's contribution (link model)
 };
 
+// The op whose bus factor and link-model time a row of `op` takes: a sendrecv sends S bytes to one peer
+// while it receives S from another, as a send does (factor 1, one hop: nccl-tests' sendrecv_perf).
+static std::string model_op(const std::string& op) { return op == "sendrecv" ? "send" : op; }
+
 static const Collective kCollectives[] = {
     {"all_reduce", " (sum)", false, true, [](int64_t e, int64_t) { return e; },
      [](int64_t, int64_t) { return int64_t{0}; }, pattern,
@@ -322,6 +328,16 @@ static const Collective kCollectives[] = {
      [](int64_t, int64_t) { return int64_t{0}; }, [](int r, int64_t i) { return r != 0 ? -1.0f : pattern(r, i); },
      [](Communicator& c, Tensor& in, Tensor&) { c.broadcast(in, /*root=*/0, "probe"); },
      [](int, int, int64_t i, int64_t) { return pattern(0, i); }, [](int64_t e, int64_t) { return e; }},
+    // Point to point: every rank sends its buffer to rank + 1 and receives rank - 1's (mod n), both at
+    // once (Communicator::sendrecv, like MPI_Sendrecv). With one rank there is no peer: no rows.
+    {"sendrecv", " (to rank+1, from rank-1)", false, false, [](int64_t e, int64_t) { return e; },
+     [](int64_t e, int64_t) { return e; }, pattern,
+     [](Communicator& c, Tensor& in, Tensor& out) {
+       const int n = c.size(), r = c.rank();
+       c.sendrecv(in, (r + 1) % n, out, (r + n - 1) % n, "probe");
+     },
+     [](int r, int n, int64_t i, int64_t) { return pattern((r + n - 1) % n, i); },
+     [](int64_t e, int64_t) { return e; }},
 };
 
 // Runs collective `c` on `elements` f32 elements (S = 4 * elements bytes, see SweepRow): one checked call,
@@ -385,9 +401,9 @@ static SweepRow measure(Communicator& comm, Device dev, const Collective& c, int
 
   // 4. Bandwidths as nccl-tests defines them (its doc/PERFORMANCE.md; comm.h bus_factor).
   row.algbw = static_cast<double>(row.size_bytes) / row.time_s;
-  row.busbw = row.algbw * bus_factor(c.op, n);
+  row.busbw = row.algbw * bus_factor(model_op(c.op), n);
   const int64_t payload_bytes = c.payload_elements(elements, chunk) * static_cast<int64_t>(dtype_size(DType::F32));
-  row.modeled_s = comm.link_model().seconds(c.op, payload_bytes, n);
+  row.modeled_s = comm.link_model().seconds(model_op(c.op), payload_bytes, n);
   return row;
 }
 
@@ -419,7 +435,7 @@ static nlohmann::ordered_json row_json(const SweepRow& x, int n) {
           {"time_over_model",
            x.modeled_s > 0 ? nlohmann::ordered_json(x.time_s / x.modeled_s) : nlohmann::ordered_json(nullptr)},
           {"algbw_bytes_per_s", x.algbw},
-          {"bus_factor", bus_factor(x.op, n)},
+          {"bus_factor", bus_factor(model_op(x.op), n)},
           {"busbw_bytes_per_s", has_bus ? nlohmann::ordered_json(x.busbw) : nlohmann::ordered_json(nullptr)},
           {"wrong", x.wrong}};
 }
@@ -572,9 +588,10 @@ static int run(const Options& o, Communicator& comm) {
     std::printf(
         "time    mean of `iters` calls after `warmup` calls, of the SLOWEST rank (nccl-tests -a 3; its\n"
         "        default averages the ranks); the first call of each size is checked (`wrong` = 0)\n"
-        "algbw   S / time, S = bytes: the buffer (all_reduce, broadcast), the total of n chunks\n"
-        "        (all_gather, reduce_scatter), as in nccl-tests; GB/s = 1e9 bytes/s\n"
-        "busbw   algbw x 2(n-1)/n all_reduce, x (n-1)/n all_gather and reduce_scatter, x 1 broadcast%s\n",
+        "algbw   S / time, S = bytes: the buffer (all_reduce, broadcast, sendrecv: each way), the total of\n"
+        "        n chunks (all_gather, reduce_scatter), as in nccl-tests; GB/s = 1e9 bytes/s\n"
+        "busbw   algbw x 2(n-1)/n all_reduce, x (n-1)/n all_gather and reduce_scatter, x 1 broadcast and\n"
+        "        sendrecv (its time_us is the time of one message each way: the point-to-point latency)%s\n",
         n == 1 ? "\n        n/a here: with one rank nothing travels (the calls are local copies)" : "");
     if (comm.backend() == "mpi") {
       std::printf(
@@ -594,6 +611,7 @@ static int run(const Options& o, Communicator& comm) {
   std::vector<SweepRow> rows;
   const auto t_sweep = Clock::now();
   for (const Collective& c : kCollectives) {
+    if (n == 1 && std::strcmp(c.op, "sendrecv") == 0) continue;  // no peer to send to
     if (root) {
       std::printf("\n%s%s\n%12s %11s %6s %6s %11s %11s %11s", c.op, c.heading, "bytes", "elements", "warmup", "iters",
                   "time_us", "algbw_GB/s", "busbw_GB/s");
@@ -649,7 +667,7 @@ static int run(const Options& o, Communicator& comm) {
       }
       return "-";
     };
-    for (const Collective& c : kCollectives) {
+    for (const Collective& c : kCollectives) {  // (n > 1 here: every op has rows)
       const std::string op = c.op;
       double best = 0;
       for (const auto& x : rows)

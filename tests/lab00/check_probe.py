@@ -7,10 +7,11 @@ bytes and the time alone:
                                          reduce_scatter)
     busbw = algbw * 2(n-1)/n             all_reduce
           = algbw * (n-1)/n              all_gather, reduce_scatter
-          = algbw * 1                    broadcast
+          = algbw * 1                    broadcast, sendrecv (point to point, nccl-tests' sendrecv_perf)
           = null (n/a)                   one rank
 
-and that the table is what was asked for: all four collectives, f32 element counts that match the bytes,
+and that the table is what was asked for: all four collectives (and sendrecv with 2 or more ranks; with
+one there is no peer, so no sendrecv rows), f32 element counts that match the bytes,
 equal chunks for all_gather and reduce_scatter, no wrong results, a positive time per row.
 
     python3 tests/lab00/check_probe.py runs/lab00/<run id>/probe.json --world-size 2 --max-bytes 65536
@@ -22,7 +23,12 @@ import json
 import math
 import sys
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv")
+
+
+def expected_ops(n):
+    """The ops whose rows a sweep of n ranks has: sendrecv needs a peer."""
+    return OPS if n > 1 else tuple(op for op in OPS if op != "sendrecv")
 REL_TOL = 1e-9  # the program computes in double from the same two numbers; only rounding differs
 
 
@@ -30,7 +36,7 @@ def bus_factor(op, n):
     if n == 1:
         return None
     return {"all_reduce": 2.0 * (n - 1) / n, "all_gather": (n - 1) / n,
-            "reduce_scatter": (n - 1) / n, "broadcast": 1.0}[op]
+            "reduce_scatter": (n - 1) / n, "broadcast": 1.0, "sendrecv": 1.0}[op]
 
 
 def check(probe, world_size, max_bytes):
@@ -40,7 +46,7 @@ def check(probe, world_size, max_bytes):
         failures.append(f"world_size is {n}, expected {world_size}")
         return failures
     rows = probe["sweep"]["rows"]
-    for op in OPS:
+    for op in expected_ops(n):
         sizes = [r["size_bytes"] for r in rows if r["op"] == op]
         if not sizes:
             failures.append(f"{op}: no rows")
@@ -76,7 +82,7 @@ def selftest():
     result, a busbw with one rank. Each planted fault must be reported; the clean table must pass."""
     def table(n):
         rows = []
-        for op in OPS:
+        for op in expected_ops(n):
             for size in (64, 1024):
                 t_ms = 0.01 * size / 64
                 algbw = size / (t_ms / 1e3)
@@ -96,6 +102,8 @@ def selftest():
         "algbw on the per-rank chunk instead of the total":
             lambda r: r.update(algbw_bytes_per_s=r["algbw_bytes_per_s"] / 4) if r["op"] == "all_gather" else None,
         "a wrong result": lambda r: r.update(wrong=3) if r["op"] == "broadcast" else None,
+        "sendrecv busbw with the all_reduce factor 2(n-1)/n":
+            lambda r: r.update(busbw_bytes_per_s=r["algbw_bytes_per_s"] * 1.5) if r["op"] == "sendrecv" else None,
     }
     for name, plant in faults.items():
         t = table(4)
