@@ -27,6 +27,7 @@ int activation_sets(const Layout& x, int stage) {
     case lab06::ScheduleKind::GPipe: return m;                          // every forward before any backward
     case lab06::ScheduleKind::OneFOneB: return std::min(m, p - stage);  // the warm-up's forwards, then one in one out
     case lab06::ScheduleKind::Interleaved: return std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+    case lab06::ScheduleKind::ZbH1: return std::min(m, p);  // 1F1B's p - s, plus s awaiting their W (at most)
   }
   // TODO(lab09-1) END
   return 0;
