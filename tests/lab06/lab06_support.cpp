@@ -172,6 +172,21 @@ int64_t peak_bytes_of(const std::vector<Action>& actions, const std::vector<int6
   return peak;
 }
 
+// One step of pl after a first one (which allocates what persists: scratch, optimizer state): the
+// allocator's peak of Activations during it minus before it, and what it left behind.
+int64_t step_activation_peak(Pipeline& pl, const ScheduleCase& sc, int64_t* leaked) {
+  Allocator& a = Allocator::get(Device::CPU);
+  const int act = static_cast<int>(MemCategory::Activations);
+  const GlobalBatch g = random_global_batch(kDataSeed, sc.m * kMicroBatch, kT, pl.models[0]->config().vocab_size);
+  const std::vector<MicroBatch> micro = micro_batches_of(g, sc.m);
+  pl.step(micro, 0.0f, 0.0f);
+  const int64_t before = a.stats().current_bytes[act];
+  a.reset_peak();
+  pl.step(micro, 0.0f, 0.0f);
+  if (leaked != nullptr) *leaked = a.stats().current_bytes[act] - before;
+  return a.stats().peak_bytes[act] - before;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -213,29 +228,27 @@ std::string expect_gradients_match_dense(const std::vector<ScheduleCase>& cases)
   return measured + buf;
 }
 
+int64_t step_activation_peak(const ScheduleCase& sc, int64_t* leaked) {
+  const GPTConfig cfg = pp_config();
+  Pipeline pl = make_pipeline(cfg, sc.kind, sc.m, sc.v);
+  return step_activation_peak(pl, sc, leaked);
+}
+
 std::string expect_activation_memory(const std::vector<ScheduleCase>& cases) {
   const GPTConfig cfg = pp_config();
-  Allocator& a = Allocator::get(Device::CPU);
-  const int act = static_cast<int>(MemCategory::Activations);
   std::string measured;
   for (const ScheduleCase& sc : cases) {
     Pipeline pl = make_pipeline(cfg, sc.kind, sc.m, sc.v);
     const int p = pl.layout.p, s = pl.layout.stage;
     const std::vector<int64_t> set_bytes = set_bytes_per_chunk(*pl.stage);
     const std::vector<int64_t> kept_bytes = kept_bytes_per_chunk(*pl.stage, *pl.exchange);
-    const GlobalBatch g = random_global_batch(kDataSeed, sc.m * kMicroBatch, kT, cfg.vocab_size);
-    const std::vector<MicroBatch> micro = micro_batches_of(g, sc.m);
-    pl.step(micro, 0.0f, 0.0f);  // the first step allocates what persists (scratch, optimizer state)
-    const int64_t before = a.stats().current_bytes[act];
-    a.reset_peak();
-    pl.step(micro, 0.0f, 0.0f);
-    const int64_t got = a.stats().peak_bytes[act] - before;
+    int64_t leaked = 0;
+    const int64_t got = step_activation_peak(pl, sc, &leaked);
     int sets = 0;
     const int64_t want = peak_bytes_of(expected_schedule(sc.kind, p, sc.m, sc.v, s), set_bytes, &sets, kept_bytes);
     // ZB-H1 keeps at most p micro-batches' activations on every stage, what 1F1B's first stage keeps
     // (Qi et al. 2024, Sec. 3.1): never more than p whole sets of this stage, whatever it kept after I.
     const bool within_1f1b = sc.kind != ScheduleKind::ZbH1 || got <= p * set_bytes.back();
-    const int64_t leaked = a.stats().current_bytes[act] - before;
     std::string bad;
     if (got != want || leaked != 0 || !within_1f1b) {
       char buf[256];
