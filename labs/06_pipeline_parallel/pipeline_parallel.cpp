@@ -6,7 +6,7 @@
 // the schedules are given once, in labs/06_pipeline_parallel/pipeline_stage.cpp, compiled into both tracks.
 #include "pipeline_parallel.h"
 
-#include <algorithm>  // defines: std::min
+#include <algorithm>  // defines: std::min, std::max
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <map>        // defines: std::map
 #include <utility>    // defines: std::pair
