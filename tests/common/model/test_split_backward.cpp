@@ -10,11 +10,11 @@
 #include <cmath>      // defines: std::fabs
 #include <cstdint>
 #include <cstdio>  // defines: std::printf
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bit_identical.h"            // defines: bit_identical
 #include "expect_error.h"             // defines: error_message, contains
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/precision.h"  // defines: PrecisionPolicy
@@ -35,6 +35,7 @@ using scalelab::ModelShard;
 using scalelab::PrecisionPolicy;
 using scalelab::Recompute;
 using scalelab::Tensor;
+using scalelab::test::bit_identical;
 using scalelab::test::contains;
 using scalelab::test::error_message;
 
@@ -85,14 +86,6 @@ std::vector<float> all_grads(GPT2& model) {
     if (g.numel() > 0) out.insert(out.end(), g.data<float>(), g.data<float>() + g.numel());
   }
   return out;
-}
-
-// Index of the first float that differs bit for bit, or -1.
-int64_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
-  return -1;
 }
 
 std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
@@ -155,10 +148,10 @@ TEST(SplitBackward, InputThenWeightIsBackwardBitForBit) {
           whole.backward(a, d_output, has_input ? &dx_whole : nullptr);
           split.backward_input(b, d_output, has_input ? &dx_split : nullptr);
           if (has_input) {
-            EXPECT_EQ(first_difference(values(dx_split), values(dx_whole)), -1) << what << ": d_input";
+            EXPECT_TRUE(bit_identical(what + ": d_input", values(dx_split), values(dx_whole)));
           }
           split.backward_weight(b);
-          EXPECT_EQ(first_difference(all_grads(split), all_grads(whole)), -1) << what << ": first differing gradient";
+          EXPECT_TRUE(bit_identical(what + ": the gradients", all_grads(split), all_grads(whole)));
           EXPECT_TRUE(b.empty()) << what << ": W frees the set";
           ++cases;
         }
@@ -195,7 +188,7 @@ TEST(SplitBackward, SeveralMicroBatchesBeforeTheirWeightGradients) {
       for (int i : w_order) split.backward_weight(sets[i]);
       const std::vector<float> got = all_grads(split), want = all_grads(whole);
       if (in_order) {
-        EXPECT_EQ(first_difference(got, want), -1) << k.name << ", W in B's order";
+        EXPECT_TRUE(bit_identical(std::string(k.name) + ", W in B's order", got, want));
         continue;
       }
       double worst = 0, scale = 0;
