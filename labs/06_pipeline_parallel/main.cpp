@@ -1,6 +1,6 @@
 // main.cpp — lab 06: GPT-2 trained pipeline-parallel on N ranks: the layers cut into N stages (v chunks per
 // rank with the interleaved schedule), every optimizer step m micro-batches flowing through them under
-// GPipe, 1F1B or interleaved 1F1B; tokens/s, MFU, the measured bubble beside its formula, and what the
+// GPipe, 1F1B, interleaved 1F1B or ZB-H1; tokens/s, MFU, the measured bubble beside its formula, and what the
 // stage boundaries carried. The driver is shared by both tracks: it calls the functions of
 // pipeline_parallel.h, which come from your labs/06_pipeline_parallel/pipeline_parallel.cpp
 // (bin/learner/lab06_pipeline_parallel) or from the reference solutions/06_pipeline_parallel/pipeline_parallel.cpp

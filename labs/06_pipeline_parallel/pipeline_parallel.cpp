@@ -1,12 +1,12 @@
 // pipeline_parallel.cpp — lab 06: pipeline parallelism. The model cut across layers into stages on ranks,
-// micro-batches flowing through them under three schedules: GPipe (Huang et al. 2019), 1F1B and interleaved
-// 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2). Declared in labs/06_pipeline_parallel/
+// micro-batches flowing through them under four schedules: GPipe (Huang et al. 2019), 1F1B and interleaved
+// 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2), ZB-H1 (Qi et al. 2024, arXiv:2401.10241). Declared in labs/06_pipeline_parallel/
 // pipeline_parallel.h; the lesson is labs/06_pipeline_parallel/README.md. Only the code between
 // TODO(lab06-N) BEGIN/END is yours to write. The Stage, the exchange's channels and sends, and the names of
 // the schedules are given once, in labs/06_pipeline_parallel/pipeline_stage.cpp, compiled into both tracks.
 #include "pipeline_parallel.h"
 
-#include <algorithm>  // defines: std::min
+#include <algorithm>  // defines: std::min, std::max
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <map>        // defines: std::map
 #include <utility>    // defines: std::pair
@@ -75,6 +75,16 @@ std::vector<Action> interleaved_schedule(int p, int m, int v, int stage) {
   return a;
 }
 
+std::vector<Action> zb_h1_schedule(int p, int m, int stage) {
+  std::vector<Action> a;
+  // TODO(lab06-9) BEGIN  1F1B's forwards and input gradients, each weight gradient held back to fill the bubble
+  //   Start from your 1F1B with every backward split into I and W. Which W's can wait, how long, and what
+  //   bounds the activations stage `stage` then holds? README.md#zero-bubble
+  throw scalelab::NotImplemented("lab06-9 zb_h1_schedule");
+  // TODO(lab06-9) END
+  return a;
+}
+
 // =============================================================================================
 // The exchange between neighbouring stages
 // =============================================================================================
@@ -133,7 +143,8 @@ float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Acti
   // TODO(lab06-6) BEGIN  every action of the schedule: its input, its compute, its output
   //   For each action in order: a forward needs its input (tokens or a message), an activation set that
   //   lives until its backward, and sends its output on; a backward needs the gradient of its output (or the
-  //   loss), frees its set and sends the gradient of its input back. Nothing left in flight at the end.
+  //   loss), frees its set and sends the gradient of its input back. A split backward (ZB-H1): I is that
+  //   backward without freeing the set, W (stage.backward_weight) frees it. Nothing left in flight at the end.
   //   README.md#the-executor
   throw scalelab::NotImplemented("lab06-6 run_schedule");
   // TODO(lab06-6) END

@@ -21,9 +21,12 @@
 //   the executor       one rank's schedule, run: each action's input, compute and output        TODO lab06-6
 //   tied embedding     the first and the last stage's copies of wte kept equal                   TODO lab06-7
 //   the training step  one optimizer step of a pipeline                                          TODO lab06-8
+//   ZB-H1              1F1B with each backward split into B and W, W filling the bubble
+//                      (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3.1)          TODO lab06-9
 // (README.md#the-picture draws each schedule as a stage x time grid.)
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,9 +47,9 @@ inline namespace SL_TRACK_LAB06 {
 // ---------------------------------------------------------------------------------------------
 // The layout
 
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
-const char* schedule_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved"
-// "gpipe", "1f1b" or "interleaved"; throws scalelab::Error naming the accepted values otherwise.
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZbH1 };
+const char* schedule_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
+// "gpipe", "1f1b", "interleaved" or "zb-h1"; throws scalelab::Error naming the accepted values otherwise.
 ScheduleKind schedule_from_name(const std::string& name);
 
 // A pipeline of p stages, one per rank of the pipeline group. Each rank holds v model chunks (v = 1 except
@@ -74,15 +77,18 @@ ModelShard chunk_shard(const GPTConfig& cfg, const PipelineLayout& layout, int c
 // ---------------------------------------------------------------------------------------------
 // Schedules: what one stage runs in one optimizer step, in order
 
-// One forward or backward of one micro-batch (0 .. m-1) on one of this rank's chunks (0 .. v-1).
+// One forward or backward of one micro-batch (0 .. m-1) on one of this rank's chunks (0 .. v-1). A backward
+// is whole (B: GPipe, 1F1B, interleaved) or split in two (ZB-H1): I, the input gradient, which the previous
+// stage waits for, then later W, the weight gradients, which only the optimizer needs (PyTorch's
+// torch.distributed.pipelining names them F, I, W and B alike).
 struct Action {
-  enum Kind : char { Forward = 'F', Backward = 'B' };
+  enum Kind : char { Forward = 'F', Backward = 'B', BackwardInput = 'I', BackwardWeight = 'W' };
   Kind kind = Forward;
   int micro_batch = 0;
   int chunk = 0;
   bool operator==(const Action& o) const { return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk; }
 };
-// "F3" (chunk 0) or "F3.1" (chunk 1); a list: "F0 F1 B0 F2 B1 B2".
+// "F3" (chunk 0) or "F3.1" (chunk 1); a list: "F0 F1 B0 F2 B1 B2", or split: "F0 F1 I0 W0 F2 I1 W1".
 std::string to_string(const Action& a);
 std::string to_string(const std::vector<Action>& actions);
 
@@ -96,12 +102,20 @@ std::vector<Action> one_f_one_b_schedule(int p, int m, int stage);
 // TODO(lab06-5): interleaved 1F1B (same paper, Sec. 2.2.2) with v chunks per rank; m a multiple of p.
 // README.md#interleaved-1f1b
 std::vector<Action> interleaved_schedule(int p, int m, int v, int stage);
-// Given: the schedule of this rank for a layout (one of the three above).
+// TODO(lab06-9): ZB-H1 (Qi et al. 2024, arXiv:2401.10241, Sec. 3.1, Fig. 3): 1F1B's forwards and input
+// gradients (I) in 1F1B's order, each micro-batch's weight gradient (W) run later to fill the bubble: stage s
+// holds back s of them, so every stage keeps at most p micro-batches' activations, what 1F1B's first stage
+// keeps. m >= p. README.md#zero-bubble
+std::vector<Action> zb_h1_schedule(int p, int m, int stage);
+// Given: the schedule of this rank for a layout (one of the four above).
 std::vector<Action> schedule_for(const PipelineLayout& layout);
 // Given: the bubble's share of the step when every micro-batch takes the same time on every stage
 // (Narayanan et al. 2021, Sec. 2.2; docs/references.md "Pipelines"): the bubble is (p - 1) / v of one
 // micro-batch's time per stage against m micro-batches of work, so (p - 1) / (v * m + p - 1) of the step
-// (GPipe and 1F1B: v = 1).
+// (GPipe and 1F1B: v = 1). ZB-H1 (Qi et al. 2024, Sec. 3.1): the bubble is (p - 1)(T_F + T_B - T_W) against
+// m (T_F + T_B + T_W) of work, T_B the input gradient's time and T_W the weight gradient's; the uniform
+// compute of Stage runs the backward's two halves as T_B = T_W = backward_ms / 2 = T_F (backward twice the
+// forward), so (p - 1) / (3 m + p - 1) of the step: a third of 1F1B's bubble time. For m >= p.
 double bubble_formula(const PipelineLayout& layout);
 
 // ---------------------------------------------------------------------------------------------
@@ -128,6 +142,11 @@ class Stage {
   float forward(int c, int micro_batch, GPT2Activations& acts, const Tensor& input, const Tensor* targets);
   // model(c).backward(acts, d_output, d_input), recorded as Action{Backward, micro_batch, c}.
   void backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
+  // The backward in two parts (gpt2.h): model(c).backward_input(acts, d_output, d_input), recorded as
+  // Action{BackwardInput, ...}; later model(c).backward_weight(acts), recorded as Action{BackwardWeight, ...},
+  // which frees the set. With a uniform compute time each part takes half of backward_ms.
+  void backward_input(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
+  void backward_weight(int c, int micro_batch, GPT2Activations& acts);
 
   // Every forward of a chunk takes at least forward_ms, every backward backward_ms (ms; 0: as long as the
   // compute takes); on the simulated GPU exactly that long. Throws for negative values. `inside` (optional; lab 07 passes its tensor-parallel
@@ -145,6 +164,7 @@ class Stage {
   void clear();
 
  private:
+  void run_timed(const Action& a, double uniform_ms, const std::function<void()>& compute);
   void record(const Action& a, double start_ms, double minimum_ms);
   double inside_wait_ms() const;  // the wait_ms of inside_'s events so far (0 without it)
   std::vector<GPT2*> chunks_;
@@ -210,7 +230,8 @@ class StageExchange {
 // `stage` and `exchange`, every action through `stage` (which records it). Contract: each micro-batch
 // flows forward through every virtual stage and its gradient back; the gradients of the m micro-batches'
 // mean losses ADD up (the caller zeroes them and divides by m); an activation set lives from its
-// forward to its backward and no longer. Returns the sum of the m losses on a rank whose last chunk is
+// forward to its backward (B), or to its weight gradient (W) when the backward is split, and no longer; a
+// split backward's input gradient (I) goes upstream as soon as I has run. Returns the sum of the m losses on a rank whose last chunk is
 // the last virtual stage, 0 elsewhere. All sends have completed when it returns. README.md#the-executor
 float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Action>& actions,
                    const std::vector<MicroBatch>& micro_batches);

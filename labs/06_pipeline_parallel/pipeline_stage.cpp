@@ -6,9 +6,10 @@
 // reference's in solutions/06_pipeline_parallel/pipeline_parallel.cpp.
 #include "pipeline_parallel.h"
 
-#include <optional>  // defines: std::optional (the uniform time's scope)
-#include <string>    // defines: std::string, std::to_string
-#include <utility>   // defines: std::move
+#include <functional>  // defines: std::function
+#include <optional>    // defines: std::optional (the uniform time's scope)
+#include <string>      // defines: std::string, std::to_string
+#include <utility>     // defines: std::move
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the eval loss, any backend)
 #include "scalelab/core/clock.h"  // defines: clock_pause_ms (the uniform compute: a sleep, or virtual time), UnchargedDeviceWork
@@ -25,14 +26,15 @@ const char* schedule_name(ScheduleKind kind) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZbH1: return "zb-h1";
   }
   return "?";
 }
 
 ScheduleKind schedule_from_name(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved})
+  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved, ScheduleKind::ZbH1})
     if (name == schedule_name(k)) return k;
-  SL_CHECK_HINT(false, "--schedule is gpipe, 1f1b or interleaved", "unknown schedule '%s'", name.c_str());
+  SL_CHECK_HINT(false, "--schedule is gpipe, 1f1b, interleaved or zb-h1", "unknown schedule '%s'", name.c_str());
   return ScheduleKind::OneFOneB;
 }
 
@@ -55,11 +57,14 @@ std::vector<Action> schedule_for(const PipelineLayout& l) {
     case ScheduleKind::GPipe: return gpipe_schedule(l.p, l.m, l.stage);
     case ScheduleKind::OneFOneB: return one_f_one_b_schedule(l.p, l.m, l.stage);
     case ScheduleKind::Interleaved: return interleaved_schedule(l.p, l.m, l.v, l.stage);
+    case ScheduleKind::ZbH1: return zb_h1_schedule(l.p, l.m, l.stage);
   }
   return {};
 }
 
 double bubble_formula(const PipelineLayout& l) {
+  // ZB-H1: (p - 1)(T_F + T_B - T_W) / (m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W)), T_F = T_B = T_W
+  if (l.schedule == ScheduleKind::ZbH1) return static_cast<double>(l.p - 1) / static_cast<double>(3 * l.m + l.p - 1);
   return static_cast<double>(l.p - 1) / static_cast<double>(l.v * l.m + l.p - 1);
 }
 
@@ -75,26 +80,35 @@ GPT2& Stage::chunk(int c) {
   return *chunks_[c];
 }
 
-float Stage::forward(int c, int micro_batch, GPT2Activations& acts, const Tensor& input, const Tensor* targets) {
+// Runs `compute` as action `a`: timed, and with a uniform time (uniform_ms > 0) as long as that exactly.
+void Stage::run_timed(const Action& a, double uniform_ms, const std::function<void()>& compute) {
   const double t0 = Communicator::now_ms(), w0 = inside_wait_ms();
-  float loss = 0.0f;
   {
     std::optional<UnchargedDeviceWork> replaced;  // a uniform time replaces the ops' charges (simulated GPU)
-    if (forward_ms_ > 0) replaced.emplace();
-    loss = chunk(c).forward(acts, input, targets);
+    if (uniform_ms > 0) replaced.emplace();
+    compute();
   }
-  record({Action::Forward, micro_batch, c}, t0, forward_ms_ > 0 ? forward_ms_ + inside_wait_ms() - w0 : 0.0);
+  record(a, t0, uniform_ms > 0 ? uniform_ms + inside_wait_ms() - w0 : 0.0);
+}
+
+float Stage::forward(int c, int micro_batch, GPT2Activations& acts, const Tensor& input, const Tensor* targets) {
+  float loss = 0.0f;
+  run_timed({Action::Forward, micro_batch, c}, forward_ms_, [&] { loss = chunk(c).forward(acts, input, targets); });
   return loss;
 }
 
 void Stage::backward(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input) {
-  const double t0 = Communicator::now_ms(), w0 = inside_wait_ms();
-  {
-    std::optional<UnchargedDeviceWork> replaced;
-    if (backward_ms_ > 0) replaced.emplace();
-    chunk(c).backward(acts, d_output, d_input);
-  }
-  record({Action::Backward, micro_batch, c}, t0, backward_ms_ > 0 ? backward_ms_ + inside_wait_ms() - w0 : 0.0);
+  run_timed({Action::Backward, micro_batch, c}, backward_ms_, [&] { chunk(c).backward(acts, d_output, d_input); });
+}
+
+// A split backward's halves take half of the backward's uniform time each (T_B = T_W: bubble_formula).
+void Stage::backward_input(int c, int micro_batch, GPT2Activations& acts, const Tensor* d_output, Tensor* d_input) {
+  run_timed({Action::BackwardInput, micro_batch, c}, backward_ms_ / 2,
+            [&] { chunk(c).backward_input(acts, d_output, d_input); });
+}
+
+void Stage::backward_weight(int c, int micro_batch, GPT2Activations& acts) {
+  run_timed({Action::BackwardWeight, micro_batch, c}, backward_ms_ / 2, [&] { chunk(c).backward_weight(acts); });
 }
 
 void Stage::set_uniform_compute(double forward_ms, double backward_ms, Communicator* inside) {

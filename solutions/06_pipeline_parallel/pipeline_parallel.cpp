@@ -1,12 +1,12 @@
 // pipeline_parallel.cpp — lab 06: pipeline parallelism. The model cut across layers into stages on ranks,
-// micro-batches flowing through them under three schedules: GPipe (Huang et al. 2019), 1F1B and interleaved
-// 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2). Declared in labs/06_pipeline_parallel/
+// micro-batches flowing through them under four schedules: GPipe (Huang et al. 2019), 1F1B and interleaved
+// 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2), ZB-H1 (Qi et al. 2024, arXiv:2401.10241). Declared in labs/06_pipeline_parallel/
 // pipeline_parallel.h; the lesson is labs/06_pipeline_parallel/README.md. Only the code between
 // TODO(lab06-N) BEGIN/END is yours to write. The Stage, the exchange's channels and sends, and the names of
 // the schedules are given once, in labs/06_pipeline_parallel/pipeline_stage.cpp, compiled into both tracks.
 #include "pipeline_parallel.h"
 
-#include <algorithm>  // defines: std::min
+#include <algorithm>  // defines: std::min, std::max
 #include <cmath>      // defines: std::sqrt, std::isfinite
 #include <map>        // defines: std::map
 #include <utility>    // defines: std::pair
@@ -118,6 +118,25 @@ std::vector<Action> interleaved_schedule(int p, int m, int v, int stage) {
   return a;
 }
 
+std::vector<Action> zb_h1_schedule(int p, int m, int stage) {
+  std::vector<Action> a;
+  // TODO(lab06-9) BEGIN  1F1B's forwards and input gradients, each weight gradient held back to fill the bubble
+  // Forwards and I in 1F1B's order: I leaves as early as 1F1B's whole backward would have, W later. The
+  // last stage's first I reaches stage s after p - 1 - s more I's, and in 1F1B stage s would idle that long
+  // in the cool-down; W's held back fill it: stage s runs W k - s after I k (its first s W's wait), and the
+  // s held back close the schedule. Activations alive: 1F1B's p - s plus s awaiting W, p on every stage.
+  const int warmup = std::min(p - stage - 1, m);
+  for (int i = 0; i < warmup; ++i) a.push_back({Action::Forward, i, 0});
+  for (int k = 0; k < m; ++k) {
+    if (warmup + k < m) a.push_back({Action::Forward, warmup + k, 0});
+    a.push_back({Action::BackwardInput, k, 0});
+    if (k >= stage) a.push_back({Action::BackwardWeight, k - stage, 0});
+  }
+  for (int k = std::max(m - stage, 0); k < m; ++k) a.push_back({Action::BackwardWeight, k, 0});
+  // TODO(lab06-9) END
+  return a;
+}
+
 // =============================================================================================
 // The exchange between neighbouring stages
 // =============================================================================================
@@ -193,7 +212,12 @@ float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Acti
       const float loss = stage.forward(c, i, acts, exchange.is_first(c) ? mb.inputs : x, last ? &mb.targets : nullptr);
       if (last) loss_sum += loss;
       else exchange.send_activation(acts.output(), i, c);
-    } else {
+    } else if (a.kind == Action::BackwardWeight) {  // a split backward's second half: W, then the set is done
+      auto it = in_flight.find({i, c});
+      SL_CHECK(it != in_flight.end(), "W of micro-batch %d, chunk %d before its forward", i, c);
+      stage.backward_weight(c, i, it->second);
+      in_flight.erase(it);
+    } else {  // a whole backward (B), or a split one's first half (I): the input gradient goes upstream now
       auto it = in_flight.find({i, c});
       SL_CHECK(it != in_flight.end(), "backward of micro-batch %d, chunk %d before its forward", i, c);
       Tensor dy, dx;
@@ -202,8 +226,11 @@ float run_schedule(Stage& stage, StageExchange& exchange, const std::vector<Acti
         exchange.recv_gradient(dy, i, c);
       }
       if (!exchange.is_first(c)) dx = stream();
-      stage.backward(c, i, it->second, exchange.is_last(c) ? nullptr : &dy, exchange.is_first(c) ? nullptr : &dx);
-      in_flight.erase(it);  // this micro-batch's activations are done with
+      const Tensor* d_output = exchange.is_last(c) ? nullptr : &dy;
+      Tensor* d_input = exchange.is_first(c) ? nullptr : &dx;
+      if (a.kind == Action::BackwardInput) stage.backward_input(c, i, it->second, d_output, d_input);
+      else stage.backward(c, i, it->second, d_output, d_input);
+      if (a.kind == Action::Backward) in_flight.erase(it);  // this micro-batch's activations are done with
       if (!exchange.is_first(c)) exchange.send_gradient(dx, i, c);
     }
   }

@@ -27,6 +27,7 @@ int activation_sets(const Layout& x, int stage) {
     case lab06::ScheduleKind::GPipe: return m;                          // every forward before any backward
     case lab06::ScheduleKind::OneFOneB: return std::min(m, p - stage);  // the warm-up's forwards, then one in one out
     case lab06::ScheduleKind::Interleaved: return std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+    case lab06::ScheduleKind::ZbH1: return std::min(m, p);  // 1F1B's p - s, plus s awaiting their W (at most)
   }
   // TODO(lab09-1) END
   return 0;
@@ -192,7 +193,8 @@ StepTime step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, con
     if (x.zero_stage >= 1) updated /= x.dp;
     optimizer_bytes = std::max(optimizer_bytes, updated * (2 * Bp + 2 * Bg + 2 * K));
   }
-  const double bubble_slots = (x.pp - 1.0) / x.chunks;
+  // ZB-H1 (lab 06 "Zero bubble"): (p - 1)(T_F + T_B - T_W) with I = W = half the backward, a third of a slot each
+  const double bubble_slots = x.schedule == lab06::ScheduleKind::ZbH1 ? (x.pp - 1.0) / 3 : (x.pp - 1.0) / x.chunks;
   t.pipeline_ms = (x.micro_batches + bubble_slots) * t.slot_ms;
   t.bubble_ms = bubble_slots * t.slot_ms;
   t.dp_ms = 1e3 * dp_s;

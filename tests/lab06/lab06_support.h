@@ -96,6 +96,9 @@ constexpr double kBubbleTol = 1e-9;
 // rank) and the window (ms). Collective over all ranks.
 std::vector<double> simulated_bubbles(const BubbleCase& bc, double* window_ms);
 std::string expect_bubble_matches_formula(const std::vector<BubbleCase>& cases);
+// This rank's allocator peak of category Activations during one step of the case (the second: the first
+// allocates what persists), minus before it; *leaked: what the step left behind. On the CPU.
+int64_t step_activation_peak(const ScheduleCase& sc, int64_t* leaked = nullptr);
 // make_layout refuses the bad layouts of this rank count on every rank (and accepts a good one).
 std::string expect_bad_layouts_refused();
 

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>  // defines: std::memcmp
 #include <string>
 
 #include "grading.h"        // defines: grading::Check, grading::run, grading::all_ranks
@@ -31,10 +32,10 @@ std::string schedules_against_definition(ScheduleKind kind) {
       for (int v : {1, 2, 4}) {
         if ((kind == ScheduleKind::Interleaved) != (v > 1) || (v > 1 && (p < 2 || m % p != 0))) continue;
         for (int s = 0; s < p && bad.empty(); ++s) {
-          const std::vector<lab06::Action> got = kind == ScheduleKind::GPipe ? lab06::gpipe_schedule(p, m, s)
-                                                 : kind == ScheduleKind::OneFOneB
-                                                     ? lab06::one_f_one_b_schedule(p, m, s)
-                                                     : lab06::interleaved_schedule(p, m, v, s);
+          const std::vector<lab06::Action> got = kind == ScheduleKind::GPipe      ? lab06::gpipe_schedule(p, m, s)
+                                                 : kind == ScheduleKind::OneFOneB ? lab06::one_f_one_b_schedule(p, m, s)
+                                                 : kind == ScheduleKind::ZbH1     ? lab06::zb_h1_schedule(p, m, s)
+                                                                              : lab06::interleaved_schedule(p, m, v, s);
           const std::vector<lab06::Action> want = expected_schedule(kind, p, m, v, s);
           ++tested;
           if (!(got == want))
@@ -47,6 +48,40 @@ std::string schedules_against_definition(ScheduleKind kind) {
   }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), bad));
   return std::to_string(tested) + " (p, m, v, stage) schedules equal the definition";
+}
+
+// One step (lr 0: the gradients alone) of ZB-H1 and of 1F1B on the same micro-batches: every gradient of
+// this stage equal bit for bit (both add each micro-batch's parts in micro-batch order), and ZB-H1's order.
+std::string zb_h1_gradients_against_1f1b(const std::vector<int>& ms) {
+  const GPTConfig cfg = pp_config();
+  std::string bad, measured;
+  for (int m : ms) {
+    const GlobalBatch g = random_global_batch(7, m * kMicroBatch, kT, cfg.vocab_size);
+    Pipeline zb = make_pipeline(cfg, ScheduleKind::ZbH1, m, 1), ref = make_pipeline(cfg, ScheduleKind::OneFOneB, m, 1);
+    zb.step(micro_batches_of(g, m), 0.0f, 0.0f);
+    ref.step(micro_batches_of(g, m), 0.0f, 0.0f);
+    const int p = zb.layout.p, s = zb.layout.stage;
+    int64_t compared = 0;
+    for (int u = 0; u < zb.models[0]->num_units() && bad.empty(); ++u) {
+      const Tensor& a = zb.models[0]->unit_grads(u);
+      const Tensor& b = ref.models[0]->unit_grads(u);
+      if (a.numel() == 0) continue;
+      for (int64_t i = 0; i < a.numel() && bad.empty(); ++i)
+        if (std::memcmp(a.data<float>() + i, b.data<float>() + i, sizeof(float)) != 0)
+          bad = "m " + std::to_string(m) + ", stage " + std::to_string(s) + ", unit " + std::to_string(u) + " [" +
+                std::to_string(i) + "]: " + std::to_string(a.data<float>()[i]) + " vs 1F1B's " +
+                std::to_string(b.data<float>()[i]);
+      compared += a.numel();
+    }
+    const std::vector<Action> want = expected_schedule(ScheduleKind::ZbH1, p, m, 1, s);
+    if (bad.empty() && !(zb.stage->ran() == want))
+      bad = "m " + std::to_string(m) + ", stage " + std::to_string(s) + " ran \"" + lab06::to_string(zb.stage->ran()) +
+            "\", the schedule is \"" + lab06::to_string(want) + "\"";
+    measured += (measured.empty() ? "" : ", ") + ("m " + std::to_string(m)) + ": " + std::to_string(compared) +
+                " gradient entries on stage " + std::to_string(s);
+  }
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank(bad)));
+  return measured + " equal 1F1B's bit for bit";
 }
 
 }  // namespace
@@ -127,6 +162,24 @@ TEST(Lab06Pp, InterleavedScheduleOrder) {
   grading::run(check, [](grading::Record& record) {
     record.measured(schedules_against_definition(ScheduleKind::Interleaved));
   });
+}
+
+TEST(Lab06Pp, ZbH1ScheduleOrder) {
+  const grading::Check check{"lab06.zb_h1_schedule_order", 2,
+                             "zb_h1_schedule for p 1, 2, 4, m 1..8, every stage: 1F1B's order with each B as I, W of "
+                             "micro-batch k - s right after I of k, the last s W's at the end (Qi et al. 2024, Fig. 3; "
+                             "p 2 m 4 stage 1: F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3)",
+                             "README 'Zero bubble': which W can wait, and for how long?"};
+  grading::run(check,
+               [](grading::Record& record) { record.measured(schedules_against_definition(ScheduleKind::ZbH1)); });
+}
+
+TEST(Lab06Pp, ZbH1GradientsEqualOneForwardOneBackward) {
+  const grading::Check check{"lab06.zb_h1_gradients_equal_one_forward_one_backward", 3,
+                             "one step of ZB-H1 and of 1F1B, m 2 and 4: every gradient of every stage equal bit for "
+                             "bit, and each stage ran the ZB-H1 order",
+                             "README 'Zero bubble': W adds what the whole backward adds, in the same order"};
+  grading::run(check, [](grading::Record& record) { record.measured(zb_h1_gradients_against_1f1b({2, 4})); });
 }
 
 TEST(Lab06Pp, GpipeGradientsMatchDense) {
@@ -284,6 +337,30 @@ TEST(Lab06Pp, ActivationMemoryPerSchedule) {
     record.measured(expect_activation_memory({{ScheduleKind::GPipe, 4, 1},
                                               {ScheduleKind::OneFOneB, 4, 1},
                                               {ScheduleKind::Interleaved, 4, 2}}));
+  });
+}
+
+TEST(Lab06Pp, ZbH1ActivationMemory) {
+  const grading::Check check{
+      "lab06.zb_h1_activation_memory", 2,
+      "ZB-H1 m = 4: the allocator's peak of activations equals the schedule's walk exactly (a set whole from F "
+      "to I, what I keeps until W) and is at most p sets on every stage (1F1B's first stage: 2); nothing left",
+      "README 'Zero bubble': what does a set keep between its I and its W?"};
+  grading::run(check, [](grading::Record& record) {
+    record.measured(expect_activation_memory({{ScheduleKind::ZbH1, 4, 1}}));
+  });
+}
+
+TEST(Lab06Pp, ZbH1BubbleMatchesFormula) {
+  const grading::Check check{
+      "lab06.zb_h1_bubble_matches_formula", 3,
+      "on simulated H100s over a free link, uniform compute (F = 100 ms, I = W = 100 ms): each stage's idle "
+      "share equals (p - 1)/(3m + p - 1) within 1e-9 for m = 2, 4, 8 (1/7, 1/13, 1/25)",
+      "README 'Zero bubble': a W run too late, or an I waiting for its W, leaves a larger bubble"};
+  grading::run(check, [](grading::Record& record) {
+    record.measured(expect_bubble_matches_formula({{{ScheduleKind::ZbH1, 2, 1}, 100.0},
+                                                   {{ScheduleKind::ZbH1, 4, 1}, 100.0},
+                                                   {{ScheduleKind::ZbH1, 8, 1}, 100.0}}));
   });
 }
 

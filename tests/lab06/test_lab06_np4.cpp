@@ -55,6 +55,19 @@ TEST(Lab06Pp4, BubbleMatchesFormulaFourStages) {
   });
 }
 
+TEST(Lab06Pp4, ZbH1FourStages) {
+  const grading::Check check{
+      "lab06.zb_h1_four_stages", 3,
+      "p = 4, ZB-H1 on simulated H100s, uniform compute (F = I = W = 100 ms): bubble (p - 1)/(3m + p - 1) within "
+      "1e-9 for m = 4, 8 (3/15, 3/27); m = 8 on the CPU: activation peak = the schedule's walk, at most p sets",
+      "README 'Zero bubble'"};
+  grading::run(check, [](grading::Record& record) {
+    const std::string bubble =
+        expect_bubble_matches_formula({{{ScheduleKind::ZbH1, 4, 1}, 100.0}, {{ScheduleKind::ZbH1, 8, 1}, 100.0}});
+    record.measured(bubble + "; " + expect_activation_memory({{ScheduleKind::ZbH1, 8, 1}}));
+  });
+}
+
 TEST(Lab06Pp4, BadLayoutsFailOnEveryRankFourStages) {
   const grading::Check check{"lab06.bad_layouts_fail_on_every_rank_four_stages", 1,
                              "the same layouts as at 2 ranks, refused on all 4", "README 'The partition'"};

@@ -128,7 +128,7 @@ void add_cluster_options(CLI::App& app, ClusterOptions& o) {
 }
 
 void add_pipeline_options(CLI::App& app, PipelineOptions& o) {
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches,
                  "m: micro-batches per optimizer step (each --micro-batch sequences)")
       ->capture_default_str()

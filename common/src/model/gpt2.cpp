@@ -1,5 +1,6 @@
 // gpt2.cpp — the GPT-2 model (gpt2.h): construction and initialisation, the policy's matmuls, and the forward
-// and backward over the ops of ops.h, unit by unit; a block's are block_forward and block_backward.
+// and backward over the ops of ops.h, unit by unit; a block's are block_forward and block_backward; the
+// backward also runs in two parts, backward_input (B) and backward_weight (W), for zero-bubble pipelines.
 // The layer structure follows GPT-2 (Radford et al. 2019) as llm.c's train_gpt2.c writes it out:
 //   x = wte[tokens] + wpe;  per block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x));
 //   logits = ln_f(x) @ wte^T (tied LM head); loss = mean cross-entropy.
@@ -593,20 +594,20 @@ void GPT2::backward() {
 // The gradient of a row-parallel linear's input: dinp += d(out) @ W, dW += d(out)^T @ inp, dbias += column
 // sums of d(out). d(out) is g's backward of dout: the identity, or with sequence parallelism the all-gather
 // of dout (Nl,C) into y_full (B,T,C); the bias gradient is then whole on every rank.
-void GPT2::row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
+void GPT2::row_parallel_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, Tensor& dout, const Tensor& inp,
                                  const Tensor& weight) {
   TensorParallel& points = tp();
   if (shard_.sequence_parallel) {
     points.sp_scatter_backward(dout, scratch_.y_full);
-    policy_matmul_backward(&dinp, &dweight, &dbias, scratch_.y_full, inp, weight);
+    policy_matmul_backward(dinp, dweight, dbias, scratch_.y_full, inp, weight);
   } else {
     points.g_backward(dout);
-    policy_matmul_backward(&dinp, &dweight, &dbias, dout, inp, weight);
+    policy_matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   }
 }
 
 void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w,
-                          const BlockParams& b) {
+                          const BlockParams& b, bool keep_for_weight) {
   TensorParallel& points = tp();
   BackwardScratch& s = scratch_;
   const int NHl = cfg_.n_head / shard_.tp_size;
@@ -616,16 +617,20 @@ void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor&
   auto W = [&](int i) { return weight_view(w, i); };     // fp32 (layernorm weights)
   auto MW = [&](int i) { return matmul_weight(w, i); };  // in the policy's matmul dtype
   auto G = [&](int i) { return grad_at(i); };
+  // The matmuls' weight and bias gradients: here, or (keep_for_weight) none now, their douts kept for W.
+  auto DW = [&](Tensor& g) { return keep_for_weight ? nullptr : &g; };
 
   // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
   Tensor dfcproj_w = G(b.mlp_proj_w), dfcproj_b = G(b.mlp_proj_b);
   s.dfch_gelu.zero_();
-  row_parallel_backward(s.dfch_gelu, dfcproj_w, dfcproj_b, dresidual, ba.fch_gelu, MW(b.mlp_proj_w));
+  row_parallel_backward(&s.dfch_gelu, DW(dfcproj_w), DW(dfcproj_b), dresidual, ba.fch_gelu, MW(b.mlp_proj_w));
+  if (keep_for_weight) ba.fcproj.copy_from(dresidual);  // c_proj's dout, in the memory of its output
   s.dfch.zero_();
   gelu_backward(s.dfch, ba.fch, s.dfch_gelu);
+  if (keep_for_weight) ba.fch.copy_from(s.dfch);  // c_fc's dout (B,T,4C), in the memory of its output
   Tensor dfc_w = G(b.c_fc_w), dfc_b = G(b.c_fc_b);
   dln_full.zero_();
-  policy_matmul_backward(&dln_full, &dfc_w, &dfc_b, s.dfch, ba.ln2_full, MW(b.c_fc_w));
+  policy_matmul_backward(&dln_full, DW(dfc_w), DW(dfc_b), s.dfch, ba.ln2_full, MW(b.c_fc_w));
   if (sp) points.sp_gather_backward(dln_full, s.dln);  // c_fc is column-parallel: its dinp is partial
   else points.f_backward(s.dln);
   // the skip connection passes dresidual through unchanged; ln_2's backward ADDS its part to it
@@ -635,7 +640,8 @@ void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor&
   // attention branch: residual2 = x + c_proj(attention(c_attn(ln_1(x))))
   Tensor dproj_w = G(b.attn_proj_w), dproj_b = G(b.attn_proj_b);
   s.datty.zero_();
-  row_parallel_backward(s.datty, dproj_w, dproj_b, dresidual, ba.atty, MW(b.attn_proj_w));
+  row_parallel_backward(&s.datty, DW(dproj_w), DW(dproj_b), dresidual, ba.atty, MW(b.attn_proj_w));
+  if (keep_for_weight) ba.attproj.copy_from(dresidual);  // attention c_proj's dout, in its output's memory
   s.dqkv.zero_();
   if (attention_ == AttentionImpl::Flash) {
     cp().attention_backward(s.dqkv, s.datty, ba.qkv, ba.atty, ba.lse, NHl, cp_chunks_);
@@ -647,9 +653,10 @@ void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor&
     attention_forward(ba.atty, s.att_recompute, ba.qkv, NHl);
     attention_backward(s.dqkv, s.datt, s.datty, ba.qkv, s.att_recompute, NHl);
   }
+  if (keep_for_weight) ba.qkv.copy_from(s.dqkv);  // c_attn's dout (B,T,3C): qkv is read for the last time above
   Tensor dqkv_w = G(b.c_attn_w), dqkv_b = G(b.c_attn_b);
   dln_full.zero_();
-  policy_matmul_backward(&dln_full, &dqkv_w, &dqkv_b, s.dqkv, ba.ln1_full, MW(b.c_attn_w));
+  policy_matmul_backward(&dln_full, DW(dqkv_w), DW(dqkv_b), s.dqkv, ba.ln1_full, MW(b.c_attn_w));
   if (sp) points.sp_gather_backward(dln_full, s.dln);
   else points.f_backward(s.dln);
   Tensor dln1_w = G(b.ln_1_w), dln1_b = G(b.ln_1_b);
@@ -657,8 +664,24 @@ void GPT2::block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor&
 }
 
 void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input) {
+  backward_impl(a, d_output, d_input, false);
+}
+
+void GPT2::backward_input(GPT2Activations& a, const Tensor* d_output, Tensor* d_input) {
+  SL_CHECK_HINT(shard_.tp_size == 1, "run backward(acts, ...) under tensor parallelism",
+                "backward_input: the split backward is not supported with tensor parallelism (tp = %d)",
+                shard_.tp_size);
+  for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l)
+    SL_CHECK_HINT(recompute_[l] != Recompute::Full, "use --recompute none or selective with a split backward",
+                  "backward_input: block %d recomputes 'full', whose working set cannot wait for backward_weight", l);
+  backward_impl(a, d_output, d_input, true);
+}
+
+void GPT2::backward_impl(GPT2Activations& a, const Tensor* d_output, Tensor* d_input, bool split) {
   SL_CHECK_HINT(!a.empty() && !a.blocks.empty(), "call forward(acts, input, targets) before backward(acts, ...)",
                 "backward on a set no forward has filled");
+  SL_CHECK_HINT(!a.weight_pending, "finish it with backward_weight(acts); a set takes one backward",
+                "backward on a set whose backward_input already ran");
   const int B = a.B_, T = a.T_, L = cfg_.n_layer;
   ensure_scratch(B, T);
   TensorParallel& points = tp();
@@ -686,7 +709,9 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     {
       Tensor w = unit_weights_f32(table_[head_wte_].unit);
       Tensor dwte = grad_at(head_wte_);
-      policy_matmul_backward(&dln_full, &dwte, nullptr, dlogits, a.lnf_full, matmul_weight(w, head_wte_));
+      // split: dwte later (backward_weight), from dlogits, which stays in head_logits
+      policy_matmul_backward(&dln_full, split ? nullptr : &dwte, nullptr, dlogits, a.lnf_full,
+                             matmul_weight(w, head_wte_));
     }
     // the head is column-parallel over the vocabulary: dlnf is partial on each rank
     if (sp) points.sp_gather_backward(dln_full, s.dln);
@@ -701,7 +726,7 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
       layernorm_backward(s.dresidual, dw, db, s.dln, a.blocks.back().residual3, weight_view(w, lnf_w_), a.lnf_mean,
                          a.lnf_rstd);
     }
-    run_hooks(HookPoint::AfterBackward, L + 1);
+    if (!split) run_hooks(HookPoint::AfterBackward, L + 1);
   } else {
     SL_CHECK_HINT(d_output != nullptr && d_output->shape() == a.output().shape(),
                   "a stage without the head starts from d(loss)/d(its output), the shape of acts.output()",
@@ -726,11 +751,16 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
     const bool full = recompute_[l] == Recompute::Full;
     if (full) block_forward(s.work, block_in, w, b);
     BlockActivations& ba = full ? s.work : a.blocks[l - shard_.first_layer];
-    block_backward(s.dresidual, ba, block_in, w, b);
-    run_hooks(HookPoint::AfterBackward, unit);
+    block_backward(s.dresidual, ba, block_in, w, b, split);
+    if (!split) run_hooks(HookPoint::AfterBackward, unit);
   }
 
-  if (shard_.has_embedding) {
+  if (shard_.has_embedding && split) {
+    // The embedding has no input gradient: all of it is W. Its dout d(encoded) goes into encoded's memory
+    // (read for the last time by the first block's ln_1 backward above).
+    if (!shard_.has_head) run_hooks(HookPoint::BeforeBackward, 0);
+    a.encoded.copy_from(s.dresidual);
+  } else if (shard_.has_embedding) {
     // embeddings: dwte gets the token rows (this rank's vocabulary rows), dwpe the position rows. Unit 0's
     // backward began with the head in the dense model; on a first stage without the head it begins here.
     if (!shard_.has_head) run_hooks(HookPoint::BeforeBackward, 0);
@@ -744,6 +774,55 @@ void GPT2::backward(GPT2Activations& a, const Tensor* d_output, Tensor* d_input)
                   "backward without d_input on a stage without the embedding");
     d_input->copy_from(s.dresidual);
   }
+  if (!split) return;
+
+  // B is done: free what only it read, keep what W reads (each matmul's input and dout, the head's lnf and
+  // dlogits, the embedding's tokens and dout). Without sequence parallelism ln1_full, ln2_full and lnf_full
+  // are ln1, ln2 and lnf themselves, so dropping those names frees nothing the full ones hold.
+  for (BlockActivations& ba : a.blocks) {
+    ba.ln1 = ba.ln1_mean = ba.ln1_rstd = Tensor();
+    ba.att = ba.lse = ba.residual2 = Tensor();
+    ba.ln2 = ba.ln2_mean = ba.ln2_rstd = Tensor();
+    ba.residual3 = Tensor();
+  }
+  a.input = a.targets = Tensor();
+  a.lnf = a.lnf_mean = a.lnf_rstd = a.probs = a.losses = Tensor();
+  a.weight_pending = true;
+}
+
+void GPT2::block_backward_weight(BlockActivations& ba, const Tensor& w, const BlockParams& b) {
+  auto MW = [&](int i) { return matmul_weight(w, i); };  // read for its shape only: no input gradient here
+  Tensor dfcproj_w = grad_at(b.mlp_proj_w), dfcproj_b = grad_at(b.mlp_proj_b);
+  policy_matmul_backward(nullptr, &dfcproj_w, &dfcproj_b, ba.fcproj, ba.fch_gelu, MW(b.mlp_proj_w));
+  Tensor dfc_w = grad_at(b.c_fc_w), dfc_b = grad_at(b.c_fc_b);
+  policy_matmul_backward(nullptr, &dfc_w, &dfc_b, ba.fch, ba.ln2_full, MW(b.c_fc_w));
+  Tensor dproj_w = grad_at(b.attn_proj_w), dproj_b = grad_at(b.attn_proj_b);
+  policy_matmul_backward(nullptr, &dproj_w, &dproj_b, ba.attproj, ba.atty, MW(b.attn_proj_w));
+  Tensor dqkv_w = grad_at(b.c_attn_w), dqkv_b = grad_at(b.c_attn_b);
+  policy_matmul_backward(nullptr, &dqkv_w, &dqkv_b, ba.qkv, ba.ln1_full, MW(b.c_attn_w));
+}
+
+void GPT2::backward_weight(GPT2Activations& a) {
+  SL_CHECK_HINT(a.weight_pending, "call backward_input(acts, ...) first; backward_weight finishes it",
+                "backward_weight on a set without its backward_input");
+  const int L = cfg_.n_layer;
+  if (shard_.has_head) {
+    // the LM head's dwte from dlogits (kept in head_logits) and the ln_f output it multiplied
+    Tensor w = unit_weights_f32(table_[head_wte_].unit);
+    Tensor dwte = grad_at(head_wte_);
+    policy_matmul_backward(nullptr, &dwte, nullptr, a.head_logits, a.lnf_full, matmul_weight(w, head_wte_));
+    run_hooks(HookPoint::AfterBackward, L + 1);
+  }
+  for (int l = shard_.last(cfg_); l >= shard_.first_layer; --l) {
+    block_backward_weight(a.blocks[l - shard_.first_layer], unit_weights_f32(1 + l), blocks_[l]);
+    run_hooks(HookPoint::AfterBackward, 1 + l);
+  }
+  if (shard_.has_embedding) {
+    Tensor dwte = grad_at(wte_), dwpe = grad_at(wpe_);
+    tp().embedding_backward(dwte, dwpe, a.encoded, a.tokens);
+    run_hooks(HookPoint::AfterBackward, 0);
+  }
+  a = GPT2Activations{};  // W was the last reader: the whole set is freed
 }
 
 }  // namespace scalelab

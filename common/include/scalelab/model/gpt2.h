@@ -115,6 +115,24 @@ class GPT2 {
   // stage without the embedding, receives d(loss)/d(input) (stream); nullptr elsewhere.
   void backward(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
 
+  // ---- The same backward in two parts (a zero-bubble pipeline: Qi et al. 2024, "Zero Bubble Pipeline
+  // Parallelism", arXiv:2401.10241, Sec. 2): B, the input gradient the previous stage waits for, now; W, the
+  // weight gradients only the optimizer needs, later. backward_input then backward_weight on one set ADD
+  // exactly the bits backward(acts, d_output, d_input) adds and return the same d_input
+  // (tests/common/model/test_split_backward.cpp).
+  // backward_input: arguments as backward's. Computes d_input and the layernorms' gradients (cheap, and they
+  // need the activations B frees); each matmul's dout is kept in the set, in the memory of a forward-only
+  // tensor of its shape (no allocation), with what the weight gradients read (each matmul's input, the
+  // head's dlogits, the embedding's tokens); everything else of the set is freed. Fires every BeforeBackward
+  // hook backward() fires, in the same order, and no AfterBackward hook.
+  // backward_weight: ADDS the matmuls' weight and bias gradients, the LM head's and the embedding's, in
+  // backward()'s order, then frees the whole set (it is empty again: the next micro-batch gets a new one).
+  // Fires every AfterBackward hook backward() fires, in its order (a unit's gradients are
+  // complete at its AfterBackward). Refused: tensor parallelism (tp > 1) and Recompute::Full (the re-run's
+  // working set is shared, so it cannot wait for W).
+  void backward_input(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input);
+  void backward_weight(GPT2Activations& acts);
+
   // The tensor-parallel points (tensor_parallel.h) the blocks, the embedding and the head call; the model
   // does not own it. nullptr: the identity (only valid for tp = 1). Lab 05 installs its implementation.
   void set_tensor_parallel(TensorParallel* tp) { tp_ = tp; }
@@ -175,7 +193,14 @@ class GPT2 {
   // re-run of it) and the block's input x (stream), with the unit's weights w. dresidual (stream) enters as
   // d(loss)/d(block output) and leaves as d(loss)/d(x); the block's gradients are ADDED to the unit's grad
   // buffer. No hooks: the caller runs them.
-  void block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b);
+  // keep_for_weight (backward_input): the input gradient and the layernorms' only; each matmul's dout is
+  // copied into the forward-only tensor of its shape for block_backward_weight.
+  void block_backward(Tensor& dresidual, BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b,
+                      bool keep_for_weight = false);
+  // The four matmuls' weight and bias gradients from what block_backward(keep_for_weight) kept in ba.
+  void block_backward_weight(BlockActivations& ba, const Tensor& w, const BlockParams& b);
+  // backward() and backward_input(): split false / true.
+  void backward_impl(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input, bool split);
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not in this shard
   int head_wte_ = -1;                           // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
   int index_of(const std::string& name) const;  // table index; throws on an unknown name
@@ -198,7 +223,7 @@ class GPT2 {
   // A row-parallel linear (the two c_proj): the matmul, g (or the sequence-parallel reduce-scatter), then the
   // bias once; and its backward. See gpt2.cpp.
   void row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
-  void row_parallel_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, Tensor& dout, const Tensor& inp,
+  void row_parallel_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, Tensor& dout, const Tensor& inp,
                              const Tensor& weight);
 
   TensorParallel& tp() const;   // the installed points, or the identity

@@ -110,6 +110,7 @@ class GPT2Activations {
   Tensor probs;                          // (B,T,V/tp) softmax of logits, kept for backward
   Tensor losses;                         // (B,T)
   bool have_targets = false;
+  bool weight_pending = false;  // GPT2::backward_input ran, backward_weight has not: only what W reads is left
 };
 
 // What one backward needs besides a set, shared by every set of a model (a backward runs one micro-batch at
