@@ -56,7 +56,7 @@ enum class ZeroStage : int {
 ZeroStage zero_stage_from_int(int stage);      // 1, 2 or 3; throws scalelab::Error with a hint otherwise
 const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ...
 
-// Part 3: what lives in host memory instead of the device's (ZeRO-Offload, Ren et al. 2021, Sec. 4.1).
+// Part 3: what lives in host memory instead of the device's (ZeRO-Offload, Ren et al. 2021, Sec. 3).
 enum class Offload : int {
   None = 0,   // everything on the device
   Optimizer,  // the fp32 master shard, AdamW's m and v and the update on the host (MemPlace::Host)

@@ -225,9 +225,16 @@ void offload_optimizer_step(FsdpState& s, float lr) {
   const OptimizerConfig& o = s.optimizer;
   const std::vector<ParamInfo>& table = s.model.param_table();
   const int64_t t = ++s.optimizer_steps;
+  // The units kept gathered first: their parameters are needed in this call (the all-gather below), the
+  // blocks' only at their next use. Each copy stream runs its copies in the order they were launched.
+  std::vector<int> order;
+  for (int u = 0; u < s.num_units(); ++u)
+    if (s.units[u].keep_gathered) order.push_back(u);
+  for (int u = 0; u < s.num_units(); ++u)
+    if (!s.units[u].keep_gathered) order.push_back(u);
   // Every gradient shard down at once: the copies queue on the copy stream behind the backward's compute.
-  for (UnitShard& us : s.units) us.grads_down = copy_async(us.host_grads, us.grad_shard);
-  for (int u = 0; u < s.num_units(); ++u) {
+  for (int u : order) s.units[u].grads_down = copy_async(s.units[u].host_grads, s.units[u].grad_shard);
+  for (int u : order) {
     UnitShard& us = s.units[u];
     const ShardLayout& l = us.layout;
     us.grads_down->wait();  // this unit's gradient is on the host

@@ -100,7 +100,7 @@ struct ModelStateEstimate {
 ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& shard, int world_size, int stage,
                                         const PrecisionPolicy& policy, OptimizerConfig::Kind opt, int prefetch);
 
-// Lab 04 part 3, --offload optimizer (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 4.1): host memory
+// Lab 04 part 3, --offload optimizer (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 3): host memory
 // per rank, what the counting allocator books in MemPlace::Host, exact, persistent (the same at the peak).
 // s_u as estimate_memory below (stage 0: n_u), Bp = dtype_size(param_dtype). Bytes:
 //   optimizer_state  sum s_u * (4 + (AdamW ? 8 : 0))   the fp32 master shard (always, even under fp32) + m, v
