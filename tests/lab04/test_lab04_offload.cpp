@@ -116,7 +116,7 @@ TEST(Lab04Fsdp, OffloadTrainsLikeOnDevice) {
         const double d = max_abs_diff(got, want);
         worst_param = std::max(worst_param, d);
         if (problem.empty() && !(d == 0.0)) {
-          char buf[160];
+          char buf[256];
           std::snprintf(buf, sizeof(buf), "%s: unit %d's parameters differ by up to %g after %d steps", where, u, d,
                         kSteps);
           problem = buf;
