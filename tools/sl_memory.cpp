@@ -17,6 +17,7 @@
 #include "scalelab/measure/memory_estimator.h"  // defines: format_memory_table, format_zero_table, format_fit_table
 #include "scalelab/model/optim.h"               // defines: OptimizerConfig::kind_from_name
 #include "scalelab/core/precision.h"            // defines: PrecisionPolicy::from_name
+#include "scalelab/core/sim_gpu.h"              // defines: GpuModel (the h100 preset's host link)
 #include "scalelab/driver/option_checks.h"      // defines: positive_int, finite_positive, ..., require_checked_options
 
 int main(int argc, char** argv) {
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   double psi = 0.0, device_gb = 0.0;
   std::vector<int> ranks{1, 2, 4, 8};
   int stage = -1, micro_batch = 4, seq_len = -1, prefetch = 1, max_ranks = 1024;
-  bool paper = false, exact_bytes = false;
+  bool paper = false, exact_bytes = false, offload_fit = false;
   app.add_option("--model", model,
                  "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (exact "
                  "per-rank estimate)");
@@ -47,11 +48,15 @@ int main(int argc, char** argv) {
       ->check(finite_non_negative());
   app.add_option("--max-ranks", max_ranks, "largest world size the device search tries (power of two)")
       ->check(positive_int());
+  app.add_flag("--offload-fit", offload_fit,
+               "with --device-gb: the largest model whose state fits ONE device, with and without lab 04's "
+               "--offload optimizer, and the host link bytes and seconds a step costs (PCIe 5.0 x16, h100 preset)");
   require_checked_options(app);  // a numeric option without a range check: a programming error
   CLI11_PARSE(app, argc, argv);
 
   try {
-    SL_CHECK_HINT(model.empty() != (psi <= 0.0), "e.g. --model d24, or --psi 7.5e9 for the paper-level formula",
+    SL_CHECK_HINT(offload_fit || model.empty() != (psi <= 0.0),
+                  "e.g. --model d24, or --psi 7.5e9 for the paper-level formula",
                   "give exactly one of --model NAME and --psi N (got model='%s', psi=%g)", model.c_str(), psi);
     for (int N : ranks)
       SL_CHECK_HINT(N > 0, "world sizes are 1 or more, e.g. --ranks 1,2,4,8", "--ranks has %d <= 0", N);
@@ -68,6 +73,29 @@ int main(int argc, char** argv) {
     const scalelab::PrecisionPolicy policy = paper ? scalelab::zero_paper_policy()
                                                    : scalelab::PrecisionPolicy::from_name(precision);
     const double device_bytes = device_gb * 1e9;
+
+    if (offload_fit) {  // ZeRO-Offload (Ren et al. 2021): model state per parameter on one device, with and without
+      SL_CHECK_HINT(device_bytes > 0, "e.g. --offload-fit --device-gb 24", "--offload-fit needs --device-gb");
+      const double Bp = static_cast<double>(scalelab::dtype_size(policy.param_dtype));
+      const double Bg = static_cast<double>(scalelab::dtype_size(policy.grad_dtype));
+      const double K = scalelab::optimizer_bytes_per_param(policy, opt);
+      const double link = scalelab::GpuModel::preset("h100").host_link_bytes_per_s;  // bytes/s, each way
+      const double psi_on = device_bytes / (Bp + Bg + K), psi_off = device_bytes / (Bp + Bg);
+      std::printf("one device of %g GB, %s, %s: model state only (activations not counted), paper-level\n", device_gb,
+                  policy.name().c_str(), optimizer.c_str());
+      std::printf("  optimizer on the device:  %.0f + %.0f + %.0f = %.0f bytes/param -> largest model %.2fB params\n",
+                  Bp, Bg, K, Bp + Bg + K, psi_on / 1e9);
+      std::printf(
+          "  --offload optimizer:      %.0f + %.0f = %.0f bytes/param on the device -> %.2fB params (%.1fx); "
+          "host %.0f bytes/param (%.0f GB)\n",
+          Bp, Bg, Bp + Bg, psi_off / 1e9, psi_off / psi_on, K + Bg + (Bp == 4 ? 0 : Bp),
+          psi_off * (K + Bg + (Bp == 4 ? 0 : Bp)) / 1e9);
+      std::printf(
+          "  its cost per step over PCIe at %.0f GB/s each way: %.1f GB down (gradients) in %.2f s, %.1f GB up "
+          "(parameters) in %.2f s; hidden only as far as compute overlaps them\n",
+          link / 1e9, psi_off * Bg / 1e9, psi_off * Bg / link, psi_off * Bp / 1e9, psi_off * Bp / link);
+      return 0;
+    }
 
     if (!model.empty()) {
       const scalelab::GPTConfig cfg = scalelab::GPTConfig::preset(model);

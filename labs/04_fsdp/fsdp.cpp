@@ -12,6 +12,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/core/host_copy.h"    // defines: copy_async (part 3)
 #include "scalelab/ops/ops.h"           // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
@@ -38,6 +39,7 @@ ShardLayout shard_layout(int64_t numel, int rank, int world_size) {
 void gather_params_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(!us.full_params.defined(), "gather_params_async: unit %d is already gathered", unit);
+  if (s.offload != Offload::None) finish_params_upload(s, unit);  // part 3: the shard's new values first
   // TODO(lab04-2) BEGIN  ZeRO-3: start gathering one unit's parameters, asynchronously
   //   Done when: once us.gather completes, us.full_params (the padded unit, in the parameter dtype,
   //   category Params) holds every rank's shard in its place; nothing was waited for.
@@ -105,12 +107,44 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
 }
 
 void optimizer_step(FsdpState& s, float lr) {
+  if (s.offload != Offload::None) return offload_optimizer_step(s, lr);  // part 3: the update on the host
   // TODO(lab04-8) BEGIN  update this rank's shard of every unit, then share the new parameters
   //   Done when: every real element of this rank's shards took one AdamW (or SGD) step with its own
   //   parameter's weight decay, and every unit kept gathered holds the new parameters on every rank.
   //   The idea: README "The update". Hints, one tier at a time: scripts/hint 04-8
   throw scalelab::NotImplemented("lab04-8 optimizer_step");
   // TODO(lab04-8) END
+}
+
+// =============================================================================================
+// Part 3: offload the optimizer state and its update to the host
+// =============================================================================================
+void offload_optimizer_state(FsdpState& s) {
+  // TODO(lab04-10) BEGIN  the fp32 master shard and AdamW's moments in host memory
+  //   Done when: every unit's master (fp32, the device's parameter values), m and v (AdamW, zeros),
+  //   host_grads and (bf16) host_params are (shard,) host tensors (Device::CPU, MemPlace::Host), and the
+  //   device holds no optimizer state.
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-10
+  throw scalelab::NotImplemented("lab04-10 offload_optimizer_state");
+  // TODO(lab04-10) END
+}
+
+void offload_optimizer_step(FsdpState& s, float lr) {
+  // TODO(lab04-11) BEGIN  gradients down, AdamW on the host, parameters up
+  //   Done when: the update equals optimizer_step's bit for bit, made on the host's master with the
+  //   gradients copied down, and the new parameters are on their way up: waited for at once for the units
+  //   kept gathered (then all-gathered) and without overlap, left in flight for ZeRO-3's blocks.
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-11
+  throw scalelab::NotImplemented("lab04-11 offload_optimizer_step");
+  // TODO(lab04-11) END
+}
+
+void finish_params_upload(FsdpState& s, int unit) {
+  // TODO(lab04-12) BEGIN  before a unit is used: its new parameters have arrived
+  //   Done when: the unit's param_shard holds the values the last update sent up (nothing in flight).
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-12
+  throw scalelab::NotImplemented("lab04-12 finish_params_upload");
+  // TODO(lab04-12) END
 }
 
 // =============================================================================================

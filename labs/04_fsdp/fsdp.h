@@ -20,6 +20,10 @@
 //   clip_grad_norm_sharded       the global gradient norm from N shards                TODO lab04-7
 //   optimizer_step               AdamW/SGD on this rank's shard; all-gather the result TODO lab04-8
 //   train_step                   one optimizer step over micro-batches                 TODO lab04-9
+// Part 3, offload (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 4; README.md#part-3-offload):
+//   offload_optimizer_state      the fp32 master shard, m and v in host memory         TODO lab04-10
+//   offload_optimizer_step       gradients down, AdamW on the host, parameters up      TODO lab04-11
+//   finish_params_upload         before a unit's all-gather: its new shard arrived     TODO lab04-12
 //   FSDP (given)                 owns the shards, installs the hooks that call the above
 #pragma once
 
@@ -32,6 +36,7 @@
 #include "scalelab/model/batch.h"
 #include "scalelab/model/gpt2.h"
 #include "scalelab/model/optim.h"
+#include "scalelab/core/host_copy.h"
 #include "scalelab/core/precision.h"
 #include "scalelab/core/tensor.h"
 
@@ -50,6 +55,14 @@ enum class ZeroStage : int {
 };
 ZeroStage zero_stage_from_int(int stage);      // 1, 2 or 3; throws scalelab::Error with a hint otherwise
 const char* zero_stage_name(ZeroStage stage);  // "ZeRO-1 (optimizer state)", ...
+
+// Part 3: what lives in host memory instead of the device's (ZeRO-Offload, Ren et al. 2021, Sec. 3).
+enum class Offload : int {
+  None = 0,   // everything on the device
+  Optimizer,  // the fp32 master shard, AdamW's m and v and the update on the host (MemPlace::Host)
+};
+Offload offload_from_name(const std::string& name);  // "none", "optimizer"; throws scalelab::Error otherwise
+const char* offload_name(Offload offload);           // "none", "optimizer"
 
 // =============================================================================================
 // Shards and padding
@@ -95,8 +108,15 @@ struct UnitShard {
   Tensor rs_out;           // (shard,) fp32, category Comm: the output of the reduce-scatter in flight
   WorkPtr reduce_scatter;  // the reduce-scatter of full_grads, while in flight
   // Optimizer state (fp32, category OptimizerState), all (shard,)
-  Tensor master;  // fp32 master weights when the policy stores parameters in bf16 (else empty)
-  Tensor m, v;    // AdamW moments (empty for SGD)
+  Tensor master;  // fp32 master weights when the policy stores parameters in bf16 (else empty);
+                  // offloaded: always, in host memory (the weights the host's AdamW updates)
+  Tensor m, v;    // AdamW moments (empty for SGD); offloaded: in host memory
+  // Part 3, Offload::Optimizer only (else empty): host memory (MemPlace::Host), all (shard,)
+  Tensor host_grads;   // fp32, category Grads: grad_shard copied down for the host's update
+  Tensor host_params;  // policy.param_dtype, category Params: the updated shard rounded for its copy up
+                       // (bf16 policy; under fp32 master itself goes up)
+  CopyPtr grads_down;  // the copy grad_shard -> host_grads, while in flight
+  CopyPtr params_up;   // the copy of the updated shard into param_shard, while in flight
 };
 
 struct FsdpState {
@@ -108,6 +128,8 @@ struct FsdpState {
   int64_t optimizer_steps = 0;                 // AdamW's t: updates done so far
   std::vector<UnitShard> units;                // units[u] for u = 0 .. L+1
   std::vector<int> reduce_scatters_in_flight;  // units whose reduce-scatter is launched, not finished
+  Offload offload = Offload::None;             // part 3: where the optimizer state and update live
+  bool overlap = true;                         // false: every copy waited for as soon as it is issued
 
   int num_units() const { return static_cast<int>(units.size()); }
   // Blocks of ZeRO-3 whose full_params is allocated now (gathered or being gathered).
@@ -176,6 +198,38 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm);
 void optimizer_step(FsdpState& s, float lr);
 
 // =============================================================================================
+// Part 3: offload the optimizer state and its update to the host (README.md#part-3-offload)
+// =============================================================================================
+// The device keeps the parameters, the gradients and the activations; the host keeps the fp32 master shard
+// and AdamW's moments and runs the update. Each step a unit's gradient shard goes down over the host link
+// (PCIe) and its updated parameters come back up, asynchronously (scalelab/core/host_copy.h copy_async):
+// the same update as on the device, bit for bit, with 12 (bf16) or 8 (fp32) bytes per parameter of
+// optimizer state off the device.
+
+// TODO(lab04-10): called by the FSDP constructor (offload on) once the device shards hold the initial
+// weights; the device holds no optimizer state. On return every unit has, in host memory (Device::CPU,
+// MemPlace::Host), all (shard,): master (fp32, category OptimizerState) equal to param_shard's values; m and
+// v (AdamW only, zeros, OptimizerState); host_grads (fp32, Grads); and host_params (policy.param_dtype,
+// Params) when that dtype is not fp32. Nothing of this on the device. README.md#part-3-offload.
+void offload_optimizer_state(FsdpState& s);
+
+// TODO(lab04-11): optimizer_step when offloaded (it calls this): the same update, on the host. Every
+// unit's grad_shard (final: averaged, clipped) copied down into host_grads (grads_down), and per unit once
+// its copy is waited for: AdamW (or SGD) on master with host_grads, m and v, every real element with ITS
+// parameter's weight decay, t advanced once per call; the new parameters copied up into param_shard
+// (params_up; rounded to the parameter dtype on the host first). Units kept gathered wait for their copy and
+// all-gather full_params (tag gather_tag(u)) as optimizer_step does; a ZeRO-3 block's copy stays in flight
+// until its next use (finish_params_upload), unless s.overlap is false: then every copy is waited for
+// at once. README.md#part-3-offload.
+void offload_optimizer_step(FsdpState& s, float lr);
+
+// TODO(lab04-12): called (offload on) right before a ZeRO-3 block's all-gather starts (the first line of
+// gather_params_async, given: also for a prefetch) and by FSDP::gather_unit_f32: on return the unit's
+// updated parameters have arrived in param_shard (its params_up, if any, waited for and dropped), so the
+// all-gather sends the new values. README.md#part-3-offload.
+void finish_params_upload(FsdpState& s, int unit);
+
+// =============================================================================================
 // The training step
 // =============================================================================================
 using scalelab::MicroBatch;  // (B, T) inputs and targets (scalelab/model/batch.h)
@@ -197,8 +251,10 @@ struct FsdpOptions {
   ZeroStage stage = ZeroStage::Zero3;
   int prefetch = 1;     // ZeRO-3 gathers in flight beyond the unit in use
   bool overlap = true;  // false: every collective is waited for as soon as it is issued, and no
-                        // prefetch (the lesson's "communication not overlapped" on purpose)
+                        // prefetch (the lesson's "communication not overlapped" on purpose); offloaded,
+                        // every host <-> device copy too
   OptimizerConfig optimizer;
+  Offload offload = Offload::None;  // part 3: Optimizer keeps the optimizer state and update on the host
 };
 
 // Builds the model WITHOUT ever holding all of it (GPT2::without_storage, then gpt2_initial_weights

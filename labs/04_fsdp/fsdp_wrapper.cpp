@@ -1,7 +1,7 @@
 // fsdp_wrapper.cpp — lab 04's given code, one file compiled into both tracks (sl_add_lab's GIVEN in
 // labs/CMakeLists.txt): the FSDP class (the sharded model built one unit at a time, the four hooks that call
-// your functions, zero_grad and the ZeRO-1 reduce-scatter), the stages' names, the units' order and the
-// collectives' tags. Declared in labs/04_fsdp/fsdp.h. It calls the TODO functions of its own track: yours
+// your functions, zero_grad and the ZeRO-1 reduce-scatter), the stages' and offload's names, the units'
+// order and the collectives' tags. Declared in labs/04_fsdp/fsdp.h. It calls the TODO functions of its own track: yours
 // in labs/04_fsdp/fsdp.cpp, the reference's in solutions/04_fsdp/fsdp.cpp.
 #include "fsdp.h"
 
@@ -9,7 +9,7 @@
 #include <string>   // defines: std::string, std::to_string
 #include <vector>   // defines: std::vector
 
-#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT
+#include "scalelab/core/error.h"  // defines: SL_CHECK_HINT, SL_FAIL
 #include "scalelab/ops/ops.h"     // defines: cast
 
 namespace scalelab::lab04 {
@@ -33,6 +33,15 @@ const char* zero_stage_name(ZeroStage stage) {
   }
   return "?";
 }
+
+Offload offload_from_name(const std::string& name) {
+  if (name == "none") return Offload::None;
+  if (name == "optimizer") return Offload::Optimizer;
+  SL_FAIL("use --offload none or optimizer (the fp32 master shard, AdamW's moments and the update on the host)",
+          "unknown offload '%s'", name.c_str());
+}
+
+const char* offload_name(Offload offload) { return offload == Offload::Optimizer ? "optimizer" : "none"; }
 
 int FsdpState::gathered_count() const {
   int n = 0;
@@ -77,7 +86,8 @@ static void copy_cast(Tensor dst, const Tensor& src) {
 FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, uint64_t seed, Communicator& comm,
            const FsdpOptions& options)
     : model_(GPT2::without_storage(cfg, policy, device)),
-      state_{model_, comm, options.stage, options.optimizer, options.overlap ? options.prefetch : 0, 0, {}, {}} {
+      state_{model_, comm, options.stage,   options.optimizer, options.overlap ? options.prefetch : 0, 0,
+             {},     {},   options.offload, options.overlap} {
   SL_CHECK_HINT(options.prefetch >= 0, "use --prefetch 0 (no prefetch) or more", "prefetch %d < 0", options.prefetch);
   const int U = model_.num_units(), N = comm.size(), rank = comm.rank();
   const DType pdt = policy.param_dtype;
@@ -110,6 +120,7 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
     } else {
       us.grad_shard = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::Grads);
     }
+    if (options.offload != Offload::None) continue;  // the optimizer state goes to the host below (lab04-10)
     if (adamw) {
       us.m = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
       us.v = Tensor::zeros({l.shard}, DType::F32, device, MemCategory::OptimizerState);
@@ -128,6 +139,7 @@ FSDP::FSDP(const GPTConfig& cfg, const PrecisionPolicy& policy, Device device, u
     }
     if (us.master.defined()) cast(us.master, us.param_shard);
   });
+  if (options.offload == Offload::Optimizer) offload_optimizer_state(state_);  // YOUR TODO lab04-10
 
   // Hooks: they run inside model.forward / model.backward (gpt2.h gives the order).
   const std::vector<int> forward_order = unit_order(U, Pass::Forward);
@@ -188,6 +200,7 @@ void FSDP::reduce_scatter_all() {
 }
 
 Tensor FSDP::gather_unit_f32(int unit) {
+  if (state_.offload != Offload::None) finish_params_upload(state_, unit);  // the shard's new values first
   const UnitShard& us = state_.units.at(unit);
   const ShardLayout& l = us.layout;
   Tensor padded = Tensor::empty({l.padded}, us.param_shard.dtype(), model_.device(), MemCategory::Other);

@@ -8,6 +8,7 @@
 //
 //   mpirun -np 4 build/bin/reference/lab04_fsdp --model demo --stage 3 --steps 50
 //   mpirun -np 4 build/bin/reference/lab04_fsdp --model d12 --estimate      # the memory table, no training
+//   mpirun -np 2 build/bin/reference/lab04_fsdp --model demo --offload optimizer  # part 3: AdamW on the host
 //   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
 //    mpirun --oversubscribe --bind-to none)
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
@@ -40,11 +41,12 @@ using namespace scalelab::lab04_driver;
 // The options labs 03 and 04 share (scalelab/driver/driver.h: --device ... --timeline-steps) and lab 04's own.
 struct Options : driver::DistributedOptions {
   // FSDP
-  int stage = 3;               // ZeRO stage 1, 2 or 3
-  int prefetch = 1;            // ZeRO-3 all-gathers in flight beyond the unit in use
-  std::string overlap = "on";  // on | off (FsdpOptions::overlap)
-  double memory_cap_mb = 0;    // MiB of simulated device memory per rank (0: no cap)
-  bool estimate = false;       // print the estimator's table and exit
+  int stage = 3;                 // ZeRO stage 1, 2 or 3
+  int prefetch = 1;              // ZeRO-3 all-gathers in flight beyond the unit in use
+  std::string overlap = "on";    // on | off (FsdpOptions::overlap)
+  double memory_cap_mb = 0;      // MiB of simulated device memory per rank (0: no cap)
+  bool estimate = false;         // print the estimator's table and exit
+  std::string offload = "none";  // part 3: none | optimizer (FsdpOptions::offload)
   // The scaling lab's knobs (README "Why not 2x?")
   double loader_delay_ms = 0;     // ms slept in every batch fetch of this rank (counted as data wait)
   int slow_rank = -1;             // this rank adds slow_ms per micro-step inside its compute
@@ -70,8 +72,13 @@ static int run(const Options& o, Communicator& comm) {
   const GPTConfig& cfg = data.cfg;
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   const OptimizerConfig::Kind opt_kind = OptimizerConfig::kind_from_name(o.optimizer);
-  const MemoryEstimate est =
-      estimate_memory(cfg, world, o.stage, policy, opt_kind, o.gathers_prefetched(), o.micro_batch, o.seq_len);
+  const lab04::Offload offload = lab04::offload_from_name(o.offload);
+  SL_CHECK_HINT(offload == lab04::Offload::None || !o.timing_only,
+                "drop --timing-only: the offloaded state is real host memory, and its update real arithmetic",
+                "--offload %s with --timing-only", o.offload.c_str());
+  const MemoryEstimate est = estimate_memory(cfg, world, o.stage, policy, opt_kind, o.gathers_prefetched(),
+                                             o.micro_batch, o.seq_len, Recompute::None,
+                                             offload == lab04::Offload::Optimizer);
   if (o.estimate) {  // the table only
     if (rank == 0)
       print_estimate(cfg, world, policy, opt_kind, o.optimizer, o.gathers_prefetched(), o.micro_batch, o.seq_len,
@@ -106,6 +113,7 @@ static int run(const Options& o, Communicator& comm) {
     fo.prefetch = o.prefetch;
     fo.overlap = o.overlap == "on";
     fo.optimizer = driver::optimizer_config(o);
+    fo.offload = offload;
     fsdp = std::make_unique<lab04::FSDP>(cfg, policy, device, o.seed, comm, fo);  // YOUR TODO lab04-1 inside
     GPT2& model = fsdp->model();
     driver::apply_recompute(o, model);
@@ -131,6 +139,7 @@ static int run(const Options& o, Communicator& comm) {
                    {"memory_estimated_peak_bytes", est.total_peak_bytes()},
                    {"exposed_comm_method", "CommEvent::wait_ms"},
                    {"timeline_steps", o.timeline_steps}});
+    if (offload != lab04::Offload::None) config["offload"] = o.offload;  // absent: none (logs as before)
     RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, world, threads, policy, device, peak);
     if (link.enabled() || cap_bytes > 0) run_rec.extra["simulated"] = true;
     log.log_run(run_rec);
@@ -148,6 +157,8 @@ static int run(const Options& o, Communicator& comm) {
           global_batch, o.micro_batch, world, micro_steps, o.seq_len, policy.name().c_str(), o.optimizer.c_str(),
           peak.flops_per_s / 1e9, peak.source.c_str());
       print_estimate_line(est, cap_bytes);
+      if (offload != lab04::Offload::None)
+        print_offload_line(est, offload_pcie_bytes_per_step(cfg, world, o.stage, policy));
       if (o.loader_alone_batches > 0)
         std::printf("loader alone (rank 0, %d batches, no model): %.0f tokens/s%s\n", o.loader_alone_batches,
                     loader_alone_tok_s, device == Device::SIM ? " (this host, real time)" : "");
@@ -191,6 +202,9 @@ static int run(const Options& o, Communicator& comm) {
     nlohmann::json summary = driver::summary_record(s, peak, /*comm=*/true, /*simulated=*/link.enabled());
     summary.update({{"data_wait_ms", s.data_wait_ms}, {"compute_ms", s.step_ms - s.data_wait_ms - s.comm_ms}});
     summary.update(memory_summary(between_steps, mem, est, cap_bytes));
+    if (offload != lab04::Offload::None)
+      summary.update(offload_summary(Allocator::get(Device::CPU).stats(MemPlace::Host), est,
+                                     offload_pcie_bytes_per_step(cfg, world, o.stage, policy)));
     if (o.loader_alone_batches > 0) summary["loader_alone_tokens_per_s"] = loader_alone_tok_s;
     if (rank == 0) summary["sample"] = s.sample;  // printable ASCII (sample_text)
     log.log_summary(summary);
@@ -203,6 +217,7 @@ static int run(const Options& o, Communicator& comm) {
       if (link.enabled()) std::printf(", of which the simulated link charged %.1f ms", s.comm_modeled_ms);
       std::printf("\n");
       print_memory_table(between_steps, mem, est, cap_bytes);
+      if (offload != lab04::Offload::None) print_host_memory(Allocator::get(Device::CPU).stats(MemPlace::Host), est);
       if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
     }
     return 0;
@@ -258,6 +273,11 @@ int main(int argc, char** argv) {
                  "an allocation fails with an out-of-memory report")
       ->capture_default_str()
       ->check(driver::finite_in_range(0, 1e9));
+  app.add_option("--offload", o.offload,
+                 "part 3: optimizer = the fp32 master shard, AdamW's moments and the update in host memory "
+                 "(ZeRO-Offload); gradients go down and parameters up over the host link each step")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "optimizer"}));
   app.add_flag("--estimate", o.estimate,
                "print the memory estimator's table for this config at this world size "
                "(stages 0-3) and exit without training");

@@ -91,6 +91,45 @@ inline void print_memory_table(const MemStats& between_steps, const MemStats& me
                 cap_bytes / kMiB, 100.0 * mem.total_peak_bytes / cap_bytes);
 }
 
+// Part 3 (--offload optimizer): the bytes one step moves over the host link per rank, each way: every unit's
+// gradient shard down (fp32, 4 bytes an element) and its updated parameter shard up (param dtype). Bytes.
+struct PcieBytes {
+  int64_t down = 0;  // device -> host
+  int64_t up = 0;    // host -> device
+};
+inline PcieBytes offload_pcie_bytes_per_step(const GPTConfig& cfg, int world, int stage,
+                                             const PrecisionPolicy& policy) {
+  const ModelStateBytes h = offload_host_bytes(cfg, world, stage, policy, OptimizerConfig::Kind::SGD);
+  const int64_t shard_elems = h.grads / 4;  // sum over units of s_u
+  return {h.grads, shard_elems * static_cast<int64_t>(dtype_size(policy.param_dtype))};
+}
+
+inline void print_offload_line(const MemoryEstimate& est, const PcieBytes& pcie) {
+  std::printf(
+      "offload (estimator): host %.1f MiB per rank (master + moments %.1f, gradients %.1f, params %.1f) | "
+      "host link per step %.1f MiB down + %.1f MiB up\n",
+      est.host.total() / kMiB, est.host.optimizer_state / kMiB, est.host.grads / kMiB, est.host.params / kMiB,
+      pcie.down / kMiB, pcie.up / kMiB);
+}
+
+// The host place's counts (Allocator::get(Device::CPU).stats(MemPlace::Host)) beside the estimator's.
+inline nlohmann::json offload_summary(const MemStats& host, const MemoryEstimate& est, const PcieBytes& pcie) {
+  return {{"memory_host_params_bytes", current(host, MemCategory::Params)},
+          {"memory_host_grads_bytes", current(host, MemCategory::Grads)},
+          {"memory_host_optimizer_state_bytes", current(host, MemCategory::OptimizerState)},
+          {"memory_estimated_host_bytes", est.host.total()},
+          {"pcie_down_bytes_per_step", pcie.down},
+          {"pcie_up_bytes_per_step", pcie.up}};
+}
+
+inline void print_host_memory(const MemStats& host, const MemoryEstimate& est) {
+  std::printf(
+      "host memory of rank 0 (offloaded), MiB: measured %.2f (optimizer state %.2f, grads %.2f, params "
+      "%.2f), estimated %.2f\n",
+      host.total_current_bytes / kMiB, current(host, MemCategory::OptimizerState) / kMiB,
+      current(host, MemCategory::Grads) / kMiB, current(host, MemCategory::Params) / kMiB, est.host.total() / kMiB);
+}
+
 // --estimate: the estimator's table at this world size, DDP (stage 0) for comparison and stages 1-3, and
 // with a cap (MiB, 0: none) whether each stage fits in it.
 inline void print_estimate(const GPTConfig& cfg, int world, const PrecisionPolicy& policy, OptimizerConfig::Kind kind,

@@ -12,6 +12,7 @@
 
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
+#include "scalelab/core/host_copy.h"    // defines: copy_async (part 3)
 #include "scalelab/ops/ops.h"           // defines: adamw_update, sgd_update, sum_squares, scale_, add_, cast
 
 namespace scalelab::lab04 {
@@ -42,6 +43,7 @@ ShardLayout shard_layout(int64_t numel, int rank, int world_size) {
 void gather_params_async(FsdpState& s, int unit) {
   UnitShard& us = s.units.at(unit);
   SL_CHECK(!us.full_params.defined(), "gather_params_async: unit %d is already gathered", unit);
+  if (s.offload != Offload::None) finish_params_upload(s, unit);  // part 3: the shard's new values first
   // TODO(lab04-2) BEGIN  ZeRO-3: start gathering one unit's parameters, asynchronously
   //   Done when: once us.gather completes, us.full_params (the padded unit, in the parameter dtype,
   //   category Params) holds every rank's shard in its place; nothing was waited for.
@@ -151,6 +153,7 @@ float clip_grad_norm_sharded(FsdpState& s, float max_norm) {
 }
 
 void optimizer_step(FsdpState& s, float lr) {
+  if (s.offload != Offload::None) return offload_optimizer_step(s, lr);  // part 3: the update on the host
   // TODO(lab04-8) BEGIN  update this rank's shard of every unit, then share the new parameters
   //   Done when: every real element of this rank's shards took one AdamW (or SGD) step with its own
   //   parameter's weight decay, and every unit kept gathered holds the new parameters on every rank.
@@ -180,6 +183,101 @@ void optimizer_step(FsdpState& s, float lr) {
     if (us.keep_gathered) s.comm.all_gather(us.param_shard, us.full_params, gather_tag(u));
   }
   // TODO(lab04-8) END
+}
+
+// =============================================================================================
+// Part 3: offload the optimizer state and its update to the host
+// =============================================================================================
+void offload_optimizer_state(FsdpState& s) {
+  // TODO(lab04-10) BEGIN  the fp32 master shard and AdamW's moments in host memory
+  //   Done when: every unit's master (fp32, the device's parameter values), m and v (AdamW, zeros),
+  //   host_grads and (bf16) host_params are (shard,) host tensors (Device::CPU, MemPlace::Host), and the
+  //   device holds no optimizer state.
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-10
+  const DType pdt = s.model.policy().param_dtype;
+  const bool adamw = s.optimizer.kind == OptimizerConfig::Kind::AdamW;
+  for (UnitShard& us : s.units) {
+    const int64_t n = us.layout.shard;
+    const auto host = [n](DType dtype, MemCategory category) {  // (shard,) zeros in host memory
+      return Tensor::zeros({n}, dtype, Device::CPU, category, MemPlace::Host);
+    };
+    us.master = host(DType::F32, MemCategory::OptimizerState);
+    if (adamw) {
+      us.m = host(DType::F32, MemCategory::OptimizerState);
+      us.v = host(DType::F32, MemCategory::OptimizerState);
+    }
+    us.host_grads = host(DType::F32, MemCategory::Grads);
+    if (pdt != DType::F32) us.host_params = host(pdt, MemCategory::Params);
+    // master := the device's (rounded) parameters: down in their own dtype, widened to fp32 on the host
+    Tensor down = us.host_params.defined() ? us.host_params : us.master;
+    down.copy_from(us.param_shard);
+    if (us.host_params.defined()) cast(us.master, us.host_params);
+  }
+  // TODO(lab04-10) END
+}
+
+void offload_optimizer_step(FsdpState& s, float lr) {
+  // TODO(lab04-11) BEGIN  gradients down, AdamW on the host, parameters up
+  //   Done when: the update equals optimizer_step's bit for bit, made on the host's master with the
+  //   gradients copied down, and the new parameters are on their way up: waited for at once for the units
+  //   kept gathered (then all-gathered) and without overlap, left in flight for ZeRO-3's blocks.
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-11
+  const OptimizerConfig& o = s.optimizer;
+  const std::vector<ParamInfo>& table = s.model.param_table();
+  const int64_t t = ++s.optimizer_steps;
+  // The units kept gathered first: their parameters are needed in this call (the all-gather below), the
+  // blocks' only at their next use. Each copy stream runs its copies in the order they were launched.
+  std::vector<int> order;
+  for (int u = 0; u < s.num_units(); ++u)
+    if (s.units[u].keep_gathered) order.push_back(u);
+  for (int u = 0; u < s.num_units(); ++u)
+    if (!s.units[u].keep_gathered) order.push_back(u);
+  // Every gradient shard down at once: the copies queue on the copy stream behind the backward's compute.
+  for (int u : order) s.units[u].grads_down = copy_async(s.units[u].host_grads, s.units[u].grad_shard);
+  for (int u : order) {
+    UnitShard& us = s.units[u];
+    const ShardLayout& l = us.layout;
+    us.grads_down->wait();  // this unit's gradient is on the host
+    us.grads_down = nullptr;
+    for (const ParamInfo& p : table) {  // the host's update, on the fp32 master
+      if (p.unit != u) continue;
+      const int64_t lo = std::max(p.offset, l.begin), hi = std::min(p.offset + p.numel, l.begin + l.owned);
+      if (lo >= hi) continue;  // this parameter lies outside our shard
+      Tensor w = us.master.view(lo - l.begin, {hi - lo});
+      const Tensor g = us.host_grads.view(lo - l.begin, {hi - lo});
+      const float wd = p.decay ? o.weight_decay : 0.0f;
+      if (o.kind == OptimizerConfig::Kind::AdamW) {
+        Tensor m = us.m.view(lo - l.begin, {hi - lo}), v = us.v.view(lo - l.begin, {hi - lo});
+        adamw_update(w, g, m, v, lr, o.beta1, o.beta2, o.eps, wd, t);
+      } else {
+        sgd_update(w, g, lr, wd);
+      }
+    }
+    Tensor up = us.master;  // fp32 parameters go up as they are; bf16 ones rounded on the host first
+    if (us.host_params.defined()) {
+      cast(us.host_params, us.master);
+      up = us.host_params;
+    }
+    us.params_up = copy_async(us.param_shard, up);
+    if (us.keep_gathered || !s.overlap) {  // needed now (the all-gather below), or no overlap asked for
+      us.params_up->wait();
+      us.params_up = nullptr;
+    }
+    if (us.keep_gathered) s.comm.all_gather(us.param_shard, us.full_params, gather_tag(u));
+  }
+  // TODO(lab04-11) END
+}
+
+void finish_params_upload(FsdpState& s, int unit) {
+  // TODO(lab04-12) BEGIN  before a unit is used: its new parameters have arrived
+  //   Done when: the unit's param_shard holds the values the last update sent up (nothing in flight).
+  //   The idea: README "Part 3: offload". Hints, one tier at a time: scripts/hint 04-12
+  UnitShard& us = s.units.at(unit);
+  if (us.params_up) {
+    us.params_up->wait();
+    us.params_up = nullptr;
+  }
+  // TODO(lab04-12) END
 }
 
 // =============================================================================================

@@ -6,6 +6,7 @@
 // exact size classes, one free list per class, no splitting or merging of blocks, one stream.
 #include "scalelab/core/allocator.h"
 
+#include <algorithm>  // defines: std::max (host counts)
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -66,6 +67,8 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
+const char* mem_place_name(MemPlace p) { return p == MemPlace::Host ? "host" : "device"; }
+
 Allocator::Allocator(Device d) : device_(d) {
   if (d == Device::CUDA) {
     const char* off = std::getenv("SL_NO_MEMORY_CACHING");
@@ -94,9 +97,29 @@ size_t Allocator::size_class(size_t nbytes) {
                                     : round_up(nbytes, kLargeGranularityBytes);
 }
 
-void* Allocator::allocate(size_t nbytes, MemCategory category) {
+void* Allocator::allocate(size_t nbytes, MemCategory category, MemPlace place) {
   if (nbytes == 0) return nullptr;
   const int c = static_cast<int>(category);
+  if (place == MemPlace::Host) {  // host memory held for a device: exact size, no cap, no cache
+    SL_CHECK_HINT(device_ == Device::CPU, "allocate host memory with Device::CPU (Tensor::empty(..., MemPlace::Host))",
+                  "%s memory cannot be in the host place", device_name(device_));
+    void* p = raw_allocate(nbytes);
+    if (!p)
+      detail::fail_oom(__FILE__, __LINE__, __func__,
+                       detail::format("the system refused %zu bytes of host memory for %s", nbytes,
+                                      mem_category_name(category)),
+                       "use a smaller model, or offload less");
+    std::lock_guard<std::mutex> lock(mu_);
+    MemStats& h = host_stats_;
+    h.current_bytes[c] += static_cast<int64_t>(nbytes);
+    h.total_current_bytes += static_cast<int64_t>(nbytes);
+    h.peak_bytes[c] = std::max(h.peak_bytes[c], h.current_bytes[c]);
+    h.total_peak_bytes = std::max(h.total_peak_bytes, h.total_current_bytes);
+    h.reserved_bytes = h.total_current_bytes;
+    h.reserved_peak_bytes = h.total_peak_bytes;
+    h.raw_alloc_count++;
+    return p;
+  }
   // 1. Under the lock: refuse early what the cap forbids (no real allocation is attempted then); when
   //    caching, take a cached block of the request's size class and count it: no system call.
   // 2. Otherwise ask the system, outside the lock (cudaMalloc is slow). If it refuses and the cache holds
@@ -174,8 +197,20 @@ void* Allocator::allocate(size_t nbytes, MemCategory category) {
   return p;
 }
 
-void Allocator::deallocate(void* ptr, size_t nbytes, MemCategory category) {
+void Allocator::deallocate(void* ptr, size_t nbytes, MemCategory category, MemPlace place) {
   if (nbytes == 0) return;
+  if (place == MemPlace::Host) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      MemStats& h = host_stats_;
+      h.current_bytes[static_cast<int>(category)] -= static_cast<int64_t>(nbytes);
+      h.total_current_bytes -= static_cast<int64_t>(nbytes);
+      h.reserved_bytes = h.total_current_bytes;
+      h.raw_free_count++;
+    }
+    raw_free(ptr);
+    return;
+  }
   size_t block_bytes = nbytes;  // a block allocated with caching off is exactly the size asked
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -326,9 +361,9 @@ int64_t Allocator::capacity_bytes() const {
   return cap_bytes_;
 }
 
-MemStats Allocator::stats() const {
+MemStats Allocator::stats(MemPlace place) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  return place == MemPlace::Host ? host_stats_ : stats_;
 }
 
 void Allocator::reset_peak() {
@@ -336,6 +371,9 @@ void Allocator::reset_peak() {
   stats_.peak_bytes = stats_.current_bytes;
   stats_.total_peak_bytes = stats_.total_current_bytes;
   stats_.reserved_peak_bytes = stats_.reserved_bytes;
+  host_stats_.peak_bytes = host_stats_.current_bytes;
+  host_stats_.total_peak_bytes = host_stats_.total_current_bytes;
+  host_stats_.reserved_peak_bytes = host_stats_.reserved_bytes;
 }
 
 }  // namespace scalelab

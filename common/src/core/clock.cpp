@@ -22,8 +22,9 @@ SteadyClock::time_point wall_origin() {
 struct VirtualState {
   std::mutex mu;
   bool on = false;
-  double compute_s = 0.0;  // when the compute stream's queued work ends
-  double comm_s = 0.0;     // when the communication stream's queued calls end
+  double compute_s = 0.0;         // when the compute stream's queued work ends
+  double comm_s = 0.0;            // when the communication stream's queued calls end
+  double copy_s[2] = {0.0, 0.0};  // when each copy stream's queued copies end: [ToHost], [ToDevice]
 };
 VirtualState& state() {
   static VirtualState s;
@@ -64,6 +65,7 @@ void VirtualClock::start() {
   state().on = true;
   state().compute_s = 0.0;
   state().comm_s = 0.0;
+  state().copy_s[0] = state().copy_s[1] = 0.0;
 }
 
 void VirtualClock::stop() {
@@ -108,6 +110,16 @@ double VirtualClock::comm_s() const {
 void VirtualClock::set_comm_s(double t_s) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().comm_s = t_s;
+}
+
+double VirtualClock::copy_s(CopyDir dir) const {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().copy_s[static_cast<int>(dir)];
+}
+
+void VirtualClock::set_copy_s(CopyDir dir, double t_s) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().copy_s[static_cast<int>(dir)] = t_s;
 }
 
 }  // namespace scalelab

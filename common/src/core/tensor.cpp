@@ -61,10 +61,11 @@ struct Tensor::Storage {
   size_t nbytes = 0;
   Device device = Device::CPU;
   MemCategory category = MemCategory::Other;
-  ~Storage() { Allocator::get(device).deallocate(ptr, nbytes, category); }
+  MemPlace place = MemPlace::Device;
+  ~Storage() { Allocator::get(device).deallocate(ptr, nbytes, category, place); }
 };
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemCategory category) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemCategory category, MemPlace place) {
   Tensor t;
   t.shape_ = shape;
   t.numel_ = numel_of(shape);
@@ -73,20 +74,23 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemCategory
   auto st = std::make_shared<Storage>();
   st->device = device;
   st->category = category;
+  st->place = place;
   // Record the size only once allocate() has returned: when it throws (over the cap, no CUDA backend)
   // the Storage destructor runs and must not give back bytes that were never counted.
-  st->ptr = Allocator::get(device).allocate(t.nbytes(), category);
+  st->ptr = Allocator::get(device).allocate(t.nbytes(), category, place);
   st->nbytes = t.nbytes();
   t.ptr_ = st->ptr;
   t.storage_ = std::move(st);
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemCategory category) {
-  Tensor t = empty(shape, dtype, device, category);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemCategory category, MemPlace place) {
+  Tensor t = empty(shape, dtype, device, category, place);
   t.zero_();
   return t;
 }
+
+MemPlace Tensor::place() const { return storage_ ? storage_->place : MemPlace::Device; }
 
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
   const int64_t n = numel_of(shape);

@@ -174,9 +174,26 @@ ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& 
   return e;
 }
 
+ModelStateBytes offload_host_bytes(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
+                                   OptimizerConfig::Kind opt) {
+  cfg.validate();
+  check_stage_world(world_size, stage);
+  const int64_t N = stage == 0 ? 1 : world_size;
+  const int64_t Bp = static_cast<int64_t>(dtype_size(policy.param_dtype));
+  const int64_t K_host = 4 + (opt == OptimizerConfig::Kind::AdamW ? 8 : 0);  // master always, m and v
+  ModelStateBytes h;
+  for (const int64_t n : gpt2_unit_numel(cfg)) {
+    const int64_t s = (n + N - 1) / N;
+    h.optimizer_state += s * K_host;
+    h.grads += s * 4;
+    if (Bp != 4) h.params += s * Bp;
+  }
+  return h;
+}
+
 MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
-                               Recompute recompute) {
+                               Recompute recompute, bool offload_optimizer) {
   // bf16-compute keeps the same model states as bf16-mixed but different scratch (bf16 matmul operands
   // per B*T, no per-pass fp32 unit copy: gpt2.h), which the workspace terms below do not model.
   SL_CHECK_HINT(policy.matmul_dtype == DType::F32,
@@ -188,6 +205,10 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
   MemoryEstimate e;
   e.persistent = state.persistent;
   e.peak = state.peak;
+  if (offload_optimizer) {  // the optimizer state lives on the host (lab 04 part 3)
+    e.persistent.optimizer_state = e.peak.optimizer_state = 0;
+    e.host = offload_host_bytes(cfg, world_size, stage, policy, opt);
+  }
   e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len, recompute);
   e.activations_korthikanti_bytes = korthikanti_activation_bytes(cfg, micro_batch, seq_len, recompute);
   return e;

@@ -380,4 +380,31 @@ TEST(MemoryEstimator, TablesPrintEveryRow) {
   EXPECT_NE(f.find("never"), std::string::npos) << f;
 }
 
+// Lab 04 part 3 (--offload optimizer): the device keeps no optimizer state, everything else unchanged; the
+// host keeps, per element of this rank's shards, the fp32 master and AdamW's m and v (12 bytes), the fp32
+// gradient copied down (4) and, under bf16, the rounded parameters going up (2).
+TEST(MemoryEstimator, OffloadMovesTheOptimizerStateToTheHost) {
+  const GPTConfig cfg{32, 256, 8, 4, 64};  // maxT, V, L, NH, C
+  for (const int stage : {1, 2, 3}) {
+    for (const PrecisionPolicy& p : {PrecisionPolicy::fp32(), PrecisionPolicy::bf16_mixed()}) {
+      const MemoryEstimate on = scalelab::estimate_memory(cfg, 2, stage, p, kAdamW, 1, 0, 0);
+      const MemoryEstimate off =
+          scalelab::estimate_memory(cfg, 2, stage, p, kAdamW, 1, 0, 0, scalelab::Recompute::None, true);
+      int64_t shard_elems = 0;  // sum over units of ceil(n_u / 2)
+      for (const int64_t n : scalelab::gpt2_unit_numel(cfg)) shard_elems += (n + 1) / 2;
+      EXPECT_EQ(on.host.total(), 0);
+      EXPECT_EQ(off.persistent.optimizer_state, 0);
+      EXPECT_EQ(off.peak.optimizer_state, 0);
+      EXPECT_EQ(off.peak.params, on.peak.params);
+      EXPECT_EQ(off.peak.grads, on.peak.grads);
+      EXPECT_EQ(on.peak.total() - off.peak.total(), shard_elems * scalelab::optimizer_bytes_per_param(p, kAdamW));
+      EXPECT_EQ(off.host.optimizer_state, shard_elems * 12);
+      EXPECT_EQ(off.host.grads, shard_elems * 4);
+      EXPECT_EQ(off.host.params, p.param_dtype == DType::F32 ? 0 : shard_elems * 2);
+      const ModelStateBytes sgd = scalelab::offload_host_bytes(cfg, 2, stage, p, Kind::SGD);
+      EXPECT_EQ(sgd.optimizer_state, shard_elems * 4);  // the master only
+    }
+  }
+}
+
 }  // namespace

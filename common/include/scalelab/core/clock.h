@@ -25,7 +25,8 @@ void clock_pause_ms(double ms);
 
 // The virtual clock of this process (one rank per process, as mpirun starts them). Two streams, as a GPU
 // has: the compute stream, where ops run one after another, and the communication stream, where the
-// collectives and messages of the sim backend run one after another, beside the compute. Times are
+// collectives and messages of the sim backend run one after another, beside the compute (and a third, the
+// copy streams, for asynchronous host <-> device copies). Times are
 // seconds since start(). The host is taken to wait for the compute stream (every op is synchronous in
 // virtual time), so "now" is the compute stream's time; overlap happens between the two streams.
 // Thread-safe (the loader's prefetch thread may copy while the main thread computes), but the times are a
@@ -53,6 +54,14 @@ class VirtualClock {
   // max(compute_s(), comm_s()) and sets comm_s to its completion.
   double comm_s() const;
   void set_comm_s(double t_s);
+
+  // The copy streams: host <-> device copies over the host link (core/host_copy.h copy_async), beside the
+  // compute and communication streams, as a GPU's copy engines run beside its kernels. One per direction
+  // (PCIe is full duplex; a GPU has a copy engine each way). A copy starts at max(compute_s(),
+  // copy_s(its direction)) and sets that stream's time to its end.
+  enum class CopyDir { ToHost, ToDevice };
+  double copy_s(CopyDir dir) const;
+  void set_copy_s(CopyDir dir, double t_s);
 
  private:
   VirtualClock() = default;

@@ -27,11 +27,12 @@ class Tensor {
   Tensor() = default;  // empty: numel() == 0, data() == nullptr
 
   // Allocates (uninitialised) storage of numel(shape) * dtype_size(dtype) bytes.
-  // Throws OutOfMemory beyond the allocator's cap.
+  // Throws OutOfMemory beyond the allocator's cap. place Host (a CPU tensor only): host memory kept for a
+  // device, counted apart (allocator.h MemPlace), e.g. offloaded optimizer state.
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU,
-                      MemCategory category = MemCategory::Other);
+                      MemCategory category = MemCategory::Other, MemPlace place = MemPlace::Device);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU,
-                      MemCategory category = MemCategory::Other);
+                      MemCategory category = MemCategory::Other, MemPlace place = MemPlace::Device);
 
   // A view of elements [offset, offset + numel(shape)) of this tensor's storage, reshaped.
   // Throws when the range falls outside this tensor.
@@ -45,6 +46,7 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
+  MemPlace place() const;  // where the allocator counts it (Device for an empty tensor)
   bool defined() const { return storage_ != nullptr; }
 
   // The address, for comparisons (aliasing checks) and for device code; host code must not read a SIM or

@@ -100,10 +100,20 @@ struct ModelStateEstimate {
 ModelStateEstimate estimate_model_state(const GPTConfig& cfg, const ModelShard& shard, int world_size, int stage,
                                         const PrecisionPolicy& policy, OptimizerConfig::Kind opt, int prefetch);
 
+// Lab 04 part 3, --offload optimizer (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 3): host memory
+// per rank, what the counting allocator books in MemPlace::Host, exact, persistent (the same at the peak).
+// s_u as estimate_memory below (stage 0: n_u), Bp = dtype_size(param_dtype). Bytes:
+//   optimizer_state  sum s_u * (4 + (AdamW ? 8 : 0))   the fp32 master shard (always, even under fp32) + m, v
+//   grads            sum s_u * 4                        the gradient shard copied down for the update
+//   params           sum s_u * Bp when Bp != 4          the updated shard rounded for its copy up (bf16)
+ModelStateBytes offload_host_bytes(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
+                                   OptimizerConfig::Kind opt);
+
 // Per-rank memory of lab 04's data-parallel training of GPT-2 at a ZeRO stage.
 struct MemoryEstimate {
-  ModelStateBytes persistent;                 // bytes held between steps, per category
-  ModelStateBytes peak;                       // the largest bytes per category during a step
+  ModelStateBytes persistent;                 // bytes held between steps, per category (device memory)
+  ModelStateBytes peak;                       // the largest bytes per category during a step (device memory)
+  ModelStateBytes host;                       // host memory (MemPlace::Host): offload_host_bytes, else 0
   int64_t activations_bytes = 0;              // gpt2_activation_bytes (exact, this kit's model)
   int64_t activations_korthikanti_bytes = 0;  // korthikanti_activation_bytes (for comparison only)
   // peak model state + activations, bytes. The per-category peaks are summed, which is the step's peak
@@ -126,10 +136,12 @@ struct MemoryEstimate {
 //              optim   = persistent
 // prefetch = all-gathers allowed in flight beyond the unit in use (0 = none). micro_batch, seq_len:
 // B and T of the activations (0 and 0 = no activations); recompute: every block's (gpt2_activation_bytes).
+// offload_optimizer (lab 04 part 3): the device's optimizer_state is 0, persistent and peak (sum s_u*K
+// less device memory: K = 12 bf16 + AdamW, 8 fp32 + AdamW), and host = offload_host_bytes.
 // Throws on bad arguments, with a hint.
 MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, const PrecisionPolicy& policy,
                                OptimizerConfig::Kind opt, int prefetch, int micro_batch, int seq_len,
-                               Recompute recompute = Recompute::None);
+                               Recompute recompute = Recompute::None, bool offload_optimizer = false);
 
 // The FAQ "how many devices do I need?": the smallest world size N, a power of two <= max_world, at
 // which the paper-level model state of psi parameters (zero_model_state_bytes) plus extra_bytes
