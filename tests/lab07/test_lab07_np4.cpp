@@ -62,7 +62,9 @@ TEST(Lab07Step4, GradientsMatchDenseFourRanks) {
                              "one train_step of tp2 x pp2 (1F1B m 2), tp2 x dp2 (GPipe m 2, and m 1) and pp2 x dp2 "
                              "(interleaved v 2, m 2): every gradient of every chunk within 1e-5 of its slice of the "
                              "dense model's on the same global batch, and the loss",
-                             "README 'One training step' and 'Data parallel on top'"};
+                             "README 'One training step' and 'Data parallel on top'; the failure names the kind of "
+                             "difference (a whole factor: a mean or the average; the tied wte's sum; one replica's "
+                             "gradient or the wrong group)"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_gradients_match_dense({kTpPp, kTpDp, kTpDpOneMicroBatch, kPpDp}));
   });
