@@ -350,9 +350,10 @@ TEST(Lab03Ddp, SgdStepsMatchSingleProcess) {
   const grading::Check check{
       "lab03.sgd_steps_match_single_process", /*points=*/3,
       /*target=*/
-      "3 train_steps of plain SGD (lr 0.5, no weight decay, no clipping), 2 ranks x 2 micro-steps, in "
-      "each mode: gradients (1e-5 relative) and parameters (1e-5 absolute) match one process training on "
-      "the global batch; parameters identical on every rank after every step",
+      "3 train_steps of plain SGD (lr 0.5, no weight decay, no clipping), 2 ranks x 2 micro-steps, then x 1 "
+      "(the one micro-step is also the last: it synchronises), in each mode: gradients (1e-5 relative) and "
+      "parameters (1e-5 absolute) match one process training on the global batch; parameters identical on "
+      "every rank after every step",
       /*hint=*/
       "README 'Gradient accumulation': SGD applies the gradient as it is, so a missing average or 1/m "
       "shows here even when AdamW would hide it"};
@@ -361,9 +362,12 @@ TEST(Lab03Ddp, SgdStepsMatchSingleProcess) {
     sgd.kind = OptimizerConfig::Kind::SGD;
     sgd.weight_decay = 0.0f;
     std::string measured;
-    for (const lab03::SyncMode mode : kModes) {
-      measured += (measured.empty() ? "" : " | ") + expect_steps_match(mode, sgd, /*lr=*/0.5f, /*grad_clip=*/0.0f,
-                                                                       /*steps=*/3, /*micro_steps=*/2, kParamAtol);
+    for (const int micro_steps : {2, 1}) {
+      for (const lab03::SyncMode mode : kModes) {
+        measured +=
+            (measured.empty() ? "m " : " | m ") + std::to_string(micro_steps) + ", " +
+            expect_steps_match(mode, sgd, /*lr=*/0.5f, /*grad_clip=*/0.0f, /*steps=*/3, micro_steps, kParamAtol);
+      }
     }
     record.measured(measured);
   });

@@ -233,6 +233,65 @@ std::string expect_groups_from_splits(const lab07::Grid& sizes, int ranks_per_no
 // ---------------------------------------------------------------------------------------------
 // The step against the dense model
 
+enum class Measure { Loss, Norm, Grad };  // what why_step_differs is told a ratio of
+static std::string why_step_differs(const Case& c, double ratio, Measure what);
+
+// The dense model's gradient of `p`, cut as this chunk holds it.
+static Tensor dense_grad_slice(const GPT2& chunk, const GPT2& dense, const ParamInfo& p) {
+  Tensor want = Tensor::empty(p.shape, DType::F32);
+  copy_dense_to_shard(p, chunk.shard(), dense.grad(p.name), want);
+  return want;
+}
+
+// The failure's kind, for a gradient tensor that compare_with_dense_slices named ("dh.0.attn.c_attn.weight[3]
+// = ..."): its least-squares scale against the dense slice, s = <got, want> / <want, want>, and what is
+// left, |got - s want| / |want|. Nothing left: a pure scale, whose factor why_step_differs names (m, dp,
+// tp). Something left: not a scale but other numbers: a gradient that missed a sync, or was mixed over
+// the wrong group. The tied wte alone wrong, every other tensor of the chunk right: its two copies were not
+// summed (the embedding group); anything else: the replicas' group.
+static std::string why_gradient_differs(const Case& c, const GPT2& chunk, const GPT2& dense, const std::string& bad) {
+  if (bad.rfind("d", 0) != 0 || bad.find('[') == std::string::npos) return bad;
+  const std::string name = bad.substr(1, bad.find('[') - 1);
+  const ParamInfo* info = nullptr;
+  bool others_right = true;
+  for (const ParamInfo& p : chunk.param_table()) {
+    if (p.name == name) info = &p;
+    else if (others_right)
+      others_right =
+          compare_tensors(p.name, chunk.grad(p.name), dense_grad_slice(chunk, dense, p), kGradRtol, 0).empty();
+  }
+  if (info == nullptr) return bad;
+  const Tensor got = chunk.grad(name), want = dense_grad_slice(chunk, dense, *info);
+  double gw = 0, ww = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    gw += static_cast<double>(got.data<float>()[i]) * want.data<float>()[i];
+    ww += static_cast<double>(want.data<float>()[i]) * want.data<float>()[i];
+  }
+  if (ww == 0) return bad;
+  const double scale = gw / ww;
+  double rest = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.data<float>()[i] - scale * want.data<float>()[i];
+    rest += d * d;
+  }
+  rest = std::sqrt(rest / ww);
+  if (rest < 1e-3) return bad + ": the whole tensor is " + why_step_differs(c, scale, Measure::Grad);
+  char buf[400];
+  if (name == "wte" && c.grid.pp > 1 && others_right)
+    std::snprintf(buf, sizeof(buf),
+                  ": not a scale of the dense gradient (%.2g of it left after the best scale, %.3fx), and every "
+                  "other tensor of the chunk is right: this stage's copy of the tied wte holds only its own part; "
+                  "the two copies' sum is the embedding group's (lab07-6 train_step)",
+                  rest, scale);
+  else
+    std::snprintf(buf, sizeof(buf),
+                  ": not a scale of the dense gradient (%.2g of it left after the best scale, %.3fx): one replica's "
+                  "gradient alone, or one mixed over the wrong group: which ranks hold copies of this tensor, "
+                  "which hold other slices or other layers? (lab07-5 average_over_dp, the groups of lab07-6)",
+                  rest, scale);
+  return bad + buf;
+}
+
 std::string expect_gradients_match_dense(const std::vector<Case>& cases) {
   const GPTConfig cfg = grid_config();
   std::string measured;
@@ -249,7 +308,9 @@ std::string expect_gradients_match_dense(const std::vector<Case>& cases) {
     for (int k = 0; k < c.v && bad.empty(); ++k) {
       GPT2& chunk = run.rank->stage->chunk(k);
       bad = compare_with_dense_slices(chunk, *dense, /*grads=*/true, kGradRtol, 0.0, &worst);
-      if (!bad.empty()) bad = "chunk " + std::to_string(k) + " (" + chunk.shard().str() + "): " + bad;
+      if (!bad.empty())
+        bad = "chunk " + std::to_string(k) + " (" + chunk.shard().str() +
+              "): " + why_gradient_differs(c, chunk, *dense, bad);
     }
     if (bad.empty() && std::fabs(r.loss - want_loss) > 2e-6 * std::fabs(want_loss)) {
       char buf[160];
@@ -267,12 +328,14 @@ std::string expect_gradients_match_dense(const std::vector<Case>& cases) {
   return measured + buf;
 }
 
-// What a step's loss or norm that differs from the dense model's points to, from their ratio (mine / dense).
-// The step's own arithmetic makes whole factors: a factor of m or of dp is a sum where a mean belongs, or a
-// divide done twice (the micro-batches' 1/m, the replicas' average); the square root of a group's size
-// (dp, tp, pp) is a norm summed over the wrong groups (copies counted k times, or k slices left out).
-// Anything else: the generic pointer. Within 2 %, as lab 05's step check.
-static std::string why_step_differs(const Case& c, double ratio, bool norm) {
+// What a step's loss, norm or gradient that differs from the dense model's points to, from their ratio
+// (mine / dense). The step's own arithmetic makes whole factors: a factor of m or of dp is a sum where a mean
+// belongs, or a divide done twice (the micro-batches' 1/m, the replicas' average); for a gradient also tp
+// (a tensor-parallel group's sum where each rank already holds its slice's whole gradient); the square root
+// of a group's size (dp, tp, pp) is a norm summed over the wrong groups (copies counted k times, or k
+// slices left out). Anything else: the generic pointer. Within 2 %, as lab 05's step check.
+static std::string why_step_differs(const Case& c, double ratio, Measure what) {
+  const bool norm = what == Measure::Norm;
   using Sizes = std::vector<std::pair<std::string, int>>;
   const char* todo = c.zero1 ? "lab07-7 zero1_update" : "lab07-6 train_step";
   auto near = [&](double want) { return std::fabs(ratio / want - 1) < 0.02; };
@@ -285,8 +348,9 @@ static std::string why_step_differs(const Case& c, double ratio, bool norm) {
     return names;
   };
   const int m = c.m, dp = c.grid.dp;
-  const Sizes means = {{"m", m}, {"dp", dp}, {"m x dp", m > 1 && dp > 1 ? m * dp : 1}};  // the step's divisors
-  const Sizes groups = {{"dp", dp}, {"tp", c.grid.tp}, {"pp", c.grid.pp}};               // what a norm sums over
+  Sizes means = {{"m", m}, {"dp", dp}, {"m x dp", m > 1 && dp > 1 ? m * dp : 1}};  // the step's divisors
+  if (what == Measure::Grad) means.push_back({"tp", c.grid.tp});
+  const Sizes groups = {{"dp", dp}, {"tp", c.grid.tp}, {"pp", c.grid.pp}};  // what a norm sums over
   char buf[400];
   if (const std::string f = named(means, false); !f.empty()) {
     std::snprintf(buf, sizeof(buf),
@@ -331,9 +395,9 @@ std::string expect_steps_match_dense(const Case& c, OptimizerConfig::Kind optimi
       std::snprintf(buf, sizeof(buf), "step %d: loss %.7g norm %.7g, the dense model's loss %.7g norm %.7g", step,
                     r.loss, r.grad_norm, want.loss, want.grad_norm);
       // The loss first: a wrong loss says nothing of the norm; the norm is judged only with the loss right.
-      bad = std::string(buf) + (rel > 1e-5
-                                    ? ": the loss is " + why_step_differs(c, r.loss / want.loss, false)
-                                    : ": the norm is " + why_step_differs(c, r.grad_norm / want.grad_norm, true));
+      bad = std::string(buf) +
+            (rel > 1e-5 ? ": the loss is " + why_step_differs(c, r.loss / want.loss, Measure::Loss)
+                        : ": the norm is " + why_step_differs(c, r.grad_norm / want.grad_norm, Measure::Norm));
     }
   }
   // SGD: every parameter too. Not after AdamW: it divides each gradient by its own running size, so an entry

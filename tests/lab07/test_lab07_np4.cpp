@@ -62,7 +62,9 @@ TEST(Lab07Step4, GradientsMatchDenseFourRanks) {
                              "one train_step of tp2 x pp2 (1F1B m 2), tp2 x dp2 (GPipe m 2, and m 1) and pp2 x dp2 "
                              "(interleaved v 2, m 2): every gradient of every chunk within 1e-5 of its slice of the "
                              "dense model's on the same global batch, and the loss",
-                             "README 'One training step' and 'Data parallel on top'"};
+                             "README 'One training step' and 'Data parallel on top'; the failure names the kind of "
+                             "difference (a whole factor: a mean or the average; the tied wte's sum; one replica's "
+                             "gradient or the wrong group)"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_gradients_match_dense({kTpPp, kTpDp, kTpDpOneMicroBatch, kPpDp}));
   });
@@ -70,13 +72,15 @@ TEST(Lab07Step4, GradientsMatchDenseFourRanks) {
 
 TEST(Lab07Step4, SgdStepsMatchDenseFourRanks) {
   const grading::Check check{"lab07.sgd_steps_match_dense_four_ranks", 3,
-                             "3 SGD steps with clipping at 0.5 of tp2 x dp2 and of tp2 x pp2: loss, norm (the whole "
-                             "model's) and every parameter as the dense model's (1e-5 relative)",
+                             "3 SGD steps with clipping at 0.5 of tp2 x dp2, tp2 x pp2 and pp2 x dp2 (interleaved v 2: "
+                             "every chunk's gradients zeroed each step): loss, norm (the whole model's) and every "
+                             "parameter as the dense model's (1e-5 relative)",
                              "README 'One training step'; the failure names what the ratio to the dense loss or norm "
                              "points to (a whole factor: a mean or the average; a square root: the norm's groups)"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_steps_match_dense(kTpDp, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f) + "; " +
-                    expect_steps_match_dense(kTpPp, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f));
+                    expect_steps_match_dense(kTpPp, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f) + "; " +
+                    expect_steps_match_dense(kPpDp, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f));
   });
 }
 

@@ -29,7 +29,8 @@ TEST(Lab07Step8, GradientsMatchDenseEightRanks) {
   const grading::Check check{"lab07.gradients_match_dense_eight_ranks", 4,
                              "one train_step of tp2 x pp2 x dp2, order tp-dp-pp (1F1B m 2) and pp-dp-tp (interleaved "
                              "v 2 m 2): every gradient within 1e-5 of its slice of the dense model's, and the loss",
-                             "README 'One training step'"};
+                             "README 'One training step'; the failure names the kind of difference (a whole factor: a "
+                             "mean or the average; the tied wte's sum; one replica's gradient or the wrong group)"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_gradients_match_dense({k3D, k3DReversed}));
   });

@@ -3,8 +3,9 @@
 // and 3D parallel) stand on. Definition, the 8-rank table and the placement rule: docs/rank_grid.md.
 //
 //   GridLayout layout{/*tp_size=*/2, /*pp_size=*/2, /*dp_size=*/2, "tp-dp-pp"};  // pure, no MPI
-//   GridCoords c = layout.coords(5);              // {tp_rank 1, pp_rank 1, dp_rank 0}
+//   layout.check(8);                             // throws with the numbers and a hint when it cannot be
 //   RankGrid grid(world, 2, 2, 2);               // collective: splits world into the four groups
+//   GridCoords c = grid.coords();                // this rank's; rank 5: {tp_rank 1, pp_rank 1, dp_rank 0}
 //   grid.tp().all_reduce(partial, ReduceOp::Sum, "h.3 attn out");
 //
 // The order lists the axes from fastest- to slowest-varying, as Megatron-LM's RankGenerator does
@@ -41,9 +42,12 @@ struct GridCoords {
   }
 };
 
-// The grid as a pure function of its sizes and order: no communicator, so tests and docs can build
-// tables for any world size. Consecutive ranks differ first along the order's fastest axis (the
-// arithmetic, and the 8-rank table: docs/rank_grid.md; lab 07 writes it again, TODO lab07-1).
+struct GridLayoutTestAccess;  // tests/common/comm/test_rank_grid.cpp: the private arithmetic, tested
+
+// The grid's sizes and order, checked without a communicator. Consecutive ranks differ first along the
+// order's fastest axis (the 8-rank table: docs/rank_grid.md). The arithmetic from a rank to its
+// coordinates and groups is private (RankGrid's, and its test's): it is lab 07's exercise (TODO lab07-1,
+// lab07-2), so no lab can hand it over by calling this class.
 struct GridLayout {
   int tp_size = 1;
   int pp_size = 1;
@@ -58,7 +62,12 @@ struct GridLayout {
   int size(GridAxis axis) const;
   int world_size() const { return tp_size * pp_size * dp_size; }
   std::vector<GridAxis> axes() const;  // the order, parsed (throws like check)
+  // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
+  std::string describe() const;
 
+ private:
+  friend class RankGrid;
+  friend struct GridLayoutTestAccess;
   // The coordinates of rank (0 <= rank < world_size()), and the inverse. Both throw scalelab::Error
   // for a rank or a coordinate out of range, or a bad order.
   GridCoords coords(int rank) const;
@@ -71,8 +80,6 @@ struct GridLayout {
   // They hold the two copies of the tied token embedding / LM head and sum its gradient
   // (Megatron-LM's embedding group). Throws like coords().
   std::vector<int> embedding_group(int rank) const;
-  // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
-  std::string describe() const;
 };
 
 // The grid over a communicator (normally the world; its ranks are the grid's ranks): this rank's
