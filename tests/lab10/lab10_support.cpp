@@ -10,7 +10,9 @@
 
 #include "grading.h"                  // defines: grading::all_ranks
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
+#include "scalelab/core/clock.h"      // defines: clock_now_ms (virtual on the simulated cluster)
 #include "scalelab/core/error.h"      // defines: scalelab::Error
+#include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
 
 namespace scalelab::lab10_test {
 
@@ -207,11 +209,11 @@ std::string expect_activation_memory_falls_as_one_over_cp() {
 std::string expect_layout_and_refusals() {
   const GPTConfig cfg = cp_config();
   std::string bad;
-  const lab10::Layout l = lab10::make_layout(cfg, 4, 3, 2, false, 16);  // cp fastest: rank 3 = cp 1 of replica 1
-  if (l.cp != 2 || l.dp != 2 || l.cp_rank != 1 || l.dp_rank != 1 || l.T_local != 8)
-    bad = "make_layout(world 4, rank 3, cp 2, T 16): cp " + std::to_string(l.cp) + " dp " + std::to_string(l.dp) +
+  const lab10::Layout l = lab10::make_layout(cfg, 8, 5, 2, false, 16);  // cp fastest: rank 5 = cp 1 of replica 2
+  if (l.cp != 2 || l.dp != 4 || l.cp_rank != 1 || l.dp_rank != 2 || l.T_local != 8)
+    bad = "make_layout(world 8, rank 5, cp 2, T 16): cp " + std::to_string(l.cp) + " dp " + std::to_string(l.dp) +
           " cp_rank " + std::to_string(l.cp_rank) + " dp_rank " + std::to_string(l.dp_rank) + " T_local " +
-          std::to_string(l.T_local) + "; expected 2, 2, 1, 1, 8 (cp fastest)";
+          std::to_string(l.T_local) + "; expected 2, 4, 1, 2, 8 (cp fastest)";
   struct Bad {
     int world, cp, T;
     bool zigzag;
@@ -257,6 +259,77 @@ std::string expect_visible_pairs() {
   }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), bad));
   return bad.empty() ? "diagonal 10, past 16, future 0, straddling 3, zig-zag 16" : bad;
+}
+
+// The simulated cluster of the overlap check: an H100 per rank (the virtual clock on), a sim world over a
+// slow link, for the length of the check; the checks after it run on the CPU and the wall clock again.
+namespace {
+class SimulatedCluster {
+ public:
+  SimulatedCluster() { sim_gpu_set(GpuModel::preset("h100")); }
+  ~SimulatedCluster() { sim_gpu_clear(); }
+  SimulatedCluster(const SimulatedCluster&) = delete;
+  SimulatedCluster& operator=(const SimulatedCluster&) = delete;
+};
+
+Tensor on_device(const Tensor& host, Device device) {
+  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
+  t.copy_from(host);
+  return t;
+}
+
+// One forward and backward of the ring on the simulated cluster: its virtual time (the slowest rank's) and
+// how long this rank was blocked in the ring's waits.
+struct RingTime {
+  double step_ms = 0, waited_ms = 0;
+};
+RingTime simulated_ring(Communicator& world, bool overlap) {
+  const GPTConfig cfg = cp_config();
+  const int cp = world.size(), T = 16, B = 2;
+  const lab10::Layout layout = lab10::make_layout(cfg, cp, world.rank(), cp, true, T);
+  GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::SIM, kModelSeed);
+  std::unique_ptr<Communicator> group = world.split(0, world.rank(), "cp");
+  lab10::RingAttention ring(*group, cfg, true, overlap);
+  model.set_context_parallel(&ring);
+  const GlobalBatch g = random_global_batch(kDataSeed, B, T, cfg.vocab_size);
+  const std::vector<CpChunk> chunks = cp_chunks(model.shard(), cfg, layout.T_local);
+  const Tensor x = on_device(lab10::slice_sequence(g.inputs, chunks, layout.T_local), Device::SIM);
+  const Tensor y = on_device(lab10::slice_sequence(g.targets, chunks, layout.T_local), Device::SIM);
+  world.barrier();  // the ranks' compute streams meet
+  group->clear_events();
+  const double start = clock_now_ms();
+  model.zero_grad();
+  model.forward(x, &y);
+  model.backward();
+  world.barrier();
+  RingTime t;
+  t.step_ms = clock_now_ms() - start;
+  for (const CommEvent& e : group->events()) t.waited_ms += e.wait_ms;
+  return t;
+}
+}  // namespace
+
+std::string expect_ring_overlaps_transfers() {
+  SimulatedCluster cluster;
+  std::unique_ptr<Communicator> world = make_communicator("sim");
+  LinkModel link = LinkModel::preset("pcie");  // a slow link: each kv block's transfer is worth hiding
+  world->set_link_model(link);
+  const RingTime waits = simulated_ring(*world, /*overlap=*/false), overlapped = simulated_ring(*world, true);
+  std::string bad;
+  char buf[260];
+  if (!(overlapped.step_ms < waits.step_ms) || !(overlapped.waited_ms < waits.waited_ms)) {
+    std::snprintf(buf, sizeof(buf),
+                  "the ring that posts each transfer before computing: %.4f ms, blocked %.4f ms; the one that waits "
+                  "first: %.4f ms, blocked %.4f ms (virtual): the transfer is not under the compute (lab10-3)",
+                  overlapped.step_ms, overlapped.waited_ms, waits.step_ms, waits.waited_ms);
+    bad = buf;
+  }
+  EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
+  std::snprintf(buf, sizeof(buf),
+                "cp %d, zig-zag, simulated H100s on pcie: forward + backward %.4f ms overlapped vs %.4f ms waiting "
+                "(blocked %.4f vs %.4f ms, virtual)",
+                world->size(), overlapped.step_ms, waits.step_ms, overlapped.waited_ms, waits.waited_ms);
+  return bad.empty() ? buf : bad;
 }
 
 }  // namespace scalelab::lab10_test
