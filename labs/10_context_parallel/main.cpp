@@ -63,16 +63,18 @@ static int run(const Options& o, Communicator& world) {
 
   const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
   GPT2 model(data.cfg, lab10::shard_of(layout), policy, device, o.seed);  // whole parameters, a slice of tokens
+  model.set_attention(AttentionImpl::Flash);  // as every cp > 1 shard runs: cp 1 is the comparison (no T x T)
   std::unique_ptr<lab10::RingAttention> ring;
   std::unique_ptr<lab10::AllGatherAttention> gather;
   SL_CHECK_HINT(o.variant == "ring" || o.variant == "allgather", "--variant ring or allgather", "--variant %s",
                 o.variant.c_str());
+  // cp 1 keeps the model's own point, the identity (the flash op on the whole sequence): nothing to pass round.
   if (o.variant == "ring") {
     ring = std::make_unique<lab10::RingAttention>(*cp_group, data.cfg, o.zigzag, !o.no_overlap);
-    model.set_context_parallel(ring.get());  // YOUR point: the model calls it in every block
+    if (cp > 1) model.set_context_parallel(ring.get());  // YOUR point: the model calls it in every block
   } else {
     gather = std::make_unique<lab10::AllGatherAttention>(*cp_group, data.cfg, o.zigzag);
-    model.set_context_parallel(gather.get());
+    if (cp > 1) model.set_context_parallel(gather.get());
   }
   const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
