@@ -594,9 +594,17 @@ class MpiCommunicator : public Communicator {
       // sends and recvs still in flight (their Works outlive this communicator) get that long.
       abandon_ = pending_ops_->timed_out.load();
       if (wait_timeout() > 0) stop_deadline_ms_ = Communicator::now_ms() + 1e3 * wait_timeout();
-      if (abandon_) stuck_in = running_;
     }
     queue_cv_.notify_all();
+    if (abandon_) {
+      // A collective whose late rank did call it after all returns within milliseconds: give the thread
+      // kStuckCollectiveGraceS to leave it, so the communicator is joined and freed. One whose rank has
+      // stopped never returns: then the thread is left there (below).
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      running_cv_.wait_for(lock, std::chrono::duration<double>(kStuckCollectiveGraceS),
+                           [this] { return running_.empty(); });
+      stuck_in = running_;
+    }
     if (!stuck_in.empty()) {
       // The collective cannot be cancelled, and it cannot return either: a rank it waits for has given up
       // (that is why the wait timed out). Joining would hang this rank for ever, so the thread is left
@@ -1177,8 +1185,11 @@ class MpiCommunicator : public Communicator {
 
   // The collective the thread is inside ("" between them), for the destructor's note after a timeout.
   void set_running(const std::string& what) {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    running_ = what;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      running_ = what;
+    }
+    if (what.empty()) running_cv_.notify_all();  // a destructor after a timeout may wait for this (above)
   }
 
   // Completes the sends and recvs whose transfer is done and whose modelled time has passed; forgets
@@ -1266,9 +1277,12 @@ class MpiCommunicator : public Communicator {
   bool thread_busy_ = false;                 // the thread is starting or running an op it took from queue_ (queue_mu_)
   std::atomic<int> pending_{0};              // ops handed to the thread and not finished (queued, running or in flight)
   std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
-  std::shared_ptr<Roll> roll_;   // who has called which collective (groups of 2 or more ranks)
-  std::string who_;              // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
-  std::string running_;          // the collective the thread is inside, or "" (queue_mu_)
+  std::shared_ptr<Roll> roll_;          // who has called which collective (groups of 2 or more ranks)
+  std::string who_;                     // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
+  std::string running_;                 // the collective the thread is inside, or "" (queue_mu_)
+  std::condition_variable running_cv_;  // notified when running_ becomes "" (with queue_mu_)
+  // How long the destructor, after a wait timed out, waits for the thread to leave a collective (seconds).
+  static constexpr double kStuckCollectiveGraceS = 2.0;
   bool abandon_ = false;         // stop after a wait timed out: cancel, do not finish (queue_mu_)
   double stop_deadline_ms_ = 0;  // stop with a wait timeout: when in-flight ops are cancelled (queue_mu_)
   bool stop_ = false;

@@ -1014,8 +1014,7 @@ TEST(CommMpi, WaitTimeoutNamesTheRankThatDidNotJoinACollective) {
   w.barrier();                                                  // every other rank has timed out
   if (r == quiet) group->all_reduce(x, ReduceOp::Sum, "loss");  // late: frees the others' MPI_Allreduce
   w.barrier();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their threads leave MPI_Allreduce
-  group.reset();
+  group.reset();  // waits (up to 2 s) for this rank's thread to leave the MPI_Allreduce the late call freed
   w.barrier();
 }
 
