@@ -13,8 +13,12 @@
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemCategory
 #include "scalelab/core/error.h"      // defines: scalelab::Error, NotImplemented, SL_CHECK
 #include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
+#include "sim_cluster.h"             // defines: test::SimulatedCluster, test::on_device
 
 namespace scalelab::lab06_test {
+
+using test::on_device;
+using test::SimulatedCluster;
 
 GPTConfig pp_config() { return GPTConfig{16, 64, 8, 2, 16}; }
 
@@ -274,30 +278,6 @@ std::string expect_activation_memory(const std::vector<ScheduleCase>& cases) {
 }
 
 namespace {
-
-// The simulated cluster of the bubble checks, for the length of one check: an H100 per rank (the virtual
-// clock on, at 0), and sim communicators of all ranks over the free link. Undone at the end of the check,
-// so the checks after it run on the CPU and the wall clock again.
-class SimulatedCluster {
- public:
-  SimulatedCluster() { sim_gpu_set(GpuModel::preset("h100")); }
-  ~SimulatedCluster() { sim_gpu_clear(); }
-  SimulatedCluster(const SimulatedCluster&) = delete;
-  SimulatedCluster& operator=(const SimulatedCluster&) = delete;
-  // Collective over all ranks: a sim world whose groups (and those split from it) cost 0 s a message.
-  static std::unique_ptr<Communicator> free_world() {
-    std::unique_ptr<Communicator> w = make_communicator("sim");
-    w->set_link_model(LinkModel::preset("free"));
-    return w;
-  }
-};
-
-// Host tokens on the simulated GPU, as a GPU program copies a batch in.
-Tensor on_device(const Tensor& host, Device device) {
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
 
 // A double as a string and back, exactly (hexadecimal): the grading reducer gathers strings.
 std::string exact(double x) {

@@ -13,8 +13,12 @@
 #include "scalelab/core/clock.h"      // defines: clock_now_ms (virtual on the simulated cluster)
 #include "scalelab/core/error.h"      // defines: scalelab::Error
 #include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
+#include "sim_cluster.h"             // defines: test::SimulatedCluster, test::on_device
 
 namespace scalelab::lab10_test {
+
+using test::on_device;
+using test::SimulatedCluster;
 
 GPTConfig cp_config() { return GPTConfig{16, 64, 2, 4, 32}; }
 
@@ -261,22 +265,7 @@ std::string expect_visible_pairs() {
   return bad.empty() ? "diagonal 10, past 16, future 0, straddling 3, zig-zag 16" : bad;
 }
 
-// The simulated cluster of the overlap check: an H100 per rank (the virtual clock on), a sim world over a
-// slow link, for the length of the check; the checks after it run on the CPU and the wall clock again.
 namespace {
-class SimulatedCluster {
- public:
-  SimulatedCluster() { sim_gpu_set(GpuModel::preset("h100")); }
-  ~SimulatedCluster() { sim_gpu_clear(); }
-  SimulatedCluster(const SimulatedCluster&) = delete;
-  SimulatedCluster& operator=(const SimulatedCluster&) = delete;
-};
-
-Tensor on_device(const Tensor& host, Device device) {
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
 
 // One forward and backward of the ring on the simulated cluster: its virtual time (the slowest rank's) and
 // how long this rank was blocked in the ring's waits.
