@@ -10,7 +10,7 @@
 #include "context_parallel_lab.h"
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the group's mean loss)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/model/optim.h"       // defines: clip_grad_norm (with groups)
+#include "scalelab/model/optim.h"       // defines: clip_grad_norm
 #include "scalelab/ops/ops.h"  // defines: attention_forward_block, attention_backward_block, attention_merge, scale_
 
 namespace scalelab::lab10 {
@@ -51,7 +51,9 @@ void RingAttention::attention_forward(Tensor& out, Tensor& lse, const Tensor& qk
   // TODO(lab10-3) BEGIN  this rank's queries against every rank's keys and values, one block per ring step
   //   cp steps: at each, start handing the kv block in hand to rank r+1 (and receiving r-1's), compute this
   //   rank's query chunks against the chunks of the block's owner (chunks_of), skip what the mask hides, merge
-  //   each partial result by its lse, then wait for the transfer. Count work_ as you go. README.md#the-ring
+  //   each partial result by its lse, then wait for the transfer (overlap_ false: wait before computing; see the
+  //   constructor in context_parallel_lab.h). Count work_ as you go. out and lse arrive holding whatever the
+  //   model's buffers held: on return every row of both is this rank's final result. README.md#the-ring
   throw scalelab::NotImplemented("lab10-3 RingAttention::attention_forward");
   // TODO(lab10-3) END
 }

@@ -72,8 +72,10 @@ struct CpWork {
 // memory: --device cpu or sim.
 class RingAttention : public ContextParallel {
  public:
-  // overlap false: every block's transfer is waited for BEFORE its computation starts (what the ring would
-  // cost without overlap: the measurement README.md#what-the-numbers-show compares).
+  // overlap false: in the forward, every kv block's transfer is waited for BEFORE the computation on the block
+  // in hand starts (what the ring would cost without overlap: the measurement README.md#what-the-numbers-show
+  // and the check lab10.ring_overlaps_transfers compare). The backward may post its kv hand-over first either
+  // way; each dkv can only leave once this rank's share is added.
   RingAttention(Communicator& cp_group, const GPTConfig& cfg, bool zigzag, bool overlap = true);
   Communicator& group() { return comm_; }
   const CpWork& work() const { return work_; }
@@ -122,8 +124,9 @@ class AllGatherAttention : public ContextParallel {
 // with the model's cp_chunks). Contract: on return every parameter has taken one step of `optimizer` at `lr`
 // on the gradient of the step's mean loss over the m micro-batches, the whole sequences and (with `dp_group`,
 // nullptr or size 1: none) the replicas' batches, that gradient equal on every rank and clipped to a norm of
-// at most grad_clip (<= 0: no clipping). Returns the loss (that mean, the same on every rank of the group)
-// and the gradient norm before clipping. README.md#one-training-step
+// at most grad_clip (<= 0: no clipping). Returns the loss of this replica's WHOLE sequences (the mean over the
+// m micro-batches and the cp group, the same on every rank of the group; the training loop averages it over
+// the replicas, as in lab 03) and the gradient norm before clipping. README.md#one-training-step
 StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator& cp_group, Communicator* dp_group,
                       const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 

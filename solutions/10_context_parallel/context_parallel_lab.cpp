@@ -10,7 +10,7 @@
 #include "context_parallel_lab.h"
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the group's mean loss)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/model/optim.h"       // defines: clip_grad_norm (with groups)
+#include "scalelab/model/optim.h"       // defines: clip_grad_norm
 #include "scalelab/ops/ops.h"  // defines: attention_forward_block, attention_backward_block, attention_merge, scale_
 
 namespace scalelab::lab10 {

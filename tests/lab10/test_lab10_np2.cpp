@@ -18,7 +18,7 @@ namespace grading = scalelab::grading;
 
 TEST(Lab10Cp, LayoutAndRefusals) {
   const grading::Check check{"lab10.layout_and_refusals", 1,
-                             "make_layout: cp fastest (world 4, cp 2: rank 3 is cp rank 1 of replica 1, 8 tokens); "
+                             "make_layout: cp fastest (world 8, cp 2: rank 5 is cp rank 1 of replica 2, 8 tokens); "
                              "cp > ranks, cp not dividing them, T not divisible by cp (2 cp zig-zag), T > maxT refused",
                              "README 'The layout'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_layout_and_refusals()); });
