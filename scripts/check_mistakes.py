@@ -393,21 +393,22 @@ def graded_checks():
     return out
 
 
-def print_uncovered(mistakes):
-    """--uncovered: prints every graded check no mistake targets, and mistakes whose check no lab has.
-    Returns 0 (the list is information: a check that observes only given code has no mistake to plant,
+def print_uncovered(mistakes, labs=None):
+    """--uncovered: prints every graded check no mistake targets (of `labs`, or all), and mistakes whose check
+    no lab has. Returns 0 (the list is information: a check that observes only given code has no mistake to plant,
     docs/grading.md "What the learner decides")."""
-    checks = graded_checks()
+    checks = [c for c in graded_checks() if not labs or c[0] in labs]
     targeted = {m["check"] for m in mistakes}
     uncovered = [(lab, cid, points) for lab, cid, points in checks if cid not in targeted]
-    for lab, cid, points in uncovered:
+    for _, cid, points in uncovered:
         print(f"{cid:<56} {points:>3} points")
-    known = {cid for _, cid, _ in checks}
+    known = {cid for _, cid, _ in graded_checks()}
     for m in mistakes:
         if m["check"] not in known:
             print(f"{m['id']}: targets {m['check']}, which no lab's check table lists")
     print(f"\n{len(uncovered)} of {len(checks)} graded checks have no planted mistake "
-          f"({len(checks) - len(uncovered)} are targeted by {len(mistakes)} mistakes)")
+          f"({len(checks) - len(uncovered)} are targeted by "
+          f"{sum(m['check'] in {c[1] for c in checks} for m in mistakes)} mistakes)")
     return 0
 
 
@@ -444,7 +445,7 @@ def main():
 
     mistakes = load_manifests()
     if args.uncovered:
-        return print_uncovered(mistakes)
+        return print_uncovered(mistakes, args.lab)
     if args.lab:
         mistakes = [m for m in mistakes if m["lab"] in args.lab]
     if args.only:
