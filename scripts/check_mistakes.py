@@ -32,6 +32,9 @@ Prints one table (mistake, check, result, seconds) and exits 0 only if every mis
                 (slower; shows what else a mistake trips, for writing hints)
   --list        print the selected mistakes and exit
   --cover       only the first mistake of each graded check (CI; all of them: no flag)
+  --uncovered   list every graded check of every lab (its README's check table, which ctest
+                lint.readme_check_tables holds equal to what `scripts/grade NN --list` prints) that no
+                manifest entry targets; no build, a second
 """
 import argparse
 import filecmp
@@ -372,6 +375,43 @@ def covering(mistakes):
     return chosen
 
 
+def graded_checks():
+    """[(lab, check id, points)] of every lab with TODO twins, in lab and table order: the rows of each
+    labs/NN_name/README.md check table (tests/lint/lab_docs.py check_table). ctest lint.readme_check_tables
+    insists that table lists exactly the checks the grader runs, with their points, so no build is needed."""
+    out = []
+    for lab in lab_manifests.load(REPO):
+        if not lab["twins"]:
+            continue
+        path = os.path.join(REPO, lab["dir"], "README.md")
+        with open(path, encoding="utf-8") as f:
+            table = lab_docs.check_table(f.read())
+        if table["errors"] or not table["rows"]:
+            sys.exit(f"check_mistakes: {path}: cannot read its check table: "
+                     f"{'; '.join(table['errors']) or 'no table with check and points columns'}")
+        out += [(lab["number"], row["id"], row["points"]) for row in table["rows"]]
+    return out
+
+
+def print_uncovered(mistakes, labs=None):
+    """--uncovered: prints every graded check no mistake targets (of `labs`, or all), and mistakes whose check
+    no lab has. Returns 0 (the list is information: a check that observes only given code has no mistake to plant,
+    docs/grading.md "What the learner decides")."""
+    checks = [c for c in graded_checks() if not labs or c[0] in labs]
+    targeted = {m["check"] for m in mistakes}
+    uncovered = [(lab, cid, points) for lab, cid, points in checks if cid not in targeted]
+    for _, cid, points in uncovered:
+        print(f"{cid:<56} {points:>3} points")
+    known = {cid for _, cid, _ in graded_checks()}
+    for m in mistakes:
+        if m["check"] not in known:
+            print(f"{m['id']}: targets {m['check']}, which no lab's check table lists")
+    print(f"\n{len(uncovered)} of {len(checks)} graded checks have no planted mistake "
+          f"({len(checks) - len(uncovered)} are targeted by "
+          f"{sum(m['check'] in {c[1] for c in checks} for m in mistakes)} mistakes)")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(prog="scripts/check_mistakes.py", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -385,6 +425,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel build jobs")
     ap.add_argument("--list", action="store_true", help="print the selected mistakes and exit")
     ap.add_argument("--lint", action="store_true", help="only apply each patch and check its fences (no build)")
+    ap.add_argument("--uncovered", action="store_true",
+                    help="list the graded checks (each lab README's check table) that no mistake targets; no build")
     ap.add_argument("--all-checks", action="store_true", help="also run the lab's other checks on each mistake")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the checks on the unpatched copy")
     ap.add_argument("--verbose", action="store_true", help="show ctest's output")
@@ -402,6 +444,8 @@ def main():
             ap.error(f"--lab {nn}: there is no lab {nn} (labs/NN_name/lab.json)")
 
     mistakes = load_manifests()
+    if args.uncovered:
+        return print_uncovered(mistakes, args.lab)
     if args.lab:
         mistakes = [m for m in mistakes if m["lab"] in args.lab]
     if args.only:
