@@ -80,7 +80,10 @@ import sys
 import tempfile
 import time
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved"]  # the default sweep
+# --schedules may also name ZB-H1 (its bubble: (p - 1)/(3 m + p - 1), logged as config.bubble_formula):
+# notebooks/logs/06_pipeline_parallel.sh runs it once, for the notebook's pipeline picture of I and W.
+ALL_SCHEDULES = SCHEDULES + ["zb-h1"]
 LINKS = ["nvlink", "ethernet100"]
 # n_layer of the model presets (common/src/model/gpt2_layout.cpp GPTConfig::preset): which layouts are possible.
 N_LAYER = {"tiny": 2, "demo": 4, "d12": 12, "d24": 24, "d36": 36, "d48": 48}
@@ -246,6 +249,8 @@ def skip_reason(model, p, schedule, v, m):
     L = N_LAYER.get(model)
     if L is not None and p > L:
         return f"{model} has L = {L} layers: at most {L} stages"
+    if schedule == "zb-h1" and m < p:
+        return f"m = {m} < p = {p}: ZB-H1's formula assumes m >= p"
     if schedule == "interleaved":
         if m % p:
             return f"m = {m} not a multiple of p = {p}"
@@ -324,7 +329,7 @@ def from_logs(log_dir):
         return list(chosen.values())
 
     rows = newest("lab06/bubble-*", pipeline_row, lambda r: (r["p"], r["schedule"], r["v"], r["m"]))
-    order = {s: i for i, s in enumerate(SCHEDULES)}
+    order = {s: i for i, s in enumerate(ALL_SCHEDULES)}
     rows.sort(key=lambda r: (r["p"], order.get(r["schedule"], 9), r["m"]))
     pp = newest("lab06/links-*", pipeline_row, lambda r: r["link"])
     tp = newest("lab05/links-*", tensor_row, lambda r: r["link"])
@@ -420,7 +425,7 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4, help="per run; step 0 is warm-up (at least 2)")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="pipeline stages p (default 2 4)")
-    ap.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=SCHEDULES)
+    ap.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=ALL_SCHEDULES)
     ap.add_argument("--micro-batches", type=int, nargs="+", default=None, help="m (default 1 2 4 8 16)")
     ap.add_argument("--quick", action="store_true", help="m 1 4 8")
     ap.add_argument("--uniform-compute-ms", type=float, default=10.0, help="F: forward F ms, backward 2F ms")

@@ -583,20 +583,24 @@ def plot_step_time(runs: list[Run], plot_dir=None, name="step_time"):
 # "step", covers the step's window from the barrier every stage leaves together to the one after its last
 # action (labs/06_pipeline_parallel/main.cpp).
 
-_ACTION = re.compile(r"^(?P<kind>[FB])(?P<mb>\d+)(?:\.(?P<chunk>\d+))?$")
+_ACTION = re.compile(r"^(?P<kind>[FBIW])(?P<mb>\d+)(?:\.(?P<chunk>\d+))?$")
 
 
 def parse_action(name: str) -> tuple[str, int, int] | None:
-    """("F", 3, 0) for "F3", ("B", 3, 1) for "B3.1"; None for any other span name ("step", ...)."""
+    """("F", 3, 0) for "F3", ("B", 3, 1) for "B3.1", ("I", 2, 0) and ("W", 2, 0) for a split backward's two
+    halves (ZB-H1: the input gradient, the weight gradient); None for any other span name ("step", ...)."""
     m = _ACTION.match(name)
     return (m.group("kind"), int(m.group("mb")), int(m.group("chunk") or 0)) if m else None
 
 
-def bubble_formula(p: int, m, v: int = 1):
+def bubble_formula(p: int, m, v: int = 1, schedule: str = ""):
     """(p - 1) / (v m + p - 1): the bubble's share of a step when every micro-batch takes the same time on
-    every stage (Narayanan et al. 2021, Sec. 2.2; GPipe and 1F1B: v = 1). The same as lab06::bubble_formula,
-    which every lab 06 run logs as config.bubble_formula (test_scalelab_logs.py checks they agree). m may
-    be an array (a curve)."""
+    every stage (Narayanan et al. 2021, Sec. 2.2; GPipe and 1F1B: v = 1); schedule "zb-h1": (p - 1) /
+    (3 m + p - 1) (Qi et al. 2024, Sec. 3.1, with the forward, I and W equally long). The same as
+    lab06::bubble_formula, which every lab 06 run logs as config.bubble_formula (test_scalelab_logs.py
+    checks they agree). m may be an array (a curve)."""
+    if schedule == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -627,10 +631,10 @@ def _latest_by_layout(lab: str, runs_root: str | Path, limit: int, needed: str, 
 
 def pipeline_timeline(run: Run, step: int | None = None) -> pd.DataFrame:
     """One row per forward or backward of one step (default: the last step with a timeline record), every
-    stage: stage, name ("F3.1"), kind ("F" or "B"), micro_batch, chunk, start_ms, end_ms. Times are ms since
-    the stage's "step" span began: every stage leaves the barrier at the step's start together, so the
-    stages line up although each rank has its own clock. attrs: step, window_ms {stage: the step span's
-    length}. Empty when the run has no timeline (lab 06: --timeline-steps N logs steps 1..N)."""
+    stage: stage, name ("F3.1"), kind ("F", "B", or a split backward's "I" and "W"), micro_batch, chunk,
+    start_ms, end_ms. Times are ms since the stage's "step" span began: every stage leaves the barrier at the
+    step's start together, so the stages line up although each rank has its own clock. attrs: step,
+    window_ms {stage: the step span's length}. Empty when the run has no timeline (lab 06: --timeline-steps N logs steps 1..N)."""
     tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
     if not tl:
         return pd.DataFrame()
@@ -678,7 +682,7 @@ def pp_bubble(runs: list[Run]) -> pd.DataFrame:
                      if "memory_activations_peak_bytes" in summ else math.nan})
     if not rows:
         return pd.DataFrame()
-    order = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
+    order = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
     df = pd.DataFrame(rows)
     return df.sort_values(by=["p", "schedule", "m"], key=lambda c: c.map(order) if c.name == "schedule" else c,
                           ignore_index=True)
@@ -699,7 +703,10 @@ def pp_activation_peaks(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-_PP_COLORS = {"F": plt.cm.Blues, "B": plt.cm.Greens}  # forward / backward; a lighter shade per later chunk
+# forward / backward, and a split backward's input gradient (I) and weight gradient (W), each its own colour
+# (ZB-H1's picture shows where the held-back W's fill the bubble); a lighter shade per later chunk.
+_PP_COLORS = {"F": plt.cm.Blues, "B": plt.cm.Greens, "I": plt.cm.Oranges, "W": plt.cm.Purples}
+_PP_KIND_NAMES = {"F": "forward", "B": "backward", "I": "input gradient (I)", "W": "weight gradient (W)"}
 
 
 def _pp_color(kind: str, chunk: int, v: int):
@@ -709,8 +716,10 @@ def _pp_color(kind: str, chunk: int, v: int):
 def plot_pipeline_timelines(runs: list[Run], step: int | None = None, plot_dir=None, name="pipeline_timeline"):
     """The textbook pipeline picture of one step, one panel per run (runs with a timeline only): stages on
     the y axis (stage 0 on top), ms since the step began on the x axis (the stages aligned on their "step"
-    span), one box per forward (blue) or backward (green) labelled with its micro-batch, a lighter shade for
-    a later chunk; the grey frame is each stage's step window, the white inside it the bubble."""
+    span), one box per forward (blue) or backward (green), or a split backward's input gradient I (orange)
+    and weight gradient W (purple), labelled with its micro-batch, a lighter shade for a later chunk; the
+    legend names the kinds the runs hold. The grey frame is each stage's step window, the white inside it
+    the bubble."""
     runs = [r for r in runs if not pipeline_timeline(r, step).empty]
     if not runs:
         return _nothing("no lab 06 run with a timeline (bench/pp_bubble_sweep.py logs one at --timeline-m; or "
@@ -740,8 +749,9 @@ def plot_pipeline_timelines(runs: list[Run], step: int | None = None, plot_dir=N
     axes[-1, 0].set_xlabel("ms since the step began (every stage leaves a barrier together)")
     from matplotlib.patches import Patch
     v_max = max(int(r.config.get("chunks", 1)) for r in runs)
-    handles = [Patch(color=_pp_color(k, c, v_max), label=f"{'forward' if k == 'F' else 'backward'}"
-                     + (f", chunk {c}" if v_max > 1 else "")) for k in "FB" for c in range(v_max)]
+    kinds = set().union(*(set(pipeline_timeline(r, step)["kind"]) for r in runs))
+    handles = [Patch(color=_pp_color(k, c, v_max), label=_PP_KIND_NAMES[k] + (f", chunk {c}" if v_max > 1 else ""))
+               for k in "FBIW" if k in kinds for c in range(v_max)]
     handles.append(Patch(facecolor="none", edgecolor="0.6", label="step window (white: bubble)"))
     axes[0, 0].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     return _save(fig, name, plot_dir)
@@ -749,19 +759,23 @@ def plot_pipeline_timelines(runs: list[Run], step: int | None = None, plot_dir=N
 
 def plot_bubble_vs_m(df: pd.DataFrame, plot_dir=None, name="bubble_vs_m"):
     """One panel per p: the measured bubble against m for each schedule (dots, from pp_bubble) beside the
-    formula's curve (p - 1)/(v m + p - 1) for v = 1 (GPipe and 1F1B) and each interleaved v (dashed)."""
+    formula's curve (p - 1)/(v m + p - 1) for v = 1 (GPipe and 1F1B) and each interleaved v, and ZB-H1's
+    (p - 1)/(3 m + p - 1) where it ran (dashed)."""
     if df.empty:
         return _nothing("no finished lab 06 runs (bench/pp_bubble_sweep.py makes them)")
     ps = sorted(df["p"].unique())
     fig, axes = plt.subplots(1, len(ps), figsize=(5.5 * len(ps), 3.8), squeeze=False, sharey=True)
-    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple"}
+    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple", "zb-h1": "tab:red"}
     for ax, p in zip(axes[0], ps):
         d = df[df["p"] == p]
         ms = sorted(d["m"].unique())
         curve_m = [ms[0] + (ms[-1] - ms[0]) * i / 200 for i in range(201)]
-        for v in sorted(d["v"].unique()):
+        for v in sorted(d[d["schedule"] != "zb-h1"]["v"].unique()):
             ax.plot(curve_m, [bubble_formula(p, m, v) for m in curve_m], "--", color="k" if v == 1 else "tab:purple",
                     lw=0.9, label=f"formula, v = {v}" + (" (GPipe, 1F1B)" if v == 1 else ""))
+        if (d["schedule"] == "zb-h1").any():
+            ax.plot(curve_m, [bubble_formula(p, m, schedule="zb-h1") for m in curve_m], "--", color="tab:red",
+                    lw=0.9, label="formula, ZB-H1")
         for (schedule, v), g in d.groupby(["schedule", "v"], sort=False):
             g = g.sort_values("m")
             ax.plot(g["m"], g["bubble"], "o-", color=colors.get(schedule), ms=5, lw=1,
@@ -790,7 +804,7 @@ def plot_pp_memory(peaks: pd.DataFrame, p: int | None = None, m: int | None = No
     if at.empty:
         return _nothing(f"no lab 06 run at p = {p}, m = {m}")
     fig, (ax_stage, ax_m) = plt.subplots(1, 2, figsize=(11, 3.8))
-    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple"}
+    colors = {"gpipe": "tab:orange", "1f1b": "tab:blue", "interleaved": "tab:purple", "zb-h1": "tab:red"}
     groups = list(at.groupby(["schedule", "v"], sort=False))
     width = 0.8 / len(groups)
     for i, ((schedule, v), g) in enumerate(groups):

@@ -169,6 +169,8 @@ class PipelineLogsTest(unittest.TestCase):
     def test_parse_action_reads_micro_batch_and_chunk(self):
         self.assertEqual(self.sl.parse_action("F3"), ("F", 3, 0))
         self.assertEqual(self.sl.parse_action("B12.1"), ("B", 12, 1))
+        self.assertEqual(self.sl.parse_action("I2"), ("I", 2, 0))   # ZB-H1: a split backward's two halves
+        self.assertEqual(self.sl.parse_action("W0.1"), ("W", 0, 1))
         for other in ("step", "F", "X1", "F1.", "forward"):
             self.assertIsNone(self.sl.parse_action(other), other)
 
@@ -177,6 +179,7 @@ class PipelineLogsTest(unittest.TestCase):
         self.assertAlmostEqual(self.sl.bubble_formula(4, 4, 2), 3 / 11)   # interleaved, v 2
         self.assertAlmostEqual(self.sl.bubble_formula(2, 1), 0.5)
         self.assertEqual(self.sl.bubble_formula(1, 8), 0.0)               # one stage: no bubble
+        self.assertAlmostEqual(self.sl.bubble_formula(4, 4, schedule="zb-h1"), 3 / 15)  # ZB-H1: (p-1)/(3m+p-1)
 
     def test_timeline_aligns_stages_on_their_step_span(self):
         with tempfile.TemporaryDirectory() as root:
@@ -229,6 +232,34 @@ class PipelineLogsTest(unittest.TestCase):
                 self.assertIsNotNone(fig)
                 plt.close(fig)
 
+    def test_zb_h1_picture_colours_i_and_w_apart(self):
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import to_hex
+        spans = {0: [("F0", 0, 1), ("F1", 1, 2), ("I0", 4, 5), ("W0", 5, 6), ("I1", 6, 7), ("W1", 7, 8)],
+                 1: [("F0", 1, 2), ("I0", 2, 3), ("F1", 3, 4), ("I1", 4, 5), ("W0", 5, 6), ("W1", 6, 7)]}
+        with tempfile.TemporaryDirectory() as root:
+            run = self.sl.read_run(pp_run(root, "zb", schedule="zb-h1", spans=spans))
+            tl = self.sl.pipeline_timeline(run)
+            self.assertEqual(sorted(tl["kind"].value_counts().items()), [("F", 4), ("I", 4), ("W", 4)])
+            fig = self.sl.plot_pipeline_timelines([run])
+            ax = fig.axes[0]
+            boxes = ax.patches[2:]  # after a window frame per stage: one box per span, in the frame's row order
+            self.assertEqual(len(boxes), len(tl))
+            colour = {}  # kind -> the face colours of its boxes
+            for box, kind in zip(boxes, tl["kind"]):
+                colour.setdefault(kind, set()).add(to_hex(box.get_facecolor()))
+            self.assertEqual({k: len(c) for k, c in colour.items()}, {"F": 1, "I": 1, "W": 1})  # one colour a kind
+            self.assertEqual(len(set().union(*colour.values())), 3, colour)  # F, I and W each their own
+            legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+            self.assertEqual(legend, ["forward", "input gradient (I)", "weight gradient (W)",
+                                      "step window (white: bubble)"])
+            legend_colour = {t.get_text(): to_hex(h.get_facecolor())
+                             for t, h in zip(fig.axes[0].get_legend().get_texts(),
+                                             fig.axes[0].get_legend().legend_handles)}
+            self.assertEqual(legend_colour["input gradient (I)"], colour["I"].pop())
+            self.assertEqual(legend_colour["weight gradient (W)"], colour["W"].pop())
+            plt.close(fig)
+
     def test_real_lab06_runs(self):
         if not RUNS_ROOT:
             self.skipTest("no --runs-root given")
@@ -237,7 +268,8 @@ class PipelineLogsTest(unittest.TestCase):
             run = self.sl.read_run(d)
             cfg = run.config
             p, m, v = run.world_size, int(cfg["micro_batches"]), int(cfg.get("chunks", 1))
-            self.assertAlmostEqual(self.sl.bubble_formula(p, m, v), cfg["bubble_formula"], places=12, msg=run.run_id)
+            self.assertAlmostEqual(self.sl.bubble_formula(p, m, v, cfg["schedule"]), cfg["bubble_formula"], places=12,
+                                   msg=run.run_id)
             tl = self.sl.pipeline_timeline(run)
             if tl.empty:
                 continue
@@ -245,7 +277,8 @@ class PipelineLogsTest(unittest.TestCase):
             for stage, g in tl.groupby("stage"):
                 g = g.sort_values("start_ms")
                 self.assertEqual(" ".join(g["name"]), step.loc[stage, "ran"], f"{run.run_id} stage {stage}")
-                self.assertEqual(sorted(g["kind"].value_counts().tolist()), [m * v, m * v])
+                kinds = "FIW" if cfg["schedule"] == "zb-h1" else "FB"  # ZB-H1 splits each backward: I, then W
+                self.assertEqual(dict(g["kind"].value_counts()), {k: m * v for k in kinds}, f"{run.run_id} {stage}")
                 self.assertGreaterEqual(g["start_ms"].min(), 0.0)
                 self.assertLessEqual(g["end_ms"].max(), tl.attrs["window_ms"][stage] + 1e-6)
             checked += 1

@@ -344,7 +344,8 @@ TEST(Lab06Pp, ZbH1ActivationMemory) {
   const grading::Check check{
       "lab06.zb_h1_activation_memory", 2,
       "ZB-H1 m = 4: the allocator's peak of activations equals the schedule's walk exactly (a set whole from F "
-      "to I, what I keeps until W) and is at most p sets on every stage (1F1B's first stage: 2); nothing left",
+      "to I, what I keeps until W), and on every stage it is at most 1F1B's largest stage peak (m = 4, same "
+      "model, from the allocator); nothing left",
       "README 'Zero bubble': what does a set keep between its I and its W?"};
   grading::run(check, [](grading::Record& record) {
     record.measured(expect_activation_memory({{ScheduleKind::ZbH1, 4, 1}}));

@@ -709,8 +709,10 @@ void GPT2::backward_impl(GPT2Activations& a, const Tensor* d_output, Tensor* d_i
     {
       Tensor w = unit_weights_f32(table_[head_wte_].unit);
       Tensor dwte = grad_at(head_wte_);
-      // split: dwte later (backward_weight), from dlogits, which stays in head_logits
-      policy_matmul_backward(&dln_full, split ? nullptr : &dwte, nullptr, dlogits, a.lnf_full,
+      // split: the head's dwte here when the head has its own copy of wte (head_weight_in_input), else in
+      // backward_weight, from dlogits, which then stays in head_logits
+      const bool dwte_now = !split || head_weight_in_input();
+      policy_matmul_backward(&dln_full, dwte_now ? &dwte : nullptr, nullptr, dlogits, a.lnf_full,
                              matmul_weight(w, head_wte_));
     }
     // the head is column-parallel over the vocabulary: dlnf is partial on each rank
@@ -777,7 +779,7 @@ void GPT2::backward_impl(GPT2Activations& a, const Tensor* d_output, Tensor* d_i
   if (!split) return;
 
   // B is done: free what only it read, keep what W reads (each matmul's input and dout, the head's lnf and
-  // dlogits, the embedding's tokens and dout). Without sequence parallelism ln1_full, ln2_full and lnf_full
+  // dlogits unless B did the head's dwte, the embedding's tokens and dout). Without sequence parallelism ln1_full, ln2_full and lnf_full
   // are ln1, ln2 and lnf themselves, so dropping those names frees nothing the full ones hold.
   for (BlockActivations& ba : a.blocks) {
     ba.ln1 = ba.ln1_mean = ba.ln1_rstd = Tensor();
@@ -787,6 +789,8 @@ void GPT2::backward_impl(GPT2Activations& a, const Tensor* d_output, Tensor* d_i
   }
   a.input = a.targets = Tensor();
   a.lnf = a.lnf_mean = a.lnf_rstd = a.probs = a.losses = Tensor();
+  // The head's weight gradient is done (head_weight_in_input): W reads neither dlogits (B,T,V) nor ln_f's output.
+  if (shard_.has_head && head_weight_in_input()) a.head_logits = a.lnf_full = Tensor();
   a.weight_pending = true;
 }
 
@@ -806,13 +810,13 @@ void GPT2::backward_weight(GPT2Activations& a) {
   SL_CHECK_HINT(a.weight_pending, "call backward_input(acts, ...) first; backward_weight finishes it",
                 "backward_weight on a set without its backward_input");
   const int L = cfg_.n_layer;
-  if (shard_.has_head) {
+  if (shard_.has_head && !head_weight_in_input()) {
     // the LM head's dwte from dlogits (kept in head_logits) and the ln_f output it multiplied
     Tensor w = unit_weights_f32(table_[head_wte_].unit);
     Tensor dwte = grad_at(head_wte_);
     policy_matmul_backward(nullptr, &dwte, nullptr, a.head_logits, a.lnf_full, matmul_weight(w, head_wte_));
-    run_hooks(HookPoint::AfterBackward, L + 1);
   }
+  if (shard_.has_head) run_hooks(HookPoint::AfterBackward, L + 1);  // backward()'s order: the head's unit first
   for (int l = shard_.last(cfg_); l >= shard_.first_layer; --l) {
     block_backward_weight(a.blocks[l - shard_.first_layer], unit_weights_f32(1 + l), blocks_[l]);
     run_hooks(HookPoint::AfterBackward, 1 + l);

@@ -10,6 +10,7 @@
 #include <cmath>      // defines: std::fabs
 #include <cstdint>
 #include <cstdio>  // defines: std::printf
+#include <map>     // defines: std::map
 #include <random>
 #include <string>
 #include <vector>
@@ -159,8 +160,8 @@ TEST(SplitBackward, InputThenWeightIsBackwardBitForBit) {
 }
 
 // A zero-bubble schedule runs several micro-batches' B before their W. Each gradient element is a sum over
-// micro-batches, added in the order its part ran: the layernorms' in B's order, the matmuls', the head's and
-// the embedding's in W's. So W in B's order gives backward()'s bits for any number of micro-batches (ZB-H1
+// micro-batches, added in the order its part ran: the layernorms' (and a last stage's LM head's, computed in
+// B: gpt2.h backward_input) in B's order, the matmuls', the whole model's head's and the embedding's in W's. So W in B's order gives backward()'s bits for any number of micro-batches (ZB-H1
 // runs both in micro-batch order). W in another order gives the same sums re-associated: a matmul's weight
 // gradient accumulates into the buffer as it goes, so even two micro-batches differ in the last bits
 // (measured here), within a few ulps of the largest entry.
@@ -204,9 +205,12 @@ TEST(SplitBackward, SeveralMicroBatchesBeforeTheirWeightGradients) {
 
 // What B keeps for W, from the allocator: B allocates no activation memory (each matmul's dout goes into the
 // memory of a forward-only tensor of its shape), leaves a smaller set behind, and W frees all of it. The
-// kept share is what bounds a zero-bubble schedule's memory (lab 06 README "Zero bubble").
+// kept share is what bounds a zero-bubble schedule's memory (lab 06 README "Zero bubble"). A last stage
+// keeps nothing of its head (B computed the head's weight gradient): exactly what a middle stage of as many
+// blocks keeps, not the logits' gradient (B,T,V).
 TEST(SplitBackward, InputGradientFreesWhatOnlyItReadWeightFreesTheRest) {
   const Case c{PrecisionPolicy::fp32(), AttentionImpl::Materialized, Recompute::None};
+  std::map<std::string, int64_t> kept_of;
   for (const Kind& k : kinds()) {
     GPT2 model = make_model(k.shard, c);
     GPT2Activations warm = model.make_activations(kB, kT);  // the scratch exists before the measurement
@@ -227,7 +231,9 @@ TEST(SplitBackward, InputGradientFreesWhatOnlyItReadWeightFreesTheRest) {
     EXPECT_EQ(activations_now() - before, 0) << k.name << ": W frees the rest";
     std::printf("[ measured ] %-12s set %lld bytes, kept for W %lld (%.0f %%)\n", k.name,
                 static_cast<long long>(set_bytes), static_cast<long long>(kept), 100.0 * kept / set_bytes);
+    kept_of[k.name] = kept;
   }
+  EXPECT_EQ(kept_of["last stage"], kept_of["middle stage"]) << "a last stage's B keeps nothing of the head for W";
 }
 
 // B fires every BeforeBackward hook backward() fires, in its order, and no AfterBackward; W fires every

@@ -123,10 +123,17 @@ class GPT2 {
   // backward_input: arguments as backward's. Computes d_input and the layernorms' gradients (cheap, and they
   // need the activations B frees); each matmul's dout is kept in the set, in the memory of a forward-only
   // tensor of its shape (no allocation), with what the weight gradients read (each matmul's input, the
-  // head's dlogits, the embedding's tokens); everything else of the set is freed. Fires every BeforeBackward
-  // hook backward() fires, in the same order, and no AfterBackward hook.
-  // backward_weight: ADDS the matmuls' weight and bias gradients, the LM head's and the embedding's, in
-  // backward()'s order, then frees the whole set (it is empty again: the next micro-batch gets a new one).
+  // head's dlogits, the embedding's tokens); everything else of the set is freed. On a shard whose LM head
+  // has its own copy of wte (a last pipeline stage without the embedding) it also ADDS the head's weight
+  // gradient and frees dlogits (B,T,V) and ln_f's output: dlogits is the largest tensor a set would keep for
+  // W, read there by that one matmul, and the copy's gradient has no other adder, so its sum over
+  // micro-batches runs in B's order, backward()'s (the cost: the head's dW matmul, 2*B*T*C*V FLOPs, moves
+  // from W into B on that stage). With the embedding's wte (the whole model) the head's part stays in W,
+  // where the embedding's part follows it as in backward(). Fires every BeforeBackward hook backward()
+  // fires, in the same order, and no AfterBackward hook.
+  // backward_weight: ADDS the matmuls' weight and bias gradients, the LM head's (unless backward_input did)
+  // and the embedding's, in backward()'s order, then frees the whole set (it is empty again: the next
+  // micro-batch gets a new one).
   // Fires every AfterBackward hook backward() fires, in its order (a unit's gradients are
   // complete at its AfterBackward). Refused: tensor parallelism (tp > 1) and Recompute::Full (the re-run's
   // working set is shared, so it cannot wait for W).
@@ -200,6 +207,9 @@ class GPT2 {
   // The four matmuls' weight and bias gradients from what block_backward(keep_for_weight) kept in ba.
   void block_backward_weight(BlockActivations& ba, const Tensor& w, const BlockParams& b);
   // backward() and backward_input(): split false / true.
+  // The split backward computes the LM head's weight gradient in backward_input: the head's wte is its own
+  // copy (the tied one of a last stage), not the embedding's, which backward_weight adds to.
+  bool head_weight_in_input() const { return head_wte_ != wte_; }
   void backward_impl(GPT2Activations& acts, const Tensor* d_output, Tensor* d_input, bool split);
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not in this shard
   int head_wte_ = -1;                           // the wte the LM head reads: wte_ (unit 0) or the tied copy in unit L+1
