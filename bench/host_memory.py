@@ -5,10 +5,12 @@ figures of docs/simulation.md ("Timing-only runs").
 
   python3 bench/host_memory.py [--every-s 0.2] -- mpirun -np 64 build/bin/reference/lab07_parallel_3d ...
 
-Every --every-s seconds it sums the resident set (/proc/<pid>/statm, in pages) of the command and all its
-descendants; the peak of that sum is the figure. Pages shared between processes (the program's code, MPI's
-libraries) count once per process, so the figure is an upper bound of what the machine gave them; a process that
-starts and ends between two samples is missed. Linux only (/proc).
+Every --every-s seconds it sums, over the command and all its descendants, the proportional set size (Pss of
+/proc/<pid>/smaps_rollup: a process's private pages, plus each page it shares divided by the processes sharing
+it), so the sum is the memory the machine gave them all, each shared page (the program's code, MPI's libraries)
+counted once; it also sums their resident sets (Rss), in which a shared page counts once per process, an upper
+bound. The peaks of both sums are the figures. A process that starts and ends between two samples is missed.
+Linux only (/proc).
 """
 import argparse
 import os
@@ -17,7 +19,6 @@ import sys
 import tempfile
 import time
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def process_tree(root):
@@ -41,29 +42,35 @@ def process_tree(root):
     return tree
 
 
-def resident_bytes(pids):
-    total = 0
+def memory_bytes(pids):
+    """(sum of Pss, sum of Rss) of the processes, bytes; a process that ended meanwhile counts 0."""
+    pss = rss = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * PAGE
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
         except OSError:
             continue
-    return total
+    return pss, rss
 
 
 def run_sampled(cmd, cwd=None, env=None, timeout=None, every_s=0.2):
-    """Run cmd (a list); return {"rc", "output" (stdout and stderr), "wall_s", "peak_rss_bytes",
-    "peak_processes"}. rc is 124 when it ran past timeout seconds (it is then killed, with its process group)."""
+    """Run cmd (a list); return {"rc", "output" (stdout and stderr), "wall_s", "peak_pss_bytes" (the figure),
+    "peak_rss_bytes" (the upper bound), "peak_processes"}. rc is 124 when it ran past timeout seconds (it is then killed, with its process group)."""
     with tempfile.TemporaryFile(mode="w+") as out:
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        peak, processes, rc = 0, 0, None
+        peak, peak_rss, processes, rc = 0, 0, 0, None
         while rc is None:
             tree = process_tree(p.pid)
-            rss = resident_bytes(tree)
-            if rss > peak:
-                peak, processes = rss, len(tree)
+            pss, rss = memory_bytes(tree)
+            peak_rss = max(peak_rss, rss)
+            if pss > peak:
+                peak, processes = pss, len(tree)
             time.sleep(every_s)
             rc = p.poll()
             if rc is None and timeout and time.monotonic() - t0 > timeout:
@@ -72,7 +79,8 @@ def run_sampled(cmd, cwd=None, env=None, timeout=None, every_s=0.2):
                 rc = 124
         wall = time.monotonic() - t0
         out.seek(0)
-        return {"rc": rc, "output": out.read(), "wall_s": wall, "peak_rss_bytes": peak, "peak_processes": processes}
+        return {"rc": rc, "output": out.read(), "wall_s": wall, "peak_pss_bytes": peak, "peak_rss_bytes": peak_rss,
+                "peak_processes": processes}
 
 
 def main():
@@ -85,8 +93,9 @@ def main():
         ap.error("no command: bench/host_memory.py -- CMD ARGS...")
     r = run_sampled(cmd, every_s=a.every_s)
     sys.stdout.write(r["output"])
-    print(f"host_memory: exit {r['rc']}, {r['wall_s']:.1f} s wall, peak host memory {r['peak_rss_bytes'] / 2**30:.2f} "
-          f"GiB (resident sets of {r['peak_processes']} processes summed, every {a.every_s:g} s)")
+    print(f"host_memory: exit {r['rc']}, {r['wall_s']:.1f} s wall, peak host memory {r['peak_pss_bytes'] / 2**30:.2f} "
+          f"GiB (Pss of {r['peak_processes']} processes summed, every {a.every_s:g} s; their Rss summed: "
+          f"{r['peak_rss_bytes'] / 2**30:.2f} GiB)")
     return r["rc"]
 
 

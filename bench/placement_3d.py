@@ -25,13 +25,16 @@ schedule: who waits for whom, over which link, and the bubble, with real message
                1F1B, order tp-dp-pp; no uniform compute and no slowdown: every op and call is charged its modelled
                time. Pruned: tp in 1, 2, 4, 8 (inside a node, dividing the heads), pp a power of two up to the layers,
                dp the rest, micro-batch 1 and the global batch fixed (--sim-global-batch 64 sequences), so one m
-               = 64 / dp per (tp, pp). Each layout is first priced by lab 09's planner (bin/sl_plan --json --per-op
-               --no-clip: op by op as the simulated GPU charges it, no clipping as in a timing-only run); a layout
-               it says does not fit is listed with its figure and not run. Each run: its step time, tokens/s and
+               = 64 / dp per (tp, pp). Each layout is first priced by lab 09's planner (bin/sl_plan --json: compute
+               as the model's FLOPs at half the fp32 peak, which the kit's bf16 policy multiplies at; not op by
+               op: --per-op does not price that policy yet); a layout it says does not fit is listed with its
+               figure and not run. Each run: its step time, tokens/s and
                MFU (virtual time, the slowest rank's step), the planner's beside them, memory per rank (the
                fullest rank's params + grads + optimizer state + activations peaks, and whether they equal the
                planner's to the byte), and the run's wall time and peak host memory (bench/host_memory.py).
-               Writes <out>/sim_search.md and <out>/sim_results.json.
+               The planner's best layouts run first; --sim-budget-s S starts no run after S seconds (the rest are
+               listed with the planner's figures, "not run"). Writes <out>/sim_search.md and sim_results.json;
+               --sim-replan remakes them from sim_results.json, asking the planner again, without running.
 Writes <out>/placement.md, <out>/search.md and <out>/results.json; prints the tables.
 """
 import argparse
@@ -179,6 +182,7 @@ def search(a):
 # The simulated search's presets: (heads, layers), as GPTConfig::preset (docs/simulation.md "Presets").
 SIM_MODELS = {"gpt-7b": (32, 32), "gpt-70b": (64, 80)}
 CATEGORIES = ("params", "grads", "optimizer_state", "activations")  # what the planner counts
+SIM_FP32_PEAK_TFLOPS = 67  # H100 SXM dense fp32 (docs/simulation.md "GPU models")
 
 
 def sim_layouts(a):
@@ -198,14 +202,17 @@ def sim_layouts(a):
 
 
 def sim_plan(a, tp, pp, dp, m):
-    """bin/sl_plan --json for one layout, priced op by op (--per-op --no-clip): the parsed object."""
+    """bin/sl_plan --json for one layout: the parsed object. Its default pricing (the model's FLOPs at the peak x
+    --efficiency 0.5; its op-by-op pricing, --per-op, does not cover the kit's bf16 policy yet), at the fp32
+    peak: the kit's --precision bf16 stores bf16 and multiplies in fp32 (docs/cuda_backend.md), and the
+    simulated GPU charges its GEMMs at the fp32 peak, which the runs' MFU divides by too."""
     cmd = [os.path.join(a.build_dir, "bin", "sl_plan"), "--model", a.sim_model, "--gpu", "h100", "--gpus",
            str(a.sim_ranks), "--gpus-per-node", str(a.sim_ranks_per_node), "--seq-len", str(a.sim_seq_len),
            "--global-batch", str(a.sim_global_batch), "--precision", "bf16", "--tp", str(tp), "--pp", str(pp),
            "--dp", str(dp), "--micro-batch", "1", "--micro-batches", str(m), "--schedule", "1f1b", "--zero", "0",
-           "--per-op", "--no-clip", "--json"]
+           "--peak-tflops", str(SIM_FP32_PEAK_TFLOPS), "--json"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if p.returncode != 0:
+    if "{" not in p.stdout:  # a layout that does not fit exits 1 with its JSON; anything else is a failure
         sys.exit(f"sl_plan failed:\n  {' '.join(cmd)}\n{(p.stdout + p.stderr)[-2000:]}")
     return json.loads(p.stdout[p.stdout.index("{"):])
 
@@ -221,7 +228,7 @@ def sim_run(a, tp, pp, dp, m):
            "--threads", "1", "--timeline-steps", "0", "--quiet", "--log-dir", a.log_dir, "--run-id", run_id]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     r = host_memory.run_sampled(cmd, cwd=REPO, env=env, timeout=a.sim_timeout_s)
-    done = {"wall_s": r["wall_s"], "host_gib": r["peak_rss_bytes"] / 2**30, "processes": r["peak_processes"]}
+    done = {"wall_s": r["wall_s"], "host_gib": r["peak_pss_bytes"] / 2**30, "processes": r["peak_processes"]}
     if r["rc"] != 0:
         tail = r["output"].strip().splitlines()[-4:]
         return dict(done, ok=False, why=("ran past --sim-timeout-s; " if r["rc"] == 124 else "") + " / ".join(tail))
@@ -238,25 +245,41 @@ def sim_run(a, tp, pp, dp, m):
                 memory_peak_mib=got["memory_peak_mib"])
 
 
+def sim_planned(a, r):
+    """r (a layout's record: tp, pp, dp, m) with the planner's figures added (plan_*)."""
+    plan = sim_plan(a, r["tp"], r["pp"], r["dp"], r["m"])
+    t, mem = plan["time"], plan["memory"]
+    r.update(plan_fits=plan["fits"], plan_why_not=plan["why_not"], plan_step_ms=t["step_ms"],
+             plan_tokens_per_s=t["tokens_per_s"], plan_mfu=t["mfu"], plan_memory_bytes=mem["total_bytes"],
+             plan_stage=mem["stage"])
+    return r
+
+
 def sim_search(a):
-    rows, results = [], []
-    layouts = sim_layouts(a)
-    for i, (tp, pp, dp, m) in enumerate(layouts):
-        plan = sim_plan(a, tp, pp, dp, m)
-        t, mem = plan["time"], plan["memory"]
-        r = {"tp": tp, "pp": pp, "dp": dp, "m": m, "plan_fits": plan["fits"], "plan_why_not": plan["why_not"],
-             "plan_step_ms": t["step_ms"], "plan_tokens_per_s": t["tokens_per_s"], "plan_mfu": t["mfu"],
-             "plan_memory_bytes": mem["total_bytes"], "plan_stage": mem["stage"]}
-        if plan["fits"]:
+    results = [sim_planned(a, {"tp": tp, "pp": pp, "dp": dp, "m": m}) for tp, pp, dp, m in sim_layouts(a)]
+    # The planner's best first: with --sim-budget-s, the layouts it ranks lowest are the ones left out.
+    results.sort(key=lambda r: -r["plan_tokens_per_s"])
+    t0 = time.time()
+    for i, r in enumerate(results):
+        tp, pp, dp, m = r["tp"], r["pp"], r["dp"], r["m"]
+        if r["plan_fits"] and a.sim_budget_s and time.time() - t0 > a.sim_budget_s:
+            r["left_out"] = True
+            continue
+        if r["plan_fits"]:
             r.update(sim_run(a, tp, pp, dp, m))
-        results.append(r)
-        print(f"  [{i + 1}/{len(layouts)}] tp {tp} pp {pp} dp {dp} m {m}: " + (
-            "planner: does not fit" if not plan["fits"] else
+        print(f"  [{i + 1}/{len(results)}] tp {tp} pp {pp} dp {dp} m {m}: " + (
+            "planner: does not fit" if not r["plan_fits"] else
             f"{r['tokens_per_s']:.0f} tokens/s (virtual), {r['wall_s']:.0f} s wall, {r['host_gib']:.1f} GiB host"
             if r["ok"] else "failed: " + r["why"]), file=sys.stderr)
+    return sim_table(results), results
+
+
+def sim_table(results):
+    rows = []
     ran = sorted([r for r in results if r.get("ok")], key=lambda r: -r["tokens_per_s"])
     for rank, r in enumerate(ran, 1):
-        same = "yes" if r["memory_bytes"] == r["plan_memory_bytes"] else f"no ({r['memory_bytes'] - r['plan_memory_bytes']:+d} B)"
+        gap = r["memory_bytes"] - r["plan_memory_bytes"]
+        same = "yes" if gap == 0 else f"no ({gap:+d} B)"
         rows.append(fmt_row([str(rank), f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]),
                              f"{r['step_ms']:.0f} ({r['plan_step_ms']:.0f})",
                              f"{r['tokens_per_s']:,.0f} ({r['plan_tokens_per_s']:,.0f})",
@@ -267,13 +290,18 @@ def sim_search(a):
         if not r["plan_fits"]:
             rows.append(fmt_row(["-", f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]), "", "", "",
                                  f"- ({r['plan_memory_bytes'] / 1e9:.1f})", "planner: does not fit, not run", "", ""]))
+        elif r.get("left_out"):
+            rows.append(fmt_row(["-", f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]),
+                                 f"- ({r['plan_step_ms']:.0f})", f"- ({r['plan_tokens_per_s']:,.0f})",
+                                 f"- ({100 * r['plan_mfu']:.1f})", f"- ({r['plan_memory_bytes'] / 1e9:.2f})",
+                                 "not run: past --sim-budget-s", "", ""]))
         elif not r.get("ok"):
             rows.append(fmt_row(["-", f"{r['tp']} x {r['pp']} x {r['dp']}", str(r["m"]), "", "", "", "",
                                  "failed: " + r["why"].replace("|", "/"), f"{r['wall_s']:.0f}", ""]))
     head = ("| rank | tp x pp x dp | m | step ms (planner) | tokens/s (planner) | MFU % (planner) | "
             "GB per rank (planner) | equal to the byte | wall s | host GiB |\n"
             "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|")
-    return head + "\n" + "\n".join(rows), results
+    return head + "\n" + "\n".join(rows)
 
 
 def main():
@@ -293,6 +321,10 @@ def main():
     ap.add_argument("--sim-seq-len", type=int, default=2048, help="--sim-search's T")
     ap.add_argument("--sim-global-batch", type=int, default=64, help="--sim-search's sequences per step")
     ap.add_argument("--sim-timeout-s", type=float, default=600, help="--sim-search: a run's wall-time limit")
+    ap.add_argument("--sim-budget-s", type=float, default=0,
+                    help="--sim-search: start no run after this many seconds (0: run every layout that fits)")
+    ap.add_argument("--sim-replan", action="store_true",
+                    help="--sim-search: no runs; the planner's figures and the table again, from <out>/sim_results.json")
     ap.add_argument("--only", action="append", default=[], help="--sim-search: only this layout, e.g. 8x4x2")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"), help="where bin/sl_plan is")
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the search (the placement runs use 8)")
@@ -341,8 +373,14 @@ def main():
                  f"{a.sim_seq_len}, micro-batch 1, 1F1B, order tp-dp-pp, 1 timed step (virtual time)")
         print("simulated layout search: " + setup, file=sys.stderr)
         t0 = time.time()
-        text, found = sim_search(a)
-        wall = time.time() - t0
+        if a.sim_replan:  # the runs of an earlier search, the planner asked again
+            with open(os.path.join(a.out, "sim_results.json")) as f:
+                earlier = json.load(f)
+            found, wall = [sim_planned(a, r) for r in earlier["search"]], earlier["wall_s"]
+            text = sim_table(found)
+        else:
+            text, found = sim_search(a)
+            wall = time.time() - t0
         load = open("/proc/loadavg").read().split()[0]
         text += (f"\n\nThe search took {wall:.0f} s of wall time on {os.cpu_count()} cores (load average {load} at "
                  "its end).")

@@ -220,7 +220,9 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
     if max(ranks) > 8:  # 1 to 64 ranks: powers of two evenly spaced
         for ax in (ax_tps, ax_eff, ax_mem):
             ax.set_xscale("log", base=2)
-            ax.set_xticks(ranks, [str(n) for n in ranks])
+            ax.set_xlim(min(ranks) / 1.4, max(ranks) * 1.4)  # an axis with no point (efficiency without a
+            ax.set_xticks(ranks, [str(n) for n in ranks])     # 1-rank run) still has a range to scale
+            ax.minorticks_off()
     ax_tps.legend(fontsize=8)
     ax_eff.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
