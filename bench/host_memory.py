@@ -60,7 +60,8 @@ def memory_bytes(pids):
 
 def run_sampled(cmd, cwd=None, env=None, timeout=None, every_s=0.2):
     """Run cmd (a list); return {"rc", "output" (stdout and stderr), "wall_s", "peak_pss_bytes" (the figure),
-    "peak_rss_bytes" (the upper bound), "peak_processes"}. rc is 124 when it ran past timeout seconds (it is then killed, with its process group)."""
+    "peak_rss_bytes" (the upper bound), "peak_processes"}. rc is 124 when it ran past timeout seconds (it is
+    then killed, with its process group)."""
     with tempfile.TemporaryFile(mode="w+") as out:
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -324,7 +324,8 @@ def main():
     ap.add_argument("--sim-budget-s", type=float, default=0,
                     help="--sim-search: start no run after this many seconds (0: run every layout that fits)")
     ap.add_argument("--sim-replan", action="store_true",
-                    help="--sim-search: no runs; the planner's figures and the table again, from <out>/sim_results.json")
+                    help="--sim-search: no runs; the planner's figures and the table again, from "
+                         "<out>/sim_results.json")
     ap.add_argument("--only", action="append", default=[], help="--sim-search: only this layout, e.g. 8x4x2")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"), help="where bin/sl_plan is")
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the search (the placement runs use 8)")

@@ -14,9 +14,10 @@
 #   scripts/scale_demo.sh --dry-run --labs "03 07"          each run's command line (or why it is skipped), no runs
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
 #   --out DIR (default runs/scale_demo/<utc time>)   --labs "03 04" (default: every lab with scale-demo rows)
-#   --device auto|cpu|cuda|sim   --sim (= --device sim)   --timing-only (with --sim)   --sim-gpu h100|h200|a100|rtx4090 (default h100)
-#   --max-ranks N (default: the GPUs, else the cores; at most 8; timing-only: 64)   --oversubscribe-ok (CPU: more ranks x threads
-#   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
+#   --device auto|cpu|cuda|sim   --sim (= --device sim)   --timing-only (with --sim)
+#   --sim-gpu h100|h200|a100|rtx4090 (default h100)
+#   --max-ranks N (default: the GPUs, else the cores; at most 8; timing-only: 64)
+#   --oversubscribe-ok (CPU: more ranks x threads than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
 #   (CPU ranks, labs 03-07; sim: replaces the sim backend's own links)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
@@ -40,7 +41,8 @@
 # x dp). On CPU ranks (and GPUs) lab 07 stays tp 2 x pp 2 x dp N/4. A run that does not fit the simulated
 # GPU's memory is a row "does not fit" (its out-of-memory line), not a failure: gpt-7b's 105 GB of model state
 # fits no single 80 GB H100, so labs 01 and 03 (one full copy per rank) show where sharding starts to matter.
-#   scripts/scale_demo.sh --sim --model gpt-7b --steps 3 --labs "04 05 06 07"     1 to 64 simulated H100
+#   scripts/scale_demo.sh --sim --model gpt-7b --steps 2    1 to 64 simulated H100 (docs/simulation.md, "The
+#   scale demo at 64 simulated GPUs": the table, and 1330 s of wall time on 2 busy cores)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -98,7 +100,7 @@ while [[ $# -gt 0 ]]; do
     --sim) DEVICE=sim; shift ;;
     --timing-only) TIMING_ONLY=1; shift ;;
     --sim-gpu) need_value "$@"; SIM_GPU="$2"; DEVICE=sim; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -218,7 +220,8 @@ grid_of() {  # "tp pp" of lab 07's row at $1 ranks
   echo "$tp $(( n / tp < 4 ? n / tp : 4 ))"
 }
 [[ -n "${HEADS[$MODEL]:-}" ]] || die "--model '$MODEL' is not a preset" "use one of: ${!HEADS[*]}"
-declare -A PROG SINGLE NODES  # per lab: its reference program; 1 for a one-process program; 1 if it takes --ranks-per-node
+# per lab: its reference program; 1 for a one-process program; 1 if it takes --ranks-per-node
+declare -A PROG SINGLE NODES
 for lab in $LABS; do
   eval "$(labs_py shell "$lab" --track reference)"
   PROG[$lab]="$lab_exe"; SINGLE[$lab]="$lab_single_process"

@@ -332,7 +332,8 @@ def scale_row(lab, env):
     """("skip", why) or ("run", [args]) for one run of the scale demo: lab at env["N"] ranks.
     env: N ranks, B micro-batch, G global batch (sequences per step), S ZeRO stage, heads and layers of the
     model, model its name, node the ranks of one node (the largest tensor-parallel group), grid_tp and grid_pp
-    lab 07's tp and pp at N ranks (scripts/scale_demo.sh's rule). A skip entry's "if" is an expression; the first that holds skips the run."""
+    lab 07's tp and pp at N ranks (scripts/scale_demo.sh's rule). A skip entry's "if" is an expression; the
+    first that holds skips the run."""
     sd = lab["scale_demo"]
     skip = sd.get("skip", [])
     if not isinstance(skip, list):
@@ -447,7 +448,8 @@ def main(argv=None):
     p.add_argument("--track", choices=["learner", "reference"], default="reference")
     p = sub.add_parser("scale-row", help="one run of the scale demo: skip + why, or run + its arguments")
     p.add_argument("number")
-    p.add_argument("vars", nargs="*", help="NAME=VALUE: N, B, G, S, heads, layers, node, grid_tp, grid_pp (integers), model")
+    p.add_argument("vars", nargs="*",
+                   help="NAME=VALUE: N, B, G, S, heads, layers, node, grid_tp, grid_pp (integers), model")
     sub.add_parser("check", help="every manifest against its folders and the labs tables")
     p = sub.add_parser("tables", help="the labs tables of README.md and docs/design.md")
     p.add_argument("--write", action="store_true", help="rewrite them from the manifests")
