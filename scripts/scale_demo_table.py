@@ -170,8 +170,9 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             if (run.info.get("simulated") or run.config.get("link", "none") != "none") and not sim_default_links:
                 link = f"simulated link {run.config.get('link')}"
                 if run.info.get("device") == "sim" and run.config.get("ranks_per_node"):  # --ranks-per-node
-                    link = (f"nodes of {run.config['ranks_per_node']}: {run.config.get('link')} inside, "
-                            f"{run.config.get('inter_link')} across")
+                    inter = run.config.get("inter_link")  # lab 05's record names only the link inside
+                    link = (f"nodes of {run.config['ranks_per_node']}: {run.config.get('link')} inside"
+                            + (f", {inter} across" if inter else ""))
                 elif run.info.get("device") == "sim" and n > 1:  # the launcher's ranks: one machine, one node
                     link = f"one node: {run.config.get('link')}"
                 row["note"] = f"{row['note']}; {link}" if row["note"] else link
