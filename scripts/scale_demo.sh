@@ -14,9 +14,10 @@
 #   scripts/scale_demo.sh --dry-run --labs "03 07"          each run's command line (or why it is skipped), no runs
 # Options: --build-dir DIR (default build)   --data DIR (default data/kjv)   --steps N (default 20)
 #   --out DIR (default runs/scale_demo/<utc time>)   --labs "03 04" (default: every lab with scale-demo rows)
-#   --device auto|cpu|cuda|sim   --sim (= --device sim)   --sim-gpu h100|h200|a100|rtx4090 (default h100)
-#   --max-ranks N (default: the GPUs, else the cores; at most 8)   --oversubscribe-ok (CPU: more ranks x threads
-#   than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
+#   --device auto|cpu|cuda|sim   --sim (= --device sim)   --timing-only (with --sim)
+#   --sim-gpu h100|h200|a100|rtx4090 (default h100)
+#   --max-ranks N (default: the GPUs, else the cores; at most 8; timing-only: 64)
+#   --oversubscribe-ok (CPU: more ranks x threads than cores; those rows are marked "oversubscribed: timings not meaningful")   --threads-per-rank N (CPU;
 #   default cores / max-ranks)   --model NAME, --micro-batch B, --seq-len T (defaults CPU: demo, 4, 64 (tiny: 16);
 #   GPU: d12, 8, 1024)   --precision fp32|bf16   --stage S (lab 04; default 3)   --link PRESET, --link-slowdown F
 #   (CPU ranks, labs 03-07; sim: replaces the sim backend's own links)   --launcher "CMD" (default "mpirun --oversubscribe --bind-to none"; a cluster:
@@ -30,6 +31,18 @@
 # --sim: every rank a simulated GPU (--device sim --backend sim, docs/simulation.md): times, tokens/s and MFU
 # are virtual, the simulated GPU's, whatever the machine's cores and load (no rank count is oversubscribed);
 # the arithmetic is real and runs on the CPU, so the defaults stay the CPU's small model.
+# --sim with a model at the lesson's sizes (gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b; or --timing-only):
+# timing-only runs (docs/simulation.md "Timing-only runs": time and memory, no arithmetic), up to 64 ranks
+# (the default --max-ranks), bf16, micro-batch 4 x T 1024 (gpt2-*) or 1 x T 2048 (gpt-7b, gpt-70b). Nodes of
+# 8 simulated GPUs: labs 05 and 07 get --ranks-per-node 8 (NVLink inside a node, InfiniBand across); labs 03,
+# 04 and 06 have no such option and their ranks share one node's links. Lab 05: tp = gcd(N, heads, 8), within
+# a node, the rest dp. Lab 07 (the 3D rule): tp fills a node, tp = gcd(min(8, N/2), heads) (at most N/2, so
+# that pp >= 2), pp = min(4, N/tp), dp the rest: 4 ranks 2x2x1, 8 4x2x1, 16 8x2x1, 32 8x4x1, 64 8x4x2 (tp x pp
+# x dp). On CPU ranks (and GPUs) lab 07 stays tp 2 x pp 2 x dp N/4. A run that does not fit the simulated
+# GPU's memory is a row "does not fit" (its out-of-memory line), not a failure: gpt-7b's 105 GB of model state
+# fits no single 80 GB H100, so labs 01 and 03 (one full copy per rank) show where sharding starts to matter.
+#   scripts/scale_demo.sh --sim --model gpt-7b --steps 2    1 to 64 simulated H100 (docs/simulation.md, "The
+#   scale demo at 64 simulated GPUs": the table, and 1330 s of wall time on 2 busy cores)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,7 +59,8 @@ OVERSUB_OK=0
 DEVICE="auto"
 MICRO_BATCH=""
 SEQ_LEN=""
-PRECISION="fp32"
+PRECISION=""
+TIMING_ONLY=0
 STAGE=3
 THREADS=""
 LINK="none"
@@ -84,8 +98,9 @@ while [[ $# -gt 0 ]]; do
     --timeout-s) TIMEOUT_S="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --sim) DEVICE=sim; shift ;;
+    --timing-only) TIMING_ONLY=1; shift ;;
     --sim-gpu) need_value "$@"; SIM_GPU="$2"; DEVICE=sim; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" "see scripts/scale_demo.sh --help" ;;
   esac
 done
@@ -129,9 +144,16 @@ case "$DEVICE" in
           "cmake -S . -B $BUILD -G Ninja -DSL_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=<sm, e.g. 90> && cmake --build $BUILD" ;;
   *) die "--device '$DEVICE'" "use auto, cpu, cuda or sim" ;;
 esac
+# A model at the lesson's sizes on the simulated cluster: timing-only (its arithmetic would not fit this machine).
+LESSON_SIZES="gpt2-124m gpt2-350m gpt2-1.5b gpt-7b gpt-70b"
+[[ "$DEVICE" == sim && " $LESSON_SIZES " == *" $MODEL "* ]] && TIMING_ONLY=1
+if (( TIMING_ONLY )) && [[ "$DEVICE" != sim ]]; then
+  die "--timing-only times a simulated GPU" "add --sim (--device sim)"
+fi
 if [[ -z "$MAX_RANKS" ]]; then
   if [[ "$DEVICE" == cuda ]]; then MAX_RANKS=$(( gpus > 0 ? gpus : 1 )); else MAX_RANKS=$cores; fi
   (( MAX_RANKS <= 8 )) || MAX_RANKS=8
+  (( ! TIMING_ONLY )) || MAX_RANKS=64  # virtual time, no arithmetic: 64 ranks fit 2 cores
 fi
 is_int "$MAX_RANKS" && (( MAX_RANKS >= 1 )) || die "--max-ranks '$MAX_RANKS' is not a whole number >= 1"
 if [[ "$DEVICE" == cuda && "$LINK" != none ]]; then
@@ -145,10 +167,17 @@ fi
 # GPT-2 124M shapes (d12) at T=1024 to have enough work per step for its time to mean anything.
 if [[ "$DEVICE" == cuda ]]; then
   : "${MODEL:=d12}" "${MICRO_BATCH:=8}" "${SEQ_LEN:=1024}"
+elif (( TIMING_ONLY )); then  # the lesson's sizes: GPT-2's context, or 2048 tokens of a 7B/70B sequence
+  : "${MODEL:=gpt2-124m}" "${PRECISION:=bf16}"
+  case "$MODEL" in
+    gpt-7b|gpt-70b) : "${MICRO_BATCH:=1}" "${SEQ_LEN:=2048}" ;;
+    *) : "${MICRO_BATCH:=4}" "${SEQ_LEN:=1024}" ;;
+  esac
 else
   : "${MODEL:=demo}" "${MICRO_BATCH:=4}"
   [[ -n "$SEQ_LEN" ]] || { SEQ_LEN=64; [[ "$MODEL" == tiny ]] && SEQ_LEN=16; }  # tiny: max_seq_len 16
 fi
+: "${PRECISION:=fp32}"
 for kv in "--micro-batch $MICRO_BATCH" "--seq-len $SEQ_LEN"; do
   is_int "${kv#* }" && (( ${kv#* } >= 1 )) || die "${kv% *} '${kv#* }' is not a whole number >= 1"
 done
@@ -174,16 +203,33 @@ GLOBAL_BATCH=$(( MICRO_BATCH * largest ))  # sequences per optimizer step at eve
 # ---- what the runs need ----
 # Lab 05 splits the heads: tp must divide n_head; lab 06 the layers: at most n_layer stages; lab 07 both
 # (common/src/model/gpt2_layout.cpp presets). A lab's "skip" conditions and arguments read them.
-declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25)
-declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48)
+declare -A HEADS=([tiny]=2 [demo]=4 [d12]=12 [d24]=16 [d36]=20 [d48]=25
+                  [gpt2-124m]=12 [gpt2-350m]=16 [gpt2-1.5b]=25 [gpt-7b]=32 [gpt-70b]=64)
+declare -A LAYERS=([tiny]=2 [demo]=4 [d12]=12 [d24]=24 [d36]=36 [d48]=48
+                   [gpt2-124m]=12 [gpt2-350m]=24 [gpt2-1.5b]=48 [gpt-7b]=32 [gpt-70b]=80)
+# Nodes, and lab 07's grid at N ranks (the rows' "node", "grid_tp", "grid_pp"; the rule in the header): on
+# the simulated cluster nodes of 8 GPUs, tensor parallelism inside one; elsewhere the ranks of one machine.
+NODE=$largest
+(( TIMING_ONLY )) && NODE=8
+[[ "$DEVICE" == sim ]] && (( NODE > 8 )) && NODE=8
+gcd() { local a=$1 b=$2 t; while (( b )); do t=$((a % b)); a=$b; b=$t; done; echo "$a"; }
+grid_of() {  # "tp pp" of lab 07's row at $1 ranks
+  local n=$1 tp
+  if (( ! TIMING_ONLY || n < 4 )); then echo "2 2"; return; fi
+  tp=$(( n / 2 < 8 ? n / 2 : 8 )); tp=$(gcd "$tp" "${HEADS[$MODEL]:-1}")
+  echo "$tp $(( n / tp < 4 ? n / tp : 4 ))"
+}
 [[ -n "${HEADS[$MODEL]:-}" ]] || die "--model '$MODEL' is not a preset" "use one of: ${!HEADS[*]}"
-declare -A PROG SINGLE  # per lab: its reference program; 1 for a one-process program
+# per lab: its reference program; 1 for a one-process program; 1 if it takes --ranks-per-node
+declare -A PROG SINGLE NODES
 for lab in $LABS; do
   eval "$(labs_py shell "$lab" --track reference)"
   PROG[$lab]="$lab_exe"; SINGLE[$lab]="$lab_single_process"
   target="${lab_target:-lab${lab}_${lab_name}_ref}"
   [[ -n "$lab_exe" && -x "$lab_exe" ]] || die "lab $lab's reference program ${lab_exe:-(not in $BUILD/labs.json)} not found" \
     "build first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD --target $target (or pass --build-dir)"
+  NODES[$lab]=0
+  [[ "$("$lab_exe" --help 2>/dev/null || true)" == *--ranks-per-node* ]] && NODES[$lab]=1
 done
 read -r -a launcher <<< "$LAUNCHER"
 command -v "${launcher[0]}" >/dev/null 2>&1 || die "launcher '${launcher[0]}' not found" \
@@ -219,6 +265,7 @@ echo "   load average $load on $cores cores before the runs (other work on the m
 common=(--data "$DATA" --model "$MODEL" --seq-len "$SEQ_LEN" --steps "$STEPS" --device "$DEVICE" --quiet
         --precision "$PRECISION"
         --val-every 0 --val-batches 1 --sample-tokens 0 --log-dir "$LOGS")
+(( TIMING_ONLY )) && common+=(--timing-only)
 [[ "$DEVICE" == cpu || "$DEVICE" == sim ]] && common+=(--threads "$THREADS")
 [[ "$DEVICE" == sim ]] && common+=(--sim-gpu "$SIM_GPU")
 failed=0
@@ -228,8 +275,10 @@ for lab in $LABS; do
     run_id="scale-lab$lab-np$np"
     # The lab's own arguments at np ranks, or why it skips them: its manifest's "scale_demo" (its "why" says why
     # those arguments), evaluated by scripts/lib/labs.py with this run's numbers.
+    read -r grid_tp grid_pp <<< "$(grid_of "$np")"
     row_text=$(labs_py scale-row "$lab" N="$np" B="$MICRO_BATCH" G="$GLOBAL_BATCH" S="$STAGE" \
-               heads="${HEADS[$MODEL]}" layers="${LAYERS[$MODEL]}" model="$MODEL") \
+               heads="${HEADS[$MODEL]}" layers="${LAYERS[$MODEL]}" model="$MODEL" node="$NODE" \
+               grid_tp="$grid_tp" grid_pp="$grid_pp") \
       || die "lab $lab's scale-demo row at $np ranks (above)" "python3 scripts/lib/labs.py check"
     mapfile -t row <<< "$row_text"
     args=("${common[@]}" --run-id "$run_id" "${row[@]:1}")
@@ -237,6 +286,7 @@ for lab in $LABS; do
       args+=(--link "$LINK" --link-slowdown "$LINK_SLOWDOWN")
       [[ "$DEVICE" == cuda && $np -gt 1 ]] && args+=(--backend nccl)
       [[ "$DEVICE" == sim && $np -gt 1 ]] && args+=(--backend sim)
+      [[ "$DEVICE" == sim && $np -gt 1 ]] && (( NODES[$lab] )) && args+=(--ranks-per-node 8)
     fi
     oversub=0
     [[ "$DEVICE" == cpu ]] && (( np * THREADS > cores )) && oversub=1
@@ -259,9 +309,12 @@ for lab in $LABS; do
     t0=$SECONDS
     status=ok
     "${wrap[@]}" "${launcher[@]}" "$np_flag" "$np" "${PROG[$lab]}" "${args[@]}" > "$output" 2>&1 || status=failed
-    printf '   lab %s at %d rank%s: %s in %d s%s\n' "$lab" "$np" "$([[ $np == 1 ]] || echo s)" "$status" \
+    # On a simulated GPU, memory is a result: a layout too big for it is a row that says so, not a failure.
+    [[ "$status" == failed && "$DEVICE" == sim ]] && grep -q "out of memory on sim" "$output" && status=oom
+    printf '   lab %s at %d rank%s: %s in %d s%s\n' "$lab" "$np" "$([[ $np == 1 ]] || echo s)" \
+      "$([[ $status == oom ]] && echo "does not fit the simulated GPU's memory" || echo "$status")" \
       $((SECONDS - t0)) "$([[ $oversub == 1 ]] && echo " (oversubscribed)")"
-    if [[ "$status" != ok ]]; then
+    if [[ "$status" == failed ]]; then
       failed=$((failed + 1))
       tail -n 15 "$output" | sed 's/^/     | /' >&2
     fi
@@ -275,7 +328,7 @@ done
 # ---- the table and the plot ----
 { printf 'scripts/scale_demo.sh'; printf ' %q' "${args_given[@]}"; echo; } > "$OUT/command.txt"
 "$VENV/bin/python" scripts/scale_demo_table.py --manifest "$manifest" --out "$OUT" --cores "$cores" \
-  --device "$DEVICE" --load "$load" --command "$(cat "$OUT/command.txt")" \
+  --device "$DEVICE" --load "$load" --wall-s "$((SECONDS - t_start))" --command "$(cat "$OUT/command.txt")" \
   || die "making the table failed (above)" "the run logs are in $LOGS"
 echo "   total $((SECONDS - t_start)) s"
 (( failed == 0 )) || die "$failed run(s) failed: their rows say FAILED; outputs in $OUT/lab*_np*.out"

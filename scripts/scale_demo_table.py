@@ -15,7 +15,8 @@ Columns (per run; "per rank" values are the largest over its ranks):
   exposed comm    comm_ms / step_ms over the timed steps: the part of the step spent waiting for communication
   efficiency      tokens/s at N ranks / (N x tokens/s of the same lab at 1 rank); 1.0 is linear scaling (lab 07
                   has no 1-rank run: "-")
-  note            oversubscribed, a simulated link, a failed run, "skipped:" and why (the lab's manifest); then
+  note            oversubscribed, a simulated link, a failed run, "skipped:" and why (the lab's manifest), "does
+                  not fit:" (a simulated GPU's out-of-memory: what would have been in use, and its memory); then
                   as the manifest's "table_note" says: "batch" (lab 01) the batch per step; "pipeline" (lab 06)
                   its schedule, m and measured bubble beside the formula (a stage idle in a receive also counts as
                   exposed comm); "grid" (lab 07) its grid (tp x pp x dp, order), then as "pipeline"
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +78,20 @@ def memory_peak_bytes(run: sl.Run) -> float:
     return math.nan
 
 
+OOM_LINE = re.compile(r"out of memory on \S+: \d+ bytes for (\w+) would make (\d+) bytes in use, cap is (\d+) bytes")
+
+
+def oom_note(output: Path) -> str:
+    """The row of a run that did not fit its simulated GPU (scale_demo.sh's status "oom"): which allocation
+    failed and how much would have been in use, from the run's output."""
+    text = output.read_text(encoding="utf-8", errors="replace") if output.is_file() else ""
+    m = OOM_LINE.search(text)
+    if not m:
+        return "does not fit the simulated GPU's memory"
+    category, want, cap = m.group(1), int(m.group(2)), int(m.group(3))
+    return f"does not fit: {category} would make {want / 1e9:.1f} GB in use of the simulated GPU's {cap / 1e9:.0f} GB"
+
+
 def last_of_rank0(frame: pd.DataFrame, key: str) -> float:
     if frame.empty or key not in frame:
         return math.nan
@@ -122,6 +138,10 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 row["note"] = out.read_text(encoding="utf-8").strip() if out.is_file() else "skipped"
                 rows.append(row)
                 continue
+            if m.status == "oom":  # a simulated GPU too small for this layout: a result, not a failure
+                row["note"] = oom_note(Path(m.output))
+                rows.append(row)
+                continue
             if m.status != "ok" or run is None:
                 row["note"] = f"FAILED: see {Path(m.output).name}"
                 rows.append(row)
@@ -149,6 +169,12 @@ def build_table(manifest: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             sim_default_links = run.info.get("device") == "sim" and run.config.get("link", "none") == "none"
             if (run.info.get("simulated") or run.config.get("link", "none") != "none") and not sim_default_links:
                 link = f"simulated link {run.config.get('link')}"
+                if run.info.get("device") == "sim" and run.config.get("ranks_per_node"):  # --ranks-per-node
+                    inter = run.config.get("inter_link")  # lab 05's record names only the link inside
+                    link = (f"nodes of {run.config['ranks_per_node']}: {run.config.get('link')} inside"
+                            + (f", {inter} across" if inter else ""))
+                elif run.info.get("device") == "sim" and n > 1:  # the launcher's ranks: one machine, one node
+                    link = f"one node: {run.config.get('link')}"
                 row["note"] = f"{row['note']}; {link}" if row["note"] else link
             if int(m.oversubscribed):
                 row["note"] = f"{row['note']}; {OVERSUBSCRIBED}" if row["note"] else OVERSUBSCRIBED
@@ -175,12 +201,13 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def plot(table: pd.DataFrame, path: Path, title: str) -> None:
-    fig, (ax_tps, ax_eff) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_tps, ax_eff, ax_mem) = plt.subplots(1, 3, figsize=(15, 4))
     ok = table[table["tokens_per_s"].notna()]
     for lab, g in ok.groupby("lab", sort=True):
         g = g.sort_values("ranks")
         (line,) = ax_tps.plot(g["ranks"], g["tokens_per_s"], "o-", label=lab)
         ax_eff.plot(g["ranks"], g["efficiency"], "o-", color=line.get_color(), label=lab)
+        ax_mem.plot(g["ranks"], g["memory_per_rank_mib"] / 1024, "o-", color=line.get_color(), label=lab)
         one = g[g["ranks"] == 1]["tokens_per_s"]
         if len(g) > 1 and not one.empty:  # linear scaling from this lab's 1-rank run
             ax_tps.plot(g["ranks"], one.iloc[0] * g["ranks"], "--", lw=0.8, color=line.get_color())
@@ -194,6 +221,14 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
     top = max(1.2, float(ok["efficiency"].max()) * 1.1) if ok["efficiency"].notna().any() else 1.2
     ax_eff.set(xlabel="ranks", ylabel="tokens/s / (N x 1-rank tokens/s)", title="scaling efficiency",
                xticks=ranks, ylim=(0, top))
+    ax_mem.set(xlabel="ranks", ylabel="GiB (peak, the fullest rank)", title="memory per rank", xticks=ranks,
+               ylim=(0, None))
+    if max(ranks) > 8:  # 1 to 64 ranks: powers of two evenly spaced
+        for ax in (ax_tps, ax_eff, ax_mem):
+            ax.set_xscale("log", base=2)
+            ax.set_xlim(min(ranks) / 1.4, max(ranks) * 1.4)  # an axis with no point (efficiency without a
+            ax.set_xticks(ranks, [str(n) for n in ranks])     # 1-rank run) still has a range to scale
+            ax.minorticks_off()
     ax_tps.legend(fontsize=8)
     ax_eff.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
@@ -209,6 +244,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--command", default="", help="the command line, repeated in the markdown")
     p.add_argument("--load", default="", help="the machine's load average when the runs started")
+    p.add_argument("--wall-s", type=float, default=None, help="the runs' wall time on this machine, seconds")
     a = p.parse_args()
     manifest = pd.read_csv(a.manifest, sep="\t", dtype={"lab": str})
     table, peaks = build_table(manifest)
@@ -232,9 +268,11 @@ def main() -> int:
     header = "no run finished" if first is None else (f"model {cfg.get('model', '?')} ({cfg.get('n_params', '?')} params), global batch {global_batch} x "
               f"T={cfg.get('T', '?')}, {cfg.get('steps', '?')} steps, {device}"
               + (f", {a.cores} cores ({info.get('cpu_model', '')})" if a.device == "cpu" else "")
-              + (", the arithmetic on this machine's CPU" if a.device == "sim" else "")
+              + (", timing only (no arithmetic; memory per rank as the simulated GPU counts it)"
+                 if info.get("timing_only") else ", the arithmetic on this machine's CPU" if a.device == "sim" else "")
               + (f", load average {a.load} at the start" if a.load else "")
-              + f", commit {sha}, {info.get('start_time', '')}")
+              + f", commit {sha}, {info.get('start_time', '')}"
+              + (f"; the runs took {a.wall_s:.0f} s of wall time on this machine" if a.wall_s is not None else ""))
     peak_notes = "\n".join(f"[{i + 1}] peak {s}" for i, s in enumerate(peaks))
     md = markdown(table)
     text = f"{header}\n\n{md}\n\n{peak_notes}\n"

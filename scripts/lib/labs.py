@@ -35,7 +35,8 @@ The manifest's fields (FIELDS below; docs/design.md lists them with an example):
 Command line (bash scripts use it; `--build-dir B` reads B/labs.json where it exists):
   labs.py list [--graded|--program|--notebooks|--scale-demo|--sim] [--build-dir B]   the numbers, one a line
   labs.py shell NN [--track learner|reference] [--build-dir B]   shell assignments lab_* (lab_exists=0: none)
-  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo   "skip" + why, or "run" + one arg a line
+  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo node=8 grid_tp=2 grid_pp=2
+                                               "skip" + why, or "run" + one arg a line
   labs.py check [--root R]                     every manifest against its folders (exit 1 with a list)
   labs.py tables [--write] [--root R]          the labs tables of README.md and docs/design.md against the
                                                manifests (--write rewrites them)
@@ -263,7 +264,7 @@ def _scale_demo_problems(lab):
         problems.append("the lab has no program to run")
     if sd.get("table_note") not in SCALE_NOTES:
         problems.append(f"table_note {sd.get('table_note')!r} is not one of {', '.join(str(n) for n in SCALE_NOTES)}")
-    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo")
+    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo", node=8, grid_tp=2, grid_pp=2)
     try:
         scale_row(lab, example)
     except (ManifestError, KeyError, TypeError) as e:
@@ -330,7 +331,9 @@ def expand(text, env):
 def scale_row(lab, env):
     """("skip", why) or ("run", [args]) for one run of the scale demo: lab at env["N"] ranks.
     env: N ranks, B micro-batch, G global batch (sequences per step), S ZeRO stage, heads and layers of the
-    model, model its name. A skip entry's "if" is an expression; the first that holds skips the run."""
+    model, model its name, node the ranks of one node (the largest tensor-parallel group), grid_tp and grid_pp
+    lab 07's tp and pp at N ranks (scripts/scale_demo.sh's rule). A skip entry's "if" is an expression; the
+    first that holds skips the run."""
     sd = lab["scale_demo"]
     skip = sd.get("skip", [])
     if not isinstance(skip, list):
@@ -445,7 +448,8 @@ def main(argv=None):
     p.add_argument("--track", choices=["learner", "reference"], default="reference")
     p = sub.add_parser("scale-row", help="one run of the scale demo: skip + why, or run + its arguments")
     p.add_argument("number")
-    p.add_argument("vars", nargs="*", help="NAME=VALUE: N, B, G, S, heads, layers (integers), model")
+    p.add_argument("vars", nargs="*",
+                   help="NAME=VALUE: N, B, G, S, heads, layers, node, grid_tp, grid_pp (integers), model")
     sub.add_parser("check", help="every manifest against its folders and the labs tables")
     p = sub.add_parser("tables", help="the labs tables of README.md and docs/design.md")
     p.add_argument("--write", action="store_true", help="rewrite them from the manifests")

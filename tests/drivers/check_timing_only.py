@@ -5,6 +5,7 @@
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab03     lab 03 (DDP), GPT-2 124M, 8 ranks
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab04     lab 04 ZeRO-3, the same
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab07-7b  lab 07, 7B, tp 8 x pp 4 x dp 2 (slow)
+  python3 tests/drivers/check_timing_only.py --build-dir build --case lab07-7b-16  lab 07, 7B, tp 4 x pp 2 x dp 2
   python3 tests/drivers/check_timing_only.py --build-dir build --case same-time the times of a real simulated run
   python3 tests/drivers/check_timing_only.py --build-dir build --case refusals  the refused option pairs
 
@@ -21,6 +22,9 @@ and the next ZeRO stage) must find differences, or the case fails ("the comparis
 --case lab07-7b: lab 07 with gpt-7b as tp 8 x pp 4 x dp 2 on 64 simulated H100 (nodes of 8), T 2048, micro-batch 1,
 m 8: it finishes, and the 16 ranks of the fullest stage (stage 0) equal the planner to the byte. 64 processes:
 15-90 s on 2 cores, with their load (label slow).
+--case lab07-7b-16: the same on 16 simulated H100 (2 nodes of 8) as tp 4 x pp 2 x dp 2, m 4: every rank of the
+planner's fullest stage equals it to the byte, and the planner's figure for micro-batch 2 must differ from the
+run's (the comparison can fail). 16 processes: a few seconds on 2 cores.
 --case same-time: lab 04 ZeRO-3 on the demo model, 2 ranks, with and without --timing-only: the same step times,
 tokens/s, MFU and exposed communication (relative 1e-9; --grad-clip 0, since a timing-only run clips nothing).
 --case refusals: --timing-only with --device cpu ends both ranks of a 2-rank run with a message naming
@@ -143,35 +147,65 @@ def check_case(a, case, logs):
     return problems
 
 
-def check_lab07_7b(a, logs):
-    """Lab 07, gpt-7b as tp 8 x pp 4 x dp 2 on 64 simulated H100 in nodes of 8, T 2048, micro-batch 1, m 8, 1F1B,
-    bf16, timing-only: it finishes its steps, and the fullest stage's ranks (stage 0) hold the planner's
-    figure to the byte (without ZeRO-1: lab 07's ZeRO-1 peaks during its setup, which the planner does not
-    model). 64 processes on the machine's cores: 15-90 s on 2, with the load of the machine."""
-    run_id = "timing-lab07-7b"
-    layout = ["--tp", "8", "--pp", "4", "--dp", "2", "--micro-batch", "1", "--micro-batches", "8"]
-    cmd = mpirun(64) + [os.path.join(a.build_dir, "bin", "reference", "lab07_parallel_3d"), "--device", "sim",
+LAB07_7B = {  # case: (tp, pp, dp, m) of gpt-7b, micro-batch 1, T 2048, nodes of 8
+    "lab07-7b": (8, 4, 2, 8),
+    "lab07-7b-16": (4, 2, 2, 4),
+}
+
+
+def layout_args(tp, pp, dp, micro_batch, micro_batches):
+    return ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--micro-batch", str(micro_batch), "--micro-batches",
+            str(micro_batches)]
+
+
+def plan_7b(a, ranks, layout, global_batch):
+    """sl_plan --json's memory of a gpt-7b layout on `ranks` H100 in nodes of 8: (fullest stage, {category: bytes}),
+    or the failure's text."""
+    plan_cmd = [os.path.join(a.build_dir, "bin", "sl_plan"), "--model", "gpt-7b", "--gpu", "h100", "--gpus",
+                str(ranks), "--gpus-per-node", "8", "--seq-len", "2048", "--global-batch", str(global_batch),
+                "--precision", "bf16", "--zero", "0", "--json"] + layout
+    prc, pout, _ = run(plan_cmd)
+    if prc != 0:
+        return None, f"sl_plan failed:\n  {' '.join(plan_cmd)}\n{pout[-2000:]}"
+    m = json.loads(pout[pout.index("{"):])["memory"]
+    return m["stage"], {c: m[f"{c}_bytes"] for c in CATEGORIES}
+
+
+def check_lab07_7b(a, logs, case):
+    """Lab 07, gpt-7b as tp x pp x dp (LAB07_7B) on simulated H100 in nodes of 8, T 2048, micro-batch 1, 1F1B,
+    bf16, timing-only: it finishes its steps, and the ranks of the planner's fullest stage hold its figure to
+    the byte (without ZeRO-1: lab 07's ZeRO-1 peaks during its setup, which the planner does not model); the
+    planner's figure for micro-batch 2 must differ (the comparison can tell). 64 processes on the machine's
+    cores: 15-90 s on 2, with the load of the machine; 16: a few seconds."""
+    tp, pp, dp, micro_batches = LAB07_7B[case]
+    ranks = tp * pp * dp
+    run_id = f"timing-{case}"
+    layout = layout_args(tp, pp, dp, 1, micro_batches)
+    cmd = mpirun(ranks) + [os.path.join(a.build_dir, "bin", "reference", "lab07_parallel_3d"), "--device", "sim",
                         "--timing-only", "--model", "gpt-7b", "--seq-len", "2048", "--ranks-per-node", "8",
                         "--precision", "bf16", "--steps", "2", "--warmup", "1", "--val-every", "0", "--val-batches",
                         "1", "--sample-tokens", "0", "--threads", "1", "--quiet", "--data", a.data, "--log-dir", logs,
                         "--run-id", run_id] + layout
     rc, out, wall = run(cmd)
-    print(f"lab07-7b: gpt-7b, tp 8 x pp 4 x dp 2 on 64 simulated H100, timing-only: exit {rc}, {wall:.1f} s wall")
+    print(f"{case}: gpt-7b, tp {tp} x pp {pp} x dp {dp} on {ranks} simulated H100, timing-only: exit {rc}, "
+          f"{wall:.1f} s wall")
     if rc != 0:
-        return [f"lab07-7b: exit {rc}\n  {' '.join(cmd)}\n{out[-3000:]}"]
-    plan_cmd = [os.path.join(a.build_dir, "bin", "sl_plan"), "--model", "gpt-7b", "--gpu", "h100", "--gpus", "64",
-                "--gpus-per-node", "8", "--seq-len", "2048", "--global-batch", "16", "--precision", "bf16",
-                "--zero", "0", "--json"] + layout
-    prc, pout, _ = run(plan_cmd)
-    if prc != 0:
-        return [f"sl_plan failed:\n  {' '.join(plan_cmd)}\n{pout[-2000:]}"]
-    m = json.loads(pout[pout.index("{"):])["memory"]
-    plan = {c: m[f"{c}_bytes"] for c in CATEGORIES}
-    problems = [] if m["stage"] == 0 else [f"lab07-7b: the planner's fullest stage is {m['stage']}, not 0"]
-    for rank in range(16):  # stage 0: world ranks 0-15 (order tp-dp-pp: tp 8 x dp 2 inside the first stage)
+        return [f"{case}: exit {rc}\n  {' '.join(cmd)}\n{out[-3000:]}"]
+    stage, plan = plan_7b(a, ranks, layout, dp * micro_batches)
+    if stage is None:
+        return [plan]
+    problems = []
+    # The stage's ranks: order tp-dp-pp puts the tp x dp ranks of one stage next to each other.
+    for rank in range(stage * tp * dp, (stage + 1) * tp * dp):
         steps = [r for r in rank_records(logs, "lab07", run_id, rank) if r["type"] == "step"]
         measured = {c: steps[-1][f"memory_{c}_peak_bytes"] for c in CATEGORIES}
-        problems += differences(measured, plan, f"lab07-7b rank {rank} vs the planner (sl_plan)")
+        problems += differences(measured, plan, f"{case} rank {rank} (stage {stage}) vs the planner (sl_plan)")
+    print(f"{case}: stage {stage}'s {tp * dp} ranks: " + ", ".join(f"{c} {measured[c]}" for c in CATEGORIES)
+          + f" bytes (last rank); planner: {'equal' if not problems else 'see below'}")
+    _, other = plan_7b(a, ranks, layout_args(tp, pp, dp, 2, micro_batches), 2 * dp * micro_batches)
+    if isinstance(other, str) or not differences(measured, other, ""):
+        problems.append(f"{case}: the planner's figure for micro-batch 2 equals this run's too (or failed): the "
+                        "comparison cannot tell")
     return problems
 
 
@@ -227,13 +261,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
-    ap.add_argument("--case", action="append", default=[], choices=sorted(CASES) + ["lab07-7b", "same-time", "refusals"])
+    ap.add_argument("--case", action="append", default=[],
+                    choices=sorted(CASES) + sorted(LAB07_7B) + ["same-time", "refusals"])
     a = ap.parse_args()
     failures = []
     with tempfile.TemporaryDirectory(prefix="sl-timing-") as logs:
         for case in a.case:
-            check = {"refusals": check_refusals, "same-time": check_same_time, "lab07-7b": check_lab07_7b}.get(case)
-            failures += check(a, logs) if check else check_case(a, case, logs)
+            check = {"refusals": check_refusals, "same-time": check_same_time}.get(case)
+            if case in LAB07_7B:
+                failures += check_lab07_7b(a, logs, case)
+            else:
+                failures += check(a, logs) if check else check_case(a, case, logs)
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0

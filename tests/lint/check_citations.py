@@ -35,6 +35,7 @@ NOT_IN_THIS_REPOSITORY = {
     "gpu_runs_row.md": "written by scripts/gpu_check.sh for docs/gpu_runs.md",
     "placement.md": "written by bench/placement_3d.py",
     "search.md": "written by bench/placement_3d.py",
+    "sim_search.md": "written by bench/placement_3d.py --sim-search",
     "bubble.md": "written by bench/pp_bubble_sweep.py",
     "published.md": "written by bench/plan_published.py",
     "validation.md": "written by bench/plan_validate.py",
