@@ -8,7 +8,10 @@ The cluster is the papers' (NVIDIA Selene: DGX A100 80 GB, 8 a node, 312 TFLOP/s
 NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as alpha-beta links: NVLink at 230 GB/s
 busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at 23 GB/s per GPU (one 200 Gb/s NIC a GPU:
 half the infiniband preset's 400 Gb/s figure), the presets' latencies; 16-bit activations on the wire, AdamW,
-no overlap of data-parallel communication. Each row is predicted three ways:
+no overlap of data-parallel communication, and Megatron-LM's pipeline scatter/gather (--pp-scatter-gather,
+Narayanan et al. 2021, Sec. 4.1, on by default in Megatron-LM): without sequence parallelism each of the 8
+tp ranks sends 1/8 of the (B, T, C) boundary over its own NIC, and the receiving stage all-gathers it over
+NVLink. Each row is predicted three ways:
   before   the FLOPs at ONE efficiency for every row (--efficiency, default 0.8: an assumed share of the
            datasheet peak for a large bf16 GEMM, not a measurement): only the matmuls and attention are priced,
            and the gradients are reduced in fp32 (the kit's). Optimistic.
@@ -76,7 +79,7 @@ def plan(a, heads, hidden, layers, tp, pp, dp, B, m, recompute, sp=False, v=1, p
            "--efficiency", str(a.efficiency), "--intra", "nvlink", "--intra-gbs", "230", "--inter", "infiniband",
            "--inter-gbs", "23", "--activation-bytes", "2", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp),
            "--micro-batch", str(B), "--micro-batches", str(m), "--global-batch", str(dp * B * m),
-           "--recompute", recompute, "--json"]
+           "--recompute", recompute, "--pp-scatter-gather", "--json"]
     cmd += ["--sp"] if sp else []
     cmd += ["--schedule", "interleaved", "--chunks", str(v)] if v > 1 else []
     if per_op is not None:  # the published runs' gradients: fp16, all-reduced in 16 bits (see the docstring)
