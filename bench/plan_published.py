@@ -8,7 +8,10 @@ The cluster is the papers' (NVIDIA Selene: DGX A100 80 GB, 8 a node, 312 TFLOP/s
 NVLink/NVSwitch inside a node, 8 HDR InfiniBand 200 Gb/s NICs a node) as alpha-beta links: NVLink at 230 GB/s
 busbw (nccl-tests all_reduce on 8 x A100, published), InfiniBand at 23 GB/s per GPU (one 200 Gb/s NIC a GPU:
 half the infiniband preset's 400 Gb/s figure), the presets' latencies; 16-bit activations on the wire, AdamW,
-no overlap of data-parallel communication. Each row is predicted three ways:
+no overlap of data-parallel communication, and Megatron-LM's pipeline scatter/gather (--pp-scatter-gather,
+Narayanan et al. 2021, Sec. 4.1, on by default in Megatron-LM): without sequence parallelism each of the 8
+tp ranks sends 1/8 of the (B, T, C) boundary over its own NIC, and the receiving stage all-gathers it over
+NVLink. Each row is predicted three ways:
   before   the FLOPs at ONE efficiency for every row (--efficiency, default 0.8: an assumed share of the
            datasheet peak for a large bf16 GEMM, not a measurement): only the matmuls and attention are priced,
            and the gradients are reduced in fp32 (the kit's). Optimistic.
@@ -28,8 +31,10 @@ no overlap of data-parallel communication. Each row is predicted three ways:
       table, GB per device for 7.5B, 128B and 1T parameters on 1..1024 devices.
   Megatron-LM (Narayanan et al. 2021, Table 1): per-GPU teraFLOP/s of GPT models from 1.7B to 1T, full
       recompute, sequence 2048, vocabulary 51200. The paper counts FLOPs with its Eq. 3 (recompute included):
-      the prediction is Eq. 3's FLOPs over the predicted step time. Not published per row: the micro-batch
-      and the interleaving; assumed here B = 1 and 1F1B (v = 1).
+      the prediction is Eq. 3's FLOPs over the predicted step time. Not in the paper: the micro-batch and the
+      interleaving; assumed here B = 1 and 1F1B (v = 1). --megatron-layouts sc21 takes them instead from
+      Megatron-LM's reproduction script of the table (examples/sc21/run_table_1.sh: B 16 down to 1,
+      interleaving on 76B-530B), SC21 below.
   Korthikanti et al. 2022 (Tables 3 and 5): iteration time of the 22B, 175B, 530B and 1T models with full
       recompute and with sequence parallelism + selective recompute (interleaved v = 3 for 175B and 530B).
 Writes <out>/published.md and prints it.
@@ -54,6 +59,10 @@ MEGATRON = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44), (3.6, 32, 3072, 30, 2, 
             (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45),
             (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50),
             (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52)]
+# Megatron-LM's examples/sc21/run_table_1.sh, per model of MEGATRON: (micro-batch, chunks v), v = the layers
+# of a stage over --num-layers-per-virtual-pipeline-stage
+SC21 = {1.7: (16, 1), 3.6: (16, 1), 7.5: (16, 1), 18.4: (8, 1), 39.1: (4, 1), 76.1: (2, 3), 145.6: (2, 2),
+        310.1: (1, 2), 529.6: (1, 3), 1008.0: (1, 1)}
 # Korthikanti et al. 2022, Table 3 (config) and Table 5 (seconds per iteration): name, heads, hidden, layers,
 # tp, pp, GPUs, global batch, micro-batch, chunks v, full recompute s, sequence parallel + selective s
 KORTHIKANTI = [("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10), ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75),
@@ -76,7 +85,7 @@ def plan(a, heads, hidden, layers, tp, pp, dp, B, m, recompute, sp=False, v=1, p
            "--efficiency", str(a.efficiency), "--intra", "nvlink", "--intra-gbs", "230", "--inter", "infiniband",
            "--inter-gbs", "23", "--activation-bytes", "2", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp),
            "--micro-batch", str(B), "--micro-batches", str(m), "--global-batch", str(dp * B * m),
-           "--recompute", recompute, "--json"]
+           "--recompute", recompute, "--pp-scatter-gather", "--json"]
     cmd += ["--sp"] if sp else []
     cmd += ["--schedule", "interleaved", "--chunks", str(v)] if v > 1 else []
     if per_op is not None:  # the published runs' gradients: fp16, all-reduced in 16 bits (see the docstring)
@@ -118,21 +127,23 @@ def predictions(a, fitted, *layout, **options):
 
 
 def megatron_table(a, fitted):
-    lines = ["| model | tp x pp x dp | batch | m | published TFLOP/s per GPU | before | error | per-op | error | "
+    lines = ["| model | tp x pp x dp | batch | B x m (v) | published TFLOP/s per GPU | before | error | per-op | error | "
              "fitted | error | bubble | tp | dp | optimizer |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     errors = {v: [] for v in VARIANTS}
     for params, heads, hidden, layers, tp, pp, gpus, batch, tflops, pct in MEGATRON:
         dp = gpus // (tp * pp)
-        m = batch // dp
+        B, v = SC21[params] if a.megatron_layouts == "sc21" else (1, 1)
+        m = batch // (dp * B)
         flops = 96 * batch * S * layers * hidden ** 2 * (1 + S / (6 * hidden) + V / (16 * layers * hidden))  # Eq. 3
         cells = []
-        for variant, step_ms in zip(VARIANTS, predictions(a, fitted, heads, hidden, layers, tp, pp, dp, 1, m, "full")):
+        for variant, step_ms in zip(VARIANTS, predictions(a, fitted, heads, hidden, layers, tp, pp, dp, B, m, "full",
+                                                                v=v)):
             predicted = flops / (step_ms / 1e3) / gpus / 1e12
             errors[variant].append(predicted / tflops - 1)
             cells += [f"{predicted:.0f}", f"{100 * errors[variant][-1]:+.1f} %"]
-        t = plan(a, heads, hidden, layers, tp, pp, dp, 1, m, "full", per_op=fitted)  # the fitted step's shares
-        lines.append(f"| {params}B | {tp} x {pp} x {dp} | {batch} | {m} | {tflops} ({pct} %) | " + " | ".join(cells) +
+        t = plan(a, heads, hidden, layers, tp, pp, dp, B, m, "full", v=v, per_op=fitted)  # the fitted step's shares
+        lines.append(f"| {params}B | {tp} x {pp} x {dp} | {batch} | {B} x {m} ({v}) | {tflops} ({pct} %) | " + " | ".join(cells) +
                      f" | {100 * t['bubble_ms'] / t['step_ms']:.0f} % | {100 * t['tp_ms'] * m / t['step_ms']:.0f} % | "
                      f"{100 * t['dp_ms'] / t['step_ms']:.0f} % | {100 * t['optimizer_ms'] / t['step_ms']:.1f} % |")
     return lines, errors
@@ -202,6 +213,9 @@ def main():
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--efficiency", type=float, default=0.8, help="one efficiency for every row")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "plan_published"))
+    ap.add_argument("--megatron-layouts", choices=("assumed", "sc21"), default="assumed",
+                    help="Megatron-LM's micro-batch and interleaving: assumed (B = 1, v = 1) or sc21 (Megatron-LM's "
+                         "examples/sc21/run_table_1.sh)")
     ap.add_argument("--max-mean-error", type=float, default=0,
                     help="exit 1 when a table's per-op mean |error| exceeds this fraction (0: never; ctest "
                          "lab09.published_tables)")
@@ -215,7 +229,7 @@ def main():
     kort, kort_err = korthikanti_table(a, fitted)
     effs = f"eff_matmul {fitted['matmul']:.3f}"
     text = ["## ZeRO, Table 1: GB per device (paper policy: 16-bit params and grads, K = 12)", ""] + zero_table(a) + [
-        "", f"## Megatron-LM, Table 1 (B = 1, 1F1B assumed; before: FLOPs at efficiency {a.efficiency}; per-op: the "
+        "", f"## Megatron-LM, Table 1 ({'B and v of run_table_1.sh' if a.megatron_layouts == 'sc21' else 'B = 1, 1F1B assumed'}; before: FLOPs at efficiency {a.efficiency}; per-op: the "
         f"simulated A100; fitted: per-op at {effs})", ""] + mega + [""] + summary("Megatron-LM", mega_err) + [
         "", f"## Korthikanti et al. 2022, Table 5 (before: FLOPs at efficiency {a.efficiency}; per-op: the simulated "
         f"A100; fitted: per-op at {effs}, fitted on the 22B rows)", ""] + kort + [""] + \

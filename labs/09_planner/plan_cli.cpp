@@ -181,6 +181,9 @@ int plan_main(int argc, char** argv) {
   app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)")
       ->check(driver::non_negative_int());
   app.add_flag("--overlap-dp", w.overlap_dp, "dp's communication overlaps the backward (lab 03's overlap)");
+  app.add_flag("--pp-scatter-gather", w.pp_scatter_gather,
+               "pp with tp > 1: each tp rank sends 1/tp of the boundary activation, all-gathered over tp where it "
+               "arrives (Megatron-LM's default; Narayanan et al. 2021, Sec. 4.1)");
   app.add_option("--top", top, "rows of the ranking to print")->capture_default_str()->check(driver::positive_int());
   app.add_option("--tokens", tokens, "with --days: the smallest power-of-two cluster that trains this many tokens")
       ->check(driver::finite_positive());

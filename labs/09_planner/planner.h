@@ -80,6 +80,10 @@ struct Workload {
                                   // frozen; adapters of this rank on the four matrices of every block train
   bool overlap_dp = false;        // dp's gradient communication runs during the backward it follows (lab 03's
                                   // overlap); false: after the last micro-batch, as labs 04-07 run
+  bool pp_scatter_gather = false;  // pp with tp > 1 and no sequence parallelism: each tp rank sends 1/tp of the
+                                  // boundary activation and the receiving stage all-gathers it over tp (Narayanan
+                                  // et al. 2021, Sec. 4.1, "scatter/gather"; Megatron-LM's default); false: every
+                                  // tp rank sends the whole (B, T, C), as lab 07 does
   bool grad_clipped = true;       // per-op pricing: the clipping's scale runs (the norm above --grad-clip, as early
                                   // in training); false: it does not (--grad-clip 0, or a --timing-only run, whose
                                   // norm reads 0)
@@ -284,7 +288,8 @@ StageFlops stage_flops(const GPTConfig& cfg, const Layout& x, int stage, const W
 // TODO(lab09-4): one micro-batch's communication on one device of stage `stage` (seconds, StageComm), and the
 // step's communication of that stage after its last backward (seconds). tp: Megatron's collectives of the
 // (B, T, C) activation (w.activation_bytes an element) in every block, the vocabulary-parallel embedding and
-// cross-entropy (fp32 row statistics); pp: one send each way per micro-batch. After the last backward: the
+// cross-entropy (fp32 row statistics); pp: one send each way per micro-batch (w.pp_scatter_gather: 1/tp of it
+// a rank, all-gathered over tp where it arrives, README.md#communication). After the last backward: the
 // gradient sync of the ZeRO stage unit by unit (dp), the tied wte's gradient all-reduce between the first
 // and last stage (embedding) and, under sequence parallelism, each layernorm weight's and bias's over tp.
 // Each call LinkModel::seconds on its group's link.

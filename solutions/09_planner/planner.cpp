@@ -106,9 +106,13 @@ StageComm stage_comm(const GPTConfig& cfg, const Layout& x, int stage, const Gro
       c.tp_s += (x.sequence_parallel ? tl.seconds("all_gather", act / n, n) + tl.seconds("reduce_scatter", act, n)
                                      : tl.seconds("all_reduce", act, n)) +
                 tl.seconds("all_reduce", BT * 4, n) + tl.seconds("all_reduce", BT * 8, n);
-    // the activation forward unless the last virtual stage, its gradient back unless the first
-    const int64_t boundary = x.sequence_parallel ? act / n : act;
-    c.pp_s += ((s.has_head ? 0 : 1) + (s.has_embedding ? 0 : 1)) * links.pp.seconds("send", boundary, 2);
+    // the activation forward unless the last virtual stage, its gradient back unless the first: 1/tp of it
+    // a rank under sequence parallelism, or under Megatron's scatter/gather, which all-gathers it on arrival
+    const int sends = (s.has_head ? 0 : 1) + (s.has_embedding ? 0 : 1);
+    const bool scatter_gather = w.pp_scatter_gather && n > 1 && !x.sequence_parallel;
+    const int64_t boundary = x.sequence_parallel || scatter_gather ? act / n : act;
+    c.pp_s += sends * links.pp.seconds("send", boundary, 2);
+    if (scatter_gather) c.pp_s += sends * tl.seconds("all_gather", boundary, n);
   }
   // TODO(lab09-4) END
   return c;

@@ -252,13 +252,19 @@ TEST(Lab09Planner, ComputeTermsMatchTheModel) {
 
 TEST(Lab09Planner, CommunicationTermsMatchTheModel) {
   const grading::Check check{"lab09.communication_terms_match_the_model", 3,
-                             "every stage of 11 layouts on nodes of 8 and of 2 (NVLink inside, InfiniBand "
+                             "every stage of 11 layouts, and of tp 4 x pp 2 with Megatron's pp scatter/gather, "
+                             "on nodes of 8 and of 2 (NVLink inside, InfiniBand "
                              "across): tp and pp seconds per micro-batch and the step's dp seconds equal the "
                              "model's (relative 1e-9); with no links, all 0",
                              "README 'Communication': which collectives each group runs, how many, how large"};
   grading::run(check, [](grading::Record& record) {
     int n = 0;
-    for (const Case& c : cases())
+    std::vector<Case> all = cases();
+    Workload scatter_gather = workload(256, 16);
+    scatter_gather.pp_scatter_gather = true;  // each tp rank sends 1/tp of the boundary, gathered on arrival
+    all.push_back({"d12, tp 4 pp 2 pp scatter/gather", GPTConfig::preset("d12"), scatter_gather,
+                   layout(4, 2, 1, 2, 8)});
+    for (const Case& c : all)
       for (int per_node : {8, 2}) {
         const GroupLinks links = group_links(cluster_for(c.x, per_node, false), c.x);
         for (int s = 0; s < c.x.pp; ++s, ++n) {

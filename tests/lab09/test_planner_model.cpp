@@ -114,6 +114,38 @@ TEST(PlannerModel, FullRecomputeAddsAForwardOfTheBlocksAndItsCollectives) {
   EXPECT_NEAR(none.tp_ms, 1e3 * ((4 * L + 2) * ar + ce), 1e-9);
 }
 
+// The pipeline's boundary under tp: each of the tp ranks sends the whole (B, T, C) activation (lab 07), or,
+// with Megatron-LM's scatter/gather (Narayanan et al. 2021, Sec. 4.1), 1/tp of it over the pp link and the
+// receiver all-gathers it over tp; sequence parallelism already sends 1/tp and gathers nothing more.
+// Stage 0 of pp 2 sends its activation forward and receives one gradient: one message and one gather.
+TEST(PlannerModel, ScatterGatherSendsATpthOfTheBoundaryAndGathersItOverTp) {
+  const GPTConfig cfg = GPTConfig::preset("d12");
+  Cluster c = cpu(8, "nvlink");
+  c.devices_per_node = 4;  // tp inside a node, pp across
+  c.inter = LinkModel::preset("infiniband");
+  Workload w = workload(1024, 64);
+  w.activation_bytes = 2;
+  const Layout x = layout(4, 2, 1, 16, 4);
+  const GroupLinks links = group_links(c, x);
+  const int64_t act = int64_t{16} * 1024 * 768 * 2;  // B T C, 2 bytes: 25 MB
+  const double whole = links.pp.seconds("send", act, 2);
+  const double split = links.pp.seconds("send", act / 4, 2) + links.tp.seconds("all_gather", act / 4, 4);
+  for (int s : {0, 1}) {
+    EXPECT_NEAR(stage_comm(cfg, x, s, links, w).pp_s, whole, 1e-15) << "stage " << s << ", lab 07's sends";
+    w.pp_scatter_gather = true;
+    EXPECT_NEAR(stage_comm(cfg, x, s, links, w).pp_s, split, 1e-15) << "stage " << s << ", scatter/gather";
+    EXPECT_LT(split, whole / 2);  // InfiniBand carries a quarter of the bytes, NVLink gathers the rest
+    w.pp_scatter_gather = false;
+  }
+  // under sequence parallelism the boundary is already 1/tp a rank: the option changes nothing
+  Layout sp = x;
+  sp.sequence_parallel = true;
+  const double before = stage_comm(cfg, sp, 0, links, w).pp_s;
+  w.pp_scatter_gather = true;
+  EXPECT_DOUBLE_EQ(stage_comm(cfg, sp, 0, links, w).pp_s, before);
+  EXPECT_NEAR(before, links.pp.seconds("send", act / 4, 2), 1e-15);
+}
+
 // Data parallelism adds the gradient sync the link model charges, one call per unit as labs 04 and 07 run it
 // (4 bytes of every parameter, wpe included): ZeRO-0 an all-reduce of each unit; ZeRO-1 a reduce-scatter of
 // each unit's gradient padded to dp equal shards and an all-gather of its parameters' shard (the same bus
