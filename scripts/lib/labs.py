@@ -35,7 +35,7 @@ The manifest's fields (FIELDS below; docs/design.md lists them with an example):
 Command line (bash scripts use it; `--build-dir B` reads B/labs.json where it exists):
   labs.py list [--graded|--program|--notebooks|--scale-demo|--sim] [--build-dir B]   the numbers, one a line
   labs.py shell NN [--track learner|reference] [--build-dir B]   shell assignments lab_* (lab_exists=0: none)
-  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo   "skip" + why, or "run" + one arg a line
+  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo T=64 device=cpu   "skip" + why, or "run" + one arg a line
   labs.py check [--root R]                     every manifest against its folders (exit 1 with a list)
   labs.py tables [--write] [--root R]          the labs tables of README.md and docs/design.md against the
                                                manifests (--write rewrites them)
@@ -263,7 +263,7 @@ def _scale_demo_problems(lab):
         problems.append("the lab has no program to run")
     if sd.get("table_note") not in SCALE_NOTES:
         problems.append(f"table_note {sd.get('table_note')!r} is not one of {', '.join(str(n) for n in SCALE_NOTES)}")
-    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo")
+    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo", T=64, device="cpu")
     try:
         scale_row(lab, example)
     except (ManifestError, KeyError, TypeError) as e:
@@ -330,7 +330,8 @@ def expand(text, env):
 def scale_row(lab, env):
     """("skip", why) or ("run", [args]) for one run of the scale demo: lab at env["N"] ranks.
     env: N ranks, B micro-batch, G global batch (sequences per step), S ZeRO stage, heads and layers of the
-    model, model its name. A skip entry's "if" is an expression; the first that holds skips the run."""
+    model, model its name, T the sequence length, device the run's (cpu, cuda, sim). A skip entry's "if" is an
+    expression; the first that holds skips the run."""
     sd = lab["scale_demo"]
     skip = sd.get("skip", [])
     if not isinstance(skip, list):
