@@ -124,8 +124,8 @@ StepTime cp_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, 
   t.tokens_per_s = tokens / (t.step_ms / 1e3);
   const double model = lab01::flops_per_token(cfg, w.seq_len);
   t.mfu = lab01::mfu(t.tokens_per_s, model, c.peak_flops_per_s, x.devices());
-  t.hfu = lab01::mfu(t.tokens_per_s, model + recompute_flops_per_token(cfg, w.seq_len, x.recompute),
-                     c.peak_flops_per_s, x.devices());
+  t.hfu = lab01::mfu(t.tokens_per_s, model + recompute_flops_per_token(cfg, w.seq_len, x.recompute), c.peak_flops_per_s,
+                     x.devices());
   return t;
 }
 

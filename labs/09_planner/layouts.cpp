@@ -435,8 +435,8 @@ std::string explain(const Candidate& c, const Cluster& cluster) {
                 "%s%s, %s, %s on top; micro-batch %d x %d per replica%s%s, ZeRO %d, recompute %s: %.4g tokens/s "
                 "predicted (step %.4g ms, bubble %.1f%%, dp %.1f%%), MFU %.1f%%, %.2f GB a device (stage %d)",
                 group("tp", x.tp, x.tp).c_str(), x.cp > 1 ? (", " + group("cp", x.cp, x.tp * x.cp)).c_str() : "",
-                group("pp", x.pp, x.devices()).c_str(), group("dp", x.dp, x.tp * x.cp * x.dp).c_str(), x.micro_batch, x.micro_batches,
-                x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
+                group("pp", x.pp, x.devices()).c_str(), group("dp", x.dp, x.tp * x.cp * x.dp).c_str(), x.micro_batch,
+                x.micro_batches, x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
                 x.sequence_parallel ? ", sequence parallel" : "", x.zero_stage, recompute_name(x.recompute),
                 c.time.tokens_per_s, c.time.step_ms, 100.0 * c.time.bubble_ms / c.time.step_ms,
                 100.0 * c.time.dp_ms / c.time.step_ms, 100.0 * c.time.mfu, c.memory.total() / 1e9, c.memory.stage);

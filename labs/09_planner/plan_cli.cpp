@@ -309,8 +309,8 @@ int plan_main(int argc, char** argv) {
           one.micro_batches = 1;
           w.global_batch = one.micro_batch;
           std::printf("model %s | one device: %.1f GB, %.4g TFLOP/s x %.2f | %s, B %d, %s attention\n",
-                      cfg.str().c_str(), cluster.memory_bytes / 1e9, peak_tflops, efficiency,
-                      w.policy.name().c_str(), one.micro_batch, attention.c_str());
+                      cfg.str().c_str(), cluster.memory_bytes / 1e9, peak_tflops, efficiency, w.policy.name().c_str(),
+                      one.micro_batch, attention.c_str());
           std::printf("%4s %12s %10s %14s %12s %12s\n", "cp", "longest T", "GB/dev", "activations GB", "step ms",
                       "tokens/s");
           for (int cp : {1, 2, 4, 8}) {
@@ -360,8 +360,8 @@ int plan_main(int argc, char** argv) {
           one.sequence_parallel = sp;
           one.recompute = recompute_from_name(recompute);
           lab09::check_layout(cfg, one, w, cluster);
-          SL_CHECK_HINT(!per_op || one.cp == 1, "--per-op prices cp 1 only: leave out --cp",
-                        "--per-op with --cp %d", one.cp);
+          SL_CHECK_HINT(!per_op || one.cp == 1, "--per-op prices cp 1 only: leave out --cp", "--per-op with --cp %d",
+                        one.cp);
           lab09::Candidate r;
           r.layout = one;
           r.memory = lab09::device_memory(cfg, one, w);
@@ -435,8 +435,8 @@ int plan_main(int argc, char** argv) {
           return rows.empty() || !rows.front().fits ? 1 : 0;
         }
         std::printf("cluster: %s: %zu candidate layouts\n\n", lab09::to_string(cluster).c_str(), rows.size());
-        std::printf("%4s %4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "cp", "B", "m",
-                    "zero", "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
+        std::printf("%4s %4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "cp", "B",
+                    "m", "zero", "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
         int fit = 0;
         std::map<std::string, std::pair<int, std::string>> refused;  // kind: how many, the first one in full
         for (const lab09::Candidate& r : rows) {

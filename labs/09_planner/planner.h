@@ -11,8 +11,9 @@
 // Lesson: labs/09_planner/README.md   Graded tests: tests/lab09/   CLI: labs/09_planner/plan_cli.cpp (bin/sl_plan)
 //
 // Which layout trains this model fastest on this cluster, and does it fit? A layout is tp x pp x dp (x cp, the
-// context-parallel split of lab 10, priced by given code: "Context parallelism" below) with a micro-batch B, m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For
-// each, the planner predicts
+// context-parallel split of lab 10, priced by given code: "Context parallelism" below) with a micro-batch B,
+// m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For each, the planner
+// predicts
 //   memory per device   the model state of the device's shard (lab 04's exact count, common's
 //                       estimate_model_state) and the activation sets its pipeline stage holds at once
 //                       (lab 06's schedules; common's gpt2_activation_bytes), on the fullest stage;
@@ -287,7 +288,7 @@ Workload cp_local_workload(const Layout& x, const Workload& w);
 
 // The busiest cp rank's share of one sequence's causal query-key pairs (key position <= query position),
 // counted chunk pair by chunk pair as lab 10's visible_pairs: zig-zag (2 cp chunks, rank r holding r and
-// 2cp-1-r) exactly 1 / cp; contiguous (rank r holding chunk r of cp) (2 cp - 1) / cp^2 on rank cp - 1.
+// 2cp-1-r) exactly 1 / cp; contiguous (rank r holding chunk r of cp) about (2 cp - 1) / cp^2, on rank cp - 1.
 // Throws scalelab::Error unless cp >= 1 and T divides into the chunks.
 double cp_attention_share(int cp, int T, bool zigzag);
 

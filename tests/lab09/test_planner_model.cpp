@@ -272,10 +272,11 @@ TEST(PlannerModel, CpMemoryEqualsLab10sAllocator) {
       EXPECT_EQ(acts, want.activations) << to_string(x);
       if (cp == 1) cp1_activations = want.activations;
       EXPECT_EQ(want.activations * cp, cp1_activations) << to_string(x);
-      std::printf("  [cp] demo, B 2, T 64, flash: cp %d holds %lld activation bytes a rank (allocator %lld), "
-                  "%lld in all\n",
-                  cp, static_cast<long long>(want.activations), static_cast<long long>(acts),
-                  static_cast<long long>(want.total()));
+      std::printf(
+          "  [cp] demo, B 2, T 64, flash: cp %d holds %lld activation bytes a rank (allocator %lld), "
+          "%lld in all\n",
+          cp, static_cast<long long>(want.activations), static_cast<long long>(acts),
+          static_cast<long long>(want.total()));
     }
   }
 }
