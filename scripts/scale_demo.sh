@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # scale_demo.sh — the instructor's scaling demonstration: the reference of every lab with scale-demo rows (its
-# manifest's "scale_demo", labs/NN_name/lab.json: labs 01, 03, 04, 05, 06 and 07) at 1, 2, 4, 8 ranks (as the
+# manifest's "scale_demo", labs/NN_name/lab.json: labs 01, 03, 04, 05, 06, 07 and 10) at 1, 2, 4, 8 ranks (as the
 # hardware allows), same model and global batch at every rank count (lab 01, one device: one micro-batch per
 # step; lab 05: one tensor-parallel group of all ranks, or of the largest power of two that divides the model's
 # heads, the rest data-parallel replicas; lab 06: a 1F1B pipeline of one stage per rank, the global batch as
 # micro-batches of --micro-batch, skipped above the model's layer count; lab 07: from 4 ranks, tp 2 x pp 2 x dp
-# N/4, 1F1B over each replica's share of the global batch), ONE table.
+# N/4, 1F1B over each replica's share of the global batch; lab 10: one zig-zag context-parallel group of all
+# ranks, or of the largest power of two that cuts T into 2 cp chunks, CPU ranks or --sim only), ONE table.
 #   scripts/scale_demo.sh                                   GPUs if present (one rank each), else CPU ranks
 #   scripts/scale_demo.sh --max-ranks 2 --steps 5 --model tiny --oversubscribe-ok   (what CI runs)
 #   scripts/scale_demo.sh --link infiniband --link-slowdown 1000     CPU ranks over a simulated link
@@ -278,7 +279,7 @@ for lab in $LABS; do
     read -r grid_tp grid_pp <<< "$(grid_of "$np")"
     row_text=$(labs_py scale-row "$lab" N="$np" B="$MICRO_BATCH" G="$GLOBAL_BATCH" S="$STAGE" \
                heads="${HEADS[$MODEL]}" layers="${LAYERS[$MODEL]}" model="$MODEL" node="$NODE" \
-               grid_tp="$grid_tp" grid_pp="$grid_pp") \
+               grid_tp="$grid_tp" grid_pp="$grid_pp" T="$SEQ_LEN" device="$DEVICE") \
       || die "lab $lab's scale-demo row at $np ranks (above)" "python3 scripts/lib/labs.py check"
     mapfile -t row <<< "$row_text"
     args=("${common[@]}" --run-id "$run_id" "${row[@]:1}")

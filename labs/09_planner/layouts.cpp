@@ -36,7 +36,7 @@ std::string to_string(const Layout& x) {
                 x.micro_batch, x.micro_batches, lab06::schedule_name(x.schedule),
                 x.chunks > 1 ? (" v " + std::to_string(x.chunks)).c_str() : "", x.zero_stage,
                 x.sequence_parallel ? " | sp" : "", recompute_name(x.recompute));
-  return buf;
+  return x.cp > 1 ? std::string(buf) + " | cp " + std::to_string(x.cp) : std::string(buf);
 }
 
 std::string to_string(const Cluster& c) {
@@ -63,11 +63,13 @@ void check_plan_inputs(const GPTConfig& cfg, const Workload& w, const Cluster& c
 
 void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c) {
   cfg.validate();
-  SL_CHECK_HINT(x.tp >= 1 && x.pp >= 1 && x.dp >= 1 && x.micro_batch >= 1 && x.micro_batches >= 1 && x.chunks >= 1,
-                "tp, pp, dp, the micro-batch B, the micro-batches m and the chunks v are 1 or more",
+  SL_CHECK_HINT(x.tp >= 1 && x.pp >= 1 && x.dp >= 1 && x.cp >= 1 && x.micro_batch >= 1 && x.micro_batches >= 1 &&
+                    x.chunks >= 1,
+                "tp, pp, dp, cp, the micro-batch B, the micro-batches m and the chunks v are 1 or more",
                 "layout %s has a size below 1", to_string(x).c_str());
-  SL_CHECK_HINT(x.devices() == c.devices, "a layout uses every device of the cluster: tp x pp x dp = devices",
-                "tp %d x pp %d x dp %d = %d devices, the cluster has %d", x.tp, x.pp, x.dp, x.devices(), c.devices);
+  SL_CHECK_HINT(x.devices() == c.devices, "a layout uses every device of the cluster: tp x pp x dp x cp = devices",
+                "tp %d x pp %d x dp %d x cp %d = %d devices, the cluster has %d", x.tp, x.pp, x.dp, x.cp, x.devices(),
+                c.devices);
   SL_CHECK_HINT(static_cast<int64_t>(x.dp) * x.micro_batch * x.micro_batches == w.global_batch,
                 "every replica runs m micro-batches of B sequences: dp x B x m = the global batch",
                 "dp %d x B %d x m %d != global batch %d", x.dp, x.micro_batch, x.micro_batches, w.global_batch);
@@ -82,6 +84,7 @@ void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, cons
   SL_CHECK_HINT(w.lora_rank == 0 || (x.tp == 1 && x.pp == 1 && x.zero_stage == 0),
                 "the planner's LoRA fine-tune replicates the frozen base on every device: tp 1, pp 1, ZeRO 0",
                 "LoRA rank %d with %s", w.lora_rank, to_string(x).c_str());
+  check_context_parallel(x, w);                                             // lab 10's rules (cp_terms.cpp)
   lab06::make_layout(cfg, x.pp, 0, x.schedule, x.micro_batches, x.chunks);  // lab 06's rules of the partition
   chunk_shard(cfg, x, 0, 0).validate(cfg);                                  // the tp split of the model
 }
@@ -92,13 +95,15 @@ ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chu
   s.tp_size = x.tp;
   s.tp_split = &lab05::block_split;  // lab 05's column/row split of each block tensor
   s.sequence_parallel = x.sequence_parallel;
+  s.cp_size = x.cp;  // cp rank 0 of the zig-zag: every cp rank holds the same parameters (lab 10)
+  s.cp_zigzag = x.cp > 1;
   s.validate(cfg);
   return s;
 }
 
 GroupLinks group_links(const Cluster& c, const Layout& x) {
   auto link = [&](int extent) { return extent <= c.devices_per_node ? c.intra : c.inter; };
-  return {link(x.tp), /*pp=*/link(x.devices()), /*dp=*/link(x.tp * x.dp)};
+  return {link(x.tp), /*pp=*/link(x.devices()), /*dp=*/link(x.tp * x.cp * x.dp), /*cp=*/link(x.tp * x.cp)};
 }
 
 int64_t lora_adapter_numel(const GPTConfig& cfg, const ModelShard& shard, int rank) {
@@ -405,8 +410,9 @@ StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload&
 
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w) {
   DeviceMemory fullest;
+  const Workload local = cp_local_workload(x, w);  // cp > 1: one cp rank's T / cp tokens
   for (int s = 0; s < x.pp; ++s) {
-    const DeviceMemory d = stage_memory(cfg, x, s, w);
+    const DeviceMemory d = stage_memory(cfg, x, s, local);
     if (s == 0 || d.total() > fullest.total()) fullest = d;
   }
   return fullest;
@@ -426,11 +432,11 @@ std::string explain(const Candidate& c, const Cluster& cluster) {
   };
   char buf[600];
   std::snprintf(buf, sizeof buf,
-                "%s, %s, %s on top; micro-batch %d x %d per replica%s%s, ZeRO %d, recompute %s: %.4g tokens/s "
+                "%s%s, %s, %s on top; micro-batch %d x %d per replica%s%s, ZeRO %d, recompute %s: %.4g tokens/s "
                 "predicted (step %.4g ms, bubble %.1f%%, dp %.1f%%), MFU %.1f%%, %.2f GB a device (stage %d)",
-                group("tp", x.tp, x.tp).c_str(), group("pp", x.pp, x.devices()).c_str(),
-                group("dp", x.dp, x.tp * x.dp).c_str(), x.micro_batch, x.micro_batches,
-                x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
+                group("tp", x.tp, x.tp).c_str(), x.cp > 1 ? (", " + group("cp", x.cp, x.tp * x.cp)).c_str() : "",
+                group("pp", x.pp, x.devices()).c_str(), group("dp", x.dp, x.tp * x.cp * x.dp).c_str(), x.micro_batch,
+                x.micro_batches, x.chunks > 1 ? (", interleaved v " + std::to_string(x.chunks)).c_str() : "",
                 x.sequence_parallel ? ", sequence parallel" : "", x.zero_stage, recompute_name(x.recompute),
                 c.time.tokens_per_s, c.time.step_ms, 100.0 * c.time.bubble_ms / c.time.step_ms,
                 100.0 * c.time.dp_ms / c.time.step_ms, 100.0 * c.time.mfu, c.memory.total() / 1e9, c.memory.stage);

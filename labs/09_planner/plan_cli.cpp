@@ -4,7 +4,8 @@
 // tp x pp x dp split with its micro-batches, ZeRO stage, sequence parallelism and recompute, its memory per
 // device and predicted step time; what does not fit counted with its reason; the rest ranked by predicted
 // tokens/s. Also one given layout predicted term by term (--tp ... --json, what bench/plan_validate.py
-// reads), the smallest cluster that trains N tokens in D days, and a LoRA fine-tune. It calls the functions
+// reads), the smallest cluster that trains N tokens in D days, a LoRA fine-tune, the context-parallel axis
+// (--cp, --max-cp) and the longest sequence that fits with cp 1, 2, 4, 8 (--longest-seq). It calls the functions
 // of its own track's planner.h: yours in labs/09_planner/planner.cpp, or the reference's.
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
 #include <nlohmann/json.hpp>  // defines: nlohmann::json (--json)
@@ -38,6 +39,10 @@ The lesson's questions (labs/09_planner/README.md#the-faq-answered), the 7B mode
       --gpu h100 --tokens 100e9 --days 7   # how many GPUs for 100B tokens in a week?
   bin/sl_plan --layers 80 --hidden 8192 --heads 64 --vocab 32000 --seq-len 2048 --global-batch 512 \
       --gpus 64 --gpu h100                 # 70B on 8 nodes: where do tp, pp and dp go?
+  bin/sl_plan --model gpt2-1.5b --gpu h100 --attention flash --longest-seq \
+      --max-seq-len 1048576                # the longest sequence one layout fits with cp 1, 2, 4, 8
+  bin/sl_plan --model gpt2-1.5b --seq-len 131072 --global-batch 8 --gpus 8 --gpu h100 --attention flash \
+      --max-cp 8                           # a long sequence: tp x pp x dp x cp, cp searched
   bin/sl_plan --model demo --gpu cpu --peak-tflops 0.024 --efficiency 1 --memory-gb 1 --seq-len 64 \
       --global-batch 16 --tp 1 --pp 2 --dp 1 --micro-batch 4 --json   # one layout, term by term
 (--gpu cpu: give --peak-tflops from your calibration, bin/sl_calibrate, and --memory-gb.)
@@ -86,6 +91,7 @@ nlohmann::json to_json(const lab09::Candidate& r) {
           {"zero_stage", x.zero_stage},
           {"sequence_parallel", x.sequence_parallel},
           {"recompute", recompute_name(x.recompute)},
+          {"cp", x.cp},
           {"memory",
            {{"stage", m.stage},
             {"sets", m.sets},
@@ -103,6 +109,7 @@ nlohmann::json to_json(const lab09::Candidate& r) {
             {"pipeline_ms", t.pipeline_ms},
             {"bubble_ms", t.bubble_ms},
             {"dp_ms", t.dp_ms},
+            {"cp_ms", t.cp_ms},
             {"optimizer_ms", t.optimizer_ms},
             {"step_ms", t.step_ms},
             {"tokens_per_s", t.tokens_per_s},
@@ -123,7 +130,9 @@ int plan_main(int argc, char** argv) {
   lab09::Cluster cluster;
   lab09::Workload w;
   lab09::Layout one;
-  bool json = false, sp = false, per_op = false;
+  bool json = false, sp = false, per_op = false, longest_seq = false;
+  std::string attention = "materialized";
+  int max_cp = 1, max_seq_len = 1 << 20;
   std::string reduce_dtype;                                  // "" : the --precision's
   double eff_matmul = 0, eff_attention = 0, eff_memory = 0;  // --per-op: the --gpu preset's unless given
   app.add_option("--model", model,
@@ -216,6 +225,20 @@ int plan_main(int argc, char** argv) {
       "--no-clip", [&](int64_t) { w.grad_clipped = false; },
       "with --per-op: the clipping's scale does not run (--grad-clip 0, or a --timing-only run: its norm "
       "reads 0)");
+  app.add_option("--attention", attention, "materialized (the T x T scores) | flash; context parallelism needs flash")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"materialized", "flash"}));
+  app.add_option("--cp", one.cp, "context-parallel ranks of --tp's layout (lab 10's zig-zag ring)")
+      ->check(driver::positive_int());
+  app.add_option("--max-cp", max_cp, "the ranking also tries cp = 2, 4, ... up to this (needs --attention flash)")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_flag("--longest-seq", longest_seq,
+               "the longest T one layout (--tp --pp --micro-batch --recompute --zero; dp 1, m 1) fits into "
+               "--memory-gb, with cp 1, 2, 4 and 8");
+  app.add_option("--max-seq-len", max_seq_len, "the longest T --longest-seq tries")
+      ->capture_default_str()
+      ->check(driver::positive_int());
   app.add_flag("--json", json, "print --tp's layout, or the ranking's --top rows, as one JSON object");
   CLI11_PARSE(app, argc, argv);
   driver::require_checked_options(app);  // a numeric option without a range check: a programming error
@@ -274,10 +297,51 @@ int plan_main(int argc, char** argv) {
           w.policy.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
         }
         w.optimizer = OptimizerConfig::kind_from_name(optimizer);
+        w.attention = attention == "flash" ? AttentionImpl::Flash : AttentionImpl::Materialized;
+        SL_CHECK_HINT(max_cp == 1 || w.attention == AttentionImpl::Flash,
+                      "context parallelism runs the flash attention (lab 10): add --attention flash",
+                      "--max-cp %d with --attention %s", max_cp, attention.c_str());
+
+        if (longest_seq) {  // the longest T of one layout, cp 1, 2, 4, 8 (docs/context_parallel.md)
+          SL_CHECK_HINT(!*tp_opt || (one.dp == 1 && one.cp == 1),
+                        "--longest-seq tries cp 1, 2, 4, 8 itself, with dp 1: leave out --dp and --cp",
+                        "--longest-seq with --dp %d --cp %d", one.dp, one.cp);
+          if (!*tp_opt) one.tp = 1;
+          one.schedule = lab06::schedule_from_name(schedule);
+          one.recompute = recompute_from_name(recompute);
+          one.micro_batches = 1;
+          w.global_batch = one.micro_batch;
+          std::printf("model %s | one device: %.1f GB, %.4g TFLOP/s x %.2f | %s, B %d, %s attention\n",
+                      cfg.str().c_str(), cluster.memory_bytes / 1e9, peak_tflops, efficiency, w.policy.name().c_str(),
+                      one.micro_batch, attention.c_str());
+          std::printf("%4s %12s %10s %14s %12s %12s\n", "cp", "longest T", "GB/dev", "activations GB", "step ms",
+                      "tokens/s");
+          for (int cp : {1, 2, 4, 8}) {
+            lab09::Layout x = one;
+            x.cp = cp;
+            lab09::Cluster c = cluster;
+            c.devices = x.devices();
+            c.devices_per_node = std::max(cluster.devices_per_node, x.tp * x.cp);  // the layout in one node
+            const lab09::LongestSequence l = lab09::longest_sequence(cfg, x, w, c, max_seq_len);
+            if (l.seq_len == 0) {
+              std::printf("%4d %12s\n", cp, "none fits");
+              continue;
+            }
+            GPTConfig grown = cfg;
+            grown.max_seq_len = l.seq_len;
+            lab09::Workload wt = w;
+            wt.seq_len = l.seq_len;
+            const lab09::StepTime t = lab09::cp_step_time(grown, x, wt, c);
+            std::printf("%4d %12d %10.2f %14.2f %12.4g %12.4g%s\n", cp, l.seq_len, l.memory.total() / 1e9,
+                        l.memory.activations / 1e9, t.step_ms, t.tokens_per_s,
+                        l.seq_len + 2 * cp > max_seq_len ? "  (--max-seq-len)" : "");
+          }
+          return 0;
+        }
 
         // The options of one layout mean nothing without --tp: say so rather than ignore them.
         for (const char* opt : {"--pp", "--dp", "--micro-batch", "--micro-batches", "--schedule", "--chunks", "--zero",
-                                "--sp", "--recompute"})
+                                "--sp", "--recompute", "--cp"})
           SL_CHECK_HINT(*tp_opt || app.count(opt) == 0,
                         "give --tp, --pp and --dp with it to predict that one layout, "
                         "or leave the layout's options out to rank every layout",
@@ -299,6 +363,8 @@ int plan_main(int argc, char** argv) {
           one.sequence_parallel = sp;
           one.recompute = recompute_from_name(recompute);
           lab09::check_layout(cfg, one, w, cluster);
+          SL_CHECK_HINT(!per_op || one.cp == 1, "--per-op prices cp 1 only: leave out --cp", "--per-op with --cp %d",
+                        one.cp);
           lab09::Candidate r;
           r.layout = one;
           r.memory = lab09::device_memory(cfg, one, w);
@@ -307,7 +373,7 @@ int plan_main(int argc, char** argv) {
           if (eff_attention > 0) device.eff_attention = eff_attention;
           if (eff_memory > 0) device.eff_memory = eff_memory;
           r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, device)
-                          : lab09::step_time(cfg, one, w, cluster);
+                          : lab09::cp_step_time(cfg, one, w, cluster);
           r.why_not = lab09::memory_refusal(r.memory, cluster);
           r.fits = r.why_not.empty();
           if (json) {
@@ -356,7 +422,7 @@ int plan_main(int argc, char** argv) {
           return 1;
         }
 
-        const std::vector<lab09::Candidate> rows = lab09::plan(cfg, w, cluster);
+        const std::vector<lab09::Candidate> rows = lab09::plan_with_cp(cfg, w, cluster, max_cp);
         if (json) {  // the ranking for a script or a notebook: the top rows that fit, and the refusals by reason
           nlohmann::json out = {{"model", cfg.str()},
                                 {"cluster", lab09::to_string(cluster)},
@@ -372,8 +438,8 @@ int plan_main(int argc, char** argv) {
           return rows.empty() || !rows.front().fits ? 1 : 0;
         }
         std::printf("cluster: %s: %zu candidate layouts\n\n", lab09::to_string(cluster).c_str(), rows.size());
-        std::printf("%4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "B", "m", "zero",
-                    "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
+        std::printf("%4s %4s %4s %4s %4s %4s %4s %3s %-9s | %8s %9s %8s %6s %11s %6s\n", "tp", "pp", "dp", "cp", "B",
+                    "m", "zero", "sp", "recompute", "GB/dev", "step ms", "bubble%", "dp%", "tokens/s", "MFU%");
         int fit = 0;
         std::map<std::string, std::pair<int, std::string>> refused;  // kind: how many, the first one in full
         for (const lab09::Candidate& r : rows) {
@@ -384,8 +450,8 @@ int plan_main(int argc, char** argv) {
           }
           if (fit++ >= top) continue;
           const lab09::Layout& x = r.layout;
-          std::printf("%4d %4d %4d %4d %4d %4d %3s %-9s | %8.2f %9.4g %8.1f %6.1f %11.4g %6.1f\n", x.tp, x.pp, x.dp,
-                      x.micro_batch, x.micro_batches, x.zero_stage, x.sequence_parallel ? "yes" : "",
+          std::printf("%4d %4d %4d %4d %4d %4d %4d %3s %-9s | %8.2f %9.4g %8.1f %6.1f %11.4g %6.1f\n", x.tp, x.pp, x.dp,
+                      x.cp, x.micro_batch, x.micro_batches, x.zero_stage, x.sequence_parallel ? "yes" : "",
                       recompute_name(x.recompute), r.memory.total() / 1e9, r.time.step_ms,
                       100.0 * r.time.bubble_ms / r.time.step_ms, 100.0 * r.time.dp_ms / r.time.step_ms,
                       r.time.tokens_per_s, 100.0 * r.time.mfu);

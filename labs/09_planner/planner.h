@@ -4,14 +4,16 @@
 //   labs/09_planner/layouts.cpp       the given code (the "Given" section below): compiled into both
 //   labs/09_planner/plan_cli.cpp      libraries, each calling its own track's functions (plan_cli.cpp: the
 //                                     command line, run by lab 09's program and by bin/sl_plan)
+//   labs/09_planner/cp_terms.cpp      the given context-parallel axis (lab 10's ring, priced around yours)
 // The functions live in distinct inline namespaces (scalelab::lab09::learner / ::ref) chosen by
 // SL_TRACK_LAB09, which CMake sets per library; code that includes this header without it gets ref. The
 // plain types above them are shared by both tracks, so one test can hand the same Layout to either.
 // Lesson: labs/09_planner/README.md   Graded tests: tests/lab09/   CLI: labs/09_planner/plan_cli.cpp (bin/sl_plan)
 //
-// Which layout trains this model fastest on this cluster, and does it fit? A layout is tp x pp x dp with a
-// micro-batch B, m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For
-// each, the planner predicts
+// Which layout trains this model fastest on this cluster, and does it fit? A layout is tp x pp x dp (x cp, the
+// context-parallel split of lab 10, priced by given code: "Context parallelism" below) with a micro-batch B,
+// m micro-batches, a ZeRO stage over dp, sequence parallelism and activation recompute. For each, the planner
+// predicts
 //   memory per device   the model state of the device's shard (lab 04's exact count, common's
 //                       estimate_model_state) and the activation sets its pipeline stage holds at once
 //                       (lab 06's schedules; common's gpt2_activation_bytes), on the fullest stage;
@@ -52,10 +54,11 @@ namespace scalelab::lab09 {
 // What is planned (shared by both tracks)
 
 // The machine: identical devices in nodes. World ranks fill a node before the next, tp fastest-varying,
-// then dp, then pp (lab 07's default order tp-dp-pp, Megatron-LM's): a group whose members lie within
-// `extent` consecutive world ranks stays inside a node when extent <= devices_per_node (README.md#the-cluster).
+// then cp, then dp, then pp (lab 07's default order tp-dp-pp, Megatron-LM's, with its cp after tp): a group
+// whose members lie within `extent` consecutive world ranks stays inside a node when extent <= devices_per_node
+// (README.md#the-cluster).
 struct Cluster {
-  int devices = 8;  // all of them; a layout uses every one (tp * pp * dp == devices)
+  int devices = 8;  // all of them; a layout uses every one (tp * pp * dp * cp == devices)
   int devices_per_node = 8;
   double memory_bytes = 80e9;        // bytes per device
   double peak_flops_per_s = 989e12;  // FLOP/s of one device: MFU's denominator (a datasheet peak, or lab 00's
@@ -102,7 +105,11 @@ struct Layout {
   int zero_stage = 0;  // 0..3 over the dp group (lab 04)
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
-  int devices() const { return tp * pp * dp; }
+  // Context parallel (lab 10): ranks that split every sequence, T / cp tokens each with the whole stage's
+  // parameters; the zig-zag ring (two chunks a rank, balanced causal work). 1: none. Your functions below
+  // never read it: the given "Context parallelism" functions hand them one cp rank's T / cp tokens.
+  int cp = 1;
+  int devices() const { return tp * pp * dp * cp; }
 };
 
 // The memory of one device: at the fullest pipeline stage (device_memory), or at a given one (stage_memory).
@@ -137,11 +144,13 @@ struct StepTime {
   double pipeline_ms = 0;       // the schedule: m slots of work and the bubble
   double bubble_ms = 0;         // (p - 1) / v slots of it (0 for p = 1)
   double dp_ms = 0;             // the dp group's gradient communication and the embedding group's, exposed
+                                // (cp > 1: and the cp group's gradient all-reduce, cp_step_time)
   double optimizer_ms = 0;      // the optimizer's pass over its state at memory bandwidth (0: not modelled)
   double step_ms = 0;           // pipeline + dp + optimizer
   double tokens_per_s = 0;      // dp * m * B * T / step
   double mfu = 0;               // lab 01's flops_per_token (the whole model's) x tokens/s / (devices x peak)
   double hfu = 0;               // the same with the recompute's FLOPs (Korthikanti et al. 2022, Sec. 6)
+  double cp_ms = 0;             // cp > 1 (cp_step_time): the ring's exposed kv hand-overs in one slot (in slot_ms)
 };
 
 // One row of the plan.
@@ -153,9 +162,11 @@ struct Candidate {
   std::string why_not;  // "" when it fits; else what refused it (the model, the batch, the memory)
 };
 
-// The groups' links of a layout on a cluster: tp spans tp ranks, dp tp*dp, pp all of them (the order above).
+// The groups' links of a layout on a cluster: tp spans tp ranks, cp tp*cp, dp tp*cp*dp, pp all of them (the
+// order above).
 struct GroupLinks {
   LinkModel tp, pp, dp;
+  LinkModel cp;  // the context-parallel ring's (lab 10)
 };
 
 inline namespace SL_TRACK_LAB09 {
@@ -178,18 +189,20 @@ int shard_blocks(const GPTConfig& cfg, const ModelShard& s);
 void check_plan_inputs(const GPTConfig& cfg, const Workload& w, const Cluster& c);
 
 // Throws scalelab::Error, with the numbers and what to change, unless the layout can train this model on
-// this cluster: every size >= 1; tp * pp * dp == devices; dp * B * m == the global batch; the model splits
+// this cluster: every size >= 1; tp * pp * dp * cp == devices; dp * B * m == the global batch; the model splits
 // by tp (ModelShard::validate: NH, 4C, V) and by pp (lab06::make_layout: p <= L; interleaved: m a multiple
 // of p, L divisible by p * v); ZeRO stage 0..3; sequence parallelism only with tp > 1 and B*T divisible by
-// tp; LoRA only with ZeRO 0 and without pipeline or tensor parallelism.
+// tp; LoRA only with ZeRO 0 and without pipeline or tensor parallelism; cp > 1 (check_context_parallel): T
+// divisible by 2 cp, flash attention, no sequence parallelism, no LoRA, no uniform compute.
 void check_layout(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
 
 // The shard of chunk `chunk` of pipeline stage `stage`: lab 06's partition (virtual stage chunk * p + stage)
-// sliced by tp (tp rank 0: every rank of a tp group holds the same sizes), with sequence parallelism.
+// sliced by tp (tp rank 0: every rank of a tp group holds the same sizes), with sequence parallelism; cp > 1:
+// cp rank 0 of the zig-zag (every cp rank holds the same parameters and T / cp tokens).
 ModelShard chunk_shard(const GPTConfig& cfg, const Layout& x, int stage, int chunk);
 
-// tp: intra when tp <= devices_per_node; dp: when tp * dp is; pp (and the embedding group): when
-// tp * dp * pp is; else inter.
+// tp: intra when tp <= devices_per_node; cp: when tp * cp is; dp: when tp * cp * dp is; pp (and the
+// embedding group): when tp * cp * dp * pp is; else inter.
 GroupLinks group_links(const Cluster& c, const Layout& x);
 
 // LoRA's trainable adapters on one shard (tp 1): a (r, in) and b (out, r) on each block's c_attn (C -> 3C),
@@ -210,7 +223,8 @@ std::string refusal_text(const Error& e);
 // why_not for memory.
 std::string memory_refusal(const DeviceMemory& m, const Cluster& c);
 
-// The fullest stage: stage_memory of every stage, the one with the largest total (the first on a tie).
+// The fullest stage: stage_memory of every stage, the one with the largest total (the first on a tie); cp > 1:
+// stage_memory of one cp rank (cp_local_workload: its T / cp tokens).
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w);
 
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
@@ -253,6 +267,73 @@ double step_op_seconds(const GPTConfig& cfg, const Layout& x, int stage, const W
 // recomputed from the new step. The links and peak are c's.
 StepTime per_op_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c,
                           const GpuModel& gpu);
+
+// ---------------------------------------------------------------------------------------------
+// Context parallelism (given, cp_terms.cpp): lab 10's split of every sequence over cp ranks, priced around
+// your functions (docs/context_parallel.md, "The planner's cp axis")
+//
+// A cp rank holds T / cp tokens of every sequence (lab 10's zig-zag: chunks r and 2cp-1-r of 2 cp) and the
+// whole parameters of its stage. Its memory: activations of a model run at T / cp (device_memory hands your
+// stage_memory cp_local_workload), model state as without cp (the cp group averages the gradients as dp does;
+// ZeRO shards over dp only, as lab 10 keeps whole parameters). Its time: your step_time at T / cp, plus what
+// T / cp leaves out: attention against the whole sequence (the rank's share of the causal query-key pairs),
+// the ring's kv hand-overs on the cp link beyond the block compute each overlaps, the dkv hand-overs home
+// (Liu et al. 2023, "Ring Attention", arXiv:2310.01889, Sec. 3; lab 10's RingAttention), and the cp group's
+// gradient all-reduce and loss average.
+
+// Throws scalelab::Error, with a hint, unless cp > 1 runs as lab 10 runs it: T divisible by 2 cp (the
+// zig-zag's chunks), flash attention (no T x T scores: lab 10's shards run the flash op), no sequence
+// parallelism (both would split the sequence), no LoRA, no uniform compute (lab 10 has no such option).
+// cp == 1: nothing to check. check_layout calls it.
+void check_context_parallel(const Layout& x, const Workload& w);
+
+// The workload one cp rank runs: w with seq_len T / cp (x.cp == 1: w itself).
+Workload cp_local_workload(const Layout& x, const Workload& w);
+
+// The busiest cp rank's share of one sequence's causal query-key pairs (key position <= query position),
+// counted chunk pair by chunk pair as lab 10's visible_pairs: zig-zag (2 cp chunks, rank r holding r and
+// 2cp-1-r) exactly 1 / cp; contiguous (rank r holding chunk r of cp) about (2 cp - 1) / cp^2, on rank cp - 1.
+// Throws scalelab::Error unless cp >= 1 and T divides into the chunks.
+double cp_attention_share(int cp, int T, bool zigzag);
+
+// One micro-batch's context-parallel terms on one device of stage `stage` (seconds), lab 10's ring layer by
+// layer: attention_s, the attention FLOPs the whole sequence adds to your T / cp terms (forward, backward,
+// recompute) at c.flops_per_s(); ring_s, what of the kv hand-overs (B, T / cp, 2C / tp elements of
+// w.activation_bytes, links.cp "send") outlasts the block compute it overlaps (the forward's cp - 1 beside a
+// forward step, again under full recompute; the backward's cp - 1 beside a backward step), plus the
+// backward's cp dkv hand-overs, which wait. Zero for cp == 1.
+struct CpSlot {
+  double attention_s = 0;
+  double ring_s = 0;
+};
+CpSlot cp_slot_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w,
+                       const Cluster& c);
+
+// Seconds of the cp group's gradient average after the last backward on stage `stage`: one all-reduce per
+// unit the stage holds (lab 10's average_grads), in the policy's reduce dtype, on links.cp. Zero for cp == 1.
+double cp_grad_seconds(const GPTConfig& cfg, const Layout& x, int stage, const GroupLinks& links, const Workload& w);
+
+// Your step_time with the cp axis: step_time on cp_local_workload (one cp rank's tokens), each stage's slot
+// rebuilt from your stage_flops and stage_comm with cp_slot_seconds added, the pipeline and bubble scaled to
+// the new slot, dp_ms with the slowest stage's cp_grad_seconds and the loss's all-reduce, tokens/s of the
+// whole sequences (dp * m * B * T), MFU and HFU of lab 01's flops_per_token at T over tp * pp * dp * cp
+// devices. x.cp == 1: step_time itself.
+StepTime cp_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
+
+// plan, searched over cp too: for cp = 1, 2, 4, ... up to max_cp dividing the cluster, your plan on a cluster
+// of devices / cp, each row then given that cp (check_layout, device_memory and cp_step_time on the whole
+// cluster; a refusal kept with its reason); ranked as plan ranks. max_cp 1: plan itself.
+std::vector<Candidate> plan_with_cp(const GPTConfig& cfg, const Workload& w, const Cluster& c, int max_cp);
+
+// The longest sequence layout x (its cp, tp, pp, B; dp 1, m 1) fits into c.memory_bytes a device: the largest
+// T, a multiple of 2 cp up to max_seq_len, whose device_memory fits, the model's position embedding grown to
+// T (maxT = T). seq_len 0 when not even T = 2 cp fits. Throws on a layout check_layout refuses at T = 2 cp.
+struct LongestSequence {
+  int seq_len = 0;
+  DeviceMemory memory;  // at seq_len
+};
+LongestSequence longest_sequence(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c,
+                                 int max_seq_len);
 
 // The planner's command line (plan_cli.cpp): lab 09's program and bin/sl_plan are this function on their
 // track. --help lists the options; exit code 0 when the answer fits, 1 when nothing does, 2 for bad input,

@@ -35,7 +35,7 @@ The manifest's fields (FIELDS below; docs/design.md lists them with an example):
 Command line (bash scripts use it; `--build-dir B` reads B/labs.json where it exists):
   labs.py list [--graded|--program|--notebooks|--scale-demo|--sim] [--build-dir B]   the numbers, one a line
   labs.py shell NN [--track learner|reference] [--build-dir B]   shell assignments lab_* (lab_exists=0: none)
-  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo node=8 grid_tp=2 grid_pp=2
+  labs.py scale-row NN N=8 B=4 G=32 S=3 heads=4 layers=4 model=demo node=8 grid_tp=2 grid_pp=2 T=64 device=cpu
                                                "skip" + why, or "run" + one arg a line
   labs.py check [--root R]                     every manifest against its folders (exit 1 with a list)
   labs.py tables [--write] [--root R]          the labs tables of README.md and docs/design.md against the
@@ -264,7 +264,8 @@ def _scale_demo_problems(lab):
         problems.append("the lab has no program to run")
     if sd.get("table_note") not in SCALE_NOTES:
         problems.append(f"table_note {sd.get('table_note')!r} is not one of {', '.join(str(n) for n in SCALE_NOTES)}")
-    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo", node=8, grid_tp=2, grid_pp=2)
+    example = dict(N=8, B=4, G=32, S=3, heads=4, layers=4, model="demo", node=8, grid_tp=2, grid_pp=2, T=64,
+                   device="cpu")
     try:
         scale_row(lab, example)
     except (ManifestError, KeyError, TypeError) as e:
@@ -332,8 +333,8 @@ def scale_row(lab, env):
     """("skip", why) or ("run", [args]) for one run of the scale demo: lab at env["N"] ranks.
     env: N ranks, B micro-batch, G global batch (sequences per step), S ZeRO stage, heads and layers of the
     model, model its name, node the ranks of one node (the largest tensor-parallel group), grid_tp and grid_pp
-    lab 07's tp and pp at N ranks (scripts/scale_demo.sh's rule). A skip entry's "if" is an expression; the
-    first that holds skips the run."""
+    lab 07's tp and pp at N ranks (scripts/scale_demo.sh's rule), T the sequence length, device the run's (cpu,
+    cuda, sim). A skip entry's "if" is an expression; the first that holds skips the run."""
     sd = lab["scale_demo"]
     skip = sd.get("skip", [])
     if not isinstance(skip, list):

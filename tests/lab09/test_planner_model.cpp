@@ -272,3 +272,159 @@ TEST(PlannerModel, BadLayoutsAreRefusedWithTheNumbers) {
   sp.sequence_parallel = true;
   EXPECT_TRUE(contains(msg(sp, 1), "tp 1")) << msg(sp, 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The cp axis (cp_terms.cpp, docs/context_parallel.md "The planner's cp axis")
+
+// Lab 10's memory: a cp rank's model (cp rank 0 of the zig-zag, flash attention, as lab 10 builds it) holding
+// its sets at T / cp counts, in the allocator, exactly the planner's device_memory: the state of the whole
+// model and 1/cp of cp 1's activations (every activation term of the flash model is linear in T).
+TEST(PlannerModel, CpMemoryEqualsLab10sAllocator) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = workload(64, 2);
+  w.attention = AttentionImpl::Flash;
+  int64_t cp1_activations = 0;
+  for (int cp : {1, 2, 4}) {
+    Layout x = layout(1, 1, 1, 2, 1);
+    x.cp = cp;
+    check_layout(cfg, x, w, cpu(cp));
+    const DeviceMemory want = device_memory(cfg, x, w);
+    const int64_t before = model_bytes_now();
+    {
+      GPT2 model(cfg, chunk_shard(cfg, x, 0, 0), w.policy, Device::CPU, /*seed=*/1);
+      model.set_attention(AttentionImpl::Flash);
+      Optimizer opt(model, OptimizerConfig{});  // AdamW: m and v
+      const int64_t acts_before =
+          Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)];
+      std::vector<GPT2Activations> sets;
+      for (int k = 0; k < want.sets; ++k) sets.push_back(model.make_activations(x.micro_batch, w.seq_len / cp));
+      const int64_t acts =
+          Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)] - acts_before;
+      EXPECT_EQ(model_bytes_now() - before, want.total()) << to_string(x);
+      EXPECT_EQ(acts, want.activations) << to_string(x);
+      if (cp == 1) cp1_activations = want.activations;
+      EXPECT_EQ(want.activations * cp, cp1_activations) << to_string(x);
+      std::printf(
+          "  [cp] demo, B 2, T 64, flash: cp %d holds %lld activation bytes a rank (allocator %lld), "
+          "%lld in all\n",
+          cp, static_cast<long long>(want.activations), static_cast<long long>(acts),
+          static_cast<long long>(want.total()));
+    }
+  }
+}
+
+// The zig-zag gives every rank exactly 1/cp of the causal pairs; the contiguous split's last rank the most.
+TEST(PlannerModel, CpAttentionShareIsTheZigZagsOneOverCp) {
+  for (int cp : {1, 2, 4, 8}) EXPECT_DOUBLE_EQ(cp_attention_share(cp, 64, true), 1.0 / cp) << "cp " << cp;
+  // contiguous, cp 2, T 4: rank 1 holds positions 2, 3: 3 + 4 pairs of 10
+  EXPECT_DOUBLE_EQ(cp_attention_share(2, 4, false), 7.0 / 10.0);
+  EXPECT_GT(cp_attention_share(4, 64, false), 1.5 / 4);
+}
+
+// Without links, cp ranks that split the sequence do exactly what one device does, divided by cp (the
+// zig-zag's attention share 1/cp, the rest per token): the step is 1/cp of one device's, the MFU the same.
+TEST(PlannerModel, CpStepWithoutLinksIsOneDevicesOverCp) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = workload(256, 4);
+  w.attention = AttentionImpl::Flash;
+  const StepTime one = cp_step_time(cfg, layout(1, 1, 1, 2, 2), w, cpu(1));
+  for (int cp : {2, 4}) {
+    Layout x = layout(1, 1, 1, 2, 2);
+    x.cp = cp;
+    const StepTime t = cp_step_time(cfg, x, w, cpu(cp));
+    EXPECT_NEAR(t.step_ms * cp, one.step_ms, 1e-9 * one.step_ms) << "cp " << cp;
+    EXPECT_NEAR(t.mfu, one.mfu, 1e-12) << "cp " << cp;
+    EXPECT_NEAR(t.tokens_per_s, cp * one.tokens_per_s, 1e-6 * t.tokens_per_s) << "cp " << cp;
+    EXPECT_EQ(t.cp_ms, 0.0);
+  }
+}
+
+// The ring on a slow link, by hand: each layer's forward waits for cp - 1 hand-overs less a forward step of
+// attention each, the backward for cp - 1 less a backward step and cp dkv hand-overs; then the cp group's
+// all-reduce of every unit's gradient and of the loss.
+TEST(PlannerModel, CpRingAndGradientAverageByHand) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = workload(64, 2);
+  w.attention = AttentionImpl::Flash;
+  Layout x = layout(1, 1, 1, 2, 1);
+  x.cp = 4;
+  const Cluster c = cpu(4, "ethernet100");
+  const LinkModel& l = c.intra;
+  const double T = 64, C = cfg.n_embd, F = c.flops_per_s(), L = cfg.n_layer;
+  const double hop = l.seconds("send", 2 * (64 / 4) * 2 * cfg.n_embd * 4, 2);
+  const double step = 2 * 4 * C * T * T / 4 / F / 4;  // one ring step's forward attention: 1/cp of the rank's
+  ASSERT_GT(hop, 2 * step);                           // the link is the slower: the hand-overs show
+  const CpSlot s = cp_slot_seconds(cfg, x, 0, group_links(c, x), w, c);
+  EXPECT_NEAR(s.ring_s, L * (3 * (hop - step) + 3 * (hop - 2 * step) + 4 * hop), 1e-12);
+  EXPECT_NEAR(s.attention_s, L * 3 * 2 * 4 * C * (T * T / 4 - 16.0 * 16.0) / F, 1e-12);
+  double grads = 0;
+  for (int64_t n : gpt2_unit_numel(cfg, chunk_shard(cfg, x, 0, 0))) grads += l.seconds("all_reduce", n * 4, 4);
+  EXPECT_NEAR(cp_grad_seconds(cfg, x, 0, group_links(c, x), w), grads, 1e-12);
+  const StepTime t = cp_step_time(cfg, x, w, c);
+  EXPECT_NEAR(t.cp_ms, 1e3 * s.ring_s, 1e-9);
+  EXPECT_NEAR(t.dp_ms, 1e3 * (grads + l.seconds("all_reduce", 4, 4)), 1e-9);
+}
+
+// Placement: ranks fill tp, then cp, then dp: with tp 2 and cp 4 on nodes of 8 the ring stays inside a node
+// and dp crosses; with cp 8 the ring itself crosses.
+TEST(PlannerModel, CpGroupSitsBetweenTpAndDp) {
+  Cluster c = cpu(32, "nvlink");
+  c.devices_per_node = 8;
+  c.inter = LinkModel::preset("infiniband");
+  Layout x = layout(2, 1, 4, 1, 1);
+  x.cp = 4;
+  GroupLinks g = group_links(c, x);
+  EXPECT_EQ(g.tp.name, "nvlink");
+  EXPECT_EQ(g.cp.name, "nvlink");
+  EXPECT_EQ(g.dp.name, "infiniband");
+  x.cp = 8;
+  x.dp = 2;
+  g = group_links(c, x);
+  EXPECT_EQ(g.cp.name, "infiniband");
+}
+
+// cp rows the lab cannot run are refused with the reason; the ranking with cp holds them all.
+TEST(PlannerModel, CpRefusalsAndTheSearch) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = workload(64, 4);
+  Layout x = layout(1, 1, 1, 4, 1);
+  x.cp = 2;
+  EXPECT_TRUE(contains(error_message([&] { check_layout(cfg, x, w, cpu(2)); }), "materialized"));
+  w.attention = AttentionImpl::Flash;
+  x.cp = 3;
+  EXPECT_TRUE(contains(error_message([&] { check_layout(cfg, x, w, cpu(3)); }), "multiple of 6"));
+  const std::vector<Candidate> rows = plan_with_cp(cfg, w, cpu(4), 4);
+  int with_cp[5] = {0};
+  for (const Candidate& r : rows) {
+    EXPECT_EQ(r.layout.devices(), 4);
+    if (r.fits) with_cp[r.layout.cp]++;
+  }
+  EXPECT_GT(with_cp[1], 0);
+  EXPECT_GT(with_cp[2], 0);
+  EXPECT_GT(with_cp[4], 0);
+}
+
+// The longest sequence that fits: T fits, T + 2 cp does not; more cp, a longer T.
+TEST(PlannerModel, CpLongestSequenceFitsAndTheNextDoesNot) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = workload(64, 1);
+  w.attention = AttentionImpl::Flash;
+  int previous = 0;
+  for (int cp : {1, 2, 4}) {
+    Layout x = layout(1, 1, 1, 1, 1);
+    x.cp = cp;
+    Cluster c = cpu(cp);
+    c.memory_bytes = 60e6;
+    const LongestSequence l = longest_sequence(cfg, x, w, c, 1 << 16);
+    ASSERT_GT(l.seq_len, 0);
+    EXPECT_LE(static_cast<double>(l.memory.total()), c.memory_bytes);
+    GPTConfig grown = cfg;
+    grown.max_seq_len = l.seq_len + 2 * cp;
+    Workload next = w;
+    next.seq_len = l.seq_len + 2 * cp;
+    EXPECT_GT(static_cast<double>(device_memory(grown, x, next).total()), c.memory_bytes) << "cp " << cp;
+    EXPECT_GT(l.seq_len, previous) << "cp " << cp;
+    std::printf("  [cp] demo in 60 MB a device, B 1: cp %d fits T %d\n", cp, l.seq_len);
+    previous = l.seq_len;
+  }
+}
