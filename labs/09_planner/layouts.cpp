@@ -12,6 +12,7 @@
 #include <vector>     // defines: std::vector
 
 #include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
+#include "scalelab/model/gpt2_layout.h"  // defines: gpt2_unit_numel (offload_step's units)
 #include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
 #include "tensor_parallel.h"       // defines: lab05::block_split (lab 05's reference: the tp split)
 
@@ -412,10 +413,87 @@ DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload
   DeviceMemory fullest;
   const Workload local = cp_local_workload(x, w);  // cp > 1: one cp rank's T / cp tokens
   for (int s = 0; s < x.pp; ++s) {
-    const DeviceMemory d = stage_memory(cfg, x, s, local);
+    const DeviceMemory d = offload_memory(stage_memory(cfg, x, s, local), w);
     if (s == 0 || d.total() > fullest.total()) fullest = d;
   }
   return fullest;
+}
+
+DeviceMemory offload_memory(DeviceMemory m, const Workload& w) {
+  if (w.offload_optimizer) m.state.optimizer_state = 0;  // estimate_memory(..., offload_optimizer): on the host
+  return m;
+}
+
+OffloadStep offload_step(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const Cluster& c) {
+  SL_CHECK_HINT(c.host_link_bytes_per_s > 0 && c.host_memory_bytes_per_s > 0,
+                "e.g. the simulated H100's 50e9 and 50e9 (Cluster's defaults)",
+                "offload needs the host link's and the host memory's bandwidth > 0 (got %g and %g bytes/s)",
+                c.host_link_bytes_per_s, c.host_memory_bytes_per_s);
+  const int64_t Bp = static_cast<int64_t>(dtype_size(w.policy.param_dtype));
+  const int64_t Bg = static_cast<int64_t>(dtype_size(w.policy.grad_dtype));
+  struct Unit {
+    int64_t shard;
+    bool kept;
+  };
+  std::vector<Unit> kept, blocks;  // lab 04's order: the units kept gathered first
+  for (int chunk = 0; chunk < x.chunks; ++chunk) {
+    const ModelShard sh = chunk_shard(cfg, x, stage, chunk);
+    const std::vector<int64_t> numel = gpt2_unit_numel(cfg, sh);
+    for (size_t u = 0; u < numel.size(); ++u) {
+      if (numel[u] == 0) continue;
+      const int64_t n = w.lora_rank > 0 ? 0 : numel[u];
+      const int64_t shard = x.zero_stage >= 1 ? (n + x.dp - 1) / x.dp : n;
+      const bool block = u >= 1 && u + 1 < numel.size();
+      (x.zero_stage == 3 && block ? blocks : kept).push_back({shard, !(x.zero_stage == 3 && block)});
+    }
+  }
+  if (w.lora_rank > 0) {  // the adapters only: one unit of them, kept
+    kept.clear();
+    blocks.clear();
+    int64_t n = 0;
+    for (int chunk = 0; chunk < x.chunks; ++chunk) n += lora_adapter_numel(cfg, chunk_shard(cfg, x, stage, chunk), w.lora_rank);
+    kept.push_back({n, true});
+  }
+  kept.insert(kept.end(), blocks.begin(), blocks.end());
+  OffloadStep r;
+  double down_end = 0, host = 0, up_free = 0;
+  std::vector<double> down_ends;
+  for (const Unit& u : kept) {  // every gradient down at once, one after another on the copy stream
+    down_end += c.host_copy_launch_s + static_cast<double>(u.shard * Bg) / c.host_link_bytes_per_s;
+    down_ends.push_back(down_end);
+    r.down_bytes += u.shard * Bg;
+  }
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const Unit& u = kept[i];
+    double bytes = w.optimizer == OptimizerConfig::Kind::AdamW ? op_cost::adamw_update(u.shard).bytes
+                                                               : op_cost::sgd_update(u.shard).bytes;
+    if (Bp != 4) bytes += op_cost::cast(u.shard, w.policy.param_dtype, DType::F32).bytes;  // rounded for its trip up
+    const double update_s = bytes / c.host_memory_bytes_per_s;
+    host = std::max(host, down_ends[i]) + update_s;  // the host waits for this unit's gradient, then updates
+    r.host_s += update_s;
+    const double up_end = std::max(host, up_free) + c.host_copy_launch_s +
+                          static_cast<double>(u.shard * Bp) / c.host_link_bytes_per_s;
+    up_free = up_end;
+    r.up_bytes += u.shard * Bp;
+    if (u.kept) host = up_end;  // needed now: its all-gather follows
+  }
+  r.step_s = host;
+  return r;
+}
+
+StepTime with_offload(const StepTime& t, const GPTConfig& cfg, const Layout& x, const Workload& w,
+                      const Cluster& c) {
+  if (!w.offload_optimizer) return t;
+  double slowest_s = 0;
+  for (int s = 0; s < x.pp; ++s) slowest_s = std::max(slowest_s, offload_step(cfg, x, s, w, c).step_s);
+  StepTime r = t;
+  r.optimizer_ms = 1e3 * slowest_s;
+  r.step_ms = t.step_ms - t.optimizer_ms + r.optimizer_ms;
+  const double speed = t.step_ms / r.step_ms;  // tokens/s, MFU and HFU scale with the step
+  r.tokens_per_s = t.tokens_per_s * speed;
+  r.mfu = t.mfu * speed;
+  r.hfu = t.hfu * speed;
+  return r;
 }
 
 std::string explain(const Candidate& c, const Cluster& cluster) {

@@ -117,13 +117,29 @@ nlohmann::json to_json(const lab09::Candidate& r) {
             {"hfu", t.hfu}}}};
 }
 
+// plan_with_cp() (plan() when max_cp is 1) with w.offload_optimizer's step times (with_offload; its memory is already device_memory's): the
+// fitting rows re-ranked by the new tokens/s (a stable sort keeps plan's order on a tie), the rest after.
+std::vector<lab09::Candidate> offloaded_plan(const GPTConfig& cfg, const lab09::Workload& w, const lab09::Cluster& c,
+                                            int max_cp) {
+  std::vector<lab09::Candidate> rows = lab09::plan_with_cp(cfg, w, c, max_cp);
+  if (!w.offload_optimizer) return rows;
+  for (lab09::Candidate& r : rows)
+    if (r.fits) r.time = lab09::with_offload(r.time, cfg, r.layout, w, c);
+  std::stable_sort(rows.begin(), rows.end(), [](const lab09::Candidate& a, const lab09::Candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits && a.time.tokens_per_s > b.time.tokens_per_s;
+  });
+  return rows;
+}
+
 }  // namespace
 
 int plan_main(int argc, char** argv) {
   CLI::App app{"Choose a layout: memory per device and predicted step time of every tp x pp x dp split"};
   app.footer(kExamples);
   std::string model, gpu = "h100", precision = "bf16", optimizer = "adamw", intra, inter = "infiniband";
-  std::string recompute = "none", schedule = "1f1b";
+  std::string recompute = "none", schedule = "1f1b", offload = "none";
+  bool largest_model = false;
   int layers = 0, hidden = 0, heads = 0, vocab = 256, top = 10, max_gpus = 4096;
   double memory_gb = 0, peak_tflops = 0, efficiency = 0.5, tokens = 0, days = 0, bandwidth_gbs = 0, slowdown = 1;
   double intra_gbs = 0, inter_gbs = 0;
@@ -189,6 +205,12 @@ int plan_main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "adamw | sgd")->capture_default_str();
   app.add_option("--lora", w.lora_rank, "a LoRA fine-tune with adapters of this rank (0: full training)")
       ->check(driver::non_negative_int());
+  app.add_option("--offload", offload,
+                 "none | optimizer: lab 04 part 3's offload, the optimizer state and update on the host")
+      ->capture_default_str();
+  app.add_flag("--largest-model", largest_model,
+               "the largest preset (gpt2-124m .. gpt-70b) the cluster can train, without and with --offload "
+               "optimizer, and the step each costs");
   app.add_flag("--overlap-dp", w.overlap_dp, "dp's communication overlaps the backward (lab 03's overlap)");
   app.add_flag("--pp-scatter-gather", w.pp_scatter_gather,
                "pp with tp > 1: each tp rank sends 1/tp of the boundary activation, all-gathered over tp where it "
@@ -248,6 +270,8 @@ int plan_main(int argc, char** argv) {
         GPTConfig cfg;
         if (!model.empty()) {
           cfg = GPTConfig::preset(model);
+        } else if (largest_model) {
+          cfg = GPTConfig::preset("gpt2-124m");  // --largest-model tries the presets itself
         } else {
           SL_CHECK_HINT(layers > 0 && hidden > 0 && heads > 0,
                         "e.g. --model d24, or --layers 32 --hidden 4096 --heads 32",
@@ -297,6 +321,9 @@ int plan_main(int argc, char** argv) {
           w.policy.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
         }
         w.optimizer = OptimizerConfig::kind_from_name(optimizer);
+        SL_CHECK_HINT(offload == "none" || offload == "optimizer", "--offload none or optimizer",
+                      "unknown --offload '%s'", offload.c_str());
+        w.offload_optimizer = offload == "optimizer";
         w.attention = attention == "flash" ? AttentionImpl::Flash : AttentionImpl::Materialized;
         SL_CHECK_HINT(max_cp == 1 || w.attention == AttentionImpl::Flash,
                       "context parallelism runs the flash attention (lab 10): add --attention flash",
@@ -372,8 +399,9 @@ int plan_main(int argc, char** argv) {
           if (eff_matmul > 0) device.eff_matmul = eff_matmul;
           if (eff_attention > 0) device.eff_attention = eff_attention;
           if (eff_memory > 0) device.eff_memory = eff_memory;
-          r.time = per_op ? lab09::per_op_step_time(cfg, one, w, cluster, device)
-                          : lab09::cp_step_time(cfg, one, w, cluster);
+          r.time = lab09::with_offload(per_op ? lab09::per_op_step_time(cfg, one, w, cluster, device)
+                                              : lab09::cp_step_time(cfg, one, w, cluster),
+                                       cfg, one, w, cluster);
           r.why_not = lab09::memory_refusal(r.memory, cluster);
           r.fits = r.why_not.empty();
           if (json) {
@@ -395,6 +423,42 @@ int plan_main(int argc, char** argv) {
               "activations are this kit's (fp32, llm.c's tensor set: docs/memory.md); compute at %.4g TFLOP/s "
               "a device (%.4g x %.2f)\n",
               cluster.flops_per_s() / 1e12, peak_tflops, efficiency);
+
+        if (largest_model) {  // the largest preset that fits, without and with offload, and its best step
+          std::printf("the largest model %d device(s) of %.4g GB can train (T %d, global batch %d, %s + %s):\n",
+                      cluster.devices, cluster.memory_bytes / 1e9, w.seq_len, w.global_batch,
+                      w.policy.name().c_str(), optimizer.c_str());
+          int found = 0;
+          for (const bool off : {false, true}) {
+            lab09::Workload wo = w;
+            wo.offload_optimizer = off;
+            std::string best_name;
+            lab09::Candidate best;
+            for (const char* name : {"gpt2-124m", "gpt2-350m", "gpt2-1.5b", "gpt-7b", "gpt-70b"}) {
+              GPTConfig pc = GPTConfig::preset(name);
+              pc.max_seq_len = std::max(pc.max_seq_len, wo.seq_len);
+              const std::vector<lab09::Candidate> prows = offloaded_plan(pc, wo, cluster, 1);
+              if (prows.empty() || !prows.front().fits) break;  // the presets grow: a larger one fits no better
+              best_name = name;
+              best = prows.front();
+            }
+            if (best_name.empty()) {
+              std::printf("  offload %-9s: not even gpt2-124m fits\n", off ? "optimizer" : "none");
+              continue;
+            }
+            ++found;
+            std::printf("  offload %-9s: %s (%.4g parameters), %.2f GB a device, step %.4g ms (of it %.4g ms "
+                        "optimizer%s), %.4g tokens/s\n      %s\n",
+                        off ? "optimizer" : "none", best_name.c_str(),
+                        static_cast<double>(gpt2_num_params(GPTConfig::preset(best_name))), best.memory.total() / 1e9,
+                        best.time.step_ms, best.time.optimizer_ms, off ? ": copies and the host's AdamW" : "",
+                        best.time.tokens_per_s, lab09::to_string(best.layout).c_str());
+          }
+          std::printf("(predicted, the planner's model: the host's AdamW at %.4g GB/s, the host link at %.4g GB/s "
+                      "each way; activations are this kit's fp32 ones)\n",
+                      cluster.host_memory_bytes_per_s / 1e9, cluster.host_link_bytes_per_s / 1e9);
+          return found > 0 ? 0 : 1;
+        }
 
         if (tokens > 0 || days > 0) {  // the smallest power-of-two cluster that finishes in time
           SL_CHECK_HINT(tokens > 0 && days > 0, "give both, e.g. --tokens 10e9 --days 1", "--tokens %g --days %g",
@@ -422,7 +486,7 @@ int plan_main(int argc, char** argv) {
           return 1;
         }
 
-        const std::vector<lab09::Candidate> rows = lab09::plan_with_cp(cfg, w, cluster, max_cp);
+        const std::vector<lab09::Candidate> rows = offloaded_plan(cfg, w, cluster, max_cp);
         if (json) {  // the ranking for a script or a notebook: the top rows that fit, and the refusals by reason
           nlohmann::json out = {{"model", cfg.str()},
                                 {"cluster", lab09::to_string(cluster)},

@@ -66,6 +66,12 @@ struct Cluster {
   double efficiency = 0.5;           // the fraction of the peak the model's FLOPs run at (1 with a CPU calibration)
   double memory_bandwidth_bytes_per_s = 0;  // the optimizer step's pass over its state; 0: not modelled
   LinkModel intra, inter;                   // a group inside one node / one that spans nodes
+  // Lab 04 part 3's offload (Workload::offload_optimizer), the simulated GPU's figures (core/sim_gpu.h,
+  // docs/simulation.md rules 3 and 8): the host link one way (PCIe 5.0 x16's 50 GB/s), a copy's launch, and
+  // the host's memory bandwidth its AdamW streams at (50 GB/s a GPU: a teaching value, a model)
+  double host_link_bytes_per_s = 50e9;
+  double host_copy_launch_s = 5e-6;
+  double host_memory_bytes_per_s = 50e9;
   double flops_per_s() const { return peak_flops_per_s * efficiency; }  // sustained, FLOP/s
 };
 
@@ -90,6 +96,8 @@ struct Workload {
   bool grad_clipped = true;       // per-op pricing: the clipping's scale runs (the norm above --grad-clip, as early
                                   // in training); false: it does not (--grad-clip 0, or a --timing-only run, whose
                                   // norm reads 0)
+  bool offload_optimizer = false;  // lab 04 part 3's --offload optimizer (ZeRO-Offload, Ren et al. 2021): the
+                                   // optimizer state and its update on the host (offload_memory, with_offload)
   double uniform_compute_ms = 0;  // a simulated device (labs 06 and 07's --uniform-compute-ms): a stage's
                                   // forward of one micro-batch takes this long whatever its FLOPs, its backward
                                   // twice; 0: the stage's FLOPs at Cluster::flops_per_s
@@ -223,12 +231,39 @@ std::string refusal_text(const Error& e);
 // why_not for memory.
 std::string memory_refusal(const DeviceMemory& m, const Cluster& c);
 
-// The fullest stage: stage_memory of every stage, the one with the largest total (the first on a tie); cp > 1:
-// stage_memory of one cp rank (cp_local_workload: its T / cp tokens).
+// The fullest stage: stage_memory of every stage (offload_memory of it with w.offload_optimizer), the one
+// with the largest total (the first on a tie); cp > 1: stage_memory of one cp rank (cp_local_workload: its
+// T / cp tokens).
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w);
 
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
 std::string explain(const Candidate& c, const Cluster& cluster);
+
+// ---------------------------------------------------------------------------------------------
+// Offload (given): lab 04 part 3's --offload optimizer in the plan (ZeRO-Offload, Ren et al., USENIX ATC
+// 2021, Sec. 4; labs/04_fsdp/README.md "Part 3: offload"). Memory: the device holds no optimizer state
+// (estimate_memory's offload terms, which lab 04's allocator equals). Time: lab 04's reference schedule on
+// the simulator's model: every unit's gradient shard down at once (fp32, on the device-to-host copy
+// stream), the host's update of each unit as its gradient lands (op_cost's AdamW or SGD bytes, and the bf16
+// rounding, at Cluster::host_memory_bytes_per_s), its parameters up (the parameter dtype) as it is done,
+// waited for at once for the units kept gathered (ZeRO-3: embeddings and ln_f; ZeRO 0-2: every unit), a
+// ZeRO-3 block's left in flight behind the next forward (taken as hidden). Units kept gathered first.
+
+// The once-a-step offload of one device of stage `stage` (all its chunks, its 1/dp shard at ZeRO >= 1).
+struct OffloadStep {
+  int64_t down_bytes = 0;  // gradients to the host, bytes
+  int64_t up_bytes = 0;    // parameters to the device, bytes
+  double host_s = 0;       // the host's update, seconds (the sum over units)
+  double step_s = 0;       // from the first copy down to the host's last update or awaited upload, seconds
+};
+OffloadStep offload_step(const GPTConfig& cfg, const Layout& x, int stage, const Workload& w, const Cluster& c);
+// The memory of a device with w.offload_optimizer: m with its optimizer state (persistent and peak) moved
+// off the device; m unchanged otherwise.
+DeviceMemory offload_memory(DeviceMemory m, const Workload& w);
+// A step with w.offload_optimizer: the GPU's optimizer pass (optimizer_ms) replaced by the slowest stage's
+// offload_step, the step, tokens/s, MFU and HFU with it; t unchanged otherwise.
+StepTime with_offload(const StepTime& t, const GPTConfig& cfg, const Layout& x, const Workload& w,
+                      const Cluster& c);
 
 // ---------------------------------------------------------------------------------------------
 // Per-op pricing (given): a simulated GPU's step, op by op (docs/labs/09_planner.md, "Per-op pricing")

@@ -2,11 +2,13 @@
 // (test_lab04_np2, mpiexec -n 2): --offload optimizer (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 4)
 // trains exactly as the optimizer on the device does, step for step; the device's memory falls by exactly
 // the estimator's figure (the allocator's places, MemPlace::Device and ::Host, against estimate_memory's
-// offload terms); and on the simulated H100 the copies overlap: the step is shorter with overlap than without.
+// offload terms); and on the simulated H100 the copies overlap: every upload is waited for, the compute stream
+// waits for uploads no longer than the reference design's bound (copy_wait_stats), and the step is shorter
+// with overlap than without.
 // Every rank evaluates every assertion; grading::all_ranks combines them.
 #include <gtest/gtest.h>
 
-#include <algorithm>  // defines: std::max
+#include <algorithm>  // defines: std::max, std::min
 #include <cmath>      // defines: std::fabs
 #include <cstdint>    // defines: int64_t
 #include <cstdio>     // defines: std::snprintf
@@ -21,7 +23,8 @@
 #include "scalelab/comm/comm.h"                 // defines: Communicator, make_communicator
 #include "scalelab/core/allocator.h"            // defines: Allocator, MemStats, MemPlace
 #include "scalelab/core/clock.h"                // defines: VirtualClock
-#include "scalelab/core/sim_gpu.h"              // defines: GpuModel, sim_gpu_set, sim_gpu_clear
+#include "scalelab/core/host_copy.h"            // defines: copy_wait_stats, CopyWaitStats
+#include "scalelab/core/sim_gpu.h"              // defines: GpuModel, sim_gpu, sim_gpu_set, sim_gpu_clear
 #include "scalelab/measure/memory_estimator.h"  // defines: estimate_memory (offload_optimizer)
 
 namespace {
@@ -214,15 +217,23 @@ TEST(Lab04Fsdp, OffloadCopiesOverlapOnSimulatedH100) {
   const grading::Check check{
       "lab04.offload_copies_overlap_on_simulated_h100", /*points=*/2,
       /*target=*/
-      "2 simulated H100s (virtual time), L=8 C=64 model, ZeRO-3 bf16, AdamW, --offload optimizer: the second "
-      "step is shorter with overlap (uploads in flight until each block's next forward) than without",
+      "2 simulated H100s (virtual time), L=8 C=64 model, ZeRO-3 bf16, AdamW, --offload optimizer, second step: "
+      "every upload waited for (none dropped unwaited); the compute stream waits for uploads at most as long as "
+      "the units kept gathered take to upload (they are needed at once) plus half the smallest block's upload "
+      "(each block's upload left in flight until its next forward); and the step is shorter with overlap than "
+      "without",
       /*hint=*/
-      "README 'Part 3: offload': leave a ZeRO-3 block's upload in flight (wait in finish_params_upload), wait "
-      "at once only for the units kept gathered or when s.overlap is false"};
+      "README 'Part 3: offload': leave a ZeRO-3 block's upload in flight (wait in finish_params_upload, right "
+      "before its all-gather), wait at once only for the units kept gathered or when s.overlap is false; "
+      "never drop a copy's handle without wait()"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig cfg = memory_config();
     constexpr int kT = 32;
+    constexpr int kUp = static_cast<int>(VirtualClock::CopyDir::ToDevice);
     double step_ms[3] = {0, 0, 0};  // offload with overlap, offload without, on the device with overlap
+    double exposed_up_s = 0.0, bound_s = 0.0, kept_up_s = 0.0;
+    long long unwaited_up = 0, waited_up = 0;
+    int num_units = 0;
     for (int run = 0; run < 3; ++run) {
       sim_gpu_set(GpuModel::preset("h100"));  // the virtual clock from 0
       {
@@ -242,20 +253,52 @@ TEST(Lab04Fsdp, OffloadCopiesOverlapOnSimulatedH100) {
         }
         lab04::train_step(*fsdp, mb, 1e-3f, 1.0f);
         const double t0 = VirtualClock::get().compute_s();
+        const CopyWaitStats before = copy_wait_stats();
         lab04::train_step(*fsdp, mb, 1e-3f, 1.0f);
         step_ms[run] = 1e3 * (VirtualClock::get().compute_s() - t0);
+        if (run == 0) {  // the second step waits for the first's block uploads and its own kept units'
+          const CopyWaitStats after = copy_wait_stats();
+          exposed_up_s = after.exposed_s[kUp] - before.exposed_s[kUp];
+          unwaited_up = after.unwaited[kUp] - before.unwaited[kUp];
+          waited_up = after.waited[kUp] - before.waited[kUp];
+          // The reference design's bound, from the same copy model: a unit kept gathered is all-gathered in
+          // the update itself, so its whole upload is exposed; a block's travels during the host's work and
+          // the forward until its own all-gather, so none of it should be (half the smallest as a margin).
+          const auto elem = static_cast<int64_t>(dtype_size(PrecisionPolicy::bf16_mixed().param_dtype));
+          double smallest_block_s = 0.0;
+          const lab04::FsdpState& s = fsdp->state();
+          num_units = s.num_units();
+          for (const lab04::UnitShard& us : s.units) {
+            const double up_s = sim_gpu().copy_seconds(us.layout.shard * elem, Device::SIM, Device::CPU);
+            if (us.keep_gathered)
+              kept_up_s += up_s;
+            else
+              smallest_block_s = smallest_block_s == 0.0 ? up_s : std::min(smallest_block_s, up_s);
+          }
+          bound_s = kept_up_s + 0.5 * smallest_block_s;
+        }
       }
       sim_gpu_clear();
       Allocator::get(Device::SIM).set_capacity_bytes(0);
     }
-    char buf[256];
+    char buf[512];
+    std::snprintf(buf, sizeof(buf), "second step: %lld uploads dropped without wait() (of %d units)", unwaited_up,
+                  num_units);
+    EXPECT_TRUE(grading::all_ranks(unwaited_up == 0, buf)) << "every upload waited for";
+    std::snprintf(buf, sizeof(buf),
+                  "second step: the compute stream waited %.3f us for uploads, the bound is %.3f us (the kept "
+                  "units' uploads %.3f us + half the smallest block's); %lld uploads waited for",
+                  1e6 * exposed_up_s, 1e6 * bound_s, 1e6 * kept_up_s, waited_up);
+    EXPECT_TRUE(grading::all_ranks(exposed_up_s <= bound_s, buf)) << "exposed upload time";
     std::snprintf(buf, sizeof(buf), "step %.3f ms offloaded with overlap, %.3f ms without (on the device %.3f ms)",
                   step_ms[0], step_ms[1], step_ms[2]);
     EXPECT_TRUE(grading::all_ranks(step_ms[0] < step_ms[1], buf)) << "simulated step times";
     const lab04_driver::PcieBytes pcie =
         lab04_driver::offload_pcie_bytes_per_step(cfg, world().size(), 3, PrecisionPolicy::bf16_mixed());
     std::snprintf(buf + std::string(buf).size(), sizeof(buf) - std::string(buf).size(),
-                  "; host link %lld B down + %lld B up per step, simulated h100", static_cast<long long>(pcie.down),
+                  "; uploads exposed %.3f us (bound %.3f us); host link %lld B down + %lld B up per step, "
+                  "simulated h100",
+                  1e6 * exposed_up_s, 1e6 * bound_s, static_cast<long long>(pcie.down),
                   static_cast<long long>(pcie.up));
     record.measured(buf);
   });

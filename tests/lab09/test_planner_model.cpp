@@ -15,6 +15,7 @@
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
 #include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
 #include "scalelab/model/gpt2.h"      // defines: GPT2, gpt2_num_params
+#include "scalelab/model/gpt2_layout.h"  // defines: gpt2_unit_numel
 
 namespace {
 
@@ -200,6 +201,48 @@ TEST(PlannerModel, StageMemoryEqualsTheAllocator) {
             }
           }
         }
+}
+
+// Offload (lab 04 part 3) in the plan: a dp layout's device memory with --offload optimizer is lab 04's
+// estimate_memory with its offload terms, byte for byte per category (lab 04's graded
+// offload_device_memory_falls_by_estimate holds the allocator to the same figures), and its step pays the
+// copies and the host's AdamW: down 4 and up Bp bytes an element of the shard, the host's update at least
+// 28 bytes an element at the host's bandwidth.
+TEST(PlannerModel, OffloadMemoryEqualsLab04sEstimateAndTheStepPaysTheHost) {
+  const GPTConfig cfg = GPTConfig::preset("demo");
+  for (const PrecisionPolicy& policy : {PrecisionPolicy::fp32(), PrecisionPolicy::bf16_mixed()})
+    for (int zero = 1; zero <= 3; ++zero) {
+      Workload w = workload(64, 8);
+      w.policy = policy;
+      w.offload_optimizer = true;
+      const Layout x = [&] {
+        Layout l = layout(1, 1, 2, 4, 1);
+        l.zero_stage = zero;
+        return l;
+      }();
+      const DeviceMemory got = device_memory(cfg, x, w);
+      const MemoryEstimate want = estimate_memory(cfg, 2, zero, policy, OptimizerConfig::Kind::AdamW, w.prefetch, 0, 0,
+                                                  Recompute::None, /*offload_optimizer=*/true);
+      EXPECT_EQ(got.state.params, want.peak.params) << to_string(x) << " " << policy.name();
+      EXPECT_EQ(got.state.grads, want.peak.grads) << to_string(x) << " " << policy.name();
+      EXPECT_EQ(got.state.optimizer_state, 0) << to_string(x) << " " << policy.name();
+      Workload on_device = w;
+      on_device.offload_optimizer = false;
+      EXPECT_EQ(device_memory(cfg, x, on_device).state.optimizer_state,
+                estimate_memory(cfg, 2, zero, policy, OptimizerConfig::Kind::AdamW, w.prefetch, 0, 0).peak.optimizer_state);
+      // the copies: s_u elements a unit, fp32 gradients down, the parameter dtype up
+      const Cluster c = cpu(2, "nvlink");
+      const OffloadStep o = offload_step(cfg, x, 0, w, c);
+      int64_t elements = 0;
+      for (int64_t n : gpt2_unit_numel(cfg)) elements += (n + 1) / 2;
+      EXPECT_EQ(o.down_bytes, 4 * elements);
+      EXPECT_EQ(o.up_bytes, static_cast<int64_t>(dtype_size(policy.param_dtype)) * elements);
+      EXPECT_GE(o.host_s, 28.0 * elements / c.host_memory_bytes_per_s);
+      EXPECT_GE(o.step_s, o.host_s);
+      const StepTime t = with_offload(step_time(cfg, x, on_device, c), cfg, x, w, c);
+      EXPECT_NEAR(t.optimizer_ms, 1e3 * o.step_s, 1e-12);
+      EXPECT_NEAR(t.step_ms, t.pipeline_ms + t.dp_ms + t.optimizer_ms, 1e-9);
+    }
 }
 
 // The plan: every row uses the whole cluster and the whole global batch, the fitting rows come first by

@@ -4,6 +4,7 @@
 
 #include <algorithm>  // defines: std::max
 #include <cstring>    // defines: std::memcpy, std::memset
+#include <mutex>      // defines: std::mutex, std::lock_guard
 #include <utility>    // defines: std::move
 
 #include "scalelab/core/clock.h"    // defines: VirtualClock, UnchargedDeviceWork
@@ -11,11 +12,35 @@
 #include "scalelab/core/sim_gpu.h"  // defines: sim_gpu, sim_gpu_active, sim_skips_data
 
 namespace scalelab {
+namespace {
 
-CopyInFlight::CopyInFlight(Tensor dst, std::vector<char> bytes, double end_s, bool virtual_time)
-    : dst_(std::move(dst)), bytes_(std::move(bytes)), end_s_(end_s), virtual_time_(virtual_time) {}
+// The process's CopyWaitStats; a mutex because the loader's thread may copy while the main thread computes.
+std::mutex g_stats_mutex;
+CopyWaitStats g_stats;
 
-CopyInFlight::~CopyInFlight() { land(); }
+}  // namespace
+
+CopyWaitStats copy_wait_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  return g_stats;
+}
+
+void reset_copy_wait_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  g_stats = CopyWaitStats{};
+}
+
+CopyInFlight::CopyInFlight(Tensor dst, std::vector<char> bytes, double end_s, bool virtual_time,
+                           VirtualClock::CopyDir dir)
+    : dst_(std::move(dst)), bytes_(std::move(bytes)), end_s_(end_s), virtual_time_(virtual_time), dir_(dir) {}
+
+CopyInFlight::~CopyInFlight() {
+  if (!landed_ && virtual_time_) {
+    std::lock_guard<std::mutex> lock(g_stats_mutex);
+    ++g_stats.unwaited[static_cast<int>(dir_)];
+  }
+  land();
+}
 
 void CopyInFlight::land() {
   if (landed_) return;
@@ -28,8 +53,16 @@ void CopyInFlight::land() {
 }
 
 void CopyInFlight::wait() {
+  const bool first = !landed_;
   land();
-  if (virtual_time_) VirtualClock::get().wait_compute_until(end_s_);
+  if (!virtual_time_) return;
+  VirtualClock& clock = VirtualClock::get();
+  if (first) {  // a second wait() exposes nothing more
+    std::lock_guard<std::mutex> lock(g_stats_mutex);
+    g_stats.exposed_s[static_cast<int>(dir_)] += std::max(0.0, end_s_ - clock.compute_s());
+    ++g_stats.waited[static_cast<int>(dir_)];
+  }
+  clock.wait_compute_until(end_s_);
 }
 
 CopyPtr copy_async(Tensor dst, const Tensor& src) {
@@ -41,11 +74,11 @@ CopyPtr copy_async(Tensor dst, const Tensor& src) {
            device_name(src.device()));
   const bool sim = (dst.device() == Device::SIM || src.device() == Device::SIM) && sim_gpu_active();
   double end_s = 0.0;
+  const auto dir = dst.device() == Device::CPU ? VirtualClock::CopyDir::ToHost : VirtualClock::CopyDir::ToDevice;
   const bool charged = sim && VirtualClock::get().on() && !UnchargedDeviceWork::open();
   if (charged) {  // its direction's copy stream: after the compute queued so far (it produced src) and the
                   // copies queued before it that way
     VirtualClock& clock = VirtualClock::get();
-    const auto dir = dst.device() == Device::CPU ? VirtualClock::CopyDir::ToHost : VirtualClock::CopyDir::ToDevice;
     const double start_s = std::max(clock.compute_s(), clock.copy_s(dir));
     end_s = start_s + sim_gpu().copy_seconds(static_cast<int64_t>(dst.nbytes()), dst.device(), src.device());
     clock.set_copy_s(dir, end_s);
@@ -60,7 +93,7 @@ CopyPtr copy_async(Tensor dst, const Tensor& src) {
     bytes.resize(dst.nbytes());
     std::memcpy(bytes.data(), src.raw(), bytes.size());
   }
-  return std::make_unique<CopyInFlight>(std::move(dst), std::move(bytes), end_s, charged);
+  return std::make_unique<CopyInFlight>(std::move(dst), std::move(bytes), end_s, charged, dir);
 }
 
 }  // namespace scalelab

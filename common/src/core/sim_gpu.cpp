@@ -16,6 +16,11 @@
 //            datasheet bandwidth.
 //   host     achievable PCIe, one direction: 4.0 x16 25 GB/s (docs/references.md; 32 GB/s raw), 5.0 x16
 //            50 GB/s (twice that: the raw rate doubles; a round value).
+//   host memory  50 GB/s per GPU, every preset: a round teaching value, not a measurement. A two-socket
+//            server with 8 DDR5-4800 channels a socket has 8 x 38.4 = 307 GB/s peak a socket, about two
+//            thirds of it achievable in a streaming kernel, shared by the 4 GPUs of a socket: about 50 GB/s
+//            for one rank's host AdamW (ZeRO-Offload, Ren et al., USENIX ATC 2021, Sec. 5: CPU Adam is
+//            memory-bound).
 #include "scalelab/core/sim_gpu.h"
 
 #include <atomic>  // defines: std::atomic (the timing-only flag)
@@ -32,6 +37,7 @@ namespace {
 constexpr double kTera = 1e12;  // FLOP/s per TFLOP/s, bytes/s per TB/s
 constexpr double kGB = 1e9;     // bytes per GB (decimal, as datasheets count)
 constexpr double kUs = 1e-6;    // seconds per microsecond
+constexpr double kHostMemoryGbPerS = 50;  // host memory bandwidth per GPU, GB/s (the comment above)
 
 // One row per preset: the figures that differ between GPUs (the comment above says where each comes from).
 struct PresetRow {
@@ -83,6 +89,10 @@ double GpuModel::copy_seconds(int64_t nbytes, Device dst, Device src) const {
   return launch_s + static_cast<double>(nbytes) / host_link_bytes_per_s;
 }
 
+double GpuModel::host_op_seconds(double bytes) const {
+  return host_memory_bytes_per_s > 0 ? bytes / host_memory_bytes_per_s : 0.0;
+}
+
 double GpuModel::zero_seconds(int64_t nbytes) const {
   return launch_s + static_cast<double>(nbytes) / (hbm_bytes_per_s * eff_memory);
 }
@@ -106,6 +116,7 @@ GpuModel GpuModel::preset(const std::string& name) {
     m.host_link_bytes_per_s = row.host_gb_per_s * kGB;
     m.host_link = row.host_link;
     m.intra_node_link = row.intra_node_link;
+    m.host_memory_bytes_per_s = kHostMemoryGbPerS * kGB;
     m.launch_s = 5 * kUs;  // the same for every GPU, as are the efficiencies
     m.eff_matmul = 0.75;
     m.eff_attention = 0.50;
@@ -134,7 +145,8 @@ std::unique_ptr<GpuModel>& active() {
 
 void sim_gpu_set(const GpuModel& model) {
   SL_CHECK(model.bf16_flops_per_s > 0 && model.fp32_flops_per_s > 0 && model.hbm_bytes_per_s > 0 &&
-               model.host_link_bytes_per_s > 0 && model.memory_bytes > 0 && model.launch_s >= 0,
+               model.host_link_bytes_per_s > 0 && model.memory_bytes > 0 && model.launch_s >= 0 &&
+               model.host_memory_bytes_per_s >= 0,
            "simulated GPU '%s': every peak, bandwidth and the memory must be > 0 (bf16 %g, fp32 %g FLOP/s, HBM %g, "
            "host link %g bytes/s, memory %lld bytes)",
            model.name.c_str(), model.bf16_flops_per_s, model.fp32_flops_per_s, model.hbm_bytes_per_s,

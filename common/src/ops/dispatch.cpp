@@ -149,11 +149,30 @@ void charge_sim(const char* op, const OpCost& cost) {
   op_profile_add(op, 1e3 * seconds);  // does nothing while the profile is off
 }
 
+// docs/simulation.md rule 8: an op whose tensors all lie in host memory (MemPlace::Host: lab 04's offloaded
+// AdamW and its casts) while a simulated GPU is active is the host's own work: its op_cost bytes at the
+// host's memory bandwidth (GpuModel::host_op_seconds), on the host thread. The host issues the GPU's work
+// and waits for it (rule 1), so its busy time advances the compute stream's "now", as clock_pause_ms does;
+// copies in flight on the copy streams keep running meanwhile. Not dropped by an UnchargedDeviceWork (it is
+// not the device's work).
+void charge_host_if_simulated(std::initializer_list<const Tensor*> tensors, const OpCost& cost) {
+  if (!sim_gpu_active() || !VirtualClock::get().on()) return;
+  bool any = false;
+  for (const Tensor* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    if (t->place() != MemPlace::Host) return;
+    any = true;
+  }
+  if (!any) return;
+  VirtualClock::get().advance_compute(sim_gpu().host_op_seconds(cost.bytes));
+}
+
 template <class R, class... P, class... A>
 R run_twin(const char* op, std::initializer_list<const Tensor*> tensors, const OpCost& cost, R (*cpu_twin)(P...),
            typename NonDeduced<R (*)(P...)>::type cuda_twin, A&&... args) {
   const Device device = device_of(op, tensors);
   if (device == Device::SIM) charge_sim(op, cost);
+  if (device == Device::CPU) charge_host_if_simulated(tensors, cost);
   // --timing-only (docs/simulation.md "Timing-only runs"): the time is charged, the arithmetic skipped. The one
   // op with a result, sum_squares, returns 0: a norm built from it reads as finite, and clips nothing.
   if (device == Device::SIM && sim_skips_data()) return R();

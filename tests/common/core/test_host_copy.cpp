@@ -1,6 +1,8 @@
 // test_host_copy.cpp — memory in two places (allocator.h MemPlace) and the asynchronous host <-> device copy
 // (host_copy.h): host bytes counted apart from the device's, the source read at launch and the destination
-// written at wait, the simulated copy charged on the copy stream beside compute.
+// written at wait, the simulated copy charged on the copy stream beside compute, the compute stream's waits
+// for copies counted (copy_wait_stats), and an op on host memory charged at the host's memory bandwidth
+// (docs/simulation.md rule 8).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -10,6 +12,7 @@
 #include "scalelab/core/host_copy.h"  // defines: copy_async, CopyPtr
 #include "scalelab/core/sim_gpu.h"    // defines: GpuModel, sim_gpu_set, sim_gpu_clear
 #include "scalelab/core/tensor.h"     // defines: Tensor
+#include "scalelab/ops/ops.h"         // defines: adamw_update
 
 namespace scalelab {
 namespace {
@@ -76,6 +79,61 @@ TEST(CopyAsync, SimulatedCopiesRunOnACopyStreamPerDirection) {
     EXPECT_DOUBLE_EQ(clock.compute_s(), t0 + 1.75);
     up2->wait();
     EXPECT_DOUBLE_EQ(clock.compute_s(), t0 + 2.5);
+  }
+  sim_gpu_clear();
+  Allocator::get(Device::SIM).set_capacity_bytes(0);
+}
+
+TEST(CopyAsync, WaitStatsCountExposedTimeAndCopiesNeverWaitedFor) {
+  GpuModel m = GpuModel::preset("h100");
+  m.launch_s = 0.25;
+  m.host_link_bytes_per_s = 64;  // 64 bytes: 1 s over the link
+  sim_gpu_set(m);
+  reset_copy_wait_stats();
+  constexpr int kUp = static_cast<int>(VirtualClock::CopyDir::ToDevice);
+  constexpr int kDown = static_cast<int>(VirtualClock::CopyDir::ToHost);
+  {
+    Tensor d = Tensor::zeros({16}, DType::F32, Device::SIM);
+    VirtualClock& clock = VirtualClock::get();
+    Tensor h = iota(16, MemPlace::Host);
+    CopyPtr up = copy_async(d, h);  // ends 1.25 s after launch
+    clock.advance_compute(1.0);     // 1 s of it hidden behind compute
+    up->wait();                     // 0.25 s exposed
+    up->wait();                     // a second wait exposes nothing more
+    CopyPtr down = copy_async(h, d);
+    clock.advance_compute(2.0);  // all of it hidden
+    down->wait();
+    copy_async(d, h);  // dropped without a wait
+    const CopyWaitStats st = copy_wait_stats();
+    EXPECT_DOUBLE_EQ(st.exposed_s[kUp], 0.25);
+    EXPECT_DOUBLE_EQ(st.exposed_s[kDown], 0.0);
+    EXPECT_EQ(st.waited[kUp], 1);
+    EXPECT_EQ(st.waited[kDown], 1);
+    EXPECT_EQ(st.unwaited[kUp], 1);
+    EXPECT_EQ(st.unwaited[kDown], 0);
+  }
+  reset_copy_wait_stats();
+  EXPECT_EQ(copy_wait_stats().waited[kUp], 0);
+  sim_gpu_clear();
+  Allocator::get(Device::SIM).set_capacity_bytes(0);
+}
+
+TEST(HostOps, AnOpOnHostMemoryTakesItsBytesAtTheHostsBandwidth) {
+  GpuModel m = GpuModel::preset("h100");
+  EXPECT_DOUBLE_EQ(m.host_memory_bytes_per_s, 50e9);  // docs/simulation.md rule 8's teaching value
+  m.host_memory_bytes_per_s = 28e3;                   // AdamW on 1000 elements: 28,000 bytes, 1 s
+  sim_gpu_set(m);
+  {
+    VirtualClock& clock = VirtualClock::get();
+    const auto host = [] { return Tensor::zeros({1000}, DType::F32, Device::CPU, MemCategory::Other, MemPlace::Host); };
+    Tensor w = host(), g = host(), mo = host(), v = host();
+    const double t0 = clock.compute_s();
+    adamw_update(w, g, mo, v, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+    EXPECT_DOUBLE_EQ(clock.compute_s(), t0 + 1.0);  // read w, g, m, v; write w, m, v: 7 x 4 bytes an element
+    Tensor dw = Tensor::zeros({1000}), dg = Tensor::zeros({1000}), dm = Tensor::zeros({1000}),
+           dv = Tensor::zeros({1000});
+    adamw_update(dw, dg, dm, dv, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);  // the CPU "device"'s memory: not the host's
+    EXPECT_DOUBLE_EQ(clock.compute_s(), t0 + 1.0);
   }
   sim_gpu_clear();
   Allocator::get(Device::SIM).set_capacity_bytes(0);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "scalelab/core/clock.h"   // defines: VirtualClock::CopyDir
 #include "scalelab/core/tensor.h"  // defines: Tensor
 
 namespace scalelab {
@@ -19,8 +20,8 @@ namespace scalelab {
 // every backend, as it might on a GPU, and a check can catch the missing wait.
 class CopyInFlight {
  public:
-  CopyInFlight(Tensor dst, std::vector<char> bytes, double end_s, bool virtual_time);
-  ~CopyInFlight();  // lands the bytes if nobody waited (no clock wait)
+  CopyInFlight(Tensor dst, std::vector<char> bytes, double end_s, bool virtual_time, VirtualClock::CopyDir dir);
+  ~CopyInFlight();  // lands the bytes if nobody waited (no clock wait; counted in CopyWaitStats::unwaited)
   CopyInFlight(const CopyInFlight&) = delete;
   CopyInFlight& operator=(const CopyInFlight&) = delete;
 
@@ -35,6 +36,7 @@ class CopyInFlight {
   bool landed_ = false;
   double end_s_ = 0.0;
   bool virtual_time_ = false;
+  VirtualClock::CopyDir dir_;
 };
 using CopyPtr = std::unique_ptr<CopyInFlight>;
 
@@ -45,5 +47,20 @@ using CopyPtr = std::unique_ptr<CopyInFlight>;
 // tensor is copied at once (synchronously) in this version. --timing-only: charged, no bytes moved (a host
 // destination receives zeros, as Tensor::copy_from's does).
 CopyPtr copy_async(Tensor dst, const Tensor& src);
+
+// What the compute stream waited for, in virtual time, for the charged copies of this process (one rank),
+// per direction (index static_cast<int>(VirtualClock::CopyDir)): how a schedule of copies shows on the GPU.
+// exposed_s: the sum over wait() calls of max(0, the copy's end - the compute stream's time at the wait), in
+// seconds: the copy time the compute stream did not hide (docs/simulation.md rule 5's exposed time, for
+// copies). waited: copies waited for. unwaited: copies dropped without a wait (their bytes landed, but
+// the compute stream never waited for them: a GPU program would read the destination too early). Lab 04's
+// `offload_copies_overlap_on_simulated_h100` reads the uploads' figures (labs/04_fsdp/README.md "Part 3").
+struct CopyWaitStats {
+  double exposed_s[2] = {0.0, 0.0};
+  long long waited[2] = {0, 0};
+  long long unwaited[2] = {0, 0};
+};
+CopyWaitStats copy_wait_stats();  // since the process started or the last reset_copy_wait_stats()
+void reset_copy_wait_stats();
 
 }  // namespace scalelab

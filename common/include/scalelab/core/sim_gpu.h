@@ -36,6 +36,11 @@ struct GpuModel {
   double eff_memory = 0;
   double host_link_bytes_per_s = 0;  // host <-> device copies (PCIe), bytes/s in one direction, achievable
   std::string host_link;             // its name: "PCIe 5.0 x16"
+  // The host's (CPU's) memory bandwidth available to this GPU's rank, bytes/s: what an op of ops.h on host
+  // memory (MemPlace::Host, lab 04's offloaded AdamW) costs in virtual time (host_op_seconds). A model, not
+  // a measurement: a round teaching value (common/src/core/sim_gpu.cpp says where it comes from). 0: the
+  // host's arithmetic takes no virtual time.
+  double host_memory_bytes_per_s = 0;
   // The LinkModel preset (comm.h) the sim backend takes for GPUs of one node unless told otherwise:
   // "nvlink" for the SXM parts, "pcie" for cards without NVLink.
   std::string intra_node_link;
@@ -48,6 +53,9 @@ struct GpuModel {
   // (launch_s + nbytes / host_link_bytes_per_s, as a cudaMemcpy); SIM -> SIM reads and writes HBM
   // (launch_s + 2 nbytes / (hbm_bytes_per_s * eff_memory)). 0 when neither side is SIM.
   double copy_seconds(int64_t nbytes, Device dst, Device src) const;
+  // docs/simulation.md rule 8: an op on host memory that reads and writes `bytes` (its op_cost::) takes
+  // bytes / host_memory_bytes_per_s seconds on the host (memory-bound, as AdamW is); 0 when that figure is 0.
+  double host_op_seconds(double bytes) const;
   // A SIM buffer of nbytes set to zero (cudaMemset): launch_s + nbytes / (hbm_bytes_per_s * eff_memory).
   double zero_seconds(int64_t nbytes) const;
 
