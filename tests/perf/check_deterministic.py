@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """tests/perf/check_deterministic.py — the graded speed checks measure the same bits every time, busy or not.
 
-  python3 tests/perf/check_deterministic.py --build-dir build
+  python3 tests/perf/check_deterministic.py --build-dir build [--all]
 
-Runs the reference track's speed checks (tests/bin/reference/test_labNN_perf: labs 03-07, each one
-simulated run of the "track" and one of the reference) twice, the second time beside two busy loops
+Runs reference-track speed checks (tests/bin/reference/test_labNN_perf, each one simulated run of the "track"
+and one of the reference) twice: by default three, one of each kind the virtual clock times (lab 03's
+throughput check: real arithmetic on 2 simulated GPUs; lab 04's and lab 06's MFU checks: timing-only, FSDP and
+a pipeline), about 25 s on 2 cores; with --all every speed check of labs 03-07 (eight, about 100 s, lab 07's
+16-rank check the longest). Each runs the second time beside two busy loops
 (`yes > /dev/null`, on 2 cores: a machine with no core to spare), then compares between the rounds every check's
 measured text (its record's check_measured) and the figures it was computed from: tokens_per_s, mfu, comm_ms,
 comm_busy_ms and mean_step_ms of every rank's summary (JSON numbers as the programs wrote them, so equal means
@@ -23,7 +26,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (lab, test program, gtest filter): the speed checks, not lab 04's memory check (no timing in it); the MFU
 # checks at the lesson's sizes run timing only (--timing-only: a --device cpu round is refused, and fails).
-CHECKS = [("lab03", "test_lab03_perf", "Lab03Perf.ThroughputVsReference"),
+CHECKS = [("lab03", "test_lab03_perf", "Lab03Perf.ThroughputVsReference"),  # default: this one, lab 04's and lab 06's MFU
           ("lab03", "test_lab03_perf", "Lab03Perf.MfuAtGpt2Small"),
           ("lab04", "test_lab04_perf", "Lab04Perf.ThroughputVsReference"),
           ("lab04", "test_lab04_perf", "Lab04Perf.MfuAtGpt2Xl"),
@@ -31,13 +34,14 @@ CHECKS = [("lab03", "test_lab03_perf", "Lab03Perf.ThroughputVsReference"),
           ("lab06", "test_lab06_perf", "Lab06Perf.MfuAtGpt7b"),
           ("lab07", "test_lab07_perf", "Lab07Perf.ThroughputVsReference"),
           ("lab07", "test_lab07_perf", "Lab07Perf.MfuAtGpt7b")]
+DEFAULT = {"Lab03Perf.ThroughputVsReference", "Lab04Perf.MfuAtGpt2Xl", "Lab06Perf.MfuAtGpt7b"}
 FIGURES = ("tokens_per_s", "mfu", "comm_ms", "comm_busy_ms", "mean_step_ms")
 
 
-def run_round(build, name, out_dir, extra_env):
-    """{"lab03 TestName": (measured text, {run: [per-rank figures]})} of one run of every check."""
+def run_round(build, name, out_dir, extra_env, checks):
+    """{"lab03 TestName": (measured text, {run: [per-rank figures]})} of one run of every check in `checks`."""
     seen = {}
-    for lab, program, gtest_filter in CHECKS:
+    for lab, program, gtest_filter in checks:
         key = f"{lab} {gtest_filter.split('.')[1]}"
         record = os.path.join(out_dir, f"{name}-{lab}-{gtest_filter.split('.')[1]}.json")
         env = dict(os.environ, SL_SOURCE_DIR=REPO, **extra_env)
@@ -67,16 +71,18 @@ def run_round(build, name, out_dir, extra_env):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
+    ap.add_argument("--all", action="store_true", help="every speed check of labs 03-07, not the three defaults")
     ap.add_argument("--device", default="", help="cpu: run the checks' programs on CPU (shows this check failing)")
     a = ap.parse_args()
     build = os.path.abspath(a.build_dir)
     out_dir = os.path.join(build, "perf-runs", "deterministic")
     os.makedirs(out_dir, exist_ok=True)
     env = {"SL_PERF_TRACK_ARGS": f"--device {a.device}"} if a.device else {}
-    rounds = {"first": run_round(build, "first", out_dir, env)}
+    checks = [c for c in CHECKS if a.all or c[2] in DEFAULT]
+    rounds = {"first": run_round(build, "first", out_dir, env, checks)}
     hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2)]
     try:
-        rounds["busy"] = run_round(build, "busy", out_dir, env)
+        rounds["busy"] = run_round(build, "busy", out_dir, env, checks)
     finally:
         for h in hogs:
             h.kill()
