@@ -51,8 +51,8 @@ Pipeline make_pipeline(const GPTConfig& cfg, ScheduleKind schedule, int m, int v
 // [i * B, (i + 1) * B)).
 std::vector<MicroBatch> micro_batches_of(const GlobalBatch& g, int m);
 
-// The schedules as the papers define them (README "The schedules"), for stage s of p: written here, not
-// taken from the learner's functions.
+// The schedules as the papers define them (README "GPipe", "1F1B", "Interleaved 1F1B" and "Zero bubble"), for
+// stage s of p: written here, not taken from the learner's functions.
 std::vector<Action> expected_schedule(ScheduleKind kind, int p, int m, int v, int s);
 
 // The sums of m micro-batches' gradients in another order than one forward of the global batch: rounding.
