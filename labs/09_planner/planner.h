@@ -240,12 +240,12 @@ DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload
 // step_time when x.cp == 1); fits when memory_refusal is "", else why_not says what it needs. A layout
 // check_layout refuses is kept with fits = false and why_not its refusal_text; scalelab::NotImplemented (a TODO
 // of this lab not written yet) is not a refusal and passes through. What the given cp axis (plan_with_cp)
-// evaluates its rows with; your plan decides its rows' fate itself (TODO lab09-6).
+// evaluates its rows with; your plan decides its rows' fate itself (TODO lab09-6). README.md#the-plan
 Candidate evaluate_candidate(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
 
 // The plan's order, in place (a stable sort): the fitting rows first, by tokens/s (highest first; a tie: less
 // memory first), then the refused ones in the order given. What plan_with_cp and the command line's offload
-// re-rank with; your plan ranks its rows itself (TODO lab09-6).
+// re-rank with; your plan ranks its rows itself (TODO lab09-6). README.md#the-plan
 void rank_candidates(std::vector<Candidate>& rows);
 
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
