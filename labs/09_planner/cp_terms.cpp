@@ -4,12 +4,12 @@
 // lesson is docs/context_parallel.md, "The planner's cp axis". It calls the TODO functions of its own track
 // (stage_flops, stage_comm, step_time, plan): yours in labs/09_planner/planner.cpp, the reference's in
 // solutions/09_planner/planner.cpp.
-#include <algorithm>  // defines: std::max, std::min, std::stable_sort
+#include <algorithm>  // defines: std::max
 #include <cstdint>    // defines: int64_t
 #include <vector>     // defines: std::vector
 
 #include "planner.h"
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error, scalelab::NotImplemented
+#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT
 #include "scalelab/core/tensor.h"  // defines: dtype_size
 #include "train_step.h"            // defines: lab01::flops_per_token, lab01::mfu (lab 01's reference)
 
@@ -140,32 +140,13 @@ std::vector<Candidate> plan_with_cp(const GPTConfig& cfg, const Workload& w, con
     split.cp = cp;
     Workload local = cp_local_workload(split, w);
     local.seq_len = std::max(1, local.seq_len);
-    for (Candidate row : plan(cfg, local, rest)) {
-      row.layout.cp = cp;
-      row.fits = false;
-      row.why_not.clear();
-      row.memory = {};
-      row.time = {};
-      try {
-        check_layout(cfg, row.layout, w, c);
-        row.memory = device_memory(cfg, row.layout, w);
-        row.time = cp_step_time(cfg, row.layout, w, c);
-        row.why_not = memory_refusal(row.memory, c);
-        row.fits = row.why_not.empty();
-      } catch (const NotImplemented&) {
-        throw;  // a TODO of this lab: not a refusal
-      } catch (const Error& e) {
-        row.why_not = refusal_text(e);
-      }
-      rows.push_back(row);
+    for (const Candidate& split_row : plan(cfg, local, rest)) {
+      Layout x = split_row.layout;
+      x.cp = cp;
+      rows.push_back(evaluate_candidate(cfg, x, w, c));  // on the whole cluster and sequence; a refusal kept
     }
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (!a.fits) return false;
-    if (a.time.tokens_per_s != b.time.tokens_per_s) return a.time.tokens_per_s > b.time.tokens_per_s;
-    return a.memory.total() < b.memory.total();
-  });
+  rank_candidates(rows);
   return rows;
 }
 

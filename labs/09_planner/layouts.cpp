@@ -1,17 +1,18 @@
 // layouts.cpp — lab 09's given code, one file compiled into both tracks (sl_add_lab's GIVEN in
 // labs/CMakeLists.txt): a layout's checks, shards and links, the sizes of a shard, the refusals' words, the
-// fullest stage and the one-line explanation of a plan's row. Declared under "Given" in
-// labs/09_planner/planner.h. It calls the TODO functions of its own track (stage_memory): yours in
+// fullest stage, a plan's row evaluated and the rows ranked (what the cp axis and the offload re-rank use),
+// and the one-line explanation of a plan's row. Declared under "Given" in labs/09_planner/planner.h. It calls
+// the TODO functions of its own track (stage_memory; step_time through cp_step_time): yours in
 // labs/09_planner/planner.cpp, the reference's in solutions/09_planner/planner.cpp.
 #include "planner.h"
 
-#include <algorithm>  // defines: std::max
+#include <algorithm>  // defines: std::max, std::stable_sort
 #include <cstdint>    // defines: int64_t
 #include <cstdio>     // defines: std::snprintf
 #include <string>     // defines: std::string, std::to_string
 #include <vector>     // defines: std::vector
 
-#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error
+#include "scalelab/core/error.h"   // defines: SL_CHECK_HINT, scalelab::Error, scalelab::NotImplemented
 #include "scalelab/model/gpt2_layout.h"  // defines: gpt2_unit_numel (offload_step's units)
 #include "scalelab/ops/op_cost.h"  // defines: OpCost, op_seconds, op_cost::<op> (the simulated device's charges)
 #include "tensor_parallel.h"       // defines: lab05::block_split (lab 05's reference: the tp split)
@@ -494,6 +495,35 @@ StepTime with_offload(const StepTime& t, const GPTConfig& cfg, const Layout& x, 
   r.mfu = t.mfu * speed;
   r.hfu = t.hfu * speed;
   return r;
+}
+
+// =============================================================================================
+// A plan's rows: one candidate predicted or refused, and the rows ranked (planner.h, "Given")
+// =============================================================================================
+Candidate evaluate_candidate(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c) {
+  Candidate row;
+  row.layout = x;
+  try {
+    check_layout(cfg, x, w, c);
+    row.memory = device_memory(cfg, x, w);
+    row.time = cp_step_time(cfg, x, w, c);  // cp 1: step_time itself
+    row.why_not = memory_refusal(row.memory, c);
+    row.fits = row.why_not.empty();
+  } catch (const NotImplemented&) {
+    throw;  // a TODO of this lab: not a refusal
+  } catch (const Error& e) {
+    row.why_not = refusal_text(e);
+  }
+  return row;
+}
+
+void rank_candidates(std::vector<Candidate>& rows) {
+  std::stable_sort(rows.begin(), rows.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (!a.fits) return false;  // the refused rows keep their order
+    if (a.time.tokens_per_s != b.time.tokens_per_s) return a.time.tokens_per_s > b.time.tokens_per_s;
+    return a.memory.total() < b.memory.total();
+  });
 }
 
 std::string explain(const Candidate& c, const Cluster& cluster) {

@@ -117,18 +117,15 @@ nlohmann::json to_json(const lab09::Candidate& r) {
             {"hfu", t.hfu}}}};
 }
 
-// plan_with_cp() (plan() when max_cp is 1) with w.offload_optimizer's step times (with_offload; its memory is already device_memory's): the
-// fitting rows re-ranked by the new tokens/s (a stable sort keeps plan's order on a tie), the rest after.
+// plan_with_cp() (plan() when max_cp is 1) with w.offload_optimizer's step times (with_offload; its memory is already
+// device_memory's): the fitting rows re-ranked by the new tokens/s (rank_candidates, the plan's order), the rest after.
 std::vector<lab09::Candidate> offloaded_plan(const GPTConfig& cfg, const lab09::Workload& w, const lab09::Cluster& c,
                                             int max_cp) {
   std::vector<lab09::Candidate> rows = lab09::plan_with_cp(cfg, w, c, max_cp);
   if (!w.offload_optimizer) return rows;
   for (lab09::Candidate& r : rows)
     if (r.fits) r.time = lab09::with_offload(r.time, cfg, r.layout, w, c);
-  std::stable_sort(rows.begin(), rows.end(), [](const lab09::Candidate& a, const lab09::Candidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits && a.time.tokens_per_s > b.time.tokens_per_s;
-  });
+  lab09::rank_candidates(rows);
   return rows;
 }
 

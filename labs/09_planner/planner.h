@@ -236,6 +236,18 @@ std::string memory_refusal(const DeviceMemory& m, const Cluster& c);
 // T / cp tokens).
 DeviceMemory device_memory(const GPTConfig& cfg, const Layout& x, const Workload& w);
 
+// One row of a plan for layout x: x checked (check_layout), its device_memory and its step (cp_step_time: your
+// step_time when x.cp == 1); fits when memory_refusal is "", else why_not says what it needs. A layout
+// check_layout refuses is kept with fits = false and why_not its refusal_text; scalelab::NotImplemented (a TODO
+// of this lab not written yet) is not a refusal and passes through. What the given cp axis (plan_with_cp)
+// evaluates its rows with; your plan decides its rows' fate itself (TODO lab09-6). README.md#the-plan
+Candidate evaluate_candidate(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
+
+// The plan's order, in place (a stable sort): the fitting rows first, by tokens/s (highest first; a tie: less
+// memory first), then the refused ones in the order given. What plan_with_cp and the command line's offload
+// re-rank with; your plan ranks its rows itself (TODO lab09-6). README.md#the-plan
+void rank_candidates(std::vector<Candidate>& rows);
+
 // "tp 4 inside a node (nvlink), pp 2 across nodes (infiniband), dp 2 on top; ..." and the prediction.
 std::string explain(const Candidate& c, const Cluster& cluster);
 
@@ -356,8 +368,9 @@ double cp_grad_seconds(const GPTConfig& cfg, const Layout& x, int stage, const G
 StepTime cp_step_time(const GPTConfig& cfg, const Layout& x, const Workload& w, const Cluster& c);
 
 // plan, searched over cp too: for cp = 1, 2, 4, ... up to max_cp dividing the cluster, your plan on a cluster
-// of devices / cp, each row then given that cp (check_layout, device_memory and cp_step_time on the whole
-// cluster; a refusal kept with its reason); ranked as plan ranks. max_cp 1: plan itself.
+// of devices / cp, each row then given that cp (evaluate_candidate: check_layout, device_memory and cp_step_time
+// on the whole cluster; a refusal kept with its reason); ranked as plan ranks (rank_candidates). max_cp 1: plan
+// itself. Throws scalelab::Error, with a hint, on max_cp < 1.
 std::vector<Candidate> plan_with_cp(const GPTConfig& cfg, const Workload& w, const Cluster& c, int max_cp);
 
 // The longest sequence layout x (its cp, tp, pp, B; dp 1, m 1) fits into c.memory_bytes a device: the largest

@@ -55,6 +55,27 @@ Workload workload(int T, int global_batch) {
   return w;
 }
 
+// workload(T, global_batch) with flash attention: what context parallelism runs (lab 10's shards).
+Workload flash_workload(int T, int global_batch) {
+  Workload w = workload(T, global_batch);
+  w.attention = AttentionImpl::Flash;
+  return w;
+}
+
+// Layout x with every sequence split over cp ranks (lab 10's zig-zag).
+Layout with_cp(Layout x, int cp) {
+  x.cp = cp;
+  return x;
+}
+
+// The cp tests' demo run: the demo model, T 64, a batch of 2 sequences as one micro-batch (B 2, m 1), flash
+// attention, tp = pp = dp = 1; at(cp) is its layout on cp ranks.
+struct CpDemo {
+  GPTConfig cfg = GPTConfig::preset("demo");
+  Workload w = flash_workload(64, 2);
+  Layout at(int cp) const { return with_cp(layout(1, 1, 1, 2, 1), cp); }
+};
+
 }  // namespace
 
 // One device, no communication: the step is m micro-batches of forward + backward = 3 forwards, the forward
@@ -275,6 +296,55 @@ TEST(PlannerModel, RowsCoverTheClusterAndTheBatchFittingOnesFirstByTokensPerSeco
   EXPECT_TRUE(tp8_refused);
 }
 
+// The given rows and ranking (layouts.cpp: evaluate_candidate, rank_candidates; what plan_with_cp and the
+// offload's re-ranking use) against the plan: every row evaluated again on its own is the plan's row, and the
+// rows ranked again from the reverse order come back in the plan's order (the refused ones reversed: a stable
+// sort keeps the order it is given). On a memory half the fitting layouts fit, so memory refusals and
+// check_layout's (tp 8 against 12 heads) are both among them.
+TEST(PlannerModel, GivenRowsAndRankingAgreeWithThePlan) {
+  const GPTConfig cfg = GPTConfig::preset("d12");
+  Workload w = workload(1024, 16);
+  w.policy = PrecisionPolicy::bf16_mixed();
+  Cluster c = cpu(8, "nvlink");
+  c.memory_bytes = 80e9;
+  std::vector<double> totals;
+  for (const Candidate& r : plan(cfg, w, c))
+    if (r.fits) totals.push_back(static_cast<double>(r.memory.total()));
+  ASSERT_GT(totals.size(), 2u);
+  std::nth_element(totals.begin(), totals.begin() + totals.size() / 2, totals.end());
+  c.memory_bytes = totals[totals.size() / 2];
+  const std::vector<Candidate> rows = plan(cfg, w, c);
+  int fits = 0, memory_refused = 0, layout_refused = 0;
+  std::vector<Candidate> again;
+  for (const Candidate& r : rows) {
+    fits += r.fits;
+    memory_refused += contains(r.why_not, "GB a device");
+    layout_refused += !r.fits && !contains(r.why_not, "GB a device");
+    const Candidate e = evaluate_candidate(cfg, r.layout, w, c);
+    EXPECT_EQ(to_string(e.layout), to_string(r.layout));
+    EXPECT_EQ(e.fits, r.fits) << to_string(r.layout);
+    EXPECT_EQ(e.why_not, r.why_not) << to_string(r.layout);
+    EXPECT_EQ(e.memory.total(), r.memory.total()) << to_string(r.layout);
+    EXPECT_EQ(e.time.step_ms, r.time.step_ms) << to_string(r.layout);
+    again.push_back(e);
+  }
+  EXPECT_GT(fits, 0);
+  EXPECT_GT(memory_refused, 0);
+  EXPECT_GT(layout_refused, 0);
+  std::reverse(again.begin(), again.end());
+  rank_candidates(again);
+  ASSERT_EQ(again.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(again[i].fits, rows[i].fits) << "row " << i;
+    if (rows[i].fits) {  // the same place in the ranking (rows tied on tokens/s and memory may swap)
+      EXPECT_EQ(again[i].time.tokens_per_s, rows[i].time.tokens_per_s) << "row " << i;
+      EXPECT_EQ(again[i].memory.total(), rows[i].memory.total()) << "row " << i;
+    } else {
+      EXPECT_EQ(to_string(again[i].layout), to_string(rows[fits + rows.size() - 1 - i].layout)) << "row " << i;
+    }
+  }
+}
+
 // The lesson's rule from the ranking alone: on 4 nodes of 4 devices (NVLink inside, InfiniBand across), with
 // d24 (16 heads) too large for one 4 GB device, the best layout keeps its tensor-parallel group inside a node,
 // and the best with tp 8 (two nodes) is slower than the best with tp 4.
@@ -323,13 +393,12 @@ TEST(PlannerModel, BadLayoutsAreRefusedWithTheNumbers) {
 // its sets at T / cp counts, in the allocator, exactly the planner's device_memory: the state of the whole
 // model and 1/cp of cp 1's activations (every activation term of the flash model is linear in T).
 TEST(PlannerModel, CpMemoryEqualsLab10sAllocator) {
-  const GPTConfig cfg = GPTConfig::preset("demo");
-  Workload w = workload(64, 2);
-  w.attention = AttentionImpl::Flash;
+  const CpDemo demo;
+  const GPTConfig& cfg = demo.cfg;
+  const Workload& w = demo.w;
   int64_t cp1_activations = 0;
   for (int cp : {1, 2, 4}) {
-    Layout x = layout(1, 1, 1, 2, 1);
-    x.cp = cp;
+    const Layout x = demo.at(cp);
     check_layout(cfg, x, w, cpu(cp));
     const DeviceMemory want = device_memory(cfg, x, w);
     const int64_t before = model_bytes_now();
@@ -368,12 +437,10 @@ TEST(PlannerModel, CpAttentionShareIsTheZigZagsOneOverCp) {
 // zig-zag's attention share 1/cp, the rest per token): the step is 1/cp of one device's, the MFU the same.
 TEST(PlannerModel, CpStepWithoutLinksIsOneDevicesOverCp) {
   const GPTConfig cfg = GPTConfig::preset("demo");
-  Workload w = workload(256, 4);
-  w.attention = AttentionImpl::Flash;
+  const Workload w = flash_workload(256, 4);
   const StepTime one = cp_step_time(cfg, layout(1, 1, 1, 2, 2), w, cpu(1));
   for (int cp : {2, 4}) {
-    Layout x = layout(1, 1, 1, 2, 2);
-    x.cp = cp;
+    const Layout x = with_cp(layout(1, 1, 1, 2, 2), cp);
     const StepTime t = cp_step_time(cfg, x, w, cpu(cp));
     EXPECT_NEAR(t.step_ms * cp, one.step_ms, 1e-9 * one.step_ms) << "cp " << cp;
     EXPECT_NEAR(t.mfu, one.mfu, 1e-12) << "cp " << cp;
@@ -386,11 +453,10 @@ TEST(PlannerModel, CpStepWithoutLinksIsOneDevicesOverCp) {
 // attention each, the backward for cp - 1 less a backward step and cp dkv hand-overs; then the cp group's
 // all-reduce of every unit's gradient and of the loss.
 TEST(PlannerModel, CpRingAndGradientAverageByHand) {
-  const GPTConfig cfg = GPTConfig::preset("demo");
-  Workload w = workload(64, 2);
-  w.attention = AttentionImpl::Flash;
-  Layout x = layout(1, 1, 1, 2, 1);
-  x.cp = 4;
+  const CpDemo demo;
+  const GPTConfig& cfg = demo.cfg;
+  const Workload& w = demo.w;
+  const Layout x = demo.at(4);
   const Cluster c = cpu(4, "ethernet100");
   const LinkModel& l = c.intra;
   const double T = 64, C = cfg.n_embd, F = c.flops_per_s(), L = cfg.n_layer;
@@ -414,8 +480,7 @@ TEST(PlannerModel, CpGroupSitsBetweenTpAndDp) {
   Cluster c = cpu(32, "nvlink");
   c.devices_per_node = 8;
   c.inter = LinkModel::preset("infiniband");
-  Layout x = layout(2, 1, 4, 1, 1);
-  x.cp = 4;
+  Layout x = with_cp(layout(2, 1, 4, 1, 1), 4);
   GroupLinks g = group_links(c, x);
   EXPECT_EQ(g.tp.name, "nvlink");
   EXPECT_EQ(g.cp.name, "nvlink");
@@ -450,12 +515,10 @@ TEST(PlannerModel, CpRefusalsAndTheSearch) {
 // The longest sequence that fits: T fits, T + 2 cp does not; more cp, a longer T.
 TEST(PlannerModel, CpLongestSequenceFitsAndTheNextDoesNot) {
   const GPTConfig cfg = GPTConfig::preset("demo");
-  Workload w = workload(64, 1);
-  w.attention = AttentionImpl::Flash;
+  const Workload w = flash_workload(64, 1);
   int previous = 0;
   for (int cp : {1, 2, 4}) {
-    Layout x = layout(1, 1, 1, 1, 1);
-    x.cp = cp;
+    const Layout x = with_cp(layout(1, 1, 1, 1, 1), cp);
     Cluster c = cpu(cp);
     c.memory_bytes = 60e6;
     const LongestSequence l = longest_sequence(cfg, x, w, c, 1 << 16);
