@@ -56,7 +56,7 @@ static int run(const Options& o) {
   if (o.mem_cap_mb > 0) Allocator::get(device).set_capacity_bytes(static_cast<int64_t>(o.mem_cap_mb * (1 << 20)));
   driver::RunData data = driver::open_data(o, lab_parts(), o.batch, /*micro_steps=*/1, /*dp_rank=*/0, /*dp_size=*/1);
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   GPT2 model(data.cfg, policy, device, o.seed);
   const auto [attention, attention_why] =
       driver::attention_from_option(o.attention, data.cfg, o.batch, o.seq_len, device);

@@ -101,7 +101,7 @@ static int run(const Options& o) {
   }
   const std::string text_path = o.text.empty() ? o.data + "/kjv.txt" : o.text;
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);                  // --precision, --activations
   const Peak peak = driver::run_peak(device, policy, threads, o.calibration);  // the MFU denominator
   const double flops_tok = lab01::flops_per_token(data.cfg, o.seq_len);
   const std::string run_id = o.run_id.empty() ? make_run_id() : o.run_id;

@@ -51,7 +51,7 @@ static int run(const Options& o, Communicator& comm) {
   driver::RunData data =
       driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   // A different seed on every rank, on purpose: broadcast_parameters must make the replicas identical
   // (rank 0's weights, the same as a 1-rank run with this --seed).
   GPT2 model(data.cfg, policy, device, o.seed + static_cast<uint64_t>(rank));

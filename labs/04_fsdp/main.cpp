@@ -70,7 +70,7 @@ static int run(const Options& o, Communicator& comm) {
   driver::RunData data =
       driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, /*dp_rank=*/rank, /*dp_size=*/world);
   const GPTConfig& cfg = data.cfg;
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   const OptimizerConfig::Kind opt_kind = OptimizerConfig::kind_from_name(o.optimizer);
   const lab04::Offload offload = lab04::offload_from_name(o.offload);
   SL_CHECK_HINT(offload == lab04::Offload::None || !o.timing_only,

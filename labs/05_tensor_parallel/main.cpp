@@ -64,7 +64,7 @@ static int run(const Options& o, Communicator& world) {
   // Every rank of a tensor-parallel group reads the same windows: the data is split across replicas only.
   driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);             // --precision, --activations
   GPT2 model(data.cfg, lab05::shard_of(layout), policy, device, o.seed);  // the dense model's slices
   lab05::MegatronPoints points(*tp_group, o.sequence_parallel);
   model.set_tensor_parallel(&points);  // YOUR points: the model calls them inside every block

@@ -65,7 +65,7 @@ static int run(const Options& o, Communicator& world) {
   // Every stage reads the same windows (the first uses the tokens, the last the targets).
   driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, layout.m, /*dp_rank=*/0, /*dp_size=*/1);
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   const OptimizerConfig oc = driver::optimizer_config(o);
   std::vector<std::unique_ptr<GPT2>> models;  // this rank's chunks: the dense model's layers, sliced
   std::vector<std::unique_ptr<Optimizer>> optimizers;

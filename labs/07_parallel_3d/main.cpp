@@ -67,7 +67,7 @@ static int run(const Options& o, Communicator& world) {
   // Every rank of one replica (its stages and tp ranks) reads the same windows; the replicas disjoint ones.
   driver::RunData data =
       driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   const OptimizerConfig oc = driver::optimizer_config(o);
   // The simulated device memory of this rank: from here on an allocation beyond it throws OutOfMemory (a
   // layout whose shards, optimizer state or in-flight activations do not fit ends with a report).

@@ -118,7 +118,7 @@ static int run(const Options& o, Communicator& world, const std::optional<lab08:
   driver::RunData data =
       driver::open_data(o, lab_parts(), o.micro_batch, o.micro_batches, layout.coords.dp_rank, grid.dp);
   const OptimizerConfig oc = driver::optimizer_config(o);
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);  // --precision, --activations
   std::unique_ptr<lab07::Rank3D> part = lab07::build_rank(world, data.cfg, layout, oc, policy, device, o.seed, o.zero1);
   for (auto& m : part->models) driver::apply_recompute(o, *m);
 

@@ -147,6 +147,7 @@ int plan_main(int argc, char** argv) {
   std::string attention = "materialized";
   int max_cp = 1, max_seq_len = 1 << 20;
   std::string reduce_dtype;                                  // "" : the --precision's
+  std::string activations = "fp32";                          // --activations: the policy's activation_dtype
   double eff_matmul = 0, eff_attention = 0, eff_memory = 0;  // --per-op: the --gpu preset's unless given
   app.add_option("--model", model,
                  "preset: tiny, demo, d12, d24, d36, d48, gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-7b, gpt-70b (or "
@@ -196,6 +197,10 @@ int plan_main(int argc, char** argv) {
                  "a simulated device: every stage's forward of a micro-batch takes this long, its backward twice")
       ->check(driver::finite_non_negative());
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 grads and master)")->capture_default_str();
+  app.add_option("--activations", activations,
+                 "fp32 | bf16: the dtype of the activations each block keeps for its backward (bf16: 16-bit, as "
+                 "Megatron-LM and torchtitan keep them; the lab drivers' --activations)")
+      ->capture_default_str();
   app.add_option("--reduce-dtype", reduce_dtype,
                  "fp32 | bf16: the gradients on the data-parallel wire (default: the --precision's; a 16-bit "
                  "framework's fp16 run, Megatron-LM's default, reduces them in 16 bits)");
@@ -312,6 +317,7 @@ int plan_main(int argc, char** argv) {
         if (intra_gbs > 0) cluster.intra.bandwidth_bytes_per_s = intra_gbs * 1e9 / slowdown;
         if (inter_gbs > 0) cluster.inter.bandwidth_bytes_per_s = inter_gbs * 1e9 / slowdown;
         w.policy = PrecisionPolicy::from_name(precision);
+        w.policy.activation_dtype = PrecisionPolicy::activation_dtype_from_name(activations);
         if (!reduce_dtype.empty()) {
           SL_CHECK_HINT(reduce_dtype == "fp32" || reduce_dtype == "bf16", "--reduce-dtype fp32 or bf16",
                         "unknown --reduce-dtype '%s'", reduce_dtype.c_str());

@@ -35,7 +35,7 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
   // TODO(lab09-2) BEGIN  this stage's model state and activations, chunk by chunk
   //   The stage's bytes at its peak: each chunk's model state as lab 04 shards it over dp (or, for a
   //   LoRA fine-tune, the frozen base and the adapters' state) and the activation sets it holds, with
-  //   their scratch. README.md#memory-per-device
+  //   their scratch, in the policy's activation dtype. README.md#memory-per-device
   throw scalelab::NotImplemented("lab09-2 stage_memory");
   // TODO(lab09-2) END
   return d;

@@ -61,7 +61,7 @@ static int run(const Options& o, Communicator& world) {
   // Every rank of a context-parallel group reads the same whole sequences; the step slices them.
   driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
 
-  const PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  const PrecisionPolicy policy = driver::precision_policy(o);             // --precision, --activations
   GPT2 model(data.cfg, lab10::shard_of(layout), policy, device, o.seed);  // whole parameters, a slice of tokens
   model.set_attention(AttentionImpl::Flash);  // as every cp > 1 shard runs: cp 1 is the comparison (no T x T)
   std::unique_ptr<lab10::RingAttention> ring;

@@ -55,8 +55,8 @@ DeviceMemory stage_memory(const GPTConfig& cfg, const Layout& x, int stage, cons
       d.state.grads += peak.grads;
       d.state.optimizer_state += peak.optimizer_state;
     }
-    d.activations +=
-        gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, chunk_sets(x, d.sets, chunk), x.recompute, w.attention);
+    d.activations += gpt2_activation_bytes(cfg, s, x.micro_batch, w.seq_len, chunk_sets(x, d.sets, chunk), x.recompute,
+                                           w.attention, w.policy.activation_dtype);
   }
   // TODO(lab09-2) END
   return d;

@@ -189,14 +189,17 @@ TEST(Lab09Planner, ActivationSetsPerSchedule) {
 
 TEST(Lab09Planner, MemoryEqualsTheEstimator) {
   const grading::Check check{"lab09.memory_equals_the_estimator", 4,
-                             "data parallel (tp 1, pp 1) at ZeRO 0-3 on 1, 2, 4 devices, fp32 and bf16, each "
-                             "recompute mode: device_memory equals common's estimate_memory per category to the "
-                             "byte; 11 layouts of every kind: every stage equals the model to the byte",
+                             "data parallel (tp 1, pp 1) at ZeRO 0-3 on 1, 2, 4 devices, fp32, bf16 and bf16 "
+                             "with 16-bit activations, each recompute mode: device_memory equals common's "
+                             "estimate_memory per category to the byte; 11 layouts of every kind: every stage "
+                             "equals the model to the byte",
                              "README 'Memory per device': a stage's chunks, their state over dp, their sets"};
   grading::run(check, [](grading::Record& record) {
     const GPTConfig demo = GPTConfig::preset("demo");
     int n = 0;
-    for (const PrecisionPolicy& p : {PrecisionPolicy::fp32(), PrecisionPolicy::bf16_mixed()})
+    PrecisionPolicy bf16_activations = PrecisionPolicy::bf16_mixed();
+    bf16_activations.activation_dtype = DType::BF16;  // --activations bf16
+    for (const PrecisionPolicy& p : {PrecisionPolicy::fp32(), PrecisionPolicy::bf16_mixed(), bf16_activations})
       for (int N : {1, 2, 4})
         for (int zero = 0; zero <= 3; ++zero)
           for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {

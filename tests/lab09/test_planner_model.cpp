@@ -13,6 +13,7 @@
 #include "lab09_support.h"            // defines: lab09_test::layout
 #include "planner.h"                  // defines: lab09::* (the reference: this program links lab09_ref)
 #include "scalelab/core/allocator.h"  // defines: Allocator, MemStats, MemCategory
+#include "scalelab/core/sim_gpu.h"    // defines: sim_gpu_set, sim_gpu_clear, sim_set_timing_only
 #include "scalelab/model/optim.h"     // defines: Optimizer, OptimizerConfig
 #include "scalelab/model/gpt2.h"      // defines: GPT2, gpt2_num_params
 #include "scalelab/model/gpt2_layout.h"  // defines: gpt2_unit_numel
@@ -222,6 +223,59 @@ TEST(PlannerModel, StageMemoryEqualsTheAllocator) {
             }
           }
         }
+}
+
+// 16-bit activations (--activations bf16) at the lesson's sizes, in timing-only mode on a simulated H100
+// (docs/simulation.md "Timing-only runs": nothing computed, memory counted to the byte, not backed): the
+// allocator's peak of Activations over one forward and backward of the model equals common's estimator
+// (gpt2_activation_bytes; estimate_memory for the dense model) and the planner's stage_memory, for GPT-2 124M
+// on one device and Llama-2-7B's shape at 2 x 4096 tokens a device, ZeRO-3 over 8, flash attention (each rank
+// holds the whole model's activations under data parallelism).
+TEST(PlannerModel, SixteenBitActivationsAtLessonSizesEqualTheAllocatorTimingOnly) {
+  sim_gpu_set(GpuModel::preset("h100"));
+  sim_set_timing_only(true);
+  Allocator& sim = Allocator::get(Device::SIM);
+  sim.set_capacity_bytes(0);  // the 7B model's state on one simulated device: counted, not capped
+  PrecisionPolicy policy = PrecisionPolicy::bf16_mixed();
+  policy.activation_dtype = DType::BF16;
+  struct Case {
+    const char* preset;
+    int dp, zero, B, T;
+    AttentionImpl attention;
+  };
+  for (const Case& c : {Case{"gpt2-124m", 1, 0, 8, 1024, AttentionImpl::Materialized},
+                        Case{"gpt-7b", 8, 3, 2, 4096, AttentionImpl::Flash}}) {
+    const GPTConfig cfg = GPTConfig::preset(c.preset);
+    Workload w = workload(c.T, c.B * c.dp);
+    w.policy = policy;
+    w.attention = c.attention;
+    const Layout x = layout(1, 1, c.dp, c.B, 1, c.zero);
+    const int64_t planner = stage_memory(cfg, x, 0, w).activations;
+    const int64_t estimator =
+        gpt2_activation_bytes(cfg, ModelShard::dense(), c.B, c.T, 1, Recompute::None, c.attention, DType::BF16);
+    if (c.attention == AttentionImpl::Materialized) {  // estimate_memory models the dense model's materialized
+      EXPECT_EQ(estimate_memory(cfg, c.dp, c.zero, policy, w.optimizer, w.prefetch, c.B, c.T).activations_bytes,
+                estimator);
+    }
+    const int64_t before = sim.stats().current_bytes[static_cast<int>(MemCategory::Activations)];
+    sim.reset_peak();
+    {
+      GPT2 model(cfg, policy, Device::SIM, /*seed=*/1);
+      model.set_attention(c.attention);
+      Tensor tokens = Tensor::zeros({c.B, c.T}, DType::I32), targets = Tensor::zeros({c.B, c.T}, DType::I32);
+      model.forward(tokens, &targets);
+      model.zero_grad();
+      model.backward();
+    }
+    const int64_t allocator = sim.stats().peak_bytes[static_cast<int>(MemCategory::Activations)] - before;
+    EXPECT_EQ(allocator, estimator) << c.preset;
+    EXPECT_EQ(planner, estimator) << c.preset;
+    std::printf("%s B %d T %d, bf16 activations: allocator peak %lld bytes, estimator %lld, planner %lld\n", c.preset,
+                c.B, c.T, static_cast<long long>(allocator), static_cast<long long>(estimator),
+                static_cast<long long>(planner));
+  }
+  sim_set_timing_only(false);
+  sim_gpu_clear();
 }
 
 // Offload (lab 04 part 3) in the plan: a dp layout's device memory with --offload optimizer is lab 04's

@@ -53,6 +53,10 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
                  "fp32, bf16 (= bf16-mixed: bf16 params, fp32 master and compute) or bf16-compute (bf16-mixed "
                  "with bf16 matmul operands: the GPU's bf16 tensor cores)")
       ->capture_default_str();
+  app.add_option("--activations", o.activations,
+                 "fp32 or bf16: the dtype of the activations each block keeps for its backward (bf16: stored in 16 "
+                 "bits as Megatron-LM and torchtitan do, computed in fp32; docs/memory.md \"16-bit activations\")")
+      ->capture_default_str();
   app.add_option("--data", o.data, "directory of token shards (scripts/prepare_corpus.sh)")->capture_default_str();
   app.add_option("--log-dir", o.log_dir, "logs go to <log-dir>/" + lab + "/<run-id>/rank<k>.jsonl")
       ->capture_default_str();
@@ -87,6 +91,12 @@ void add_train_options(CLI::App& app, TrainOptions& o, const std::string& lab) {
 }
 
 void apply_recompute(const TrainOptions& o, GPT2& model) { model.set_recompute(recompute_from_name(o.recompute)); }
+
+PrecisionPolicy precision_policy(const TrainOptions& o) {
+  PrecisionPolicy policy = PrecisionPolicy::from_name(o.precision);
+  policy.activation_dtype = PrecisionPolicy::activation_dtype_from_name(o.activations);
+  return policy;
+}
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o, const std::string& lab) {
   add_train_options(app, o, lab);

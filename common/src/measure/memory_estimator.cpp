@@ -85,16 +85,17 @@ ModelStateBytes zero_model_state_bytes(double psi, int world_size, int stage, co
   return m;
 }
 
-int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute,
+                              DType activation_dtype) {
   SL_CHECK(micro_batch >= 0 && seq_len >= 0, "micro_batch=%d and seq_len=%d must be >= 0", micro_batch, seq_len);
   if (micro_batch == 0 || seq_len == 0) return 0;  // no activations
   // the dense model, its own one set (GPT2::forward(tokens, &targets)), materialized attention
   return gpt2_activation_bytes(cfg, ModelShard::dense(), micro_batch, seq_len, /*sets=*/1, recompute,
-                               AttentionImpl::Materialized);
+                               AttentionImpl::Materialized, activation_dtype);
 }
 
 int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int micro_batch, int seq_len, int sets,
-                              Recompute recompute, AttentionImpl attention) {
+                              Recompute recompute, AttentionImpl attention, DType activation_dtype) {
   cfg.validate();
   shard.validate(cfg);
   SL_CHECK_HINT(sets >= 1, "a pipeline stage holds one activation set per micro-batch in flight: 1 or more",
@@ -108,18 +109,25 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int
   SL_CHECK_HINT(!sp || BT % tp == 0, "with sequence parallelism the B*T token rows are split into tp equal blocks",
                 "B*T=%lld not divisible by tp=%lld", static_cast<long long>(BT), static_cast<long long>(tp));
   const int64_t S = sp ? BTC / tp : BTC, R = sp ? BT / tp : BT, K = B * NHl * T * T, gathered = sp ? BTC : 0;
-  auto block = [&](Recompute mode) {
-    if (mode == Recompute::Full) return S;  // residual3 only
-    const int64_t scores = !materialized ? B * NHl * T : mode == Recompute::None ? K : 0;
-    return 6 * S + 12 * F + 4 * R + 2 * gathered + scores;
+  SL_CHECK_HINT(activation_dtype == DType::F32 || activation_dtype == DType::BF16, "use fp32 or bf16 activations",
+                "unsupported activation dtype %s", dtype_name(activation_dtype));
+  // One block's bytes as `mode` keeps it, fp32 (4 bytes an element) or 16-bit (gpt2_activations.h): 16-bit
+  // keeps ln1, qkv, att, atty, residual2, ln2, fch, fch_gelu (and the gathered ln1/ln2) at 2 bytes, the
+  // stream residual3, the 4 layernorm statistics and lse at 4, and no attproj or fcproj.
+  auto block = [&](Recompute mode, DType dtype) -> int64_t {
+    if (mode == Recompute::Full) return 4 * S;  // residual3 only
+    const int64_t scores = materialized && mode == Recompute::None ? K : 0, lse = materialized ? 0 : B * NHl * T;
+    if (dtype == DType::F32) return 4 * (6 * S + 12 * F + 4 * R + 2 * gathered + scores + lse);
+    return 2 * (3 * S + 12 * F + 2 * gathered + scores) + 4 * (S + 4 * R + lse);
   };
-  int64_t set = shard.num_blocks(cfg) * block(recompute);
-  set += shard.has_embedding ? S + BT : S;                                 // encoded + tokens, or input
-  if (shard.has_head) set += S + 2 * R + gathered + 2 * BT * Vl + 2 * BT;  // lnf, logits, probs, losses, targets
-  int64_t once = 2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered;   // the backward scratch
-  if (recompute == Recompute::Full) once += block(Recompute::None);        // the working block
-  if (recompute == Recompute::Selective && materialized) once += K;        // the recomputed scores
-  return 4 * (sets * set + once);
+  int64_t set = shard.num_blocks(cfg) * block(recompute, activation_dtype);
+  set += 4 * (shard.has_embedding ? S + BT : S);                                 // encoded + tokens, or input
+  if (shard.has_head) set += 4 * (S + 2 * R + gathered + 2 * BT * Vl + 2 * BT);  // lnf, logits, probs, losses, targets
+  int64_t once = 4 * (2 * S + 12 * F + (materialized ? K : 0) + 2 * gathered);   // the backward scratch
+  if (recompute == Recompute::Full || activation_dtype != DType::F32)
+    once += block(Recompute::None, DType::F32);                          // the fp32 working block
+  if (recompute == Recompute::Selective && materialized) once += 4 * K;  // the recomputed scores
+  return sets * set + once;
 }
 
 int64_t korthikanti_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute) {
@@ -209,7 +217,7 @@ MemoryEstimate estimate_memory(const GPTConfig& cfg, int world_size, int stage, 
     e.persistent.optimizer_state = e.peak.optimizer_state = 0;
     e.host = offload_host_bytes(cfg, world_size, stage, policy, opt);
   }
-  e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len, recompute);
+  e.activations_bytes = gpt2_activation_bytes(cfg, micro_batch, seq_len, recompute, policy.activation_dtype);
   e.activations_korthikanti_bytes = korthikanti_activation_bytes(cfg, micro_batch, seq_len, recompute);
   return e;
 }

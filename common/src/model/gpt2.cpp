@@ -19,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "scalelab/core/error.h"    // defines: SL_CHECK, SL_CHECK_HINT, SL_FAIL
 #include "scalelab/core/rng.h"      // defines: Rng (the initial weights)
@@ -69,6 +70,9 @@ GPT2::GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const P
                 "unsupported precision policy %s: bf16 matmuls read the bf16 parameters in place, so they need "
                 "bf16 parameters",
                 policy.name().c_str());
+  SL_CHECK_HINT(policy.activation_dtype == DType::F32 || policy.activation_dtype == DType::BF16,
+                "use --activations fp32 or bf16", "unsupported activation dtype %s",
+                dtype_name(policy.activation_dtype));
   // Context parallel: the point returns out and lse (the flash op's activations), never the (T, T) scores.
   if (shard_.cp_size > 1) attention_ = AttentionImpl::Flash;
   // Where each parameter's fp32 values sit for the fp32 ops (unit_weights_f32).
@@ -452,6 +456,40 @@ void GPT2::row_parallel_forward(Tensor& out, const Tensor& inp, const Tensor& we
 }
 
 // ---------------------------------------------------------------------------------------------
+// 16-bit activations (PrecisionPolicy::activation_dtype BF16; gpt2_activations.h "The tensors"): a block
+// computes in the fp32 working block, and what its backward reads is kept rounded to bf16.
+
+// The fp32 block a 16-bit set's block computes in: the shared working block, with the set's own fp32 tensors
+// (residual3, the layernorm statistics, lse) in place of the working block's, and no att where the set keeps
+// none (Selective: the scores go to att_recompute, as without 16-bit activations).
+static BlockActivations working_block(const BlockActivations& work, const BlockActivations& kept) {
+  BlockActivations v = work;
+  v.mode = kept.mode;
+  v.residual3 = kept.residual3;
+  v.ln1_mean = kept.ln1_mean;
+  v.ln1_rstd = kept.ln1_rstd;
+  v.ln2_mean = kept.ln2_mean;
+  v.ln2_rstd = kept.ln2_rstd;
+  v.lse = kept.lse;
+  if (!kept.att.defined()) v.att = Tensor();
+  return v;
+}
+
+// Every tensor a 16-bit set keeps in bf16, paired with the working block's fp32 one (the gathered *_full
+// only under sequence parallelism: else they are ln1 and ln2 themselves).
+static std::vector<std::pair<Tensor*, Tensor*>> rounded_pairs(BlockActivations& kept, BlockActivations& v, bool sp) {
+  std::vector<std::pair<Tensor*, Tensor*>> pairs = {
+      {&kept.ln1, &v.ln1}, {&kept.qkv, &v.qkv}, {&kept.atty, &v.atty},        {&kept.residual2, &v.residual2},
+      {&kept.ln2, &v.ln2}, {&kept.fch, &v.fch}, {&kept.fch_gelu, &v.fch_gelu}};
+  if (kept.att.defined()) pairs.push_back({&kept.att, &v.att});
+  if (sp) {
+    pairs.push_back({&kept.ln1_full, &v.ln1_full});
+    pairs.push_back({&kept.ln2_full, &v.ln2_full});
+  }
+  return pairs;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward
 
 void GPT2::block_forward(BlockActivations& ba, const Tensor& x, const Tensor& w, const BlockParams& b) {
@@ -542,6 +580,11 @@ float GPT2::forward(GPT2Activations& a, const Tensor& input, const Tensor* targe
       BlockActivations work = scratch_.work;
       work.residual3 = ba.residual3;
       block_forward(work, x, unit_weights_f32(unit), b);
+    } else if (policy_.activation_dtype != DType::F32) {
+      // 16-bit activations: compute in the fp32 working block, keep what the backward reads rounded to bf16
+      BlockActivations work = working_block(scratch_.work, ba);
+      block_forward(work, x, unit_weights_f32(unit), b);
+      for (auto [kept, computed] : rounded_pairs(ba, work, shard_.sequence_parallel)) cast(*kept, *computed);
     } else {
       block_forward(ba, x, unit_weights_f32(unit), b);
     }
@@ -671,6 +714,9 @@ void GPT2::backward_input(GPT2Activations& a, const Tensor* d_output, Tensor* d_
   SL_CHECK_HINT(shard_.tp_size == 1, "run backward(acts, ...) under tensor parallelism",
                 "backward_input: the split backward is not supported with tensor parallelism (tp = %d)",
                 shard_.tp_size);
+  SL_CHECK_HINT(policy_.activation_dtype == DType::F32, "use --activations fp32 with a split backward (zb-h1)",
+                "backward_input: 16-bit activations are converted into one shared fp32 working block, which "
+                "cannot wait for backward_weight");
   for (int l = shard_.first_layer; l <= shard_.last(cfg_); ++l)
     SL_CHECK_HINT(recompute_[l] != Recompute::Full, "use --recompute none or selective with a split backward",
                   "backward_input: block %d recomputes 'full', whose working set cannot wait for backward_weight", l);
@@ -751,8 +797,16 @@ void GPT2::backward_impl(GPT2Activations& a, const Tensor* d_output, Tensor* d_i
     // Full recompute: re-run the block's forward from its kept input into the working set (with the
     // parameters the BeforeBackward hooks installed, without the forward hooks), then use that set.
     const bool full = recompute_[l] == Recompute::Full;
+    const bool rounded = !full && policy_.activation_dtype != DType::F32;
     if (full) block_forward(s.work, block_in, w, b);
-    BlockActivations& ba = full ? s.work : a.blocks[l - shard_.first_layer];
+    BlockActivations& kept = a.blocks[l - shard_.first_layer];
+    // 16-bit activations: the kept bf16 tensors converted back into the fp32 working block
+    BlockActivations restored;
+    if (rounded) {
+      restored = working_block(s.work, kept);
+      for (auto [k, v] : rounded_pairs(kept, restored, sp)) cast(*v, *k);
+    }
+    BlockActivations& ba = full ? s.work : rounded ? restored : kept;
     block_backward(s.dresidual, ba, block_in, w, b, split);
     if (!split) run_hooks(HookPoint::AfterBackward, unit);
   }

@@ -78,6 +78,10 @@ Shape rows_shape(const ActivationSpec& spec, int B, int T) {
 Tensor activation(const ActivationSpec& spec, const Shape& shape) {
   return Tensor::empty(shape, DType::F32, spec.device, MemCategory::Activations);
 }
+// A tensor the 16-bit policy stores in spec.saved_dtype (gpt2_activations.h "The tensors").
+Tensor saved_activation(const ActivationSpec& spec, const Shape& shape) {
+  return Tensor::empty(shape, spec.saved_dtype, spec.device, MemCategory::Activations);
+}
 }  // namespace
 
 const Tensor& GPT2Activations::output() const {
@@ -123,29 +127,31 @@ BlockActivations allocate_block_activations(const ActivationSpec& spec, int B, i
   const int64_t C = spec.cfg.n_embd, tp = spec.shard.tp_size, NHl = spec.cfg.n_head / tp;
   const bool sp = spec.shard.sequence_parallel;
   const Shape stream = stream_shape(spec, B, T), rows = rows_shape(spec, B, T);
-  auto act = [&](const Shape& s) { return activation(spec, s); };
+  const bool bf16 = spec.saved_dtype != DType::F32;
+  auto act = [&](const Shape& s) { return activation(spec, s); };          // fp32 in every policy
+  auto saved = [&](const Shape& s) { return saved_activation(spec, s); };  // 16-bit with bf16 activations
   BlockActivations b;
   b.mode = mode;
   b.residual3 = act(stream);              // the block's output: kept in every mode (the next block's input)
   if (mode == Recompute::Full) return b;  // the rest lives in the model's BackwardScratch::work while it is needed
-  b.ln1 = act(stream);
+  b.ln1 = saved(stream);
   b.ln1_mean = act(rows);
   b.ln1_rstd = act(rows);
-  b.ln1_full = sp ? act({B, T, C}) : b.ln1;
-  b.qkv = act({B, T, 3 * C / tp});
+  b.ln1_full = sp ? saved({B, T, C}) : b.ln1;
+  b.qkv = saved({B, T, 3 * C / tp});
   if (spec.attention == AttentionImpl::Flash) b.lse = act({B, NHl, T});
   else if (mode == Recompute::None)
-    b.att = act({B, NHl, T, T});  // Selective: recomputed into BackwardScratch::att_recompute in the backward
-  b.atty = act({B, T, C / tp});
-  b.attproj = act(stream);
-  b.residual2 = act(stream);
-  b.ln2 = act(stream);
+    b.att = saved({B, NHl, T, T});  // Selective: recomputed into BackwardScratch::att_recompute in the backward
+  b.atty = saved({B, T, C / tp});
+  if (!bf16) b.attproj = act(stream);  // 16-bit: only the working block holds it (the backward never reads it)
+  b.residual2 = saved(stream);
+  b.ln2 = saved(stream);
   b.ln2_mean = act(rows);
   b.ln2_rstd = act(rows);
-  b.ln2_full = sp ? act({B, T, C}) : b.ln2;
-  b.fch = act({B, T, 4 * C / tp});
-  b.fch_gelu = act({B, T, 4 * C / tp});
-  b.fcproj = act(stream);
+  b.ln2_full = sp ? saved({B, T, C}) : b.ln2;
+  b.fch = saved({B, T, 4 * C / tp});
+  b.fch_gelu = saved({B, T, 4 * C / tp});
+  if (!bf16) b.fcproj = act(stream);
   return b;
 }
 
@@ -176,7 +182,11 @@ BackwardScratch allocate_backward_scratch(const ActivationSpec& spec, int B, int
     any_full |= spec.recompute.at(l) == Recompute::Full;
     any_selective |= spec.recompute.at(l) == Recompute::Selective;
   }
-  if (any_full) s.work = allocate_block_activations(spec, B, T, Recompute::None);
+  if (any_full || spec.saved_dtype != DType::F32) {  // one fp32 block: Full's re-run, 16-bit's compute
+    ActivationSpec f32 = spec;
+    f32.saved_dtype = DType::F32;
+    s.work = allocate_block_activations(f32, B, T, Recompute::None);
+  }
   if (any_selective && spec.attention == AttentionImpl::Materialized) s.att_recompute = act({B, NHl, T, T});
   if (matmul_dtype == DType::BF16) {
     // bf16-compute scratch, allocated once per (B,T) and reused by every matmul / unit in turn. Nothing bf16

@@ -4,7 +4,10 @@
 // Two mixed policies: bf16-mixed stores bf16 parameters and computes in fp32 ("emulated bf16", the same
 // arithmetic on CPU and GPU); bf16-compute also feeds the model's matmuls bf16 operands (the GPU's bf16
 // tensor cores; on the CPU the twin rounds the operands and runs the fp32 GEMM). docs/cuda_backend.md.
-// Tests: tests/common/core/test_error.cpp (names), tests/common/ops/test_bf16_compute.cpp
+// The dtype of the activations a forward keeps for its backward is a third, independent choice
+// (activation_dtype: lab drivers' --activations fp32|bf16, sl_plan's too). docs/memory.md "16-bit activations".
+// Tests: tests/common/core/test_error.cpp (names), tests/common/ops/test_bf16_compute.cpp,
+//        tests/common/model/test_bf16_activations.cpp
 #pragma once
 
 #include <string>
@@ -26,6 +29,14 @@ struct PrecisionPolicy {
   // times the bf16 parameter, accumulated in fp32 with fp32 outputs (needs param_dtype BF16).
   // Every other op (layernorm, GELU, attention, softmax/cross-entropy, residual) computes in fp32.
   DType matmul_dtype = DType::F32;
+  // The activations each block keeps from its forward for its backward (BlockActivations, gpt2_activations.h).
+  // F32: as computed. BF16: the tensors of (B,T,*) and (B,NH,T,T) shape that Megatron-LM and torchtitan keep
+  // in 16 bits (layernorm outputs, qkv, the attention scores, attention's output, residual2, c_fc's output and
+  // GELU's) are stored rounded to bf16 (round to nearest even) and converted back to fp32 where the backward
+  // reads them; the block computes in fp32 as before, in one shared fp32 working block. The layernorm
+  // mean/rstd, flash attention's lse and the block's output (the residual stream) stay fp32. Independent of
+  // the other fields (any of the three policies above can take it).
+  DType activation_dtype = DType::F32;
 
   static PrecisionPolicy fp32() { return {}; }
   // The lesson's mixed precision: bf16 parameters for compute, fp32 master and optimizer state,
@@ -41,9 +52,13 @@ struct PrecisionPolicy {
   // accepted names otherwise.
   static PrecisionPolicy from_name(const std::string& name);
 
+  // "fp32" -> F32, "bf16" -> BF16: the value of --activations. Throws with the accepted names otherwise.
+  static DType activation_dtype_from_name(const std::string& name);
+
   bool has_master_copy() const { return param_dtype != master_dtype; }
   // "fp32", "bf16-mixed", "bf16-compute", or e.g. "param=bf16,master=f32,grad=bf16,reduce=f32"
-  // (",matmul=bf16" appended when the matmul operands are not fp32).
+  // (",matmul=bf16" appended when the matmul operands are not fp32); "+bf16-activations" appended when
+  // activation_dtype is BF16 (e.g. "bf16-mixed+bf16-activations").
   std::string name() const;
 };
 

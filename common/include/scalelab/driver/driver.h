@@ -44,6 +44,7 @@ struct TrainOptions {
   float weight_decay = 0.1f;
   std::string optimizer = "adamw";
   std::string precision = "fp32";
+  std::string activations = "fp32";  // --activations fp32|bf16: PrecisionPolicy::activation_dtype
   std::string data = "data/kjv";
   std::string log_dir = "runs";
   std::string run_id;  // "": time + random suffix (metrics.h make_run_id)
@@ -132,6 +133,11 @@ std::string simulated_label();
 // this rank's models (a pipeline's chunks) before the first forward; the TrainLoop refuses a model that does
 // not recompute what --recompute says. Throws scalelab::Error naming the accepted values for another name.
 void apply_recompute(const TrainOptions& o, GPT2& model);
+
+// The run's precision policy: --precision's (PrecisionPolicy::from_name) with --activations' dtype for the
+// activations a forward keeps for its backward (PrecisionPolicy::activation_dtype). Throws scalelab::Error
+// naming the accepted values for an unknown name.
+PrecisionPolicy precision_policy(const TrainOptions& o);
 
 // --attention materialized|flash|auto as an AttentionImpl, and why (for the header line and the run record).
 // auto: flash when the materialized scores would take over a quarter of the memory there is: the simulated

@@ -54,8 +54,9 @@ PrecisionPolicy zero_paper_policy();
 //   selective: per layer without att (18*B*T*C + 4*B*T), plus ONE recomputed att (B,NH,T,T) for the model;
 //   full:      per layer only the block's output (B*T*C), plus ONE working block (18*B*T*C + 4*B*T +
 //              B*NH*T*T) for the model. docs/memory.md "Activation recompute".
-int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len,
-                              Recompute recompute = Recompute::None);
+// activation_dtype BF16: 16-bit activations, as the shard version below counts them.
+int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len, Recompute recompute = Recompute::None,
+                              DType activation_dtype = DType::F32);
 
 // The same for one model of a parallel layout: a ModelShard (tensor-parallel slice tp_size, sequence
 // parallel, a pipeline stage's layers, with or without the embedding and the head) holding `sets` activation
@@ -69,9 +70,13 @@ int64_t gpt2_activation_bytes(const GPTConfig& cfg, int micro_batch, int seq_len
 //            with full recompute; the head S + 2R + B*T*C (sp) + 2*B*T*V/tp + 2*B*T (losses, targets)
 //   once:    scratch 2S + 12F + K (materialized) (+ 2*B*T*C under sequence parallelism); selective
 //            (materialized) one K; full one block's whole set
-// all times 4 bytes. Throws, with a hint, on a shard that does not fit cfg or sets < 1.
+// all times 4 bytes. activation_dtype BF16 (PrecisionPolicy::activation_dtype, 16-bit activations): a block
+// (none, selective) keeps 2*(3S + 12F + 2*B*T*C (sp) + K (materialized, none)) + 4*(S + 4R + B*(NH/tp)*T
+// (flash)) bytes (no attproj, fcproj; gpt2_activations.h), and the once-buffers add one fp32 working block
+// (none mode; the same one full recompute uses). Throws, with a hint, on a shard that does not fit cfg,
+// sets < 1 or an activation dtype other than F32 and BF16.
 int64_t gpt2_activation_bytes(const GPTConfig& cfg, const ModelShard& shard, int micro_batch, int seq_len, int sets,
-                              Recompute recompute, AttentionImpl attention);
+                              Recompute recompute, AttentionImpl attention, DType activation_dtype = DType::F32);
 
 // Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.1: one transformer layer stores s*b*h*(34 + 5*a*s/h)
 // bytes with 16-bit activations, 1-byte dropout masks and no recomputation (s = T, b = B, h = C, a = NH);
@@ -114,7 +119,8 @@ struct MemoryEstimate {
   ModelStateBytes persistent;                 // bytes held between steps, per category (device memory)
   ModelStateBytes peak;                       // the largest bytes per category during a step (device memory)
   ModelStateBytes host;                       // host memory (MemPlace::Host): offload_host_bytes, else 0
-  int64_t activations_bytes = 0;              // gpt2_activation_bytes (exact, this kit's model)
+  int64_t activations_bytes = 0;              // gpt2_activation_bytes (exact, this kit's model, the policy's
+                                              // activation_dtype)
   int64_t activations_korthikanti_bytes = 0;  // korthikanti_activation_bytes (for comparison only)
   // peak model state + activations, bytes. The per-category peaks are summed, which is the step's peak
   // in this kit: in ZeRO-3 the gathered parameters and full gradients coexist during backward, with

@@ -174,7 +174,9 @@ class GPT2 {
  private:
   GPT2(bool allocate, const GPTConfig& cfg, const ModelShard& shard, const PrecisionPolicy& policy, Device device);
   // The model's choices that shape its activations (gpt2_activations.h), for allocate_activations & co.
-  ActivationSpec activation_spec() const { return {cfg_, shard_, attention_, recompute_, device_}; }
+  ActivationSpec activation_spec() const {
+    return {cfg_, shard_, attention_, recompute_, device_, policy_.activation_dtype};
+  }
   void ensure_scratch(int B, int T);      // the backward's scratch for (B, T), reallocated when they change
   void ensure_activations(int B, int T);  // the model's own set and the scratch, for (B, T)
   // The fp32 weights of a unit that the fp32 ops read, laid out as f32_offset_ says:

@@ -65,6 +65,11 @@ double recompute_flops_per_token(const GPTConfig& cfg, int T, Recompute mode);
 // The tensors. All fp32 in category Activations, shapes as in llm.c with the shard's local sizes (3C/tp,
 // 4C/tp, NH/tp, V/tp under tensor parallelism). "Stream" is the residual stream's shape: (B,T,C), or with
 // sequence parallelism this rank's (B*T/tp, C) token rows of it (tensor_parallel.h); "rows" (B,T) or (B*T/tp).
+// With 16-bit activations (ActivationSpec::saved_dtype BF16, PrecisionPolicy::activation_dtype) a block in
+// mode None or Selective keeps ln1, ln1_full, qkv, att, atty, residual2, ln2, ln2_full, fch and fch_gelu in
+// bf16, keeps ln*_mean, ln*_rstd, lse and residual3 in fp32, and does not keep attproj and fcproj (the
+// backward never reads them); the forward runs in BackwardScratch::work (fp32) and rounds into the set,
+// the backward converts the set back into work before the block's backward (GPT2::block_forward).
 
 struct BlockActivations {            // one transformer block; with Recompute::Full only residual3 is its own
   Recompute mode = Recompute::None;  // what the set keeps for this block (the model's choice when it was made)
@@ -124,7 +129,8 @@ struct BackwardScratch {
   Tensor matmul_dout_bf16;  // (B*T*max(4C,V),) bf16: the matmul's dout rounded to bf16 (backward)
   Tensor small_params_f32;  // (small_params_numel,) fp32 copies of one unit's non-matmul parameters
   // Activation recompute (empty unless a block needs them), shared by every set like the above:
-  BlockActivations work;  // Full: one block's whole working set, for the forward and the backward's re-run
+  BlockActivations work;  // Full: one block's whole working set, for the forward and the backward's re-run;
+                          // 16-bit activations: the fp32 block the forward computes in and the backward reads
   Tensor att_recompute;   // Selective, materialized attention: (B,NH/tp,T,T) the recomputed scores
 };
 
@@ -137,15 +143,17 @@ struct ActivationSpec {
   AttentionImpl attention = AttentionImpl::Materialized;
   std::vector<Recompute> recompute;  // (L,) per block, global layer index
   Device device = Device::CPU;
+  DType saved_dtype = DType::F32;  // F32 or BF16: PrecisionPolicy::activation_dtype (the 16-bit set above)
 };
 
 // A set for batches of (B, T): the shard's units only (the embedding's, its blocks' as each block's mode
 // keeps them, the head's). Throws when sequence parallelism cannot split B*T rows into tp blocks.
 GPT2Activations allocate_activations(const ActivationSpec& spec, int B, int T);
-// One block's tensors as `mode` keeps them (Full: residual3 only).
+// One block's tensors as `mode` keeps them (Full: residual3 only) in spec.saved_dtype (the 16-bit set above).
 BlockActivations allocate_block_activations(const ActivationSpec& spec, int B, int T, Recompute mode);
 // The backward's scratch for (B, T). matmul_dtype BF16 (bf16-compute) adds the operand scratch and
-// small_params_numel floats for one unit's fp32 non-matmul parameters (category Workspace).
+// small_params_numel floats for one unit's fp32 non-matmul parameters (category Workspace). The working
+// block `work` (fp32, mode None) is there when a block recomputes Full or spec.saved_dtype is BF16.
 BackwardScratch allocate_backward_scratch(const ActivationSpec& spec, int B, int T, DType matmul_dtype,
                                           int64_t small_params_numel);
 
