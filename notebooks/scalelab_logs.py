@@ -1396,7 +1396,9 @@ def plot_cp_memory(df: pd.DataFrame, plot_dir=None, name="cp_activation_memory")
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for cp, g in df.groupby("cp"):
         ax.plot(g["T"], g["act_peak_bytes"] / 2**20, "o-", label=f"cp {cp}")
-    ax.set(xscale="log", yscale="log", xlabel="T (tokens per sequence)", ylabel="activations per rank (MiB, peak)",
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)  # a halving per doubling of cp: one tick apart
+    ax.set(xlabel="T (tokens per sequence)", ylabel="activations per rank (MiB, peak)",
            title="activation memory against the sequence length")
     ts = sorted(df["T"].unique())
     ax.set_xticks(ts)
