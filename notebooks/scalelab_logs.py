@@ -2,8 +2,8 @@
 
 A run is a directory ``runs/<lab>/<run_id>/`` holding one ``rank<k>.jsonl`` per rank, one JSON
 object per line (docs/log_schema.md). The notebooks in this folder (01_single_device, 02_data_pipeline,
-03_ddp, 04_fsdp, 05_tensor_parallel, 06_pipeline_parallel, 07_parallel_3d) call only the functions below, so
-a plot looks the same in every lab. Tests: notebooks/test_scalelab_logs.py.
+03_ddp, 04_fsdp, 05_tensor_parallel, 06_pipeline_parallel, 07_parallel_3d, 10_context_parallel) call only
+the functions below, so a plot looks the same in every lab. Tests: notebooks/test_scalelab_logs.py.
 
     runs = load_runs(latest_runs("lab03", runs_root="../runs", per_config=True))
     plot_loss(runs)
@@ -1260,4 +1260,150 @@ def plot_plan_ranking(doc: dict, title: str, plot_dir=None, name="plan_ranking")
         ax.text(r.tokens_per_s, y, f" {r.gb:.0f} GB, MFU {r.mfu:.0%}", va="center", fontsize=8)
     ax.set(xlabel="predicted tokens/s (the bar split by where the step's time goes)", title=title)
     ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, name, plot_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 10: context parallel (the ring's timeline, activation memory against the sequence length)
+
+
+def _cp_layout(cfg: dict) -> tuple:
+    return (cfg.get("model"), cfg.get("cp"), cfg.get("dp"), cfg.get("T"), cfg.get("zigzag"), cfg.get("variant"),
+            cfg.get("overlap"), cfg.get("link", "none"), cfg.get("micro_batch"))
+
+
+def latest_lab10_runs(runs_root: str | Path = "../runs", limit: int = 64) -> list[Path]:
+    """Lab 10: the most recent finished run of each layout (model, cp, dp, T, zig-zag, variant, overlap, link,
+    micro-batch) under ``<runs_root>/lab10``, oldest first, at most ``limit``."""
+    return _latest_by_layout("lab10", runs_root, limit, "cp", _cp_layout)
+
+
+def cp_timeline(run: Run, step: int | None = None) -> pd.DataFrame:
+    """One row per attention call and per send or receive of one step (default: the last step with a
+    timeline record), every rank: rank, lane ("attention", "send" or "recv"), name, phase ("forward" or
+    "backward"; a call of neither, such as the gradients' all-reduce, is left out), start_ms, end_ms, and for
+    the transfers wait_ms (how long the rank was blocked in it). An attention span is the whole call of the
+    ring (its block ops and its waits), logged by lab 10's program ("attention forward L"); a transfer is in
+    flight from its start_ms to its end_ms. Times are ms since the rank's "step" span began. attrs: step,
+    window_ms {rank: the step span's length}. Empty without a timeline (lab 10: --timeline-steps N)."""
+    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    cols = ["rank", "lane", "name", "phase", "start_ms", "end_ms", "wait_ms"]
+    if not tl:
+        return pd.DataFrame(columns=cols)
+    if step is None:
+        step = max(r["step"] for r in tl)
+    rows, window = [], {}
+    for rec in (r for r in tl if r["step"] == step):
+        rank = int(rec["rank"])
+        frame = next(c for c in rec["compute"] if c["name"] == "step")
+        t0 = frame["start_ms"]
+        window[rank] = frame["end_ms"] - t0
+        for c in rec["compute"]:
+            m = re.match(r"attention (forward|backward) (\d+)$", c["name"])
+            if m:
+                rows.append({"rank": rank, "lane": "attention", "name": c["name"], "phase": m.group(1),
+                             "start_ms": c["start_ms"] - t0, "end_ms": c["end_ms"] - t0, "wait_ms": 0.0})
+        # a transfer issued after the last forward call returned is the backward's
+        forward_end = max([c["end_ms"] - t0 for c in rec["compute"] if c["name"].startswith("attention forward")],
+                          default=math.inf)
+        for e in rec.get("events", []):
+            if e["op"] not in ("send", "recv") or e.get("end_ms") is None:
+                continue
+            phase = "backward" if e["issue_ms"] - t0 >= forward_end else "forward"
+            rows.append({"rank": rank, "lane": e["op"], "name": f"{e['op']} {e.get('tag', '')}".strip(),
+                         "phase": phase, "start_ms": e["start_ms"] - t0, "end_ms": e["end_ms"] - t0,
+                         "wait_ms": float(e.get("wait_ms", 0.0))})
+    df = pd.DataFrame(rows, columns=cols)
+    df.attrs["step"] = step
+    df.attrs["window_ms"] = window
+    return df
+
+
+_CP_COLORS = {("attention", "forward"): "tab:blue", ("attention", "backward"): "tab:green",
+              ("send", "forward"): "tab:orange", ("send", "backward"): "tab:orange",
+              ("recv", "forward"): "tab:red", ("recv", "backward"): "tab:red"}
+
+
+def plot_cp_timeline(runs: list[Run], step: int | None = None, plot_dir=None, name="cp_timeline"):
+    """The ring per rank over one step, one panel per run (runs with a timeline only): for every rank two
+    lanes, its attention calls (forward blue, backward green; a call spans its block ops and its waits) and its
+    transfers (sends orange, receives red, drawn while in flight), ms since the rank's step began on the x axis.
+    With the overlap, the transfers run under the attention calls; with --no-overlap, each call stretches by
+    the transfers it waits for. The title gives the step time and the exposed (blocked) transfer time."""
+    runs = [r for r in runs if not cp_timeline(r, step).empty]
+    if not runs:
+        return _nothing("no lab 10 run with a timeline (scripts/run 10 ... --timeline-steps 1)")
+    cp_max = max(int(r.config.get("cp", r.world_size)) for r in runs)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.8 + (0.7 * cp_max + 0.6) * len(runs)), sharex=True,
+                             squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        df = cp_timeline(r, step)
+        ranks = sorted(df.attrs["window_ms"])
+        for rank in ranks:
+            y = 2 * rank
+            ax.barh([y, y + 0.8], df.attrs["window_ms"][rank], left=0, height=0.75, color="none", edgecolor="0.8",
+                    linewidth=0.6)
+            for _, c in df[df["rank"] == rank].iterrows():
+                lane_y = y if c["lane"] == "attention" else y + 0.8
+                ax.barh(lane_y, max(c["end_ms"] - c["start_ms"], 1e-6), left=c["start_ms"],
+                        height=0.7 if c["lane"] == "attention" else 0.35,
+                        color=_CP_COLORS[(c["lane"], c["phase"])], alpha=0.9 if c["lane"] == "attention" else 0.6,
+                        edgecolor="white", linewidth=0.3)
+        ax.set_yticks([2 * k for k in ranks] + [2 * k + 0.8 for k in ranks])
+        ax.set_yticklabels([f"rank {k} attention" for k in ranks] + [f"rank {k} transfers" for k in ranks],
+                           fontsize=7)
+        ax.set_ylim(2 * max(ranks) + 1.4, -0.6)
+        exposed = df[df["lane"] != "attention"]["wait_ms"].sum() / max(len(ranks), 1)
+        steps = r.steps[r.steps["step"] == df.attrs["step"]]
+        step_ms = steps["step_ms"].max() if not steps.empty else math.nan
+        cfg = r.config
+        ax.set_title(f"cp {cfg.get('cp')}, T {cfg.get('T')}{', zig-zag' if cfg.get('zigzag') else ''}, "
+                     f"{cfg.get('variant')}, {'overlapped' if cfg.get('overlap') else 'no overlap'}, link "
+                     f"{cfg.get('link', 'none')}: step {df.attrs['step']} {step_ms:.3f} ms, transfers blocked "
+                     f"{exposed:.3f} ms per rank" + (" (virtual time)" if r.info.get("device") == "sim" else ""),
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("ms since the rank's step began")
+    from matplotlib.patches import Patch
+    handles = [Patch(color="tab:blue", label="attention forward (compute + waits)"),
+               Patch(color="tab:green", label="attention backward (compute + waits)"),
+               Patch(color="tab:orange", alpha=0.6, label="send in flight"),
+               Patch(color="tab:red", alpha=0.6, label="receive in flight")]
+    axes[0, 0].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, name, plot_dir)
+
+
+def cp_activation_memory(runs: list[Run]) -> pd.DataFrame:
+    """One row per finished lab 10 run: run_id, cp, T, T_local, zigzag, act_peak_bytes (the largest
+    memory_activations_peak_bytes over the ranks' summaries: the allocator's peak of category activations),
+    sorted by cp then T. A later run of the same (cp, T) replaces an earlier one."""
+    rows = {}
+    for r in runs:
+        cfg = r.config
+        if "cp" not in cfg or not r.finished or "memory_activations_peak_bytes" not in r.summaries:
+            continue
+        rows[(int(cfg["cp"]), int(cfg["T"]))] = {
+            "run_id": r.run_id, "cp": int(cfg["cp"]), "T": int(cfg["T"]), "T_local": int(cfg.get("T_local", 0)),
+            "zigzag": bool(cfg.get("zigzag")), "act_peak_bytes": int(r.summaries["memory_activations_peak_bytes"].max())}
+    df = pd.DataFrame(list(rows.values()), columns=["run_id", "cp", "T", "T_local", "zigzag", "act_peak_bytes"])
+    return df.sort_values(["cp", "T"], ignore_index=True)
+
+
+def plot_cp_memory(df: pd.DataFrame, plot_dir=None, name="cp_activation_memory"):
+    """Activation memory per rank (MiB, the allocator's peak) against the sequence length T, one line per cp:
+    each rank holds T / cp tokens of every sequence, so at a given T the cp lines sit 1/cp of the cp 1 line."""
+    if df.empty:
+        return _nothing("no finished lab 10 run with memory_activations_peak_bytes in its summary")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for cp, g in df.groupby("cp"):
+        ax.plot(g["T"], g["act_peak_bytes"] / 2**20, "o-", label=f"cp {cp}")
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)  # a halving per doubling of cp: one tick apart
+    ax.set(xlabel="T (tokens per sequence)", ylabel="activations per rank (MiB, peak)",
+           title="activation memory against the sequence length")
+    ts = sorted(df["T"].unique())
+    ax.set_xticks(ts)
+    ax.set_xticklabels([str(t) for t in ts])
+    ax.minorticks_off()
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.legend(fontsize=8)
     return _save(fig, name, plot_dir)

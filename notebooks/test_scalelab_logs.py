@@ -19,6 +19,13 @@ latest_lab06_runs keeps the newest finished run of each layout; the timeline plo
 With --runs-root, on every lab 06 run there: bubble_formula agrees with the logged one, and each timeline
 holds the step's `ran` actions in order, m x v forwards and backwards per stage, inside the step's window.
 
+Lab 10 (ContextParallelLogsTest): on synthetic records of a 2-rank ring with different clocks per rank,
+cp_timeline aligns the ranks on their "step" span, keeps the attention calls and the sends and receives (not
+the gradients' all_reduce) and calls a transfer issued after the last forward call the backward's;
+cp_activation_memory takes the largest rank of the latest run of each (cp, T). With --runs-root, on every lab 10
+run with a timeline: one forward and one backward call per block on every rank inside the step's window, cp - 1
+forward sends per block; and activation memory falls as cp grows at every T.
+
 Lab 07 (Grid3dLogsTest): on synthetic records of a 2 x 2 x 1 grid on 2 simulated nodes of 2, in two orders,
 with different clocks per rank: grid_3d reads every rank's layout and node, a tp group across nodes gets the
 dashed frame, timeline_3d aligns the ranks on their "step" span and puts "pp gradients" in the pp lane,
@@ -536,6 +543,108 @@ class PlanLogsTest(unittest.TestCase):
         widths = [p.get_width() for p in fig.axes[0].patches]
         self.assertEqual([round(w) for w in widths], [700, 100, 200], "compute, bubble, dp shares of 1000 tokens/s")
         self.assertIsNone(self.sl.plot_plan_ranking({"rows": []}, "none"))
+
+
+def cp_run(root, run_id, cp=2, T=64, overlap=True, act_bytes=None, timeline=True):
+    """A synthetic lab 10 run of `cp` ranks: rank k's clock is offset by 1000 * (k + 1) ms; step 1's timeline holds
+    a "step" span of 10 ms, one block's "attention forward 0" (1-3 ms) and "attention backward 0" (5-8 ms), a
+    send and a receive issued in each (the forward's at 1 ms, the backward's at 5 ms, 0.5 ms blocked each) and
+    the gradients' all_reduce; act_bytes {rank: memory_activations_peak_bytes of its summary}."""
+    d = os.path.join(root, "lab10", run_id)
+    os.makedirs(d)
+    cfg = {"model": "demo", "cp": cp, "dp": 1, "T": T, "T_local": T // cp, "zigzag": True, "variant": "ring",
+           "overlap": overlap, "link": "pcie", "micro_batch": 2}
+    act_bytes = act_bytes or {k: (1 << 20) // cp for k in range(cp)}
+    for rank in range(cp):
+        t0 = 1000.0 * (rank + 1)
+        ev = lambda op, tag, a, e: {"op": op, "tag": tag, "issue_ms": t0 + a, "start_ms": t0 + a,  # noqa: E731
+                                    "end_ms": t0 + e, "wait_ms": 0.5}
+        with open(os.path.join(d, f"rank{rank}.jsonl"), "w") as f:
+            out = lambda rec: f.write(json.dumps(dict(rec, rank=rank)) + "\n")  # noqa: E731
+            out({"type": "run", "run_id": run_id, "world_size": cp, "config": cfg})
+            for s in range(3):
+                if s == 1 and timeline:
+                    out({"type": "timeline", "step": 1,
+                         "events": [ev("send", "ring kv", 1, 2), ev("recv", "ring kv", 1, 2.5),
+                                    ev("send", "ring dkv", 5, 6), ev("recv", "ring dkv", 5, 6.5),
+                                    ev("all_reduce", "cp grads", 8, 9)],
+                         "compute": [{"name": "attention forward 0", "start_ms": t0 + 1, "end_ms": t0 + 3},
+                                     {"name": "attention backward 0", "start_ms": t0 + 5, "end_ms": t0 + 8},
+                                     {"name": "step", "start_ms": t0, "end_ms": t0 + 10.0}]})
+                out({"type": "step", "step": s, "loss": 3.0, "tokens": 128, "step_ms": 10.0, "mfu": 0.1})
+            out({"type": "summary", "tokens_per_s": 12800.0, "memory_activations_peak_bytes": act_bytes[rank]})
+    return d
+
+
+class ContextParallelLogsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402  the module under test
+        cls.sl = scalelab_logs
+
+    def test_timeline_aligns_ranks_and_splits_forward_from_backward(self):
+        with tempfile.TemporaryDirectory() as root:
+            tl = self.sl.cp_timeline(self.sl.read_run(cp_run(root, "tl")))
+            self.assertEqual(tl.attrs["step"], 1)
+            self.assertEqual(tl.attrs["window_ms"], {0: 10.0, 1: 10.0})
+            self.assertEqual(len(tl), 2 * (2 + 4))  # per rank: two attention calls, four transfers (no all_reduce)
+            got = {(r.rank, r.name): (r.lane, r.phase, r.start_ms, r.end_ms) for r in tl.itertuples()}
+            self.assertEqual(got[(1, "attention forward 0")], ("attention", "forward", 1.0, 3.0))  # 2001 ms on rank 1
+            self.assertEqual(got[(0, "recv ring kv")], ("recv", "forward", 1.0, 2.5))
+            self.assertEqual(got[(0, "send ring dkv")], ("send", "backward", 5.0, 6.0))  # issued after the forward
+            self.assertAlmostEqual(tl[tl["lane"] != "attention"]["wait_ms"].sum(), 2 * 4 * 0.5)
+
+    def test_timeline_plot_draws_the_lanes_and_every_span(self):
+        import matplotlib.pyplot as plt
+        with tempfile.TemporaryDirectory() as root:
+            fig = self.sl.plot_cp_timeline([self.sl.read_run(cp_run(root, "plot"))])
+            self.assertEqual(len(fig.axes[0].patches), 2 * 2 + 2 * 6)  # two lane frames and six boxes per rank
+            self.assertIn("transfers blocked 2.000 ms per rank", fig.axes[0].get_title())
+            plt.close(fig)
+            self.assertIsNone(self.sl.plot_cp_timeline([self.sl.read_run(cp_run(root, "none", timeline=False))]))
+
+    def test_activation_memory_takes_each_runs_largest_rank_and_the_latest_run(self):
+        with tempfile.TemporaryDirectory() as root:
+            cp_run(root, "a-old", cp=2, T=64, act_bytes={0: 5, 1: 6})
+            cp_run(root, "b-new", cp=2, T=64, act_bytes={0: 7, 1: 3})  # the same (cp, T), later: it wins
+            cp_run(root, "c", cp=1, T=64, act_bytes={0: 20})
+            cp_run(root, "d", cp=1, T=128, act_bytes={0: 40})
+            runs = self.sl.load_runs(self.sl.latest_lab10_runs(root))
+            mem = self.sl.cp_activation_memory(runs)
+            self.assertEqual([(r.cp, r.T, r.act_peak_bytes) for r in mem.itertuples()],
+                             [(1, 64, 20), (1, 128, 40), (2, 64, 7)])
+            import matplotlib.pyplot as plt
+            fig = self.sl.plot_cp_memory(mem)
+            self.assertEqual(len(fig.axes[0].lines), 2)  # one line per cp
+            plt.close(fig)
+
+    def test_real_lab10_runs(self):
+        if not RUNS_ROOT:
+            self.skipTest("no --runs-root")
+        runs = self.sl.load_runs(self.sl.latest_lab10_runs(RUNS_ROOT))
+        timelines = [r for r in runs if not self.sl.cp_timeline(r).empty]
+        if not timelines:
+            self.skipTest(f"no lab 10 run with a timeline under {RUNS_ROOT}")
+        for r in timelines:
+            tl = self.sl.cp_timeline(r)
+            n_layer, cp = int(r.config["n_layer"]), int(r.config["cp"])
+            for rank, window in tl.attrs["window_ms"].items():
+                mine = tl[tl["rank"] == rank]
+                calls = mine[mine["lane"] == "attention"]
+                # one forward and one backward call per block, inside the step's window
+                self.assertEqual(sorted(calls["name"]), sorted([f"attention forward {b}" for b in range(n_layer)] +
+                                                               [f"attention backward {b}" for b in range(n_layer)]))
+                self.assertTrue(((mine["start_ms"] >= 0) & (mine["end_ms"] <= window + 1e-9)).all(), r.run_id)
+                sends = mine[mine["lane"] == "send"]
+                # the ring: cp - 1 kv hand-overs per forward call; the backward's kv and dkv after the forward's
+                self.assertEqual((sends["phase"] == "forward").sum(), n_layer * (cp - 1), r.run_id)
+                self.assertGreater((sends["phase"] == "backward").sum(), 0, r.run_id)
+        mem = self.sl.cp_activation_memory(runs)
+        for T, g in mem.groupby("T"):
+            by_cp = g.sort_values("cp")
+            self.assertTrue(by_cp["act_peak_bytes"].is_monotonic_decreasing, f"T {T}: {by_cp.to_dict('records')}")
 
 
 if __name__ == "__main__":

@@ -72,10 +72,10 @@ struct CpWork {
 // memory: --device cpu or sim.
 class RingAttention : public ContextParallel {
  public:
-  // overlap false: in the forward, every kv block's transfer is waited for BEFORE the computation on the block
-  // in hand starts (what the ring would cost without overlap: the measurement README.md#what-the-numbers-show
-  // and the check lab10.ring_overlaps_transfers compare). The backward may post its kv hand-over first either
-  // way; each dkv can only leave once this rank's share is added.
+  // overlap false: in the forward AND the backward, every kv block's transfer is waited for right after it is
+  // posted, BEFORE the computation on the block in hand starts (what the ring would cost without overlap: the
+  // measurement README.md#what-the-numbers-show and the check lab10.ring_overlaps_transfers compare). Either
+  // way, each dkv can only leave once this rank's share is added.
   RingAttention(Communicator& cp_group, const GPTConfig& cfg, bool zigzag, bool overlap = true);
   Communicator& group() { return comm_; }
   const CpWork& work() const { return work_; }

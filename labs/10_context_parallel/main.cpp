@@ -33,6 +33,47 @@
 
 using namespace scalelab;
 
+// The model's context-parallel point, timed: it calls the lab's point (the ring or the all-gather) and, while
+// `recording` (the steps that log a timeline), keeps one span per call on the communication clock
+// (Communicator::now_ms(), the clock of the ring's CommEvents): "attention forward L" / "attention backward L"
+// for block L (the model calls the point once per block, in order). A span is the whole call: the block ops
+// AND the waits; the ring's sends and receives are the step's CommEvents, so the timeline shows what ran under
+// what. Two clock reads per call while recording; none otherwise.
+class TimedPoint : public ContextParallel {
+ public:
+  TimedPoint(ContextParallel& inner, int n_layer) : inner_(inner), n_layer_(n_layer) {}
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int NH,
+                         const std::vector<CpChunk>& chunks) override {
+    const double t0 = recording ? Communicator::now_ms() : 0.0;
+    inner_.attention_forward(out, lse, qkv, NH, chunks);
+    if (recording) spans.push_back({"attention forward " + std::to_string(forward_calls_ % n_layer_), t0,
+                                    Communicator::now_ms()});
+    forward_calls_++;
+  }
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          int NH, const std::vector<CpChunk>& chunks) override {
+    const double t0 = recording ? Communicator::now_ms() : 0.0;
+    inner_.attention_backward(dqkv, dout, qkv, out, lse, NH, chunks);
+    // The backward runs the blocks last to first.
+    if (recording) spans.push_back({"attention backward " + std::to_string(n_layer_ - 1 - backward_calls_ % n_layer_),
+                                    t0, Communicator::now_ms()});
+    backward_calls_++;
+  }
+  // Forgets the spans and restarts the block count: at the start of every step.
+  void clear(bool record) {
+    spans.clear();
+    recording = record;
+    forward_calls_ = backward_calls_ = 0;
+  }
+  bool recording = false;
+  std::vector<TimeSpan> spans;
+
+ private:
+  ContextParallel& inner_;
+  int n_layer_;
+  int64_t forward_calls_ = 0, backward_calls_ = 0;
+};
+
 // The options labs 03-05 share (scalelab/driver/driver.h) and lab 10's own.
 struct Options : driver::DistributedOptions, driver::ClusterOptions {
   Options() { sample_tokens = 0; }  // a rank holds a slice of each sequence: no sample by default
@@ -71,11 +112,12 @@ static int run(const Options& o, Communicator& world) {
   // cp 1 keeps the model's own point, the identity (the flash op on the whole sequence): nothing to pass round.
   if (o.variant == "ring") {
     ring = std::make_unique<lab10::RingAttention>(*cp_group, data.cfg, o.zigzag, !o.no_overlap);
-    if (cp > 1) model.set_context_parallel(ring.get());  // YOUR point: the model calls it in every block
   } else {
     gather = std::make_unique<lab10::AllGatherAttention>(*cp_group, data.cfg, o.zigzag);
-    if (cp > 1) model.set_context_parallel(gather.get());
   }
+  ContextParallel& point = ring ? static_cast<ContextParallel&>(*ring) : static_cast<ContextParallel&>(*gather);
+  TimedPoint timed(point, data.cfg.n_layer);  // YOUR point, timed for the timeline
+  if (cp > 1) model.set_context_parallel(&timed);  // the model calls it in every block
   const OptimizerConfig oc = driver::optimizer_config(o);
   Optimizer optimizer(model, oc);
 
@@ -121,11 +163,15 @@ static int run(const Options& o, Communicator& world) {
     return all_reduce_value(*cp_group, model.forward(xs, &ys), ReduceOp::Avg, "cp validation loss");
   };
   loop.timeline_comm = cp_group.get();  // the timeline shows the ring's transfers
-  loop.before_step = [&](double, double, bool) {
+  double step_start_ms = 0;  // after the data: where the step's compute and the ring begin
+  loop.before_step = [&](double, double data_end_ms, bool want_timeline) {
     cp_group->clear_events();
     dp_group->clear_events();
+    timed.clear(want_timeline);
+    step_start_ms = data_end_ms;
   };
-  loop.after_step = [&](double, double, bool) {
+  loop.after_step = [&](double, double, bool want_timeline) {
+    timed.recording = false;  // the validation forwards after the step are not part of it
     const double now = Communicator::now_ms();
     const driver::CommStats c = driver::comm_stats(cp_group->events(), now);
     const driver::CommStats d = driver::comm_stats(dp_group->events(), now);
@@ -143,6 +189,10 @@ static int run(const Options& o, Communicator& world) {
                {"attention_pairs", w.pairs},
                {"blocks_computed", w.blocks_computed},
                {"blocks_skipped", w.blocks_skipped}};
+    if (want_timeline) {
+      m.spans = timed.spans;
+      m.spans.push_back({"step", step_start_ms, now});  // the notebook aligns the ranks on it
+    }
     return m;
   };
   loop.progress = [](const driver::StepMeasure& m, double) {

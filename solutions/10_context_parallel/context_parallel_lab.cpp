@@ -123,6 +123,7 @@ void RingAttention::attention_backward(Tensor& dqkv, const Tensor& dout, const T
   for (int step = 0; step < cp; step++) {
     WorkPtr kv_transfer;  // the next kv block can travel while this one is used (it does not change)
     if (step + 1 < cp) kv_transfer = comm_.sendrecv_async(kv, next, kv_next, prev, "ring kv (backward)");
+    if (kv_transfer && !overlap_) kv_transfer->wait();  // the variant that waits, as in the forward
     const int owner = (r - step + cp) % cp;
     const std::vector<CpChunk> kv_chunks = chunks_of(owner, static_cast<int>(Tl));
     for (const CpChunk& c : chunks) {

@@ -1,7 +1,7 @@
 // lab10_support.cpp — lab 10's shared check bodies (lab10_support.h).
 #include "lab10_support.h"
 
-#include <algorithm>  // defines: std::max, std::min
+#include <algorithm>  // defines: std::max, std::min, std::sort
 #include <cmath>      // defines: std::fabs
 #include <cstdio>     // defines: std::snprintf
 #include <memory>
@@ -268,10 +268,31 @@ std::string expect_visible_pairs() {
 namespace {
 
 // One forward and backward of the ring on the simulated cluster: its virtual time (the slowest rank's) and
-// how long this rank was blocked in the ring's waits.
+// how long this rank was blocked in the ring's waits; and of the backward alone (the calls issued after the
+// forward returned), how long this rank was blocked and how long some transfer of it was in flight (the union
+// of its calls' [issue_ms, end_ms]: the whole ring transfer, as this rank saw it).
 struct RingTime {
   double step_ms = 0, waited_ms = 0;
+  double backward_waited_ms = 0, backward_in_flight_ms = 0;
 };
+
+// The length of the union of the calls' [issue_ms, end_ms] intervals (ms): how long some call was in flight.
+double in_flight_ms(std::vector<CommEvent> events) {
+  std::sort(events.begin(), events.end(),
+            [](const CommEvent& a, const CommEvent& b) { return a.issue_ms < b.issue_ms; });
+  double total = 0, open_start = 0, open_end = -1;
+  for (const CommEvent& e : events) {
+    if (e.issue_ms > open_end) {  // a gap: close the interval so far, open a new one
+      if (open_end > open_start) total += open_end - open_start;
+      open_start = e.issue_ms;
+      open_end = e.end_ms;
+    } else {
+      open_end = std::max(open_end, e.end_ms);
+    }
+  }
+  if (open_end > open_start) total += open_end - open_start;
+  return total;
+}
 RingTime simulated_ring(Communicator& world, bool overlap) {
   const GPTConfig cfg = cp_config();
   const int cp = world.size(), T = 16, B = 2;
@@ -289,11 +310,20 @@ RingTime simulated_ring(Communicator& world, bool overlap) {
   const double start = clock_now_ms();
   model.zero_grad();
   model.forward(x, &y);
+  const double backward_start = Communicator::now_ms();  // the clock CommEvent times are on
   model.backward();
   world.barrier();
   RingTime t;
   t.step_ms = clock_now_ms() - start;
-  for (const CommEvent& e : group->events()) t.waited_ms += e.wait_ms;
+  std::vector<CommEvent> backward;
+  for (const CommEvent& e : group->events()) {
+    t.waited_ms += e.wait_ms;
+    if (e.issue_ms >= backward_start) {
+      backward.push_back(e);
+      t.backward_waited_ms += e.wait_ms;
+    }
+  }
+  t.backward_in_flight_ms = in_flight_ms(backward);
   return t;
 }
 }  // namespace
@@ -305,7 +335,7 @@ std::string expect_ring_overlaps_transfers() {
   world->set_link_model(link);
   const RingTime waits = simulated_ring(*world, /*overlap=*/false), overlapped = simulated_ring(*world, true);
   std::string bad;
-  char buf[260];
+  char buf[400];
   if (!(overlapped.step_ms < waits.step_ms) || !(overlapped.waited_ms < waits.waited_ms)) {
     std::snprintf(buf, sizeof(buf),
                   "the ring that posts each transfer before computing: %.4f ms, blocked %.4f ms; the one that waits "
@@ -313,11 +343,31 @@ std::string expect_ring_overlaps_transfers() {
                   overlapped.step_ms, overlapped.waited_ms, waits.step_ms, waits.waited_ms);
     bad = buf;
   }
+  // The backward honours the flag too: waiting, it is blocked for the whole time its transfers are in flight
+  // (nothing under them); overlapped, for less (the next kv block travels under the compute).
+  if (bad.empty() && !(waits.backward_waited_ms >= (1.0 - 1e-9) * waits.backward_in_flight_ms &&
+                       waits.backward_in_flight_ms > 0)) {
+    std::snprintf(buf, sizeof(buf),
+                  "with overlap false the backward was blocked %.4f ms of the %.4f ms its transfers were in flight "
+                  "(virtual): it does not wait for each kv hand-over before computing (lab10-4)",
+                  waits.backward_waited_ms, waits.backward_in_flight_ms);
+    bad = buf;
+  }
+  if (bad.empty() && !(overlapped.backward_waited_ms < 0.999 * overlapped.backward_in_flight_ms)) {
+    std::snprintf(buf, sizeof(buf),
+                  "the overlapped backward was blocked %.4f ms of the %.4f ms its transfers were in flight (virtual): "
+                  "no kv hand-over travels under the compute (lab10-4)",
+                  overlapped.backward_waited_ms, overlapped.backward_in_flight_ms);
+    bad = buf;
+  }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
   std::snprintf(buf, sizeof(buf),
                 "cp %d, zig-zag, simulated H100s on pcie: forward + backward %.4f ms overlapped vs %.4f ms waiting "
-                "(blocked %.4f vs %.4f ms, virtual)",
-                world->size(), overlapped.step_ms, waits.step_ms, overlapped.waited_ms, waits.waited_ms);
+                "(blocked %.4f vs %.4f ms); the backward blocked %.4f of %.4f ms in flight vs %.4f of %.4f ms "
+                "(virtual)",
+                world->size(), overlapped.step_ms, waits.step_ms, overlapped.waited_ms, waits.waited_ms,
+                overlapped.backward_waited_ms, overlapped.backward_in_flight_ms, waits.backward_waited_ms,
+                waits.backward_in_flight_ms);
   return bad.empty() ? buf : bad;
 }
 

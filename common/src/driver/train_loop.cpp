@@ -93,6 +93,14 @@ static std::string loss_text(double loss) {
   return text;
 }
 
+// An MFU as printed: "MFU 12.3%", or "MFU not measured" (NaN: no peak to divide by, or no step timed), never "nan%".
+static std::string mfu_text(double mfu) {
+  if (!std::isfinite(mfu)) return "MFU not measured";
+  char text[32];
+  std::snprintf(text, sizeof(text), "MFU %5.1f%%", 100.0 * mfu);
+  return text;
+}
+
 static double wall_ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -214,7 +222,9 @@ Summary TrainLoop::run(int64_t start_step) {
   log_.log_eval(start_step, val_loss);
 
   const LRSchedule schedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
-  // The first step of a run allocates activations and warms caches: it is not timed.
+  // The first step of a run allocates activations and warms caches: it is not timed. A run of one step has
+  // nothing else to time: that step is timed, warm-up included, and the summary says so (warm_up_timed).
+  const bool only_step_timed = o_.steps - start_step == 1;
   double timed_seconds = 0, timed_data_ms = 0, timed_exposed_ms = 0, timed_busy_ms = 0, timed_modeled_ms = 0;
   int64_t timed_tokens = 0;
   const bool simulated = clock_is_virtual();  // --device sim: every time below is virtual
@@ -244,7 +254,7 @@ Summary TrainLoop::run(int64_t start_step) {
     const double step_mfu = peak_.flops_per_s > 0 ? mfu(tok_s, flops_per_token_, peak_.flops_per_s, world_)
                                                   : kNotMeasured;
     const float loss = computed(mean_loss(r.loss));  // outside the timed step: only for the log
-    if (step_i > start_step) {
+    if (step_i > start_step || only_step_timed) {
       timed_seconds += seconds;
       timed_tokens += tokens;
       timed_data_ms += data_wait_ms;
@@ -288,9 +298,9 @@ Summary TrainLoop::run(int64_t start_step) {
       char waited[64];
       std::snprintf(waited, sizeof(waited), "data wait %.2f ms", data_wait_ms);
       const std::string middle = progress ? progress(m, data_wait_ms) : std::string(waited);
-      std::printf("step %5lld | loss %s | lr %.2e | %7.0f tok/s%s | MFU %5.1f%% | %s | ETA %.0f s\n",
+      std::printf("step %5lld | loss %s | lr %.2e | %7.0f tok/s%s | %s | %s | ETA %.0f s\n",
                   static_cast<long long>(step_i), loss_text(loss).c_str(), lr, tok_s, simulated ? " (virtual)" : "",
-                  100.0 * step_mfu, middle.c_str(), eta);
+                  mfu_text(step_mfu).c_str(), middle.c_str(), eta);
       std::fflush(stdout);
     }
     if ((o_.val_every > 0 && (step_i + 1) % o_.val_every == 0) || last) {
@@ -308,11 +318,12 @@ Summary TrainLoop::run(int64_t start_step) {
   s.val_loss_end = val_loss;
   s.steps = o_.steps - start_step;
   s.timed_steps = static_cast<int>(std::max<int64_t>(1, s.steps - 1));
-  s.tokens_per_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : 0.0;
-  s.mfu = peak_.flops_per_s > 0 && s.tokens_per_s > 0
+  s.warm_up_timed = only_step_timed;
+  s.tokens_per_s = timed_seconds > 0 ? static_cast<double>(timed_tokens) / timed_seconds : kNotMeasured;
+  s.mfu = peak_.flops_per_s > 0 && timed_seconds > 0
               ? mfu(s.tokens_per_s, flops_per_token_, peak_.flops_per_s, world_)  // token-weighted
               : kNotMeasured;
-  s.hfu = peak_.flops_per_s > 0 && s.tokens_per_s > 0
+  s.hfu = peak_.flops_per_s > 0 && timed_seconds > 0
               ? mfu(s.tokens_per_s, hardware_flops_per_token_, peak_.flops_per_s, world_)
               : kNotMeasured;
   s.step_ms = 1e3 * timed_seconds / s.timed_steps;
@@ -344,6 +355,10 @@ nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, boo
                       {"hfu", s.hfu},
                       {"peak_flops_per_s", peak.flops_per_s},
                       {"peak_source", peak.source}};
+  if (s.warm_up_timed) {  // one step: its times are a cold step's (docs/log_schema.md, summary)
+    r["warm_up_timed"] = true;
+    r["timing_note"] = "one step: the warm-up step is the one timed; run --steps 2 or more to leave it out";
+  }
   if (comm) {
     r["comm_ms"] = s.comm_ms;
     r["comm_busy_ms"] = s.comm_busy_ms;
@@ -367,10 +382,17 @@ void print_summary_headline(const Summary& s, const Peak& peak, int num_devices)
   char devices[32] = "";
   if (num_devices > 0) std::snprintf(devices, sizeof(devices), "%d x ", num_devices);
   const std::string on = s.simulated.empty() ? "" : " (" + s.simulated + ")";  // simulated H100 SXM, virtual time
-  std::printf("\n== summary%s ==\nval loss %s -> %s | %.0f tokens/s | MFU %.1f%% of %s%.1f GFLOP/s (%s)", on.c_str(),
-              loss_text(s.val_loss_start).c_str(), loss_text(s.val_loss_end).c_str(), s.tokens_per_s, 100.0 * s.mfu,
-              devices, peak.flops_per_s / 1e9, peak.source.c_str());
+  char speed[48] = "tokens/s not measured (no step ran)";
+  if (std::isfinite(s.tokens_per_s)) std::snprintf(speed, sizeof(speed), "%.0f tokens/s", s.tokens_per_s);
+  char mfu[64] = "MFU not measured";
+  if (std::isfinite(s.mfu)) std::snprintf(mfu, sizeof(mfu), "MFU %.1f%%", 100.0 * s.mfu);
+  std::printf("\n== summary%s ==\nval loss %s -> %s | %s | %s of %s%.1f GFLOP/s (%s)", on.c_str(),
+              loss_text(s.val_loss_start).c_str(), loss_text(s.val_loss_end).c_str(), speed, mfu, devices,
+              peak.flops_per_s / 1e9, peak.source.c_str());
   if (std::isfinite(s.hfu) && s.hfu != s.mfu) std::printf(" | HFU %.1f%% (with the recompute)", 100.0 * s.hfu);
+  if (s.warm_up_timed)
+    std::printf("\n(one step: its figures include the warm-up, allocations and cold caches; run --steps 2 or more "
+                "to time the steps after it)");
 }
 
 // ---------------------------------------------------------------------------------------------

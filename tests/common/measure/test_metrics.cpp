@@ -215,6 +215,24 @@ TEST_F(MetricsTest, SummaryLeavesTheWarmUpStepOutOfTheMeans) {
   EXPECT_EQ(sum["peak_source"], run_record().peak_source);
   EXPECT_TRUE(sum.contains("memory_peak_bytes"));
   EXPECT_TRUE(sum.contains("end_time"));
+  EXPECT_FALSE(sum.contains("warm_up_timed"));  // only a one-step run times its warm-up
+}
+
+// A run of one step: the warm-up step is the only one, so the summary's means are that step's, and the record
+// says so (warm_up_timed), never tokens_per_s 0 or a null mean presented as "not run" (docs/log_schema.md).
+TEST_F(MetricsTest, SummaryOfOneStepTimesThatStepAndSaysSo) {
+  RunLogger log("lab01", "r", 0, dir_);
+  log.log_run(run_record());
+  log.log_step(step_record(0, 400.0));
+  log.log_summary();
+  const json sum = read_records(log.path()).back();
+  ASSERT_EQ(sum["type"], "summary");
+  EXPECT_EQ(sum["steps"], 1);
+  EXPECT_EQ(sum["timed_steps"], 1);
+  EXPECT_EQ(sum["warm_up_timed"], true);
+  EXPECT_DOUBLE_EQ(sum["mean_step_ms"].get<double>(), 400.0);
+  EXPECT_DOUBLE_EQ(sum["tokens_per_s"].get<double>(), 512 / 0.4);
+  EXPECT_DOUBLE_EQ(sum["mean_mfu"].get<double>(), 0.25);
 }
 
 TEST_F(MetricsTest, MfuOutsideZeroOneWarnsOnce) {

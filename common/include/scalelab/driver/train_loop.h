@@ -117,9 +117,11 @@ struct StepMeasure {
 struct Summary {
   int64_t steps = 0;        // optimizer steps this run made (from start_step)
   int timed_steps = 1;      // steps after the warm-up one (at least 1, the divisor of the means below)
+  bool warm_up_timed = false;  // a one-step run: its only step, warm-up included, is the one timed (there is
+                               // no later step to time; the figures below say how fast a cold step was)
   float final_loss = 0.0f;  // the last step's loss, averaged over the ranks
   float val_loss_start = 0.0f, val_loss_end = 0.0f;
-  double tokens_per_s = 0;    // all ranks together, over the timed steps (token-weighted)
+  double tokens_per_s = kNotMeasured;  // all ranks together, over the timed steps (token-weighted; NaN: no step)
   double mfu = kNotMeasured;  // of tokens_per_s, against num_devices x the peak
   double hfu = kNotMeasured;  // the same with the recompute's FLOPs added (= mfu without --recompute)
   double step_ms = 0;         // per timed step, on the kit's clock (wall, or virtual): time, data wait, exposed and
@@ -214,8 +216,10 @@ class TrainLoop {
 nlohmann::json summary_record(const Summary& s, const Peak& peak, bool comm, bool simulated);
 // Rank 0's first summary lines: "== summary ==" ("== summary (simulated H100 SXM, virtual time) ==" on the
 // simulated GPU), then "val loss a -> b | N tokens/s | MFU x% of
-// [W x ]P GFLOP/s (source)" (W: the number of devices; 0 for one device, which prints no "W x"). No newline
-// at the end: the lab goes on with its own figures.
+// [W x ]P GFLOP/s (source)" (W: the number of devices; 0 for one device, which prints no "W x"). A figure
+// that was not measured says so in words ("MFU not measured (...)"), never "nan" or 0; a one-step run
+// (Summary::warm_up_timed) adds that its figures include the warm-up. No newline at the end: the lab goes
+// on with its own figures.
 void print_summary_headline(const Summary& s, const Peak& peak, int num_devices);
 
 // ---------------------------------------------------------------------------------------------

@@ -106,7 +106,8 @@ class RunLogger {
   void log_step(const StepRecord& s);
   void log_eval(int64_t step, double val_loss, const nlohmann::json& extra = nlohmann::json::object());
   // The `summary` record: means over the step records except the first (warm-up, docs/style.md 32), the
-  // final loss, the best val_loss, peak memory, plus `extra`. Write it once, at the end of a run.
+  // final loss, the best val_loss, peak memory, plus `extra`. Write it once, at the end of a run. With a
+  // single step record the means are that step's, and the record says "warm_up_timed": true.
   void log_summary(const nlohmann::json& extra = nlohmann::json::object());
   // The `timeline` record of one step: its communication calls (every field of CommEvent that a plot
   // needs) and its compute spans, all on the Communicator::now_ms() clock. For a few steps only: a
@@ -131,6 +132,7 @@ class RunLogger {
   // Running sums for the summary (steps after the first).
   int64_t num_steps_ = 0, timed_steps_ = 0, tokens_total_ = 0, timed_tokens_ = 0;
   double sum_step_ms_ = 0, sum_mfu_ = 0;
+  StepRecord first_step_;  // the warm-up step: the summary's only timed step when it is the only step
   double peak_flops_per_s_ = kNotMeasured;  // from the run record, repeated in the summary
   std::string peak_source_;
   int64_t mfu_steps_ = 0;
