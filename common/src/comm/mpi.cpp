@@ -42,6 +42,7 @@
 // Tests: tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks). NCCL twin: common/src/comm/nccl.cpp
 #include <mpi.h>
 
+#include <algorithm>  // defines: std::remove_if
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -458,6 +459,10 @@ struct Op {
   uint64_t roll_seq = 0;         // its number in this rank's collectives on the group
   std::vector<int> world_ranks;  // the group's (for the names in the message)
   bool leaked = false;           // the thread freed requests MPI could not cancel: the op is kept for good
+
+  // finish() has run: the op holds nothing the communication thread must still poll (read without op.mu
+  // by submit, which drops such ops from the list of caller-posted ones).
+  std::atomic<bool> settled{false};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -1039,6 +1044,12 @@ class MpiCommunicator : public Communicator {
     }
     if (post_here && post(*o)) {
       std::lock_guard<std::mutex> lock(queue_mu_);
+      // The ops their callers have finished meanwhile leave the list first: the thread does not wake for
+      // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
+      // here until its next wake-up, each kept alive, and that wake-up then polled them all.
+      posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                   [](const std::shared_ptr<Op>& p) { return p->settled.load(std::memory_order_acquire); }),
+                    posted_.end());
       posted_.push_back(o);  // the thread polls it from now on
     }
     // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
@@ -1256,13 +1267,9 @@ class MpiCommunicator : public Communicator {
   // Completes the sends and recvs whose transfer is done and whose modelled time has passed; forgets
   // those finished (here, or by their waiters).
   void poll(std::vector<std::shared_ptr<Op>>& in_flight) {
-    for (size_t i = 0; i < in_flight.size();) {
-      if (advance(*in_flight[i])) {
-        in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
+    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),
+                                   [this](const std::shared_ptr<Op>& op) { return advance(*op); }),
+                    in_flight.end());  // one pass, however many finish
   }
 
   // One turn of a posted send or recv, on the communication thread (poll) or on a caller waiting for it
@@ -1310,6 +1317,7 @@ class MpiCommunicator : public Communicator {
       op.buf = Tensor();
       op.staging = Staging();
     }
+    op.settled.store(true, std::memory_order_release);
     {
       std::lock_guard<std::mutex> lock(op.mu);
       op.done = true;
