@@ -18,6 +18,11 @@ veth link limited by tc tbf to --rate, shared memory inside a node), then, per r
      with the fitted a and B (all_reduce: a + S/B; send: a/2 + S/B, alpha a hop), counted from the log's
      per-group calls and bytes (the step records' "groups"; only the sends of the pp group: a message is
      charged once).
+  4. the simulator's prediction: the same layout on --device sim (virtual time, 4 ranks on this node as 2
+     simulated nodes: --ranks-per-node 2, --link free inside a node, --inter-link the fitted link as measured
+     figures, alpha = a / 2, base 0, bw = B: docs/communicator.md "A measured link"), once with the fitted
+     link and once with a free one; the difference is the link's share of the simulated step, added to the
+     measured one-node step (the simulated GPU's compute is not this CPU's).
 Prints and writes <out>/netns_cluster.md (the table) and <out>/results.json.
 
   bench/netns_cluster.py --build-dir build --rates none,1gbit,100mbit   # about 4 minutes on 2 cores (root)
@@ -85,8 +90,8 @@ def fit_link(a, rate, env):
     return {"a_s": statistics.median(small), "B": 1.0 / slope, "points": pts}
 
 
-def lab07(a, order, on_cluster, run_id, env):
-    sh(mpirun(2, on_cluster, [os.path.join(a.build_dir, "bin", "reference", "lab07_parallel_3d"),
+def lab07(a, order, on_cluster, run_id, env, extra=()):
+    sh(mpirun(2, on_cluster, [os.path.join(a.build_dir, "bin", "reference", "lab07_parallel_3d"), *extra,
                               "--tp", "2", "--pp", "2", "--dp", "1", "--order", order, "--model", a.model,
                               "--seq-len", str(a.seq_len), "--micro-batch", str(a.micro_batch),
                               "--micro-batches", str(a.micro_batches), "--steps", str(a.steps), "--threads", "1",
@@ -111,6 +116,21 @@ def lab07(a, order, on_cluster, run_id, env):
     return {"step_ms": step_ms, "tokens_per_s": ranks[0]["summary"]["tokens_per_s"],
             "hosts": hosts, "final_loss": ranks[0]["summary"]["final_loss"],
             "groups": [r["steps"][-1]["groups"] for r in ranks]}
+
+
+def link_spec(link):
+    """The fitted link as --link's measured figures: a = base + 2 alpha with base 0, so alpha = a / 2."""
+    return f"alpha={1e6 * link['a_s'] / 2:.2f}us,bw={link['B'] / 1e6:.3f}MB/s"
+
+
+def sim_link_ms(a, order, link, rate, env):
+    """The link's share of lab 07's simulated step (virtual time): the step with the fitted link across the
+    2 simulated nodes minus the step with a free one."""
+    steps = {}
+    for name, inter in (("fitted", link_spec(link)), ("free", "free")):
+        steps[name] = lab07(a, order, False, f"{rate}-{order}-sim-{name}", env,
+                            ["--device", "sim", "--ranks-per-node", "2", "--link", "free", "--inter-link", inter])["step_ms"]
+    return steps["fitted"] - steps["free"], steps
 
 
 def predicted_extra_ms(a, link, run, crossing):
@@ -176,11 +196,15 @@ def main():
                 crossing = ("tp",) if order == "pp-tp-dp" else ("pp",)
                 extra = statistics.median(predicted_extra_ms(a, link, r, crossing) for r in two)
                 pred = base + extra
+                sim_extra, sim_steps = sim_link_ms(a, order, link, rate, base_env)
+                sim_pred = base + sim_extra
                 rows.append({"order": order, "what": what, "one_node_step_ms": base, "step_ms": meas,
                              "tokens_per_s": statistics.median(r["tokens_per_s"] for r in two),
                              "one_node_tokens_per_s": statistics.median(r["tokens_per_s"] for r in one),
                              "predicted_extra_ms": extra, "predicted_step_ms": pred,
                              "error": (pred - meas) / meas, "hosts": two[0]["hosts"],
+                             "link_spec": link_spec(link), "sim_step_ms": sim_steps, "sim_extra_ms": sim_extra,
+                             "sim_predicted_step_ms": sim_pred, "sim_error": (sim_pred - meas) / meas,
                              "steps_ms": [r["step_ms"] for r in two], "one_node_steps_ms": [r["step_ms"] for r in one],
                              "final_loss": [two[0]["final_loss"], one[0]["final_loss"]]})
             results["rates"][rate] = {"link": {"a_s": link["a_s"], "B": link["B"], "points": link["points"]},
@@ -188,7 +212,9 @@ def main():
             for r in rows:
                 print(f"  {r['order']} ({r['what']}): {r['step_ms']:.1f} ms/step measured (one node "
                       f"{r['one_node_step_ms']:.1f}), predicted {r['predicted_step_ms']:.1f} "
-                      f"({100 * r['error']:+.0f} %), {r['tokens_per_s']:.0f} tokens/s", flush=True)
+                      f"({100 * r['error']:+.0f} %), simulated with --inter-link {r['link_spec']}: "
+                      f"{r['sim_predicted_step_ms']:.1f} ({100 * r['sim_error']:+.0f} %), "
+                      f"{r['tokens_per_s']:.0f} tokens/s", flush=True)
     finally:
         subprocess.run([CLUSTER, "down", "--name", NAME], cwd=REPO, capture_output=True)
     results["wall_s"] = time.time() - t0
@@ -208,8 +234,9 @@ def table(a, results):
              f"x T {a.seq_len}, {a.steps - 1} timed steps, 4 ranks (2 per node) of 1 thread on {os.cpu_count()} "
              f"cores, medians of {a.repeats} alternating runs; load average {load:.1f} at the end", "",
              "| link rate | fitted a = base + 2 alpha | fitted B | order | tp groups | step ms, one node | "
-             "step ms, two nodes (runs) | tokens/s, two nodes | predicted step ms | error |",
-             "|---|--:|--:|---|---|--:|--:|--:|--:|--:|"]
+             "step ms, two nodes (runs) | tokens/s, two nodes | predicted step ms | error | "
+             "--device sim: link's share, ms | sim-predicted step ms | error |",
+             "|---|--:|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for rate, res in results["rates"].items():
         link = res["link"]
         for r in res["rows"]:
@@ -217,7 +244,8 @@ def table(a, results):
                          f"{r['what']} | {r['one_node_step_ms']:.1f} | {r['step_ms']:.1f} "
                          f"({'-'.join(f'{x:.0f}' for x in (min(r['steps_ms']), max(r['steps_ms'])))}) | "
                          f"{r['tokens_per_s']:,.0f} | "
-                         f"{r['predicted_step_ms']:.1f} | {100 * r['error']:+.0f} % |")
+                         f"{r['predicted_step_ms']:.1f} | {100 * r['error']:+.0f} % | "
+                         f"{r['sim_extra_ms']:.1f} | {r['sim_predicted_step_ms']:.1f} | {100 * r['sim_error']:+.0f} % |")
     return "\n".join(lines) + "\n"
 
 

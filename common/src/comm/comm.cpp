@@ -142,10 +142,15 @@ std::string describe_rank(const Communicator& comm) {
 }
 
 std::string describe_wait(const Communicator& comm, const std::string& op, int peer, const std::string& tag) {
+  const bool named = peer >= 0 && peer < static_cast<int>(comm.world_ranks().size());
+  return describe_wait(op, peer, named ? comm.world_ranks()[peer] : -1, tag);
+}
+
+std::string describe_wait(const std::string& op, int peer, int peer_world_rank, const std::string& tag) {
   std::string s = op;
-  if (peer >= 0 && peer < static_cast<int>(comm.world_ranks().size())) {
+  if (peer >= 0 && peer_world_rank >= 0) {
     const char* dir = op == "send" ? " to rank " : op == "recv" ? " from rank " : " from root ";
-    s += dir + std::to_string(peer) + " (world rank " + std::to_string(comm.world_ranks()[peer]) + ")";
+    s += dir + std::to_string(peer) + " (world rank " + std::to_string(peer_world_rank) + ")";
   }
   if (!tag.empty()) s += ", tag '" + tag + "'";
   return s;

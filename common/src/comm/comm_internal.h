@@ -4,7 +4,7 @@
 //                    communication thread stamps start and end)
 //   make_event       fills a CommEvent: payload and bus bytes, issue time, the link model's time,
 //                    the group's name and members
-//   MessageHeader    what travels ahead of every point-to-point message: the send's start time
+//   MessageHeader    what travels ahead of a point-to-point message with a link model: the send's start time
 //   check_*          argument checks shared by every backend; errors name the rank, the op, the sizes
 //                    (check_on_device: the device backends' rule, device tensors only)
 //   make_*_communicator  the backend factories behind make_communicator()
@@ -68,6 +68,9 @@ std::string describe_rank(const Communicator& comm);
 // "recv from rank 0 (world rank 0), tag 'activation mb 3'", "send to rank 1 (world rank 3)",
 // "broadcast from root 0 (world rank 0)", "all_reduce, tag 'bucket 3'" (peer -1: none).
 std::string describe_wait(const Communicator& comm, const std::string& op, int peer, const std::string& tag);
+// The same words from the peer's world rank (peer_world_rank < 0: no peer named), for a backend that
+// formats them only when a timeout or an error needs them (mpi.cpp keeps the fields, not the text).
+std::string describe_wait(const std::string& op, int peer, int peer_world_rank, const std::string& tag);
 // What a timeout of that wait most likely means: "it never arrived (a deadlock: ...)".
 const char* wait_timeout_reason(const std::string& waited_for);
 // The hint line of a timeout's error (what to compare, how to lengthen the timeout).

@@ -16,8 +16,10 @@
 // It is posted on the caller's own thread when nothing is queued ahead of it, and its Work's wait()
 // and test() test it there (MPI_Testall): no thread hand-off between the call and the bytes (three
 // hand-offs cost 0.2-3 ms a message on a 2-core machine; now a few us, bench/p2p.md).
-// Each payload travels behind a header with the send's start time, so a recv completes no earlier
-// than that start + the modelled time (comm_internal.h MessageHeader).
+// With a link model each payload travels behind a header with the send's start time, so a recv completes
+// no earlier than that start + the modelled time (comm_internal.h MessageHeader); without one a send is
+// one MPI message. Per message the caller's thread formats no text (an error's or a timeout's words are
+// made from the op's fields when one happens) and allocates little (the op, its Work, the event).
 //
 // Delivery at wait (SL_COMM_DELIVER_AT_WAIT=1; every graded multi-rank check runs so). MPI runs the
 // collectives in issue order, so with results written at once a caller who waits for the LAST of several
@@ -40,6 +42,7 @@
 // Tests: tests/common/comm/test_comm_mpi.cpp (2 and 4 ranks). NCCL twin: common/src/comm/nccl.cpp
 #include <mpi.h>
 
+#include <algorithm>  // defines: std::remove_if
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -47,11 +50,11 @@
 #include <cstdlib>  // defines: std::getenv
 #include <cstring>
 #include <deque>
-#include <map>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,7 +145,8 @@ struct Staging {
 class HostStage {
  public:
   // copy_in: fill the host copy from the device now (the tensor is an input). The tensor's storage is
-  // kept alive by the op's closure, which outlives its stage; the stage itself holds only pointers.
+  // kept alive by the op (its buf, or a collective's closure), which outlives its stage; the stage itself
+  // holds only pointers.
   HostStage(const Tensor& t, const Staging& s, bool copy_in) : device_ptr_(t.raw()), nbytes_(t.nbytes()) {
     if (t.device() != Device::CUDA || t.nbytes() == 0) {
       ptr_ = t.raw();
@@ -227,34 +231,36 @@ struct Delivery {
   bool delivered = false;
 };
 
+struct Op;
+
 // What a communicator shares with its Ops (a Work may outlive its communicator): the ops handed to the
 // communication thread and not finished yet, listed by a wait timeout's message, and whether a wait
-// has timed out.
+// has timed out. It holds the ops themselves, not their words: an op is listed from its issue until
+// finish() removes it (it is alive all that time: the queue, the thread or its Work holds it), and its
+// words are formatted only when a timeout lists them. No allocation per op once the list has grown.
 struct PendingOps {
   std::atomic<bool> timed_out{false};
 
-  uint64_t add(std::string what) {
+  uint64_t add(const Op* op) {
     std::lock_guard<std::mutex> lock(mu_);
-    ops_.emplace(next_, std::move(what));
+    ops_.emplace_back(next_, op);
     return next_++;
   }
   void remove(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
-    ops_.erase(id);
+    for (size_t i = 0; i < ops_.size(); ++i) {  // few entries; the oldest usually finishes first
+      if (ops_[i].first == id) {
+        ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    }
   }
   // "send to rank 0 (world rank 0), tag 'x'; recv from ..." in issue order, without op `id`; "" if none.
-  std::string others(uint64_t id) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string list;
-    for (const auto& [other, what] : ops_) {
-      if (other != id) list += (list.empty() ? "" : "; ") + what;
-    }
-    return list;
-  }
+  std::string others(uint64_t id) const;  // (defined after Op)
 
  private:
   mutable std::mutex mu_;
-  std::map<uint64_t, std::string> ops_;  // issue number -> what it waits for (Op::waited_for)
+  std::vector<std::pair<uint64_t, const Op*>> ops_;  // issue number -> the op, in issue order
   uint64_t next_ = 0;
 };
 
@@ -381,24 +387,52 @@ class Roll {
 
 // One call on its way through the communication thread, shared with the Work that waits for it.
 struct Op {
-  std::string what;               // "all_reduce of 1000 f32 elements on rank 1 of 4": for error messages
+  // What it is, kept as fields; the words of an error or a timeout's message (what(), waited_for()) are
+  // formatted only when one needs them: formatting them for every call cost more than a small message
+  // itself takes (bench/p2p.md).
+  const char* name = "";    // "send", "all_reduce", ... (a string literal)
+  std::string tag;          // the caller's tag ("" none)
+  int64_t count = 0;        // elements
+  DType dtype = DType::F32;
+  int peer = -1;            // send/recv: the other rank; broadcast: the root; -1: none (ranks of the group)
+  int peer_world = -1;      // that rank's world rank
+  int rank = 0, size = 1;   // this rank, the group's size
+  std::string fixed_words;  // split: "split(color 1, key 0, 'tp')" instead of the fields
+  // "all_reduce of 1000 f32 elements on rank 1 of 4 (tag 'x')": for error messages
+  std::string what() const {
+    if (!fixed_words.empty()) return fixed_words + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+    return describe_call(name, count, dtype, rank, size, tag);
+  }
+  // "recv from rank 0 (world rank 0), tag 'activation mb 3'": what a wait for it waits for
+  std::string waited_for() const {
+    return fixed_words.empty() ? describe_wait(name, peer, peer_world, tag) : fixed_words;
+  }
+
   uint64_t event_id = 0;          // its CommEvent in the log
   std::shared_ptr<EventLog> log;  // that log (shared: a Work may outlive its communicator); null: no event
   double modeled_ms = 0;          // the link model's time: the op completes no earlier than start + this
 
   // A collective (or barrier, split): the blocking MPI call(s), staging included.
   std::function<void()> run;
-  // A send or recv: post posts the header's and the payload's MPI_Isend / MPI_Irecv into requests;
-  // complete runs once both transfers are done, with the payload's status.
-  std::function<void(MPI_Request* requests)> post;
-  std::function<void(const MPI_Status&)> complete;
-  bool is_p2p() const { return static_cast<bool>(post); }
+  // A send or recv: its tensor (kept alive until it is finished), how it is staged, and the staged bytes
+  // (MpiCommunicator::post_p2p posts it, complete_p2p ends it). Fields, not closures: no allocation.
+  enum class Kind { Collective, Send, Recv };
+  Kind kind = Kind::Collective;
+  Tensor buf;
+  Staging staging;
+  std::optional<HostStage> stage;  // from posting to completion
+  bool is_p2p() const { return kind != Kind::Collective; }
   // p2p: may be posted on the caller's thread (submit). Not a CUDA tensor's: its staging copy would block
   // the caller until the kernels before it are done; the communication thread posts those.
   bool post_on_caller = true;
+  // p2p: a header travels ahead of the payload (the communicator has a link model: a recv completes no
+  // earlier than the send's start + the modelled time). Without one the payload goes alone: one MPI
+  // message a send, as plain MPI_Isend. Every rank of a group has the same link (set_link_model,
+  // set_topology on every rank alike), so sender and receiver agree.
+  bool with_header = false;
 
   // Set by the thread that runs it.
-  MessageHeader header;  // p2p: the send's start, sent ahead of the payload (a recv's: received)
+  MessageHeader header;  // p2p with_header: the send's start, sent ahead of the payload (a recv's: received)
   MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // p2p: header, payload
   MPI_Status statuses[2] = {};
   bool transferred = false;  // p2p: MPI says both requests are done
@@ -417,15 +451,18 @@ struct Op {
   std::shared_ptr<Delivery> delivery;
 
   // The wait timeout (set by submit()): its limit and the words of its message.
-  double timeout_s = 0;                 // the communicator's wait timeout when the op was issued, seconds; 0: forever
-  std::string who;                      // "rank 1 of group 'pp' (world rank 1)"
-  std::string waited_for;               // "recv from rank 0 (world rank 0), tag 'activation mb 3'"
-  std::shared_ptr<PendingOps> pending;  // the communicator's list, where this op is entry pending_id
+  double timeout_s = 0;                    // the communicator's wait timeout when the op was issued, seconds; 0: forever
+  std::shared_ptr<const std::string> who;  // "rank 1 of group 'pp' (world rank 1)" (the communicator's)
+  std::shared_ptr<PendingOps> pending;     // the communicator's list, where this op is entry pending_id
   uint64_t pending_id = 0;
   std::shared_ptr<Roll> roll;    // a collective: who has called what (null: a send, recv, or a group of one)
   uint64_t roll_seq = 0;         // its number in this rank's collectives on the group
   std::vector<int> world_ranks;  // the group's (for the names in the message)
   bool leaked = false;           // the thread freed requests MPI could not cancel: the op is kept for good
+
+  // finish() has run: the op holds nothing the communication thread must still poll (read without op.mu
+  // by submit, which drops such ops from the list of caller-posted ones).
+  std::atomic<bool> settled{false};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -434,6 +471,15 @@ struct Op {
   bool error_seen = false;
   bool abandoned = false;  // a wait timed out: nobody waits again, nothing is delivered, error stays
 };
+
+std::string PendingOps::others(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string list;
+  for (const auto& [other, op] : ops_) {
+    if (other != id) list += (list.empty() ? "" : "; ") + op->waited_for();
+  }
+  return list;
+}
 
 class MpiWork : public Work {
  public:
@@ -548,10 +594,11 @@ class MpiWork : public Work {
     const std::string others = op_->pending ? op_->pending->others(op_->pending_id) : std::string();
     bool stopped = true;  // a collective: the ranks that did not join have stopped (or are slow), not mismatched
     const std::string roll = op_->roll ? op_->roll->absent(op_->roll_seq, op_->world_ranks, stopped) : std::string();
+    const std::string waited_for = op_->waited_for();
     try {
       SL_FAIL(op_->roll ? wait_timeout_hint_collective(op_->timeout_s, stopped) : wait_timeout_hint(op_->timeout_s),
-              "%s waited %.1f s for %s: %s. %s%s", op_->who.c_str(), waited_ms / 1e3, op_->waited_for.c_str(),
-              wait_timeout_reason(op_->waited_for), roll.c_str(),
+              "%s waited %.1f s for %s: %s. %s%s", op_->who->c_str(), waited_ms / 1e3, waited_for.c_str(),
+              wait_timeout_reason(waited_for), roll.c_str(),
               others.empty() ? "Nothing else is pending on this communicator"
                              : ("Still pending on this communicator: " + others).c_str());
     } catch (const Error&) {
@@ -580,7 +627,7 @@ class MpiCommunicator : public Communicator {
     // Errors come back as return codes (SL_MPI_CALL turns them into exceptions naming the call)
     // instead of MPI's default of killing the job without a word about what we were doing.
     SL_MPI_CALL(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    who_ = describe_rank(*this);
+    who_ = std::make_shared<const std::string>(describe_rank(*this));
     if (size_ > 1) roll_ = std::make_shared<Roll>(comm_, rank_, size_);  // collective: every rank of the group
     thread_ = std::thread([this] { thread_main(); });
   }
@@ -602,8 +649,8 @@ class MpiCommunicator : public Communicator {
       // stopped never returns: then the thread is left there (below).
       std::unique_lock<std::mutex> lock(queue_mu_);
       running_cv_.wait_for(lock, std::chrono::duration<double>(kStuckCollectiveGraceS),
-                           [this] { return running_.empty(); });
-      stuck_in = running_;
+                           [this] { return running_ == nullptr; });
+      if (running_) stuck_in = running_->waited_for();
     }
     if (!stuck_in.empty()) {
       // The collective cannot be cancelled, and it cannot return either: a rank it waits for has given up
@@ -614,7 +661,7 @@ class MpiCommunicator : public Communicator {
       std::fprintf(stderr,
                    "[scalelab] %s: a wait on this communicator timed out, and its communication thread is "
                    "inside %s, an MPI collective that cannot be cancelled: left there (end the process)\n",
-                   who_.c_str(), stuck_in.c_str());
+                   who_->c_str(), stuck_in.c_str());
       std::fflush(stderr);
       thread_.detach();
       return;
@@ -693,56 +740,27 @@ class MpiCommunicator : public Communicator {
   }
 
   // --- point to point ----------------------------------------------------------------------
-  // Two messages per send, in this order: the header (the send's start time, kHeaderTag) and the
-  // payload (kTag). MPI keeps the order of messages between two ranks per tag, so the k-th header and
-  // the k-th payload from a peer belong together.
+  // One MPI message per send: the payload (kTag). With a link model a header goes first (the send's start
+  // time, kHeaderTag); MPI keeps the order of messages between two ranks per tag, so the k-th header and
+  // the k-th payload from a peer belong together. The op records the call's fields; post_p2p posts it.
   WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
     check_peer("send", rank_, size_, peer);
     check_count_fits_int("send", rank_, buf.numel());
-    const Staging stg = staging_for("send", buf, buf);
     auto o = new_op("send", tag, buf.numel(), buf.dtype(), peer);
-    auto stage = std::make_shared<std::unique_ptr<HostStage>>();  // lives until the send completes
-    Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle
-    o->post = [this, buf, peer, stg, stage, op](MPI_Request* requests) {
-      *stage = std::make_unique<HostStage>(buf, stg, /*copy_in=*/true);
-      SL_MPI_CALL(MPI_Isend(&op->header, sizeof(MessageHeader), MPI_BYTE, peer, kHeaderTag, comm_, &requests[0]));
-      SL_MPI_CALL(MPI_Isend((*stage)->ptr(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag, comm_,
-                            &requests[1]));
-    };
-    o->complete = [stage](const MPI_Status&) { stage->reset(); };
-    o->post_on_caller = stg.device < 0;
+    o->kind = Op::Kind::Send;
+    o->staging = staging_for("send", buf, buf);
+    o->buf = buf;
     return submit(o);
   }
 
   WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
     check_peer("recv", rank_, size_, peer);
     check_count_fits_int("recv", rank_, buf.numel());
-    const Staging stg = staging_for("recv", buf, buf);
     auto o = new_op("recv", tag, buf.numel(), buf.dtype(), peer);
-    auto stage = std::make_shared<std::unique_ptr<HostStage>>();
-    Op* op = o.get();
+    o->kind = Op::Kind::Recv;
+    o->staging = staging_for("recv", buf, buf);
+    o->buf = buf;
     o->delivery = held_back(buf, /*copy_in=*/false);
-    o->post = [this, buf, peer, stg, stage, op](MPI_Request* requests) {
-      *stage = std::make_unique<HostStage>(buf, stg, /*copy_in=*/false);
-      void* dst = op->delivery ? op->delivery->data() : (*stage)->ptr();
-      SL_MPI_CALL(MPI_Irecv(&op->header, sizeof(MessageHeader), MPI_BYTE, peer, kHeaderTag, comm_, &requests[0]));
-      SL_MPI_CALL(MPI_Irecv(dst, static_cast<int>(buf.numel()), mpi_type(buf.dtype()), peer, kTag, comm_,
-                            &requests[1]));
-    };
-    o->complete = [this, buf, peer, stage, op](const MPI_Status& status) {
-      int received = 0;
-      SL_MPI_CALL(MPI_Get_count(&status, mpi_type(buf.dtype()), &received));
-      SL_CHECK_HINT(received == buf.numel(), "send and recv the same number of elements",
-                    "recv on rank %d of %d: expected %lld %s elements from rank %d, got %d", rank_, size_,
-                    static_cast<long long>(buf.numel()), dtype_name(buf.dtype()), peer, received);
-      if (!op->delivery) (*stage)->copy_out();
-      stage->reset();
-      // The bytes cannot have crossed the link before the sender started plus the modelled time. Without a
-      // link model there is no such bound (and the sim backend's transport runs under the virtual clock,
-      // whose times are not comparable across processes: the sim backend sends its own).
-      if (op->modeled_ms > 0) op->not_before_ms = recv_not_before_ms(op->header, op->modeled_ms);
-    };
-    o->post_on_caller = stg.device < 0;
     return submit(o);
   }
 
@@ -755,8 +773,9 @@ class MpiCommunicator : public Communicator {
     // The thread writes the child: shared, so a wait that times out leaves it nothing dead to write to.
     auto child = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     auto o = std::make_shared<Op>();
-    o->waited_for = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ", '" + name + "')";
-    o->what = o->waited_for + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    o->fixed_words = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ", '" + name + "')";
+    o->rank = rank_;
+    o->size = size_;
     o->event_id = kNoEvent;
     o->run = [this, color, key, child] {
       SL_MPI_CALL(MPI_Comm_split(comm_, mpi_split_color(color), key, child.get()));
@@ -846,7 +865,7 @@ class MpiCommunicator : public Communicator {
     if (call_range_agrees(range)) return;
     std::vector<int64_t> calls(static_cast<size_t>(4 * size_));
     SL_MPI_CALL(MPI_Allgather(call, 4, MPI_INT64_T, calls.data(), 4, MPI_INT64_T, comm_));
-    fail_different_calls(who_, calls.data(), size_);
+    fail_different_calls(*who_, calls.data(), size_);
   }
 
   // --- issuing (caller thread) -------------------------------------------------------------
@@ -863,14 +882,22 @@ class MpiCommunicator : public Communicator {
     SL_CHECK_HINT(!pending_ops_->timed_out,
                   "destroy it (its destructor cancels its sends and recvs) and make a "
                   "new one: make_communicator, or split() of a communicator that did not time out",
-                  "%s on %s: a wait on this communicator timed out, it takes no new calls", op, who_.c_str());
+                  "%s on %s: a wait on this communicator timed out, it takes no new calls", op, who_->c_str());
   }
 
   // An op for the communication thread, its event in the log from now on (pending: end_ms 0).
-  std::shared_ptr<Op> new_op(CommEvent&& e) {
+  // `name`: the op's name as a string literal (the event's, e.op, is a copy).
+  std::shared_ptr<Op> new_op(const char* name, CommEvent&& e) {
     auto o = std::make_shared<Op>();
-    o->what = describe_call(e.op, e.count, e.dtype, rank_, size_, e.tag);
-    o->waited_for = describe_wait(*this, e.op, e.peer, e.tag);
+    o->name = name;  // the fields of its words (Op::what, Op::waited_for), formatted only if needed
+    o->tag = e.tag;
+    o->count = e.count;
+    o->dtype = e.dtype;
+    o->peer = e.peer;
+    o->peer_world = e.peer >= 0 && e.peer < size_ ? world_ranks()[static_cast<size_t>(e.peer)] : -1;
+    o->rank = rank_;
+    o->size = size_;
+    o->with_header = link_model().enabled();
     o->modeled_ms = e.modeled_ms;
     // A waiter's spin (p2p): kSpinMs, plus the payload at kSpinBytesPerMs, at most kMaxSpinMs.
     o->spin_ms = std::min(kMaxSpinMs, kSpinMs + static_cast<double>(e.payload_bytes) / kSpinBytesPerMs);
@@ -879,7 +906,7 @@ class MpiCommunicator : public Communicator {
     return o;
   }
   std::shared_ptr<Op> new_op(const char* name, const std::string& tag, int64_t count, DType dtype, int peer) {
-    return new_op(event(name, tag, count, dtype, peer));
+    return new_op(name, event(name, tag, count, dtype, peer));
   }
 
   // A collective: `run` makes the blocking MPI call(s), staging included. A blocking call issued while
@@ -911,13 +938,13 @@ class MpiCommunicator : public Communicator {
       if (delivery) delivery->deliver();  // a blocking call is its own wait
       return w;
     }
-    // "all_reduce of 1000 f32 elements, tag 'loss'": the same words on every rank (Roll compares them)
-    const std::string announced = std::string(name) + " of " + std::to_string(count) + " " + dtype_name(dtype) +
-                                  " elements" + (tag.empty() ? "" : ", tag '" + tag + "'");
-    std::shared_ptr<Op> o = new_op(std::move(e));
+    std::shared_ptr<Op> o = new_op(name, std::move(e));
     o->run = std::move(run);
     o->delivery = std::move(delivery);
     if (wait_timeout() > 0 && roll_) {  // who has called what, for the timeout's message (Roll)
+      // "all_reduce of 1000 f32 elements, tag 'loss'": the same words on every rank (Roll compares them)
+      const std::string announced = std::string(name) + " of " + std::to_string(count) + " " + dtype_name(dtype) +
+                                    " elements" + (tag.empty() ? "" : ", tag '" + tag + "'");
       o->roll = roll_;
       o->roll_seq = roll_->announce(announced);
       o->world_ranks = world_ranks();
@@ -1002,10 +1029,11 @@ class MpiCommunicator : public Communicator {
     o->timeout_s = wait_timeout();
     o->who = who_;
     o->pending = pending_ops_;
-    o->pending_id = pending_ops_->add(o->waited_for);
+    o->pending_id = pending_ops_->add(o.get());
     pending_.fetch_add(1, std::memory_order_relaxed);
     if (o->is_p2p()) {
-      Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle
+      o->post_on_caller = o->staging.device < 0;
+      Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle (two pointers: no allocation)
       o->progress = [this, op] { return advance(*op); };
     }
     bool post_here = false;
@@ -1016,6 +1044,12 @@ class MpiCommunicator : public Communicator {
     }
     if (post_here && post(*o)) {
       std::lock_guard<std::mutex> lock(queue_mu_);
+      // The ops their callers have finished meanwhile leave the list first: the thread does not wake for
+      // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
+      // here until its next wake-up, each kept alive, and that wake-up then polled them all.
+      posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                   [](const std::shared_ptr<Op>& p) { return p->settled.load(std::memory_order_acquire); }),
+                    posted_.end());
       posted_.push_back(o);  // the thread polls it from now on
     }
     // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
@@ -1063,11 +1097,11 @@ class MpiCommunicator : public Communicator {
       }
       if (out_of_time) {  // no wait timed out, but Works that outlive the communicator never complete
         std::string list;
-        for (const std::shared_ptr<Op>& o : in_flight) list += (list.empty() ? "" : "; ") + o->waited_for;
+        for (const std::shared_ptr<Op>& o : in_flight) list += (list.empty() ? "" : "; ") + o->waited_for();
         std::fprintf(stderr,
                      "[scalelab] %s: destroyed with sends/recvs that did not complete within the wait timeout "
                      "(%g s): cancelled: %s\n",
-                     who_.c_str(), wait_timeout(), list.c_str());
+                     who_->c_str(), wait_timeout(), list.c_str());
         note_wait_timed_out();
         cancel(in_flight, "not done within the wait timeout after its communicator was destroyed");
         return;
@@ -1083,8 +1117,8 @@ class MpiCommunicator : public Communicator {
 
   // The error of an op that is given up: "[scalelab] recv from rank 0 (world rank 0) on rank 1 of ...".
   std::exception_ptr cancelled(const Op& op, const std::string& why) const {
-    return std::make_exception_ptr(Error("[scalelab] " + op.waited_for + " on " + who_ + " was cancelled: " + why +
-                                         "\n[scalelab]   during " + op.what));
+    return std::make_exception_ptr(Error("[scalelab] " + op.waited_for() + " on " + *who_ + " was cancelled: " +
+                                         why + "\n[scalelab]   during " + op.what()));
   }
 
   // Gives up the posted sends and recvs, so that nothing waits for them: MPI_Cancel every request, give
@@ -1133,9 +1167,8 @@ class MpiCommunicator : public Communicator {
     kept->push_back(op);
   }
 
-  // Posts a send or recv (the header's and the payload's MPI_Isend / MPI_Irecv), on the thread that
-  // calls it: the communication thread (start) or the caller (submit). False when posting failed: the
-  // op is then finished with the error.
+  // Posts a send or recv (post_p2p), on the thread that calls it: the communication thread (start) or the
+  // caller (submit). False when posting failed: the op is then finished with the error.
   bool post(Op& op, double start_ms = -1) {
     if (start_ms < 0) {  // posted by the caller: stamped here, as start() stamps what the thread starts
       start_ms = Communicator::now_ms();
@@ -1143,15 +1176,54 @@ class MpiCommunicator : public Communicator {
       op.not_before_ms = start_ms + op.modeled_ms;
     }
     try {
-      op.header.send_start_host_ms = to_host_clock_ms(start_ms);  // a send's header says when it started
-      op.post(op.requests);
+      if (op.with_header) op.header.send_start_host_ms = to_host_clock_ms(start_ms);  // when the send started
+      post_p2p(op);
       op.posted.store(true, std::memory_order_release);  // a waiter may test the requests from now on
       return true;
     } catch (const std::exception& e) {
       op.finished = true;
-      finish(op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what)));
+      finish(op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what())));
       return false;
     }
+  }
+
+  // The MPI_Isend / MPI_Irecv of a send or recv: the header's (with_header) into requests[0], the payload's
+  // into requests[1]. A CUDA tensor is staged here (a send's copied to pinned host memory first).
+  void post_p2p(Op& op) {
+    const bool send = op.kind == Op::Kind::Send;
+    op.stage.emplace(op.buf, op.staging, /*copy_in=*/send);
+    const int n = static_cast<int>(op.buf.numel());
+    const MPI_Datatype type = mpi_type(op.buf.dtype());
+    if (send) {
+      if (op.with_header) {
+        SL_MPI_CALL(MPI_Isend(&op.header, sizeof(MessageHeader), MPI_BYTE, op.peer, kHeaderTag, comm_, &op.requests[0]));
+      }
+      SL_MPI_CALL(MPI_Isend(op.stage->ptr(), n, type, op.peer, kTag, comm_, &op.requests[1]));
+      return;
+    }
+    void* dst = op.delivery ? op.delivery->data() : op.stage->ptr();
+    if (op.with_header) {
+      SL_MPI_CALL(MPI_Irecv(&op.header, sizeof(MessageHeader), MPI_BYTE, op.peer, kHeaderTag, comm_, &op.requests[0]));
+    }
+    SL_MPI_CALL(MPI_Irecv(dst, n, type, op.peer, kTag, comm_, &op.requests[1]));
+  }
+
+  // Ends a send or recv whose transfers are done (`status`: the payload's): a recv checks the count it got,
+  // writes a CUDA tensor back, and takes its earliest end from the header; the staged bytes go.
+  void complete_p2p(Op& op, const MPI_Status& status) {
+    if (op.kind == Op::Kind::Recv) {
+      int received = 0;
+      SL_MPI_CALL(MPI_Get_count(&status, mpi_type(op.buf.dtype()), &received));
+      SL_CHECK_HINT(received == op.buf.numel(), "send and recv the same number of elements",
+                    "recv on rank %d of %d: expected %lld %s elements from rank %d, got %d", rank_, size_,
+                    static_cast<long long>(op.buf.numel()), dtype_name(op.buf.dtype()), op.peer, received);
+      if (!op.delivery) op.stage->copy_out();
+      // The bytes cannot have crossed the link before the sender started plus the modelled time. Without a
+      // link model there is no such bound (and the sim backend's transport runs under the virtual clock,
+      // whose times are not comparable across processes: the sim backend sends its own).
+      if (op.with_header && op.modeled_ms > 0) op.not_before_ms = recv_not_before_ms(op.header, op.modeled_ms);
+    }
+    op.stage.reset();
   }
 
   // Runs a collective to its end, or posts a send or recv into in_flight.
@@ -1166,9 +1238,9 @@ class MpiCommunicator : public Communicator {
       return;
     }
     try {
-      set_running(op->waited_for);
+      set_running(op.get());
       op->run();
-      set_running("");
+      set_running(nullptr);
       // The link model's remaining time (if any), keeping the sends and recvs moving meanwhile.
       for (double left_ms = op->modeled_ms > 0 ? op->not_before_ms - Communicator::now_ms() : 0; left_ms > 0;
            left_ms = op->not_before_ms - Communicator::now_ms()) {
@@ -1178,30 +1250,26 @@ class MpiCommunicator : public Communicator {
       }
       finish(*op, nullptr);
     } catch (const std::exception& e) {
-      set_running("");
-      finish(*op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op->what)));
+      set_running(nullptr);
+      finish(*op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op->what())));
     }
   }
 
-  // The collective the thread is inside ("" between them), for the destructor's note after a timeout.
-  void set_running(const std::string& what) {
+  // The collective the thread is inside (null between them), for the destructor's note after a timeout.
+  void set_running(const Op* op) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
-      running_ = what;
+      running_ = op;
     }
-    if (what.empty()) running_cv_.notify_all();  // a destructor after a timeout may wait for this (above)
+    if (!op) running_cv_.notify_all();  // a destructor after a timeout may wait for this (above)
   }
 
   // Completes the sends and recvs whose transfer is done and whose modelled time has passed; forgets
   // those finished (here, or by their waiters).
   void poll(std::vector<std::shared_ptr<Op>>& in_flight) {
-    for (size_t i = 0; i < in_flight.size();) {
-      if (advance(*in_flight[i])) {
-        in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
+    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),
+                                   [this](const std::shared_ptr<Op>& op) { return advance(*op); }),
+                    in_flight.end());  // one pass, however many finish
   }
 
   // One turn of a posted send or recv, on the communication thread (poll) or on a caller waiting for it
@@ -1219,11 +1287,11 @@ class MpiCommunicator : public Communicator {
           SL_MPI_CALL(MPI_Testall(2, op.requests, &flag, op.statuses));
           if (flag) {
             op.transferred = true;
-            op.complete(op.statuses[1]);  // the payload's status
+            complete_p2p(op, op.statuses[1]);  // the payload's status
           }
         }
       } catch (const std::exception& e) {
-        error = std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what));
+        error = std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what()));
       }
       if (error || (op.transferred && (op.modeled_ms <= 0 || Communicator::now_ms() >= op.not_before_ms))) {
         op.finished = true;
@@ -1245,9 +1313,11 @@ class MpiCommunicator : public Communicator {
     // op whose requests were freed unfinished (cancel): MPI may still use those bytes.
     if (!op.leaked) {
       op.run = nullptr;
-      op.post = nullptr;
-      op.complete = nullptr;
+      op.stage.reset();
+      op.buf = Tensor();
+      op.staging = Staging();
     }
+    op.settled.store(true, std::memory_order_release);
     {
       std::lock_guard<std::mutex> lock(op.mu);
       op.done = true;
@@ -1278,9 +1348,10 @@ class MpiCommunicator : public Communicator {
   std::atomic<int> pending_{0};              // ops handed to the thread and not finished (queued, running or in flight)
   std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
   std::shared_ptr<Roll> roll_;          // who has called which collective (groups of 2 or more ranks)
-  std::string who_;                     // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages
-  std::string running_;                 // the collective the thread is inside, or "" (queue_mu_)
-  std::condition_variable running_cv_;  // notified when running_ becomes "" (with queue_mu_)
+  // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages (shared with the ops: no copy each)
+  std::shared_ptr<const std::string> who_;
+  const Op* running_ = nullptr;         // the collective the thread is inside, or null (queue_mu_)
+  std::condition_variable running_cv_;  // notified when running_ becomes null (with queue_mu_)
   // How long the destructor, after a wait timed out, waits for the thread to leave a collective (seconds).
   static constexpr double kStuckCollectiveGraceS = 2.0;
   bool abandon_ = false;         // stop after a wait timed out: cancel, do not finish (queue_mu_)

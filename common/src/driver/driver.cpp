@@ -9,6 +9,7 @@
 #include <unistd.h>  // defines: sysconf (the host memory a real run of a large preset would need)
 
 #include "scalelab/comm/host_values.h"  // defines: broadcast_string, all_reduce_value (any backend)
+#include "scalelab/comm/link_spec.h"    // defines: parse_link (--link)
 #include "scalelab/core/clock.h"        // defines: clock_is_virtual
 #include "scalelab/core/device.h"  // defines: built_with_cuda, cuda_device_count, _name, _memory_bytes, cuda_unavailable_reason
 #include "scalelab/core/error.h"            // defines: SL_CHECK_HINT
@@ -117,7 +118,7 @@ void add_link_options(CLI::App& app, DistributedOptions& o) {
   app.add_option("--link", o.link,
                  "simulated link: none, free, nvlink, pcie, ethernet100, infiniband (none on --backend sim: its own "
                  "links, the --sim-gpu's inside a node, nvlink or pcie for rtx4090, and infiniband across nodes; free: "
-                 "every message costs 0 s)")
+                 "every message costs 0 s), or a measured one: alpha=25us,bw=118MB/s[,base=5us] (lab 00's fit)")
       ->capture_default_str();
   app.add_option("--link-slowdown", o.link_slowdown, "make the simulated link this many times slower")
       ->capture_default_str()
@@ -133,7 +134,7 @@ void add_cluster_options(CLI::App& app, ClusterOptions& o) {
                  "group across nodes --inter-link (0: every group crosses --link)")
       ->capture_default_str()
       ->check(non_negative_int());
-  app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (same presets as --link)")
+  app.add_option("--inter-link", o.inter_link, "with --ranks-per-node: the link between nodes (the same presets or measured figures as --link)")
       ->capture_default_str();
 }
 
@@ -303,7 +304,8 @@ std::pair<AttentionImpl, std::string> attention_from_option(const std::string& n
   return {impl, why};
 }
 
-LinkModel make_link(const std::string& name, double slowdown) { return slowed(LinkModel::preset(name), slowdown); }
+// A preset or measured figures (parse_link, scalelab/comm/link_spec.h), then slowed.
+LinkModel make_link(const std::string& name, double slowdown) { return slowed(parse_link(name), slowdown); }
 
 Peak run_peak(Device device, const PrecisionPolicy& policy, int threads, const std::string& calibration_file) {
   if (device != Device::CPU || calibration_file.empty()) return device_peak(device, policy, threads);

@@ -15,6 +15,7 @@
 #include "expect_error.h"          // defines: error_message, contains
 #include "scalelab/core/bf16.h"    // defines: bf16, float_to_bf16, bf16_to_float
 #include "scalelab/comm/comm.h"    // defines: Communicator, make_communicator, LinkModel, bus_factor, CommEvent
+#include "scalelab/comm/link_spec.h"  // defines: parse_link
 #include "scalelab/core/tensor.h"  // defines: Tensor, DType
 
 namespace {
@@ -26,6 +27,7 @@ using scalelab::Communicator;
 using scalelab::DType;
 using scalelab::LinkModel;
 using scalelab::make_communicator;
+using scalelab::parse_link;
 using scalelab::ReduceOp;
 using scalelab::Tensor;
 using scalelab::Topology;
@@ -349,6 +351,36 @@ TEST(CommLinkModel, PresetsCarryTheirFigures) {
   }
   const std::string msg = error_message([] { LinkModel::preset("nvlink5"); });
   EXPECT_TRUE(contains(msg, "none, free, nvlink, pcie, ethernet100, infiniband")) << msg;
+}
+
+TEST(CommLinkModel, ParseLinkTakesPresetsOrMeasuredFiguresAndNamesWhatIsWrong) {
+  EXPECT_EQ(parse_link("pcie").alpha_s, LinkModel::preset("pcie").alpha_s);  // a preset's name
+  const LinkModel m = parse_link("alpha=25us,bw=118MB/s");
+  EXPECT_TRUE(m.enabled());
+  EXPECT_EQ(m.name, "alpha=25us,bw=118MB/s");
+  EXPECT_DOUBLE_EQ(m.alpha_s, 25e-6);
+  EXPECT_DOUBLE_EQ(m.bandwidth_bytes_per_s, 118e6);
+  EXPECT_EQ(m.base_s, 0.0);  // not given: none
+  // A send of 1 MB over it: alpha + S / B (one hop, no base).
+  EXPECT_NEAR(m.seconds("send", 1000000, 2), 25e-6 + 1e6 / 118e6, 1e-12);
+  const LinkModel g = parse_link("bw=1Gbit/s,base=0.5ms,alpha=2e3ns");  // any order, other units
+  EXPECT_DOUBLE_EQ(g.bandwidth_bytes_per_s, 125e6);
+  EXPECT_DOUBLE_EQ(g.base_s, 0.5e-3);
+  EXPECT_DOUBLE_EQ(g.alpha_s, 2e-6);
+  struct Bad {
+    const char* spec;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"alpha=25us", "needs both alpha"}, Bad{"bw=1GB/s", "needs both alpha"},
+                       Bad{"alpha=25,bw=1GB/s", "cannot read 'alpha=25'"}, Bad{"alpha=25us,bw=1GB", "'bw=1GB'"},
+                       Bad{"alpha=-1us,bw=1GB/s", "'alpha=-1us'"}, Bad{"alpha=1us,bw=0MB/s", "'bw=0MB/s'"},
+                       Bad{"alpha=1us,bw=1GB/s,beta=2", "'beta=2'"}, Bad{"alpha=1us,alpha=2us,bw=1GB/s", "each once"},
+                       Bad{"alpha=1us,,bw=1GB/s", "cannot read ''"}}) {
+    const std::string msg = error_message([&] { parse_link(b.spec); });
+    EXPECT_TRUE(contains(msg, b.says)) << b.spec << ": " << msg;
+    EXPECT_TRUE(contains(msg, "alpha=25us,bw=118MB/s")) << b.spec << ": " << msg;  // the hint shows the form
+  }
+  EXPECT_TRUE(contains(error_message([] { parse_link("nvlink5"); }), "nvlink, pcie"));
 }
 
 TEST(CommLinkModel, AllReduceOfOneMegabyteOverFourRanksIsTheRingFormula) {
