@@ -56,8 +56,8 @@ def run_round(build, name, out_dir, extra_env, checks):
             suite = json.load(f)["testsuites"][0]["testsuite"][0]
         runs = {}
         for kind in ("track", "ref"):
-            ranks = sorted(glob.glob(os.path.join(build, "perf-runs", "reference", lab, f"{lab}-sim-{kind}",
-                                                  "rank*.jsonl")))
+            run_dir = f"{lab}-sim-{kind}-{gtest_filter.split('.')[1]}"  # perf_compare.cpp run_sim's id
+            ranks = sorted(glob.glob(os.path.join(build, "perf-runs", "reference", lab, run_dir, "rank*.jsonl")))
             figures = []
             for path in ranks:
                 with open(path) as f:

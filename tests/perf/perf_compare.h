@@ -103,7 +103,8 @@ struct SimComparison {
   double seconds = 0;  // real time of both runs (for the log line; never compared)
 };
 // Throws scalelab::NotImplemented when the track's program exits 3, scalelab::Error with the output tail
-// when a program fails otherwise. Logs: <build>/perf-runs/<track>/<lab>/<lab>-sim-{track,ref}/.
+// when a program fails otherwise. Logs: <build>/perf-runs/<track>/<lab>/<lab>-sim-{track,ref}-<gtest name>/
+// (one directory per check: two checks of a lab may run at once).
 SimComparison compare_on_sim(const SimSpec& spec);
 
 // "simulated H100 SXM, virtual time: 809,031 tokens/s vs the reference's 809,031 (ratio 1.000); MFU 7.3 % vs
