@@ -343,6 +343,17 @@ std::string expect_ring_overlaps_transfers() {
                   overlapped.step_ms, overlapped.waited_ms, waits.step_ms, waits.waited_ms);
     bad = buf;
   }
+  // The forward on its own: the overlapped ring's forward must block less than the waiting one's (a forward that
+  // waits before computing would otherwise hide behind an overlapped backward in the totals above).
+  const double forward_overlapped = overlapped.waited_ms - overlapped.backward_waited_ms;
+  const double forward_waits = waits.waited_ms - waits.backward_waited_ms;
+  if (bad.empty() && !(forward_overlapped < 0.999 * forward_waits)) {
+    std::snprintf(buf, sizeof(buf),
+                  "the overlapped ring's forward was blocked %.4f ms, the waiting one's %.4f ms (virtual): the forward "
+                  "does not compute while the next kv block travels (lab10-3)",
+                  forward_overlapped, forward_waits);
+    bad = buf;
+  }
   // The backward honours the flag too: waiting, it is blocked for the whole time its transfers are in flight
   // (nothing under them); overlapped, for less (the next kv block travels under the compute).
   if (bad.empty() && !(waits.backward_waited_ms >= (1.0 - 1e-9) * waits.backward_in_flight_ms &&
