@@ -261,18 +261,7 @@ TEST(MemoryEstimator, ShardActivationsWithSetsInFlightEqualTheAllocator) {
   using scalelab::ModelShard;
   using scalelab::Recompute;
   const GPTConfig cfg = GPTConfig::preset("demo");  // L=4, NH=4, C=192, V=256
-  auto shard = [](int tp_rank, int tp, bool sp, int first, int last, bool emb, bool head) {
-    ModelShard s;
-    s.tp_rank = tp_rank;
-    s.tp_size = tp;
-    s.tp_split = &scalelab::test::megatron_split;
-    s.sequence_parallel = sp;
-    s.first_layer = first;
-    s.last_layer = last;
-    s.has_embedding = emb;
-    s.has_head = head;
-    return s;
-  };
+  const auto shard = &scalelab::test::megatron_shard;
   const std::vector<ModelShard> shards = {
       ModelShard::dense(),
       shard(1, 2, false, 0, -1, true, true),   // tp 2

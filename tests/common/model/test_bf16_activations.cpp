@@ -71,18 +71,7 @@ TEST(Bf16Activations, NamesAndBadNames) {
 // is kept and the working block is there anyway).
 TEST(Bf16Activations, TheAllocatorCountsWhatTheEstimatorSays) {
   const GPTConfig cfg = GPTConfig::preset("demo");  // L=4, NH=4, C=192, V=256
-  auto shard = [](int tp_rank, int tp, bool sp, int first, int last, bool emb, bool head) {
-    ModelShard s;
-    s.tp_rank = tp_rank;
-    s.tp_size = tp;
-    s.tp_split = &scalelab::test::megatron_split;
-    s.sequence_parallel = sp;
-    s.first_layer = first;
-    s.last_layer = last;
-    s.has_embedding = emb;
-    s.has_head = head;
-    return s;
-  };
+  const auto shard = &scalelab::test::megatron_shard;
   const std::vector<ModelShard> shards = {ModelShard::dense(), shard(0, 4, true, 0, -1, true, true),
                                           shard(0, 1, false, 1, 2, false, false)};
   const int B = 2, T = 32;
