@@ -969,6 +969,18 @@ def plot_grid_3d(runs: list[Run], plot_dir=None, name="grid_3d"):
     return _save(fig, name, plot_dir)
 
 
+def _step_records(run: Run, step: int | None):
+    """(step, [(rank, timeline record, its "step" span)]) of one step of the run's timelines that carry a "step"
+    span (the latest such step when step is None); (None, []) when no timeline has one."""
+    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    if not tl:
+        return None, []
+    if step is None:
+        step = max(r["step"] for r in tl)
+    return step, [(int(r["rank"]), r, next(c for c in r["compute"] if c["name"] == "step"))
+                  for r in tl if r["step"] == step]
+
+
 def timeline_3d(run: Run, step: int | None = None) -> pd.DataFrame:
     """One row per compute span and per call of every group in one step (default: the last step with a
     timeline record), every rank: rank, lane ("compute", "tp", "pp", "dp", "embedding"), group (the
@@ -977,17 +989,13 @@ def timeline_3d(run: Run, step: int | None = None) -> pd.DataFrame:
     `timeline` record, the other groups' calls from the step record's `group_calls`. Times are ms since the
     rank's "step" span began: every rank leaves a barrier at the step's start together, so the ranks line up
     although each has its own clock. attrs: step, window_ms {rank: the step span's length}."""
-    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    step, records = _step_records(run, step)
     cols = ["rank", "lane", "group", "name", "start_ms", "end_ms", "wait_ms", "payload_bytes"]
-    if not tl:
-        return pd.DataFrame(columns=cols)
     if step is None:
-        step = max(r["step"] for r in tl)
+        return pd.DataFrame(columns=cols)
     steps = run.steps
     rows, window = [], {}
-    for rec in (r for r in tl if r["step"] == step):
-        rank = int(rec["rank"])
-        frame = next(c for c in rec["compute"] if c["name"] == "step")
+    for rank, rec, frame in records:
         t0 = frame["start_ms"]
         window[rank] = frame["end_ms"] - t0
         for c in rec["compute"]:
@@ -1286,16 +1294,12 @@ def cp_timeline(run: Run, step: int | None = None) -> pd.DataFrame:
     ring (its block ops and its waits), logged by lab 10's program ("attention forward L"); a transfer is in
     flight from its start_ms to its end_ms. Times are ms since the rank's "step" span began. attrs: step,
     window_ms {rank: the step span's length}. Empty without a timeline (lab 10: --timeline-steps N)."""
-    tl = [r for r in run.timelines if any(c.get("name") == "step" for c in r.get("compute", []))]
+    step, records = _step_records(run, step)
     cols = ["rank", "lane", "name", "phase", "start_ms", "end_ms", "wait_ms"]
-    if not tl:
-        return pd.DataFrame(columns=cols)
     if step is None:
-        step = max(r["step"] for r in tl)
+        return pd.DataFrame(columns=cols)
     rows, window = [], {}
-    for rec in (r for r in tl if r["step"] == step):
-        rank = int(rec["rank"])
-        frame = next(c for c in rec["compute"] if c["name"] == "step")
+    for rank, rec, frame in records:
         t0 = frame["start_ms"]
         window[rank] = frame["end_ms"] - t0
         for c in rec["compute"]:
