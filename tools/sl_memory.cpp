@@ -23,7 +23,7 @@
 int main(int argc, char** argv) {
   using namespace scalelab::driver;  // the option checks
   CLI::App app{"Per-rank memory of ZeRO stages 0..3 (params, grads, optimizer state, activations)"};
-  std::string model, precision = "bf16", optimizer = "adamw";
+  std::string model, precision = "bf16", optimizer = "adamw", activations = "fp32";
   double psi = 0.0, device_gb = 0.0;
   std::vector<int> ranks{1, 2, 4, 8};
   int stage = -1, micro_batch = 4, seq_len = -1, prefetch = 1, max_ranks = 1024;
@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   app.add_option("--stage", stage, "only this ZeRO stage 0..3 (default: all)")->check(int_in_range(0, 3));
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 params, fp32 master and grads)");
   app.add_option("--optimizer", optimizer, "adamw | sgd");
+  app.add_option("--activations", activations,
+                 "fp32 | bf16: the dtype of the activations each block keeps for its backward, as the lab programs' "
+                 "--activations (with --model)");
   app.add_flag("--paper", paper, "the ZeRO paper's policy: 16-bit params AND grads, K = 12 (fp32 master, m, v)");
   app.add_flag("--bytes", exact_bytes, "print exact bytes (compare with the logs' memory_<category>_bytes)");
   app.add_option("--micro-batch", micro_batch, "B of the activations per rank (with --model; 0: model state only)")
@@ -70,8 +73,12 @@ int main(int argc, char** argv) {
     SL_CHECK_HINT(max_ranks >= 1, "e.g. --max-ranks 1024", "--max-ranks %d < 1", max_ranks);
     const std::vector<int> stages = stage >= 0 ? std::vector<int>{stage} : std::vector<int>{0, 1, 2, 3};
     const scalelab::OptimizerConfig::Kind opt = scalelab::OptimizerConfig::kind_from_name(optimizer);
-    const scalelab::PrecisionPolicy policy = paper ? scalelab::zero_paper_policy()
-                                                   : scalelab::PrecisionPolicy::from_name(precision);
+    scalelab::PrecisionPolicy policy = paper ? scalelab::zero_paper_policy()
+                                             : scalelab::PrecisionPolicy::from_name(precision);
+    policy.activation_dtype = scalelab::PrecisionPolicy::activation_dtype_from_name(activations);
+    SL_CHECK_HINT(policy.activation_dtype == scalelab::DType::F32 || (!model.empty() && !offload_fit),
+                  "activations are counted only for a model's table: add --model NAME (and --micro-batch B)",
+                  "--activations %s without --model", activations.c_str());
     const double device_bytes = device_gb * 1e9;
 
     if (offload_fit) {  // ZeRO-Offload (Ren et al. 2021): model state per parameter on one device, with and without

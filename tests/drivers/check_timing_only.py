@@ -4,6 +4,7 @@
 
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab03     lab 03 (DDP), GPT-2 124M, 8 ranks
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab04     lab 04 ZeRO-3, the same
+  python3 tests/drivers/check_timing_only.py --build-dir build --case lab04-bf16  the same, --activations bf16
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab07-7b  lab 07, 7B, tp 8 x pp 4 x dp 2 (slow)
   python3 tests/drivers/check_timing_only.py --build-dir build --case lab07-7b-16  lab 07, 7B, tp 4 x pp 2 x dp 2
   python3 tests/drivers/check_timing_only.py --build-dir build --case same-time the times of a real simulated run
@@ -17,8 +18,10 @@ memory_<category>_peak_bytes: params, grads, optimizer_state, activations) besid
   - lab 04's estimator: bin/sl_memory --bytes (estimate_memory: stage 0 for DDP, 3 for ZeRO-3),
 and asks them equal to the byte. It also checks that the run says what it was: the run record and the summary
 have timing_only true, every loss, val_loss and grad_norm is null, and the printed lines say "not computed".
-The check can fail: the same comparison against the planner's figure for a neighbouring layout (micro-batch 3,
-and the next ZeRO stage) must find differences, or the case fails ("the comparison cannot tell").
+--case lab04-bf16 runs lab 04's case with --activations bf16 (the activations kept in 16 bits), and the planner and
+the estimator are asked with --activations bf16 too. The check can fail: the same comparison against the
+planner's figure for a neighbouring layout (micro-batch 3, the next ZeRO stage, the other activation dtype) must
+find differences, or the case fails ("the comparison cannot tell").
 --case lab07-7b: lab 07 with gpt-7b as tp 8 x pp 4 x dp 2 on 64 simulated H100 (nodes of 8), T 2048, micro-batch 1,
 m 8: it finishes, and the 16 ranks of the fullest stage (stage 0) equal the planner to the byte. 64 processes:
 15-90 s on 2 cores, with their load (label slow).
@@ -44,9 +47,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CATEGORIES = ("params", "grads", "optimizer_state", "activations")  # what the planner and the estimator count
 RANKS, B, T = 8, 4, 1024
 MODEL = "gpt2-124m"
-CASES = {  # case: (lab program, its extra arguments, ZeRO stage for the planner and the estimator)
-    "lab03": ("lab03_ddp", ["--mode", "overlap"], 0),
-    "lab04": ("lab04_fsdp", ["--stage", "3", "--prefetch", "1"], 3),
+CASES = {  # case: (lab program, its extra arguments, ZeRO stage for the planner and the estimator, activations)
+    "lab03": ("lab03_ddp", ["--mode", "overlap"], 0, "fp32"),
+    "lab04": ("lab04_fsdp", ["--stage", "3", "--prefetch", "1"], 3, "fp32"),
+    "lab04-bf16": ("lab04_fsdp", ["--stage", "3", "--prefetch", "1"], 3, "bf16"),
 }
 
 
@@ -61,12 +65,12 @@ def mpirun(ranks, every_rank=False):
         ["--mca", "orte_abort_on_non_zero_status", "0"] if every_rank else [])
 
 
-def planned(a, zero, micro_batch=B):
+def planned(a, zero, activations, micro_batch=B):
     """sl_plan's memory of the layout tp 1 x pp 1 x dp 8: {category: bytes}."""
     cmd = [os.path.join(a.build_dir, "bin", "sl_plan"), "--model", MODEL, "--gpu", "h100", "--gpus", str(RANKS),
            "--seq-len", str(T), "--global-batch", str(micro_batch * RANKS), "--precision", "bf16", "--tp", "1",
            "--pp", "1", "--dp", str(RANKS), "--micro-batch", str(micro_batch), "--micro-batches", "1", "--zero",
-           str(zero), "--json"]
+           str(zero), "--activations", activations, "--json"]
     rc, out, _ = run(cmd)
     if rc != 0:
         sys.exit(f"sl_plan failed:\n  {' '.join(cmd)}\n{out[-2000:]}")
@@ -74,11 +78,11 @@ def planned(a, zero, micro_batch=B):
     return {c: m[f"{c}_bytes"] for c in CATEGORIES}
 
 
-def estimated(a, stage):
+def estimated(a, stage, activations):
     """sl_memory --bytes (lab 04's estimate_memory) for one rank of 8: {category: peak bytes}."""
     cmd = [os.path.join(a.build_dir, "bin", "sl_memory"), "--model", MODEL, "--ranks", str(RANKS), "--stage",
            str(stage), "--precision", "bf16", "--optimizer", "adamw", "--micro-batch", str(B), "--seq-len", str(T),
-           "--prefetch", "1", "--bytes"]
+           "--prefetch", "1", "--activations", activations, "--bytes"]
     rc, out, _ = run(cmd)
     if rc != 0:
         sys.exit(f"sl_memory failed:\n  {' '.join(cmd)}\n{out[-2000:]}")
@@ -102,13 +106,13 @@ def rank_records(logs, lab, run_id, rank):
 
 
 def check_case(a, case, logs):
-    program, extra, zero = CASES[case]
+    program, extra, zero, activations = CASES[case]
     run_id = f"timing-{case}"
     cmd = mpirun(RANKS) + [os.path.join(a.build_dir, "bin", "reference", program), "--device", "sim", "--timing-only",
                            "--backend", "sim", "--model", MODEL, "--seq-len", str(T), "--micro-batch", str(B),
                            "--precision", "bf16", "--steps", "2", "--warmup", "1", "--val-every", "0",
                            "--val-batches", "1", "--sample-tokens", "0", "--threads", "1", "--data", a.data,
-                           "--log-dir", logs, "--run-id", run_id] + extra
+                           "--log-dir", logs, "--run-id", run_id, "--activations", activations] + extra
     rc, out, wall = run(cmd)
     print(f"{case}: {MODEL} on {RANKS} simulated H100, timing-only: exit {rc}, {wall:.1f} s wall")
     if rc != 0:
@@ -116,7 +120,7 @@ def check_case(a, case, logs):
     problems = []
     if "val loss not computed" not in out:
         problems.append(f"{case}: the printed lines do not say 'val loss not computed'")
-    plan, estimate = planned(a, zero), estimated(a, zero)
+    plan, estimate = planned(a, zero, activations), estimated(a, zero, activations)
     for rank in range(RANKS):
         where = f"{case} rank {rank}"
         recs = rank_records(logs, program[:5], run_id, rank)
@@ -140,8 +144,10 @@ def check_case(a, case, logs):
                   f"estimator: {'equal' if not problems else 'see below'}")
     # The comparison can fail: a neighbouring layout's figures must differ from this run's.
     measured = {c: steps[-1][f"memory_{c}_peak_bytes"] for c in CATEGORIES}
-    for other, why in ((planned(a, zero, micro_batch=B - 1), "micro-batch 3"),
-                       (planned(a, zero + 1 if zero < 3 else 2), "another ZeRO stage")):
+    other_activations = "fp32" if activations == "bf16" else "bf16"
+    for other, why in ((planned(a, zero, activations, micro_batch=B - 1), "micro-batch 3"),
+                       (planned(a, zero + 1 if zero < 3 else 2, activations), "another ZeRO stage"),
+                       (planned(a, zero, other_activations), f"{other_activations} activations")):
         if not differences(measured, other, ""):
             problems.append(f"{case}: the planner's figure for {why} equals this run's too: the comparison cannot tell")
     return problems
