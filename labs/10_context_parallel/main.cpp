@@ -1,8 +1,9 @@
 // main.cpp — lab 10: GPT-2 trained context-parallel on N ranks: groups of --cp ranks split every sequence
 // (ring attention, or the all-gather variant), optionally inside --tp tensor-parallel groups (lab 05's
 // reference points: each ring runs on one tp rank's NH/tp heads), world/(tp cp) data-parallel replicas of the
-// tp x cp block; tokens/s, MFU, the attention work per rank and what the ring's transfers cost. The driver is shared by both tracks: it
-// calls the functions of context_parallel_lab.h, from your labs/10_context_parallel/context_parallel_lab.cpp
+// tp x cp block; tokens/s, MFU, the attention work per rank and what the ring's transfers cost. The driver is
+// shared by both tracks: it calls the functions of context_parallel_lab.h, from your
+// labs/10_context_parallel/context_parallel_lab.cpp
 // (bin/learner/lab10_context_parallel) or the reference (bin/reference/lab10_context_parallel). The loop around
 // the step is common/include/scalelab/driver/train_loop.h. Lesson: labs/10_context_parallel/README.md.
 //
@@ -164,8 +165,9 @@ static int run(const Options& o, Communicator& world) {
   log.log_run(run_rec);
   if (rank == 0)
     std::printf("lab10 | %s | %d ranks = tp %d x cp %d x dp %d | T=%d, %d per rank%s | %s | link %s%s\nlogs: %s\n",
-                data.cfg.str().c_str(), n, layout.tp, cp, layout.dp, o.seq_len, layout.T_local, o.zigzag ? " (zig-zag)" : "",
-                o.variant.c_str(), link.name.c_str(), link.enabled() ? " (simulated)" : "", log.path().c_str());
+                data.cfg.str().c_str(), n, layout.tp, cp, layout.dp, o.seq_len, layout.T_local,
+                o.zigzag ? " (zig-zag)" : "", o.variant.c_str(), link.name.c_str(),
+                link.enabled() ? " (simulated)" : "", log.path().c_str());
 
   driver::TrainLoop loop(o, {"lab10", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &world,
                          model, data, log, peak, flops_tok, device);

@@ -36,8 +36,8 @@ TEST(Lab10Cp4, AllGatherMatchesDenseFourRanks) {
 
 TEST(Lab10Cp4, CpTimesDpStepsMatchDense) {
   const grading::Check check{"lab10.cp_times_dp_steps_match_dense", 3,
-                             "cp 2 x dp 2 (cp fastest without tp): 3 SGD steps of train_step, every parameter as the dense "
-                             "model's on the global batch",
+                             "cp 2 x dp 2 (cp fastest without tp): 3 SGD steps of train_step, every parameter as "
+                             "the dense model's on the global batch",
                              "README 'One training step': the gradient averages over the cp group AND the replicas"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(1, 2, false)); });
 }
