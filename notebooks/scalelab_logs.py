@@ -1276,13 +1276,13 @@ def plot_plan_ranking(doc: dict, title: str, plot_dir=None, name="plan_ranking")
 
 
 def _cp_layout(cfg: dict) -> tuple:
-    return (cfg.get("model"), cfg.get("cp"), cfg.get("dp"), cfg.get("T"), cfg.get("zigzag"), cfg.get("variant"),
-            cfg.get("overlap"), cfg.get("link", "none"), cfg.get("micro_batch"))
+    return (cfg.get("model"), cfg.get("tp", 1), cfg.get("cp"), cfg.get("dp"), cfg.get("T"), cfg.get("zigzag"),
+            cfg.get("variant"), cfg.get("overlap"), cfg.get("link", "none"), cfg.get("micro_batch"))
 
 
 def latest_lab10_runs(runs_root: str | Path = "../runs", limit: int = 64) -> list[Path]:
-    """Lab 10: the most recent finished run of each layout (model, cp, dp, T, zig-zag, variant, overlap, link,
-    micro-batch) under ``<runs_root>/lab10``, oldest first, at most ``limit``."""
+    """Lab 10: the most recent finished run of each layout (model, tp, cp, dp, T, zig-zag, variant, overlap,
+    link, micro-batch) under ``<runs_root>/lab10``, oldest first, at most ``limit``."""
     return _latest_by_layout("lab10", runs_root, limit, "cp", _cp_layout)
 
 

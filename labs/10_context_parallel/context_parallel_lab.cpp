@@ -10,7 +10,7 @@
 #include "context_parallel_lab.h"
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the group's mean loss)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/model/optim.h"       // defines: clip_grad_norm
+#include "scalelab/model/optim.h"       // defines: clip_grad_norm (with groups)
 #include "scalelab/ops/ops.h"  // defines: attention_forward_block, attention_backward_block, attention_merge, scale_
 
 namespace scalelab::lab10 {
@@ -19,11 +19,12 @@ inline namespace SL_TRACK_LAB10 {
 // =============================================================================================
 // The layout
 // =============================================================================================
-Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int cp, bool zigzag, int seq_len) {
+Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, int cp, bool zigzag, int seq_len) {
   Layout l;
   // TODO(lab10-1) BEGIN  this rank's place in the layout, or a clear error on every rank
-  //   Which ranks form a context-parallel group (cp fastest), which replica this rank belongs to, its tokens per
-  //   sequence, and every layout that cannot work refused with the numbers and what to change. README.md#the-layout
+  //   Where this rank sits in the tp x cp x dp grid (tp fastest, then cp), its tokens per sequence, and every
+  //   layout that cannot work (the ranks, the model's split by tp, the sequence) refused with the numbers and what
+  //   to change. README.md#the-layout and README.md#with-tensor-parallelism
   throw scalelab::NotImplemented("lab10-1 make_layout");
   // TODO(lab10-1) END
   return l;
@@ -92,14 +93,14 @@ void AllGatherAttention::attention_backward(Tensor& dqkv, const Tensor& dout, co
 // =============================================================================================
 // One training step
 // =============================================================================================
-StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator& cp_group, Communicator* dp_group,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
+StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator* tp_group, Communicator& cp_group,
+                      Communicator* dp_group, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
   SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   StepResult r;
   // TODO(lab10-6) BEGIN  one optimizer step of a context-parallel shard
   //   This rank's slice of each whole sequence (slice_sequence, the model's cp_chunks), forward and backward per
-  //   micro-batch, then the gradient and the loss of the WHOLE sequences and of every replica.
-  //   README.md#one-training-step
+  //   micro-batch, then the gradient and the loss of the WHOLE sequences and of every replica, clipped on the
+  //   WHOLE model's norm (every tp shard's part of it). README.md#one-training-step, README.md#with-tensor-parallelism
   throw scalelab::NotImplemented("lab10-6 train_step");
   // TODO(lab10-6) END
   return r;

@@ -9,15 +9,17 @@
 //
 // The model (common/include/scalelab/model/gpt2.h) knows how to hold a slice of every sequence: built for a
 // ModelShard with cp_size ranks, rank cp_rank holds the positions cp_chunks names (one contiguous slice, or
-// two zig-zag chunks), its whole parameters, and calls the context-parallel point of
-// scalelab/model/context_parallel.h in place of attention. This lab implements that point over the
-// context-parallel group, twice, and the step around it:
-//   the layout               cp x dp ranks, cp fastest, the checks                        TODO lab10-1
+// two zig-zag chunks), its parameters (whole, or its tensor-parallel slice with tp > 1: lab 05's split and
+// lab 05's reference points), and calls the context-parallel point of scalelab/model/context_parallel.h in
+// place of attention, on its NH/tp local heads. This lab implements that point over the context-parallel
+// group, twice, and the step around it:
+//   the layout               tp x cp x dp ranks, tp fastest then cp, the checks           TODO lab10-1
 //   which blocks to compute  the causal mask between two chunks, and its work            TODO lab10-2
 //   the ring, forward        kv blocks passed round the group while computing, merged     TODO lab10-3
 //   the ring, backward       dq kept, dk dv travelling round the ring back to the owner   TODO lab10-4
 //   the all-gather variant   every kv gathered at once (Llama 3), dkv reduce-scattered    TODO lab10-5
-//   the training step        the cp group (and the dp replicas) average the gradients     TODO lab10-6
+//   the training step        the cp group (and the dp replicas) average the gradients,    TODO lab10-6
+//                            the norm summed over the tp group
 #pragma once
 
 #include <cstdint>
@@ -36,20 +38,25 @@
 namespace scalelab::lab10 {
 inline namespace SL_TRACK_LAB10 {
 
-// TODO(lab10-1): the layout of a lab 10 run on `world_size` ranks: context-parallel groups of `cp`
-// consecutive ranks (cp fastest: the group that talks at every layer sits inside a node), world_size / cp
-// data-parallel replicas of it; each sequence of seq_len tokens split into T_local = seq_len / cp per rank.
-// Throws scalelab::Error, with the numbers and a hint, unless 1 <= cp <= world_size, cp divides world_size,
-// cp divides seq_len (2 cp with the zig-zag: two chunks per rank), and seq_len <= cfg.max_seq_len: the same
-// on every rank, before any collective, so no rank hangs. README.md#the-layout
+// TODO(lab10-1): the layout of a lab 10 run on `world_size` ranks as a tp x cp x dp grid, tp fastest, then
+// cp (the order of Megatron-LM and of lab 09's planner): rank = tp_rank + tp * (cp_rank + cp * dp_rank).
+// Tensor-parallel groups of `tp` consecutive ranks (they talk in every layer's forward AND backward: the
+// innermost, inside a node), context-parallel groups of `cp` ranks with the same tp_rank (the ring of each
+// tp_rank's heads), world_size / (tp cp) data-parallel replicas of the tp x cp block; each sequence of seq_len
+// tokens split into T_local = seq_len / cp per rank. Throws scalelab::Error, with the numbers and a hint,
+// unless tp >= 1, 1 <= cp, tp cp <= world_size and divides it, the model splits by tp (NH, 4C and V:
+// ModelShard::validate's rules), cp divides seq_len (2 cp with the zig-zag: two chunks per rank), and
+// seq_len <= cfg.max_seq_len: the same on every rank, before any collective, so no rank hangs.
+// README.md#the-layout and README.md#with-tensor-parallelism
 struct Layout {
-  int cp = 1, dp = 1;
-  int cp_rank = 0, dp_rank = 0;
+  int tp = 1, cp = 1, dp = 1;
+  int tp_rank = 0, cp_rank = 0, dp_rank = 0;
   bool zigzag = false;  // the sequence in 2 cp chunks, rank r holding chunks r and 2cp-1-r
   int T_local = 0;      // tokens of each sequence on this rank
 };
-Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int cp, bool zigzag, int seq_len);
-// Given. The shard this rank's model is built for: cp_rank of cp, the zig-zag as the layout says.
+Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, int cp, bool zigzag, int seq_len);
+// Given. The shard this rank's model is built for: cp_rank of cp, the zig-zag as the layout says; tp_rank
+// of tp, each block tensor cut by lab 05's reference split (lab05::block_split) when tp > 1.
 ModelShard shard_of(const Layout& layout);
 
 // TODO(lab10-2): the query-key pairs of query chunk q against key chunk kv that the causal mask lets through
@@ -120,15 +127,19 @@ class AllGatherAttention : public ContextParallel {
 };
 
 // TODO(lab10-6): one optimizer step of this rank's shard. micro_batches: the WHOLE sequences (B, T) of each
-// micro-step, the same on every rank of the cp group; this rank trains on its slice of each (slice_sequence
-// with the model's cp_chunks). Contract: on return every parameter has taken one step of `optimizer` at `lr`
-// on the gradient of the step's mean loss over the m micro-batches, the whole sequences and (with `dp_group`,
-// nullptr or size 1: none) the replicas' batches, that gradient equal on every rank and clipped to a norm of
-// at most grad_clip (<= 0: no clipping). Returns the loss of this replica's WHOLE sequences (the mean over the
-// m micro-batches and the cp group, the same on every rank of the group; the training loop averages it over
-// the replicas, as in lab 03) and the gradient norm before clipping. README.md#one-training-step
-StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator& cp_group, Communicator* dp_group,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
+// micro-step, the same on every rank of the cp group (and of the tp group); this rank trains on its slice of
+// each (slice_sequence with the model's cp_chunks). Groups: `tp_group` (nullptr or size 1: none) holds the
+// other tensor-parallel slices of the same tokens; `cp_group` and `dp_group` (nullptr or size 1: none) hold
+// ranks of this rank's tp_rank only, so their averages are of this tp shard's gradients. Contract: on return
+// every parameter has taken one step of `optimizer` at `lr` on the gradient of the step's mean loss over the
+// m micro-batches, the whole sequences and the replicas' batches, that gradient equal on every rank of the cp
+// and dp groups and clipped to a WHOLE-model norm (the tp shards' parts added: scalelab/model/optim.h) of at
+// most grad_clip (<= 0: no clipping). Returns the loss of this replica's WHOLE sequences (the mean over the
+// m micro-batches and the cp group, the same on every rank of the tp x cp block; the training loop averages
+// it over the replicas, as in lab 03) and the whole model's gradient norm before clipping.
+// README.md#one-training-step and README.md#with-tensor-parallelism
+StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator* tp_group, Communicator& cp_group,
+                      Communicator* dp_group, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip);
 
 // ---- Given: row copies of (B, T, W) tensors in host memory (CPU or a simulated GPU) along the sequence, and
 // the points' scratch tensors, on the tensors' device, category Workspace (cp_given.cpp)

@@ -1,18 +1,23 @@
 // cp_given.cpp — lab 10's given code, one file compiled into both tracks (sl_add_lab's GIVEN in
-// labs/CMakeLists.txt): the model shard of a layout, the points' constructors and the chunks of any rank, the
-// row copies along the sequence, and the gradient average over a group. Declared in
-// labs/10_context_parallel/context_parallel_lab.h. Your part: labs/10_context_parallel/context_parallel_lab.cpp.
+// labs/CMakeLists.txt): the model shard of a layout (lab 05's reference split with tp > 1), the points'
+// constructors and the chunks of any rank, the row copies along the sequence, and the gradient average over a
+// group. Declared in labs/10_context_parallel/context_parallel_lab.h. Your part:
+// labs/10_context_parallel/context_parallel_lab.cpp.
 #include <cmath>   // defines: INFINITY
 #include <string>  // defines: std::to_string
 
 #include "context_parallel_lab.h"
 #include "scalelab/core/error.h"  // defines: SL_CHECK
+#include "tensor_parallel.h"      // defines: lab05::block_split (lab 05's reference)
 
 namespace scalelab::lab10 {
 inline namespace SL_TRACK_LAB10 {
 
 ModelShard shard_of(const Layout& layout) {
   ModelShard s;
+  s.tp_rank = layout.tp_rank;
+  s.tp_size = layout.tp;
+  if (layout.tp > 1) s.tp_split = &lab05::block_split;  // lab 05's column/row split of each block tensor
   s.cp_rank = layout.cp_rank;
   s.cp_size = layout.cp;
   s.cp_zigzag = layout.zigzag;

@@ -1,12 +1,15 @@
 // main.cpp — lab 10: GPT-2 trained context-parallel on N ranks: groups of --cp ranks split every sequence
-// (ring attention, or the all-gather variant), world/cp data-parallel replicas of the group; tokens/s, MFU,
-// the attention work per rank and what the ring's transfers cost. The driver is shared by both tracks: it
-// calls the functions of context_parallel_lab.h, from your labs/10_context_parallel/context_parallel_lab.cpp
+// (ring attention, or the all-gather variant), optionally inside --tp tensor-parallel groups (lab 05's
+// reference points: each ring runs on one tp rank's NH/tp heads), world/(tp cp) data-parallel replicas of the
+// tp x cp block; tokens/s, MFU, the attention work per rank and what the ring's transfers cost. The driver is
+// shared by both tracks: it calls the functions of context_parallel_lab.h, from your
+// labs/10_context_parallel/context_parallel_lab.cpp
 // (bin/learner/lab10_context_parallel) or the reference (bin/reference/lab10_context_parallel). The loop around
 // the step is common/include/scalelab/driver/train_loop.h. Lesson: labs/10_context_parallel/README.md.
 //
 //   mpirun -np 2 build/bin/reference/lab10_context_parallel --cp 2 --model demo --steps 50
 //   mpirun -np 4 build/bin/reference/lab10_context_parallel --cp 4 --zigzag --variant allgather --link nvlink
+//   mpirun -np 4 build/bin/reference/lab10_context_parallel --tp 2 --cp 2 --zigzag --model demo
 //   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
 //    mpirun --oversubscribe --bind-to none; or scripts/run 10 ...)
 #include <CLI/CLI.hpp>        // defines: CLI::App (command-line options)
@@ -29,6 +32,7 @@
 #include "scalelab/measure/metrics.h"       // defines: RunLogger
 #include "scalelab/model/gpt2.h"            // defines: GPT2
 #include "scalelab/model/optim.h"           // defines: Optimizer
+#include "tensor_parallel.h"                // defines: lab05::MegatronPoints (lab 05's reference)
 #include "train_step.h"                     // defines: lab01::flops_per_token (lab 01's reference)
 
 using namespace scalelab;
@@ -77,7 +81,8 @@ class TimedPoint : public ContextParallel {
 // The options labs 03-05 share (scalelab/driver/driver.h) and lab 10's own.
 struct Options : driver::DistributedOptions, driver::ClusterOptions {
   Options() { sample_tokens = 0; }  // a rank holds a slice of each sequence: no sample by default
-  int cp = 0;                       // ranks per context-parallel group (0: all ranks)
+  int tp = 1;                       // ranks per tensor-parallel group (1: none)
+  int cp = 0;                       // ranks per context-parallel group (0: all ranks / tp)
   bool zigzag = false;              // 2 cp chunks per sequence, rank r holding r and 2cp-1-r
   std::string variant = "ring";     // ring | allgather
   bool no_overlap = false;          // the ring waits for each transfer before computing
@@ -91,20 +96,30 @@ static int run(const Options& o, Communicator& world) {
                 "--device %s", o.device.c_str());
   const int threads = set_num_threads(o.threads);
   driver::set_links(world, o, o);  // --link, or a simulated cluster (--ranks-per-node, --inter-link)
-  const int cp = o.cp > 0 ? o.cp : n;
+  SL_CHECK_HINT(o.tp >= 1, "--tp is the size of one tensor-parallel group: 1 (none) or more", "--tp %d", o.tp);
+  const int cp = o.cp > 0 ? o.cp : n / o.tp;
   const GPTConfig cfg = GPTConfig::preset(o.model);
-  const lab10::Layout layout = lab10::make_layout(cfg, n, rank, cp, o.zigzag, o.seq_len);  // throws everywhere alike
-  // cp fastest: ranks [g*cp, (g+1)*cp) form context-parallel group g; equal cp_rank: a data-parallel group.
-  std::unique_ptr<Communicator> cp_group = world.split(/*color=*/layout.dp_rank, /*key=*/layout.cp_rank, "cp");
-  std::unique_ptr<Communicator> dp_group = world.split(/*color=*/layout.cp_rank, /*key=*/layout.dp_rank, "dp");
+  const lab10::Layout layout =
+      lab10::make_layout(cfg, n, rank, o.tp, cp, o.zigzag, o.seq_len);  // throws everywhere alike
+  // rank = tp_rank + tp (cp_rank + cp dp_rank). A group is the ranks that share the other two coordinates:
+  // tp: tp consecutive ranks; cp: the same tp_rank in one replica; dp: the same (tp_rank, cp_rank).
+  const int tp_color = layout.cp_rank + layout.cp * layout.dp_rank;
+  const int cp_color = layout.tp_rank + layout.tp * layout.dp_rank;
+  const int dp_color = layout.tp_rank + layout.tp * layout.cp_rank;
+  std::unique_ptr<Communicator> tp_group = world.split(/*color=*/tp_color, /*key=*/layout.tp_rank, "tp");
+  std::unique_ptr<Communicator> cp_group = world.split(/*color=*/cp_color, /*key=*/layout.cp_rank, "cp");
+  std::unique_ptr<Communicator> dp_group = world.split(/*color=*/dp_color, /*key=*/layout.dp_rank, "dp");
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * layout.dp;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, layout.dp);  // lab 03's rule
-  // Every rank of a context-parallel group reads the same whole sequences; the step slices them.
+  // Every rank of a tp x cp block reads the same whole sequences; the step slices them.
   driver::RunData data = driver::open_data(o, lab_parts(), o.micro_batch, micro_steps, layout.dp_rank, layout.dp);
 
   const PrecisionPolicy policy = driver::precision_policy(o);             // --precision, --activations
-  GPT2 model(data.cfg, lab10::shard_of(layout), policy, device, o.seed);  // whole parameters, a slice of tokens
+  GPT2 model(data.cfg, lab10::shard_of(layout), policy, device, o.seed);  // tp slices (or whole), a slice of tokens
   model.set_attention(AttentionImpl::Flash);  // as every cp > 1 shard runs: cp 1 is the comparison (no T x T)
+  // tp > 1: lab 05's reference points over the tp group (no sequence parallel: cp already splits the sequence).
+  lab05::MegatronPoints tp_points(*tp_group, /*sequence_parallel=*/false);
+  if (layout.tp > 1) model.set_tensor_parallel(&tp_points);
   std::unique_ptr<lab10::RingAttention> ring;
   std::unique_ptr<lab10::AllGatherAttention> gather;
   SL_CHECK_HINT(o.variant == "ring" || o.variant == "allgather", "--variant ring or allgather", "--variant %s",
@@ -130,6 +145,7 @@ static int run(const Options& o, Communicator& world) {
   config.update({{"n_layer", data.cfg.n_layer},
                  {"n_embd", data.cfg.n_embd},
                  {"n_params", gpt2_num_params(data.cfg)},
+                 {"tp", layout.tp},
                  {"cp", cp},
                  {"dp", layout.dp},
                  {"zigzag", o.zigzag},
@@ -142,18 +158,22 @@ static int run(const Options& o, Communicator& world) {
                  {"backend", world.backend()},
                  {"link", link.name}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
-  run_rec.extra["layout"] = {{"cp", cp}, {"dp", layout.dp}, {"cp_rank", layout.cp_rank}, {"dp_rank", layout.dp_rank}};
+  run_rec.extra["layout"] = {{"tp", layout.tp},           {"cp", cp},
+                             {"dp", layout.dp},           {"tp_rank", layout.tp_rank},
+                             {"cp_rank", layout.cp_rank}, {"dp_rank", layout.dp_rank}};
   if (link.enabled()) run_rec.extra["simulated"] = true;
   log.log_run(run_rec);
   if (rank == 0)
-    std::printf("lab10 | %s | %d ranks = cp %d x dp %d | T=%d, %d per rank%s | %s | link %s%s\nlogs: %s\n",
-                data.cfg.str().c_str(), n, cp, layout.dp, o.seq_len, layout.T_local, o.zigzag ? " (zig-zag)" : "",
-                o.variant.c_str(), link.name.c_str(), link.enabled() ? " (simulated)" : "", log.path().c_str());
+    std::printf("lab10 | %s | %d ranks = tp %d x cp %d x dp %d | T=%d, %d per rank%s | %s | link %s%s\nlogs: %s\n",
+                data.cfg.str().c_str(), n, layout.tp, cp, layout.dp, o.seq_len, layout.T_local,
+                o.zigzag ? " (zig-zag)" : "", o.variant.c_str(), link.name.c_str(),
+                link.enabled() ? " (simulated)" : "", log.path().c_str());
 
   driver::TrainLoop loop(o, {"lab10", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &world,
                          model, data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
-    return lab10::train_step(model, optimizer, *cp_group, dp_group.get(), micro, lr, o.grad_clip);  // YOUR step
+    return lab10::train_step(model, optimizer, tp_group.get(), *cp_group, dp_group.get(), micro, lr,
+                             o.grad_clip);  // YOUR step
   };
   // Validation: every rank of the group takes its slice of the same whole sequences; the group's mean.
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) {
@@ -165,6 +185,7 @@ static int run(const Options& o, Communicator& world) {
   loop.timeline_comm = cp_group.get();  // the timeline shows the ring's transfers
   double step_start_ms = 0;  // after the data: where the step's compute and the ring begin
   loop.before_step = [&](double, double data_end_ms, bool want_timeline) {
+    tp_group->clear_events();
     cp_group->clear_events();
     dp_group->clear_events();
     timed.clear(want_timeline);
@@ -175,15 +196,17 @@ static int run(const Options& o, Communicator& world) {
     const double now = Communicator::now_ms();
     const driver::CommStats c = driver::comm_stats(cp_group->events(), now);
     const driver::CommStats d = driver::comm_stats(dp_group->events(), now);
+    const driver::CommStats t = driver::comm_stats(tp_group->events(), now);  // blocking: all of it exposed
     const lab10::CpWork& w = ring ? ring->work() : gather->work();
     double exposed = 0;  // how long the step was blocked in the group's waits (the overlap hid the rest)
     for (const CommEvent& e : cp_group->events()) exposed += e.wait_ms;
     driver::StepMeasure m;
-    m.comm_ms = exposed + d.busy_ms;
-    m.comm_busy_ms = c.busy_ms + d.busy_ms;
-    m.comm_modeled_ms = c.modeled_ms + d.modeled_ms;
-    m.simulated = c.simulated || d.simulated;
-    m.extra = {{"cp_comm_ms", c.busy_ms},
+    m.comm_ms = exposed + d.busy_ms + t.busy_ms;
+    m.comm_busy_ms = c.busy_ms + d.busy_ms + t.busy_ms;
+    m.comm_modeled_ms = c.modeled_ms + d.modeled_ms + t.modeled_ms;
+    m.simulated = c.simulated || d.simulated || t.simulated;
+    m.extra = {{"tp_comm_ms", t.busy_ms},
+               {"cp_comm_ms", c.busy_ms},
                {"cp_exposed_ms", exposed},
                {"cp_calls", c.calls},
                {"attention_pairs", w.pairs},
@@ -221,7 +244,11 @@ int main(int argc, char** argv) {
   CLI::App app{"lab 10: context-parallel GPT-2 (ring attention) on N ranks (mpirun -np N); loss, tokens/s, MFU"};
   Options o;
   driver::add_distributed_options(app, o, "lab10");
-  app.add_option("--cp", o.cp, "ranks per context-parallel group (0: all ranks); the rest are data-parallel replicas")
+  app.add_option("--tp", o.tp, "ranks per tensor-parallel group (lab 05's reference points; 1: none), innermost")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--cp", o.cp,
+                 "ranks per context-parallel group (0: all ranks / tp); the rest are data-parallel replicas")
       ->capture_default_str()
       ->check(driver::non_negative_int());
   app.add_flag("--zigzag", o.zigzag, "balance the causal work: 2 cp chunks, rank r holds r and 2cp-1-r");

@@ -10,7 +10,7 @@
 #include "context_parallel_lab.h"
 #include "scalelab/comm/host_values.h"  // defines: all_reduce_value (the group's mean loss)
 #include "scalelab/core/error.h"        // defines: SL_CHECK, SL_CHECK_HINT, scalelab::NotImplemented
-#include "scalelab/model/optim.h"       // defines: clip_grad_norm
+#include "scalelab/model/optim.h"       // defines: clip_grad_norm (with groups)
 #include "scalelab/ops/ops.h"  // defines: attention_forward_block, attention_backward_block, attention_merge, scale_
 
 namespace scalelab::lab10 {
@@ -19,24 +19,32 @@ inline namespace SL_TRACK_LAB10 {
 // =============================================================================================
 // The layout
 // =============================================================================================
-Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int cp, bool zigzag, int seq_len) {
+Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, int cp, bool zigzag, int seq_len) {
   Layout l;
   // TODO(lab10-1) BEGIN  this rank's place in the layout, or a clear error on every rank
-  SL_CHECK_HINT(cp >= 1 && cp <= world_size, "--cp is the size of one context-parallel group: 1 .. the number of ranks",
-                "--cp %d with %d ranks", cp, world_size);
-  SL_CHECK_HINT(world_size % cp == 0,
-                "--cp must divide the number of ranks (the rest are data-parallel replicas), e.g. -np 4 with --cp 2",
-                "--cp %d does not divide %d ranks", cp, world_size);
+  SL_CHECK_HINT(tp >= 1, "--tp is the size of one tensor-parallel group: 1 (none) or more", "--tp %d", tp);
+  SL_CHECK_HINT(cp >= 1 && tp * cp <= world_size,
+                "--cp is the size of one context-parallel group: 1 .. the number of ranks / tp",
+                "--tp %d x --cp %d = %d ranks, but %d ranks", tp, cp, tp * cp, world_size);
+  SL_CHECK_HINT(world_size % (tp * cp) == 0,
+                "tp x cp must divide the number of ranks (the rest are data-parallel replicas), e.g. -np 4 with "
+                "--cp 2, or -np 8 with --tp 2 --cp 2",
+                "--tp %d x --cp %d = %d does not divide %d ranks", tp, cp, tp * cp, world_size);
+  ModelShard split;  // the model's own rules for a tp split: NH, 4C and V divisible by tp (numbers, hint)
+  split.tp_size = tp;
+  split.validate(cfg);
   const int pieces = zigzag ? 2 * cp : cp;  // the zig-zag cuts each sequence into 2 cp chunks
   SL_CHECK_HINT(seq_len % pieces == 0,
                 "every rank holds an equal slice: pick --seq-len a multiple of cp (2 cp with --zigzag)",
                 "--seq-len %d is not divisible by %d (cp %d%s)", seq_len, pieces, cp, zigzag ? ", zig-zag" : "");
   SL_CHECK_HINT(seq_len <= cfg.max_seq_len, "the whole sequence still needs a position embedding row per token",
                 "--seq-len %d > the model's max_seq_len %d", seq_len, cfg.max_seq_len);
+  l.tp = tp;
   l.cp = cp;
-  l.dp = world_size / cp;
-  l.cp_rank = rank % cp;  // cp fastest: ranks 0..cp-1 form the first group, inside one node
-  l.dp_rank = rank / cp;
+  l.dp = world_size / (tp * cp);
+  l.tp_rank = rank % tp;         // tp fastest: ranks 0..tp-1 split every layer's matrices, inside one node
+  l.cp_rank = (rank / tp) % cp;  // then cp: the ring of one tp_rank's heads, tp ranks apart
+  l.dp_rank = rank / (tp * cp);  // the replicas of the tp x cp block outermost
   l.zigzag = zigzag;
   l.T_local = seq_len / cp;
   // TODO(lab10-1) END
@@ -229,8 +237,8 @@ void AllGatherAttention::attention_backward(Tensor& dqkv, const Tensor& dout, co
 // =============================================================================================
 // One training step
 // =============================================================================================
-StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator& cp_group, Communicator* dp_group,
-                      const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
+StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator* tp_group, Communicator& cp_group,
+                      Communicator* dp_group, const std::vector<MicroBatch>& micro_batches, float lr, float grad_clip) {
   SL_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   StepResult r;
   // TODO(lab10-6) BEGIN  one optimizer step of a context-parallel shard
@@ -248,11 +256,13 @@ StepResult train_step(GPT2& model, Optimizer& optimizer, Communicator& cp_group,
   if (m > 1)
     for (int u = 0; u < model.num_units(); ++u)
       if (model.owns_unit(u)) scale_(model.unit_grads(u), 1.0f / static_cast<float>(m));
-  // Equal slices: the whole sequence's mean loss is the cp ranks' average, and so is its gradient.
+  // Equal slices: the whole sequence's mean loss is the cp ranks' average, and so is its gradient. The cp and
+  // dp groups hold this rank's tp_rank only: they average this tp shard's gradients.
   average_grads(model, cp_group, "cp");
   if (dp_group != nullptr && dp_group->size() > 1) average_grads(model, *dp_group, "dp");
   const float group_loss = all_reduce_value(cp_group, static_cast<float>(loss / m), ReduceOp::Avg, "cp loss");
-  r.grad_norm = clip_grad_norm(model, grad_clip);  // the gradients are whole and equal on every rank
+  // The whole model's norm: the tp shards' squares added over the tp group (a replicated tensor counted once).
+  r.grad_norm = clip_grad_norm(model, grad_clip, {tp_group});
   optimizer.step(lr);
   r.loss = group_loss;
   // TODO(lab10-6) END

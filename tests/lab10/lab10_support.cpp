@@ -41,7 +41,7 @@ std::string expect_gradients_match_dense(const std::string& variant, bool zigzag
 
   std::unique_ptr<Communicator> comm = fresh_comm();
   const int cp = comm->size();
-  const lab10::Layout layout = lab10::make_layout(cfg, cp, comm->rank(), cp, zigzag, T);
+  const lab10::Layout layout = lab10::make_layout(cfg, cp, comm->rank(), 1, cp, zigzag, T);
   GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
   lab10::RingAttention ring(*comm, cfg, zigzag);
   lab10::AllGatherAttention gather(*comm, cfg, zigzag);
@@ -70,14 +70,19 @@ std::string expect_gradients_match_dense(const std::string& variant, bool zigzag
   return bad.empty() ? buf : bad;
 }
 
-std::string expect_sgd_steps_match_dense(int cp, bool zigzag) {
+std::string expect_sgd_steps_match_dense(int tp, int cp, bool zigzag) {
   const GPTConfig cfg = cp_config();
   constexpr float kLr = 0.1f, kClip = 1.0f;
   constexpr int kB = 2, kT = 16;
   Communicator& w = world();
-  const lab10::Layout layout = lab10::make_layout(cfg, w.size(), w.rank(), cp, zigzag, kT);
-  std::unique_ptr<Communicator> cp_group = w.split(layout.dp_rank, layout.cp_rank, "cp");
-  std::unique_ptr<Communicator> dp_group = w.split(layout.cp_rank, layout.dp_rank, "dp");
+  const lab10::Layout layout = lab10::make_layout(cfg, w.size(), w.rank(), tp, cp, zigzag, kT);
+  // The groups as the driver splits them: the ranks that share the other two coordinates.
+  std::unique_ptr<Communicator> tp_group =
+      w.split(layout.cp_rank + layout.cp * layout.dp_rank, layout.tp_rank, "tp");
+  std::unique_ptr<Communicator> cp_group =
+      w.split(layout.tp_rank + layout.tp * layout.dp_rank, layout.cp_rank, "cp");
+  std::unique_ptr<Communicator> dp_group =
+      w.split(layout.tp_rank + layout.tp * layout.cp_rank, layout.dp_rank, "dp");
   OptimizerConfig sgd;
   sgd.kind = OptimizerConfig::Kind::SGD;
   sgd.weight_decay = 0.0f;
@@ -86,15 +91,19 @@ std::string expect_sgd_steps_match_dense(int cp, bool zigzag) {
   GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
   lab10::RingAttention ring(*cp_group, cfg, zigzag);
   model.set_context_parallel(&ring);
+  lab05::MegatronPoints points(*tp_group, /*sequence_parallel=*/false);  // lab 05's reference
+  if (layout.tp > 1) model.set_tensor_parallel(&points);
   Optimizer opt(model, sgd);
   std::string bad;
   double worst = 0;
+  float first_norm = 0;
   for (int step = 0; step < 3 && bad.empty(); ++step) {
     const GlobalBatch g = random_global_batch(kDataSeed + step, kB * layout.dp, kT, cfg.vocab_size);
     const OneProcessStep d = one_process_train_step(*dense, dense_opt, g, kLr, kClip);
+    if (step == 0) first_norm = d.grad_norm;
     const GlobalBatch rows = batch_rows(g, static_cast<int64_t>(layout.dp_rank) * kB, kB);  // this replica's
-    const StepResult r =
-        lab10::train_step(model, opt, *cp_group, dp_group.get(), {MicroBatch{rows.inputs, rows.targets}}, kLr, kClip);
+    const StepResult r = lab10::train_step(model, opt, tp_group.get(), *cp_group, dp_group.get(),
+                                           {MicroBatch{rows.inputs, rows.targets}}, kLr, kClip);
     const float loss = group_mean(*dp_group, r.loss);  // the replicas' mean: the global batch's
     char buf[200];
     if (std::fabs(loss - d.loss) > kRtol * std::fabs(d.loss)) {
@@ -110,10 +119,16 @@ std::string expect_sgd_steps_match_dense(int cp, bool zigzag) {
       if (!bad.empty()) bad = "after step " + std::to_string(step) + ": " + bad;
     }
   }
+  // With tp the check is of the whole-model norm: it must have clipped, or a shard's own norm would pass too.
+  if (bad.empty() && tp > 1 && !(first_norm > kClip))
+    bad = "the test's premise: the dense gradient norm " + std::to_string(first_norm) + " does not exceed the clip " +
+          std::to_string(kClip) + " (the check must clip)";
   EXPECT_TRUE(grading::all_ranks(bad.empty(), on_rank_if(bad)));
-  char buf[200];
-  std::snprintf(buf, sizeof(buf), "cp %d x dp %d%s: 3 SGD steps, every parameter within %.2g (relative) of dense", cp,
-                layout.dp, zigzag ? " (zig-zag)" : "", worst);
+  char buf[240];
+  std::snprintf(buf, sizeof(buf),
+                "tp %d x cp %d x dp %d%s: 3 SGD steps (the first's norm %.3f clipped to %.1f), every parameter "
+                "within %.2g (relative) of dense",
+                layout.tp, cp, layout.dp, zigzag ? " (zig-zag)" : "", first_norm, kClip, worst);
   return bad.empty() ? buf : bad;
 }
 
@@ -121,7 +136,7 @@ std::string expect_sgd_steps_match_dense(int cp, bool zigzag) {
 static std::vector<float> ring_work(Communicator& comm, bool zigzag) {
   const GPTConfig cfg = cp_config();
   const int cp = comm.size(), T = 16;
-  const lab10::Layout layout = lab10::make_layout(cfg, cp, comm.rank(), cp, zigzag, T);
+  const lab10::Layout layout = lab10::make_layout(cfg, cp, comm.rank(), 1, cp, zigzag, T);
   GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
   lab10::RingAttention ring(comm, cfg, zigzag);
   model.set_context_parallel(&ring);
@@ -190,7 +205,7 @@ std::string expect_activation_memory_falls_as_one_over_cp() {
   int64_t before = acts();
   GPT2Activations d = dense->make_activations(B, T);
   const int64_t dense_bytes = acts() - before;
-  const lab10::Layout layout = lab10::make_layout(cfg, cp, w.rank(), cp, false, T);
+  const lab10::Layout layout = lab10::make_layout(cfg, cp, w.rank(), 1, cp, false, T);
   GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::CPU, kModelSeed);
   GPT2Activations a0 = model.make_activations(B, layout.T_local);
   before = acts();
@@ -210,36 +225,67 @@ std::string expect_activation_memory_falls_as_one_over_cp() {
   return bad.empty() ? buf : bad;
 }
 
+// make_layout's coordinates for one rank, "tp_rank cp_rank dp_rank T_local" (and tp cp dp) against the wanted.
+static std::string layout_mismatch(const GPTConfig& cfg, int world, int rank, int tp, int cp, int T,
+                                   const lab10::Layout& want) {
+  const lab10::Layout l = lab10::make_layout(cfg, world, rank, tp, cp, false, T);
+  if (l.tp == want.tp && l.cp == want.cp && l.dp == want.dp && l.tp_rank == want.tp_rank &&
+      l.cp_rank == want.cp_rank && l.dp_rank == want.dp_rank && l.T_local == want.T_local)
+    return "";
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "make_layout(world %d, rank %d, tp %d, cp %d, T %d): tp %d cp %d dp %d, tp_rank %d cp_rank %d "
+                "dp_rank %d, T_local %d; expected tp %d cp %d dp %d, tp_rank %d cp_rank %d dp_rank %d, T_local %d "
+                "(rank = tp_rank + tp (cp_rank + cp dp_rank))",
+                world, rank, tp, cp, T, l.tp, l.cp, l.dp, l.tp_rank, l.cp_rank, l.dp_rank, l.T_local, want.tp,
+                want.cp, want.dp, want.tp_rank, want.cp_rank, want.dp_rank, want.T_local);
+  return buf;
+}
+
 std::string expect_layout_and_refusals() {
   const GPTConfig cfg = cp_config();
   std::string bad;
-  const lab10::Layout l = lab10::make_layout(cfg, 8, 5, 2, false, 16);  // cp fastest: rank 5 = cp 1 of replica 2
-  if (l.cp != 2 || l.dp != 4 || l.cp_rank != 1 || l.dp_rank != 2 || l.T_local != 8)
-    bad = "make_layout(world 8, rank 5, cp 2, T 16): cp " + std::to_string(l.cp) + " dp " + std::to_string(l.dp) +
-          " cp_rank " + std::to_string(l.cp_rank) + " dp_rank " + std::to_string(l.dp_rank) + " T_local " +
-          std::to_string(l.T_local) + "; expected 2, 4, 1, 2, 8 (cp fastest)";
+  // Fields: tp, cp, dp, tp_rank, cp_rank, dp_rank, zigzag, T_local.
+  struct Want {
+    int world, rank, tp, cp;
+    lab10::Layout l;
+  };
+  const Want wanted[] = {
+      {8, 5, 1, 2, {1, 2, 4, 0, 1, 2, false, 8}},  // cp fastest without tp: rank 5 = cp 1 of replica 2
+      {8, 5, 2, 2, {2, 2, 2, 1, 0, 1, false, 8}},  // tp 2 x cp 2 x dp 2: rank 5 = tp 1, cp 0, replica 1
+      {8, 6, 2, 2, {2, 2, 2, 0, 1, 1, false, 8}},  // rank 6 = tp 0, cp 1, replica 1
+      {8, 3, 2, 2, {2, 2, 2, 1, 1, 0, false, 8}},  // rank 3 = tp 1, cp 1, replica 0
+      {8, 7, 4, 2, {4, 2, 1, 3, 1, 0, false, 8}},  // tp 4 x cp 2: rank 7 = tp 3, cp 1
+  };
+  for (const Want& x : wanted)
+    if (bad.empty()) bad = layout_mismatch(cfg, x.world, x.rank, x.tp, x.cp, 16, x.l);
   struct Bad {
-    int world, cp, T;
+    int world, tp, cp, T;
     bool zigzag;
     const char* what;
   };
-  const Bad refused[] = {{2, 4, 16, false, "cp 4 > 2 ranks"},
-                         {4, 3, 15, false, "cp 3 does not divide 4 ranks"},
-                         {2, 2, 14, true, "T 14 not divisible by 2 cp = 4 (zig-zag)"},
-                         {2, 2, 15, false, "T 15 not divisible by cp 2"},
-                         {2, 2, 32, false, "T 32 > max_seq_len 16"}};
+  const Bad refused[] = {{2, 1, 4, 16, false, "cp 4 > 2 ranks"},
+                         {4, 1, 3, 15, false, "cp 3 does not divide 4 ranks"},
+                         {2, 1, 2, 14, true, "T 14 not divisible by 2 cp = 4 (zig-zag)"},
+                         {2, 1, 2, 15, false, "T 15 not divisible by cp 2"},
+                         {2, 1, 2, 32, false, "T 32 > max_seq_len 16"},
+                         {4, 0, 2, 16, false, "tp 0"},
+                         {4, 2, 4, 16, false, "tp 2 x cp 4 = 8 > 4 ranks"},
+                         {8, 2, 3, 12, false, "tp 2 x cp 3 = 6 does not divide 8 ranks"},
+                         {6, 3, 2, 16, false, "tp 3 does not divide NH 4 heads"}};
   for (const Bad& b : refused) {
     bool threw = false;
     try {
-      lab10::make_layout(cfg, b.world, 0, b.cp, b.zigzag, b.T);
+      lab10::make_layout(cfg, b.world, 0, b.tp, b.cp, b.zigzag, b.T);
     } catch (const scalelab::Error&) {
       threw = true;
     }
     if (!threw && bad.empty()) bad = std::string("make_layout accepted ") + b.what;
   }
   EXPECT_TRUE(grading::all_ranks(bad.empty(), bad));
-  return bad.empty() ? "cp fastest; refused: cp > ranks, cp not dividing the ranks, T not divisible by cp or 2 cp, "
-                       "T > max_seq_len"
+  return bad.empty() ? "tp fastest, then cp (8 ranks: tp 2 x cp 2 x dp 2, tp 4 x cp 2, cp 2 x dp 4); refused: cp "
+                       "or tp x cp > ranks, not dividing them, tp 0, tp not dividing NH, T not divisible by cp or "
+                       "2 cp, T > max_seq_len"
                      : bad;
 }
 
@@ -296,7 +342,7 @@ double in_flight_ms(std::vector<CommEvent> events) {
 RingTime simulated_ring(Communicator& world, bool overlap) {
   const GPTConfig cfg = cp_config();
   const int cp = world.size(), T = 16, B = 2;
-  const lab10::Layout layout = lab10::make_layout(cfg, cp, world.rank(), cp, true, T);
+  const lab10::Layout layout = lab10::make_layout(cfg, cp, world.rank(), 1, cp, true, T);
   GPT2 model(cfg, lab10::shard_of(layout), PrecisionPolicy::fp32(), Device::SIM, kModelSeed);
   std::unique_ptr<Communicator> group = world.split(0, world.rank(), "cp");
   lab10::RingAttention ring(*group, cfg, true, overlap);

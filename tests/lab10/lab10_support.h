@@ -9,6 +9,7 @@
 #include "context_parallel_lab.h"  // defines: lab10::* (the track under test)
 #include "data_parallel.h"         // defines: dp_test::world, fresh_comm, random_global_batch, ... (tests/support)
 #include "scalelab/model/gpt2.h"   // defines: GPT2, GPTConfig
+#include "tensor_parallel.h"       // defines: lab05::MegatronPoints (lab 05's reference, for tp > 1)
 
 namespace scalelab::lab10_test {
 
@@ -28,8 +29,11 @@ constexpr double kRtol = 1e-5;
 // One forward and backward of the whole sequences split over the cp group (the point `variant`, "ring" or
 // "allgather"): the group's mean loss and mean gradients against the dense model's.
 std::string expect_gradients_match_dense(const std::string& variant, bool zigzag);
-// Three SGD steps of lab10::train_step on cp x dp = world ranks against the dense model's.
-std::string expect_sgd_steps_match_dense(int cp, bool zigzag);
+// Three SGD steps of lab10::train_step (the ring; gradient clipping at 1.0) on tp x cp x dp = world ranks
+// against the dense model's: the loss, the whole model's gradient norm and every parameter (a tp shard's
+// against the dense tensor's slice). With tp > 1 (lab 05's reference points over the tp group) the first
+// step's dense norm must exceed the clip, so that the norm's tp sum decides the update.
+std::string expect_sgd_steps_match_dense(int tp, int cp, bool zigzag);
 // The ring's attention work per rank: balanced within 5 % with the zig-zag, the last rank cp-times-ish the
 // first's without; the fully masked blocks skipped.
 std::string expect_zigzag_balances_work();

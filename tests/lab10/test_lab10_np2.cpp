@@ -18,9 +18,10 @@ namespace grading = scalelab::grading;
 
 TEST(Lab10Cp, LayoutAndRefusals) {
   const grading::Check check{"lab10.layout_and_refusals", 1,
-                             "make_layout: cp fastest (world 8, cp 2: rank 5 is cp rank 1 of replica 2, 8 tokens); "
-                             "cp > ranks, cp not dividing them, T not divisible by cp (2 cp zig-zag), T > maxT refused",
-                             "README 'The layout'"};
+                             "make_layout: tp fastest, then cp (world 8: cp 2 rank 5 is cp rank 1 of replica 2; tp 2 "
+                             "x cp 2 rank 5 is tp 1, cp 0, replica 1); cp or tp x cp > ranks or not dividing them, "
+                             "tp 0, tp not dividing NH, T not divisible by cp (2 cp zig-zag), T > maxT refused",
+                             "README 'The layout' and 'With tensor parallelism'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_layout_and_refusals()); });
 }
 
@@ -63,7 +64,7 @@ TEST(Lab10Cp, SgdStepsMatchDense) {
                              "3 SGD steps of train_step at cp 2 (zig-zag): the loss, the gradient norm and every "
                              "parameter as the dense model's",
                              "README 'One training step': each rank's loss is the mean of its slice; the group's"};
-  grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(2, true)); });
+  grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(1, 2, true)); });
 }
 
 TEST(Lab10Cp, ZigZagBalancesWork) {

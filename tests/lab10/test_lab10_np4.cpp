@@ -1,6 +1,6 @@
 // test_lab10_np4.cpp — lab 10's graded checks on 4 ranks (mpiexec -n 4; sl_add_graded_test NP 4): the ring
 // and the all-gather variant at cp 4, contiguous and zig-zag, against ONE process running the whole sequences;
-// cp 2 x dp 2 training steps; the work per rank at cp 4. lab10_support.h has the bodies.
+// cp 2 x dp 2 and tp 2 x cp 2 training steps; the work per rank at cp 4. lab10_support.h has the bodies.
 // Lesson: labs/10_context_parallel/README.md ("What the tests check").
 #include <gtest/gtest.h>
 
@@ -36,10 +36,20 @@ TEST(Lab10Cp4, AllGatherMatchesDenseFourRanks) {
 
 TEST(Lab10Cp4, CpTimesDpStepsMatchDense) {
   const grading::Check check{"lab10.cp_times_dp_steps_match_dense", 3,
-                             "cp 2 x dp 2 (cp fastest): 3 SGD steps of train_step, every parameter as the dense "
-                             "model's on the global batch",
+                             "cp 2 x dp 2 (cp fastest without tp): 3 SGD steps of train_step, every parameter as "
+                             "the dense model's on the global batch",
                              "README 'One training step': the gradient averages over the cp group AND the replicas"};
-  grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(2, false)); });
+  grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(1, 2, false)); });
+}
+
+TEST(Lab10Cp4, CpTimesTpStepsMatchDense) {
+  const grading::Check check{"lab10.cp_times_tp_steps_match_dense", 3,
+                             "tp 2 x cp 2 (tp fastest; lab 05's reference points), ring, zig-zag: 3 SGD steps of "
+                             "train_step clipped at 1.0 (the dense norm above it), the loss, the whole model's "
+                             "gradient norm and every parameter's tp slice as the dense model's",
+                             "README 'With tensor parallelism': the norm is the whole model's, summed over the tp "
+                             "group; the cp ring runs among the ranks of one tp_rank"};
+  grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(2, 2, true)); });
 }
 
 TEST(Lab10Cp4, ZigZagBalancesWorkFourRanks) {
