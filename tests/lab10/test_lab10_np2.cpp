@@ -87,7 +87,8 @@ TEST(Lab10Cp, RingOverlapsTransfers) {
   const grading::Check check{"lab10.ring_overlaps_transfers", 2,
                              "simulated H100s on pcie, virtual time: forward + backward with the ring's transfers "
                              "posted before the compute shorter, and blocked less, than waiting for each first; "
-                             "waiting, the backward blocked for all its transfers' time, overlapped for less",
+                             "the forward alone blocked less overlapped than waiting; waiting, the backward "
+                             "blocked for all its transfers' time, overlapped for less",
                              "README 'The ring': start the hand-over of the block in hand, compute on it, then wait"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_ring_overlaps_transfers()); });
 }
