@@ -479,6 +479,37 @@ TEST(PlannerModel, CpMemoryEqualsLab10sAllocator) {
   }
 }
 
+// cp composed with tp (lab 10's tp x cp grid): the planner's memory of tp 2 x cp 2 equals the allocator's for
+// that rank's model (tp slice 0 of 2, cp rank 0 of 2 with the zig-zag), and its activations differ from cp 2's
+// alone (tp splits the heads and the MLP's width: the comparison can fail).
+TEST(PlannerModel, CpTimesTpMemoryEqualsTheAllocator) {
+  const CpDemo demo;
+  const GPTConfig& cfg = demo.cfg;
+  const Workload& w = demo.w;
+  const Layout x = with_cp(layout(2, 1, 1, 2, 1), 2);
+  check_layout(cfg, x, w, cpu(4));
+  const DeviceMemory want = device_memory(cfg, x, w);
+  const int64_t before = model_bytes_now();
+  {
+    GPT2 model(cfg, chunk_shard(cfg, x, 0, 0), w.policy, Device::CPU, /*seed=*/1);
+    model.set_attention(AttentionImpl::Flash);
+    Optimizer opt(model, OptimizerConfig{});  // AdamW: m and v
+    const int64_t acts_before =
+        Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)];
+    std::vector<GPT2Activations> sets;
+    for (int k = 0; k < want.sets; ++k) sets.push_back(model.make_activations(x.micro_batch, w.seq_len / x.cp));
+    const int64_t acts =
+        Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)] - acts_before;
+    EXPECT_EQ(model_bytes_now() - before, want.total()) << to_string(x);
+    EXPECT_EQ(acts, want.activations) << to_string(x);
+    std::printf("  [cp x tp] demo, B 2, T 64, flash: tp 2 x cp 2 holds %lld activation bytes a rank (allocator "
+                "%lld), %lld in all\n",
+                static_cast<long long>(want.activations), static_cast<long long>(acts),
+                static_cast<long long>(want.total()));
+  }
+  EXPECT_NE(want.activations, device_memory(cfg, demo.at(2), w).activations);
+}
+
 // The zig-zag gives every rank exactly 1/cp of the causal pairs; the contiguous split's last rank the most.
 TEST(PlannerModel, CpAttentionShareIsTheZigZagsOneOverCp) {
   for (int cp : {1, 2, 4, 8}) EXPECT_DOUBLE_EQ(cp_attention_share(cp, 64, true), 1.0 / cp) << "cp " << cp;
