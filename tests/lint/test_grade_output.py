@@ -6,6 +6,8 @@ lint.grade_output_selftest). Passes when
   - a measured text of several lines (ranks that differ, grading.cpp) is printed one line per rank group;
   - the `stuck?` line carries `--lang hi` when the learner reads Hindi (SCALELAB_LANG=hi), and nothing
     otherwise;
+  - a check whose process died keeps the signal's lines (MPI's "Signal: ...") in its message, and its rerun
+    command carries OpenMPI's two root variables when the grader runs as root;
   - a lab whose manifest says it trains on data/kjv gets it made when it is missing (a stand-in
     prepare_corpus.sh in a scratch root), and when that fails the message names the command to run.
 """
@@ -117,6 +119,33 @@ class Corpus(unittest.TestCase):
         problem = self.ensure(root)
         self.assertIn("no text to shard", problem)
         self.assertIn("scripts/prepare_corpus.sh --build-dir /nonexistent-build --out data/kjv", problem)
+
+
+class CrashedCheck(unittest.TestCase):
+    """A check whose process died before writing its record: the signal that killed it is kept in the message
+    even when MPI's report pushes it above the last lines, and the rerun command runs as root."""
+    test = {"name": "lab10.layout_and_refusals.learner", "timeout": 300.0,
+            "command": ["/usr/bin/mpiexec", "-n", "2", "/b/tests/bin/learner/test_lab10_np2",
+                        "--gtest_filter=Lab10Cp.LayoutAndRefusals", "--gtest_output=json:/nonexistent/r.json"]}
+    output = "\n".join(["[rank 0] make_layout", "*** Process received signal ***",
+                         "Signal: Floating point exception (8)", "Signal code: Integer divide-by-zero (1)"] +
+                        [f"mpi noise line {i}" for i in range(12)])
+
+    def row(self):
+        with unittest.mock.patch.object(grade, "describe", return_value=None):
+            return grade.grade_test(self.test, {"exit": "Failed", "output": self.output})
+
+    def test_signal_kept(self):
+        message = self.row()["check_message"]
+        self.assertIn("Signal: Floating point exception (8)", message)
+        self.assertIn("Integer divide-by-zero", message)
+        self.assertIn("mpi noise line 11", message)
+
+    def test_rerun_as_root(self):
+        with unittest.mock.patch.object(grade.os, "geteuid", return_value=0):
+            self.assertTrue(self.row()["rerun"].startswith("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "))
+        with unittest.mock.patch.object(grade.os, "geteuid", return_value=1000):
+            self.assertTrue(self.row()["rerun"].startswith("/usr/bin/mpiexec"))
 
 
 if __name__ == "__main__":
