@@ -28,7 +28,7 @@
 #include "scalelab/comm/comm.h"               // defines: Communicator
 #include "scalelab/model/batch.h"             // defines: MicroBatch, StepResult
 #include "scalelab/model/context_parallel.h"  // defines: ContextParallel (the point), CpChunk, cp_chunks
-#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, ModelShard
+#include "scalelab/model/gpt2.h"              // defines: GPT2, GPTConfig, ModelShard (gpt2_layout.h's, included)
 #include "scalelab/model/optim.h"             // defines: Optimizer
 
 #ifndef SL_TRACK_LAB10
@@ -41,8 +41,8 @@ inline namespace SL_TRACK_LAB10 {
 // TODO(lab10-1): the layout of a lab 10 run on `world_size` ranks as a tp x cp x dp grid, tp fastest, then
 // cp (the order of Megatron-LM and of lab 09's planner): rank = tp_rank + tp * (cp_rank + cp * dp_rank).
 // Tensor-parallel groups of `tp` consecutive ranks (they talk in every layer's forward AND backward: the
-// innermost, inside a node), context-parallel groups of `cp` ranks with the same tp_rank (the ring of each
-// tp_rank's heads), world_size / (tp cp) data-parallel replicas of the tp x cp block; each sequence of seq_len
+// innermost, inside a node), context-parallel groups of `cp` ranks with the same tp_rank in the same replica
+// (the ring of each tp_rank's heads), world_size / (tp cp) data-parallel replicas of the tp x cp block; each sequence of seq_len
 // tokens split into T_local = seq_len / cp per rank. Throws scalelab::Error, with the numbers and a hint,
 // unless tp >= 1, 1 <= cp, tp cp <= world_size and divides it, the model splits by tp (NH, 4C and V:
 // ModelShard::validate's rules), cp divides seq_len (2 cp with the zig-zag: two chunks per rank), and
@@ -128,7 +128,8 @@ class AllGatherAttention : public ContextParallel {
 
 // TODO(lab10-6): one optimizer step of this rank's shard. micro_batches: the WHOLE sequences (B, T) of each
 // micro-step, the same on every rank of the cp group (and of the tp group); this rank trains on its slice of
-// each (slice_sequence with the model's cp_chunks). Groups: `tp_group` (nullptr or size 1: none) holds the
+// each (slice_sequence with the model's cp_chunks; T_local = T / model.shard().cp_size, the model knows its
+// shard, no layout is passed). Groups: `tp_group` (nullptr or size 1: none) holds the
 // other tensor-parallel slices of the same tokens; `cp_group` and `dp_group` (nullptr or size 1: none) hold
 // ranks of this rank's tp_rank only, so their averages are of this tp shard's gradients. Contract: on return
 // every parameter has taken one step of `optimizer` at `lr` on the gradient of the step's mean loss over the

@@ -166,7 +166,7 @@ static int run(const Options& o, Communicator& world) {
   if (rank == 0)
     std::printf("lab10 | %s | %d ranks = tp %d x cp %d x dp %d | T=%d, %d per rank%s | %s | link %s%s\nlogs: %s\n",
                 data.cfg.str().c_str(), n, layout.tp, cp, layout.dp, o.seq_len, layout.T_local,
-                o.zigzag ? " (zig-zag)" : "", o.variant.c_str(), link.name.c_str(),
+                o.zigzag ? " (zig-zag)" : "", cp > 1 ? o.variant.c_str() : "no ring (cp 1)", link.name.c_str(),
                 link.enabled() ? " (simulated)" : "", log.path().c_str());
 
   driver::TrainLoop loop(o, {"lab10", o.micro_batch, micro_steps, global_batch, /*sample_on_every_rank=*/true}, &world,

@@ -38,7 +38,8 @@ TEST(Lab10Cp4, CpTimesDpStepsMatchDense) {
   const grading::Check check{"lab10.cp_times_dp_steps_match_dense", 3,
                              "cp 2 x dp 2 (cp fastest without tp): 3 SGD steps of train_step, every parameter as "
                              "the dense model's on the global batch",
-                             "README 'One training step': the gradient averages over the cp group AND the replicas"};
+                             "README 'One training step': the gradient averages over the cp group AND the replicas; "
+                             "the loss returned is the cp group's mean"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(1, 2, false)); });
 }
 
@@ -48,7 +49,8 @@ TEST(Lab10Cp4, CpTimesTpStepsMatchDense) {
                              "train_step clipped at 1.0 (the dense norm above it), the loss, the whole model's "
                              "gradient norm and every parameter's tp slice as the dense model's",
                              "README 'With tensor parallelism': the norm is the whole model's, summed over the tp "
-                             "group; the cp ring runs among the ranks of one tp_rank"};
+                             "group; the cp ring runs among the ranks of one tp_rank; the loss returned is the cp "
+                             "group's mean"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_sgd_steps_match_dense(2, 2, true)); });
 }
 
