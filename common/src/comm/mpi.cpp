@@ -1027,7 +1027,10 @@ class MpiCommunicator : public Communicator {
     o->not_before_ms = start_ms;  // no link model: nothing to wait out
     enlist(o);
     o->posted.store(true, std::memory_order_release);
-    list_posted(o);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      list_posted(o);
+    }
     return std::make_shared<MpiWork>(o);
   }
 
@@ -1177,9 +1180,13 @@ class MpiCommunicator : public Communicator {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
       post_here = o->is_p2p() && o->post_on_caller && queue_.empty() && !thread_busy_;
-      if (!post_here) queue_.push_back(o);
+      if (post_here) {
+        list_posted(o);  // listed before it is posted (one lock a message): the thread skips it until `posted`
+      } else {
+        queue_.push_back(o);
+      }
     }
-    if (post_here && post(*o)) list_posted(o);
+    if (post_here) post(*o);
     // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
     // kPollInterval after it, took the core from the caller and the peer and cost ~20 us a message on the
     // 2-core machine (bench/p2p.md). The thread adds it to its polls the next time it is awake.
@@ -1201,9 +1208,9 @@ class MpiCommunicator : public Communicator {
     }
   }
 
-  // A send or recv posted on the caller's thread, for the communication thread to poll from its next wake-up.
+  // A send or recv posted on the caller's thread, for the communication thread to poll from its next wake-up
+  // (queue_mu_ held).
   void list_posted(const std::shared_ptr<Op>& o) {
-    std::lock_guard<std::mutex> lock(queue_mu_);
     // The ops their callers have finished meanwhile leave the list first: the thread does not wake for
     // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
     // here until its next wake-up, each kept alive, and that wake-up then polled them all.
@@ -1336,6 +1343,8 @@ class MpiCommunicator : public Communicator {
       return true;
     } catch (const std::exception& e) {
       op.finished = true;
+      // (a caller-posted op is already on the thread's list: `posted` lets its advance() see it finished)
+      op.posted.store(true, std::memory_order_release);
       finish(op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what())));
       return false;
     }
