@@ -19,7 +19,9 @@
 // With a link model each payload travels behind a header with the send's start time, so a recv completes
 // no earlier than that start + the modelled time (comm_internal.h MessageHeader); without one a send is
 // one MPI message. Per message the caller's thread formats no text (an error's or a timeout's words are
-// made from the op's fields when one happens) and allocates little (the op, its Work, the event).
+// made from the op's fields when one happens) and allocates little (the op, its Work, the event). The
+// blocking send, recv and sendrecv need not even those (blocking_p2p): with nothing pending they post and
+// test their messages on the caller's stack, and hand them to the ops above only when the peer is late.
 //
 // Delivery at wait (SL_COMM_DELIVER_AT_WAIT=1; every graded multi-rank check runs so). MPI runs the
 // collectives in issue order, so with results written at once a caller who waits for the LAST of several
