@@ -286,6 +286,12 @@ uint64_t EventLog::add(CommEvent&& event) {
   return first_id_ + events_.size() - 1;
 }
 
+void EventLog::add(CommEvent&& first, CommEvent&& second) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(std::move(first));
+  events_.push_back(std::move(second));
+}
+
 void EventLog::set_start(uint64_t id, double start_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   if (id >= first_id_) events_[id - first_id_].start_ms = start_ms;

@@ -28,6 +28,7 @@ class EventLog {
  public:
   uint64_t add(const CommEvent& event);  // returns the event's id
   uint64_t add(CommEvent&& event);
+  void add(CommEvent&& first, CommEvent&& second);  // both, in this order, under one lock (a sendrecv's)
   void set_start(uint64_t id, double start_ms);
   void set_end(uint64_t id, double end_ms);
   void add_wait(uint64_t id, double wait_ms);  // CommEvent::wait_ms += wait_ms (a Work's wait blocked)

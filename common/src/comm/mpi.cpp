@@ -19,7 +19,9 @@
 // With a link model each payload travels behind a header with the send's start time, so a recv completes
 // no earlier than that start + the modelled time (comm_internal.h MessageHeader); without one a send is
 // one MPI message. Per message the caller's thread formats no text (an error's or a timeout's words are
-// made from the op's fields when one happens) and allocates little (the op, its Work, the event).
+// made from the op's fields when one happens) and allocates little (the op, its Work, the event). The
+// blocking send, recv and sendrecv need not even those (blocking_p2p): with nothing pending they post and
+// test their messages on the caller's stack, and hand them to the ops above only when the peer is late.
 //
 // Delivery at wait (SL_COMM_DELIVER_AT_WAIT=1; every graded multi-rank check runs so). MPI runs the
 // collectives in issue order, so with results written at once a caller who waits for the LAST of several
@@ -385,6 +387,11 @@ class Roll {
   std::vector<std::deque<Call>> heard_;                              // per rank: its latest announcements
 };
 
+// A waiter on a send or recv (MpiWork, MpiCommunicator::blocking_p2p) first tests it this long without
+// yielding the core: a yield is a system call (~0.3-1 us in a VM), as long as a small message itself, and a
+// message that arrives during one waits for its end. Then it yields between tests (Op::spin_ms).
+constexpr double kPureSpinMs = 0.01;
+
 // One call on its way through the communication thread, shared with the Work that waits for it.
 struct Op {
   // What it is, kept as fields; the words of an error or a timeout's message (what(), waited_for()) are
@@ -562,23 +569,30 @@ class MpiWork : public Work {
   // stretch it); a longer wait (a slow upstream stage, a rank waiting for rank 0) tests every kWaitPoll
   // and sleeps between the tests, so it costs no core (a spinning rank would also lose its core to the
   // other processes of a busy machine, and wait for it again).
+  // The spin's first kPureSpinMs test without yielding; the spin reads the op's `settled` flag, not its
+  // mutex (once finish() has set it, `done` follows at once under op_->mu).
   // Returns false when the op's timeout ran out first. `lock` holds op_->mu, released while testing.
   bool progress_until_done(std::unique_lock<std::mutex>& lock, double t0_ms) {
     const double deadline_ms = op_->timeout_s > 0 ? t0_ms + 1e3 * std::min(op_->timeout_s, 1e9) : -1;
     for (;;) {
       lock.unlock();
-      op_->progress();  // finishes the op (done, under op_->mu) once its transfer is complete
-      lock.lock();
-      if (op_->done) return true;  // by this test, or by the communication thread's meanwhile
-      const double now_ms = Communicator::now_ms();
-      if (deadline_ms >= 0 && now_ms >= deadline_ms) return false;
-      if (now_ms - t0_ms < op_->spin_ms) {
-        lock.unlock();
-        std::this_thread::yield();  // let a thread of this core run (a peer rank's, when oversubscribed)
-        lock.lock();
-      } else {
-        op_->cv.wait_for(lock, kWaitPoll, [&] { return op_->done; });
+      bool settled = false;
+      double now_ms = t0_ms;
+      for (;;) {  // finishes the op once its transfer is complete (here, or the communication thread meanwhile)
+        settled = op_->progress() || op_->settled.load(std::memory_order_acquire);
+        if (settled) break;
+        now_ms = Communicator::now_ms();
+        if (now_ms - t0_ms >= op_->spin_ms || (deadline_ms >= 0 && now_ms >= deadline_ms)) break;
+        // let a thread of this core run (a peer rank's, when oversubscribed)
+        if (now_ms - t0_ms >= kPureSpinMs) std::this_thread::yield();
       }
+      lock.lock();
+      if (settled || op_->done) {
+        op_->cv.wait(lock, [&] { return op_->done; });
+        return true;
+      }
+      if (deadline_ms >= 0 && now_ms >= deadline_ms) return false;
+      op_->cv.wait_for(lock, kWaitPoll, [&] { return op_->done; });  // past the spin: one test every kWaitPoll
     }
   }
 
@@ -764,6 +778,101 @@ class MpiCommunicator : public Communicator {
     return submit(o);
   }
 
+  // The blocking send, recv and sendrecv (Communicator::blocking_p2p). On host tensors, with no link model
+  // and nothing pending on this communicator (so every call issued before it has completed: the order of
+  // issue stays the order on the wire), the messages are posted right here (MPI_Isend, then MPI_Irecv, as
+  // sendrecv_async orders them) into requests on this stack frame and tested right here (MPI_Testall) for
+  // as long as a waiter spins (Op::spin_ms); done, both events are logged complete under one lock. No Op,
+  // no Work, no list, no condition variable: per message what is left is the event (bench/p2p.md). A
+  // transfer that outlasts the spin (a late or dead peer) is handed to the usual machinery (adopt): its
+  // Works wait with the wait timeout and fail with its error, so this never blocks inside MPI. Anything
+  // else (CUDA tensors, a link model, calls pending) returns false: the async path.
+  bool blocking_p2p(const Tensor* send_buf, int dst, Tensor* recv_buf, int src, const std::string& tag) override {
+    if (size_ < 2 || link_model().enabled() || pending_.load(std::memory_order_acquire) != 0) return false;
+    for (const Tensor* t : {send_buf, static_cast<const Tensor*>(recv_buf)}) {
+      if (t && t->device() != Device::CPU && !(t->device() == Device::SIM && moves_sim_memory_)) return false;
+    }
+    // The checks of the async path, in its order (sendrecv_async, send_async, recv_async).
+    if (send_buf && recv_buf) check_sendrecv(rank_, size_, *send_buf, dst, *recv_buf, src);
+    if (send_buf) {
+      check_peer("send", rank_, size_, dst);
+      check_count_fits_int("send", rank_, send_buf->numel());
+    }
+    if (recv_buf) {
+      check_peer("recv", rank_, size_, src);
+      check_count_fits_int("recv", rank_, recv_buf->numel());
+    }
+    check_not_timed_out(send_buf ? "send" : "recv");
+    CommEvent sent, received;  // (op "" when there is no such message)
+    if (send_buf) sent = make_event(*this, "send", tag, send_buf->numel(), send_buf->dtype(), /*async=*/false, dst);
+    if (recv_buf) {
+      received = make_event(*this, "recv", tag, recv_buf->numel(), recv_buf->dtype(), /*async=*/false, src);
+    }
+    const double t0_ms = send_buf ? sent.issue_ms : received.issue_ms;
+    sent.start_ms = sent.issue_ms;  // posted as issued
+    received.start_ms = received.issue_ms;
+
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // the send's, the recv's
+    MPI_Status statuses[2] = {};
+    if (send_buf) {
+      const int rc = MPI_Isend(send_buf->raw(), static_cast<int>(send_buf->numel()), mpi_type(send_buf->dtype()), dst,
+                               kTag, comm_, &requests[0]);
+      if (rc != MPI_SUCCESS) fail_blocking_p2p(mpi_failure("MPI_Isend", rc), sent, nullptr, nullptr);
+    }
+    if (recv_buf) {
+      const int rc = MPI_Irecv(recv_buf->raw(), static_cast<int>(recv_buf->numel()), mpi_type(recv_buf->dtype()), src,
+                               kTag, comm_, &requests[1]);
+      if (rc != MPI_SUCCESS) {
+        // The send is posted: its Work (adopt) waits for it while the error unwinds.
+        WorkPtr send_work = send_buf ? adopt(Op::Kind::Send, *send_buf, std::move(sent), requests[0]) : nullptr;
+        fail_blocking_p2p(mpi_failure("MPI_Irecv", rc), received, nullptr, nullptr);
+      }
+    }
+    // The spin: the first kPureSpinMs without giving up the core (a small message's peer is usually
+    // there within microseconds), then yielding between tests as a waiter does (MpiWork).
+    const double spin_ms = std::min(kMaxSpinMs, kSpinMs + static_cast<double>(std::max(sent.payload_bytes,
+                                                                                       received.payload_bytes)) /
+                                                              kSpinBytesPerMs);
+    int flag = 0;
+    for (;;) {
+      const int rc = MPI_Testall(2, requests, &flag, statuses);
+      if (rc != MPI_SUCCESS) {  // the request of the failing message says so (MPI_ERR_IN_STATUS): name it
+        const bool recv_failed = recv_buf && (!send_buf || statuses[0].MPI_ERROR == MPI_SUCCESS);
+        fail_blocking_p2p(mpi_failure("MPI_Testall", rc), recv_failed ? received : sent,
+                          recv_failed && send_buf ? &sent : nullptr, recv_failed ? nullptr : recv_buf ? &received : nullptr);
+      }
+      if (flag) break;
+      const double waited_ms = Communicator::now_ms() - t0_ms;
+      if (waited_ms >= spin_ms) {
+        // Late: the usual Works take the posted requests over (wait timeout, its error, cancellation).
+        WorkPtr send_work = send_buf ? adopt(Op::Kind::Send, *send_buf, std::move(sent), requests[0]) : nullptr;
+        WorkPtr recv_work = recv_buf ? adopt(Op::Kind::Recv, *recv_buf, std::move(received), requests[1]) : nullptr;
+        if (send_work) send_work->wait();
+        if (recv_work) recv_work->wait();
+        return true;
+      }
+      if (waited_ms >= kPureSpinMs) std::this_thread::yield();
+    }
+    if (recv_buf) {
+      try {
+        check_received(statuses[1], *recv_buf, src);
+      } catch (const std::exception& e) {
+        fail_blocking_p2p(e.what(), received, send_buf ? &sent : nullptr, nullptr);
+      }
+    }
+    const double end_ms = Communicator::now_ms();
+    for (CommEvent* e : {&sent, &received}) {
+      e->end_ms = end_ms;
+      e->wait_ms = end_ms - e->issue_ms;  // the caller was blocked from issue to end, as in run_here
+    }
+    if (send_buf && recv_buf) {
+      log_->add(std::move(sent), std::move(received));
+    } else {
+      log_->add(std::move(send_buf ? sent : received));
+    }
+    return true;
+  }
+
   // --- the rest ------------------------------------------------------------------------------
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     check_color(rank_, size_, color);
@@ -883,6 +992,48 @@ class MpiCommunicator : public Communicator {
                   "destroy it (its destructor cancels its sends and recvs) and make a "
                   "new one: make_communicator, or split() of a communicator that did not time out",
                   "%s on %s: a wait on this communicator timed out, it takes no new calls", op, who_->c_str());
+  }
+
+  // "MPI_Isend failed: MPI_ERR_RANK: invalid rank": the words of a failed MPI call (as SL_MPI_CALL's).
+  static std::string mpi_failure(const char* call, int rc) {
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return std::string("[scalelab] ") + call + " failed: " + text;
+  }
+
+  // blocking_p2p's error: the failed message's event (and `also`, `also2`: the others of the call, if any)
+  // logged as ended now, then the error "<why>\n[scalelab]   during <the failed op>", as the async path's.
+  [[noreturn]] void fail_blocking_p2p(const std::string& why, CommEvent& failed, CommEvent* also, CommEvent* also2) {
+    const double end_ms = Communicator::now_ms();
+    const std::string during = describe_call(failed.op, failed.count, failed.dtype, rank_, size_, failed.tag);
+    for (CommEvent* e : {&failed, also, also2}) {
+      if (!e) continue;
+      e->end_ms = end_ms;
+      e->wait_ms = end_ms - e->issue_ms;
+      log_->add(std::move(*e));
+    }
+    throw Error(why + "\n[scalelab]   during " + during);
+  }
+
+  // A send or recv that blocking_p2p posted (into `request`) and that is not done after its spin: an Op as
+  // if submit() had posted it on the caller's thread (event, pending lists, the thread's polling), and its
+  // Work, whose wait() completes it with the wait timeout.
+  WorkPtr adopt(Op::Kind kind, const Tensor& buf, CommEvent&& e, MPI_Request request) {
+    const double start_ms = e.start_ms;
+    std::shared_ptr<Op> o = new_op(kind == Op::Kind::Send ? "send" : "recv", std::move(e));  // its peer: e.peer
+    o->kind = kind;
+    o->buf = buf;
+    o->stage.emplace(o->buf, o->staging, /*copy_in=*/false);  // host memory: nothing is staged
+    o->requests[1] = request;
+    o->not_before_ms = start_ms;  // no link model: nothing to wait out
+    enlist(o);
+    o->posted.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      list_posted(o);
+    }
+    return std::make_shared<MpiWork>(o);
   }
 
   // An op for the communication thread, its event in the log from now on (pending: end_ms 0).
@@ -1026,6 +1177,27 @@ class MpiCommunicator : public Communicator {
   // leaves now instead of when the thread wakes up. Its Work's wait() and test() complete it (advance);
   // the thread polls it too whenever it is awake for other ops.
   WorkPtr submit(const std::shared_ptr<Op>& o) {
+    enlist(o);
+    bool post_here = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      post_here = o->is_p2p() && o->post_on_caller && queue_.empty() && !thread_busy_;
+      if (post_here) {
+        list_posted(o);  // listed before it is posted (one lock a message): the thread skips it until `posted`
+      } else {
+        queue_.push_back(o);
+      }
+    }
+    if (post_here) post(*o);
+    // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
+    // kPollInterval after it, took the core from the caller and the peer and cost ~20 us a message on the
+    // 2-core machine (bench/p2p.md). The thread adds it to its polls the next time it is awake.
+    if (!post_here) queue_cv_.notify_one();
+    return std::make_shared<MpiWork>(o);
+  }
+
+  // An op's wait timeout, its entry in the pending lists, and (a send or recv) its turn of advance().
+  void enlist(const std::shared_ptr<Op>& o) {
     o->timeout_s = wait_timeout();
     o->who = who_;
     o->pending = pending_ops_;
@@ -1036,27 +1208,18 @@ class MpiCommunicator : public Communicator {
       Op* op = o.get();  // the closure lives inside *op: a raw pointer, no cycle (two pointers: no allocation)
       o->progress = [this, op] { return advance(*op); };
     }
-    bool post_here = false;
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      post_here = o->is_p2p() && o->post_on_caller && queue_.empty() && !thread_busy_;
-      if (!post_here) queue_.push_back(o);
-    }
-    if (post_here && post(*o)) {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      // The ops their callers have finished meanwhile leave the list first: the thread does not wake for
-      // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
-      // here until its next wake-up, each kept alive, and that wake-up then polled them all.
-      posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
-                                   [](const std::shared_ptr<Op>& p) { return p->settled.load(std::memory_order_acquire); }),
-                    posted_.end());
-      posted_.push_back(o);  // the thread polls it from now on
-    }
-    // A send or recv posted here does not wake the thread: that wake-up, and the thread's polling every
-    // kPollInterval after it, took the core from the caller and the peer and cost ~20 us a message on the
-    // 2-core machine (bench/p2p.md). The thread adds it to its polls the next time it is awake.
-    if (!post_here) queue_cv_.notify_one();
-    return std::make_shared<MpiWork>(o);
+  }
+
+  // A send or recv posted on the caller's thread, for the communication thread to poll from its next wake-up
+  // (queue_mu_ held).
+  void list_posted(const std::shared_ptr<Op>& o) {
+    // The ops their callers have finished meanwhile leave the list first: the thread does not wake for
+    // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
+    // here until its next wake-up, each kept alive, and that wake-up then polled them all.
+    posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                 [](const std::shared_ptr<Op>& p) { return p->settled.load(std::memory_order_acquire); }),
+                  posted_.end());
+    posted_.push_back(o);  // the thread polls it from now on
   }
 
   // --- the communication thread --------------------------------------------------------------
@@ -1182,6 +1345,8 @@ class MpiCommunicator : public Communicator {
       return true;
     } catch (const std::exception& e) {
       op.finished = true;
+      // (a caller-posted op is already on the thread's list: `posted` lets its advance() see it finished)
+      op.posted.store(true, std::memory_order_release);
       finish(op, std::make_exception_ptr(Error(std::string(e.what()) + "\n[scalelab]   during " + op.what())));
       return false;
     }
@@ -1212,11 +1377,7 @@ class MpiCommunicator : public Communicator {
   // writes a CUDA tensor back, and takes its earliest end from the header; the staged bytes go.
   void complete_p2p(Op& op, const MPI_Status& status) {
     if (op.kind == Op::Kind::Recv) {
-      int received = 0;
-      SL_MPI_CALL(MPI_Get_count(&status, mpi_type(op.buf.dtype()), &received));
-      SL_CHECK_HINT(received == op.buf.numel(), "send and recv the same number of elements",
-                    "recv on rank %d of %d: expected %lld %s elements from rank %d, got %d", rank_, size_,
-                    static_cast<long long>(op.buf.numel()), dtype_name(op.buf.dtype()), op.peer, received);
+      check_received(status, op.buf, op.peer);
       if (!op.delivery) op.stage->copy_out();
       // The bytes cannot have crossed the link before the sender started plus the modelled time. Without a
       // link model there is no such bound (and the sim backend's transport runs under the virtual clock,
@@ -1224,6 +1385,15 @@ class MpiCommunicator : public Communicator {
       if (op.with_header && op.modeled_ms > 0) op.not_before_ms = recv_not_before_ms(op.header, op.modeled_ms);
     }
     op.stage.reset();
+  }
+
+  // A recv into `buf` from `peer` is done (`status`): throws unless it got buf's number of elements.
+  void check_received(const MPI_Status& status, const Tensor& buf, int peer) const {
+    int received = 0;
+    SL_MPI_CALL(MPI_Get_count(&status, mpi_type(buf.dtype()), &received));
+    SL_CHECK_HINT(received == buf.numel(), "send and recv the same number of elements",
+                  "recv on rank %d of %d: expected %lld %s elements from rank %d, got %d", rank_, size_,
+                  static_cast<long long>(buf.numel()), dtype_name(buf.dtype()), peer, received);
   }
 
   // Runs a collective to its end, or posts a send or recv into in_flight.

@@ -1122,4 +1122,125 @@ TEST(CommMpi, WaitTimeoutLetsMatchedMessagesThrough) {
   w.barrier();
 }
 
+// The blocking send, recv and sendrecv on host tensors take a shortcut when nothing is pending (posted and
+// tested on the caller's thread, no Work: Communicator::blocking_p2p). Its contracts: one complete event per
+// message, in issue order, with start, end and wait; a message queued behind a pending async call keeps
+// its place on the wire (the shortcut steps aside); and a peer late by far more than the shortcut's spin
+// (0.1 ms) still delivers, the transfer handed to the usual Works, its wait counted.
+TEST(CommMpi, BlockingPointToPointKeepsEventsOrderAndLatePeers) {
+  Communicator& w = test::world();
+  const int r = w.rank();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kLateMs = 100.0;
+  std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, r, "pp");
+  if (pair) {
+    const int peer = 1 - r;
+    // Events: a sendrecv logs its send then its recv, each complete (start <= end, wait > 0, not async).
+    Tensor out = ranked(16, r), in = Tensor::zeros({16});
+    pair->clear_events();
+    pair->sendrecv(out, peer, in, peer, "exchange");
+    expect_values(
+        in, [&](int64_t i) { return 100.0 * peer + i; }, "sendrecv");
+    std::vector<CommEvent> ev = pair->events();
+    ASSERT_EQ(ev.size(), 2u);
+    EXPECT_EQ(ev[0].op, "send");
+    EXPECT_EQ(ev[1].op, "recv");
+    for (const CommEvent& e : ev) {
+      EXPECT_FALSE(e.async);
+      EXPECT_EQ(e.peer, peer);
+      EXPECT_EQ(e.payload_bytes, 64);
+      EXPECT_GE(e.start_ms, e.issue_ms);
+      EXPECT_GE(e.end_ms, e.start_ms);
+      EXPECT_GT(e.end_ms, 0.0) << "a blocking call's event is complete when it returns";
+      EXPECT_GT(e.wait_ms, 0.0) << "a blocking call's wait is the whole call";
+      EXPECT_EQ(e.world_ranks, pair->world_ranks());
+    }
+    // Order: rank 0's blocking send is issued while its async send is pending; rank 1 receives them in order.
+    Tensor first = ranked(8, 1), second = ranked(8, 2), a = Tensor::zeros({8}), b = Tensor::zeros({8});
+    if (r == 0) {
+      WorkPtr pending = pair->send_async(first, 1, "first");
+      pair->send(second, 1, "second");
+      pending->wait();
+    } else {
+      pair->recv(a, 0, "first");
+      pair->recv(b, 0, "second");
+      expect_values(
+          a, [](int64_t i) { return 100.0 + i; }, "the first message");
+      expect_values(
+          b, [](int64_t i) { return 200.0 + i; }, "the second message");
+    }
+    // A late peer: rank 1's blocking recv and sendrecv wait ~100 ms for rank 0 (the shortcut spins 0.1 ms).
+    pair->set_wait_timeout(5.0);
+    pair->barrier();
+    pair->clear_events();
+    Tensor late_in = Tensor::zeros({16});
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kLateMs));
+      pair->send(out, 1, "late");
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kLateMs));
+      pair->sendrecv(out, 1, late_in, 1, "late exchange");
+    } else {
+      pair->recv(late_in, 0, "late");
+      expect_values(
+          late_in, [](int64_t i) { return static_cast<double>(i); }, "late recv");
+      late_in = Tensor::zeros({16});
+      pair->sendrecv(out, 0, late_in, 0, "late exchange");
+      expect_values(
+          late_in, [](int64_t i) { return static_cast<double>(i); }, "late sendrecv");
+      ev = pair->events();
+      ASSERT_EQ(ev.size(), 3u) << "one event per message, also when the transfer outlasts the spin";
+      EXPECT_EQ(ev[0].op, "recv");
+      EXPECT_EQ(ev[1].op, "send");
+      EXPECT_EQ(ev[2].op, "recv");
+      EXPECT_GE(ev[0].wait_ms, 0.8 * kLateMs) << "the recv waited for the late send";
+      EXPECT_GE(ev[2].wait_ms, 0.8 * kLateMs) << "the sendrecv's recv waited for the late send";
+      for (const CommEvent& e : ev) EXPECT_GE(e.end_ms, e.start_ms);
+    }
+    pair->barrier();
+  }
+  w.barrier();
+}
+
+// A dead peer: a blocking recv and a blocking sendrecv whose peer never sends end in the wait timeout's
+// error (not a wait inside MPI for ever), naming the recv, its peer and tag; the communicator then refuses
+// new calls and is destroyed at once. Rank 1 sends nothing; rank 0's two calls each time out.
+TEST(CommMpi, BlockingPointToPointFromADeadPeerTimesOut) {
+  Communicator& w = test::world();
+  const int r = w.rank();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  constexpr double kTimeoutS = 0.5;
+  for (const bool exchange : {false, true}) {
+    std::unique_ptr<Communicator> pair = w.split(r < 2 ? 0 : Communicator::kNoColor, r, "pp");
+    if (pair && r == 0) {
+      pair->set_wait_timeout(kTimeoutS);
+      Tensor out = ranked(16, r), in = Tensor::zeros({16});
+      const double t0_ms = wall_ms();
+      const std::string msg = scalelab::test::error_message([&] {
+        if (exchange) {
+          pair->sendrecv(out, 1, in, 1, "never answered");
+        } else {
+          pair->recv(in, 1, "never sent");
+        }
+      });
+      const double waited_s = (wall_ms() - t0_ms) / 1e3;
+      using scalelab::test::contains;
+      EXPECT_GE(waited_s, kTimeoutS * 0.99);
+      EXPECT_LE(waited_s, kTimeoutS + 2.5);
+      const std::string tag = exchange ? "never answered" : "never sent";
+      EXPECT_TRUE(contains(msg, "for recv from rank 1 (world rank 1), tag '" + tag + "': it never arrived")) << msg;
+      EXPECT_TRUE(scalelab::comm_wait_timed_out());
+      EXPECT_TRUE(contains(scalelab::test::error_message([&] { pair->recv(in, 1, "after"); }), "it takes no new calls"));
+      const double destroy_ms = wall_ms();
+      pair.reset();  // cancels the posted recv
+      EXPECT_LE((wall_ms() - destroy_ms) / 1e3, 1.0);
+    }
+    if (pair && r == 1 && exchange) {  // the other half of rank 0's exchange: receive its send, send nothing
+      Tensor in = Tensor::zeros({16});
+      pair->recv(in, 0, "never answered");
+    }
+    pair.reset();
+    w.barrier();
+  }
+}
+
 }  // namespace

@@ -209,16 +209,22 @@ class Communicator {
     BlockingCall b(*this);
     broadcast_async(buf, root, tag)->wait();
   }
+  // The blocking point to point forms may take a backend's shortcut (blocking_p2p below: the mpi backend's
+  // posts and tests the messages on the caller's thread, with no Work); the result, the events and the
+  // errors are those of the async call and its wait().
   void send(const Tensor& buf, int peer, const std::string& tag = "") {
     BlockingCall b(*this);
+    if (blocking_p2p(&buf, peer, nullptr, -1, tag)) return;
     send_async(buf, peer, tag)->wait();
   }
   void recv(Tensor& buf, int peer, const std::string& tag = "") {
     BlockingCall b(*this);
+    if (blocking_p2p(nullptr, -1, &buf, peer, tag)) return;
     recv_async(buf, peer, tag)->wait();
   }
   void sendrecv(const Tensor& send_buf, int dst, Tensor& recv_buf, int src, const std::string& tag = "") {
     BlockingCall b(*this);
+    if (blocking_p2p(&send_buf, dst, &recv_buf, src, tag)) return;
     sendrecv_async(send_buf, dst, recv_buf, src, tag)->wait();
   }
   // Returns when every rank has called it (after this rank's earlier collectives have completed).
@@ -286,6 +292,15 @@ class Communicator {
  protected:
   // True while a blocking form above is issuing its async call: backends record async = !this.
   bool issuing_blocking_call() const { return blocking_call_; }
+  // A backend's shortcut for the blocking send (recv_buf null), recv (send_buf null) and sendrecv: either it
+  // completes the whole call, as the async call followed by wait() would (the same checks and errors, one
+  // event per message, async = false), and returns true; or it does nothing and returns false, and the
+  // async call and its wait() run. Default: false. The mpi backend's: docs/communicator.md "Point to
+  // point without thread hand-offs".
+  virtual bool blocking_p2p(const Tensor* send_buf, int dst, Tensor* recv_buf, int src, const std::string& tag) {
+    (void)send_buf, (void)dst, (void)recv_buf, (void)src, (void)tag;
+    return false;
+  }
   // Each backend's constructor says which group it is: its name, the world ranks of its members in
   // rank order, and the topology it inherits (whose ranks_per_node is >= 1); the link follows from them.
   void init_group(const std::string& name, std::vector<int> world_ranks, const Topology& topology);
