@@ -69,11 +69,14 @@ Problem find_problem(const GridLayout& g, int world_size) {
     const int64_t tp_pp = int64_t{g.tp_size} * g.cp_size * g.pp_size;
     const std::string hint =
         world_size % tp_pp == 0
-            ? detail::format("give dp %lld (= %d / (tp %d x cp %d x pp %d)), or other sizes whose product is %d",
-                             static_cast<long long>(world_size / tp_pp), world_size, g.tp_size, g.cp_size, g.pp_size,
+            ? detail::format("give dp %lld (= %d / (%s)), or other sizes whose product is %d",
+                             static_cast<long long>(world_size / tp_pp), world_size,
+                             (g.cp_size == 1 ? detail::format("tp %d x pp %d", g.tp_size, g.pp_size)
+                                             : detail::format("tp %d x cp %d x pp %d", g.tp_size, g.cp_size, g.pp_size))
+                                 .c_str(),
                              world_size)
-            : detail::format("choose tp, pp and dp whose product is the %d ranks (tp x pp must divide %d)", world_size,
-                             world_size);
+            : detail::format("choose tp, pp and dp whose product is the %d ranks (%s must divide %d)", world_size,
+                             g.cp_size == 1 ? "tp x pp" : "tp x cp x pp", world_size);
     return {detail::format("rank grid %s = %lld ranks, but the communicator has %d", sizes.c_str(),
                            static_cast<long long>(product), world_size),
             hint};

@@ -59,7 +59,7 @@ struct GridLayout {
   int dp_size = 1;
   // The axes, fastest- to slowest-varying, joined by '-': tp, pp and dp once each, and cp at most once
   // ("tp-cp-dp-pp"). An order without cp places it right after tp (Megatron-LM's default "tp-cp-ep-dp-pp"):
-  // "tp-dp-pp" reads as "tp-cp-dp-pp", the same ranks while cp_size is 1. docs/rank_grid.md#the-order
+  // "tp-dp-pp" reads as "tp-cp-dp-pp", the same ranks while cp_size is 1. docs/rank_grid.md#a-fourth-axis-context-parallel
   std::string order = "tp-dp-pp";
   int cp_size = 1;  // context parallel (lab 07's fourth axis); after order, so {tp, pp, dp, order} still reads
 
