@@ -17,11 +17,11 @@
 
 namespace scalelab::lab07_driver {
 
-// Every communicator a rank of the 3D layout calls on: tp, pp, the pipeline's gradient channel, dp and the
-// embedding group (nullptr where the rank has none).
+// Every communicator a rank of the 3D layout calls on: tp, pp, the pipeline's gradient channel, dp (with
+// --cp > 1 the cp x dp group), the embedding group and the ring's cp group (nullptr where the rank has none).
 inline std::vector<Communicator*> communicators(lab07::Rank3D& part) {
   lab07::Groups& g = part.groups;
-  return {g.tp.get(), g.pp.get(), &part.exchange->gradient_channel(), g.dp.get(), g.embedding.get()};
+  return {g.tp.get(), g.pp.get(), &part.exchange->gradient_channel(), g.dp.get(), g.embedding.get(), g.cp.get()};
 }
 
 // The time this rank waited for the step's calls on `comms` (the sum of their events' wait_ms), ms.
@@ -77,10 +77,11 @@ class GroupProbe {
     lab07::Groups& g = part_.groups;
     Communicator* gradients = &part_.exchange->gradient_channel();
     const double now = Communicator::now_ms(), window_ms = now - start_ms_;
-    const nlohmann::json per_group = {{"tp", group_measure({g.tp.get()}, now)},
-                                      {"pp", group_measure({g.pp.get(), gradients}, now)},
-                                      {"dp", group_measure({g.dp.get()}, now)},
-                                      {"embedding", group_measure({g.embedding.get()}, now)}};
+    nlohmann::json per_group = {{"tp", group_measure({g.tp.get()}, now)},
+                                {"pp", group_measure({g.pp.get(), gradients}, now)},
+                                {"dp", group_measure({g.dp.get()}, now)},
+                                {"embedding", group_measure({g.embedding.get()}, now)}};
+    if (g.cp) per_group["cp"] = group_measure({g.cp.get()}, now);  // the ring (--cp > 1); "dp" is then dp-cp
     driver::StepMeasure m;
     m.comm_ms = 0;
     for (const auto& [name, gm] : per_group.items()) {
@@ -100,7 +101,7 @@ class GroupProbe {
       m.spans = stage.spans();
       m.spans.push_back({"step", start_ms_, now});
       nlohmann::json calls = nlohmann::json::array();
-      for (Communicator* c : {g.pp.get(), gradients, g.dp.get(), g.embedding.get()})
+      for (Communicator* c : {g.pp.get(), gradients, g.dp.get(), g.embedding.get(), g.cp.get()})
         if (c != nullptr)
           for (const CommEvent& e : c->events())
             calls.push_back({{"group", e.group},

@@ -8,6 +8,8 @@
 // Lesson: labs/07_parallel_3d/README.md.
 //
 //   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --pp 2 --micro-batches 4 --steps 20
+//   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --cp 2 --pp 2 --steps 20   (a fourth axis: each
+//          sequence split across 2 ranks by lab 10's reference ring; README.md#a-fourth-axis-context-parallel)
 //   mpirun -np 8 build/bin/reference/lab07_parallel_3d --tp 2 --pp 2 --order pp-dp-tp --ranks-per-node 4
 //          --link nvlink --inter-link infiniband --uniform-compute-ms 40 --steps 5   (tp across the nodes)
 //   (as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks than cores:
@@ -39,7 +41,8 @@ struct Options : driver::DistributedOptions, driver::ClusterOptions, driver::Pip
     sample_tokens = 0;  // a rank holds a slice of some layers: no sample
     inter_link = "infiniband";
   }
-  int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x pp)
+  int tp = 1, pp = 1, dp = 0;      // dp 0: the ranks / (tp x cp x pp)
+  int cp = 1;                      // context parallel: each sequence split across cp ranks (lab 10's ring)
   std::string order = "tp-dp-pp";  // the grid's axes, fastest-varying first
   bool placement_rule = false;     // refuse a tp group that crosses a node
   double memory_cap_mb = 0;        // simulated device memory per rank (0: no cap)
@@ -55,9 +58,15 @@ static int run(const Options& o, Communicator& world) {
   const int threads = set_num_threads(o.threads);
   world.set_wait_timeout(o.wait_timeout_s);
   driver::set_links(world, o, o);  // before the splits: each group takes the link of its members' placement
-  lab07::Grid grid{o.tp, o.pp, o.dp, o.order};
-  if (grid.dp == 0 && o.tp > 0 && o.pp > 0) grid.dp = n / (o.tp * o.pp) > 0 ? n / (o.tp * o.pp) : 1;
+  lab07::Grid grid{o.tp, o.pp, o.dp, o.order, o.cp};
+  const int block = o.tp * o.cp * o.pp;  // the ranks of one replica
+  if (grid.dp == 0 && block > 0) grid.dp = n / block > 0 ? n / block : 1;
   GPTConfig cfg = GPTConfig::preset(o.model);
+  lab07::check_context_parallel(cfg, grid, o.seq_len);  // the fourth axis' refusals, on every rank alike
+  SL_CHECK_HINT(grid.cp == 1 || grid.world_size() == n,  // make_layout's own hint counts tp x pp only
+                "the ranks (mpirun -np) must be tp x cp x pp x dp: leave --dp out, or choose sizes whose product is "
+                "the ranks",
+                "%s = %d ranks, but there are %d", grid.describe().c_str(), grid.world_size(), n);
   const lab07::Layout layout = lab07::make_layout(cfg, grid, n, rank, lab06::schedule_from_name(o.schedule),
                                                   o.micro_batches, o.chunks, o.ranks_per_node, o.placement_rule);
   SL_CHECK_HINT(o.global_batch == 0 || o.global_batch == o.micro_batch * o.micro_batches * grid.dp,
@@ -94,6 +103,7 @@ static int run(const Options& o, Communicator& world) {
                  {"tp", grid.tp},
                  {"pp", grid.pp},
                  {"dp", grid.dp},
+                 {"cp", grid.cp},
                  {"order", grid.order},
                  {"ranks_per_node", o.ranks_per_node},
                  {"placement_rule", o.placement_rule},
@@ -113,19 +123,23 @@ static int run(const Options& o, Communicator& world) {
                  {"pp_link", link_of(g.pp.get())},
                  {"dp_link", link_of(g.dp.get())},
                  {"embedding_link", link_of(g.embedding.get())},
+                 {"cp_link", link_of(g.cp.get())},
                  {"memory_cap_mb", o.memory_cap_mb},
                  {"zero1", o.zero1}});
   RunRecord run_rec = driver::make_run_record(config, SL_TRACK_NAME, n, threads, policy, device, peak);
   run_rec.extra["layout"] = {{"tp", grid.tp},
                              {"pp", grid.pp},
                              {"dp", grid.dp},
+                             {"cp", grid.cp},
                              {"order", grid.order},
                              {"tp_rank", layout.coords.tp_rank},
                              {"pp_rank", layout.coords.pp_rank},
                              {"dp_rank", layout.coords.dp_rank},
+                             {"cp_rank", layout.coords.cp_rank},
                              {"tp_group", g.tp->world_ranks()},
                              {"pp_group", g.pp->world_ranks()},
-                             {"dp_group", g.dp->world_ranks()},
+                             {"dp_group", g.dp->world_ranks()},  // cp > 1: the cp x dp group ("dp-cp")
+                             {"cp_group", g.cp ? nlohmann::json(g.cp->world_ranks()) : nullptr},
                              {"embedding_group", g.embedding ? nlohmann::json(g.embedding->world_ranks()) : nullptr},
                              {"stage_layers", part->models.front()->shard().str()}};
   const bool simulated = world.link_model().enabled() || o.ranks_per_node > 0;
@@ -137,10 +151,11 @@ static int run(const Options& o, Communicator& world) {
                 o.zero1 ? " + ZeRO-1" : "", o.schedule.c_str(), o.micro_batches, v, threads);
     std::printf(
         "global batch %d = micro-batch %d x %d micro-batches x %d replicas | T=%d | %s | bubble formula %.3f\n"
-        "rank 0: %s | links: tp %s, pp %s, dp %s, embedding %s\nlogs: %s (one file per rank)\n",
+        "rank 0: %s | links: tp %s, pp %s, %s %s, embedding %s%s%s\nlogs: %s (one file per rank)\n",
         global_batch, o.micro_batch, o.micro_batches, grid.dp, o.seq_len, policy.name().c_str(), formula,
         part->models.front()->shard().str().c_str(), link_of(g.tp.get()).c_str(), link_of(g.pp.get()).c_str(),
-        link_of(g.dp.get()).c_str(), link_of(g.embedding.get()).c_str(), log.path().c_str());
+        g.dp->name().c_str(), link_of(g.dp.get()).c_str(), link_of(g.embedding.get()).c_str(),
+        g.cp ? ", cp (ring) " : "", g.cp ? link_of(g.cp.get()).c_str() : "", log.path().c_str());
   }
 
   // ------------------------------------------------------------------------------------------------
@@ -148,7 +163,7 @@ static int run(const Options& o, Communicator& world) {
   driver::TrainLoop loop(o, {"lab07", o.micro_batch, o.micro_batches, global_batch}, &world, *part->models.front(),
                          data, log, peak, flops_tok, device);
   loop.step = [&](std::vector<MicroBatch>& micro, float lr) {
-    return lab07::train_step(*part, micro, lr, o.grad_clip);
+    return lab07::train_step(*part, lab07::cp_slices(*part, micro), lr, o.grad_clip);  // cp > 1: my slices
   };
   loop.forward_loss = [&](const Tensor& x, const Tensor& y) { return lab07::forward_loss(*part, x, y); };
   loop.timeline_comm = g.tp.get();
@@ -175,14 +190,21 @@ static int run(const Options& o, Communicator& world) {
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"lab 07: 3D-parallel GPT-2 (mpirun -np N, N = tp x pp x dp); loss, tokens/s, MFU, per-group comm"};
+  CLI::App app{
+      "lab 07: 3D-parallel GPT-2 (mpirun -np N, N = tp x pp x dp, or tp x cp x pp x dp with --cp); loss, tokens/s, "
+      "MFU, per-group comm"};
   Options o;
   driver::add_distributed_options(app, o, "lab07");
   app.add_option("--tp", o.tp, "tensor-parallel group size (divides the heads, 4C and the vocabulary)")
       ->capture_default_str()
       ->check(driver::positive_int());
   app.add_option("--pp", o.pp, "pipeline stages")->capture_default_str()->check(driver::positive_int());
-  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x pp))")
+  app.add_option("--cp", o.cp,
+                 "context-parallel group size: each sequence split across cp ranks by lab 10's reference ring "
+                 "(zig-zag: --seq-len a multiple of 2 cp); cp goes right after tp unless --order names it")
+      ->capture_default_str()
+      ->check(driver::positive_int());
+  app.add_option("--dp", o.dp, "data-parallel replicas (0: the ranks / (tp x cp x pp))")
       ->capture_default_str()
       ->check(driver::non_negative_int());
   app.add_option("--order", o.order, "the grid's axes, fastest-varying first: tp-dp-pp puts tp inside a node")

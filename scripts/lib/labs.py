@@ -16,7 +16,8 @@ The manifest's fields (FIELDS below; docs/design.md lists them with an example):
                    lab without TODOs (nothing to grade)
   given            the lab's given code, compiled into both tracks (sl_add_lab's GIVEN)
   driver           the lab's program ("main.cpp") or null
-  deps             what the lab's libraries link: "NN" is lab NN's reference (labNN_ref), any other name a
+  deps             what the lab's libraries link: "NN" is lab NN's reference (labNN_ref; an earlier lab, or a
+                   later one that does not link this one back: lab 07 links lab 10's ring), any other name a
                    target the lab's own labs/NN_name/lab.cmake defines
   program_deps     what the program alone links besides (lab 02: lab 01's training step)
   notes            for the reader: why these deps, what is special (JSON has no comments)
@@ -163,9 +164,20 @@ def find(number, root=REPO, build_dir=None):
 # ---------------------------------------------------------------------------------------------
 # Checking a manifest against its folders (lint.lab_manifests)
 
+def lab_deps_closure(numbers, number):
+    """The lab numbers whose references lab `number` links, directly or through them (its "deps")."""
+    seen, todo = set(), [number]
+    while todo:
+        for d in numbers.get(todo.pop(), {}).get("deps", []):
+            if re.fullmatch(r"\d\d", d) and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
 def check(root=REPO):
     """Problems of every manifest, one line each: unreadable fields, files that are not there, twins that are
-    not solutions/'s, dependencies on later labs, notebooks no manifest names."""
+    not solutions/'s, dependencies on labs without TODOs or in a cycle, notebooks no manifest names."""
     problems, labs = [], []
     for path in manifest_paths(root):
         try:
@@ -201,8 +213,13 @@ def check(root=REPO):
             for d in lab[key]:
                 if re.fullmatch(r"\d\d", d):
                     other = numbers.get(d)
-                    if other is None or not other["twins"] or d >= lab["number"]:
-                        problems.append(f"{rel}: {key} \"{d}\" is not an earlier lab with TODOs (lab{d}_ref)")
+                    if other is None or not other["twins"] or d == lab["number"]:
+                        problems.append(f"{rel}: {key} \"{d}\" is not another lab with TODOs (lab{d}_ref)")
+                    elif d > lab["number"] and lab["number"] in lab_deps_closure(numbers, d):
+                        # A later lab's reference is fine (lab 07 links lab 10's ring) unless it links this lab
+                        # back: two static libraries needing each other.
+                        problems.append(f"{rel}: {key} \"{d}\" links lab {lab['number']} back (a cycle of "
+                                        f"references)")
                 elif re.fullmatch(r"scalelab_[a-z_]+", d):
                     pass  # a library of common/ (scalelab_driver): common/CMakeLists.txt makes it
                 elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", d) or not exists(f"{lab['dir']}/lab.cmake"):

@@ -347,10 +347,11 @@ static std::string why_step_differs(const Case& c, double ratio, Measure what) {
     }
     return names;
   };
-  const int m = c.m, dp = c.grid.dp;
+  const int m = c.m, dp = c.grid.dp, cp = c.grid.cp;
   Sizes means = {{"m", m}, {"dp", dp}, {"m x dp", m > 1 && dp > 1 ? m * dp : 1}};  // the step's divisors
+  if (cp > 1) means.insert(means.end(), {{"cp", cp}, {"cp x dp", dp > 1 ? cp * dp : 1}});  // the dp-cp group's
   if (what == Measure::Grad) means.push_back({"tp", c.grid.tp});
-  const Sizes groups = {{"dp", dp}, {"tp", c.grid.tp}, {"pp", c.grid.pp}};  // what a norm sums over
+  const Sizes groups = {{"dp", dp}, {"tp", c.grid.tp}, {"pp", c.grid.pp}, {"cp", cp}};  // what a norm sums over
   char buf[400];
   if (const std::string f = named(means, false); !f.empty()) {
     std::snprintf(buf, sizeof(buf),
@@ -383,7 +384,9 @@ std::string expect_steps_match_dense(const Case& c, OptimizerConfig::Kind optimi
   int clipped = 0;
   for (int step = 0; step < steps; ++step) {  // every step on every rank: one that stopped early would hang the others
     const GlobalBatch g = random_global_batch(kDataSeed + 30 + step, dp * c.m * kMicroBatch, kT, cfg.vocab_size);
-    const StepResult r = lab07::train_step(*run.rank, replica_micro_batches(g, d, c.m), lr, grad_clip);
+    // cp > 1: every rank of the replica takes its cp slice of the same whole sequences (given: cp_slices)
+    const std::vector<MicroBatch> mine = lab07::cp_slices(*run.rank, replica_micro_batches(g, d, c.m));
+    const StepResult r = lab07::train_step(*run.rank, mine, lr, grad_clip);
     const OneProcessStep want = one_process_train_step(*dense, dense_opt, g, lr, grad_clip);
     if (step == 0) first = want.loss;
     last = want.loss;

@@ -82,7 +82,8 @@ std::string expect_groups_from_splits(const lab07::Grid& sizes, int ranks_per_no
 // tensor of every chunk (its tp slice of its layers), and the loss.
 std::string expect_gradients_match_dense(const std::vector<Case>& cases);
 // `steps` steps of the case with `optimizer` (lr, clip) against the dense model's: the loss and the norm
-// of every step, and every parameter afterwards.
+// of every step, and every parameter afterwards. A grid with cp > 1 (the fourth axis) trains each rank on
+// lab07::cp_slices of its replica's micro-batches; the dense model sees the whole sequences.
 std::string expect_steps_match_dense(const Case& c, OptimizerConfig::Kind optimizer, int steps, float lr,
                                      float grad_clip);
 // One step per case: the payload bytes each group's events carried (tensors only: events of more than

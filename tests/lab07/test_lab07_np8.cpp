@@ -14,6 +14,10 @@ namespace grading = scalelab::grading;
 
 const Case k3D{{2, 2, 2, "tp-dp-pp"}, ScheduleKind::OneFOneB, 2, 1};
 const Case k3DReversed{{2, 2, 2, "pp-dp-tp"}, ScheduleKind::Interleaved, 2, 2};
+// The fourth axis (README 'A fourth axis: context parallel'): every sequence split across a cp group of 2 by
+// lab 10's reference ring; the gradient group is cp x dp.
+const Case k4D{{2, 2, 1, "tp-cp-dp-pp", 2}, ScheduleKind::OneFOneB, 2, 1};
+const Case k4DNoTp{{1, 2, 2, "tp-cp-dp-pp", 2}, ScheduleKind::OneFOneB, 2, 1};
 
 }  // namespace
 
@@ -59,4 +63,17 @@ TEST(Lab07Grid8, BadLayoutsFailOnEveryRankEightRanks) {
                              "the same bad layouts at 8 ranks, and 8 stages for 4 layers, refused on every rank",
                              "README 'The layout'"};
   grading::run(check, [](grading::Record& record) { record.measured(expect_bad_layouts_refused()); });
+}
+
+TEST(Lab07Step8, FourAxesStepsMatchDense) {
+  const grading::Check check{"lab07.four_axes_steps_match_dense", 2,
+                             "3 SGD steps with clipping at 0.5 of tp2 x cp2 x pp2 x dp1 and cp2 x pp2 x dp2 (order "
+                             "tp-cp-dp-pp, 1F1B m 2; lab 10's reference ring over the cp group, the gradients averaged "
+                             "over cp x dp): loss, norm and every parameter as the dense model's (1e-5 relative)",
+                             "README 'A fourth axis: context parallel': your coordinates, groups and step serve a "
+                             "fourth axis unchanged only if they hold for any axis the order names"};
+  grading::run(check, [](grading::Record& record) {
+    record.measured(expect_steps_match_dense(k4D, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f) + "; " +
+                    expect_steps_match_dense(k4DNoTp, OptimizerConfig::Kind::SGD, 3, 0.5f, 0.5f));
+  });
 }

@@ -100,7 +100,11 @@ class LabManifests(unittest.TestCase):
         lab = dict(LAB01, deps=["00"])  # lab 00 has no TODOs: no lab00_ref
         shutil.rmtree(self.root)
         self.root = tree(lab01=lab)
-        self.assertReported("deps \"00\" is not an earlier lab with TODOs")
+        self.assertReported("deps \"00\" is not another lab with TODOs")
+        lab = dict(LAB01, deps=["01"])  # itself
+        shutil.rmtree(self.root)
+        self.root = tree(lab01=lab)
+        self.assertReported("deps \"01\" is not another lab with TODOs")
         lab = dict(LAB01, deps=["lab01_given"])  # a target without a lab.cmake to define it
         shutil.rmtree(self.root)
         self.root = tree(lab01=lab)

@@ -18,7 +18,8 @@ namespace scalelab {
 
 namespace {
 
-constexpr GridAxis kAxes[3] = {GridAxis::TP, GridAxis::PP, GridAxis::DP};
+constexpr GridAxis kAxes[3] = {GridAxis::TP, GridAxis::PP, GridAxis::DP};  // RankGrid's groups
+constexpr GridAxis kOrderAxes[4] = {GridAxis::TP, GridAxis::PP, GridAxis::DP, GridAxis::CP};  // an order's names
 
 // What is wrong with a layout, as an error's message and hint; empty when nothing is.
 struct Problem {
@@ -26,7 +27,9 @@ struct Problem {
   bool empty() const { return message.empty(); }
 };
 
-// "tp-dp-pp" -> {TP, DP, PP}; empty when it is not a permutation of tp, pp and dp.
+// "tp-dp-pp" -> {TP, CP, DP, PP}; "tp-cp-dp-pp" -> the same; "dp-cp-tp-pp" -> {DP, CP, TP, PP}. Empty when it
+// is not a permutation of tp, pp and dp with cp at most once. An order without cp places it right after tp,
+// as Megatron-LM's default order "tp-cp-ep-dp-pp" does: with cp_size 1 it changes no rank.
 std::vector<GridAxis> parse_order(const std::string& order) {
   std::vector<GridAxis> axes;
   size_t begin = 0;
@@ -34,36 +37,46 @@ std::vector<GridAxis> parse_order(const std::string& order) {
     const size_t end = order.find('-', begin);
     const std::string name = order.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     const GridAxis* axis =
-        std::find_if(std::begin(kAxes), std::end(kAxes), [&](GridAxis a) { return name == grid_axis_name(a); });
-    if (axis == std::end(kAxes) || std::count(axes.begin(), axes.end(), *axis) > 0) return {};
+        std::find_if(std::begin(kOrderAxes), std::end(kOrderAxes), [&](GridAxis a) { return name == grid_axis_name(a); });
+    if (axis == std::end(kOrderAxes) || std::count(axes.begin(), axes.end(), *axis) > 0) return {};
     axes.push_back(*axis);
     if (end == std::string::npos) break;
     begin = end + 1;
   }
-  return axes.size() == 3 ? axes : std::vector<GridAxis>{};
+  if (axes.size() == 3 && std::count(axes.begin(), axes.end(), GridAxis::CP) == 0) {
+    axes.insert(std::find(axes.begin(), axes.end(), GridAxis::TP) + 1, GridAxis::CP);  // cp right after tp
+  }
+  return axes.size() == 4 ? axes : std::vector<GridAxis>{};
 }
 
 Problem find_problem(const GridLayout& g, int world_size) {
-  const std::string sizes = detail::format("tp %d x pp %d x dp %d", g.tp_size, g.pp_size, g.dp_size);
-  if (g.tp_size < 1 || g.pp_size < 1 || g.dp_size < 1) {
+  const std::string sizes =
+      g.cp_size == 1 ? detail::format("tp %d x pp %d x dp %d", g.tp_size, g.pp_size, g.dp_size)
+                     : detail::format("tp %d x cp %d x pp %d x dp %d", g.tp_size, g.cp_size, g.pp_size, g.dp_size);
+  if (g.tp_size < 1 || g.pp_size < 1 || g.dp_size < 1 || g.cp_size < 1) {
     return {"rank grid " + sizes + ": every size must be >= 1",
             "use 1 for an axis that is not split (tp 1 x pp 1 x dp " + std::to_string(world_size) +
                 " is plain data parallel)"};
   }
   if (parse_order(g.order).empty()) {
-    return {"rank grid order '" + g.order + "' is not a permutation of tp, pp and dp",
-            "list the three axes from fastest- to slowest-varying, joined by '-': tp-dp-pp (the default: TP inside "
-            "a node, PP across nodes), tp-pp-dp, dp-tp-pp, ..."};
+    return {"rank grid order '" + g.order + "' is not a permutation of tp, pp and dp (with cp at most once)",
+            "list the axes from fastest- to slowest-varying, joined by '-': tp-dp-pp (the default: TP inside "
+            "a node, PP across nodes), tp-pp-dp, dp-tp-pp, ...; tp-cp-dp-pp with context parallel (without cp, "
+            "it goes right after tp)"};
   }
-  const int64_t product = int64_t{g.tp_size} * g.pp_size * g.dp_size;
+  const int64_t product = int64_t{g.tp_size} * g.cp_size * g.pp_size * g.dp_size;
   if (product != world_size) {
-    const int64_t tp_pp = int64_t{g.tp_size} * g.pp_size;
+    const int64_t tp_pp = int64_t{g.tp_size} * g.cp_size * g.pp_size;
     const std::string hint =
         world_size % tp_pp == 0
-            ? detail::format("give dp %lld (= %d / (tp %d x pp %d)), or other sizes whose product is %d",
-                             static_cast<long long>(world_size / tp_pp), world_size, g.tp_size, g.pp_size, world_size)
-            : detail::format("choose tp, pp and dp whose product is the %d ranks (tp x pp must divide %d)", world_size,
-                             world_size);
+            ? detail::format("give dp %lld (= %d / (%s)), or other sizes whose product is %d",
+                             static_cast<long long>(world_size / tp_pp), world_size,
+                             (g.cp_size == 1 ? detail::format("tp %d x pp %d", g.tp_size, g.pp_size)
+                                             : detail::format("tp %d x cp %d x pp %d", g.tp_size, g.cp_size, g.pp_size))
+                                 .c_str(),
+                             world_size)
+            : detail::format("choose tp, pp and dp whose product is the %d ranks (%s must divide %d)", world_size,
+                             g.cp_size == 1 ? "tp x pp" : "tp x cp x pp", world_size);
     return {detail::format("rank grid %s = %lld ranks, but the communicator has %d", sizes.c_str(),
                            static_cast<long long>(product), world_size),
             hint};
@@ -73,7 +86,9 @@ Problem find_problem(const GridLayout& g, int world_size) {
 
 // The permutation as a small number (the index of the order among the 6), for the vote.
 int order_code(const std::vector<GridAxis>& axes) {
-  return static_cast<int>(axes[0]) * 3 + static_cast<int>(axes[1]);  // the third follows
+  int code = 0;
+  for (GridAxis a : axes) code = code * 4 + static_cast<int>(a);  // base 4: one digit per axis
+  return code;
 }
 
 }  // namespace
@@ -83,15 +98,16 @@ const char* grid_axis_name(GridAxis axis) {
     case GridAxis::TP: return "tp";
     case GridAxis::PP: return "pp";
     case GridAxis::DP: return "dp";
+    case GridAxis::CP: return "cp";
   }
   return "?";
 }
 
 int& GridCoords::operator[](GridAxis axis) {
-  return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : dp_rank;
+  return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : axis == GridAxis::DP ? dp_rank : cp_rank;
 }
 int GridCoords::operator[](GridAxis axis) const {
-  return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : dp_rank;
+  return axis == GridAxis::TP ? tp_rank : axis == GridAxis::PP ? pp_rank : axis == GridAxis::DP ? dp_rank : cp_rank;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -108,7 +124,7 @@ void GridLayout::check(int world_size) const {
 }
 
 int GridLayout::size(GridAxis axis) const {
-  return axis == GridAxis::TP ? tp_size : axis == GridAxis::PP ? pp_size : dp_size;
+  return axis == GridAxis::TP ? tp_size : axis == GridAxis::PP ? pp_size : axis == GridAxis::DP ? dp_size : cp_size;
 }
 
 std::vector<GridAxis> GridLayout::axes() const {
@@ -119,7 +135,7 @@ std::vector<GridAxis> GridLayout::axes() const {
 
 // rank = c[a0] + size[a0] * (c[a1] + size[a1] * c[a2]): digits of a mixed-radix number, a0 lowest.
 GridCoords GridLayout::coords(int rank) const {
-  SL_CHECK_HINT(rank >= 0 && rank < world_size(), "grid ranks are 0 .. tp_size * pp_size * dp_size - 1",
+  SL_CHECK_HINT(rank >= 0 && rank < world_size(), "grid ranks are 0 .. tp_size * cp_size * pp_size * dp_size - 1",
                 "rank grid %s: rank %d is out of range", describe().c_str(), rank);
   GridCoords c;
   int rest = rank;
@@ -162,7 +178,8 @@ std::vector<int> GridLayout::embedding_group(int rank) const {
 }
 
 std::string GridLayout::describe() const {
-  return detail::format("tp %d x pp %d x dp %d (order %s)", tp_size, pp_size, dp_size, order.c_str());
+  if (cp_size == 1) return detail::format("tp %d x pp %d x dp %d (order %s)", tp_size, pp_size, dp_size, order.c_str());
+  return detail::format("tp %d x cp %d x pp %d x dp %d (order %s)", tp_size, cp_size, pp_size, dp_size, order.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -53,6 +53,29 @@ TEST(GridLayout, DefaultOrderPutsTpFastestAndPpSlowest) {
   EXPECT_EQ(g.describe(), "tp 2 x pp 2 x dp 2 (order tp-dp-pp)");
 }
 
+// The fourth axis (docs/rank_grid.md "A fourth axis: context parallel"): an order without cp places it right
+// after tp, so tp 2 x cp 2 x pp 2 in "tp-dp-pp" is rank = tp + 2 cp + 4 pp; a named cp goes where it is named.
+TEST(GridLayout, CpGoesRightAfterTpUnlessTheOrderNamesIt) {
+  const GridLayout g{2, 2, 1, "tp-dp-pp", 2};
+  EXPECT_EQ(g.axes(), (std::vector<GridAxis>{GridAxis::TP, GridAxis::CP, GridAxis::DP, GridAxis::PP}));
+  EXPECT_EQ(g.world_size(), 8);
+  const GridCoords six = Access::coords(g, 6);  // tp 0, cp 1, pp 1
+  EXPECT_TRUE(six == (GridCoords{0, 1, 0, 1})) << six.tp_rank << " " << six.pp_rank << " " << six.cp_rank;
+  EXPECT_EQ(Access::rank_of(g, GridCoords{1, 1, 0, 1}), 7);
+  EXPECT_EQ(Access::group(g, GridAxis::CP, 5), (Ranks{5, 7}));
+  EXPECT_EQ(Access::group(g, GridAxis::PP, 2), (Ranks{2, 6}));
+  EXPECT_EQ(Access::embedding_group(g, 3), (Ranks{3, 7}));  // same tp, cp and dp
+  EXPECT_EQ(g.describe(), "tp 2 x cp 2 x pp 2 x dp 1 (order tp-dp-pp)");
+  const GridLayout named{2, 2, 1, "cp-tp-dp-pp", 2};  // cp fastest: rank = cp + 2 tp + 4 pp
+  EXPECT_EQ(Access::group(named, GridAxis::CP, 5), (Ranks{4, 5}));
+  EXPECT_EQ(Access::group(named, GridAxis::TP, 5), (Ranks{5, 7}));
+  std::string msg = error_message([] { GridLayout{2, 2, 1, "tp-cp-pp", 2}.check(8); });  // dp missing
+  EXPECT_TRUE(contains(msg, "is not a permutation of tp, pp and dp (with cp at most once)")) << msg;
+  msg = error_message([] { GridLayout{2, 2, 2, "tp-dp-pp", 2}.check(8); });
+  EXPECT_TRUE(contains(msg, "tp 2 x cp 2 x pp 2 x dp 2 = 16 ranks, but the communicator has 8")) << msg;
+  EXPECT_TRUE(contains(msg, "give dp 1 (= 8 / (tp 2 x cp 2 x pp 2))")) << msg;
+}
+
 // Every order, on a 2 x 3 x 4 grid: coordinates from the formula, groups vary exactly one coordinate.
 TEST(GridLayout, EveryOrderFollowsTheMixedRadixFormula) {
   const int tp = 2, pp = 3, dp = 4;

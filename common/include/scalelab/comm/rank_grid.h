@@ -1,4 +1,5 @@
-// rank_grid.h — the rank grid of 3D parallelism: world ranks arranged as tp x pp x dp, and the
+// rank_grid.h — the rank grid of 3D parallelism: world ranks arranged as tp x pp x dp (and, in lab 07, a
+// fourth axis cp: tp x cp x pp x dp, docs/rank_grid.md#a-fourth-axis-context-parallel), and the
 // communicators each rank needs ("tp", "pp", "dp", "embedding"). What labs 05-07 (tensor, pipeline
 // and 3D parallel) stand on. Definition, the 8-rank table and the placement rule: docs/rank_grid.md.
 //
@@ -27,18 +28,22 @@
 
 namespace scalelab {
 
-enum class GridAxis { TP, PP, DP };
-const char* grid_axis_name(GridAxis axis);  // "tp", "pp", "dp"
+// CP: context parallel (each sequence split across the ranks of a group; lab 10), the optional fourth axis
+// of lab 07's grid. Last, so the three of 3D parallelism keep their values.
+enum class GridAxis { TP, PP, DP, CP };
+const char* grid_axis_name(GridAxis axis);  // "tp", "pp", "dp", "cp"
 
-// One rank's place in the grid: 0 <= tp_rank < tp_size, and so on.
+// One rank's place in the grid: 0 <= tp_rank < tp_size, and so on; cp_rank is 0 unless the grid splits the
+// sequence (cp_size > 1). cp_rank last: {tp, pp, dp} still initializes a 3D rank's coordinates.
 struct GridCoords {
   int tp_rank = 0;
   int pp_rank = 0;
   int dp_rank = 0;
+  int cp_rank = 0;
   int& operator[](GridAxis axis);
   int operator[](GridAxis axis) const;
   bool operator==(const GridCoords& o) const {
-    return tp_rank == o.tp_rank && pp_rank == o.pp_rank && dp_rank == o.dp_rank;
+    return tp_rank == o.tp_rank && pp_rank == o.pp_rank && dp_rank == o.dp_rank && cp_rank == o.cp_rank;
   }
 };
 
@@ -52,17 +57,23 @@ struct GridLayout {
   int tp_size = 1;
   int pp_size = 1;
   int dp_size = 1;
-  std::string order = "tp-dp-pp";  // the three axes, fastest- to slowest-varying, joined by '-'
+  // The axes, fastest- to slowest-varying, joined by '-': tp, pp and dp once each, and cp at most once
+  // ("tp-cp-dp-pp"). An order without cp places it right after tp (Megatron-LM's default "tp-cp-ep-dp-pp"):
+  // "tp-dp-pp" reads as "tp-cp-dp-pp", the same ranks while cp_size is 1. docs/rank_grid.md#a-fourth-axis-context-parallel
+  std::string order = "tp-dp-pp";
+  int cp_size = 1;  // context parallel (lab 07's fourth axis); after order, so {tp, pp, dp, order} still reads
 
   // Throws scalelab::Error naming the numbers, with a hint, when a size is < 1, the order is not a
-  // permutation of tp, pp, dp, or tp_size * pp_size * dp_size != world_size.
+  // permutation of tp, pp, dp (with cp optional), or tp_size * cp_size * pp_size * dp_size != world_size.
   void check(int world_size) const;
   // The same checks without throwing: "" when the layout is good, else the error's message and hint.
   std::string problem(int world_size) const;
   int size(GridAxis axis) const;
-  int world_size() const { return tp_size * pp_size * dp_size; }
-  std::vector<GridAxis> axes() const;  // the order, parsed (throws like check)
-  // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"
+  int world_size() const { return tp_size * cp_size * pp_size * dp_size; }
+  // The order, parsed: all four axes, fastest first, cp placed after tp when the order leaves it out
+  // ("tp-dp-pp" -> {TP, CP, DP, PP}). Throws like check.
+  std::vector<GridAxis> axes() const;
+  // "tp 2 x pp 2 x dp 2 (order tp-dp-pp)"; "tp 2 x cp 2 x pp 2 x dp 1 (order tp-cp-dp-pp)" when cp_size > 1
   std::string describe() const;
 
  private:
