@@ -87,11 +87,11 @@ Layout make_layout(const GPTConfig& cfg, const Grid& grid, int world_size, int r
   SL_CHECK_HINT(grid.tp >= 1 && grid.pp >= 1 && grid.dp >= 1, "use 1 for an axis that is not split",
                 "%s: every size must be >= 1", grid.describe().c_str());
   if (grid.world_size() != world_size) {
-    const int tp_pp = grid.tp * grid.pp;
-    const std::string hint = world_size % tp_pp == 0 ? "give --dp " + std::to_string(world_size / tp_pp) +
-                                                           " (= " + std::to_string(world_size) + " ranks / (tp x pp))"
-                                                     : "choose --tp and --pp whose product divides the " +
-                                                           std::to_string(world_size) + " ranks (mpirun -np)";
+    const int rest = grid.tp * grid.cp * grid.pp;  // every axis but dp (cp 1 without context parallelism)
+    const std::string hint = world_size % rest == 0 ? "give --dp " + std::to_string(world_size / rest) + " (= " +
+                                                          std::to_string(world_size) + " ranks / (tp x cp x pp))"
+                                                    : "choose --tp, --cp and --pp whose product divides the " +
+                                                          std::to_string(world_size) + " ranks (mpirun -np)";
     SL_FAIL(hint, "%s = %d ranks, but there are %d", grid.describe().c_str(), grid.world_size(), world_size);
   }
   l.grid = grid;
