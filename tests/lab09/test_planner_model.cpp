@@ -443,71 +443,54 @@ TEST(PlannerModel, BadLayoutsAreRefusedWithTheNumbers) {
 // ---------------------------------------------------------------------------------------------
 // The cp axis (cp_terms.cpp, docs/context_parallel.md "The planner's cp axis")
 
-// Lab 10's memory: a cp rank's model (cp rank 0 of the zig-zag, flash attention, as lab 10 builds it) holding
-// its sets at T / cp counts, in the allocator, exactly the planner's device_memory: the state of the whole
-// model and 1/cp of cp 1's activations (every activation term of the flash model is linear in T).
+// The model lab 10 builds for layout x's first rank (tp slice 0, cp rank 0 of the zig-zag, flash attention) with
+// an AdamW optimizer and the planner's sets at T / cp: asserts the allocator's bytes (all, and the activations)
+// equal device_memory's, prints them under `label`, and returns the planner's figure.
+static DeviceMemory expect_lab10_memory_is_the_planners(const GPTConfig& cfg, const Layout& x, const Workload& w,
+                                                        const char* label) {
+  const DeviceMemory want = device_memory(cfg, x, w);
+  const int64_t before = model_bytes_now();
+  GPT2 model(cfg, chunk_shard(cfg, x, 0, 0), w.policy, Device::CPU, /*seed=*/1);
+  model.set_attention(AttentionImpl::Flash);
+  Optimizer opt(model, OptimizerConfig{});  // AdamW: m and v
+  const int64_t acts_before =
+      Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)];
+  std::vector<GPT2Activations> sets;
+  for (int k = 0; k < want.sets; ++k) sets.push_back(model.make_activations(x.micro_batch, w.seq_len / x.cp));
+  const int64_t acts =
+      Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)] - acts_before;
+  EXPECT_EQ(model_bytes_now() - before, want.total()) << to_string(x);
+  EXPECT_EQ(acts, want.activations) << to_string(x);
+  std::printf("  [%s] demo, B 2, T 64, flash: tp %d x cp %d holds %lld activation bytes a rank (allocator %lld), "
+              "%lld in all\n",
+              label, x.tp, x.cp, static_cast<long long>(want.activations), static_cast<long long>(acts),
+              static_cast<long long>(want.total()));
+  return want;
+}
+
+// Lab 10's memory: a cp rank's model holding its sets at T / cp counts, in the allocator, exactly the planner's
+// device_memory: the state of the whole model and 1/cp of cp 1's activations (every activation term of the
+// flash model is linear in T).
 TEST(PlannerModel, CpMemoryEqualsLab10sAllocator) {
   const CpDemo demo;
-  const GPTConfig& cfg = demo.cfg;
-  const Workload& w = demo.w;
   int64_t cp1_activations = 0;
   for (int cp : {1, 2, 4}) {
     const Layout x = demo.at(cp);
-    check_layout(cfg, x, w, cpu(cp));
-    const DeviceMemory want = device_memory(cfg, x, w);
-    const int64_t before = model_bytes_now();
-    {
-      GPT2 model(cfg, chunk_shard(cfg, x, 0, 0), w.policy, Device::CPU, /*seed=*/1);
-      model.set_attention(AttentionImpl::Flash);
-      Optimizer opt(model, OptimizerConfig{});  // AdamW: m and v
-      const int64_t acts_before =
-          Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)];
-      std::vector<GPT2Activations> sets;
-      for (int k = 0; k < want.sets; ++k) sets.push_back(model.make_activations(x.micro_batch, w.seq_len / cp));
-      const int64_t acts =
-          Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)] - acts_before;
-      EXPECT_EQ(model_bytes_now() - before, want.total()) << to_string(x);
-      EXPECT_EQ(acts, want.activations) << to_string(x);
-      if (cp == 1) cp1_activations = want.activations;
-      EXPECT_EQ(want.activations * cp, cp1_activations) << to_string(x);
-      std::printf(
-          "  [cp] demo, B 2, T 64, flash: cp %d holds %lld activation bytes a rank (allocator %lld), "
-          "%lld in all\n",
-          cp, static_cast<long long>(want.activations), static_cast<long long>(acts),
-          static_cast<long long>(want.total()));
-    }
+    check_layout(demo.cfg, x, demo.w, cpu(cp));
+    const DeviceMemory want = expect_lab10_memory_is_the_planners(demo.cfg, x, demo.w, "cp");
+    if (cp == 1) cp1_activations = want.activations;
+    EXPECT_EQ(want.activations * cp, cp1_activations) << to_string(x);
   }
 }
 
-// cp composed with tp (lab 10's tp x cp grid): the planner's memory of tp 2 x cp 2 equals the allocator's for
-// that rank's model (tp slice 0 of 2, cp rank 0 of 2 with the zig-zag), and its activations differ from cp 2's
+// cp composed with tp (lab 10's tp x cp grid): the same for tp 2 x cp 2, whose activations differ from cp 2's
 // alone (tp splits the heads and the MLP's width: the comparison can fail).
 TEST(PlannerModel, CpTimesTpMemoryEqualsTheAllocator) {
   const CpDemo demo;
-  const GPTConfig& cfg = demo.cfg;
-  const Workload& w = demo.w;
   const Layout x = with_cp(layout(2, 1, 1, 2, 1), 2);
-  check_layout(cfg, x, w, cpu(4));
-  const DeviceMemory want = device_memory(cfg, x, w);
-  const int64_t before = model_bytes_now();
-  {
-    GPT2 model(cfg, chunk_shard(cfg, x, 0, 0), w.policy, Device::CPU, /*seed=*/1);
-    model.set_attention(AttentionImpl::Flash);
-    Optimizer opt(model, OptimizerConfig{});  // AdamW: m and v
-    const int64_t acts_before =
-        Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)];
-    std::vector<GPT2Activations> sets;
-    for (int k = 0; k < want.sets; ++k) sets.push_back(model.make_activations(x.micro_batch, w.seq_len / x.cp));
-    const int64_t acts =
-        Allocator::get(Device::CPU).stats().current_bytes[static_cast<int>(MemCategory::Activations)] - acts_before;
-    EXPECT_EQ(model_bytes_now() - before, want.total()) << to_string(x);
-    EXPECT_EQ(acts, want.activations) << to_string(x);
-    std::printf("  [cp x tp] demo, B 2, T 64, flash: tp 2 x cp 2 holds %lld activation bytes a rank (allocator "
-                "%lld), %lld in all\n",
-                static_cast<long long>(want.activations), static_cast<long long>(acts),
-                static_cast<long long>(want.total()));
-  }
-  EXPECT_NE(want.activations, device_memory(cfg, demo.at(2), w).activations);
+  check_layout(demo.cfg, x, demo.w, cpu(4));
+  const DeviceMemory want = expect_lab10_memory_is_the_planners(demo.cfg, x, demo.w, "cp x tp");
+  EXPECT_NE(want.activations, device_memory(demo.cfg, demo.at(2), demo.w).activations);
 }
 
 // The zig-zag gives every rank exactly 1/cp of the causal pairs; the contiguous split's last rank the most.
