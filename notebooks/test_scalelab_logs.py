@@ -45,6 +45,17 @@ sys.path.insert(0, HERE)
 RUNS_ROOT = None  # --runs-root
 
 
+class LogsTestCase(unittest.TestCase):
+    """The notebooks' module under test, imported once per test class with matplotlib drawing off-screen."""
+
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import scalelab_logs  # noqa: E402  the module under test
+        cls.sl = scalelab_logs
+
+
 def step(rank, step_no, cats, reserved):
     rec = {"type": "step", "rank": rank, "step": step_no, "loss": 3.0, "tokens": 1024, "step_ms": 10.0,
            "mfu": 0.4, "memory_peak_bytes": sum(cats.values()) + 4096,
@@ -56,14 +67,7 @@ def step(rank, step_no, cats, reserved):
     return rec
 
 
-class MemoryStackTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402  the module under test
-        cls.sl = scalelab_logs
-
+class MemoryStackTest(LogsTestCase):
     def write_run(self, root, run_id, world, cats_of_rank):
         d = os.path.join(root, "lab04", run_id)
         os.makedirs(d)
@@ -165,14 +169,7 @@ def pp_run(root, run_id, schedule="gpipe", m=2, v=1, spans=None, finished=True, 
     return d
 
 
-class PipelineLogsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402  the module under test
-        cls.sl = scalelab_logs
-
+class PipelineLogsTest(LogsTestCase):
     def test_parse_action_reads_micro_batch_and_chunk(self):
         self.assertEqual(self.sl.parse_action("F3"), ("F", 3, 0))
         self.assertEqual(self.sl.parse_action("B12.1"), ("B", 12, 1))
@@ -353,14 +350,7 @@ def grid_run(root, run_id, order="tp-pp-dp", per_node=2, groups_of_step=None):
     return d
 
 
-class Grid3dLogsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402  the module under test
-        cls.sl = scalelab_logs
-
+class Grid3dLogsTest(LogsTestCase):
     def test_grid_is_read_from_every_ranks_run_record(self):
         with tempfile.TemporaryDirectory() as root:
             g = self.sl.grid_3d(self.sl.read_run(grid_run(root, "g", order="pp-tp-dp")))
@@ -458,15 +448,8 @@ class Grid3dLogsTest(unittest.TestCase):
             self.skipTest(f"no lab 07 run with a timeline under {RUNS_ROOT}")
 
 
-class RollbackLogsTest(unittest.TestCase):
+class RollbackLogsTest(LogsTestCase):
     """Lab 08: a run that rolled back at step 7 to step 5 logs steps 0-6, a rollback record, then 5-9 again."""
-
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402
-        cls.sl = scalelab_logs
 
     def write_spike_run(self, root):
         d = os.path.join(root, "lab08", "spike")
@@ -502,15 +485,8 @@ class RollbackLogsTest(unittest.TestCase):
             self.assertEqual(list(spikes[0].get_ydata()), [9.0])
 
 
-class PlanLogsTest(unittest.TestCase):
+class PlanLogsTest(LogsTestCase):
     """Lab 09: bench/plan_validate.py's results and bin/sl_plan --json's ranking, read and drawn."""
-
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402
-        cls.sl = scalelab_logs
 
     def test_validation_errors_are_predicted_over_measured(self):
         with tempfile.TemporaryDirectory() as root:
@@ -576,14 +552,7 @@ def cp_run(root, run_id, cp=2, T=64, overlap=True, act_bytes=None, timeline=True
     return d
 
 
-class ContextParallelLogsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        import matplotlib
-        matplotlib.use("Agg")
-        import scalelab_logs  # noqa: E402  the module under test
-        cls.sl = scalelab_logs
-
+class ContextParallelLogsTest(LogsTestCase):
     def test_timeline_aligns_ranks_and_splits_forward_from_backward(self):
         with tempfile.TemporaryDirectory() as root:
             tl = self.sl.cp_timeline(self.sl.read_run(cp_run(root, "tl")))
