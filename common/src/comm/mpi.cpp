@@ -757,9 +757,14 @@ class MpiCommunicator : public Communicator {
   // One MPI message per send: the payload (kTag). With a link model a header goes first (the send's start
   // time, kHeaderTag); MPI keeps the order of messages between two ranks per tag, so the k-th header and
   // the k-th payload from a peer belong together. The op records the call's fields; post_p2p posts it.
+  // A send's or recv's arguments (`op` "send" or "recv"): the peer a rank of the group, the count an int.
+  void check_p2p(const char* op, const Tensor& buf, int peer) const {
+    check_peer(op, rank_, size_, peer);
+    check_count_fits_int(op, rank_, buf.numel());
+  }
+
   WorkPtr send_async(const Tensor& buf, int peer, const std::string& tag) override {
-    check_peer("send", rank_, size_, peer);
-    check_count_fits_int("send", rank_, buf.numel());
+    check_p2p("send", buf, peer);
     auto o = new_op("send", tag, buf.numel(), buf.dtype(), peer);
     o->kind = Op::Kind::Send;
     o->staging = staging_for("send", buf, buf);
@@ -768,8 +773,7 @@ class MpiCommunicator : public Communicator {
   }
 
   WorkPtr recv_async(Tensor& buf, int peer, const std::string& tag) override {
-    check_peer("recv", rank_, size_, peer);
-    check_count_fits_int("recv", rank_, buf.numel());
+    check_p2p("recv", buf, peer);
     auto o = new_op("recv", tag, buf.numel(), buf.dtype(), peer);
     o->kind = Op::Kind::Recv;
     o->staging = staging_for("recv", buf, buf);
@@ -794,14 +798,8 @@ class MpiCommunicator : public Communicator {
     }
     // The checks of the async path, in its order (sendrecv_async, send_async, recv_async).
     if (send_buf && recv_buf) check_sendrecv(rank_, size_, *send_buf, dst, *recv_buf, src);
-    if (send_buf) {
-      check_peer("send", rank_, size_, dst);
-      check_count_fits_int("send", rank_, send_buf->numel());
-    }
-    if (recv_buf) {
-      check_peer("recv", rank_, size_, src);
-      check_count_fits_int("recv", rank_, recv_buf->numel());
-    }
+    if (send_buf) check_p2p("send", *send_buf, dst);
+    if (recv_buf) check_p2p("recv", *recv_buf, src);
     check_not_timed_out(send_buf ? "send" : "recv");
     CommEvent sent, received;  // (op "" when there is no such message)
     if (send_buf) sent = make_event(*this, "send", tag, send_buf->numel(), send_buf->dtype(), /*async=*/false, dst);
@@ -830,9 +828,7 @@ class MpiCommunicator : public Communicator {
     }
     // The spin: the first kPureSpinMs without giving up the core (a small message's peer is usually
     // there within microseconds), then yielding between tests as a waiter does (MpiWork).
-    const double spin_ms = std::min(kMaxSpinMs, kSpinMs + static_cast<double>(std::max(sent.payload_bytes,
-                                                                                       received.payload_bytes)) /
-                                                              kSpinBytesPerMs);
+    const double spin_ms = spin_ms_for(std::max(sent.payload_bytes, received.payload_bytes));
     int flag = 0;
     for (;;) {
       const int rc = MPI_Testall(2, requests, &flag, statuses);
@@ -1050,8 +1046,7 @@ class MpiCommunicator : public Communicator {
     o->size = size_;
     o->with_header = link_model().enabled();
     o->modeled_ms = e.modeled_ms;
-    // A waiter's spin (p2p): kSpinMs, plus the payload at kSpinBytesPerMs, at most kMaxSpinMs.
-    o->spin_ms = std::min(kMaxSpinMs, kSpinMs + static_cast<double>(e.payload_bytes) / kSpinBytesPerMs);
+    o->spin_ms = spin_ms_for(e.payload_bytes);
     o->event_id = log_->add(std::move(e));
     o->log = log_;
     return o;
@@ -1504,6 +1499,11 @@ class MpiCommunicator : public Communicator {
   static constexpr double kSpinMs = 0.1;
   static constexpr double kSpinBytesPerMs = 1e6;  // 1 GB/s
   static constexpr double kMaxSpinMs = 5;
+  // A waiter's spin for a message of `payload_bytes`: kSpinMs, plus the payload at kSpinBytesPerMs, at most
+  // kMaxSpinMs.
+  static double spin_ms_for(int64_t payload_bytes) {
+    return std::min(kMaxSpinMs, kSpinMs + static_cast<double>(payload_bytes) / kSpinBytesPerMs);
+  }
 
   MPI_Comm comm_;
   int rank_ = 0;
