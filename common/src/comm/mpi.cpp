@@ -397,9 +397,9 @@ struct Op {
   // What it is, kept as fields; the words of an error or a timeout's message (what(), waited_for()) are
   // formatted only when one needs them: formatting them for every call cost more than a small message
   // itself takes (bench/p2p.md).
-  const char* name = "";    // "send", "all_reduce", ... (a string literal)
-  std::string tag;          // the caller's tag ("" none)
-  int64_t count = 0;        // elements
+  const char* name = "";  // "send", "all_reduce", ... (a string literal)
+  std::string tag;        // the caller's tag ("" none)
+  int64_t count = 0;      // elements
   DType dtype = DType::F32;
   int peer = -1;            // send/recv: the other rank; broadcast: the root; -1: none (ranks of the group)
   int peer_world = -1;      // that rank's world rank
@@ -458,7 +458,7 @@ struct Op {
   std::shared_ptr<Delivery> delivery;
 
   // The wait timeout (set by submit()): its limit and the words of its message.
-  double timeout_s = 0;                    // the communicator's wait timeout when the op was issued, seconds; 0: forever
+  double timeout_s = 0;  // the communicator's wait timeout when the op was issued, seconds; 0: forever
   std::shared_ptr<const std::string> who;  // "rank 1 of group 'pp' (world rank 1)" (the communicator's)
   std::shared_ptr<PendingOps> pending;     // the communicator's list, where this op is entry pending_id
   uint64_t pending_id = 0;
@@ -815,7 +815,7 @@ class MpiCommunicator : public Communicator {
     if (send_buf) {
       const int rc = MPI_Isend(send_buf->raw(), static_cast<int>(send_buf->numel()), mpi_type(send_buf->dtype()), dst,
                                kTag, comm_, &requests[0]);
-      if (rc != MPI_SUCCESS) fail_blocking_p2p(mpi_failure("MPI_Isend", rc), sent, nullptr, nullptr);
+      if (rc != MPI_SUCCESS) fail_blocking_p2p(mpi_failure("MPI_Isend", rc), sent, nullptr);
     }
     if (recv_buf) {
       const int rc = MPI_Irecv(recv_buf->raw(), static_cast<int>(recv_buf->numel()), mpi_type(recv_buf->dtype()), src,
@@ -823,7 +823,7 @@ class MpiCommunicator : public Communicator {
       if (rc != MPI_SUCCESS) {
         // The send is posted: its Work (adopt) waits for it while the error unwinds.
         WorkPtr send_work = send_buf ? adopt(Op::Kind::Send, *send_buf, std::move(sent), requests[0]) : nullptr;
-        fail_blocking_p2p(mpi_failure("MPI_Irecv", rc), received, nullptr, nullptr);
+        fail_blocking_p2p(mpi_failure("MPI_Irecv", rc), received, nullptr);
       }
     }
     // The spin: the first kPureSpinMs without giving up the core (a small message's peer is usually
@@ -834,8 +834,8 @@ class MpiCommunicator : public Communicator {
       const int rc = MPI_Testall(2, requests, &flag, statuses);
       if (rc != MPI_SUCCESS) {  // the request of the failing message says so (MPI_ERR_IN_STATUS): name it
         const bool recv_failed = recv_buf && (!send_buf || statuses[0].MPI_ERROR == MPI_SUCCESS);
-        fail_blocking_p2p(mpi_failure("MPI_Testall", rc), recv_failed ? received : sent,
-                          recv_failed && send_buf ? &sent : nullptr, recv_failed ? nullptr : recv_buf ? &received : nullptr);
+        CommEvent* other = recv_failed ? (send_buf ? &sent : nullptr) : (recv_buf ? &received : nullptr);
+        fail_blocking_p2p(mpi_failure("MPI_Testall", rc), recv_failed ? received : sent, other);
       }
       if (flag) break;
       const double waited_ms = Communicator::now_ms() - t0_ms;
@@ -853,7 +853,7 @@ class MpiCommunicator : public Communicator {
       try {
         check_received(statuses[1], *recv_buf, src);
       } catch (const std::exception& e) {
-        fail_blocking_p2p(e.what(), received, send_buf ? &sent : nullptr, nullptr);
+        fail_blocking_p2p(e.what(), received, send_buf ? &sent : nullptr);
       }
     }
     const double end_ms = Communicator::now_ms();
@@ -998,12 +998,12 @@ class MpiCommunicator : public Communicator {
     return std::string("[scalelab] ") + call + " failed: " + text;
   }
 
-  // blocking_p2p's error: the failed message's event (and `also`, `also2`: the others of the call, if any)
-  // logged as ended now, then the error "<why>\n[scalelab]   during <the failed op>", as the async path's.
-  [[noreturn]] void fail_blocking_p2p(const std::string& why, CommEvent& failed, CommEvent* also, CommEvent* also2) {
+  // blocking_p2p's error: the failed message's event (and `other`: the call's other message, if any) logged as
+  // ended now, then the error "<why>\n[scalelab]   during <the failed op>", as the async path's.
+  [[noreturn]] void fail_blocking_p2p(const std::string& why, CommEvent& failed, CommEvent* other) {
     const double end_ms = Communicator::now_ms();
     const std::string during = describe_call(failed.op, failed.count, failed.dtype, rank_, size_, failed.tag);
-    for (CommEvent* e : {&failed, also, also2}) {
+    for (CommEvent* e : {&failed, other}) {
       if (!e) continue;
       e->end_ms = end_ms;
       e->wait_ms = end_ms - e->issue_ms;
@@ -1212,7 +1212,9 @@ class MpiCommunicator : public Communicator {
     // posted ops, so without this a run of sends and recvs (lab 00's sweep: tens of thousands) piled up
     // here until its next wake-up, each kept alive, and that wake-up then polled them all.
     posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
-                                 [](const std::shared_ptr<Op>& p) { return p->settled.load(std::memory_order_acquire); }),
+                                 [](const std::shared_ptr<Op>& p) {
+                                   return p->settled.load(std::memory_order_acquire);
+                                 }),
                   posted_.end());
     posted_.push_back(o);  // the thread polls it from now on
   }
@@ -1275,8 +1277,8 @@ class MpiCommunicator : public Communicator {
 
   // The error of an op that is given up: "[scalelab] recv from rank 0 (world rank 0) on rank 1 of ...".
   std::exception_ptr cancelled(const Op& op, const std::string& why) const {
-    return std::make_exception_ptr(Error("[scalelab] " + op.waited_for() + " on " + *who_ + " was cancelled: " +
-                                         why + "\n[scalelab]   during " + op.what()));
+    return std::make_exception_ptr(Error("[scalelab] " + op.waited_for() + " on " + *who_ + " was cancelled: " + why +
+                                         "\n[scalelab]   during " + op.what()));
   }
 
   // Gives up the posted sends and recvs, so that nothing waits for them: MPI_Cancel every request, give
@@ -1356,7 +1358,8 @@ class MpiCommunicator : public Communicator {
     const MPI_Datatype type = mpi_type(op.buf.dtype());
     if (send) {
       if (op.with_header) {
-        SL_MPI_CALL(MPI_Isend(&op.header, sizeof(MessageHeader), MPI_BYTE, op.peer, kHeaderTag, comm_, &op.requests[0]));
+        SL_MPI_CALL(MPI_Isend(&op.header, sizeof(MessageHeader), MPI_BYTE, op.peer, kHeaderTag, comm_,
+                              &op.requests[0]));
       }
       SL_MPI_CALL(MPI_Isend(op.stage->ptr(), n, type, op.peer, kTag, comm_, &op.requests[1]));
       return;
@@ -1517,7 +1520,7 @@ class MpiCommunicator : public Communicator {
   bool thread_busy_ = false;                 // the thread is starting or running an op it took from queue_ (queue_mu_)
   std::atomic<int> pending_{0};              // ops handed to the thread and not finished (queued, running or in flight)
   std::shared_ptr<PendingOps> pending_ops_ = std::make_shared<PendingOps>();  // the same ops, described
-  std::shared_ptr<Roll> roll_;          // who has called which collective (groups of 2 or more ranks)
+  std::shared_ptr<Roll> roll_;  // who has called which collective (groups of 2 or more ranks)
   // "rank 1 of group 'pp' (world rank 1)", for wait timeouts' messages (shared with the ops: no copy each)
   std::shared_ptr<const std::string> who_;
   const Op* running_ = nullptr;         // the collective the thread is inside, or null (queue_mu_)

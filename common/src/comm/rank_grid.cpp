@@ -18,7 +18,7 @@ namespace scalelab {
 
 namespace {
 
-constexpr GridAxis kAxes[3] = {GridAxis::TP, GridAxis::PP, GridAxis::DP};  // RankGrid's groups
+constexpr GridAxis kAxes[3] = {GridAxis::TP, GridAxis::PP, GridAxis::DP};                     // RankGrid's groups
 constexpr GridAxis kOrderAxes[4] = {GridAxis::TP, GridAxis::PP, GridAxis::DP, GridAxis::CP};  // an order's names
 
 // What is wrong with a layout, as an error's message and hint; empty when nothing is.
@@ -36,8 +36,8 @@ std::vector<GridAxis> parse_order(const std::string& order) {
   for (;;) {
     const size_t end = order.find('-', begin);
     const std::string name = order.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    const GridAxis* axis =
-        std::find_if(std::begin(kOrderAxes), std::end(kOrderAxes), [&](GridAxis a) { return name == grid_axis_name(a); });
+    const GridAxis* axis = std::find_if(std::begin(kOrderAxes), std::end(kOrderAxes),
+                                        [&](GridAxis a) { return name == grid_axis_name(a); });
     if (axis == std::end(kOrderAxes) || std::count(axes.begin(), axes.end(), *axis) > 0) return {};
     axes.push_back(*axis);
     if (end == std::string::npos) break;
@@ -66,11 +66,11 @@ Problem find_problem(const GridLayout& g, int world_size) {
   }
   const int64_t product = int64_t{g.tp_size} * g.cp_size * g.pp_size * g.dp_size;
   if (product != world_size) {
-    const int64_t tp_pp = int64_t{g.tp_size} * g.cp_size * g.pp_size;
+    const int64_t not_dp = int64_t{g.tp_size} * g.cp_size * g.pp_size;  // every axis but dp
     const std::string hint =
-        world_size % tp_pp == 0
+        world_size % not_dp == 0
             ? detail::format("give dp %lld (= %d / (%s)), or other sizes whose product is %d",
-                             static_cast<long long>(world_size / tp_pp), world_size,
+                             static_cast<long long>(world_size / not_dp), world_size,
                              (g.cp_size == 1 ? detail::format("tp %d x pp %d", g.tp_size, g.pp_size)
                                              : detail::format("tp %d x cp %d x pp %d", g.tp_size, g.cp_size, g.pp_size))
                                  .c_str(),
