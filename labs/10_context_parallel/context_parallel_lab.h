@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>  // defines: std::unique_ptr
 #include <vector>
 
 #include "scalelab/comm/comm.h"               // defines: Communicator
@@ -58,6 +59,14 @@ Layout make_layout(const GPTConfig& cfg, int world_size, int rank, int tp, int c
 // Given. The shard this rank's model is built for: cp_rank of cp, the zig-zag as the layout says; tp_rank
 // of tp, each block tensor cut by lab 05's reference split (lab05::block_split) when tp > 1.
 ModelShard shard_of(const Layout& layout);
+// Given. This rank's three groups, split from `world` (whose rank is the layout's rank) by the layout: a group
+// is the ranks that share the other two coordinates, its rank the coordinate along its own axis. tp: tp
+// consecutive ranks; cp: the same tp_rank in one replica (the ring); dp: the same tp_rank and cp_rank.
+// Collective over world: every rank calls it, in the same order.
+struct Groups {
+  std::unique_ptr<Communicator> tp, cp, dp;
+};
+Groups split_groups(Communicator& world, const Layout& layout);
 
 // TODO(lab10-2): the query-key pairs of query chunk q against key chunk kv that the causal mask lets through
 // (key position <= query position, by ABSOLUTE positions in the whole sequence): 0 for a block wholly in the

@@ -24,6 +24,15 @@ ModelShard shard_of(const Layout& layout) {
   return s;
 }
 
+Groups split_groups(Communicator& world, const Layout& layout) {
+  // rank = tp_rank + tp (cp_rank + cp dp_rank): the color numbers the other two coordinates.
+  Groups g;
+  g.tp = world.split(/*color=*/layout.cp_rank + layout.cp * layout.dp_rank, /*key=*/layout.tp_rank, "tp");
+  g.cp = world.split(/*color=*/layout.tp_rank + layout.tp * layout.dp_rank, /*key=*/layout.cp_rank, "cp");
+  g.dp = world.split(/*color=*/layout.tp_rank + layout.tp * layout.cp_rank, /*key=*/layout.dp_rank, "dp");
+  return g;
+}
+
 // The chunks of group rank `owner`: what cp_chunks gives that rank's model.
 static std::vector<CpChunk> chunks_of_rank(const GPTConfig& cfg, int cp, bool zigzag, int owner, int T_local) {
   ModelShard s;

@@ -18,6 +18,7 @@
 #include <cstdio>  // defines: std::printf, std::snprintf
 #include <memory>  // defines: std::unique_ptr
 #include <string>
+#include <utility>  // defines: std::move
 #include <vector>
 
 #include "context_parallel_lab.h"       // defines: lab10::RingAttention, train_step, make_layout, ... (YOU)
@@ -101,14 +102,10 @@ static int run(const Options& o, Communicator& world) {
   const GPTConfig cfg = GPTConfig::preset(o.model);
   const lab10::Layout layout =
       lab10::make_layout(cfg, n, rank, o.tp, cp, o.zigzag, o.seq_len);  // throws everywhere alike
-  // rank = tp_rank + tp (cp_rank + cp dp_rank). A group is the ranks that share the other two coordinates:
   // tp: tp consecutive ranks; cp: the same tp_rank in one replica; dp: the same (tp_rank, cp_rank).
-  const int tp_color = layout.cp_rank + layout.cp * layout.dp_rank;
-  const int cp_color = layout.tp_rank + layout.tp * layout.dp_rank;
-  const int dp_color = layout.tp_rank + layout.tp * layout.cp_rank;
-  std::unique_ptr<Communicator> tp_group = world.split(/*color=*/tp_color, /*key=*/layout.tp_rank, "tp");
-  std::unique_ptr<Communicator> cp_group = world.split(/*color=*/cp_color, /*key=*/layout.cp_rank, "cp");
-  std::unique_ptr<Communicator> dp_group = world.split(/*color=*/dp_color, /*key=*/layout.dp_rank, "dp");
+  lab10::Groups groups = lab10::split_groups(world, layout);  // given (cp_given.cpp)
+  std::unique_ptr<Communicator> tp_group = std::move(groups.tp), cp_group = std::move(groups.cp),
+                                dp_group = std::move(groups.dp);
   const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * layout.dp;
   const int micro_steps = lab03::micro_steps_per_step(global_batch, o.micro_batch, layout.dp);  // lab 03's rule
   // Every rank of a tp x cp block reads the same whole sequences; the step slices them.

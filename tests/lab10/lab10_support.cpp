@@ -6,6 +6,7 @@
 #include <cstdio>     // defines: std::snprintf
 #include <memory>
 #include <string>  // defines: std::to_string
+#include <utility>  // defines: std::move
 #include <vector>
 
 #include "grading.h"                  // defines: grading::all_ranks
@@ -76,13 +77,10 @@ std::string expect_sgd_steps_match_dense(int tp, int cp, bool zigzag) {
   constexpr int kB = 2, kT = 16;
   Communicator& w = world();
   const lab10::Layout layout = lab10::make_layout(cfg, w.size(), w.rank(), tp, cp, zigzag, kT);
-  // The groups as the driver splits them: the ranks that share the other two coordinates.
-  std::unique_ptr<Communicator> tp_group =
-      w.split(layout.cp_rank + layout.cp * layout.dp_rank, layout.tp_rank, "tp");
-  std::unique_ptr<Communicator> cp_group =
-      w.split(layout.tp_rank + layout.tp * layout.dp_rank, layout.cp_rank, "cp");
-  std::unique_ptr<Communicator> dp_group =
-      w.split(layout.tp_rank + layout.tp * layout.cp_rank, layout.dp_rank, "dp");
+  // The groups as the driver splits them (given: split_groups).
+  lab10::Groups groups = lab10::split_groups(w, layout);
+  std::unique_ptr<Communicator> tp_group = std::move(groups.tp), cp_group = std::move(groups.cp),
+                                dp_group = std::move(groups.dp);
   OptimizerConfig sgd;
   sgd.kind = OptimizerConfig::Kind::SGD;
   sgd.weight_decay = 0.0f;
