@@ -1,8 +1,8 @@
 // context_parallel_lab.h — what the learner writes in lab 10 (context parallel), declared once for both tracks.
 //   labs/10_context_parallel/context_parallel_lab.cpp       the learner's file (TODO blocks)   -> lab10_learner
 //   solutions/10_context_parallel/context_parallel_lab.cpp  the reference (same file, filled)  -> lab10_ref
-//   labs/10_context_parallel/cp_given.cpp                   the given code (shard_of, the constructors,
-//                                                           the row copies): compiled into both libraries
+//   labs/10_context_parallel/cp_given.cpp                   the given code (shard_of, split_groups, the
+//                                                           constructors, the row copies): both libraries
 // The two tracks live in distinct inline namespaces (scalelab::lab10::learner / ::ref) chosen by
 // SL_TRACK_LAB10, which CMake sets per library; code that includes this header without it gets ref.
 // Lesson: labs/10_context_parallel/README.md   Graded tests: tests/lab10/ (test_lab10*.cpp)
