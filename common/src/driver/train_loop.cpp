@@ -93,11 +93,12 @@ static std::string loss_text(double loss) {
   return text;
 }
 
-// An MFU as printed: "MFU 12.3%", or "MFU not measured" (NaN: no peak to divide by, or no step timed), never "nan%".
-static std::string mfu_text(double mfu) {
+// An MFU as printed: "MFU 12.3%" (`format` of the percentage), or "MFU not measured" (NaN: no peak to divide
+// by, or no step timed), never "nan%".
+static std::string mfu_text(double mfu, const char* format = "MFU %5.1f%%") {
   if (!std::isfinite(mfu)) return "MFU not measured";
   char text[32];
-  std::snprintf(text, sizeof(text), "MFU %5.1f%%", 100.0 * mfu);
+  std::snprintf(text, sizeof(text), format, 100.0 * mfu);
   return text;
 }
 
@@ -384,10 +385,9 @@ void print_summary_headline(const Summary& s, const Peak& peak, int num_devices)
   const std::string on = s.simulated.empty() ? "" : " (" + s.simulated + ")";  // simulated H100 SXM, virtual time
   char speed[48] = "tokens/s not measured (no step ran)";
   if (std::isfinite(s.tokens_per_s)) std::snprintf(speed, sizeof(speed), "%.0f tokens/s", s.tokens_per_s);
-  char mfu[64] = "MFU not measured";
-  if (std::isfinite(s.mfu)) std::snprintf(mfu, sizeof(mfu), "MFU %.1f%%", 100.0 * s.mfu);
+  const std::string mfu = mfu_text(s.mfu, "MFU %.1f%%");
   std::printf("\n== summary%s ==\nval loss %s -> %s | %s | %s of %s%.1f GFLOP/s (%s)", on.c_str(),
-              loss_text(s.val_loss_start).c_str(), loss_text(s.val_loss_end).c_str(), speed, mfu, devices,
+              loss_text(s.val_loss_start).c_str(), loss_text(s.val_loss_end).c_str(), speed, mfu.c_str(), devices,
               peak.flops_per_s / 1e9, peak.source.c_str());
   if (std::isfinite(s.hfu) && s.hfu != s.mfu) std::printf(" | HFU %.1f%% (with the recompute)", 100.0 * s.hfu);
   if (s.warm_up_timed)
