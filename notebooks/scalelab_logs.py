@@ -1334,14 +1334,13 @@ def plot_cp_timeline(runs: list[Run], step: int | None = None, plot_dir=None, na
     transfers (sends orange, receives red, drawn while in flight), ms since the rank's step began on the x axis.
     With the overlap, the transfers run under the attention calls; with --no-overlap, each call stretches by
     the transfers it waits for. The title gives the step time and the exposed (blocked) transfer time."""
-    runs = [r for r in runs if not cp_timeline(r, step).empty]
-    if not runs:
+    timelines = [(r, df) for r, df in ((r, cp_timeline(r, step)) for r in runs) if not df.empty]
+    if not timelines:
         return _nothing("no lab 10 run with a timeline (scripts/run 10 ... --timeline-steps 1)")
-    cp_max = max(int(r.config.get("cp", r.world_size)) for r in runs)
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.8 + (0.7 * cp_max + 0.6) * len(runs)), sharex=True,
-                             squeeze=False)
-    for ax, r in zip(axes[:, 0], runs):
-        df = cp_timeline(r, step)
+    cp_max = max(int(r.config.get("cp", r.world_size)) for r, _ in timelines)
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 0.8 + (0.7 * cp_max + 0.6) * len(timelines)),
+                             sharex=True, squeeze=False)
+    for ax, (r, df) in zip(axes[:, 0], timelines):
         ranks = sorted(df.attrs["window_ms"])
         for rank in ranks:
             y = 2 * rank
@@ -1377,13 +1376,15 @@ def plot_cp_timeline(runs: list[Run], step: int | None = None, plot_dir=None, na
 
 
 def cp_activation_memory(runs: list[Run]) -> pd.DataFrame:
-    """One row per finished lab 10 run: run_id, cp, T, T_local, zigzag, act_peak_bytes (the largest
-    memory_activations_peak_bytes over the ranks' summaries: the allocator's peak of category activations),
-    sorted by cp then T. A later run of the same (cp, T) replaces an earlier one."""
+    """One row per finished lab 10 run without tensor parallelism (tp 1: the memory against cp alone): run_id, cp,
+    T, T_local, zigzag, act_peak_bytes (the largest memory_activations_peak_bytes over the ranks' summaries: the
+    allocator's peak of category activations), sorted by cp then T. A later run of the same (cp, T) replaces an
+    earlier one."""
     rows = {}
     for r in runs:
         cfg = r.config
-        if "cp" not in cfg or not r.finished or "memory_activations_peak_bytes" not in r.summaries:
+        if "cp" not in cfg or int(cfg.get("tp", 1)) != 1 or not r.finished or \
+                "memory_activations_peak_bytes" not in r.summaries:
             continue
         rows[(int(cfg["cp"]), int(cfg["T"]))] = {
             "run_id": r.run_id, "cp": int(cfg["cp"]), "T": int(cfg["T"]), "T_local": int(cfg.get("T_local", 0)),

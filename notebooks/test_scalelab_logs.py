@@ -22,7 +22,7 @@ holds the step's `ran` actions in order, m x v forwards and backwards per stage,
 Lab 10 (ContextParallelLogsTest): on synthetic records of a 2-rank ring with different clocks per rank,
 cp_timeline aligns the ranks on their "step" span, keeps the attention calls and the sends and receives (not
 the gradients' all_reduce) and calls a transfer issued after the last forward call the backward's;
-cp_activation_memory takes the largest rank of the latest run of each (cp, T). With --runs-root, on every lab 10
+cp_activation_memory takes the largest rank of the latest run of each (cp, T), tp 1 runs only. With --runs-root, on every lab 10
 run with a timeline: one forward and one backward call per block on every rank inside the step's window, cp - 1
 forward sends per block; and activation memory falls as cp grows at every T.
 
@@ -521,14 +521,14 @@ class PlanLogsTest(LogsTestCase):
         self.assertIsNone(self.sl.plot_plan_ranking({"rows": []}, "none"))
 
 
-def cp_run(root, run_id, cp=2, T=64, overlap=True, act_bytes=None, timeline=True):
+def cp_run(root, run_id, cp=2, T=64, overlap=True, act_bytes=None, timeline=True, tp=1):
     """A synthetic lab 10 run of `cp` ranks: rank k's clock is offset by 1000 * (k + 1) ms; step 1's timeline holds
     a "step" span of 10 ms, one block's "attention forward 0" (1-3 ms) and "attention backward 0" (5-8 ms), a
     send and a receive issued in each (the forward's at 1 ms, the backward's at 5 ms, 0.5 ms blocked each) and
     the gradients' all_reduce; act_bytes {rank: memory_activations_peak_bytes of its summary}."""
     d = os.path.join(root, "lab10", run_id)
     os.makedirs(d)
-    cfg = {"model": "demo", "cp": cp, "dp": 1, "T": T, "T_local": T // cp, "zigzag": True, "variant": "ring",
+    cfg = {"model": "demo", "tp": tp, "cp": cp, "dp": 1, "T": T, "T_local": T // cp, "zigzag": True, "variant": "ring",
            "overlap": overlap, "link": "pcie", "micro_batch": 2}
     act_bytes = act_bytes or {k: (1 << 20) // cp for k in range(cp)}
     for rank in range(cp):
@@ -580,6 +580,7 @@ class ContextParallelLogsTest(LogsTestCase):
             cp_run(root, "b-new", cp=2, T=64, act_bytes={0: 7, 1: 3})  # the same (cp, T), later: it wins
             cp_run(root, "c", cp=1, T=64, act_bytes={0: 20})
             cp_run(root, "d", cp=1, T=128, act_bytes={0: 40})
+            cp_run(root, "e-tp", cp=2, T=64, act_bytes={0: 1, 1: 1}, tp=2)  # tp 2: another layout, left out
             runs = self.sl.load_runs(self.sl.latest_lab10_runs(root))
             mem = self.sl.cp_activation_memory(runs)
             self.assertEqual([(r.cp, r.T, r.act_peak_bytes) for r in mem.itertuples()],
